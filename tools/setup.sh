@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every build, test and run dependency of Rebound from Debian's packages.
+# Idempotent: packages already installed are skipped, so a second run costs seconds.
+set -euo pipefail
+
+PACKAGES=(
+  # Build: offline Bazel and its rule repositories.
+  bazel-bootstrap bazel-rules-java bazel-platforms
+  build-essential pkg-config
+  # gRPC, protobuf, Abseil, RocksDB.
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev librocksdb-dev
+  # Compute, logging, metrics, checksums, compression, data.
+  libopenblas-dev libgoogle-glog-dev libgflags-dev libcpp-httplib-dev
+  libxxhash-dev libzstd-dev zlib1g-dev
+  dataset-fashion-mnist
+  # Tests.
+  catch2 openssl python3 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: done"
