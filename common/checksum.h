@@ -1,0 +1,24 @@
+#pragma once
+
+// xxHash64 checksums of parameters (DESIGN.md §5.2): per step the trainer logs the checksum of
+// its parameters, and replay verifies its rebuilt state against it.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "proto/tensor.pb.h"
+
+namespace rebound {
+
+// xxHash64 of raw bytes.
+uint64_t Checksum(const void* data, size_t size, uint64_t seed = 0);
+
+// xxHash64 of the float values' little-endian bytes.
+uint64_t ChecksumFloats(absl::Span<const float> values);
+
+// xxHash64 over every tensor of the bundle in order: each tensor's id, dtype, shape and data.
+// Two bundles have the same checksum iff (with overwhelming probability) they are identical.
+uint64_t ChecksumBundle(const TensorBundle& bundle);
+
+}  // namespace rebound

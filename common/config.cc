@@ -1,0 +1,542 @@
+#include "common/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace rebound {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::TextFormat;
+
+// Collects protobuf's syntax errors as "file:line:col: message".
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit ErrorCollector(std::string file) : file_(std::move(file)) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    errors_.push_back(absl::StrCat(file_, ":", line + 1, ":", column + 1, ": ", message));
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+    AddError(line, column, message);
+  }
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::string file_;
+  std::vector<std::string> errors_;
+};
+
+// Finds where a field path such as "model.layers[2].width" appears in a parsed file. The tree is
+// null for messages built in code (no locations); then only the file name is given.
+class Locator {
+ public:
+  Locator(std::string file, const TextFormat::ParseInfoTree* tree, const Descriptor* root)
+      : file_(std::move(file)), tree_(tree), root_(root) {}
+
+  // "file:line" of the deepest component of `path` present in the file, or "file".
+  std::string Where(const std::string& path) const {
+    if (file_.empty()) return "";
+    int line = -1;
+    const TextFormat::ParseInfoTree* tree = tree_;
+    const Descriptor* descriptor = root_;
+    for (absl::string_view part : absl::StrSplit(path, '.')) {
+      if (tree == nullptr || descriptor == nullptr) break;
+      int index = -1;
+      std::string name(part);
+      const size_t bracket = name.find('[');
+      if (bracket != std::string::npos) {
+        if (!absl::SimpleAtoi(name.substr(bracket + 1, name.size() - bracket - 2), &index)) break;
+        name = name.substr(0, bracket);
+      }
+      const FieldDescriptor* field = descriptor->FindFieldByName(name);
+      if (field == nullptr) break;
+      const auto location = tree->GetLocation(field, index);
+      if (location.line < 0) break;
+      line = location.line;
+      if (field->type() != FieldDescriptor::TYPE_MESSAGE) break;
+      tree = tree->GetTreeForNested(field, index);
+      descriptor = field->message_type();
+    }
+    return line >= 0 ? absl::StrCat(file_, ":", line + 1) : file_;
+  }
+
+ private:
+  std::string file_;
+  const TextFormat::ParseInfoTree* tree_;
+  const Descriptor* root_;
+};
+
+// Accumulates "where: field message" lines. `prefix` is prepended to every field path (e.g.
+// "job." for a job embedded in a server config).
+class Checker {
+ public:
+  Checker(const Locator* locator, std::string prefix)
+      : locator_(locator), prefix_(std::move(prefix)) {}
+
+  void Fail(const std::string& field, const std::string& message) {
+    const std::string path = prefix_ + field;
+    const std::string where = locator_ == nullptr ? "" : locator_->Where(path);
+    errors_.push_back(absl::StrCat(where, where.empty() ? "" : ": ", path, " ", message));
+  }
+
+  template <typename T>
+  void AtLeast(const std::string& field, T value, T min) {
+    if (!(value >= min)) Fail(field, absl::StrCat("must be >= ", min, ", got ", value));
+  }
+
+  template <typename T>
+  void InRange(const std::string& field, T value, T min, T max) {
+    if (!(value >= min && value <= max)) {
+      Fail(field, absl::StrCat("must be in [", min, ", ", max, "], got ", value));
+    }
+  }
+
+  void Positive(const std::string& field, double value) {
+    if (!(value > 0) || !std::isfinite(value)) {
+      Fail(field, absl::StrCat("must be > 0, got ", value));
+    }
+  }
+
+  // [lo, hi)
+  void InHalfOpen(const std::string& field, double value, double lo, double hi) {
+    if (!(value >= lo && value < hi)) {
+      Fail(field, absl::StrCat("must be in [", lo, ", ", hi, "), got ", value));
+    }
+  }
+
+  // (lo, hi]
+  void InOpenClosed(const std::string& field, double value, double lo, double hi) {
+    if (!(value > lo && value <= hi)) {
+      Fail(field, absl::StrCat("must be in (", lo, ", ", hi, "], got ", value));
+    }
+  }
+
+  void HostPort(const std::string& field, const std::string& value) {
+    absl::Status status = ValidateHostPort(value, "");
+    if (!status.ok()) Fail(field, std::string(status.message()));
+  }
+
+  Checker Nested(const std::string& path) const { return Checker(locator_, prefix_ + path); }
+
+  void Merge(const Checker& other) {
+    errors_.insert(errors_.end(), other.errors_.begin(), other.errors_.end());
+  }
+
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  const Locator* locator_;
+  std::string prefix_;
+  std::vector<std::string> errors_;
+};
+
+bool ValidJobId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+void CheckJob(const JobConfig& job, Checker& c) {
+  if (!ValidJobId(job.job_id())) {
+    c.Fail("job_id", absl::StrCat("must match [A-Za-z0-9._-]{1,64}, got \"", job.job_id(), "\""));
+  }
+
+  const ModelSpec& model = job.model();
+  const int num_layers = model.layers_size();
+  c.AtLeast("model.input_dim", model.input_dim(), 1);
+  if (num_layers == 0) {
+    c.Fail("model.layers", "must list at least one layer, got none");
+  }
+  for (int i = 0; i < num_layers; ++i) {
+    const std::string layer = absl::StrCat("model.layers[", i, "]");
+    const LayerSpec& spec = model.layers(i);
+    if (!spec.has_width()) {
+      c.Fail(layer + ".width", "must be set");
+    } else {
+      c.AtLeast(layer + ".width", spec.width(), i + 1 == num_layers ? 2 : 1);
+    }
+    const bool last = i + 1 == num_layers;
+    if (last && spec.activation() != IDENTITY) {
+      c.Fail(layer + ".activation",
+             absl::StrCat("must be IDENTITY for the output layer (softmax cross-entropy follows), "
+                          "got ",
+                          Activation_Name(spec.activation())));
+    }
+    if (!last && spec.activation() != RELU && spec.activation() != TANH &&
+        spec.activation() != GELU) {
+      c.Fail(layer + ".activation", absl::StrCat("must be RELU, TANH or GELU for a hidden layer, got ",
+                                                 Activation_Name(spec.activation())));
+    }
+  }
+
+  const TopologyConfig& topology = job.topology();
+  c.InRange("topology.replicas", topology.replicas(), 1, 4096);
+  c.InRange("topology.stages", topology.stages(), 1, std::max(1, num_layers));
+  if (topology.stage_boundaries_size() > 0) {
+    if (topology.stage_boundaries_size() != topology.stages() - 1) {
+      c.Fail("topology.stage_boundaries",
+             absl::StrCat("must list stages - 1 = ", topology.stages() - 1, " layer indices, got ",
+                          topology.stage_boundaries_size()));
+    } else {
+      int previous = 0;
+      for (int i = 0; i < topology.stage_boundaries_size(); ++i) {
+        const int b = topology.stage_boundaries(i);
+        if (b <= previous || b >= num_layers) {
+          c.Fail(absl::StrCat("topology.stage_boundaries[", i, "]"),
+                 absl::StrCat("must be increasing layer indices in (", previous, ", ", num_layers,
+                              "), got ", b));
+          break;
+        }
+        previous = b;
+      }
+    }
+  }
+  c.InRange("topology.spares", topology.spares(), 0, 4096);
+
+  const DataConfig& data = job.data();
+  if (data.dataset_dir().empty()) c.Fail("data.dataset_dir", "must not be empty");
+  c.AtLeast("data.batch_size", data.batch_size(), 1);
+  c.InRange("data.micro_batches", data.micro_batches(), 1, 4096);
+  if (data.batch_size() >= 1 && data.micro_batches() >= 1 &&
+      data.batch_size() % data.micro_batches() != 0) {
+    c.Fail("data.micro_batches", absl::StrCat("must divide data.batch_size = ", data.batch_size(),
+                                              ", got ", data.micro_batches()));
+  }
+  c.InHalfOpen("data.shard_overlap", data.shard_overlap(), 0.0, 1.0);
+  c.AtLeast("data.train_limit", data.train_limit(), 0);
+  c.AtLeast("data.test_limit", data.test_limit(), 0);
+
+  const ComputeConfig& compute = job.compute();
+  if (compute.backend() == BACKEND_UNSPECIFIED) c.Fail("compute.backend", "must be CPU or CUDA");
+  c.InRange("compute.threads", compute.threads(), 1, 256);
+  c.AtLeast("compute.cuda_device", compute.cuda_device(), 0);
+
+  const AdaHessianConfig& ada = job.adahessian();
+  c.Positive("adahessian.lr", ada.lr());
+  c.InHalfOpen("adahessian.beta1", ada.beta1(), 0.0, 1.0);
+  c.InHalfOpen("adahessian.beta2", ada.beta2(), 0.0, 1.0);
+  c.Positive("adahessian.epsilon", ada.epsilon());
+  c.InRange("adahessian.hessian_power", ada.hessian_power(), 0.0, 1.0);
+  c.AtLeast("adahessian.weight_decay", ada.weight_decay(), 0.0);
+  c.AtLeast("adahessian.hessian_every", ada.hessian_every(), 1);
+  c.AtLeast("adahessian.block_size", ada.block_size(), 0);
+
+  const EasgdConfig& easgd = job.easgd();
+  if (easgd.mode() == SYNC_MODE_UNSPECIFIED) {
+    c.Fail("easgd.mode", "must be EASGD or ASYNC_ADAHESSIAN");
+  }
+  if (easgd.moving_rate() != 0.0) {
+    c.InOpenClosed("easgd.moving_rate", easgd.moving_rate(), 0.0, 1.0);
+  }
+  c.AtLeast("easgd.sync_period", easgd.sync_period(), 1);
+
+  const WeightingConfig& weighting = job.weighting();
+  if (weighting.policy() == WEIGHTING_UNSPECIFIED) {
+    c.Fail("weighting.policy", "must be UNIFORM or DYNAMIC");
+  }
+  c.AtLeast("weighting.lambda", weighting.lambda(), 0.0);
+  c.InOpenClosed("weighting.min_weight", weighting.min_weight(), 0.0, 1.0);
+  c.Positive("weighting.fault_half_life_s", weighting.fault_half_life_s());
+  c.InOpenClosed("weighting.fault_increment", weighting.fault_increment(), 0.0, 1.0);
+
+  if (job.scheduling() == SCHEDULING_UNSPECIFIED) {
+    c.Fail("scheduling", "must be ASYNC or DETERMINISTIC");
+  }
+
+  const FaultToleranceConfig& ft = job.fault_tolerance();
+  if (ft.policy() == RECOVERY_POLICY_UNSPECIFIED) {
+    c.Fail("fault_tolerance.policy", "must be REPLAY, RESTART_FROM_CENTER or GLOBAL_CHECKPOINT");
+  }
+  c.AtLeast("fault_tolerance.heartbeat_interval_ms", ft.heartbeat_interval_ms(), 10);
+  if (ft.failure_timeout_ms() <= ft.heartbeat_interval_ms()) {
+    c.Fail("fault_tolerance.failure_timeout_ms",
+           absl::StrCat("must be greater than fault_tolerance.heartbeat_interval_ms = ",
+                        ft.heartbeat_interval_ms(), ", got ", ft.failure_timeout_ms()));
+  }
+  c.InRange("fault_tolerance.recovery_parallelism", ft.recovery_parallelism(), 1,
+            std::max(1, data.micro_batches()));
+  c.AtLeast("fault_tolerance.checkpoint_every_steps", ft.checkpoint_every_steps(), 1);
+  c.AtLeast("fault_tolerance.neighbour_timeout_ms", ft.neighbour_timeout_ms(), 100);
+  c.AtLeast("fault_tolerance.reconnect_grace_ms", ft.reconnect_grace_ms(), 0);
+  c.AtLeast("fault_tolerance.recovery_timeout_ms", ft.recovery_timeout_ms(), 1000);
+
+  const StepLogConfig& log = job.step_log();
+  int previous = 0;
+  for (int i = 0; i < log.logged_boundaries_size(); ++i) {
+    const int b = log.logged_boundaries(i);
+    if (b <= previous || b >= topology.stages()) {
+      c.Fail(absl::StrCat("step_log.logged_boundaries[", i, "]"),
+             absl::StrCat("must be increasing boundary indices in [1, stages - 1 = ",
+                          topology.stages() - 1, "], got ", b));
+      break;
+    }
+    previous = b;
+  }
+  c.AtLeast("step_log.buffer_bytes", log.buffer_bytes(), int64_t{1} << 20);
+  if (log.compression() == COMPRESSION_UNSPECIFIED) {
+    c.Fail("step_log.compression", "must be NO_COMPRESSION, LZ4 or ZSTD");
+  }
+
+  c.AtLeast("training.max_steps", job.training().max_steps(), int64_t{1});
+  c.AtLeast("training.eval_every_ms", job.training().eval_every_ms(), 100);
+}
+
+void CheckMetrics(const MetricsConfig& metrics, Checker& c) {
+  if (metrics.bind_address().empty()) c.Fail("metrics.bind_address", "must not be empty");
+  c.InRange("metrics.port", metrics.port(), 0, 65535);
+}
+
+bool FileReadable(const std::string& path) {
+  std::ifstream in(path);
+  return in.good();
+}
+
+void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
+  if (!security.token_file().empty()) {
+    std::ifstream in(security.token_file());
+    std::string token;
+    if (!in.good()) {
+      c.Fail("security.token_file", absl::StrCat("cannot be read: ", security.token_file()));
+    } else if (!std::getline(in, token) || token.empty()) {
+      c.Fail("security.token_file",
+             absl::StrCat("must hold the token on its first line: ", security.token_file()));
+    }
+  }
+  if (!security.has_tls()) return;
+  const TlsConfig& tls = security.tls();
+  if (server && (tls.cert_file().empty() || tls.key_file().empty())) {
+    c.Fail("security.tls", "needs cert_file and key_file on the server");
+  }
+  if (tls.cert_file().empty() != tls.key_file().empty()) {
+    c.Fail("security.tls", "needs both cert_file and key_file, or neither");
+  }
+  if (tls.require_client_cert() && tls.ca_file().empty()) {
+    c.Fail("security.tls.require_client_cert", "needs security.tls.ca_file to verify clients");
+  }
+  for (const auto& [name, path] : {std::pair<std::string, std::string>{"cert_file", tls.cert_file()},
+                                   {"key_file", tls.key_file()},
+                                   {"ca_file", tls.ca_file()}}) {
+    if (!path.empty() && !FileReadable(path)) {
+      c.Fail("security.tls." + name, absl::StrCat("cannot be read: ", path));
+    }
+  }
+}
+
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return absl::StrCat(base_dir, "/", path);
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open config file"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": read error"));
+  return buffer.str();
+}
+
+// Parses `text` into `message`, recording locations into `tree`.
+absl::Status ParseText(const std::string& text, const std::string& display_name, Message* message,
+                       TextFormat::ParseInfoTree* tree) {
+  ErrorCollector errors(display_name);
+  TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(tree);
+  if (!parser.ParseFromString(text, message) || !errors.errors().empty()) {
+    if (errors.errors().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(display_name, ": cannot parse"));
+    }
+    return absl::InvalidArgumentError(absl::StrJoin(errors.errors(), "\n"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ErrorsToStatus(const std::vector<std::string>& errors) {
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+}
+
+void ResolveSecurityPaths(SecurityConfig* security, const std::string& base_dir) {
+  if (!security->token_file().empty()) {
+    security->set_token_file(Resolve(base_dir, security->token_file()));
+  }
+  if (security->has_tls()) {
+    TlsConfig* tls = security->mutable_tls();
+    if (tls->has_cert_file()) tls->set_cert_file(Resolve(base_dir, tls->cert_file()));
+    if (tls->has_key_file()) tls->set_key_file(Resolve(base_dir, tls->key_file()));
+    if (tls->has_ca_file()) tls->set_ca_file(Resolve(base_dir, tls->ca_file()));
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateHostPort(const std::string& address, const std::string& field) {
+  const std::string prefix = field.empty() ? "" : field + " ";
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "must be host:port with a port in [0, 65535], got \"", address, "\""));
+  }
+  return absl::OkStatus();
+}
+
+double EffectiveMovingRate(const JobConfig& job) {
+  if (job.easgd().moving_rate() != 0.0) return job.easgd().moving_rate();
+  return 0.9 / std::max(1, job.topology().replicas());
+}
+
+std::vector<int> StageLayerStarts(const JobConfig& job) {
+  const int layers = job.model().layers_size();
+  const int stages = std::max(1, job.topology().stages());
+  std::vector<int> starts;
+  starts.push_back(0);
+  if (job.topology().stage_boundaries_size() == stages - 1) {
+    for (int b : job.topology().stage_boundaries()) starts.push_back(b);
+  } else {
+    for (int s = 1; s < stages; ++s) starts.push_back(s * layers / stages);
+  }
+  starts.push_back(layers);
+  return starts;
+}
+
+absl::Status ValidateJobConfig(const JobConfig& job) {
+  Checker checker(nullptr, "");
+  CheckJob(job, checker);
+  return ErrorsToStatus(checker.errors());
+}
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& display_name) {
+  JobConfig job;
+  TextFormat::ParseInfoTree tree;
+  absl::Status parsed = ParseText(text, display_name, &job, &tree);
+  if (!parsed.ok()) return parsed;
+  Locator locator(display_name, &tree, JobConfig::descriptor());
+  Checker checker(&locator, "");
+  CheckJob(job, checker);
+  absl::Status valid = ErrorsToStatus(checker.errors());
+  if (!valid.ok()) return valid;
+  return job;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseJobConfig(*text, path);
+}
+
+absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
+                                               const std::string& display_name,
+                                               const std::string& base_dir) {
+  ServerConfig config;
+  TextFormat::ParseInfoTree tree;
+  absl::Status parsed = ParseText(text, display_name, &config, &tree);
+  if (!parsed.ok()) return parsed;
+  Locator locator(display_name, &tree, ServerConfig::descriptor());
+  Checker checker(&locator, "");
+  ResolveSecurityPaths(config.mutable_security(), base_dir);
+  if (config.has_durability() && !config.durability().data_dir().empty()) {
+    config.mutable_durability()->set_data_dir(Resolve(base_dir, config.durability().data_dir()));
+  }
+
+  checker.HostPort("listen_address", config.listen_address());
+  if (config.has_job() == config.has_job_file()) {
+    checker.Fail("job", "exactly one of job { ... } and job_file must be set");
+  } else if (config.has_job()) {
+    Checker job_checker = checker.Nested("job.");
+    CheckJob(config.job(), job_checker);
+    checker.Merge(job_checker);
+  }
+  CheckSecurity(config.security(), /*server=*/true, checker);
+  CheckMetrics(config.metrics(), checker);
+  if (config.max_message_bytes() < (1 << 20)) {
+    checker.Fail("max_message_bytes",
+                 absl::StrCat("must be in [1048576, 2147483647), got ", config.max_message_bytes()));
+  }
+  checker.AtLeast("max_wait_ms", config.max_wait_ms(), 100);
+  absl::Status valid = ErrorsToStatus(checker.errors());
+  if (!valid.ok()) return valid;
+
+  if (config.has_job_file()) {
+    auto job = LoadJobConfig(Resolve(base_dir, config.job_file()));
+    if (!job.ok()) return job.status();
+    *config.mutable_job() = *std::move(job);
+    config.clear_job_file();
+  }
+  return config;
+}
+
+absl::StatusOr<ServerConfig> LoadServerConfig(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseServerConfig(*text, path, DirName(path));
+}
+
+absl::StatusOr<WorkerConfig> ParseWorkerConfig(const std::string& text,
+                                               const std::string& display_name,
+                                               const std::string& base_dir) {
+  WorkerConfig config;
+  TextFormat::ParseInfoTree tree;
+  absl::Status parsed = ParseText(text, display_name, &config, &tree);
+  if (!parsed.ok()) return parsed;
+  Locator locator(display_name, &tree, WorkerConfig::descriptor());
+  Checker checker(&locator, "");
+  ResolveSecurityPaths(config.mutable_security(), base_dir);
+
+  checker.HostPort("server_address", config.server_address());
+  checker.HostPort("peer_listen_address", config.peer_listen_address());
+  if (config.has_compute()) {
+    checker.InRange("compute.threads", config.compute().threads(), 1, 256);
+    checker.AtLeast("compute.cuda_device", config.compute().cuda_device(), 0);
+  }
+  CheckSecurity(config.security(), /*server=*/false, checker);
+  CheckMetrics(config.metrics(), checker);
+  checker.AtLeast("rpc_deadline_ms", config.rpc_deadline_ms(), 10);
+  checker.AtLeast("backoff_initial_ms", config.backoff_initial_ms(), 1);
+  if (config.backoff_max_ms() < config.backoff_initial_ms()) {
+    checker.Fail("backoff_max_ms", absl::StrCat("must be >= backoff_initial_ms = ",
+                                                config.backoff_initial_ms(), ", got ",
+                                                config.backoff_max_ms()));
+  }
+  checker.AtLeast("give_up_after_ms", config.give_up_after_ms(), 0);
+  absl::Status valid = ErrorsToStatus(checker.errors());
+  if (!valid.ok()) return valid;
+  return config;
+}
+
+absl::StatusOr<WorkerConfig> LoadWorkerConfig(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseWorkerConfig(*text, path, DirName(path));
+}
+
+}  // namespace rebound

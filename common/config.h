@@ -1,0 +1,56 @@
+#pragma once
+
+// Loading and validation of the protobuf text configs (DESIGN.md §7).
+//
+// Every error names the file, the line (when the field appears in the file) and the field path,
+// and says what was expected and what was found, e.g.
+//   job.pbtxt:12: easgd.moving_rate must be in (0, 1], got 1.5
+// Syntax errors keep protobuf's own message with line and column:
+//   job.pbtxt:3:5: Message type "rebound.EasgdConfig" has no field named "rate".
+// All problems of a file are reported, one per line, in a single INVALID_ARGUMENT status.
+// A file that cannot be read is NOT_FOUND (missing) or INVALID_ARGUMENT (unreadable).
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace rebound {
+
+// Parses and validates a job config file.
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+
+// Parses and validates a server config file. If it names a `job_file`, that file is loaded
+// (relative paths are resolved against the server config's directory) and placed in `job`, so
+// the result always has `job` set and `job_file` cleared. Relative `token_file`, TLS files and
+// `durability.data_dir` are resolved the same way.
+absl::StatusOr<ServerConfig> LoadServerConfig(const std::string& path);
+
+// Parses and validates a worker config file; relative file paths resolved as above.
+absl::StatusOr<WorkerConfig> LoadWorkerConfig(const std::string& path);
+
+// The same from text; `display_name` is used as the file name in messages. Relative paths are
+// resolved against `base_dir`.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& display_name);
+absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
+                                               const std::string& display_name,
+                                               const std::string& base_dir);
+absl::StatusOr<WorkerConfig> ParseWorkerConfig(const std::string& text,
+                                               const std::string& display_name,
+                                               const std::string& base_dir);
+
+// Validation of an already parsed job (e.g. one received from the server), without locations.
+absl::Status ValidateJobConfig(const JobConfig& job);
+
+// The EASGD moving rate in effect: easgd.moving_rate, or 0.9 / R when it is 0 (the default).
+double EffectiveMovingRate(const JobConfig& job);
+
+// First layer index of each stage s in [0, S], with entry S = number of layers: explicit
+// topology.stage_boundaries, or an even split by layer count. REQUIRES: a validated job.
+std::vector<int> StageLayerStarts(const JobConfig& job);
+
+// Splits "host:port" into its parts; INVALID_ARGUMENT unless the port is a number in [0, 65535]
+// and the host is non-empty. `field` names the setting in the message.
+absl::Status ValidateHostPort(const std::string& address, const std::string& field);
+
+}  // namespace rebound
