@@ -24,9 +24,11 @@ using google::protobuf::TextFormat;
 // Collects protobuf's syntax errors as "file:line:col: message".
 class ErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
-  explicit ErrorCollector(std::string file) : file_(std::move(file)) {}
+  ErrorCollector(std::string file, const std::string& text)
+      : file_(std::move(file)), lines_(absl::StrSplit(text, '\n')) {}
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
+    PointAtEnumValue(message, &line, &column);
     errors_.push_back(absl::StrCat(file_, ":", line + 1, ":", column + 1, ": ", message));
   }
   void AddWarning(int line, google::protobuf::io::ColumnNumber column,
@@ -36,7 +38,29 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   const std::vector<std::string>& errors() const { return errors_; }
 
  private:
+  // protobuf reports an unknown enum value at the token after it, often the next line; move the
+  // location back to the value itself so the message points where the mistake is.
+  void PointAtEnumValue(const std::string& message, int* line,
+                        google::protobuf::io::ColumnNumber* column) const {
+    const std::string prefix = "Unknown enumeration value of \"";
+    if (message.rfind(prefix, 0) != 0) return;
+    const size_t end = message.find('"', prefix.size());
+    if (end == std::string::npos) return;
+    const std::string value = message.substr(prefix.size(), end - prefix.size());
+    for (int l = std::min<int>(*line, static_cast<int>(lines_.size()) - 1); l >= 0; --l) {
+      const std::string& text = lines_[l];
+      size_t limit = l == *line ? std::min<size_t>(*column, text.size()) : text.size();
+      const size_t at = text.rfind(value, limit);
+      if (at != std::string::npos && at + value.size() <= text.size()) {
+        *line = l;
+        *column = static_cast<int>(at);
+        return;
+      }
+    }
+  }
+
   std::string file_;
+  std::vector<std::string> lines_;
   std::vector<std::string> errors_;
 };
 
@@ -64,6 +88,10 @@ class Locator {
       }
       const FieldDescriptor* field = descriptor->FindFieldByName(name);
       if (field == nullptr) break;
+      // ParseInfoTree insists on an index exactly for repeated fields; a path naming a repeated
+      // field as a whole points at its first occurrence.
+      if (field->is_repeated() && index < 0) index = 0;
+      if (!field->is_repeated() && index >= 0) break;
       const auto location = tree->GetLocation(field, index);
       if (location.line < 0) break;
       line = location.line;
@@ -366,7 +394,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 // Parses `text` into `message`, recording locations into `tree`.
 absl::Status ParseText(const std::string& text, const std::string& display_name, Message* message,
                        TextFormat::ParseInfoTree* tree) {
-  ErrorCollector errors(display_name);
+  ErrorCollector errors(display_name, text);
   TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   parser.WriteLocationsTo(tree);
@@ -469,8 +497,10 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
   }
 
   checker.HostPort("listen_address", config.listen_address());
-  if (config.has_job() == config.has_job_file()) {
-    checker.Fail("job", "exactly one of job { ... } and job_file must be set");
+  if (config.has_job() && config.has_job_file()) {
+    checker.Fail("job_file", "and job { ... } are mutually exclusive; set exactly one");
+  } else if (!config.has_job() && !config.has_job_file()) {
+    checker.Fail("job", "must be set inline, or job_file must name the job config");
   } else if (config.has_job()) {
     Checker job_checker = checker.Nested("job.");
     CheckJob(config.job(), job_checker);

@@ -1,0 +1,261 @@
+#include "server/membership.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace rebound::server {
+namespace {
+
+int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+}  // namespace
+
+Membership::Membership(const JobConfig& job, const Clock* clock)
+    : job_(job),
+      clock_(clock),
+      failure_timeout_(absl::Milliseconds(job.fault_tolerance().failure_timeout_ms())),
+      epoch_(static_cast<uint64_t>(absl::ToUnixSeconds(clock->Now())) & 0xFFFFFFFFu) {
+  const int replicas = job.topology().replicas();
+  const int stages = job.topology().stages();
+  for (int r = 0; r < replicas; ++r) {
+    for (int s = 0; s < stages; ++s) {
+      Slot slot;
+      slot.id.set_replica(r);
+      slot.id.set_stage(s);
+      slots_.push_back(slot);
+    }
+  }
+}
+
+absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& request) {
+  if (!request.job_id().empty() && request.job_id() != job_.job_id()) {
+    return absl::FailedPreconditionError(absl::StrCat("this server runs job \"", job_.job_id(),
+                                                      "\", not \"", request.job_id(), "\""));
+  }
+  if (request.worker_name().empty() || request.worker_name().size() > 256) {
+    return absl::InvalidArgumentError("worker_name must have 1 to 256 characters");
+  }
+  if (request.peer_address().size() > 256) {
+    return absl::InvalidArgumentError("peer_address is longer than 256 characters");
+  }
+  const WorkerRole requested = request.requested_role();
+  if (!WorkerRole_IsValid(requested)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown requested_role ", requested));
+  }
+
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  int slot_index = -1;
+  WorkerRole role = requested;
+  if (requested == TRAINER || requested == ROLE_UNSPECIFIED) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].state == UNASSIGNED) {
+        slot_index = static_cast<int>(i);
+        break;
+      }
+    }
+    if (slot_index < 0 && requested == TRAINER) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "all ", slots_.size(), " trainer slots are owned; register as a spare instead"));
+    }
+    role = slot_index >= 0 ? TRAINER : SPARE;
+  }
+
+  Worker worker;
+  worker.incarnation = (epoch_ << 32) | next_counter_++;
+  worker.name = request.worker_name();
+  worker.role = role;
+  worker.peer_address = request.peer_address();
+  worker.registered = now;
+  worker.last_heartbeat = now;
+  worker.slot_index = slot_index;
+
+  RegisterResponse response;
+  response.set_incarnation(worker.incarnation);
+  response.set_role(role);
+  *response.mutable_job() = job_;
+  if (slot_index >= 0) {
+    Slot& slot = slots_[slot_index];
+    slot.state = ACTIVE;
+    slot.owner = worker.incarnation;
+    slot.detail.clear();
+    *response.mutable_slot() = slot.id;
+    response.set_start_step(slot.step);
+  }
+  workers_.emplace(worker.incarnation, worker);
+  if (slot_index >= 0) {
+    for (Neighbour& n : NeighboursLocked(slot_index)) *response.add_neighbours() = n;
+  }
+  return response;
+}
+
+absl::Status Membership::CheckAliveLocked(uint64_t incarnation) const {
+  auto it = workers_.find(incarnation);
+  if (it == workers_.end()) {
+    const uint64_t epoch = incarnation >> 32;
+    const uint64_t counter = incarnation & 0xFFFFFFFFu;
+    if (epoch == epoch_ && counter >= 1 && counter < next_counter_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("incarnation ", incarnation, " is fenced; register again"));
+    }
+    return absl::AbortedError(absl::StrCat("incarnation ", incarnation,
+                                           " is unknown to this server (restarted?); register "
+                                           "again"));
+  }
+  const Worker& worker = it->second;
+  if (worker.state != ALIVE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", incarnation, " (worker ", worker.name, ") is fenced: ",
+        WorkerState_Name(worker.state), ": ", worker.state_reason, "; register again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Membership::CheckAlive(uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  return CheckAliveLocked(incarnation);
+}
+
+absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& request) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
+  }
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  absl::Status alive = CheckAliveLocked(request.incarnation());
+  if (!alive.ok()) return alive;
+  Worker& worker = workers_.at(request.incarnation());
+  worker.last_heartbeat = now;
+  worker.step = request.step();
+  if (request.has_loss() && std::isfinite(request.loss())) worker.loss = request.loss();
+  HeartbeatResponse response;
+  response.set_server_time_ms(absl::ToUnixMillis(now));
+  if (worker.slot_index >= 0) {
+    slots_[worker.slot_index].step = std::max(slots_[worker.slot_index].step, request.step());
+    for (Neighbour& n : NeighboursLocked(worker.slot_index)) *response.add_neighbours() = n;
+  }
+  return response;
+}
+
+void Membership::FenceLocked(Worker& worker, WorkerState state, const std::string& why) {
+  worker.state = state;
+  worker.state_reason = why;
+  if (worker.slot_index >= 0) {
+    Slot& slot = slots_[worker.slot_index];
+    if (slot.owner == worker.incarnation) {
+      slot.state = LOST;
+      slot.owner = 0;
+      slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
+                                 WorkerState_Name(state), ": ", why);
+    }
+  }
+  PruneLocked();
+}
+
+void Membership::PruneLocked() {
+  size_t fenced = 0;
+  for (const auto& [incarnation, worker] : workers_) fenced += worker.state != ALIVE;
+  // Incarnations increase, so iterating the map in order prunes the oldest records first.
+  for (auto it = workers_.begin(); fenced > kMaxFencedRecords && it != workers_.end();) {
+    if (it->second.state != ALIVE) {
+      it = workers_.erase(it);
+      --fenced;
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status Membership::Deregister(uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  absl::Status alive = CheckAliveLocked(incarnation);
+  if (!alive.ok()) return alive;
+  FenceLocked(workers_.at(incarnation), DEPARTED, "deregistered");
+  return absl::OkStatus();
+}
+
+std::vector<FailedWorker> Membership::DetectFailures() {
+  const absl::Time now = clock_->Now();
+  std::vector<FailedWorker> failed;
+  absl::MutexLock lock(&mu_);
+  for (auto& [incarnation, worker] : workers_) {
+    if (worker.state != ALIVE) continue;
+    const absl::Duration silent = now - worker.last_heartbeat;
+    if (silent <= failure_timeout_) continue;
+    FailedWorker f;
+    f.incarnation = incarnation;
+    f.name = worker.name;
+    f.silent_for = silent;
+    if (worker.slot_index >= 0) {
+      f.had_slot = true;
+      f.slot = slots_[worker.slot_index].id;
+    }
+    failed.push_back(f);
+  }
+  for (const FailedWorker& f : failed) {
+    workers_.at(f.incarnation).silent_ms_at_failure = Millis(f.silent_for);
+    FenceLocked(workers_.at(f.incarnation), FAILED,
+                absl::StrFormat("no heartbeat for %d ms (failure_timeout %d ms)",
+                                Millis(f.silent_for), Millis(failure_timeout_)));
+  }
+  return failed;
+}
+
+std::vector<Neighbour> Membership::NeighboursLocked(int slot_index) const {
+  std::vector<Neighbour> neighbours;
+  const int stages = job_.topology().stages();
+  const int stage = slot_index % stages;
+  for (int other : {slot_index - 1, slot_index + 1}) {
+    const int other_stage = stage + (other - slot_index);
+    if (other_stage < 0 || other_stage >= stages) continue;
+    const Slot& slot = slots_[other];
+    Neighbour n;
+    *n.mutable_slot() = slot.id;
+    if (slot.owner != 0) {
+      n.set_incarnation(slot.owner);
+      n.set_peer_address(workers_.at(slot.owner).peer_address);
+    }
+    neighbours.push_back(n);
+  }
+  return neighbours;
+}
+
+void Membership::FillStatus(GetStatusResponse* response) const {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    SlotStatus* out = response->add_slots();
+    *out->mutable_slot() = slot.id;
+    out->set_state(slot.state);
+    out->set_owner_incarnation(slot.owner);
+    out->set_step(slot.step);
+    if (!slot.detail.empty()) out->set_detail(slot.detail);
+  }
+  for (const auto& [incarnation, worker] : workers_) {
+    WorkerStatus* out = response->add_workers();
+    out->set_incarnation(incarnation);
+    out->set_name(worker.name);
+    out->set_role(worker.role);
+    out->set_state(worker.state);
+    if (worker.slot_index >= 0) *out->mutable_slot() = slots_[worker.slot_index].id;
+    out->set_step(worker.step);
+    out->set_loss(worker.loss);
+    out->set_last_heartbeat_ms_ago(Millis(now - worker.last_heartbeat));
+    out->set_registered_ms_ago(Millis(now - worker.registered));
+    out->set_peer_address(worker.peer_address);
+    if (!worker.state_reason.empty()) out->set_state_reason(worker.state_reason);
+    if (worker.state == FAILED) out->set_silent_ms_at_failure(worker.silent_ms_at_failure);
+  }
+}
+
+int Membership::CountInState(WorkerState state) const {
+  absl::MutexLock lock(&mu_);
+  int count = 0;
+  for (const auto& [incarnation, worker] : workers_) count += worker.state == state;
+  return count;
+}
+
+}  // namespace rebound::server

@@ -1,0 +1,113 @@
+#pragma once
+
+// Membership: who is in the job, which slot each trainer owns, and who is fenced.
+//
+// Every registration gets a fresh incarnation number, never reused: the high 32 bits are the
+// server's start time in seconds (its epoch), the low 32 bits a counter. A worker silent for
+// failure_timeout is declared FAILED; its incarnation is fenced for good: every later call that
+// names it gets FAILED_PRECONDITION. An incarnation the server has never seen (for example after
+// a server restart without durable state) gets ABORTED: the worker should register again.
+// Records of fenced workers are kept up to kMaxFencedRecords; older ones are pruned, and an
+// incarnation of this epoch below the counter is still recognised as fenced.
+//
+// Thread-safe. Time comes from the injected Clock.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+
+namespace rebound::server {
+
+// A worker declared failed by DetectFailures.
+struct FailedWorker {
+  uint64_t incarnation = 0;
+  std::string name;
+  bool had_slot = false;
+  SlotId slot;
+  absl::Duration silent_for;
+};
+
+class Membership {
+ public:
+  // REQUIRES: `job` is validated; `clock` outlives this object.
+  Membership(const JobConfig& job, const Clock* clock);
+
+  static constexpr size_t kMaxFencedRecords = 4096;
+
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Admits a worker. FAILED_PRECONDITION if the job id differs; RESOURCE_EXHAUSTED if it asks
+  // to be a trainer and every slot is owned; INVALID_ARGUMENT for a malformed request.
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+
+  // Records liveness and progress. FAILED_PRECONDITION if fenced, ABORTED if unknown.
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+
+  // A clean exit: the incarnation is fenced as DEPARTED; a slot it owned becomes LOST.
+  absl::Status Deregister(uint64_t incarnation);
+
+  // OK iff `incarnation` is alive; the errors of Heartbeat otherwise. For every worker RPC.
+  absl::Status CheckAlive(uint64_t incarnation) const;
+
+  // Declares failed every alive worker silent for longer than failure_timeout, fences it and
+  // marks its slot LOST. Returns the newly failed workers.
+  std::vector<FailedWorker> DetectFailures();
+
+  // Fills the membership part of a status reply (slots and workers).
+  void FillStatus(GetStatusResponse* response) const;
+
+  // Number of workers in each state (for tests and metrics).
+  int CountInState(WorkerState state) const;
+
+ private:
+  struct Worker {
+    uint64_t incarnation = 0;
+    std::string name;
+    WorkerRole role = ROLE_UNSPECIFIED;
+    WorkerState state = ALIVE;
+    std::string state_reason;
+    int slot_index = -1;  // index into slots_, -1 for none
+    std::string peer_address;
+    int64_t step = 0;
+    double loss = 0.0;
+    absl::Time registered;
+    absl::Time last_heartbeat;
+    int64_t silent_ms_at_failure = 0;
+  };
+
+  struct Slot {
+    SlotId id;
+    SlotState state = UNASSIGNED;
+    uint64_t owner = 0;  // incarnation, 0 = none
+    int64_t step = 0;
+    std::string detail;
+  };
+
+  absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Neighbour> NeighboursLocked(int slot_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FenceLocked(Worker& worker, WorkerState state, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const JobConfig job_;
+  const Clock* const clock_;
+  const absl::Duration failure_timeout_;
+
+  mutable absl::Mutex mu_;
+  const uint64_t epoch_;  // high 32 bits of every incarnation of this server life
+  uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage
+};
+
+}  // namespace rebound::server

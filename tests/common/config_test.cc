@@ -1,0 +1,245 @@
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "common/config.h"
+
+namespace rebound {
+namespace {
+
+// A minimal valid job: four lines, so a snippet appended to it starts on line 5.
+const char kBase[] =
+    "job_id: \"t\"\n"
+    "model {\n"
+    "  layers { width: 10 activation: IDENTITY }\n"
+    "}\n";
+
+std::string JobError(const std::string& text) {
+  auto job = ParseJobConfig(text, "job.pbtxt");
+  REQUIRE_FALSE(job.ok());
+  CHECK(job.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(job.status().message());
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+TEST_CASE("the shipped configs are valid") {
+  auto job = LoadJobConfig("configs/job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->job_id() == "fashion-mnist-local");
+  CHECK(job->model().layers_size() == 3);
+  CHECK(job->topology().replicas() == 2);
+
+  auto server = LoadServerConfig("configs/server.pbtxt");
+  REQUIRE(server.ok());
+  // The job file is loaded relative to the server config's directory and inlined.
+  CHECK(server->has_job());
+  CHECK_FALSE(server->has_job_file());
+  CHECK(server->job().job_id() == "fashion-mnist-local");
+
+  auto worker = LoadWorkerConfig("configs/worker.pbtxt");
+  REQUIRE(worker.ok());
+  CHECK(worker->server_address() == "127.0.0.1:7070");
+}
+
+TEST_CASE("defaults come from the schema") {
+  auto job = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->adahessian().lr() == 0.15);
+  CHECK(job->adahessian().epsilon() == 1e-4);
+  CHECK(job->easgd().sync_period() == 8);
+  CHECK(job->fault_tolerance().failure_timeout_ms() == 3000);
+  CHECK(job->weighting().min_weight() == 0.05);
+  CHECK(EffectiveMovingRate(*job) == 0.9);
+}
+
+TEST_CASE("an out-of-range moving rate names file, line, field and value") {
+  CHECK(JobError(std::string(kBase) + "easgd {\n  moving_rate: 1.5\n}\n") ==
+        "job.pbtxt:6: easgd.moving_rate must be in (0, 1], got 1.5");
+}
+
+TEST_CASE("micro-batches must divide the batch") {
+  CHECK(JobError(std::string(kBase) + "data {\n  batch_size: 64\n  micro_batches: 5\n}\n") ==
+        "job.pbtxt:7: data.micro_batches must divide data.batch_size = 64, got 5");
+}
+
+TEST_CASE("the Hessian power must lie in [0, 1]") {
+  CHECK(JobError(std::string(kBase) + "adahessian { hessian_power: 1.5 }\n") ==
+        "job.pbtxt:5: adahessian.hessian_power must be in [0, 1], got 1.5");
+}
+
+TEST_CASE("beta1 must be below one") {
+  CHECK(JobError(std::string(kBase) + "adahessian { beta1: 1 }\n") ==
+        "job.pbtxt:5: adahessian.beta1 must be in [0, 1), got 1");
+}
+
+TEST_CASE("the failure timeout must exceed the heartbeat interval") {
+  CHECK(JobError(std::string(kBase) +
+                 "fault_tolerance {\n  heartbeat_interval_ms: 500\n  failure_timeout_ms: 400\n}\n") ==
+        "job.pbtxt:7: fault_tolerance.failure_timeout_ms must be greater than "
+        "fault_tolerance.heartbeat_interval_ms = 500, got 400");
+}
+
+TEST_CASE("a job needs at least one replica") {
+  CHECK(JobError(std::string(kBase) + "topology { replicas: 0 }\n") ==
+        "job.pbtxt:5: topology.replicas must be in [1, 4096], got 0");
+}
+
+TEST_CASE("hidden layers need a nonlinearity") {
+  CHECK(JobError("model {\n"
+                 "  layers { width: 32 activation: IDENTITY }\n"
+                 "  layers { width: 10 activation: IDENTITY }\n"
+                 "}\n") ==
+        "job.pbtxt:2: model.layers[0].activation must be RELU, TANH or GELU for a hidden layer, "
+        "got IDENTITY");
+}
+
+TEST_CASE("the output layer must be IDENTITY") {
+  CHECK(JobError("model {\n  layers { width: 10 activation: RELU }\n}\n") ==
+        "job.pbtxt:2: model.layers[0].activation must be IDENTITY for the output layer "
+        "(softmax cross-entropy follows), got RELU");
+}
+
+TEST_CASE("a model without layers is rejected without a line") {
+  CHECK(JobError("job_id: \"t\"\n") ==
+        "job.pbtxt: model.layers must list at least one layer, got none");
+}
+
+TEST_CASE("a layer's width must be set") {
+  CHECK(JobError("model {\n  layers { activation: IDENTITY }\n}\n") ==
+        "job.pbtxt:2: model.layers[0].width must be set");
+}
+
+TEST_CASE("an unknown field is a syntax error with line and column") {
+  CHECK(JobError(std::string(kBase) + "easgd {\n  moving_rat: 0.5\n}\n") ==
+        "job.pbtxt:6:13: Message type \"rebound.EasgdConfig\" has no field named \"moving_rat\".");
+}
+
+TEST_CASE("an unknown enum value is a syntax error with line and column") {
+  CHECK(JobError(std::string(kBase) + "scheduling: SOMETIMES\n") ==
+        "job.pbtxt:5:13: Unknown enumeration value of \"SOMETIMES\" for field \"scheduling\".");
+}
+
+TEST_CASE("job ids are restricted to a safe alphabet") {
+  CHECK(JobError("job_id: \"has space\"\nmodel { layers { width: 10 activation: IDENTITY } }\n") ==
+        "job.pbtxt:1: job_id must match [A-Za-z0-9._-]{1,64}, got \"has space\"");
+}
+
+TEST_CASE("logged boundaries must exist in the topology") {
+  CHECK(JobError(std::string(kBase) + "step_log { logged_boundaries: 1 }\n") ==
+        "job.pbtxt:5: step_log.logged_boundaries[0] must be increasing boundary indices in "
+        "[1, stages - 1 = 0], got 1");
+}
+
+TEST_CASE("recovery parallelism cannot exceed the micro-batches") {
+  CHECK(JobError(std::string(kBase) +
+                 "data { micro_batches: 4 }\nfault_tolerance { recovery_parallelism: 8 }\n") ==
+        "job.pbtxt:6: fault_tolerance.recovery_parallelism must be in [1, 4], got 8");
+}
+
+TEST_CASE("stage boundaries must match the number of stages") {
+  CHECK(JobError("model {\n"
+                 "  layers { width: 32 }\n"
+                 "  layers { width: 32 }\n"
+                 "  layers { width: 10 activation: IDENTITY }\n"
+                 "}\n"
+                 "topology {\n  stages: 3\n  stage_boundaries: 2\n}\n") ==
+        "job.pbtxt:8: topology.stage_boundaries must list stages - 1 = 2 layer indices, got 1");
+}
+
+TEST_CASE("every problem of a file is reported at once, in order") {
+  CHECK(JobError(std::string(kBase) + "adahessian {\n  lr: -1\n  epsilon: 0\n}\n") ==
+        "job.pbtxt:6: adahessian.lr must be > 0, got -1\n"
+        "job.pbtxt:7: adahessian.epsilon must be > 0, got 0");
+}
+
+TEST_CASE("a missing config file is NOT_FOUND and named") {
+  auto job = LoadJobConfig("/nonexistent/job.pbtxt");
+  CHECK(job.status().code() == absl::StatusCode::kNotFound);
+  CHECK(job.status().message() == "/nonexistent/job.pbtxt: cannot open config file");
+}
+
+TEST_CASE("server configs: address, exclusive job sources, inline job errors") {
+  auto bad_address = ParseServerConfig(
+      "listen_address: \"localhost\"\njob { model { layers { width: 10 activation: IDENTITY } } }\n",
+      "server.pbtxt", ".");
+  CHECK(bad_address.status().message() ==
+        "server.pbtxt:1: listen_address must be host:port with a port in [0, 65535], got "
+        "\"localhost\"");
+
+  auto no_job = ParseServerConfig("listen_address: \"127.0.0.1:0\"\n", "server.pbtxt", ".");
+  CHECK(no_job.status().message() ==
+        "server.pbtxt: job must be set inline, or job_file must name the job config");
+
+  auto both = ParseServerConfig(
+      "job { model { layers { width: 10 activation: IDENTITY } } }\njob_file: \"j.pbtxt\"\n",
+      "server.pbtxt", ".");
+  CHECK(both.status().message() ==
+        "server.pbtxt:2: job_file and job { ... } are mutually exclusive; set exactly one");
+
+  auto inline_error = ParseServerConfig(
+      "job {\n  model { layers { width: 10 activation: IDENTITY } }\n  easgd { moving_rate: 2 }\n}\n",
+      "server.pbtxt", ".");
+  CHECK(inline_error.status().message() ==
+        "server.pbtxt:3: job.easgd.moving_rate must be in (0, 1], got 2");
+}
+
+TEST_CASE("a server's job file is resolved against its directory and its errors name it") {
+  const std::string dir = TempDir();
+  WriteFile(dir + "/bad_job.pbtxt", std::string(kBase) + "easgd { sync_period: 0 }\n");
+  WriteFile(dir + "/server.pbtxt", "job_file: \"bad_job.pbtxt\"\n");
+  auto server = LoadServerConfig(dir + "/server.pbtxt");
+  CHECK(server.status().message() ==
+        dir + "/bad_job.pbtxt:5: easgd.sync_period must be >= 1, got 0");
+}
+
+TEST_CASE("a token file that does not exist is rejected before start") {
+  auto server = ParseServerConfig(
+      "job { model { layers { width: 10 activation: IDENTITY } } }\n"
+      "security { token_file: \"missing.token\" }\n",
+      "server.pbtxt", "/nonexistent");
+  CHECK(server.status().message() ==
+        "server.pbtxt:2: security.token_file cannot be read: /nonexistent/missing.token");
+}
+
+TEST_CASE("worker configs: backoff cap and deadline") {
+  auto backoff = ParseWorkerConfig("backoff_initial_ms: 500\nbackoff_max_ms: 100\n",
+                                   "worker.pbtxt", ".");
+  CHECK(backoff.status().message() ==
+        "worker.pbtxt:2: backoff_max_ms must be >= backoff_initial_ms = 500, got 100");
+  auto deadline = ParseWorkerConfig("rpc_deadline_ms: 0\n", "worker.pbtxt", ".");
+  CHECK(deadline.status().message() == "worker.pbtxt:1: rpc_deadline_ms must be >= 10, got 0");
+}
+
+TEST_CASE("a received job is validated without locations") {
+  JobConfig job;
+  job.mutable_model()->add_layers()->set_width(10);
+  job.mutable_model()->mutable_layers(0)->set_activation(IDENTITY);
+  CHECK(ValidateJobConfig(job).ok());
+  job.mutable_easgd()->set_sync_period(-3);
+  CHECK(ValidateJobConfig(job).message() == "easgd.sync_period must be >= 1, got -3");
+}
+
+TEST_CASE("stage layer ranges follow explicit boundaries or an even split") {
+  auto job = ParseJobConfig(
+      "model {\n  layers { width: 8 }\n  layers { width: 8 }\n  layers { width: 8 }\n"
+      "  layers { width: 10 activation: IDENTITY }\n}\ntopology { stages: 2 }\n",
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(StageLayerStarts(*job) == std::vector<int>{0, 2, 4});
+  job->mutable_topology()->add_stage_boundaries(3);
+  CHECK(StageLayerStarts(*job) == std::vector<int>{0, 3, 4});
+}
+
+}  // namespace
+}  // namespace rebound

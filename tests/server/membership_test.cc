@@ -1,0 +1,195 @@
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "common/clock.h"
+#include "common/config.h"
+#include "server/membership.h"
+
+namespace rebound::server {
+namespace {
+
+JobConfig TwoByOneJob() {
+  auto job = ParseJobConfig(
+      "job_id: \"j\"\n"
+      "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
+      "topology { replicas: 2 stages: 1 }\n"
+      "fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n",
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  return *job;
+}
+
+RegisterRequest Request(const std::string& name, WorkerRole role = ROLE_UNSPECIFIED) {
+  RegisterRequest request;
+  request.set_job_id("j");
+  request.set_worker_name(name);
+  request.set_requested_role(role);
+  request.set_peer_address("127.0.0.1:1");
+  return request;
+}
+
+HeartbeatRequest Beat(uint64_t incarnation, int64_t step = 0) {
+  HeartbeatRequest request;
+  request.set_incarnation(incarnation);
+  request.set_step(step);
+  return request;
+}
+
+TEST_CASE("trainers fill the slots in order, then workers become spares") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  auto c = membership.Register(Request("c"));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  CHECK(a->role() == TRAINER);
+  CHECK(a->slot().replica() == 0);
+  CHECK(b->role() == TRAINER);
+  CHECK(b->slot().replica() == 1);
+  CHECK(c->role() == SPARE);
+  CHECK_FALSE(c->has_slot());
+  CHECK(a->job().job_id() == "j");
+  // Incarnations are unique and increasing.
+  CHECK(a->incarnation() < b->incarnation());
+  CHECK(b->incarnation() < c->incarnation());
+}
+
+TEST_CASE("a worker that insists on training is refused when every slot is owned") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  REQUIRE(membership.Register(Request("a")).ok());
+  REQUIRE(membership.Register(Request("b")).ok());
+  auto c = membership.Register(Request("c", TRAINER));
+  CHECK(c.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(c.status().message() == "all 2 trainer slots are owned; register as a spare instead");
+}
+
+TEST_CASE("a worker of another job is refused") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  RegisterRequest request = Request("a");
+  request.set_job_id("other");
+  auto a = membership.Register(request);
+  CHECK(a.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(a.status().message() == "this server runs job \"j\", not \"other\"");
+  request.set_worker_name("");
+  request.set_job_id("j");
+  CHECK(membership.Register(request).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a worker is declared failed only after failure_timeout of silence") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+
+  clock.Advance(absl::Milliseconds(900));
+  REQUIRE(membership.Heartbeat(Beat(b->incarnation(), 7)).ok());
+  clock.Advance(absl::Milliseconds(100));  // a has been silent exactly 1000 ms: still alive
+  CHECK(membership.DetectFailures().empty());
+
+  clock.Advance(absl::Milliseconds(1));
+  auto failed = membership.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == a->incarnation());
+  CHECK(failed[0].had_slot);
+  CHECK(failed[0].slot.replica() == 0);
+  CHECK(absl::ToInt64Milliseconds(failed[0].silent_for) == 1001);
+  CHECK(membership.CountInState(FAILED) == 1);
+  CHECK(membership.CountInState(ALIVE) == 1);
+
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  REQUIRE(status.slots_size() == 2);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(status.slots(0).owner_incarnation() == 0);
+  CHECK(status.slots(1).state() == ACTIVE);
+  CHECK(status.slots(1).step() == 7);
+  REQUIRE(status.workers_size() == 2);
+  CHECK(status.workers(0).state() == FAILED);
+  CHECK(status.workers(0).silent_ms_at_failure() == 1001);
+  CHECK(status.workers(0).state_reason() == "no heartbeat for 1001 ms (failure_timeout 1000 ms)");
+}
+
+TEST_CASE("a fenced incarnation's heartbeat gets FAILED_PRECONDITION, for good") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  clock.Advance(absl::Seconds(2));
+  REQUIRE(membership.DetectFailures().size() == 1);
+
+  auto beat = membership.Heartbeat(Beat(a->incarnation()));
+  CHECK(beat.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(beat.status().message()) ==
+        "incarnation " + std::to_string(a->incarnation()) +
+            " (worker a) is fenced: FAILED: no heartbeat for 2000 ms (failure_timeout 1000 ms); "
+            "register again");
+  // Heartbeating again does not revive it.
+  CHECK(membership.CheckAlive(a->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
+
+  // The same worker may come back, under a new incarnation. Its lost slot waits for recovery
+  // (it is not handed to a fresh registration), so it gets the next unassigned slot.
+  auto again = membership.Register(Request("a"));
+  REQUIRE(again.ok());
+  CHECK(again->role() == TRAINER);
+  CHECK(again->slot().replica() == 1);
+  CHECK(again->incarnation() != a->incarnation());
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+}
+
+TEST_CASE("an incarnation this server never issued gets ABORTED: register again") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto beat = membership.Heartbeat(Beat(12345));
+  CHECK(beat.status().code() == absl::StatusCode::kAborted);
+}
+
+TEST_CASE("deregistering fences the incarnation and frees its slot as LOST") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  CHECK(membership.Deregister(a->incarnation()).ok());
+  CHECK(membership.CheckAlive(a->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(membership.Deregister(a->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(status.workers(0).state() == DEPARTED);
+}
+
+TEST_CASE("records of fenced workers are bounded and pruned ones stay fenced") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  uint64_t first = 0;
+  for (size_t i = 0; i < Membership::kMaxFencedRecords + 10; ++i) {
+    auto w = membership.Register(Request("w", SPARE));
+    REQUIRE(w.ok());
+    if (i == 0) first = w->incarnation();
+    REQUIRE(membership.Deregister(w->incarnation()).ok());
+  }
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.workers_size() == static_cast<int>(Membership::kMaxFencedRecords));
+  CHECK(membership.CheckAlive(first).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("a negative step in a heartbeat is INVALID_ARGUMENT") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  CHECK(membership.Heartbeat(Beat(a->incarnation(), -1)).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rebound::server

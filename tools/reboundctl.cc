@@ -1,0 +1,156 @@
+// reboundctl: the operator's command line for a Rebound server.
+//
+//   reboundctl --server HOST:PORT [--output table|json] [--timeout_ms N] COMMAND
+//
+// Commands:
+//   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
+//   status   slots and workers: role, state, incarnation, step, last heartbeat
+//
+// Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
+// serving or refused the call, 2 the server could not be reached in time, 64 usage error.
+
+#include <gflags/gflags.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/rebound.grpc.pb.h"
+
+DEFINE_string(server, "127.0.0.1:7070", "server host:port");
+DEFINE_string(output, "table", "table|json");
+DEFINE_int32(timeout_ms, 5000, "deadline of each call, ms");
+
+namespace rebound::ctl {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUnreachable = 2;
+constexpr int kExitUsage = 64;
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(FLAGS_timeout_ms));
+}
+
+// Reports a failed call and returns the exit code for it.
+int ReportError(const grpc::Status& status) {
+  const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  if (unreachable) {
+    std::cerr << "reboundctl: cannot reach the server at " << FLAGS_server << " within "
+              << FLAGS_timeout_ms << " ms: " << status.error_message() << "\n";
+    return kExitUnreachable;
+  }
+  std::cerr << "reboundctl: the server at " << FLAGS_server << " answered "
+            << status.error_code() << ": " << status.error_message() << "\n";
+  return kExitFailed;
+}
+
+int Health(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return ReportError(status);
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  if (FLAGS_output == "json") {
+    std::cout << "{\"status\":\"" << name << "\"}\n";
+  } else {
+    std::cout << name << "\n";
+  }
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
+                                                                              : kExitFailed;
+}
+
+std::string Slot(const SlotId& slot) {
+  return absl::StrCat("(", slot.replica(), ",", slot.stage(), ")");
+}
+
+std::string Ago(int64_t ms) {
+  if (ms < 10000) return absl::StrCat(ms, "ms");
+  return absl::StrCat(ms / 1000, "s");
+}
+
+void PrintStatusTable(const GetStatusResponse& s) {
+  std::printf("job %s  (%s, up %s)  topology %d x %d  weighting %s  recovery %s\n\n",
+              s.job_id().c_str(), s.server_version().c_str(), Ago(s.uptime_ms()).c_str(),
+              s.replicas(), s.stages(), WeightingPolicy_Name(s.weighting()).c_str(),
+              RecoveryPolicy_Name(s.recovery_policy()).c_str());
+  std::printf("%-8s %-11s %-22s %8s  %s\n", "SLOT", "STATE", "OWNER", "STEP", "DETAIL");
+  for (const SlotStatus& slot : s.slots()) {
+    std::printf("%-8s %-11s %-22s %8lld  %s\n", Slot(slot.slot()).c_str(),
+                SlotState_Name(slot.state()).c_str(),
+                slot.owner_incarnation() ? absl::StrCat(slot.owner_incarnation()).c_str() : "-",
+                static_cast<long long>(slot.step()), slot.detail().c_str());
+  }
+  std::printf("\n%-22s %-24s %-10s %-9s %-8s %8s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
+              "STATE", "SLOT", "STEP", "HEARTBEAT", "REASON");
+  for (const WorkerStatus& w : s.workers()) {
+    std::printf("%-22llu %-24s %-10s %-9s %-8s %8lld %10s  %s\n",
+                static_cast<unsigned long long>(w.incarnation()), w.name().c_str(),
+                WorkerRole_Name(w.role()).c_str(), WorkerState_Name(w.state()).c_str(),
+                w.has_slot() ? Slot(w.slot()).c_str() : "-", static_cast<long long>(w.step()),
+                (Ago(w.last_heartbeat_ms_ago()) + " ago").c_str(), w.state_reason().c_str());
+  }
+}
+
+int Status(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = ParameterServer::NewStub(channel);
+  GetStatusRequest request;
+  GetStatusResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->GetStatus(&context, request, &response);
+  if (!status.ok()) return ReportError(status);
+  if (FLAGS_output == "json") {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    google::protobuf::util::MessageToJsonString(response, &json, options);
+    std::cout << json << "\n";
+  } else {
+    PrintStatusTable(response);
+  }
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: reboundctl [--server HOST:PORT] [--output table|json] health|status\n";
+    return kExitUsage;
+  }
+  if (FLAGS_output != "table" && FLAGS_output != "json") {
+    std::cerr << "reboundctl: --output must be table or json, got '" << FLAGS_output << "'\n";
+    return kExitUsage;
+  }
+  if (FLAGS_timeout_ms <= 0) {
+    std::cerr << "reboundctl: --timeout_ms must be > 0\n";
+    return kExitUsage;
+  }
+  auto channel = grpc::CreateChannel(FLAGS_server, grpc::InsecureChannelCredentials());
+  const std::string command = argv[1];
+  if (command == "health") return Health(channel);
+  if (command == "status") return Status(channel);
+  std::cerr << "reboundctl: unknown command '" << command << "' (expected health or status)\n";
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace rebound::ctl
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("reboundctl [--server HOST:PORT] [--output table|json] health|status");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return rebound::ctl::Main(argc, argv);
+}

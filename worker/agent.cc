@@ -1,0 +1,205 @@
+#include "worker/agent.h"
+
+#include <glog/logging.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/backoff.h"
+
+namespace rebound::worker {
+namespace {
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         code == grpc::StatusCode::RESOURCE_EXHAUSTED || code == grpc::StatusCode::UNKNOWN ||
+         code == grpc::StatusCode::INTERNAL;
+}
+
+void SetDeadline(grpc::ClientContext* context, int deadline_ms) {
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+}
+
+std::string Describe(const grpc::Status& status) {
+  return absl::StrCat(status.error_code(), " ", status.error_message());
+}
+
+}  // namespace
+
+const char* AgentExitName(AgentExit exit) {
+  switch (exit) {
+    case AgentExit::kStopped:
+      return "stopped";
+    case AgentExit::kFenced:
+      return "fenced";
+    case AgentExit::kUnreachable:
+      return "unreachable";
+    case AgentExit::kRejected:
+      return "rejected";
+  }
+  return "?";
+}
+
+WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
+                         std::string job_id, std::string name, std::string peer_address)
+    : config_(config),
+      stub_(ParameterServer::NewStub(std::move(channel))),
+      job_id_(std::move(job_id)),
+      name_(std::move(name)),
+      peer_address_(std::move(peer_address)) {}
+
+Registration WorkerAgent::registration() const {
+  absl::MutexLock lock(&mu_);
+  return registration_;
+}
+
+std::string WorkerAgent::exit_reason() const {
+  absl::MutexLock lock(&mu_);
+  return exit_reason_;
+}
+
+void WorkerAgent::set_progress(int64_t step, double loss) {
+  absl::MutexLock lock(&mu_);
+  step_ = step;
+  loss_ = loss;
+}
+
+void WorkerAgent::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+}
+
+bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
+  return !stop_.WaitForNotificationWithTimeout(d);
+}
+
+bool WorkerAgent::RegisterWithRetry() {
+  Backoff backoff(absl::Milliseconds(config_.backoff_initial_ms()),
+                  absl::Milliseconds(config_.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
+  const absl::Time give_up = absl::Now() + absl::Milliseconds(config_.give_up_after_ms());
+  uint64_t previous = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    previous = registration_.incarnation;
+  }
+  while (!stop_.HasBeenNotified()) {
+    RegisterRequest request;
+    request.set_job_id(job_id_);
+    request.set_worker_name(name_);
+    request.set_requested_role(config_.role());
+    request.set_peer_address(peer_address_);
+    request.set_backend(config_.compute().backend());
+    request.set_previous_incarnation(previous);
+    RegisterResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, config_.rpc_deadline_ms());
+    const grpc::Status status = stub_->Register(&context, request, &response);
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      registration_.incarnation = response.incarnation();
+      registration_.role = response.role();
+      registration_.has_slot = response.has_slot();
+      registration_.slot = response.slot();
+      registration_.job = response.job();
+      LOG(INFO) << "registered as " << WorkerRole_Name(response.role()) << " incarnation "
+                << response.incarnation()
+                << (response.has_slot() ? absl::StrCat(" slot (", response.slot().replica(), ", ",
+                                                       response.slot().stage(), ")")
+                                        : std::string())
+                << " in job '" << response.job().job_id() << "'";
+      return true;
+    }
+    if (!Retryable(status.error_code()) ||
+        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      absl::MutexLock lock(&mu_);
+      exit_ = AgentExit::kRejected;
+      exit_reason_ = absl::StrCat("registration refused: ", Describe(status));
+      return false;
+    }
+    if (absl::Now() >= give_up) {
+      absl::MutexLock lock(&mu_);
+      exit_ = AgentExit::kUnreachable;
+      exit_reason_ = absl::StrCat("server unreachable for ", config_.give_up_after_ms(),
+                                  " ms: ", Describe(status));
+      return false;
+    }
+    const absl::Duration delay = backoff.Next();
+    LOG(WARNING) << "register failed (" << Describe(status) << "); retrying in "
+                 << absl::ToInt64Milliseconds(delay) << " ms";
+    if (!SleepUnlessStopped(delay)) break;
+  }
+  absl::MutexLock lock(&mu_);
+  exit_ = AgentExit::kStopped;
+  return false;
+}
+
+AgentExit WorkerAgent::Run() {
+  if (!RegisterWithRetry()) {
+    absl::MutexLock lock(&mu_);
+    return exit_;
+  }
+  Backoff backoff(absl::Milliseconds(config_.backoff_initial_ms()),
+                  absl::Milliseconds(config_.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
+  absl::Time last_contact = absl::Now();
+  while (true) {
+    const Registration current = registration();
+    const absl::Duration interval =
+        absl::Milliseconds(current.job.fault_tolerance().heartbeat_interval_ms());
+    HeartbeatRequest request;
+    request.set_incarnation(current.incarnation);
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_step(step_);
+      request.set_loss(loss_);
+    }
+    HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, config_.rpc_deadline_ms());
+    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+    absl::Duration wait = interval;
+    if (status.ok()) {
+      last_contact = absl::Now();
+      backoff.Reset();
+    } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      absl::MutexLock lock(&mu_);
+      exit_ = AgentExit::kFenced;
+      exit_reason_ = status.error_message();
+      return exit_;
+    } else if (status.error_code() == grpc::StatusCode::ABORTED) {
+      LOG(WARNING) << "server lost this registration (" << status.error_message()
+                   << "); registering again";
+      if (!RegisterWithRetry()) {
+        absl::MutexLock lock(&mu_);
+        return exit_;
+      }
+      last_contact = absl::Now();
+      continue;
+    } else {
+      if (absl::Now() - last_contact > absl::Milliseconds(config_.give_up_after_ms())) {
+        absl::MutexLock lock(&mu_);
+        exit_ = AgentExit::kUnreachable;
+        exit_reason_ = absl::StrCat("no heartbeat acknowledged for ", config_.give_up_after_ms(),
+                                    " ms: ", Describe(status));
+        return exit_;
+      }
+      wait = backoff.Next();
+      LOG(WARNING) << "heartbeat failed (" << Describe(status) << "); retrying in "
+                   << absl::ToInt64Milliseconds(wait) << " ms";
+    }
+    if (!SleepUnlessStopped(wait)) break;
+  }
+
+  // Stopped: leave cleanly so the server does not wait for failure_timeout.
+  DeregisterRequest request;
+  request.set_incarnation(registration().incarnation);
+  DeregisterResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, std::min(config_.rpc_deadline_ms(), 2000));
+  const grpc::Status status = stub_->Deregister(&context, request, &response);
+  if (!status.ok()) LOG(WARNING) << "deregister failed: " << Describe(status);
+  absl::MutexLock lock(&mu_);
+  exit_ = AgentExit::kStopped;
+  return exit_;
+}
+
+}  // namespace rebound::worker

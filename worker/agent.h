@@ -1,0 +1,86 @@
+#pragma once
+
+// WorkerAgent: a worker's membership in the job. It registers with the server, heartbeats every
+// heartbeat_interval and keeps doing so across server unavailability with capped exponential
+// backoff (giving up after give_up_after_ms without contact). If the server no longer knows the
+// incarnation (ABORTED: restarted without state) it registers again. If the incarnation is
+// fenced (FAILED_PRECONDITION) it stops for good: a fenced worker never writes again.
+//
+// Every RPC carries a deadline of rpc_deadline_ms.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/channel.h"
+#include "absl/synchronization/notification.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.grpc.pb.h"
+
+namespace rebound::worker {
+
+enum class AgentExit {
+  kStopped,      // Stop() was called
+  kFenced,       // the server fenced this incarnation
+  kUnreachable,  // no contact with the server for give_up_after_ms
+  kRejected,     // the server refused the registration (wrong job, no slot for a trainer, ...)
+};
+
+// A registration as seen by the worker.
+struct Registration {
+  uint64_t incarnation = 0;
+  WorkerRole role = ROLE_UNSPECIFIED;
+  bool has_slot = false;
+  SlotId slot;
+  JobConfig job;
+};
+
+class WorkerAgent {
+ public:
+  // `job_id` must match the server's job. `peer_address` is this worker's WorkerPeer endpoint.
+  WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
+              std::string job_id, std::string name, std::string peer_address);
+
+  WorkerAgent(const WorkerAgent&) = delete;
+  WorkerAgent& operator=(const WorkerAgent&) = delete;
+
+  // Registers and heartbeats until Stop(), fencing, rejection or give-up. Call once.
+  AgentExit Run();
+
+  // Asks Run() to return (deregistering first, best effort). Thread-safe.
+  void Stop();
+
+  // The current registration (incarnation 0 before the first one). Thread-safe.
+  Registration registration() const;
+
+  // The last error message that ended Run(), for the exit log line.
+  std::string exit_reason() const;
+
+  // Progress reported in heartbeats. Thread-safe.
+  void set_progress(int64_t step, double loss);
+
+ private:
+  // Registers with backoff. Returns false if Run() must end (see exit_).
+  bool RegisterWithRetry();
+  // Sleeps `d` unless stopped first; returns false if stopped.
+  bool SleepUnlessStopped(absl::Duration d);
+
+  const WorkerConfig config_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+  const std::string job_id_;
+  const std::string name_;
+  const std::string peer_address_;
+  absl::Notification stop_;
+
+  mutable absl::Mutex mu_;
+  Registration registration_ ABSL_GUARDED_BY(mu_);
+  std::string exit_reason_ ABSL_GUARDED_BY(mu_);
+  AgentExit exit_ ABSL_GUARDED_BY(mu_) = AgentExit::kStopped;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  double loss_ ABSL_GUARDED_BY(mu_) = 0.0;
+};
+
+const char* AgentExitName(AgentExit exit);
+
+}  // namespace rebound::worker

@@ -1,0 +1,143 @@
+// rebound_worker: a Rebound worker (trainer, spare or evaluator; the server assigns the role).
+//
+//   rebound_worker --config worker.pbtxt [--server HOST:PORT] [--name NAME]
+//                  [--role auto|trainer|spare|evaluator]
+//
+// Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad config or flags, 3 fenced by the server,
+// 4 server unreachable for give_up_after_ms, 5 registration refused, 1 other errors.
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/process.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.grpc.pb.h"
+#include "worker/agent.h"
+
+DEFINE_string(config, "", "worker config file (.pbtxt); required");
+DEFINE_string(server, "", "server host:port; overrides server_address");
+DEFINE_string(name, "", "worker name; overrides name (default <hostname>-<pid>)");
+DEFINE_string(role, "", "auto|trainer|spare|evaluator; overrides role");
+
+namespace rebound::worker {
+namespace {
+
+// The WorkerPeer service. Boundary exchange and replay reduction arrive with R4/R5; until then
+// every call answers UNIMPLEMENTED (the base class's behaviour).
+class WorkerPeerService final : public WorkerPeer::Service {};
+
+bool ParseRole(const std::string& text, WorkerRole* role) {
+  if (text == "auto") *role = ROLE_UNSPECIFIED;
+  else if (text == "trainer") *role = TRAINER;
+  else if (text == "spare") *role = SPARE;
+  else if (text == "evaluator") *role = EVALUATOR;
+  else return false;
+  return true;
+}
+
+std::string DefaultName() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "-", getpid());
+}
+
+int Run() {
+  if (FLAGS_config.empty()) {
+    LOG(ERROR) << "--config is required";
+    return 2;
+  }
+  auto loaded = LoadWorkerConfig(FLAGS_config);
+  if (!loaded.ok()) {
+    LOG(ERROR) << "invalid config:\n" << loaded.status().message();
+    return 2;
+  }
+  WorkerConfig config = *std::move(loaded);
+  if (!FLAGS_server.empty()) {
+    absl::Status valid = ValidateHostPort(FLAGS_server, "--server");
+    if (!valid.ok()) {
+      LOG(ERROR) << valid.message();
+      return 2;
+    }
+    config.set_server_address(FLAGS_server);
+  }
+  if (!FLAGS_name.empty()) config.set_name(FLAGS_name);
+  if (config.name().empty()) config.set_name(DefaultName());
+  if (!FLAGS_role.empty()) {
+    WorkerRole role;
+    if (!ParseRole(FLAGS_role, &role)) {
+      LOG(ERROR) << "--role must be auto, trainer, spare or evaluator, got '" << FLAGS_role << "'";
+      return 2;
+    }
+    config.set_role(role);
+  }
+
+  WorkerPeerService peer_service;
+  grpc::ServerBuilder builder;
+  int peer_port = 0;
+  builder.AddListeningPort(config.peer_listen_address(), grpc::InsecureServerCredentials(),
+                           &peer_port);
+  builder.RegisterService(&peer_service);
+  std::unique_ptr<grpc::Server> peer_server = builder.BuildAndStart();
+  if (peer_server == nullptr || peer_port == 0) {
+    LOG(ERROR) << "cannot listen on " << config.peer_listen_address();
+    return 1;
+  }
+  std::string host = config.peer_listen_address().substr(0, config.peer_listen_address().rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]") {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  const std::string peer_address = absl::StrCat(host, ":", peer_port);
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(config.server_address(),
+                                           grpc::InsecureChannelCredentials(), args);
+  WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address);
+  LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
+            << config.server_address();
+
+  std::thread signals([&agent] {
+    const int signal_number = WaitForTerminationSignal();
+    LOG(INFO) << "signal " << signal_number << ": stopping";
+    agent.Stop();
+  });
+  signals.detach();
+
+  const AgentExit exit = agent.Run();
+  peer_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  switch (exit) {
+    case AgentExit::kStopped:
+      LOG(INFO) << "stopped";
+      return 0;
+    case AgentExit::kFenced:
+      LOG(ERROR) << "fenced by the server, exiting: " << agent.exit_reason();
+      return 3;
+    case AgentExit::kUnreachable:
+      LOG(ERROR) << "giving up: " << agent.exit_reason();
+      return 4;
+    case AgentExit::kRejected:
+      LOG(ERROR) << agent.exit_reason();
+      return 5;
+  }
+  return 1;
+}
+
+}  // namespace
+}  // namespace rebound::worker
+
+int main(int argc, char** argv) {
+  rebound::BlockTerminationSignals();
+  gflags::SetUsageMessage(
+      "rebound_worker --config FILE [--server HOST:PORT] [--name NAME] [--role ROLE]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  rebound::InitLogging(argv[0]);
+  return rebound::worker::Run();
+}
