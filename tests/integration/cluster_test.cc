@@ -1,0 +1,267 @@
+// Starts the real rebound_server and rebound_worker binaries on loopback (port 0), and kills,
+// stops and restarts them for real.
+
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.grpc.pb.h"
+#include "tests/integration/subprocess.h"
+
+namespace rebound::testing {
+namespace {
+
+constexpr int kHeartbeatMs = 200;
+constexpr int kFailureTimeoutMs = 1000;
+
+std::string ServerConfigText() {
+  return absl::StrCat(
+      "listen_address: \"127.0.0.1:0\"\n"
+      "job {\n"
+      "  job_id: \"it\"\n"
+      "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
+      "  topology { replicas: 2 }\n"
+      "  fault_tolerance { heartbeat_interval_ms: ",
+      kHeartbeatMs, " failure_timeout_ms: ", kFailureTimeoutMs,
+      " }\n"
+      "}\n");
+}
+
+const char kWorkerConfig[] =
+    "rpc_deadline_ms: 2000\n"
+    "backoff_initial_ms: 50\n"
+    "backoff_max_ms: 400\n"
+    "give_up_after_ms: 60000\n";
+
+// One server on an ephemeral port plus helpers to start workers against it.
+class Cluster {
+ public:
+  Cluster() : dir_(MakeTempDir("cluster")) {
+    WriteFileOrDie(dir_ + "/server.pbtxt", ServerConfigText());
+    WriteFileOrDie(dir_ + "/worker.pbtxt", kWorkerConfig);
+  }
+
+  void StartServer(const std::string& listen = "127.0.0.1:0") {
+    const std::string port_file = dir_ + "/port";
+    unlink(port_file.c_str());
+    auto server = Subprocess::Start({Runfile("server/rebound_server"), "--config",
+                                     dir_ + "/server.pbtxt", "--listen", listen, "--port_file",
+                                     port_file},
+                                    dir_ + "/server.log");
+    REQUIRE(server.ok());
+    server_ = *std::move(server);
+    auto port = WaitForPortFile(port_file, *server_, absl::Seconds(30));
+    REQUIRE(port.ok());
+    port_ = *port;
+    channel_ = grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
+    stub_ = ParameterServer::NewStub(channel_);
+  }
+
+  std::unique_ptr<Subprocess> StartWorker(const std::string& name, const std::string& server) {
+    auto worker = Subprocess::Start({Runfile("worker/rebound_worker"), "--config",
+                                     dir_ + "/worker.pbtxt", "--server", server, "--name", name},
+                                    dir_ + "/" + name + ".log");
+    REQUIRE(worker.ok());
+    return *std::move(worker);
+  }
+
+  std::unique_ptr<Subprocess> StartWorker(const std::string& name) {
+    return StartWorker(name, address());
+  }
+
+  GetStatusResponse Status() {
+    GetStatusResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
+    REQUIRE(status.ok());
+    return response;
+  }
+
+  // Polls GetStatus until `predicate` holds; fails after 30 s (a bound, not a performance check).
+  GetStatusResponse WaitForStatus(const std::function<bool(const GetStatusResponse&)>& predicate) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    GetStatusResponse status = Status();
+    while (!predicate(status)) {
+      if (absl::Now() > deadline) {
+        FAIL("status never reached the expected state; last:\n" << status.DebugString()
+                                                                 << "server log:\n"
+                                                                 << ReadFileOrEmpty(dir_ + "/server.log"));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+      status = Status();
+    }
+    return status;
+  }
+
+  ParameterServer::Stub& stub() { return *stub_; }
+  Subprocess& server() { return *server_; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return port_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Subprocess> server_;
+  int port_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+};
+
+const WorkerStatus* FindWorker(const GetStatusResponse& status, const std::string& name) {
+  const WorkerStatus* found = nullptr;
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.name() == name) found = &w;  // the newest incarnation of that name
+  }
+  return found;
+}
+
+bool IsAliveTrainer(const GetStatusResponse& status, const std::string& name) {
+  const WorkerStatus* w = FindWorker(status, name);
+  return w != nullptr && w->state() == ALIVE && w->role() == TRAINER;
+}
+
+TEST_CASE("two workers register and heartbeat; a SIGKILLed one is declared failed and fenced") {
+  Cluster cluster;
+  cluster.StartServer();
+  auto alpha = cluster.StartWorker("alpha");
+  auto beta = cluster.StartWorker("beta");
+
+  GetStatusResponse status = cluster.WaitForStatus([](const GetStatusResponse& s) {
+    return IsAliveTrainer(s, "alpha") && IsAliveTrainer(s, "beta");
+  });
+  CHECK(status.job_id() == "it");
+  CHECK(status.slots_size() == 2);
+  for (const SlotStatus& slot : status.slots()) CHECK(slot.state() == ACTIVE);
+  // Heartbeats keep arriving: after a few intervals the last one is still recent.
+  absl::SleepFor(absl::Milliseconds(3 * kHeartbeatMs));
+  status = cluster.Status();
+  CHECK(FindWorker(status, "alpha")->last_heartbeat_ms_ago() < kFailureTimeoutMs);
+  CHECK(FindWorker(status, "beta")->last_heartbeat_ms_ago() < kFailureTimeoutMs);
+
+  // reboundctl sees the same.
+  std::string output;
+  CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "health"},
+                   &output, absl::Seconds(30)) == 0);
+  CHECK(output == "SERVING\n");
+  CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "status"},
+                   &output, absl::Seconds(30)) == 0);
+  CHECK(absl::StrContains(output, "alpha"));
+  CHECK(absl::StrContains(output, "beta"));
+  CHECK(absl::StrContains(output, "TRAINER"));
+
+  const uint64_t dead = FindWorker(status, "alpha")->incarnation();
+  const SlotId dead_slot = FindWorker(status, "alpha")->slot();
+  alpha->Signal(SIGKILL);
+  REQUIRE(alpha->WaitFor(absl::Seconds(10)) == 128 + SIGKILL);
+
+  status = cluster.WaitForStatus([](const GetStatusResponse& s) {
+    return FindWorker(s, "alpha")->state() == FAILED;
+  });
+  const WorkerStatus* failed = FindWorker(status, "alpha");
+  // Declared by the server's own clock: after failure_timeout of silence, and no later than
+  // failure_timeout plus one heartbeat interval.
+  CHECK(failed->silent_ms_at_failure() > kFailureTimeoutMs);
+  CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs + kHeartbeatMs);
+  for (const SlotStatus& slot : status.slots()) {
+    if (slot.slot().replica() == dead_slot.replica()) {
+      CHECK(slot.state() == LOST);
+    } else {
+      CHECK(slot.state() == ACTIVE);
+    }
+  }
+  CHECK(FindWorker(status, "beta")->state() == ALIVE);
+
+  // The dead incarnation is fenced: its heartbeat is refused with FAILED_PRECONDITION.
+  HeartbeatRequest beat;
+  beat.set_incarnation(dead);
+  HeartbeatResponse reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::Status refused = cluster.stub().Heartbeat(&context, beat, &reply);
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(absl::StrContains(refused.error_message(), "is fenced: FAILED"));
+
+  // A clean stop: the worker deregisters and exits 0; the server exits 0 on SIGTERM.
+  beta->Signal(SIGTERM);
+  CHECK(beta->WaitFor(absl::Seconds(20)) == 0);
+  status = cluster.Status();
+  CHECK(FindWorker(status, "beta")->state() == DEPARTED);
+  cluster.server().Signal(SIGTERM);
+  CHECK(cluster.server().WaitFor(absl::Seconds(20)) == 0);
+  CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "--timeout_ms",
+                    "1000", "health"},
+                   &output, absl::Seconds(30)) == 2);
+  CHECK(absl::StrContains(output, "cannot reach the server"));
+}
+
+TEST_CASE("a worker that was fenced while stopped exits with code 3 and says why") {
+  Cluster cluster;
+  cluster.StartServer();
+  auto gamma = cluster.StartWorker("gamma");
+  cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "gamma"); });
+
+  gamma->Signal(SIGSTOP);
+  cluster.WaitForStatus([](const GetStatusResponse& s) {
+    return FindWorker(s, "gamma")->state() == FAILED;
+  });
+  gamma->Signal(SIGCONT);
+  CHECK(gamma->WaitFor(absl::Seconds(20)) == 3);
+  CHECK(absl::StrContains(ReadFileOrEmpty(gamma->log_path()), "fenced by the server"));
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_CASE("a worker started before the server retries until it can register") {
+  Cluster cluster;
+  const int port = FreePort();
+  auto early = cluster.StartWorker("early", absl::StrCat("127.0.0.1:", port));
+  absl::SleepFor(absl::Milliseconds(800));  // several failed attempts
+  CHECK_FALSE(early->WaitFor(absl::ZeroDuration()).has_value());
+  cluster.StartServer(absl::StrCat("127.0.0.1:", port));
+  cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "early"); });
+  CHECK(absl::StrContains(ReadFileOrEmpty(early->log_path()), "register failed"));
+}
+
+TEST_CASE("a worker re-registers when a restarted server no longer knows it") {
+  Cluster cluster;
+  cluster.StartServer();
+  const int port = cluster.port();
+  auto delta = cluster.StartWorker("delta");
+  GetStatusResponse before =
+      cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "delta"); });
+  const uint64_t first = FindWorker(before, "delta")->incarnation();
+
+  cluster.server().Signal(SIGKILL);
+  REQUIRE(cluster.server().WaitFor(absl::Seconds(10)).has_value());
+  absl::SleepFor(absl::Seconds(1));  // the incarnation epoch is in seconds
+  cluster.StartServer(absl::StrCat("127.0.0.1:", port));
+  GetStatusResponse after =
+      cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "delta"); });
+  CHECK(FindWorker(after, "delta")->incarnation() != first);
+  CHECK_FALSE(delta->WaitFor(absl::ZeroDuration()).has_value());
+}
+
+}  // namespace
+}  // namespace rebound::testing
