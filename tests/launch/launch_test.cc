@@ -1,0 +1,280 @@
+// Runs the real rebound_launch, which runs the real rebound_server and rebound_workers on
+// loopback; checks what it prints, what the server reports, and that no child outlives it.
+
+#include <catch2/catch.hpp>
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/integration/subprocess.h"
+
+namespace rebound::testing {
+namespace {
+
+// R = 2, S = 1, one spare; fast failure detection.
+const char kJob[] =
+    "job_id: \"launch-it\"\n"
+    "model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
+    "topology { replicas: 2 stages: 1 spares: 1 }\n"
+    "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n";
+
+// A launcher run: its own directory with the job, the launcher's output in launch.log.
+class Launch {
+ public:
+  explicit Launch(const std::string& name) : dir_(MakeTempDir(name)) {
+    WriteFileOrDie(job_file(), kJob);
+  }
+
+  void Start(const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {Runfile("tools/launch/rebound_launch"), "--job", job_file()};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto process = Subprocess::Start(argv, output_file());
+    REQUIRE(process.ok());
+    process_ = *std::move(process);
+  }
+
+  // Waits (at most 60 s) until the output contains `text`; fails with the output otherwise.
+  std::string WaitForOutput(const std::string& text) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (true) {
+      // Read before checking for exit, so that the last lines of an exited launcher count.
+      const bool exited = process_->WaitFor(absl::ZeroDuration()).has_value();
+      const std::string output = Output();
+      if (absl::StrContains(output, text)) return output;
+      if (exited || absl::Now() > deadline) {
+        FAIL("the launcher " << (exited ? "exited" : "ran 60 s") << " without printing '" << text
+                             << "'; output:\n"
+                             << output);
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+
+  std::optional<int> WaitForExit() { return process_->WaitFor(absl::Seconds(60)); }
+
+  std::string Output() const { return ReadFileOrEmpty(output_file()); }
+  Subprocess& process() { return *process_; }
+  std::string job_file() const { return dir_ + "/job.pbtxt"; }
+  std::string output_file() const { return dir_ + "/launch.log"; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+// The number after `prefix` in `text` (e.g. the pid in "started spare-0 (pid 123"), or -1.
+int NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return -1;
+  size_t end = at + prefix.size();
+  while (end < text.size() && isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  int number = -1;
+  if (!absl::SimpleAtoi(text.substr(at + prefix.size(), end - at - prefix.size()), &number)) {
+    return -1;
+  }
+  return number;
+}
+
+// The rest of the line after `prefix`.
+std::string LineAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return "";
+  const size_t start = at + prefix.size();
+  return text.substr(start, text.find('\n', start) - start);
+}
+
+// Pids of every process in /proc whose command line mentions `text`.
+std::vector<int> ProcessesMentioning(const std::string& text) {
+  std::vector<int> found;
+  DIR* proc = opendir("/proc");
+  REQUIRE(proc != nullptr);
+  while (dirent* entry = readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
+    std::string cmdline = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/cmdline"));
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    if (absl::StrContains(cmdline, text)) found.push_back(pid);
+  }
+  closedir(proc);
+  return found;
+}
+
+bool ProcessExists(int pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// Every child the launcher printed as started is gone, and no process runs with its work dir.
+void CheckNoChildLeft(const std::string& output, const std::string& workdir) {
+  const std::vector<std::string> children = {"rebound_server", "trainer-r0s0", "trainer-r1s0",
+                                             "spare-0"};
+  for (const std::string& child : children) {
+    const int pid = NumberAfter(output, absl::StrCat("started ", child, " (pid "));
+    INFO(child);
+    REQUIRE(pid > 0);
+    CHECK_FALSE(ProcessExists(pid));
+  }
+  CHECK(ProcessesMentioning(workdir).empty());
+}
+
+// What every run prints once the cluster is up: the server, both trainers in slot order, and
+// the spare.
+void CheckClusterCameUp(const std::string& output) {
+  CHECK(absl::StrContains(output, "server listening on 127.0.0.1:"));
+  CHECK(absl::StrContains(output, "worker trainer-r0s0 registered: TRAINER of slot (0,0)"));
+  CHECK(absl::StrContains(output, "worker trainer-r1s0 registered: TRAINER of slot (1,0)"));
+  CHECK(absl::StrContains(output, "worker spare-0 registered: SPARE"));
+  CHECK(absl::StrContains(output, "slot (0,0): UNASSIGNED -> ACTIVE"));
+  CHECK(absl::StrContains(output, "slot (1,0): UNASSIGNED -> ACTIVE"));
+  CHECK(absl::StrContains(output, "cluster up: 2 trainers, 1 spare, no evaluator"));
+}
+
+TEST_CASE("SIGTERM to the launcher stops the server and every worker and exits 143") {
+  Launch launch("launch-sigterm");
+  const std::string workdir = launch.dir() + "/work";
+  launch.Start({"--workdir", workdir, "--timeout_s", "120"});
+  std::string output = launch.WaitForOutput("cluster up");
+  CheckClusterCameUp(output);
+
+  // The server itself reports the three workers alive, in their roles and slots.
+  const int port = NumberAfter(output, "server listening on 127.0.0.1:");
+  REQUIRE(port > 0);
+  std::string status;
+  REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", absl::StrCat("127.0.0.1:", port),
+                      "status"},
+                     &status, absl::Seconds(30)) == 0);
+  CHECK(absl::StrContains(status, "job launch-it"));
+  for (absl::string_view row : absl::StrSplit(status, '\n')) {
+    if (absl::StrContains(row, "trainer-r0s0") || absl::StrContains(row, "trainer-r1s0") ||
+        absl::StrContains(row, "spare-0")) {
+      INFO(row);
+      CHECK(absl::StrContains(row, "ALIVE"));
+      CHECK(absl::StrContains(row, absl::StrContains(row, "spare") ? "SPARE" : "TRAINER"));
+    }
+  }
+  CHECK(absl::StrContains(status, "trainer-r0s0"));
+  CHECK(absl::StrContains(status, "trainer-r1s0"));
+  CHECK(absl::StrContains(status, "spare-0"));
+
+  // A progress line per second: every slot at step 0, no eval, no recovery yet.
+  launch.WaitForOutput("0,0:0/-/w=- 1,0:0/-/w=- acc=- recoveries=0");
+
+  // The work dir holds the generated configs and one log per process.
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.pbtxt"), launch.job_file()));
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.log"), "serving job 'launch-it'"));
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/trainer-r1s0.log"),
+                          "registered as TRAINER"));
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/spare-0.log"), "registered as SPARE"));
+
+  launch.process().Signal(SIGTERM);
+  REQUIRE(launch.WaitForExit() == 143);
+  output = launch.Output();
+  CHECK(absl::StrContains(output, "received SIGTERM: stopping everything"));
+  // Workers stop first (they deregister), then the server; all cleanly.
+  for (const char* child : {"trainer-r0s0", "trainer-r1s0", "spare-0"}) {
+    CHECK(absl::StrContains(output, absl::StrCat("stopped ", child, " (pid ")));
+  }
+  CHECK(absl::StrContains(output, "stopped rebound_server (pid "));
+  CHECK(LineAfter(output, "stopped rebound_server (pid ").find("exit code 0") != std::string::npos);
+  CHECK(LineAfter(output, "stopped spare-0 (pid ").find("exit code 0") != std::string::npos);
+  CHECK(output.find("stopped spare-0") < output.find("stopped rebound_server"));
+  CHECK(absl::StrContains(output, absl::StrCat("work dir (kept, one log per process): ", workdir)));
+  CheckNoChildLeft(output, workdir);
+}
+
+TEST_CASE("--timeout_s ends an unfinished job with exit 1 and no child left") {
+  Launch launch("launch-timeout");
+  const std::string workdir = launch.dir() + "/work";
+  const std::string csv = launch.dir() + "/progress.csv";
+  const absl::Time started = absl::Now();
+  launch.Start({"--workdir", workdir, "--timeout_s", "6", "--progress_csv", csv});
+  // Training does not exist yet (R3), so no slot ever finishes.
+  REQUIRE(launch.WaitForExit() == 1);
+  CHECK(absl::Now() - started >= absl::Seconds(6));
+  const std::string output = launch.Output();
+  CheckClusterCameUp(output);
+  CHECK(absl::StrContains(output, "timeout: --timeout_s 6 passed"));
+  CHECK_FALSE(absl::StrContains(output, "every slot FINISHED"));
+  CheckNoChildLeft(output, workdir);
+
+  const std::string rows = ReadFileOrEmpty(csv);
+  CHECK(absl::StartsWith(rows, "elapsed_s,slot,step,loss,weight,test_accuracy,event\n"));
+  CHECK(absl::StrContains(rows, ",r0s0,0,,,,\n"));
+  CHECK(absl::StrContains(rows, ",r1s0,0,,,,\n"));
+  CHECK(absl::StrContains(rows, "\"worker spare-0 registered: SPARE, incarnation "));
+}
+
+TEST_CASE("--kill_trainer_at_step kills the trainer of --kill_slot once; the server loses it") {
+  Launch launch("launch-kill");
+  // No --workdir: the launcher makes one under /tmp and prints it.
+  launch.Start({"--kill_trainer_at_step", "0", "--kill_slot", "1,0", "--timeout_s", "120"});
+  std::string output = launch.WaitForOutput("slot (1,0): ACTIVE -> LOST");
+  const std::string workdir = LineAfter(output, "] work dir ");
+  REQUIRE(absl::StartsWith(workdir, "/tmp/rebound-launch-"));
+
+  const int pid = NumberAfter(output, "started trainer-r1s0 (pid ");
+  REQUIRE(pid > 0);
+  CHECK(absl::StrContains(output, absl::StrCat("killed trainer-r1s0 (pid ", pid, ") at step 0")));
+  CHECK(absl::StrContains(output, absl::StrCat("trainer-r1s0 (pid ", pid,
+                                               ") exited: killed by SIGKILL")));
+  CHECK(absl::StrContains(output, "ALIVE -> FAILED: no heartbeat for"));
+  // Only that slot: the other trainer is untouched.
+  CHECK_FALSE(absl::StrContains(output, "killed trainer-r0s0"));
+  CHECK_FALSE(absl::StrContains(output, "slot (0,0): ACTIVE -> LOST"));
+  // The loss is visible in the progress line too.
+  launch.WaitForOutput("1,0:0/-/w=-(LOST)");
+
+  launch.process().Signal(SIGTERM);
+  REQUIRE(launch.WaitForExit() == 143);
+  output = launch.Output();
+  // Killed once: one kill line in the whole run.
+  CHECK(output.find("killed trainer-") == output.rfind("killed trainer-"));
+  CheckNoChildLeft(output, workdir);
+  std::filesystem::remove_all(workdir);
+}
+
+TEST_CASE("when the server dies the launcher stops the workers and exits 1 with its log") {
+  Launch launch("launch-server-dies");
+  const std::string workdir = launch.dir() + "/work";
+  launch.Start({"--workdir", workdir, "--timeout_s", "120"});
+  std::string output = launch.WaitForOutput("cluster up");
+  const int server = NumberAfter(output, "started rebound_server (pid ");
+  REQUIRE(server > 0);
+  REQUIRE(kill(server, SIGKILL) == 0);
+  REQUIRE(launch.WaitForExit() == 1);
+  output = launch.Output();
+  CHECK(absl::StrContains(output, absl::StrCat("rebound_server (pid ", server,
+                                               ") exited unexpectedly: killed by SIGKILL")));
+  CHECK(absl::StrContains(output, "serving job 'launch-it'"));  // the tail of server.log
+  CheckNoChildLeft(output, workdir);
+}
+
+TEST_CASE("a bad job exits 2 with the validation message before starting anything") {
+  Launch launch("launch-bad-job");
+  WriteFileOrDie(launch.job_file(), "job_id: \"bad\"\neasgd { moving_rate: 1.5 }\n");
+  const std::string workdir = launch.dir() + "/work";
+  launch.Start({"--workdir", workdir});
+  REQUIRE(launch.WaitForExit() == 2);
+  CHECK(absl::StrContains(launch.Output(), "job.pbtxt:2: easgd.moving_rate must be in (0, 1], got 1.5"));
+  CHECK_FALSE(std::filesystem::exists(workdir));
+
+  Launch flags("launch-bad-flags");
+  flags.Start({"--kill_trainer_at_step", "1", "--kill_slot", "2,0"});
+  REQUIRE(flags.WaitForExit() == 2);
+  CHECK(absl::StrContains(flags.Output(), "--kill_slot 2,0 is outside the job's 2 x 1 slots"));
+}
+
+}  // namespace
+}  // namespace rebound::testing

@@ -1,0 +1,226 @@
+// The launcher's command line, its worker plan and the configs it writes into its work dir.
+
+#include "tools/launch/options.h"
+
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+
+namespace rebound::launch {
+namespace {
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  REQUIRE(out.good());
+}
+
+std::string ParseError(const std::vector<std::string>& args) {
+  absl::StatusOr<LaunchOptions> options = ParseLaunchArgs(args);
+  REQUIRE_FALSE(options.ok());
+  CHECK(options.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(options.status().message());
+}
+
+JobConfig Job(int replicas, int stages, int spares, bool evaluator) {
+  JobConfig job;
+  job.set_job_id("plan");
+  job.mutable_topology()->set_replicas(replicas);
+  job.mutable_topology()->set_stages(stages);
+  job.mutable_topology()->set_spares(spares);
+  job.mutable_topology()->set_evaluator(evaluator);
+  return job;
+}
+
+TEST_CASE("only --job is required; everything else has a documented default") {
+  absl::StatusOr<LaunchOptions> options = ParseLaunchArgs({"--job", "job.pbtxt"});
+  REQUIRE(options.ok());
+  CHECK(options->job_file == "job.pbtxt");
+  CHECK(options->data_dir.empty());
+  CHECK(options->port == 0);
+  CHECK(options->workdir.empty());
+  CHECK_FALSE(options->kill_trainer_at_step.has_value());
+  CHECK(options->kill_slot == SlotCoord{0, 0});
+  CHECK(options->progress_csv.empty());
+  CHECK(options->timeout_s == 0);
+  CHECK(options->server_binary.empty());
+  CHECK(options->worker_binary.empty());
+  CHECK_FALSE(options->help);
+}
+
+TEST_CASE("every flag is accepted as --name value and as --name=value") {
+  absl::StatusOr<LaunchOptions> options = ParseLaunchArgs(
+      {"--job=j.pbtxt", "--data_dir", "/data", "--port=7071", "--workdir", "wd",
+       "--kill_trainer_at_step", "40", "--kill_slot=1,2", "--progress_csv", "p.csv",
+       "--timeout_s=90", "--server_binary", "/bin/s", "--worker_binary=/bin/w"});
+  REQUIRE(options.ok());
+  CHECK(options->job_file == "j.pbtxt");
+  CHECK(options->data_dir == "/data");
+  CHECK(options->port == 7071);
+  CHECK(options->workdir == "wd");
+  REQUIRE(options->kill_trainer_at_step.has_value());
+  CHECK(*options->kill_trainer_at_step == 40);
+  CHECK(options->kill_slot == SlotCoord{1, 2});
+  CHECK(options->progress_csv == "p.csv");
+  CHECK(options->timeout_s == 90);
+  CHECK(options->server_binary == "/bin/s");
+  CHECK(options->worker_binary == "/bin/w");
+}
+
+TEST_CASE("a repeated flag keeps its last value") {
+  absl::StatusOr<LaunchOptions> options =
+      ParseLaunchArgs({"--job", "a.pbtxt", "--port", "1", "--job", "b.pbtxt", "--port=2"});
+  REQUIRE(options.ok());
+  CHECK(options->job_file == "b.pbtxt");
+  CHECK(options->port == 2);
+}
+
+TEST_CASE("--help needs no other flag") {
+  absl::StatusOr<LaunchOptions> options = ParseLaunchArgs({"--help"});
+  REQUIRE(options.ok());
+  CHECK(options->help);
+  CHECK(absl::StrContains(kUsage, "--kill_trainer_at_step N"));
+  CHECK(absl::StrContains(kUsage, "143 SIGTERM"));
+}
+
+TEST_CASE("a flag error names the flag and what was wrong") {
+  CHECK(ParseError({}) == "--job is required");
+  CHECK(ParseError({"--port", "80"}) == "--job is required");
+  CHECK(ParseError({"--job", "j", "--jobs", "2"}) == "unknown flag --jobs");
+  CHECK(ParseError({"--job", "j", "extra"}) == "unexpected argument 'extra'");
+  CHECK(ParseError({"--job", "j", "-port", "1"}) == "unexpected argument '-port'");
+  CHECK(ParseError({"--job"}) == "--job: missing value");
+  CHECK(ParseError({"--job", "j", "--timeout_s"}) == "--timeout_s: missing value");
+  CHECK(ParseError({"--job="}) == "--job: must not be empty");
+  CHECK(ParseError({"--job", "j", "--port", "65536"}) == "--port: must be in [0, 65535], got 65536");
+  CHECK(ParseError({"--job", "j", "--port", "http"}) == "--port: expected an integer, got 'http'");
+  CHECK(ParseError({"--job", "j", "--timeout_s", "-1"}) ==
+        "--timeout_s: must be in [0, 2147483647], got -1");
+  CHECK(absl::StartsWith(ParseError({"--job", "j", "--kill_trainer_at_step", "-5"}),
+                         "--kill_trainer_at_step: must be in [0, "));
+  CHECK(ParseError({"--job", "j", "--kill_trainer_at_step", "1", "--kill_slot", "1"}) ==
+        "--kill_slot: expected R,S (e.g. 0,0), got '1'");
+  CHECK(ParseError({"--job", "j", "--kill_slot", "1,0"}) ==
+        "--kill_slot needs --kill_trainer_at_step");
+}
+
+TEST_CASE("a slot is two non-negative integers R,S") {
+  absl::StatusOr<SlotCoord> slot = ParseSlot("1,0");
+  REQUIRE(slot.ok());
+  CHECK(*slot == SlotCoord{1, 0});
+  slot = ParseSlot(" 12 , 3 ");
+  REQUIRE(slot.ok());
+  CHECK(*slot == SlotCoord{12, 3});
+  for (const char* bad : {"", "1", "1,", ",1", "1,2,3", "a,b", "1.5,0", "-1,0", "0,-1"}) {
+    INFO("'" << bad << "'");
+    CHECK_FALSE(ParseSlot(bad).ok());
+  }
+  CHECK(ParseSlot("-1,0").status().message() == "replica and stage must be >= 0, got '-1,0'");
+}
+
+TEST_CASE("--kill_slot must name a slot of the job") {
+  LaunchOptions options;
+  options.kill_trainer_at_step = 10;
+  options.kill_slot = {1, 0};
+  CHECK(CheckOptionsAgainstJob(options, Job(2, 1, 0, false)).ok());
+  options.kill_slot = {2, 0};
+  absl::Status outside = CheckOptionsAgainstJob(options, Job(2, 1, 0, false));
+  CHECK(outside.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(outside.message() == "--kill_slot 2,0 is outside the job's 2 x 1 slots");
+  options.kill_slot = {0, 1};
+  CHECK_FALSE(CheckOptionsAgainstJob(options, Job(2, 1, 0, false)).ok());
+  CHECK(CheckOptionsAgainstJob(options, Job(2, 2, 0, false)).ok());
+  // Without a kill, the slot is not used and not checked.
+  options.kill_trainer_at_step.reset();
+  options.kill_slot = {9, 9};
+  CHECK(CheckOptionsAgainstJob(options, Job(2, 1, 0, false)).ok());
+}
+
+TEST_CASE("the plan starts trainers in slot order, then spares, then the evaluator") {
+  const std::vector<WorkerPlan> plan = PlanWorkers(Job(2, 2, 2, true));
+  REQUIRE(plan.size() == 7);
+  const std::vector<std::string> names = {"trainer-r0s0", "trainer-r0s1", "trainer-r1s0",
+                                          "trainer-r1s1", "spare-0",      "spare-1",
+                                          "evaluator"};
+  for (size_t i = 0; i < plan.size(); ++i) CHECK(plan[i].name == names[i]);
+  CHECK(plan[0].slot == SlotCoord{0, 0});
+  CHECK(plan[1].slot == SlotCoord{0, 1});
+  CHECK(plan[2].slot == SlotCoord{1, 0});
+  CHECK(plan[3].slot == SlotCoord{1, 1});
+  for (int i = 0; i < 4; ++i) CHECK(plan[i].role == LaunchRole::kTrainer);
+  CHECK(plan[4].role == LaunchRole::kSpare);
+  CHECK_FALSE(plan[4].slot.has_value());
+  CHECK(plan[6].role == LaunchRole::kEvaluator);
+  CHECK(std::string(RoleFlag(LaunchRole::kTrainer)) == "trainer");
+  CHECK(std::string(RoleFlag(LaunchRole::kSpare)) == "spare");
+  CHECK(std::string(RoleFlag(LaunchRole::kEvaluator)) == "evaluator");
+
+  const std::vector<WorkerPlan> alone = PlanWorkers(Job(1, 1, 0, false));
+  REQUIRE(alone.size() == 1);
+  CHECK(alone[0].name == "trainer-r0s0");
+}
+
+TEST_CASE("the generated server config loads and names the job by its absolute path") {
+  const std::string dir = absl::StrCat(TempDir(), "/server config \"quoted\"");
+  REQUIRE(system(absl::StrCat("mkdir -p '", dir, "'").c_str()) == 0);
+  const std::string job_file = dir + "/job.pbtxt";
+  WriteFile(job_file,
+            "job_id: \"launched\"\n"
+            "model { layers { width: 10 activation: IDENTITY } }\n"
+            "topology { replicas: 2 spares: 1 }\n");
+  const std::string data_dir = dir + "/data";
+
+  const std::string text = ServerConfigText(job_file, 0, data_dir);
+  const std::string config_file = dir + "/server.pbtxt";
+  WriteFile(config_file, text);
+  absl::StatusOr<ServerConfig> config = LoadServerConfig(config_file);
+  REQUIRE(config.ok());
+  CHECK(config->listen_address() == "127.0.0.1:0");
+  CHECK(config->job().job_id() == "launched");
+  CHECK(config->job().topology().replicas() == 2);
+  CHECK(config->durability().data_dir() == data_dir);
+  CHECK(absl::StrContains(text, "job_file: "));
+
+  // A fixed port, and no durability section without --data_dir.
+  WriteFile(config_file, ServerConfigText(job_file, 7075, ""));
+  config = LoadServerConfig(config_file);
+  REQUIRE(config.ok());
+  CHECK(config->listen_address() == "127.0.0.1:7075");
+  CHECK_FALSE(config->has_durability());
+  CHECK(config->job().job_id() == "launched");
+}
+
+TEST_CASE("the generated worker config joins only the job, with the launcher's deadlines") {
+  const std::string file = TempDir() + "/worker.pbtxt";
+  WriteFile(file, WorkerConfigText("launched"));
+  absl::StatusOr<WorkerConfig> config = LoadWorkerConfig(file);
+  REQUIRE(config.ok());
+  CHECK(config->job_id() == "launched");
+  CHECK(config->rpc_deadline_ms() == 10000);
+  CHECK(config->backoff_initial_ms() == 100);
+  CHECK(config->backoff_max_ms() == 2000);
+}
+
+TEST_CASE("relative paths are made absolute against the current directory") {
+  char cwd[4096];
+  REQUIRE(getcwd(cwd, sizeof(cwd)) != nullptr);
+  CHECK(AbsolutePath("a/b.pbtxt") == absl::StrCat(cwd, "/a/b.pbtxt"));
+  CHECK(AbsolutePath("./a/../c") == absl::StrCat(cwd, "/c"));
+  CHECK(AbsolutePath("/x/y") == "/x/y");
+}
+
+}  // namespace
+}  // namespace rebound::launch

@@ -1,0 +1,514 @@
+#include "tools/launch/launcher.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/process.h"
+#include "grpcpp/grpcpp.h"
+
+namespace rebound::launch {
+namespace {
+
+constexpr absl::Duration kStartupWait = absl::Seconds(60);
+constexpr absl::Duration kStatusDeadline = absl::Seconds(5);
+constexpr absl::Duration kProgressPeriod = absl::Seconds(1);
+constexpr absl::Duration kStopGrace = absl::Seconds(10);
+constexpr int kLogTailLines = 20;
+
+constexpr int kExitFinished = 0;
+constexpr int kExitFailed = 1;
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return "";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+absl::StatusOr<std::string> FindBinary(const std::string& argv0, const std::string& explicit_path,
+                                       const std::string& flag, const std::string& package,
+                                       const std::string& name) {
+  if (!explicit_path.empty()) {
+    if (!IsExecutableFile(explicit_path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " ", explicit_path, " is not an executable file"));
+    }
+    return AbsolutePath(explicit_path);
+  }
+  std::vector<std::string> dirs;
+  if (const std::string dir = DirName(argv0); !dir.empty()) dirs.push_back(dir);
+  char self[4096] = {0};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length > 0) dirs.push_back(DirName(std::string(self, length)));
+  std::vector<std::string> candidates;
+  for (const std::string& dir : dirs) {
+    candidates.push_back(absl::StrCat(dir, "/", name));
+    candidates.push_back(absl::StrCat(dir, "/../../", package, "/", name));
+  }
+  if (const char* path = getenv("PATH"); path != nullptr) {
+    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      candidates.push_back(absl::StrCat(dir, "/", name));
+    }
+  }
+  for (const std::string& candidate : candidates) {
+    if (IsExecutableFile(candidate)) return AbsolutePath(candidate);
+  }
+  return absl::NotFoundError(absl::StrCat("cannot find ", name, " (looked at ",
+                                          absl::StrJoin(candidates, ", "), "); pass --", flag));
+}
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// What rebound_worker's exit code means (docs/operations.md).
+std::string DescribeWorkerExit(int code) {
+  std::string text = DescribeExitCode(code);
+  switch (code) {
+    case 0:
+      return text + " (stopped)";
+    case 2:
+      return text + " (bad config or flags)";
+    case 3:
+      return text + " (fenced by the server)";
+    case 4:
+      return text + " (server unreachable for give_up_after_ms)";
+    case 5:
+      return text + " (registration refused)";
+    case 127:
+      return text + " (could not be executed)";
+    default:
+      return text;
+  }
+}
+
+const char* SignalName(int signal_number) {
+  return signal_number == SIGINT ? "SIGINT" : signal_number == SIGTERM ? "SIGTERM" : "signal";
+}
+
+// Waits up to `wait` for SIGTERM or SIGINT (blocked, so they stay pending until taken here).
+// Returns the signal, or 0 when none arrived.
+int TakeTerminationSignal(absl::Duration wait) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  wait = std::max(wait, absl::ZeroDuration());
+  const timespec timeout = absl::ToTimespec(wait);
+  const int signal_number = sigtimedwait(&set, nullptr, &timeout);
+  return signal_number > 0 ? signal_number : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOptions& options) {
+  Binaries binaries;
+  absl::StatusOr<std::string> server =
+      FindBinary(argv0, options.server_binary, "server_binary", "server", "rebound_server");
+  if (!server.ok()) return server.status();
+  absl::StatusOr<std::string> worker =
+      FindBinary(argv0, options.worker_binary, "worker_binary", "worker", "rebound_worker");
+  if (!worker.ok()) return worker.status();
+  binaries.server = *std::move(server);
+  binaries.worker = *std::move(worker);
+  return binaries;
+}
+
+Launcher::Launcher(LaunchOptions options, JobConfig job, Binaries binaries)
+    : options_(std::move(options)),
+      job_(std::move(job)),
+      binaries_(std::move(binaries)),
+      start_(absl::Now()) {
+  if (options_.timeout_s > 0) deadline_ = start_ + absl::Seconds(options_.timeout_s);
+}
+
+Launcher::~Launcher() {
+  if (csv_ != nullptr) std::fclose(csv_);
+}
+
+int Launcher::Run() {
+  std::optional<int> code = PrepareWorkDir();
+  if (!code.has_value()) code = StartServer();
+  if (!code.has_value()) code = StartWorkers();
+  if (!code.has_value()) code = Supervise();
+  StopAll();
+  if (tracker_.test_accuracy().has_value()) {
+    Print(absl::StrFormat("final test accuracy %.4f%s", *tracker_.test_accuracy(),
+                          tracker_.test_loss().has_value()
+                              ? absl::StrFormat(" (test loss %.4f)", *tracker_.test_loss())
+                              : std::string()));
+  }
+  if (!workdir_.empty()) Print(absl::StrCat("work dir (kept, one log per process): ", workdir_));
+  Print(absl::StrCat("exit ", *code));
+  return *code;
+}
+
+std::optional<int> Launcher::PrepareWorkDir() {
+  if (options_.workdir.empty()) {
+    char pattern[] = "/tmp/rebound-launch-XXXXXX";
+    if (mkdtemp(pattern) == nullptr) {
+      Print(absl::StrCat("cannot create a work dir under /tmp: ", std::strerror(errno)));
+      return kExitFailed;
+    }
+    workdir_ = pattern;
+  } else {
+    workdir_ = AbsolutePath(options_.workdir);
+    std::error_code error;
+    std::filesystem::create_directories(workdir_, error);
+    if (error || !std::filesystem::is_directory(workdir_)) {
+      Print(absl::StrCat("cannot create the work dir ", workdir_, ": ", error.message()));
+      workdir_.clear();
+      return kExitFailed;
+    }
+  }
+  Print(absl::StrCat("work dir ", workdir_));
+
+  const std::string data_dir = options_.data_dir.empty() ? "" : AbsolutePath(options_.data_dir);
+  const std::string server_config = workdir_ + "/server.pbtxt";
+  const std::string worker_config = workdir_ + "/worker.pbtxt";
+  for (const auto& [path, text] :
+       {std::make_pair(server_config,
+                       ServerConfigText(AbsolutePath(options_.job_file), options_.port, data_dir)),
+        std::make_pair(worker_config, WorkerConfigText(job_.job_id()))}) {
+    if (absl::Status written = WriteFileAtomically(path, text); !written.ok()) {
+      Print(std::string(written.message()));
+      return kExitFailed;
+    }
+  }
+  // The daemons would reject a bad file only after they started; check both here.
+  if (absl::StatusOr<ServerConfig> loaded = LoadServerConfig(server_config); !loaded.ok()) {
+    Print(absl::StrCat("the generated server config does not load:\n", loaded.status().message()));
+    return kExitFailed;
+  }
+  if (absl::StatusOr<WorkerConfig> loaded = LoadWorkerConfig(worker_config); !loaded.ok()) {
+    Print(absl::StrCat("the generated worker config does not load:\n", loaded.status().message()));
+    return kExitFailed;
+  }
+
+  if (!options_.progress_csv.empty()) {
+    csv_ = std::fopen(options_.progress_csv.c_str(), "ae");
+    if (csv_ == nullptr) {
+      Print(absl::StrCat("cannot open --progress_csv ", options_.progress_csv, ": ",
+                         std::strerror(errno)));
+      return kExitFailed;
+    }
+    std::fseek(csv_, 0, SEEK_END);
+    if (std::ftell(csv_) == 0) WriteCsv(kCsvHeader);
+  }
+  return std::nullopt;
+}
+
+std::optional<int> Launcher::StartServer() {
+  const std::string port_file = workdir_ + "/server.port";
+  unlink(port_file.c_str());  // a port left by an earlier run in the same work dir is stale
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
+      {binaries_.server, "--config", workdir_ + "/server.pbtxt", "--port_file", port_file},
+      workdir_ + "/server.log");
+  if (!started.ok()) {
+    Print(absl::StrCat("cannot start rebound_server: ", started.status().message()));
+    return kExitFailed;
+  }
+  server_ = *std::move(started);
+  Print(absl::StrCat("started rebound_server (pid ", server_->pid(), "), log ",
+                     server_->log_path()));
+
+  const absl::Time give_up = absl::Now() + kStartupWait;
+  while (true) {
+    int port = 0;
+    const std::string text(absl::StripAsciiWhitespace(ReadFileOrEmpty(port_file)));
+    if (absl::SimpleAtoi(text, &port) && port > 0) {
+      port_ = port;
+      break;
+    }
+    if (std::optional<int> code = Watch(absl::Milliseconds(50))) return code;
+    if (absl::Now() >= give_up) {
+      Print(absl::StrCat("rebound_server wrote no port within ", absl::FormatDuration(kStartupWait),
+                         "; the last lines of its log:\n",
+                         TailOfFile(server_->log_path(), kLogTailLines)));
+      return kExitFailed;
+    }
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port_);
+  stub_ = ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  Print(absl::StrCat("server listening on ", address));
+  return std::nullopt;
+}
+
+std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) {
+  const std::string log = absl::StrCat(workdir_, "/", plan.name, ".log");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
+      {binaries_.worker, "--config", workdir_ + "/worker.pbtxt", "--server",
+       absl::StrCat("127.0.0.1:", port_), "--name", plan.name, "--role", RoleFlag(plan.role)},
+      log);
+  if (!started.ok()) {
+    Print(absl::StrCat("cannot start ", plan.name, ": ", started.status().message()));
+    return kExitFailed;
+  }
+  Worker worker;
+  worker.plan = plan;
+  worker.process = *std::move(started);
+  Print(absl::StrCat("started ", plan.name, " (pid ", worker.process->pid(), ", --role ",
+                     RoleFlag(plan.role), "), log ", log));
+  workers_.push_back(std::move(worker));
+  *index = workers_.size() - 1;
+  return std::nullopt;
+}
+
+std::optional<int> Launcher::StartWorkers() {
+  const std::vector<WorkerPlan> plan = PlanWorkers(job_);
+  int trainers = 0;
+  std::vector<size_t> others;
+  for (const WorkerPlan& p : plan) {
+    size_t index = 0;
+    if (std::optional<int> code = StartWorker(p, &index)) return code;
+    if (p.role != LaunchRole::kTrainer) {
+      others.push_back(index);
+      continue;
+    }
+    // One trainer at a time: the server gives the first UNASSIGNED slot to each registration.
+    ++trainers;
+    if (std::optional<int> code = WaitForRegistration({index})) return code;
+    const WorkerStatus* registered = tracker_.FindAliveWorker(p.name);
+    const SlotCoord got{registered->slot().replica(), registered->slot().stage()};
+    if (p.slot.has_value() && got != *p.slot) {
+      Print(absl::StrCat("warning: ", p.name, " owns slot ", FormatSlot(got), ", not ",
+                         FormatSlot(*p.slot), " (the server had other trainers already)"));
+    }
+  }
+  if (!others.empty()) {
+    if (std::optional<int> code = WaitForRegistration(others)) return code;
+  }
+  cluster_up_ = true;
+  const int spares = job_.topology().spares();
+  Print(absl::StrFormat("cluster up: %d trainer%s, %d spare%s, %s", trainers,
+                        trainers == 1 ? "" : "s", spares, spares == 1 ? "" : "s",
+                        job_.topology().evaluator() ? "1 evaluator" : "no evaluator"));
+  return std::nullopt;
+}
+
+std::optional<int> Launcher::WaitForRegistration(const std::vector<size_t>& indices) {
+  const absl::Time give_up = absl::Now() + kStartupWait;
+  while (true) {
+    std::vector<std::string> missing;
+    if (PollStatus().has_value()) {
+      for (size_t i : indices) {
+        if (tracker_.FindAliveWorker(workers_[i].plan.name) == nullptr) {
+          missing.push_back(workers_[i].plan.name);
+        }
+      }
+      if (missing.empty()) return std::nullopt;
+    }
+    if (std::optional<int> code = Watch(absl::Milliseconds(100))) return code;
+    for (size_t i : indices) {
+      Worker& w = workers_[i];
+      if (w.process->Poll().has_value() && tracker_.FindAliveWorker(w.plan.name) == nullptr) {
+        Print(absl::StrCat("cannot start the cluster: ", w.plan.name,
+                           " exited before registering; the last lines of its log:\n",
+                           TailOfFile(w.process->log_path(), kLogTailLines)));
+        return kExitFailed;
+      }
+    }
+    if (absl::Now() >= give_up) {
+      Print(absl::StrCat("cannot start the cluster: ",
+                         missing.empty() ? "the server" : absl::StrJoin(missing, ", "),
+                         missing.empty() ? " did not answer GetStatus" : " did not register",
+                         " within ", absl::FormatDuration(kStartupWait)));
+      return kExitFailed;
+    }
+  }
+}
+
+std::optional<int> Launcher::Supervise() {
+  absl::Time next = absl::Now();
+  while (true) {
+    if (std::optional<int> code = Watch(next - absl::Now())) return code;
+    const absl::Time now = absl::Now();
+    if (now < next) continue;  // woken early; nothing to do yet
+    next = std::max(next + kProgressPeriod, now);
+    if (!PollStatus().has_value()) continue;
+    Print(tracker_.ProgressLine());
+    for (const std::string& row : tracker_.CsvRows(Elapsed())) WriteCsv(row);
+    MaybeKillTrainer();
+    if (tracker_.AllFinished()) {
+      Print("every slot FINISHED");
+      return kExitFinished;
+    }
+  }
+}
+
+std::optional<int> Launcher::Watch(absl::Duration wait) {
+  if (const int signal_number = TakeTerminationSignal(std::min(wait, deadline_ - absl::Now()))) {
+    Print(absl::StrCat("received ", SignalName(signal_number), ": stopping everything"));
+    return 128 + signal_number;
+  }
+  if (server_ != nullptr) {
+    if (std::optional<int> code = server_->Poll()) {
+      Print(absl::StrCat("rebound_server (pid ", server_->pid(), ") exited unexpectedly: ",
+                         DescribeExitCode(*code), "; the last lines of its log:\n",
+                         TailOfFile(server_->log_path(), kLogTailLines)));
+      return kExitFailed;
+    }
+  }
+  for (Worker& w : workers_) {
+    if (w.exit_reported) continue;
+    std::optional<int> code = w.process->Poll();
+    if (!code.has_value()) continue;
+    w.exit_reported = true;
+    std::string text = absl::StrCat(w.plan.name, " (pid ", w.process->pid(), ") exited: ",
+                                    DescribeWorkerExit(*code));
+    const SlotProgress* slot = w.plan.slot.has_value() ? tracker_.FindSlot(*w.plan.slot) : nullptr;
+    if (w.killed_by_launcher) {
+      absl::StrAppend(&text, ", as the launcher killed it");
+    } else if (slot != nullptr && slot->state == FINISHED) {
+      absl::StrAppend(&text, " after its slot FINISHED");
+    } else if (w.plan.role == LaunchRole::kTrainer && cluster_up_) {
+      absl::StrAppend(&text, "; the server rebuilds its slot");
+    }
+    PrintEvent({w.plan.slot, text});
+  }
+  if (absl::Now() >= deadline_) {
+    Print(absl::StrCat("timeout: --timeout_s ", options_.timeout_s, " passed"));
+    return kExitFailed;
+  }
+  return std::nullopt;
+}
+
+std::optional<GetStatusResponse> Launcher::PollStatus() {
+  GetStatusResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kStatusDeadline));
+  const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
+  if (!status.ok()) {
+    const std::string error = absl::StrCat("GetStatus failed: code ", status.error_code(), ": ",
+                                           status.error_message());
+    if (error != last_status_error_) Print(error);
+    last_status_error_ = error;
+    return std::nullopt;
+  }
+  if (!last_status_error_.empty()) {
+    Print("GetStatus answers again");
+    last_status_error_.clear();
+  }
+  for (const ProgressEvent& event : tracker_.Update(response)) PrintEvent(event);
+  return response;
+}
+
+void Launcher::MaybeKillTrainer() {
+  if (!options_.kill_trainer_at_step.has_value() || kill_done_) return;
+  const SlotProgress* slot = tracker_.FindSlot(options_.kill_slot);
+  if (slot == nullptr || slot->step < *options_.kill_trainer_at_step) return;
+  const std::optional<std::string> owner = tracker_.OwnerName(options_.kill_slot);
+  if (!owner.has_value()) return;  // no owner right now (LOST, RECOVERING): wait for one
+  for (Worker& w : workers_) {
+    if (w.plan.name != *owner || w.process->Poll().has_value()) continue;
+    w.process->Signal(SIGKILL);
+    w.killed_by_launcher = true;
+    kill_done_ = true;
+    PrintEvent({options_.kill_slot, absl::StrCat("killed ", w.plan.name, " (pid ",
+                                                 w.process->pid(), ") at step ", slot->step)});
+    return;
+  }
+}
+
+void Launcher::StopAll() {
+  std::vector<ChildProcess*> running;
+  std::vector<std::string> names;
+  for (Worker& w : workers_) {
+    if (w.process->Poll().has_value() && w.exit_reported) continue;
+    running.push_back(w.process.get());
+    names.push_back(w.plan.name);
+  }
+  if (!running.empty()) {
+    Print(absl::StrCat("stopping ", running.size(), " workers (SIGTERM, SIGKILL after ",
+                       absl::FormatDuration(kStopGrace), ")"));
+    StopGroup(running, names);
+  }
+  if (server_ != nullptr) {
+    if (server_->Poll().has_value()) return;  // reported by Watch
+    stub_.reset();  // an open connection would hold up the server's graceful shutdown
+    Print(absl::StrCat("stopping rebound_server (SIGTERM, SIGKILL after ",
+                       absl::FormatDuration(kStopGrace), ")"));
+    StopGroup({server_.get()}, {"rebound_server"});
+  }
+}
+
+void Launcher::StopGroup(const std::vector<ChildProcess*>& group,
+                         const std::vector<std::string>& names) {
+  for (ChildProcess* child : group) child->Signal(SIGTERM);
+  const absl::Time give_up = absl::Now() + kStopGrace;
+  bool hurry = false;
+  while (true) {
+    const bool all_done = std::all_of(group.begin(), group.end(),
+                                      [](ChildProcess* c) { return c->Poll().has_value(); });
+    if (all_done) break;
+    if (const int signal_number = TakeTerminationSignal(absl::Milliseconds(50))) {
+      Print(absl::StrCat("received ", SignalName(signal_number), " again: SIGKILL now"));
+      hurry = true;
+    }
+    if (hurry || absl::Now() >= give_up) {
+      for (ChildProcess* child : group) child->Signal(SIGKILL);
+      for (ChildProcess* child : group) child->WaitFor(absl::Seconds(5));
+      break;
+    }
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    std::optional<int> code = group[i]->Poll();
+    Print(absl::StrCat("stopped ", names[i], " (pid ", group[i]->pid(), "): ",
+                       code.has_value() ? DescribeExitCode(*code) : "still running after SIGKILL"));
+  }
+  for (Worker& w : workers_) {
+    if (w.process->Poll().has_value()) w.exit_reported = true;
+  }
+}
+
+double Launcher::Elapsed() const { return absl::ToDoubleSeconds(absl::Now() - start_); }
+
+void Launcher::Print(const std::string& text) {
+  const std::string prefix = absl::StrFormat("[%7.1fs] ", Elapsed());
+  std::string out;
+  bool first = true;
+  for (absl::string_view line : absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n')) {
+    absl::StrAppend(&out, first ? prefix : std::string(prefix.size() + 2, ' '), line, "\n");
+    first = false;
+  }
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+void Launcher::PrintEvent(const ProgressEvent& event) {
+  Print(event.text);
+  WriteCsv(tracker_.CsvEventRow(Elapsed(), event));
+}
+
+void Launcher::WriteCsv(const std::string& row) {
+  if (csv_ == nullptr) return;
+  std::fputs(row.c_str(), csv_);
+  std::fputc('\n', csv_);
+  std::fflush(csv_);
+}
+
+}  // namespace rebound::launch

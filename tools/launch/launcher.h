@@ -1,0 +1,120 @@
+#pragma once
+
+// The local launcher (DESIGN.md §8): one rebound_server and the job's workers on this machine,
+// started from one job file, watched with a progress line per second, and stopped together.
+//
+//   Launcher launcher(options, job, binaries);
+//   return launcher.Run();  // the process's exit code
+//
+// Run() writes the work dir (server.pbtxt, worker.pbtxt, one log per process), starts the server
+// and waits (at most 60 s) for its port, then starts the trainers one at a time, each after the
+// previous one is ALIVE in GetStatus (at most 60 s each), so that trainer-r<r>s<s> owns slot
+// (r, s); then the spares and the evaluator, and waits for them to register. Afterwards it polls
+// GetStatus every second and prints events and progress to stdout (and --progress_csv). It ends
+//   * when every slot is FINISHED: exit 0;
+//   * when --timeout_s passes, the server exits, or the cluster cannot start: exit 1;
+//   * on SIGINT/SIGTERM: exit 128 + the signal.
+// A worker that exits is reported and not fatal once the cluster is up (the server rebuilds its
+// slot). In every case every child is stopped before Run() returns: SIGTERM to the workers (they
+// deregister), SIGKILL after 10 s; then the same for the server. A second SIGINT/SIGTERM while
+// stopping escalates to SIGKILL at once.
+//
+// REQUIRES: SIGTERM and SIGINT are blocked in every thread of the process (call
+// BlockTerminationSignals() first thing in main), and Run() is called on the main thread (the
+// children's parent-death signal follows the thread that forked them).
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.grpc.pb.h"
+#include "tools/launch/child_process.h"
+#include "tools/launch/options.h"
+#include "tools/launch/progress.h"
+
+namespace rebound::launch {
+
+struct Binaries {
+  std::string server;  // rebound_server
+  std::string worker;  // rebound_worker
+};
+
+// Finds the daemons for a launcher started as `argv0`: the explicit --server_binary and
+// --worker_binary when given, else next to the launcher (installed side by side), else where the
+// Bazel output tree and runfiles put them (<launcher dir>/../../server/rebound_server, same for
+// worker/), looked up from argv0 and from /proc/self/exe, else on PATH. NOT_FOUND lists where it
+// looked; an explicit path that is not an executable file is INVALID_ARGUMENT.
+absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOptions& options);
+
+class Launcher {
+ public:
+  // REQUIRES: `job` is the validated content of options.job_file.
+  Launcher(LaunchOptions options, JobConfig job, Binaries binaries);
+  ~Launcher();
+
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  // Runs the job to its end (see the file comment) and returns the exit code.
+  int Run();
+
+ private:
+  struct Worker {
+    WorkerPlan plan;
+    std::unique_ptr<ChildProcess> process;
+    bool exit_reported = false;
+    bool killed_by_launcher = false;
+  };
+
+  // Each returns an exit code when the launcher must stop, nullopt to go on.
+  std::optional<int> PrepareWorkDir();
+  std::optional<int> StartServer();
+  std::optional<int> StartWorkers();
+  std::optional<int> Supervise();
+
+  // Starts one worker and returns its index in workers_, or an exit code.
+  std::optional<int> StartWorker(const WorkerPlan& plan, size_t* index);
+  // Waits (at most 60 s, and not past the deadline) until every worker at `indices` is ALIVE in
+  // GetStatus; a worker that exits first ends the launch.
+  std::optional<int> WaitForRegistration(const std::vector<size_t>& indices);
+
+  // Waits up to `wait` for a termination signal, then checks the deadline and the children.
+  std::optional<int> Watch(absl::Duration wait);
+  // GetStatus with a 5 s deadline; a reply is passed to the tracker and its events printed.
+  std::optional<GetStatusResponse> PollStatus();
+  // SIGKILLs the trainer of --kill_slot once its step reaches --kill_trainer_at_step.
+  void MaybeKillTrainer();
+  // Stops every child: workers first, then the server (SIGTERM, SIGKILL after 10 s).
+  void StopAll();
+  void StopGroup(const std::vector<ChildProcess*>& group, const std::vector<std::string>& names);
+
+  double Elapsed() const;
+  // Prints "[  12.3s] text" to stdout and flushes; also the CSV event row when `event` is set.
+  void Print(const std::string& text);
+  void PrintEvent(const ProgressEvent& event);
+  void WriteCsv(const std::string& row);
+
+  const LaunchOptions options_;
+  const JobConfig job_;
+  const Binaries binaries_;
+  const absl::Time start_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+
+  std::string workdir_;
+  std::FILE* csv_ = nullptr;
+  std::unique_ptr<ChildProcess> server_;
+  int port_ = 0;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+  std::vector<Worker> workers_;
+  ProgressTracker tracker_;
+  bool cluster_up_ = false;  // every worker registered once
+  bool kill_done_ = false;
+  std::string last_status_error_;
+};
+
+}  // namespace rebound::launch

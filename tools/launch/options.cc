@@ -1,0 +1,234 @@
+#include "tools/launch/options.h"
+
+#include <climits>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace rebound::launch {
+
+const char kUsage[] =
+    "usage: rebound_launch --job FILE [--data_dir DIR] [--port N] [--workdir DIR]\n"
+    "                      [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]\n"
+    "                      [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]\n"
+    "\n"
+    "Starts a rebound_server and the job's workers on this machine (127.0.0.1): R x S trainers\n"
+    "one after another in slot order (trainer-r<r>s<s>), topology.spares spares (spare-<i>) and\n"
+    "an evaluator if topology.evaluator; prints progress every second until every slot is\n"
+    "FINISHED, then stops them all.\n"
+    "\n"
+    "  --job FILE               the job config (.pbtxt); required\n"
+    "  --data_dir DIR           the server's RocksDB directory (default: state in memory only)\n"
+    "  --port N                 the server's port on 127.0.0.1 (default 0: any free port)\n"
+    "  --workdir DIR            configs and one log per process (default: a new /tmp dir, kept)\n"
+    "  --kill_trainer_at_step N SIGKILL the trainer of --kill_slot once, when its step >= N\n"
+    "  --kill_slot R,S          the slot for --kill_trainer_at_step (default 0,0)\n"
+    "  --progress_csv PATH      append rows: elapsed_s,slot,step,loss,weight,test_accuracy,event\n"
+    "  --timeout_s N            stop everything and exit 1 after N seconds (default 0: never)\n"
+    "  --server_binary PATH     rebound_server to run (default: found next to this binary)\n"
+    "  --worker_binary PATH     rebound_worker to run (default: found next to this binary)\n"
+    "\n"
+    "Exit codes: 0 every slot FINISHED; 1 timeout, the server exited, or the cluster could not\n"
+    "start; 2 bad flags or job; 128+N stopped by signal N (130 SIGINT, 143 SIGTERM).\n";
+
+namespace {
+
+absl::Status FlagError(const std::string& flag, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
+}
+
+absl::Status ParseInt(const std::string& flag, const std::string& value, int64_t min,
+                      int64_t max, int64_t* out) {
+  int64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return FlagError(flag, absl::StrCat("expected an integer, got '", value, "'"));
+  }
+  if (parsed < min || parsed > max) {
+    return FlagError(flag, absl::StrCat("must be in [", min, ", ", max, "], got ", parsed));
+  }
+  *out = parsed;
+  return absl::OkStatus();
+}
+
+absl::Status NonEmpty(const std::string& flag, const std::string& value) {
+  if (value.empty()) return FlagError(flag, "must not be empty");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SlotCoord> ParseSlot(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ',');
+  int replica = 0;
+  int stage = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[0]), &replica) ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[1]), &stage)) {
+    return absl::InvalidArgumentError(absl::StrCat("expected R,S (e.g. 0,0), got '", text, "'"));
+  }
+  if (replica < 0 || stage < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica and stage must be >= 0, got '", text, "'"));
+  }
+  return SlotCoord{replica, stage};
+}
+
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
+  LaunchOptions options;
+  bool kill_slot_given = false;
+  using Setter = std::function<absl::Status(const std::string&, const std::string&)>;
+  auto text = [](std::string* field) -> Setter {
+    return [field](const std::string& flag, const std::string& value) {
+      if (absl::Status s = NonEmpty(flag, value); !s.ok()) return s;
+      *field = value;
+      return absl::OkStatus();
+    };
+  };
+  const std::map<std::string, Setter> setters = {
+      {"job", text(&options.job_file)},
+      {"data_dir", text(&options.data_dir)},
+      {"workdir", text(&options.workdir)},
+      {"progress_csv", text(&options.progress_csv)},
+      {"server_binary", text(&options.server_binary)},
+      {"worker_binary", text(&options.worker_binary)},
+      {"port",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t port = 0;
+         if (absl::Status s = ParseInt(flag, value, 0, 65535, &port); !s.ok()) return s;
+         options.port = static_cast<int>(port);
+         return absl::OkStatus();
+       }},
+      {"timeout_s",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t seconds = 0;
+         if (absl::Status s = ParseInt(flag, value, 0, INT_MAX, &seconds); !s.ok()) return s;
+         options.timeout_s = static_cast<int>(seconds);
+         return absl::OkStatus();
+       }},
+      {"kill_trainer_at_step",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t step = 0;
+         if (absl::Status s = ParseInt(flag, value, 0, INT64_MAX, &step); !s.ok()) return s;
+         options.kill_trainer_at_step = step;
+         return absl::OkStatus();
+       }},
+      {"kill_slot",
+       [&](const std::string& flag, const std::string& value) {
+         absl::StatusOr<SlotCoord> slot = ParseSlot(value);
+         if (!slot.ok()) return FlagError(flag, std::string(slot.status().message()));
+         options.kill_slot = *slot;
+         kill_slot_given = true;
+         return absl::OkStatus();
+       }},
+  };
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h" || arg == "-help") {
+      options.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    auto setter = setters.find(name);
+    if (setter == setters.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args.size()) return FlagError(name, "missing value");
+      value = args[++i];
+    }
+    if (absl::Status s = setter->second(name, *value); !s.ok()) return s;
+  }
+  if (options.help) return options;
+  if (options.job_file.empty()) return absl::InvalidArgumentError("--job is required");
+  if (kill_slot_given && !options.kill_trainer_at_step.has_value()) {
+    return absl::InvalidArgumentError("--kill_slot needs --kill_trainer_at_step");
+  }
+  return options;
+}
+
+absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfig& job) {
+  const int replicas = job.topology().replicas();
+  const int stages = job.topology().stages();
+  if (options.kill_trainer_at_step.has_value() &&
+      (options.kill_slot.replica >= replicas || options.kill_slot.stage >= stages)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kill_slot ", options.kill_slot.replica, ",", options.kill_slot.stage,
+                     " is outside the job's ", replicas, " x ", stages, " slots"));
+  }
+  return absl::OkStatus();
+}
+
+const char* RoleFlag(LaunchRole role) {
+  switch (role) {
+    case LaunchRole::kTrainer:
+      return "trainer";
+    case LaunchRole::kSpare:
+      return "spare";
+    case LaunchRole::kEvaluator:
+      return "evaluator";
+  }
+  return "auto";
+}
+
+std::vector<WorkerPlan> PlanWorkers(const JobConfig& job) {
+  std::vector<WorkerPlan> plan;
+  for (int r = 0; r < job.topology().replicas(); ++r) {
+    for (int s = 0; s < job.topology().stages(); ++s) {
+      plan.push_back({absl::StrCat("trainer-r", r, "s", s), LaunchRole::kTrainer,
+                      SlotCoord{r, s}});
+    }
+  }
+  for (int i = 0; i < job.topology().spares(); ++i) {
+    plan.push_back({absl::StrCat("spare-", i), LaunchRole::kSpare, std::nullopt});
+  }
+  if (job.topology().evaluator()) {
+    plan.push_back({"evaluator", LaunchRole::kEvaluator, std::nullopt});
+  }
+  return plan;
+}
+
+std::string ServerConfigText(const std::string& job_file, int port, const std::string& data_dir) {
+  std::string text = absl::StrCat(
+      "# Written by rebound_launch.\n"
+      "listen_address: \"127.0.0.1:",
+      port, "\"\njob_file: \"", absl::CEscape(job_file), "\"\n");
+  if (!data_dir.empty()) {
+    absl::StrAppend(&text, "durability { data_dir: \"", absl::CEscape(data_dir), "\" }\n");
+  }
+  return text;
+}
+
+std::string WorkerConfigText(const std::string& job_id) {
+  return absl::StrCat(
+      "# Written by rebound_launch.\n"
+      "job_id: \"",
+      absl::CEscape(job_id),
+      "\"\n"
+      "rpc_deadline_ms: 10000\n"
+      "backoff_initial_ms: 100\n"
+      "backoff_max_ms: 2000\n");
+}
+
+std::string AbsolutePath(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  if (error) return path;
+  return absolute.lexically_normal().string();
+}
+
+}  // namespace rebound::launch
