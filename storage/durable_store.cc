@@ -1,0 +1,624 @@
+#include "storage/durable_store.h"
+
+#include <rocksdb/convenience.h>
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/iterator.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <system_error>
+
+#include <glog/logging.h>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "storage/envelope.h"
+
+namespace rebound::storage {
+namespace {
+
+// Path of the database inside its private in-memory Env.
+constexpr char kInMemoryPath[] = "/rebound-in-memory";
+
+// In enum order: handles_[i] belongs to ColumnFamily(i).
+constexpr ColumnFamily kAllFamilies[kNumColumnFamilies] = {
+    ColumnFamily::kCenter,  ColumnFamily::kCenterOpt, ColumnFamily::kSnapshot,
+    ColumnFamily::kStepLog, ColumnFamily::kWeights,   ColumnFamily::kMeta,
+};
+
+absl::Status FromRocksDb(const rocksdb::Status& status, absl::string_view context) {
+  if (status.ok()) return absl::OkStatus();
+  const std::string message = absl::StrCat(context, ": ", status.ToString());
+  if (status.IsCorruption()) return absl::DataLossError(message);
+  if (status.IsNoSpace()) return absl::ResourceExhaustedError(message);
+  if (status.IsIOError() || status.IsBusy() || status.IsTryAgain() || status.IsTimedOut() ||
+      status.IsShutdownInProgress() || status.IsIncomplete()) {
+    return absl::UnavailableError(message);
+  }
+  if (status.IsNotFound()) return absl::NotFoundError(message);
+  if (status.IsInvalidArgument()) return absl::InvalidArgumentError(message);
+  if (status.IsAborted()) return absl::AbortedError(message);
+  return absl::InternalError(message);
+}
+
+rocksdb::CompressionType ToRocksDbCompression(Compression compression) {
+  switch (compression) {
+    case NO_COMPRESSION:
+      return rocksdb::kNoCompression;
+    case LZ4:
+      return rocksdb::kLZ4Compression;
+    case ZSTD:
+    case COMPRESSION_UNSPECIFIED:
+      break;
+  }
+  return rocksdb::kZSTD;
+}
+
+Compression ToConfigCompression(rocksdb::CompressionType type) {
+  switch (type) {
+    case rocksdb::kLZ4Compression:
+      return LZ4;
+    case rocksdb::kZSTD:
+      return ZSTD;
+    default:
+      return NO_COMPRESSION;
+  }
+}
+
+// The codec for `steplog`: the wanted one if RocksDB was built with it, else the other of
+// ZSTD/LZ4, else none.
+rocksdb::CompressionType ChooseStepLogCompression(Compression wanted) {
+  const std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
+  auto is_supported = [&supported](rocksdb::CompressionType type) {
+    return type == rocksdb::kNoCompression ||
+           std::find(supported.begin(), supported.end(), type) != supported.end();
+  };
+  const rocksdb::CompressionType first = ToRocksDbCompression(wanted);
+  if (is_supported(first)) return first;
+  const rocksdb::CompressionType second =
+      first == rocksdb::kZSTD ? rocksdb::kLZ4Compression : rocksdb::kZSTD;
+  const rocksdb::CompressionType chosen = is_supported(second) ? second : rocksdb::kNoCompression;
+  LOG(WARNING) << "RocksDB was built without " << Compression_Name(ToConfigCompression(first))
+               << "; the steplog column family uses "
+               << Compression_Name(ToConfigCompression(chosen)) << " instead";
+  return chosen;
+}
+
+std::string SlotText(int32_t replica, int32_t stage) {
+  return absl::StrFormat("(r=%d, s=%d)", replica, stage);
+}
+
+// INVALID_ARGUMENT unless `slot` names a slot: both fields set and non-negative.
+absl::Status ValidateSlot(absl::string_view what, bool has_slot, const SlotId& slot) {
+  if (!has_slot || !slot.has_replica() || !slot.has_stage()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": slot.replica and slot.stage must be set"));
+  }
+  if (slot.replica() < 0 || slot.stage() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": slot must not be negative, got ",
+                                                   SlotText(slot.replica(), slot.stage())));
+  }
+  return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT if a slot to read from is negative (unset fields read as 0).
+absl::Status ValidateReadSlot(absl::string_view what, const SlotId& slot) {
+  if (slot.replica() < 0 || slot.stage() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": slot must not be negative, got ", SlotText(slot.replica(), slot.stage())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStage(absl::string_view what, bool has_stage, int32_t stage) {
+  if (!has_stage) return absl::InvalidArgumentError(absl::StrCat(what, ": stage must be set"));
+  if (stage < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": stage must not be negative, got ", stage));
+  }
+  return absl::OkStatus();
+}
+
+// Decodes the envelope at `key` of `family` into `*record`; DATA_LOSS names the key.
+absl::Status DecodeValue(ColumnFamily family, absl::string_view key, absl::string_view value,
+                         google::protobuf::MessageLite* record) {
+  absl::Status status = DecodeEnvelope(value, record);
+  if (status.ok()) return status;
+  return absl::DataLossError(absl::StrCat(DescribeKey(family, key), ": ", status.message()));
+}
+
+absl::Status RecordMismatch(ColumnFamily family, absl::string_view key,
+                            absl::string_view record_says) {
+  return absl::DataLossError(absl::StrCat(DescribeKey(family, key),
+                                          ": the record does not belong to its key (record says ",
+                                          record_says, ")"));
+}
+
+absl::Status CheckStage(ColumnFamily family, absl::string_view key, int32_t key_stage,
+                        bool has_stage, int32_t stage) {
+  if (has_stage && stage == key_stage) return absl::OkStatus();
+  return RecordMismatch(family, key, has_stage ? absl::StrCat("s=", stage) : "no stage");
+}
+
+absl::Status CheckSlot(ColumnFamily family, absl::string_view key, const SlotKeyFields& key_slot,
+                       bool has_slot, const SlotId& slot) {
+  if (has_slot && slot.has_replica() && slot.has_stage() && slot.replica() == key_slot.replica &&
+      slot.stage() == key_slot.stage) {
+    return absl::OkStatus();
+  }
+  return RecordMismatch(family, key, has_slot ? SlotText(slot.replica(), slot.stage()) : "no slot");
+}
+
+absl::Status MalformedKey(ColumnFamily family, absl::string_view key) {
+  return absl::DataLossError(DescribeKey(family, key));
+}
+
+// Releases a RocksDB snapshot when it goes out of scope.
+class ScopedSnapshot {
+ public:
+  explicit ScopedSnapshot(rocksdb::DB* db) : db_(db), snapshot_(db->GetSnapshot()) {}
+  ~ScopedSnapshot() { db_->ReleaseSnapshot(snapshot_); }
+  ScopedSnapshot(const ScopedSnapshot&) = delete;
+  ScopedSnapshot& operator=(const ScopedSnapshot&) = delete;
+  const rocksdb::Snapshot* get() const { return snapshot_; }
+
+ private:
+  rocksdb::DB* db_;
+  const rocksdb::Snapshot* snapshot_;
+};
+
+// Calls `visit(key, value)` for every entry of `handle` as of `snapshot`, stopping at the first
+// error.
+absl::Status ScanFamily(
+    rocksdb::DB* db, rocksdb::ColumnFamilyHandle* handle, ColumnFamily family,
+    const rocksdb::Snapshot* snapshot,
+    const std::function<absl::Status(absl::string_view, absl::string_view)>& visit) {
+  rocksdb::ReadOptions read_options;
+  read_options.snapshot = snapshot;
+  read_options.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(read_options, handle));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    const rocksdb::Slice value = it->value();
+    RETURN_IF_ERROR(visit(absl::string_view(key.data(), key.size()),
+                          absl::string_view(value.data(), value.size())));
+  }
+  return FromRocksDb(it->status(),
+                     absl::StrCat("reading column family ", ColumnFamilyName(family)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// DurableStoreOptions
+
+DurableStoreOptions DurableStoreOptions::FromConfig(const DurabilityConfig& durability,
+                                                    const StepLogConfig& step_log) {
+  DurableStoreOptions options;
+  options.data_dir = durability.data_dir();
+  options.fsync = durability.fsync();
+  options.steplog_compression = step_log.compression();
+  return options;
+}
+
+// ---------------------------------------------------------------------------------------------
+// WriteBatch
+
+WriteBatch::WriteBatch() = default;
+WriteBatch::~WriteBatch() = default;
+WriteBatch::WriteBatch(WriteBatch&&) noexcept = default;
+WriteBatch& WriteBatch::operator=(WriteBatch&&) noexcept = default;
+
+void WriteBatch::Reject(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+}
+
+void WriteBatch::Put(ColumnFamily family, std::string key,
+                     const google::protobuf::MessageLite& record) {
+  const size_t size = record.ByteSizeLong();
+  if (size > kMaxEnvelopePayload) {
+    Reject(absl::InvalidArgumentError(absl::StrFormat("%s: %s is %d bytes, over the 2 GiB limit",
+                                                      DescribeKey(family, key),
+                                                      record.GetTypeName(), size)));
+    return;
+  }
+  Operation operation{family, /*delete_range=*/false, std::move(key), std::string(), std::string()};
+  if (!record.SerializeToString(&operation.payload)) {
+    Reject(absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s does not serialize", DescribeKey(family, operation.key), record.GetTypeName())));
+    return;
+  }
+  operation.header = EnvelopeHeader(operation.payload);
+  bytes_ += operation.key.size() + operation.header.size() + operation.payload.size();
+  operations_.push_back(std::move(operation));
+}
+
+void WriteBatch::PutCenter(const CenterRecord& record) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateStage("PutCenter", record.has_stage(), record.stage());
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kCenter, EncodeStageKey(record.stage()), record);
+}
+
+void WriteBatch::PutCenterOpt(const CenterOptRecord& record) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateStage("PutCenterOpt", record.has_stage(), record.stage());
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kCenterOpt, EncodeStageKey(record.stage()), record);
+}
+
+void WriteBatch::PutSnapshot(const Snapshot& snapshot) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutSnapshot", snapshot.has_slot(), snapshot.slot());
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kSnapshot, EncodeSlotKey(snapshot.slot().replica(), snapshot.slot().stage()),
+      snapshot);
+}
+
+void WriteBatch::PutWeight(const WeightRecord& record) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutWeight", record.has_slot(), record.slot());
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kWeights, EncodeSlotKey(record.slot().replica(), record.slot().stage()),
+      record);
+}
+
+void WriteBatch::PutSlot(const SlotRecord& record) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutSlot", record.has_slot(), record.slot());
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kMeta, EncodeSlotMetaKey(record.slot().replica(), record.slot().stage()),
+      record);
+}
+
+void WriteBatch::PutServer(const ServerRecord& record) {
+  if (!status_.ok()) return;
+  Put(ColumnFamily::kMeta, kServerMetaKey, record);
+}
+
+void WriteBatch::PutLogRecord(const LogRecord& record) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutLogRecord", record.has_slot(), record.slot());
+  if (valid.ok() && (!record.has_step() || !record.has_micro_batch())) {
+    valid = absl::InvalidArgumentError("PutLogRecord: step and micro_batch must be set");
+  }
+  if (valid.ok() && (record.step() < 0 || record.micro_batch() < -1)) {
+    valid = absl::InvalidArgumentError(
+        absl::StrFormat("PutLogRecord: need step >= 0 and micro_batch >= -1, got step=%d mb=%d",
+                        record.step(), record.micro_batch()));
+  }
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kStepLog,
+      EncodeLogKey(record.slot().replica(), record.slot().stage(),
+                   static_cast<uint64_t>(record.step()), record.micro_batch()),
+      record);
+}
+
+void WriteBatch::DeleteLogRange(const SlotId& slot, int64_t from_step_inclusive,
+                                int64_t to_step_exclusive) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("DeleteLogRange", /*has_slot=*/true, slot);
+  if (!valid.ok()) return Reject(std::move(valid));
+  const int64_t from = std::max<int64_t>(from_step_inclusive, 0);
+  if (to_step_exclusive <= from) return;
+  Operation operation{
+      ColumnFamily::kStepLog, /*delete_range=*/true,
+      EncodeLogKey(slot.replica(), slot.stage(), static_cast<uint64_t>(from), -1), std::string(),
+      EncodeLogKey(slot.replica(), slot.stage(), static_cast<uint64_t>(to_step_exclusive), -1)};
+  bytes_ += operation.key.size() + operation.payload.size();
+  operations_.push_back(std::move(operation));
+}
+
+void WriteBatch::Clear() {
+  operations_.clear();
+  bytes_ = 0;
+  status_ = absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// DurableStore
+
+DurableStore::DurableStore(const DurableStoreOptions& options) : options_(options) {}
+
+DurableStore::~DurableStore() {
+  if (db_ != nullptr) {
+    for (rocksdb::ColumnFamilyHandle* handle : all_handles_) {
+      db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
+    }
+    const rocksdb::Status closed = db_->Close();
+    if (!closed.ok()) {
+      LOG(WARNING) << "closing RocksDB at "
+                   << (in_memory() ? std::string("(in memory)") : options_.data_dir) << ": "
+                   << closed.ToString();
+    }
+    db_.reset();
+  }
+  memory_env_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
+    const DurableStoreOptions& options) {
+  std::unique_ptr<DurableStore> store = absl::WrapUnique(new DurableStore(options));
+  RETURN_IF_ERROR(store->OpenDb());
+  return store;
+}
+
+rocksdb::ColumnFamilyHandle* DurableStore::Handle(ColumnFamily family) const {
+  return handles_[static_cast<int>(family)];
+}
+
+absl::Status DurableStore::OpenDb() {
+  const std::string where =
+      in_memory() ? std::string("in-memory store") : absl::StrCat("data_dir ", options_.data_dir);
+  std::string path = options_.data_dir;
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.keep_log_file_num = 5;
+  if (in_memory()) {
+    memory_env_.reset(rocksdb::NewMemEnv(rocksdb::Env::Default()));
+    db_options.env = memory_env_.get();
+    path = kInMemoryPath;
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(path, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", where, ": ", error.message()));
+    }
+  }
+
+  const rocksdb::CompressionType steplog_type =
+      ChooseStepLogCompression(options_.steplog_compression);
+  steplog_compression_ = ToConfigCompression(steplog_type);
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  descriptors.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+  for (ColumnFamily family : kAllFamilies) {
+    rocksdb::ColumnFamilyOptions family_options;
+    if (family == ColumnFamily::kStepLog) family_options.compression = steplog_type;
+    descriptors.emplace_back(ColumnFamilyName(family), family_options);
+  }
+  // RocksDB refuses to open a database without naming all of its families.
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(db_options, path, &existing).ok()) {
+    for (const std::string& name : existing) {
+      const bool known =
+          std::any_of(descriptors.begin(), descriptors.end(),
+                      [&name](const rocksdb::ColumnFamilyDescriptor& d) { return d.name == name; });
+      if (!known) {
+        LOG(WARNING) << where << " has an unknown column family '" << name
+                     << "'; opening it with default options and not using it";
+        descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+      }
+    }
+  }
+
+  rocksdb::DB* db = nullptr;
+  const rocksdb::Status status =
+      rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
+  if (!status.ok()) {
+    if (status.IsIOError() && absl::StrContains(status.ToString(), "/LOCK")) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where,
+                       " is in use: another process, or another open DurableStore in this process, "
+                       "holds its RocksDB LOCK; stop it or use another data_dir (",
+                       status.ToString(), ")"));
+    }
+    return FromRocksDb(status, absl::StrCat("cannot open RocksDB in ", where));
+  }
+  db_.reset(db);
+  // DB::Open returns the handles in the order of `descriptors`: default first, then ours.
+  for (int i = 0; i < kNumColumnFamilies; ++i) handles_[i] = all_handles_[i + 1];
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::Commit(const WriteBatch& batch) {
+  RETURN_IF_ERROR(batch.status());
+  if (batch.operations_.empty()) return absl::OkStatus();
+  rocksdb::WriteBatch rocks_batch(/*reserved_bytes=*/batch.ApproximateBytes() +
+                                  32 * batch.operations_.size());
+  for (const WriteBatch::Operation& operation : batch.operations_) {
+    rocksdb::ColumnFamilyHandle* handle = Handle(operation.family);
+    rocksdb::Status status;
+    if (operation.delete_range) {
+      status = rocks_batch.DeleteRange(handle, operation.key, operation.payload);
+    } else {
+      const rocksdb::Slice key(operation.key);
+      const rocksdb::Slice parts[2] = {rocksdb::Slice(operation.header),
+                                       rocksdb::Slice(operation.payload)};
+      status = rocks_batch.Put(handle, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(parts, 2));
+    }
+    RETURN_IF_ERROR(FromRocksDb(status, "building the write batch"));
+  }
+  rocksdb::WriteOptions write_options;
+  write_options.sync = options_.fsync;
+  return FromRocksDb(db_->Write(write_options, &rocks_batch), "committing a write batch");
+}
+
+absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
+  LoadedState state;
+
+  auto load_center = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+    const std::optional<int32_t> stage = ParseStageKey(key);
+    if (!stage.has_value()) return MalformedKey(ColumnFamily::kCenter, key);
+    CenterRecord record;
+    RETURN_IF_ERROR(DecodeValue(ColumnFamily::kCenter, key, value, &record));
+    RETURN_IF_ERROR(
+        CheckStage(ColumnFamily::kCenter, key, *stage, record.has_stage(), record.stage()));
+    state.centers.emplace(*stage, std::move(record));
+    return absl::OkStatus();
+  };
+  auto load_center_opt = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+    const std::optional<int32_t> stage = ParseStageKey(key);
+    if (!stage.has_value()) return MalformedKey(ColumnFamily::kCenterOpt, key);
+    CenterOptRecord record;
+    RETURN_IF_ERROR(DecodeValue(ColumnFamily::kCenterOpt, key, value, &record));
+    RETURN_IF_ERROR(
+        CheckStage(ColumnFamily::kCenterOpt, key, *stage, record.has_stage(), record.stage()));
+    state.center_opts.emplace(*stage, std::move(record));
+    return absl::OkStatus();
+  };
+  auto load_snapshot = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+    const std::optional<SlotKeyFields> slot = ParseSlotKey(key);
+    if (!slot.has_value()) return MalformedKey(ColumnFamily::kSnapshot, key);
+    Snapshot record;
+    RETURN_IF_ERROR(DecodeValue(ColumnFamily::kSnapshot, key, value, &record));
+    RETURN_IF_ERROR(
+        CheckSlot(ColumnFamily::kSnapshot, key, *slot, record.has_slot(), record.slot()));
+    state.snapshots.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
+    return absl::OkStatus();
+  };
+  auto load_weight = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+    const std::optional<SlotKeyFields> slot = ParseSlotKey(key);
+    if (!slot.has_value()) return MalformedKey(ColumnFamily::kWeights, key);
+    WeightRecord record;
+    RETURN_IF_ERROR(DecodeValue(ColumnFamily::kWeights, key, value, &record));
+    RETURN_IF_ERROR(
+        CheckSlot(ColumnFamily::kWeights, key, *slot, record.has_slot(), record.slot()));
+    state.weights.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
+    return absl::OkStatus();
+  };
+  auto load_meta = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+    if (key == kServerMetaKey) {
+      ServerRecord record;
+      RETURN_IF_ERROR(DecodeValue(ColumnFamily::kMeta, key, value, &record));
+      state.server = std::move(record);
+      return absl::OkStatus();
+    }
+    if (absl::StartsWith(key, kSlotMetaKeyPrefix)) {
+      const std::optional<SlotKeyFields> slot = ParseSlotMetaKey(key);
+      if (!slot.has_value()) return MalformedKey(ColumnFamily::kMeta, key);
+      SlotRecord record;
+      RETURN_IF_ERROR(DecodeValue(ColumnFamily::kMeta, key, value, &record));
+      RETURN_IF_ERROR(CheckSlot(ColumnFamily::kMeta, key, *slot, record.has_slot(), record.slot()));
+      state.slots.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
+      return absl::OkStatus();
+    }
+    LOG(WARNING) << "skipping unknown " << DescribeKey(ColumnFamily::kMeta, key);
+    return absl::OkStatus();
+  };
+
+  // One RocksDB snapshot for all families: a consistent point in time even under writes.
+  ScopedSnapshot snapshot(db_.get());
+  const std::pair<ColumnFamily, std::function<absl::Status(absl::string_view, absl::string_view)>>
+      scans[] = {
+          {ColumnFamily::kCenter, load_center},     {ColumnFamily::kCenterOpt, load_center_opt},
+          {ColumnFamily::kSnapshot, load_snapshot}, {ColumnFamily::kWeights, load_weight},
+          {ColumnFamily::kMeta, load_meta},
+      };
+  for (const auto& [family, visit] : scans) {
+    RETURN_IF_ERROR(ScanFamily(db_.get(), Handle(family), family, snapshot.get(), visit));
+  }
+  return state;
+}
+
+absl::StatusOr<std::vector<LogRecord>> DurableStore::ReadLog(const SlotId& slot,
+                                                             int64_t from_step_exclusive,
+                                                             int64_t to_step_inclusive) const {
+  RETURN_IF_ERROR(ValidateReadSlot("ReadLog", slot));
+  std::vector<LogRecord> records;
+  // Steps [first, end) in unsigned arithmetic: end may be 2^63 when to_step_inclusive is the
+  // largest int64.
+  const uint64_t first =
+      from_step_exclusive < 0 ? 0 : static_cast<uint64_t>(from_step_exclusive) + 1;
+  if (to_step_inclusive < 0) return records;
+  const uint64_t end = static_cast<uint64_t>(to_step_inclusive) + 1;
+  if (first >= end) return records;
+
+  const std::string begin_key = EncodeLogKey(slot.replica(), slot.stage(), first, -1);
+  const std::string end_key = EncodeLogKey(slot.replica(), slot.stage(), end, -1);
+  const rocksdb::Slice upper_bound(end_key);
+  rocksdb::ReadOptions read_options;
+  read_options.iterate_upper_bound = &upper_bound;
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(read_options, Handle(ColumnFamily::kStepLog)));
+  for (it->Seek(begin_key); it->Valid(); it->Next()) {
+    const absl::string_view key(it->key().data(), it->key().size());
+    const absl::string_view value(it->value().data(), it->value().size());
+    const std::optional<LogKeyFields> fields = ParseLogKey(key);
+    if (!fields.has_value()) return MalformedKey(ColumnFamily::kStepLog, key);
+    LogRecord record;
+    RETURN_IF_ERROR(DecodeValue(ColumnFamily::kStepLog, key, value, &record));
+    const bool matches = record.has_slot() && record.slot().has_replica() &&
+                         record.slot().has_stage() && record.has_step() &&
+                         record.has_micro_batch() &&
+                         LogKeyFields{record.slot().replica(), record.slot().stage(), record.step(),
+                                      record.micro_batch()} == *fields;
+    if (!matches) {
+      return RecordMismatch(
+          ColumnFamily::kStepLog, key,
+          absl::StrFormat("r=%d, s=%d, step=%d, mb=%d", record.slot().replica(),
+                          record.slot().stage(), record.step(), record.micro_batch()));
+    }
+    records.push_back(std::move(record));
+  }
+  RETURN_IF_ERROR(FromRocksDb(it->status(), absl::StrCat("reading the step log of slot ",
+                                                         SlotText(slot.replica(), slot.stage()))));
+  return records;
+}
+
+absl::StatusOr<Snapshot> DurableStore::ReadSnapshot(const SlotId& slot) const {
+  RETURN_IF_ERROR(ValidateReadSlot("ReadSnapshot", slot));
+  const std::string key = EncodeSlotKey(slot.replica(), slot.stage());
+  rocksdb::PinnableSlice value;
+  const rocksdb::Status status =
+      db_->Get(rocksdb::ReadOptions(), Handle(ColumnFamily::kSnapshot), key, &value);
+  if (status.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("no snapshot of slot ", SlotText(slot.replica(), slot.stage())));
+  }
+  RETURN_IF_ERROR(
+      FromRocksDb(status, absl::StrCat("reading ", DescribeKey(ColumnFamily::kSnapshot, key))));
+  Snapshot snapshot;
+  RETURN_IF_ERROR(DecodeValue(ColumnFamily::kSnapshot, key,
+                              absl::string_view(value.data(), value.size()), &snapshot));
+  RETURN_IF_ERROR(CheckSlot(ColumnFamily::kSnapshot, key,
+                            SlotKeyFields{slot.replica(), slot.stage()}, snapshot.has_slot(),
+                            snapshot.slot()));
+  return snapshot;
+}
+
+absl::StatusOr<StoreStats> DurableStore::Stats() const {
+  StoreStats stats;
+  for (ColumnFamily family : kAllFamilies) {
+    rocksdb::ColumnFamilyHandle* handle = Handle(family);
+    ColumnFamilyStats family_stats;
+    const std::pair<const std::string*, uint64_t*> properties[] = {
+        {&rocksdb::DB::Properties::kTotalSstFilesSize, &family_stats.sst_bytes},
+        {&rocksdb::DB::Properties::kCurSizeAllMemTables, &family_stats.memtable_bytes},
+        {&rocksdb::DB::Properties::kEstimateLiveDataSize, &family_stats.live_data_bytes},
+        {&rocksdb::DB::Properties::kEstimateNumKeys, &family_stats.keys_estimate},
+    };
+    for (const auto& [name, out] : properties) {
+      if (!db_->GetIntProperty(handle, *name, out)) {
+        return absl::InternalError(absl::StrCat("RocksDB property ", *name,
+                                                " is unavailable for column family ",
+                                                ColumnFamilyName(family)));
+      }
+    }
+    stats.total_bytes += family_stats.approximate_bytes();
+    stats.column_families.emplace(ColumnFamilyName(family), family_stats);
+  }
+  stats.steplog_keys_estimate =
+      stats.column_families[ColumnFamilyName(ColumnFamily::kStepLog)].keys_estimate;
+  return stats;
+}
+
+absl::Status DurableStore::Flush() {
+  rocksdb::FlushOptions flush_options;
+  flush_options.wait = true;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles(std::begin(handles_), std::end(handles_));
+  return FromRocksDb(db_->Flush(flush_options, handles), "flushing RocksDB");
+}
+
+}  // namespace rebound::storage

@@ -1,0 +1,264 @@
+#pragma once
+
+// DurableStore: the parameter server's durable state in RocksDB (DESIGN.md §5.2, §5.5, §6).
+//
+// What it holds, one column family each (key layout: storage/keys.h):
+//
+// | family       | key (big-endian)              | value                                       |
+// |--------------|-------------------------------|---------------------------------------------|
+// | `center`     | stage                         | CenterRecord: center parameters, version    |
+// | `center_opt` | stage                         | CenterOptRecord: the center's AdaHessian    |
+// |              |                               | moments (mode ASYNC_ADAHESSIAN)             |
+// | `snapshot`   | replica, stage                | Snapshot: a slot's state at its last sync   |
+// | `steplog`    | replica, stage, step,         | LogRecord: one (step, micro-batch) record,  |
+// |              | micro_batch + 1               | or a step's checksum (micro_batch = -1)     |
+// | `weights`    | replica, stage                | WeightRecord: reliability tracker inputs    |
+// | `meta`       | "server"                      | ServerRecord: job id, incarnation counters  |
+// | `meta`       | "slot/", replica, stage       | SlotRecord: owner, step, applied sequence   |
+//
+// RocksDB's `default` family exists (RocksDB requires it) and stays empty. Families missing on
+// disk are created at Open; families found on disk that this version does not know are opened
+// with default options and left alone (so a newer layout can be opened by an older binary).
+//
+// Every integer in a key is fixed-width big-endian, so a slot's step log sorts by (replica,
+// stage, step, micro_batch) and the per-step record (micro_batch = -1) comes first in its step.
+// Every value is a protobuf record inside a checksummed envelope (storage/envelope.h:
+// [u32 version = 1][u32 payload length][u64 xxHash64(payload)][payload], integers
+// little-endian).
+//
+// `steplog` is compressed as configured (ZSTD by default, or LZ4, or none); if the linked
+// RocksDB lacks the codec, Open logs a warning and uses the other of ZSTD/LZ4, else none.
+// The other families use RocksDB's default compression (Snappy when available).
+//
+// Error codes (absl::StatusCode), by the retry rule of DESIGN.md §5.1:
+//   INVALID_ARGUMENT     a record lacks a key field or has a negative one (rejected at the
+//                        WriteBatch, so nothing of that batch is written); a negative slot in
+//                        ReadLog / ReadSnapshot.
+//   DATA_LOSS            a stored value or key is corrupt: truncated, wrong length, bad
+//                        checksum, unknown envelope version, unparsable protobuf, a record whose
+//                        own key fields disagree with its key, or RocksDB reporting corruption.
+//                        The message names the column family and the key, e.g.
+//                        "steplog key (r=0, s=1, step=17, mb=3): checksum mismatch (...)".
+//   FAILED_PRECONDITION  Open: data_dir is locked by another process or another open store
+//                        ("data_dir /x is in use: ..."), or cannot be created.
+//   NOT_FOUND            ReadSnapshot: the slot has no snapshot.
+//   RESOURCE_EXHAUSTED   the disk is full (RocksDB NoSpace).
+//   UNAVAILABLE          other RocksDB I/O errors, busy / try-again / shutting down; the
+//                        message carries RocksDB's.
+//   INTERNAL             anything else RocksDB reports.
+//
+// Durability: Commit returns OK only after RocksDB has applied the batch and written it to its
+// write-ahead log; with `fsync` the WAL is also synced (fdatasync) before Commit returns, so
+// the batch survives power loss; without it, it survives a process crash (DESIGN.md §5.5).
+//
+// Thread safety: a DurableStore may be used from any number of threads at once without
+// external locking (RocksDB's DB is thread-safe; after Open the store keeps no mutable state of
+// its own). Each Commit is atomic; concurrent Commits are applied in some serial order, so a
+// caller that needs an order between two batches (e.g. per stage) must serialize them itself.
+// Reads see a consistent point in time per call. A WriteBatch is a plain value: one thread at a
+// time.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+#include "proto/storage.pb.h"
+#include "storage/keys.h"
+
+namespace google::protobuf {
+class MessageLite;
+}  // namespace google::protobuf
+
+namespace rocksdb {
+class ColumnFamilyHandle;
+class DB;
+class Env;
+}  // namespace rocksdb
+
+namespace rebound::storage {
+
+struct DurableStoreOptions {
+  // RocksDB directory, created (with its parents) if missing. Empty = in memory: a private
+  // rocksdb::NewMemEnv, nothing touches the file system and everything is lost at destruction
+  // (tests and the stateless mode).
+  std::string data_dir;
+  // true: every Commit syncs RocksDB's write-ahead log before returning (power-loss safe).
+  bool fsync = false;
+  // Compression of the `steplog` family. COMPRESSION_UNSPECIFIED means ZSTD.
+  Compression steplog_compression = ZSTD;
+
+  // From the server's `durability` and the job's `step_log` configuration.
+  static DurableStoreOptions FromConfig(const DurabilityConfig& durability,
+                                        const StepLogConfig& step_log);
+};
+
+// (replica, stage).
+using ReplicaStage = std::pair<int32_t, int32_t>;
+
+// Everything LoadAll returns: the server's state after a restart (DESIGN.md §5.5).
+struct LoadedState {
+  std::map<int32_t, CenterRecord> centers;         // by stage
+  std::map<int32_t, CenterOptRecord> center_opts;  // by stage
+  std::map<ReplicaStage, Snapshot> snapshots;
+  std::map<ReplicaStage, WeightRecord> weights;
+  std::map<ReplicaStage, SlotRecord> slots;
+  std::optional<ServerRecord> server;  // absent in a store that never had one written
+};
+
+// RocksDB's own estimates for one column family.
+struct ColumnFamilyStats {
+  uint64_t sst_bytes = 0;        // rocksdb.total-sst-files-size
+  uint64_t memtable_bytes = 0;   // rocksdb.cur-size-all-mem-tables
+  uint64_t live_data_bytes = 0;  // rocksdb.estimate-live-data-size (SST data still live)
+  uint64_t keys_estimate = 0;    // rocksdb.estimate-num-keys (ignores range deletions
+                                 // until compaction, so it lags after a log GC)
+  uint64_t approximate_bytes() const { return sst_bytes + memtable_bytes; }
+};
+
+struct StoreStats {
+  // By column family name: exactly "center", "center_opt", "snapshot", "steplog", "weights",
+  // "meta".
+  std::map<std::string, ColumnFamilyStats> column_families;
+  uint64_t steplog_keys_estimate = 0;  // = column_families["steplog"].keys_estimate
+  uint64_t total_bytes = 0;            // sum of approximate_bytes() over the families
+};
+
+// An atomic group of writes for DurableStore::Commit. Each Put serializes its record at once
+// (the caller may reuse or change the record afterwards). Writes apply in the order added, so a
+// later Put of the same key wins.
+//
+// The first invalid record (a key field missing or negative; a record over 2 GiB) poisons the
+// batch: later operations are ignored, status() returns the INVALID_ARGUMENT error, and Commit
+// returns it without writing anything. Required key fields:
+//   PutCenter, PutCenterOpt: stage.   PutSnapshot, PutWeight, PutSlot: slot.replica, slot.stage.
+//   PutLogRecord: slot.replica, slot.stage, step, micro_batch (>= -1; -1 = per-step record).
+//   PutServer: none.
+class WriteBatch {
+ public:
+  WriteBatch();
+  ~WriteBatch();
+
+  WriteBatch(WriteBatch&&) noexcept;
+  WriteBatch& operator=(WriteBatch&&) noexcept;
+  WriteBatch(const WriteBatch&) = delete;
+  WriteBatch& operator=(const WriteBatch&) = delete;
+
+  void PutCenter(const CenterRecord& record);
+  void PutCenterOpt(const CenterOptRecord& record);
+  void PutSnapshot(const Snapshot& snapshot);
+  void PutWeight(const WeightRecord& record);
+  void PutSlot(const SlotRecord& record);
+  void PutServer(const ServerRecord& record);
+  void PutLogRecord(const LogRecord& record);
+
+  // Deletes every step-log record of `slot` with from_step_inclusive <= step <
+  // to_step_exclusive, all micro-batches and the per-step record (one RocksDB DeleteRange).
+  // A negative `from_step_inclusive` counts as 0; an empty range adds nothing.
+  // REQUIRES: slot.replica and slot.stage set and >= 0 (else the batch is poisoned).
+  void DeleteLogRange(const SlotId& slot, int64_t from_step_inclusive, int64_t to_step_exclusive);
+
+  // OK, or the INVALID_ARGUMENT of the first rejected operation.
+  const absl::Status& status() const { return status_; }
+  // Number of operations added (rejected ones excluded).
+  size_t Count() const { return operations_.size(); }
+  // Bytes of keys and values added.
+  size_t ApproximateBytes() const { return bytes_; }
+  // Removes every operation and clears a poisoned status.
+  void Clear();
+
+ private:
+  friend class DurableStore;
+
+  struct Operation {
+    ColumnFamily family;
+    bool delete_range;
+    std::string key;
+    std::string header;   // put: envelope header; delete_range: unused
+    std::string payload;  // put: serialized record; delete_range: the exclusive end key
+  };
+
+  void Put(ColumnFamily family, std::string key, const google::protobuf::MessageLite& record);
+  void Reject(absl::Status status);
+
+  std::vector<Operation> operations_;
+  size_t bytes_ = 0;
+  absl::Status status_;
+};
+
+class DurableStore {
+ public:
+  // Opens (creating if missing) the store described by `options`.
+  // Errors: FAILED_PRECONDITION when data_dir is locked by another process or another open
+  // DurableStore, or cannot be created; DATA_LOSS when RocksDB finds its files corrupt;
+  // otherwise as in the table above. The message always names data_dir.
+  static absl::StatusOr<std::unique_ptr<DurableStore>> Open(const DurableStoreOptions& options);
+
+  // Closes RocksDB (waiting for its background work) and releases the directory lock.
+  ~DurableStore();
+
+  DurableStore(const DurableStore&) = delete;
+  DurableStore& operator=(const DurableStore&) = delete;
+
+  // Writes `batch` as one atomic RocksDB write batch: after a crash either all of it or none of
+  // it is visible. OK only after RocksDB has committed it (and synced the WAL if `fsync`). An
+  // empty batch is OK and writes nothing. A poisoned batch returns its INVALID_ARGUMENT. The
+  // batch is not changed and may be committed again.
+  absl::Status Commit(const WriteBatch& batch);
+
+  // Every center, center_opt, snapshot, weight, slot and server record, read at one consistent
+  // point in time, each value validated. DATA_LOSS (naming the key) at the first bad one.
+  // Unknown keys in `meta` are skipped with a warning. Step logs are not loaded (ReadLog).
+  absl::StatusOr<LoadedState> LoadAll() const;
+
+  // Reads take slot.replica() and slot.stage() as they are (an unset field reads as 0);
+  // INVALID_ARGUMENT if either is negative.
+  //
+  // The step-log records of `slot` with from_step_exclusive < step <= to_step_inclusive, in
+  // (step, micro_batch) order (a step's per-step record first). An empty range returns an empty
+  // vector. DATA_LOSS (naming the key) if any record in the range is corrupt; no partial result.
+  absl::StatusOr<std::vector<LogRecord>> ReadLog(const SlotId& slot, int64_t from_step_exclusive,
+                                                 int64_t to_step_inclusive) const;
+
+  // The snapshot of `slot`; NOT_FOUND if it has none, DATA_LOSS if it is corrupt.
+  absl::StatusOr<Snapshot> ReadSnapshot(const SlotId& slot) const;
+
+  // Size estimates for metrics; cheap (RocksDB properties, no scan).
+  absl::StatusOr<StoreStats> Stats() const;
+
+  // Flushes every family's memtable to SST files and waits. Not needed for durability (the WAL
+  // provides it); for operations and tests.
+  absl::Status Flush();
+
+  // The directory given at Open; empty in memory.
+  const std::string& data_dir() const { return options_.data_dir; }
+  bool in_memory() const { return options_.data_dir.empty(); }
+  // The compression `steplog` actually uses (after any fallback): NO_COMPRESSION, LZ4 or ZSTD.
+  Compression steplog_compression() const { return steplog_compression_; }
+
+ private:
+  explicit DurableStore(const DurableStoreOptions& options);
+
+  absl::Status OpenDb();
+  rocksdb::ColumnFamilyHandle* Handle(ColumnFamily family) const;
+
+  const DurableStoreOptions options_;
+  Compression steplog_compression_ = NO_COMPRESSION;
+  // Declared before db_: RocksDB must close before its Env goes away.
+  std::unique_ptr<rocksdb::Env> memory_env_;  // in-memory mode only
+  std::unique_ptr<rocksdb::DB> db_;
+  // Every handle RocksDB opened (default, ours, unknown families), destroyed before db_ closes.
+  std::vector<rocksdb::ColumnFamilyHandle*> all_handles_;
+  // Ours, indexed by ColumnFamily.
+  rocksdb::ColumnFamilyHandle* handles_[kNumColumnFamilies] = {};
+};
+
+}  // namespace rebound::storage

@@ -1,0 +1,933 @@
+#include "storage/durable_store.h"
+
+#include <catch2/catch.hpp>
+
+#include <rocksdb/convenience.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table_properties.h>
+#include <rocksdb/utilities/options_util.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "storage/envelope.h"
+#include "storage/keys.h"
+#include "tests/integration/subprocess.h"
+
+namespace rebound::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using ::Catch::Contains;
+
+#define REQUIRE_OK(expr)                     \
+  do {                                       \
+    const absl::Status require_ok_ = (expr); \
+    INFO(require_ok_.ToString());            \
+    REQUIRE(require_ok_.ok());               \
+  } while (false)
+
+template <typename T>
+T ValueOrFail(absl::StatusOr<T> value) {
+  INFO(value.status().ToString());
+  REQUIRE(value.ok());
+  return std::move(value).value();
+}
+
+bool SameProto(const google::protobuf::Message& a, const google::protobuf::Message& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+std::unique_ptr<DurableStore> OpenOrFail(const std::string& dir, bool fsync = false,
+                                         Compression compression = ZSTD) {
+  DurableStoreOptions options;
+  options.data_dir = dir;
+  options.fsync = fsync;
+  options.steplog_compression = compression;
+  return ValueOrFail(DurableStore::Open(options));
+}
+
+SlotId Slot(int32_t replica, int32_t stage) {
+  SlotId slot;
+  slot.set_replica(replica);
+  slot.set_stage(stage);
+  return slot;
+}
+
+TensorBundle Bundle(float base, int n) {
+  TensorBundle bundle;
+  Tensor* tensor = bundle.add_tensors();
+  tensor->set_id(0);
+  tensor->set_name("layer0.weight");
+  tensor->set_dtype(FLOAT32);
+  tensor->add_shape(n);
+  std::string data(n * sizeof(float), '\0');
+  for (int i = 0; i < n; ++i) {
+    const float value = base + static_cast<float>(i);
+    std::memcpy(&data[i * sizeof(float)], &value, sizeof(float));
+  }
+  tensor->set_data(data);
+  return bundle;
+}
+
+CenterRecord Center(int32_t stage, int64_t version) {
+  CenterRecord record;
+  record.set_stage(stage);
+  record.set_version(version);
+  *record.mutable_params() = Bundle(static_cast<float>(stage), 64);
+  return record;
+}
+
+CenterOptRecord CenterOpt(int32_t stage) {
+  CenterOptRecord record;
+  record.set_stage(stage);
+  record.mutable_state()->set_step(12);
+  *record.mutable_state()->mutable_m() = Bundle(0.5f, 32);
+  *record.mutable_state()->mutable_v() = Bundle(0.25f, 32);
+  return record;
+}
+
+Snapshot MakeSnapshot(int32_t replica, int32_t stage, int64_t step) {
+  Snapshot snapshot;
+  *snapshot.mutable_slot() = Slot(replica, stage);
+  snapshot.set_step(step);
+  *snapshot.mutable_params() = Bundle(static_cast<float>(step), 128);
+  snapshot.mutable_optimizer()->set_step(step);
+  *snapshot.mutable_optimizer()->mutable_m() = Bundle(1.0f, 128);
+  snapshot.set_checksum(0x0123456789abcdefULL);
+  snapshot.set_data_epoch(2);
+  snapshot.set_data_offset(4096);
+  return snapshot;
+}
+
+WeightRecord Weight(int32_t replica, int32_t stage, double weight) {
+  WeightRecord record;
+  *record.mutable_slot() = Slot(replica, stage);
+  record.set_weight(weight);
+  record.set_fault_score(0.5);
+  record.set_fault_updated_unix_ms(1700000000000);
+  record.set_last_sync_unix_ms(1700000001000);
+  record.set_center_version_at_last_sync(41);
+  record.set_last_divergence(3.25);
+  record.mutable_inputs()->set_staleness(1.5);
+  return record;
+}
+
+SlotRecord SlotState(int32_t replica, int32_t stage, int64_t step) {
+  SlotRecord record;
+  *record.mutable_slot() = Slot(replica, stage);
+  record.set_state(ACTIVE);
+  record.set_owner_incarnation(7);
+  record.set_step(step);
+  record.set_applied_sequence(99);
+  record.set_snapshot_step(step - step % 8);
+  return record;
+}
+
+ServerRecord Server() {
+  ServerRecord record;
+  record.set_job_id("job-42");
+  record.set_incarnation_epoch(3);
+  record.set_next_incarnation_counter(17);
+  return record;
+}
+
+LogRecord Log(int32_t replica, int32_t stage, int64_t step, int32_t micro_batch) {
+  LogRecord record;
+  *record.mutable_slot() = Slot(replica, stage);
+  record.set_step(step);
+  record.set_micro_batch(micro_batch);
+  if (micro_batch == -1) {
+    record.set_params_checksum(static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL);
+  } else {
+    for (int i = 0; i < 4; ++i) record.add_sample_ids(step * 1000 + micro_batch * 10 + i);
+    BoundaryPayload* boundary = record.add_boundaries();
+    boundary->set_direction(FORWARD);
+    *boundary->mutable_value() = Bundle(static_cast<float>(step), 16).tensors(0);
+  }
+  record.set_sender_incarnation(5);
+  record.set_record_id(static_cast<uint64_t>(step * 100 + micro_batch + 1));
+  return record;
+}
+
+using LogId = std::tuple<int32_t, int32_t, int64_t, int32_t>;
+
+LogId IdOf(const LogRecord& record) {
+  return LogId(record.slot().replica(), record.slot().stage(), record.step(), record.micro_batch());
+}
+
+std::vector<LogId> Ids(const std::vector<LogRecord>& records) {
+  std::vector<LogId> ids;
+  for (const LogRecord& record : records) ids.push_back(IdOf(record));
+  return ids;
+}
+
+// The records of steps (from, to] of one slot, micro-batches -1..m-1, in order.
+std::vector<LogId> ExpectedIds(int32_t r, int32_t s, int64_t from, int64_t to, int32_t m) {
+  std::vector<LogId> ids;
+  for (int64_t step = from + 1; step <= to; ++step) {
+    for (int32_t mb = -1; mb < m; ++mb) ids.emplace_back(r, s, step, mb);
+  }
+  return ids;
+}
+
+// A raw RocksDB handle on a closed store's directory, to damage it the way a disk would.
+class RawDb {
+ public:
+  explicit RawDb(const std::string& dir) {
+    rocksdb::DBOptions options;
+    std::vector<std::string> names;
+    REQUIRE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+    for (const std::string& name : names) {
+      descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    }
+    rocksdb::DB* db = nullptr;
+    const rocksdb::Status status = rocksdb::DB::Open(options, dir, descriptors, &handles_, &db);
+    INFO(status.ToString());
+    REQUIRE(status.ok());
+    db_.reset(db);
+    for (size_t i = 0; i < names.size(); ++i) by_name_[names[i]] = handles_[i];
+  }
+
+  ~RawDb() {
+    for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+      db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
+    }
+    db_->Close().PermitUncheckedError();
+  }
+
+  std::string Get(const std::string& family, const std::string& key) {
+    std::string value;
+    REQUIRE(db_->Get(rocksdb::ReadOptions(), Family(family), key, &value).ok());
+    return value;
+  }
+
+  void Put(const std::string& family, const std::string& key, const std::string& value) {
+    REQUIRE(db_->Put(rocksdb::WriteOptions(), Family(family), key, value).ok());
+  }
+
+  rocksdb::ColumnFamilyHandle* Family(const std::string& name) {
+    REQUIRE(by_name_.count(name) == 1);
+    return by_name_[name];
+  }
+
+  rocksdb::DB* db() { return db_.get(); }
+  std::set<std::string> names() const {
+    std::set<std::string> names;
+    for (const auto& [name, handle] : by_name_) names.insert(name);
+    return names;
+  }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  std::map<std::string, rocksdb::ColumnFamilyHandle*> by_name_;
+};
+
+std::string TempDir(const std::string& name) { return testing::MakeTempDir(name); }
+
+std::set<std::string> ListTree(const std::string& dir) {
+  std::set<std::string> paths;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) paths.insert(entry.path());
+  return paths;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("every record kind survives closing and reopening the directory") {
+  const std::string dir = TempDir("roundtrip");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir, /*fsync=*/true);
+    WriteBatch batch;
+    batch.PutCenter(Center(0, 5));
+    batch.PutCenter(Center(1, 6));
+    batch.PutCenterOpt(CenterOpt(1));
+    batch.PutSnapshot(MakeSnapshot(0, 1, 16));
+    batch.PutSnapshot(MakeSnapshot(1, 0, 24));
+    batch.PutWeight(Weight(0, 1, 0.75));
+    batch.PutSlot(SlotState(0, 1, 19));
+    batch.PutServer(Server());
+    for (int64_t step = 17; step <= 19; ++step) {
+      for (int32_t mb = -1; mb < 2; ++mb) batch.PutLogRecord(Log(0, 1, step, mb));
+    }
+    REQUIRE(batch.Count() == 17);
+    REQUIRE_OK(store->Commit(batch));
+  }
+
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  REQUIRE(state.centers.size() == 2);
+  CHECK(SameProto(state.centers.at(0), Center(0, 5)));
+  CHECK(SameProto(state.centers.at(1), Center(1, 6)));
+  REQUIRE(state.center_opts.size() == 1);
+  CHECK(SameProto(state.center_opts.at(1), CenterOpt(1)));
+  REQUIRE(state.snapshots.size() == 2);
+  CHECK(SameProto(state.snapshots.at({0, 1}), MakeSnapshot(0, 1, 16)));
+  CHECK(SameProto(state.snapshots.at({1, 0}), MakeSnapshot(1, 0, 24)));
+  REQUIRE(state.weights.size() == 1);
+  CHECK(SameProto(state.weights.at({0, 1}), Weight(0, 1, 0.75)));
+  REQUIRE(state.slots.size() == 1);
+  CHECK(SameProto(state.slots.at({0, 1}), SlotState(0, 1, 19)));
+  REQUIRE(state.server.has_value());
+  CHECK(SameProto(*state.server, Server()));
+
+  const std::vector<LogRecord> log = ValueOrFail(store->ReadLog(Slot(0, 1), 16, 19));
+  REQUIRE(Ids(log) == ExpectedIds(0, 1, 16, 19, 2));
+  for (const LogRecord& record : log) {
+    CHECK(SameProto(record, Log(0, 1, record.step(), record.micro_batch())));
+  }
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(1, 0))), MakeSnapshot(1, 0, 24)));
+}
+
+TEST_CASE("a fresh store loads empty") {
+  std::unique_ptr<DurableStore> store = OpenOrFail(TempDir("fresh"));
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  CHECK(state.centers.empty());
+  CHECK(state.center_opts.empty());
+  CHECK(state.snapshots.empty());
+  CHECK(state.weights.empty());
+  CHECK(state.slots.empty());
+  CHECK_FALSE(state.server.has_value());
+  CHECK(ValueOrFail(store->ReadLog(Slot(0, 0), 0, 100)).empty());
+  CHECK(store->ReadSnapshot(Slot(0, 0)).status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("the directory holds exactly the documented column families") {
+  const std::string dir = TempDir("families");
+  OpenOrFail(dir).reset();
+  RawDb raw(dir);
+  CHECK(raw.names() == std::set<std::string>{"default", "center", "center_opt", "snapshot",
+                                             "steplog", "weights", "meta"});
+}
+
+TEST_CASE("a later put of the same key wins, within a batch and across batches") {
+  std::unique_ptr<DurableStore> store = OpenOrFail("");
+  WriteBatch batch;
+  batch.PutCenter(Center(0, 1));
+  batch.PutCenter(Center(0, 2));
+  REQUIRE_OK(store->Commit(batch));
+  CHECK(ValueOrFail(store->LoadAll()).centers.at(0).version() == 2);
+  batch.Clear();
+  CHECK(batch.Count() == 0);
+  batch.PutCenter(Center(0, 3));
+  REQUIRE_OK(store->Commit(batch));
+  CHECK(ValueOrFail(store->LoadAll()).centers.at(0).version() == 3);
+}
+
+TEST_CASE("a committed batch is visible whole") {
+  std::unique_ptr<DurableStore> store = OpenOrFail(TempDir("batch"));
+  WriteBatch batch;
+  batch.PutCenter(Center(0, 9));
+  batch.PutSnapshot(MakeSnapshot(2, 0, 8));
+  batch.PutWeight(Weight(2, 0, 0.5));
+  batch.PutSlot(SlotState(2, 0, 8));
+  batch.PutLogRecord(Log(2, 0, 9, -1));
+  batch.DeleteLogRange(Slot(2, 0), 0, 9);
+  REQUIRE(batch.status().ok());
+  CHECK(batch.ApproximateBytes() > 0);
+  REQUIRE_OK(store->Commit(batch));
+
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  CHECK(state.centers.at(0).version() == 9);
+  CHECK(state.snapshots.at({2, 0}).step() == 8);
+  CHECK(state.weights.at({2, 0}).weight() == 0.5);
+  CHECK(state.slots.at({2, 0}).step() == 8);
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(2, 0), 0, 100))) == std::vector<LogId>{{2, 0, 9, -1}});
+}
+
+TEST_CASE("concurrent readers never see part of a batch") {
+  std::unique_ptr<DurableStore> store = OpenOrFail("");
+  constexpr int kCommits = 200;
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0};
+  std::atomic<int> loads{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      absl::StatusOr<LoadedState> state = store->LoadAll();
+      if (!state.ok()) {
+        ++torn;
+        continue;
+      }
+      ++loads;
+      if (state->centers.empty()) continue;
+      const int64_t version = state->centers.at(0).version();
+      if (state->centers.size() != 2 || state->centers.at(1).version() != version ||
+          state->weights.at({0, 0}).center_version_at_last_sync() != version) {
+        ++torn;
+      }
+    }
+  });
+  for (int i = 1; i <= kCommits; ++i) {
+    WriteBatch batch;
+    batch.PutCenter(Center(0, i));
+    batch.PutCenter(Center(1, i));
+    WeightRecord weight = Weight(0, 0, 1.0);
+    weight.set_center_version_at_last_sync(i);
+    batch.PutWeight(weight);
+    REQUIRE_OK(store->Commit(batch));
+  }
+  done = true;
+  reader.join();
+  CHECK(torn.load() == 0);
+  CHECK(loads.load() > 0);
+  CHECK(ValueOrFail(store->LoadAll()).centers.at(1).version() == kCommits);
+}
+
+TEST_CASE("commits from many threads at once all land") {
+  std::unique_ptr<DurableStore> store = OpenOrFail("");
+  constexpr int kThreads = 4;
+  constexpr int kSteps = 40;
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&store, &failures, t] {
+      for (int64_t step = 1; step <= kSteps; ++step) {
+        WriteBatch batch;
+        for (int32_t mb = -1; mb < 2; ++mb) batch.PutLogRecord(Log(t, 0, step, mb));
+        if (!store->Commit(batch).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  CHECK(failures.load() == 0);
+  for (int t = 0; t < kThreads; ++t) {
+    CHECK(Ids(ValueOrFail(store->ReadLog(Slot(t, 0), 0, kSteps))) ==
+          ExpectedIds(t, 0, 0, kSteps, 2));
+  }
+}
+
+TEST_CASE("an invalid record poisons its batch and nothing of it is written") {
+  std::unique_ptr<DurableStore> store = OpenOrFail("");
+  WriteBatch batch;
+  batch.PutCenter(Center(0, 1));
+
+  SECTION("a center without a stage") {
+    CenterRecord center = Center(1, 1);
+    center.clear_stage();
+    batch.PutCenter(center);
+    CHECK_THAT(Message(batch.status()), Contains("PutCenter: stage must be set"));
+  }
+  SECTION("a snapshot with a negative replica") {
+    batch.PutSnapshot(MakeSnapshot(-1, 0, 8));
+    CHECK_THAT(Message(batch.status()), Contains("PutSnapshot: slot must not be negative"));
+  }
+  SECTION("a weight without a slot") {
+    WeightRecord weight = Weight(0, 0, 1.0);
+    weight.clear_slot();
+    batch.PutWeight(weight);
+    CHECK_THAT(Message(batch.status()), Contains("PutWeight"));
+  }
+  SECTION("a slot record whose slot lacks its stage") {
+    SlotRecord slot = SlotState(0, 0, 1);
+    slot.mutable_slot()->clear_stage();
+    batch.PutSlot(slot);
+    CHECK_THAT(Message(batch.status()), Contains("PutSlot"));
+  }
+  SECTION("a log record with micro_batch below -1") {
+    batch.PutLogRecord(Log(0, 0, 3, -2));
+    CHECK_THAT(Message(batch.status()), Contains("micro_batch >= -1"));
+  }
+  SECTION("a log record without a step") {
+    LogRecord record = Log(0, 0, 3, 0);
+    record.clear_step();
+    batch.PutLogRecord(record);
+    CHECK_THAT(Message(batch.status()), Contains("step and micro_batch must be set"));
+  }
+  SECTION("a log range of a negative slot") {
+    batch.DeleteLogRange(Slot(0, -3), 0, 10);
+    CHECK_THAT(Message(batch.status()), Contains("DeleteLogRange"));
+  }
+
+  CHECK(batch.status().code() == absl::StatusCode::kInvalidArgument);
+  batch.PutCenter(Center(2, 1));  // ignored: the batch is poisoned
+  CHECK(batch.Count() == 1);
+  CHECK(store->Commit(batch).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ValueOrFail(store->LoadAll()).centers.empty());
+}
+
+TEST_CASE("ReadLog returns exactly the requested steps of one slot in (step, micro-batch) order") {
+  const std::string dir = TempDir("readlog");
+  constexpr int32_t kMicroBatches = 4;
+  // Steps chosen so that byte order differs from little-endian or text order.
+  const std::vector<int64_t> steps = {1, 2, 3, 9, 10, 255, 256, 257, 65536, 65537};
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    std::vector<LogRecord> records;
+    for (auto [r, s] : std::vector<std::pair<int32_t, int32_t>>{{0, 1}, {0, 0}, {0, 2}, {1, 1}}) {
+      for (int64_t step : steps) {
+        for (int32_t mb = -1; mb < kMicroBatches; ++mb) records.push_back(Log(r, s, step, mb));
+      }
+    }
+    std::shuffle(records.begin(), records.end(), std::mt19937(7));
+    // Several batches, in random order.
+    WriteBatch batch;
+    for (size_t i = 0; i < records.size(); ++i) {
+      batch.PutLogRecord(records[i]);
+      if (i % 37 == 36) {
+        REQUIRE_OK(store->Commit(batch));
+        batch.Clear();
+      }
+    }
+    REQUIRE_OK(store->Commit(batch));
+  }
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  auto expected = [&](int32_t r, int32_t s, int64_t from, int64_t to) {
+    std::vector<LogId> ids;
+    for (int64_t step : steps) {
+      if (step <= from || step > to) continue;
+      for (int32_t mb = -1; mb < kMicroBatches; ++mb) ids.emplace_back(r, s, step, mb);
+    }
+    return ids;
+  };
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  // (from_step_exclusive, to_step_inclusive)
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {3, 10}, {0, 1},         {2, 2},    {9, 257},    {256, 65536}, {10, 9},
+      {-5, 3}, {65537, 70000}, {0, kMax}, {kMin, 256}, {kMax, kMax},
+  };
+  for (auto [r, s] : std::vector<std::pair<int32_t, int32_t>>{{0, 1}, {0, 0}, {1, 1}, {0, 2}}) {
+    for (auto [from, to] : ranges) {
+      INFO("slot (" << r << ", " << s << ") steps (" << from << ", " << to << "]");
+      const std::vector<LogRecord> log = ValueOrFail(store->ReadLog(Slot(r, s), from, to));
+      CHECK(Ids(log) == expected(r, s, from, to));
+    }
+  }
+  CHECK(ValueOrFail(store->ReadLog(Slot(2, 1), 0, 1000)).empty());
+  CHECK(ValueOrFail(store->ReadLog(Slot(0, 3), 0, 1000)).empty());
+  CHECK(store->ReadLog(Slot(-1, 0), 0, 10).status().code() == absl::StatusCode::kInvalidArgument);
+  SlotId stage_only;  // replica unset: reads as 0
+  stage_only.set_stage(1);
+  CHECK(Ids(ValueOrFail(store->ReadLog(stage_only, 0, 3))) == expected(0, 1, 0, 3));
+}
+
+TEST_CASE("DeleteLogRange removes exactly the slot's records of the older steps") {
+  const std::string dir = TempDir("gc");
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  WriteBatch batch;
+  for (auto [r, s] : std::vector<std::pair<int32_t, int32_t>>{{0, 1}, {0, 0}, {0, 2}, {1, 1}}) {
+    for (int64_t step = 1; step <= 20; ++step) {
+      for (int32_t mb = -1; mb < 3; ++mb) batch.PutLogRecord(Log(r, s, step, mb));
+    }
+  }
+  REQUIRE_OK(store->Commit(batch));
+  REQUIRE_OK(store->Flush());  // half of the records in SST files, half in the memtable
+
+  // The GC of DESIGN.md §5.2: a new snapshot at step 16 and the older records, in one batch.
+  batch.Clear();
+  batch.PutSnapshot(MakeSnapshot(0, 1, 16));
+  batch.DeleteLogRange(Slot(0, 1), 0, 17);
+  batch.DeleteLogRange(Slot(1, 1), 5, 5);  // empty range: nothing
+  CHECK(batch.Count() == 2);
+  REQUIRE_OK(store->Commit(batch));
+
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 1), 0, 100))) == ExpectedIds(0, 1, 16, 20, 3));
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 0), 0, 100))) == ExpectedIds(0, 0, 0, 20, 3));
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 2), 0, 100))) == ExpectedIds(0, 2, 0, 20, 3));
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(1, 1), 0, 100))) == ExpectedIds(1, 1, 0, 20, 3));
+
+  // A middle range, then the effect survives a flush and a reopen.
+  batch.Clear();
+  batch.DeleteLogRange(Slot(0, 2), 5, 8);
+  REQUIRE_OK(store->Commit(batch));
+  REQUIRE_OK(store->Flush());
+  store.reset();
+  store = OpenOrFail(dir);
+  std::vector<LogId> expected = ExpectedIds(0, 2, 0, 4, 3);
+  const std::vector<LogId> tail = ExpectedIds(0, 2, 7, 20, 3);
+  expected.insert(expected.end(), tail.begin(), tail.end());
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 2), 0, 100))) == expected);
+  CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 1), 0, 100))) == ExpectedIds(0, 1, 16, 20, 3));
+}
+
+TEST_CASE("a corrupt value is DATA_LOSS naming its key, and reading does not crash") {
+  const std::string dir = TempDir("corrupt");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutCenter(Center(0, 1));
+    batch.PutCenter(Center(1, 1));
+    batch.PutCenterOpt(CenterOpt(1));
+    batch.PutSnapshot(MakeSnapshot(0, 1, 16));
+    batch.PutWeight(Weight(0, 1, 1.0));
+    batch.PutSlot(SlotState(0, 1, 20));
+    batch.PutServer(Server());
+    for (int64_t step = 16; step <= 18; ++step) {
+      for (int32_t mb = -1; mb < 4; ++mb) batch.PutLogRecord(Log(0, 1, step, mb));
+    }
+    REQUIRE_OK(store->Commit(batch));
+  }
+  const std::string log_key = EncodeLogKey(0, 1, 17, 3);
+
+  SECTION("one flipped byte in a step-log record") {
+    {
+      RawDb raw(dir);
+      std::string value = raw.Get("steplog", log_key);
+      value[kEnvelopeHeaderSize + 5] ^= 0x04;
+      raw.Put("steplog", log_key, value);
+    }
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    const absl::Status status = store->ReadLog(Slot(0, 1), 16, 18).status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status),
+               Contains("steplog key (r=0, s=1, step=17, mb=3): checksum mismatch"));
+    // Ranges that avoid the bad record still read, and LoadAll does not read the log.
+    CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 1), 17, 18))) == ExpectedIds(0, 1, 17, 18, 4));
+    CHECK(ValueOrFail(store->LoadAll()).centers.size() == 2);
+  }
+  SECTION("a truncated step-log record") {
+    {
+      RawDb raw(dir);
+      const std::string value = raw.Get("steplog", log_key);
+      raw.Put("steplog", log_key, value.substr(0, value.size() / 2));
+    }
+    const absl::Status status = OpenOrFail(dir)->ReadLog(Slot(0, 1), 0, 100).status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("steplog key (r=0, s=1, step=17, mb=3): truncated"));
+  }
+  SECTION("a truncated center") {
+    {
+      RawDb raw(dir);
+      const std::string value = raw.Get("center", EncodeStageKey(1));
+      raw.Put("center", EncodeStageKey(1), value.substr(0, 10));
+    }
+    const absl::Status status = OpenOrFail(dir)->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("center key (s=1): truncated: 10 bytes"));
+  }
+  SECTION("one flipped byte in a snapshot") {
+    {
+      RawDb raw(dir);
+      std::string value = raw.Get("snapshot", EncodeSlotKey(0, 1));
+      value[value.size() - 1] ^= 0x01;
+      raw.Put("snapshot", EncodeSlotKey(0, 1), value);
+    }
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    absl::Status status = store->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("snapshot key (r=0, s=1): checksum mismatch"));
+    status = store->ReadSnapshot(Slot(0, 1)).status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("snapshot key (r=0, s=1): checksum mismatch"));
+  }
+  SECTION("garbage bytes as the server record") {
+    {
+      RawDb raw(dir);
+      raw.Put("meta", kServerMetaKey, "definitely not an envelope, but long enough");
+    }
+    const absl::Status status = OpenOrFail(dir)->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("meta key \"server\": unsupported envelope version"));
+  }
+  SECTION("a valid envelope around bytes that are not a slot record") {
+    {
+      RawDb raw(dir);
+      raw.Put("meta", EncodeSlotMetaKey(0, 1), WrapInEnvelope(std::string("\x0a\x64\x08\x01", 4)));
+    }
+    const absl::Status status = OpenOrFail(dir)->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status),
+               Contains("meta key slot/(r=0, s=1): payload (4 bytes) does not parse as "
+                        "rebound.SlotRecord"));
+  }
+  SECTION("a weight record stored under another slot's key") {
+    {
+      RawDb raw(dir);
+      raw.Put("weights", EncodeSlotKey(3, 0), raw.Get("weights", EncodeSlotKey(0, 1)));
+    }
+    const absl::Status status = OpenOrFail(dir)->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("weights key (r=3, s=0): the record does not belong to "
+                                         "its key (record says (r=0, s=1))"));
+  }
+  SECTION("a step-log record stored under another step's key") {
+    {
+      RawDb raw(dir);
+      raw.Put("steplog", EncodeLogKey(0, 1, 18, 1), raw.Get("steplog", log_key));
+    }
+    const absl::Status status = OpenOrFail(dir)->ReadLog(Slot(0, 1), 0, 100).status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("steplog key (r=0, s=1, step=18, mb=1): the record "
+                                         "does not belong to its key"));
+  }
+  SECTION("a malformed key") {
+    {
+      RawDb raw(dir);
+      raw.Put("center_opt", std::string("\x00\x01", 2), raw.Get("center_opt", EncodeStageKey(1)));
+    }
+    const absl::Status status = OpenOrFail(dir)->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("center_opt key \"\\x00\\x01\" (malformed, 2 bytes)"));
+  }
+  SECTION("an empty value") {
+    {
+      RawDb raw(dir);
+      raw.Put("center_opt", EncodeStageKey(1), "");
+    }
+    const absl::Status status = OpenOrFail(dir)->LoadAll().status();
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("center_opt key (s=1): truncated: 0 bytes"));
+  }
+}
+
+TEST_CASE("unknown meta keys and unknown column families are tolerated") {
+  const std::string dir = TempDir("forward");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutServer(Server());
+    REQUIRE_OK(store->Commit(batch));
+  }
+  {
+    RawDb raw(dir);
+    raw.Put("meta", "future/thing", "whatever");
+    rocksdb::ColumnFamilyHandle* extra = nullptr;
+    REQUIRE(raw.db()->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), "future", &extra).ok());
+    REQUIRE(raw.db()->DestroyColumnFamilyHandle(extra).ok());
+  }
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  REQUIRE(state.server.has_value());
+  CHECK(state.server->job_id() == "job-42");
+}
+
+TEST_CASE("the in-memory store works, is private, and leaves no files") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string watched = TempDir("in-memory-watch");
+  const std::string cwd = fs::current_path();
+  const std::set<std::string> tmp_before = ListTree(tmp != nullptr ? tmp : watched);
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail("");
+    CHECK(store->in_memory());
+    CHECK(store->data_dir().empty());
+    WriteBatch batch;
+    batch.PutCenter(Center(0, 4));
+    batch.PutServer(Server());
+    for (int32_t mb = -1; mb < 2; ++mb) batch.PutLogRecord(Log(0, 0, 1, mb));
+    REQUIRE_OK(store->Commit(batch));
+    REQUIRE_OK(store->Flush());
+    CHECK(ValueOrFail(store->LoadAll()).centers.at(0).version() == 4);
+    CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 0), 0, 1))) == ExpectedIds(0, 0, 0, 1, 2));
+    CHECK(ValueOrFail(store->Stats()).column_families.at("steplog").sst_bytes > 0);
+
+    // A second in-memory store is independent (its own Env), not locked out.
+    std::unique_ptr<DurableStore> other = OpenOrFail("");
+    CHECK(ValueOrFail(other->LoadAll()).centers.empty());
+  }
+  // Nothing appeared on disk, and a new in-memory store starts empty.
+  CHECK(ListTree(tmp != nullptr ? tmp : watched) == tmp_before);
+  CHECK_FALSE(fs::exists("/rebound-in-memory"));
+  CHECK_FALSE(fs::exists(cwd + "/rebound-in-memory"));
+  CHECK_FALSE(fs::exists(cwd + "/LOCK"));
+  CHECK(ValueOrFail(OpenOrFail("")->LoadAll()).centers.empty());
+}
+
+TEST_CASE("a directory that is open cannot be opened again, in this process or another") {
+  const std::string dir = TempDir("locked");
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+
+  DurableStoreOptions options;
+  options.data_dir = dir;
+  const absl::Status again = DurableStore::Open(options).status();
+  CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Message(again), Contains("data_dir " + dir + " is in use"));
+
+  std::string output;
+  const int exit_code = testing::RunCommand(
+      {testing::Runfile("tests/storage/store_process"), "open", dir}, &output, absl::Seconds(30));
+  INFO(output);
+  CHECK(exit_code == 1);
+  CHECK_THAT(output, Contains("FAILED_PRECONDITION"));
+  CHECK_THAT(output, Contains("data_dir " + dir + " is in use"));
+  CHECK_THAT(output, Contains("Resource temporarily unavailable"));
+
+  // The first store is unharmed; once it is closed the directory opens again, here and there.
+  WriteBatch batch;
+  batch.PutCenter(Center(0, 1));
+  REQUIRE_OK(store->Commit(batch));
+  store.reset();
+  CHECK(testing::RunCommand({testing::Runfile("tests/storage/store_process"), "open", dir}, &output,
+                            absl::Seconds(30)) == 0);
+  CHECK(ValueOrFail(OpenOrFail(dir)->LoadAll()).centers.at(0).version() == 1);
+}
+
+// The highest i of the "committed i" lines in `log`, or 0.
+int64_t LastCommitted(const std::string& log) {
+  int64_t last = 0;
+  size_t pos = 0;
+  while ((pos = log.find("committed ", pos)) != std::string::npos) {
+    pos += std::strlen("committed ");
+    const size_t end = log.find('\n', pos);
+    if (end == std::string::npos) break;  // a line cut short by the kill
+    last = std::max<int64_t>(last, std::stoll(log.substr(pos, end - pos)));
+  }
+  return last;
+}
+
+TEST_CASE("after a process crash every batch is whole and no acknowledged batch is lost") {
+  const std::string dir = TempDir("crash");
+  const std::string log_path = TempDir("crash-log") + "/store_process.log";
+  auto process = testing::Subprocess::Start(
+      {testing::Runfile("tests/storage/store_process"), "commit_forever", dir}, log_path);
+  REQUIRE(process.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (LastCommitted(testing::ReadFileOrEmpty(log_path)) < 200 && absl::Now() < deadline) {
+    REQUIRE_FALSE((*process)->WaitFor(absl::Milliseconds(5)).has_value());
+  }
+  (*process)->Signal(SIGKILL);
+  REQUIRE((*process)->WaitFor(absl::Seconds(10)).has_value());
+  const int64_t acknowledged = LastCommitted(testing::ReadFileOrEmpty(log_path));
+  INFO("last acknowledged batch: " << acknowledged);
+  REQUIRE(acknowledged >= 200);
+
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  REQUIRE(state.centers.size() == 2);
+  const int64_t version = state.centers.at(0).version();
+  CHECK(version >= acknowledged);
+  CHECK(state.centers.at(1).version() == version);
+  CHECK(state.weights.at({0, 0}).center_version_at_last_sync() == version);
+}
+
+TEST_CASE("a data_dir that cannot be created is FAILED_PRECONDITION naming it") {
+  const std::string base = TempDir("not-a-dir");
+  const std::string file = base + "/file";
+  std::ofstream(file) << "x";
+  DurableStoreOptions options;
+  options.data_dir = file + "/db";
+  const absl::Status status = DurableStore::Open(options).status();
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Message(status), Contains(options.data_dir));
+}
+
+TEST_CASE("missing parent directories are created") {
+  const std::string dir = TempDir("parents") + "/a/b/c";
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  CHECK(fs::exists(dir + "/CURRENT"));
+}
+
+TEST_CASE("the steplog family uses the configured compression, the others the default") {
+  const std::string supported_names = [] {
+    std::string names;
+    for (rocksdb::CompressionType type : rocksdb::GetSupportedCompressions()) {
+      names += std::to_string(static_cast<int>(type)) + " ";
+    }
+    return names;
+  }();
+  INFO("supported: " << supported_names);
+  auto [configured, expected_type, expected_name] =
+      GENERATE(table<Compression, rocksdb::CompressionType, std::string>({
+          {ZSTD, rocksdb::kZSTD, "ZSTD"},
+          {COMPRESSION_UNSPECIFIED, rocksdb::kZSTD, "ZSTD"},
+          {LZ4, rocksdb::kLZ4Compression, "LZ4"},
+          {NO_COMPRESSION, rocksdb::kNoCompression, "NoCompression"},
+      }));
+  INFO("configured " << Compression_Name(configured));
+  const std::string dir = TempDir("compression");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir, false, configured);
+    CHECK(store->steplog_compression() ==
+          (configured == COMPRESSION_UNSPECIFIED ? ZSTD : configured));
+    WriteBatch batch;
+    for (int64_t step = 1; step <= 8; ++step) {
+      for (int32_t mb = -1; mb < 4; ++mb) batch.PutLogRecord(Log(0, 0, step, mb));
+    }
+    batch.PutCenter(Center(0, 1));
+    REQUIRE_OK(store->Commit(batch));
+    REQUIRE_OK(store->Flush());
+  }
+  // The options RocksDB persisted in the directory.
+  rocksdb::DBOptions db_options;
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  REQUIRE(
+      rocksdb::LoadLatestOptions(rocksdb::ConfigOptions(), dir, &db_options, &descriptors).ok());
+  std::map<std::string, rocksdb::CompressionType> by_family;
+  for (const auto& descriptor : descriptors) {
+    by_family[descriptor.name] = descriptor.options.compression;
+  }
+  CHECK(by_family.at("steplog") == expected_type);
+  const rocksdb::CompressionType default_type = rocksdb::ColumnFamilyOptions().compression;
+  for (const char* name : {"center", "center_opt", "snapshot", "weights", "meta"}) {
+    INFO(name);
+    CHECK(by_family.at(name) == default_type);
+  }
+  // And the SST files written for steplog.
+  RawDb raw(dir);
+  rocksdb::TablePropertiesCollection tables;
+  REQUIRE(raw.db()->GetPropertiesOfAllTables(raw.Family("steplog"), &tables).ok());
+  REQUIRE_FALSE(tables.empty());
+  for (const auto& [file, properties] : tables) {
+    INFO(file);
+    CHECK(properties->compression_name == expected_name);
+  }
+}
+
+TEST_CASE("Stats reports every family and the step-log key estimate") {
+  std::unique_ptr<DurableStore> store = OpenOrFail(TempDir("stats"));
+  WriteBatch batch;
+  for (int64_t step = 1; step <= 25; ++step) {
+    for (int32_t mb = -1; mb < 3; ++mb) batch.PutLogRecord(Log(0, 0, step, mb));
+  }
+  batch.PutSnapshot(MakeSnapshot(0, 0, 0));
+  REQUIRE_OK(store->Commit(batch));
+
+  StoreStats stats = ValueOrFail(store->Stats());
+  std::set<std::string> names;
+  for (const auto& [name, family] : stats.column_families) names.insert(name);
+  CHECK(names ==
+        std::set<std::string>{"center", "center_opt", "snapshot", "steplog", "weights", "meta"});
+  CHECK(stats.steplog_keys_estimate == 100);
+  CHECK(stats.column_families.at("steplog").memtable_bytes > 0);
+  CHECK(stats.total_bytes > 0);
+
+  REQUIRE_OK(store->Flush());
+  stats = ValueOrFail(store->Stats());
+  const ColumnFamilyStats& steplog = stats.column_families.at("steplog");
+  CHECK(steplog.sst_bytes > 0);
+  CHECK(steplog.live_data_bytes > 0);
+  CHECK(steplog.keys_estimate == 100);
+  CHECK(stats.column_families.at("snapshot").sst_bytes > 0);
+  CHECK(stats.column_families.at("center").approximate_bytes() < steplog.approximate_bytes());
+  uint64_t sum = 0;
+  for (const auto& [name, family] : stats.column_families) sum += family.approximate_bytes();
+  CHECK(stats.total_bytes == sum);
+}
+
+TEST_CASE("options come from the durability and step-log configuration") {
+  DurabilityConfig durability;
+  durability.set_data_dir("/var/lib/rebound");
+  durability.set_fsync(true);
+  StepLogConfig step_log;
+  DurableStoreOptions options = DurableStoreOptions::FromConfig(durability, step_log);
+  CHECK(options.data_dir == "/var/lib/rebound");
+  CHECK(options.fsync);
+  CHECK(options.steplog_compression == ZSTD);  // the config default
+  step_log.set_compression(LZ4);
+  CHECK(DurableStoreOptions::FromConfig(DurabilityConfig(), step_log).steplog_compression == LZ4);
+  CHECK(DurableStoreOptions::FromConfig(DurabilityConfig(), step_log).data_dir.empty());
+}
+
+}  // namespace
+}  // namespace rebound::storage

@@ -1,0 +1,72 @@
+// A second process for the DurableStore tests.
+//
+//   store_process open DATA_DIR
+//     Opens the store and reports: prints "OK" and exits 0, or prints the status code name and
+//     message and exits 1 (the cross-process lock test).
+//   store_process commit_forever DATA_DIR
+//     Commits batches i = 1, 2, ... until killed. Batch i puts the centers of stages 0 and 1 at
+//     version i (64 KiB of parameters each) and the weight of slot (0, 0) with
+//     center_version_at_last_sync = i; after each acknowledged Commit it prints "committed i"
+//     (the crash test kills it with SIGKILL mid-stream).
+
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "storage/durable_store.h"
+
+namespace {
+
+rebound::CenterRecord Center(int32_t stage, int64_t version) {
+  rebound::CenterRecord record;
+  record.set_stage(stage);
+  record.set_version(version);
+  rebound::Tensor* tensor = record.mutable_params()->add_tensors();
+  tensor->set_dtype(rebound::FLOAT32);
+  tensor->add_shape(16384);
+  tensor->set_data(std::string(16384 * 4, static_cast<char>(version)));
+  return record;
+}
+
+int CommitForever(rebound::storage::DurableStore& store) {
+  for (int64_t i = 1;; ++i) {
+    rebound::storage::WriteBatch batch;
+    batch.PutCenter(Center(0, i));
+    batch.PutCenter(Center(1, i));
+    rebound::WeightRecord weight;
+    weight.mutable_slot()->set_replica(0);
+    weight.mutable_slot()->set_stage(0);
+    weight.set_center_version_at_last_sync(i);
+    batch.PutWeight(weight);
+    const absl::Status status = store.Commit(batch);
+    if (!status.ok()) {
+      std::cout << status.ToString() << std::endl;
+      return 1;
+    }
+    std::cout << "committed " << i << std::endl;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3 ||
+      (std::strcmp(argv[1], "open") != 0 && std::strcmp(argv[1], "commit_forever") != 0)) {
+    std::cerr << "usage: store_process open|commit_forever DATA_DIR\n";
+    return 64;
+  }
+  rebound::storage::DurableStoreOptions options;
+  options.data_dir = argv[2];
+  absl::StatusOr<std::unique_ptr<rebound::storage::DurableStore>> store =
+      rebound::storage::DurableStore::Open(options);
+  if (!store.ok()) {
+    std::cout << absl::StatusCodeToString(store.status().code()) << ": " << store.status().message()
+              << std::endl;
+    return 1;
+  }
+  if (std::strcmp(argv[1], "commit_forever") == 0) return CommitForever(**store);
+  std::cout << "OK" << std::endl;
+  return 0;
+}
