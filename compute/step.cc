@@ -1,0 +1,302 @@
+#include "compute/step.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "compute/adahessian.h"
+
+namespace rebound {
+namespace compute {
+
+// ---- StageOptimizer ----------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<StageOptimizer>> StageOptimizer::Create(
+    Backend* backend, const StageLayout& layout, const AdaHessianConfig& config) {
+  if (backend == nullptr) return absl::InvalidArgumentError("StageOptimizer: null backend");
+  RETURN_IF_ERROR(ValidateAdaHessianConfig(config));
+  std::unique_ptr<StageOptimizer> opt(new StageOptimizer(backend, layout, config));
+  ASSIGN_OR_RETURN(opt->m_, backend->Allocate(layout.padded_size()));
+  ASSIGN_OR_RETURN(opt->v_, backend->Allocate(layout.padded_size()));
+  ASSIGN_OR_RETURN(opt->d_, backend->Allocate(layout.padded_size()));
+  return opt;
+}
+
+absl::Status StageOptimizer::Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
+                                   DSpan params) {
+  const int64_t p = layout_.padded_size();
+  if (t < 1) return absl::InvalidArgumentError(absl::StrFormat("Apply: step t = %d < 1", t));
+  if (params.size != p) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Apply: params have %d floats, expected %d", params.size, p));
+  }
+  const int64_t need = with_hessian ? layout_.sums_size() : layout_.sums_size_without_hz();
+  if (sums.size < need) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Apply: sums have %d floats, need %d", sums.size, need));
+  }
+  if (with_hessian) {
+    if (z.size != p) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Apply: direction has %d floats, expected %d", z.size, p));
+    }
+    DSpan d = d_.span();
+    RETURN_IF_ERROR(backend_->Multiply(z, sums.sub(layout_.hz_offset(), p), d));
+    if (config_.block_size() > 1) {
+      for (const TensorInfo& tensor : layout_.tensors()) {
+        RETURN_IF_ERROR(backend_->BlockAverageRows(tensor.rows, tensor.cols, config_.block_size(),
+                                                   d.sub(tensor.offset, tensor.size())));
+      }
+    }
+  }
+  return backend_->AdaHessianUpdate(MakeAdaHessianScalars(config_, t, 1.0),
+                                    sums.sub(layout_.grad_offset(), p), d_.span(), m_.span(),
+                                    v_.span(), params);
+}
+
+absl::Status StageOptimizer::GetState(absl::Span<float> m, absl::Span<float> v,
+                                      absl::Span<float> d) const {
+  std::vector<float> host(layout_.padded_size());
+  const DeviceBuffer* sources[3] = {&m_, &v_, &d_};
+  absl::Span<float> targets[3] = {m, v, d};
+  for (int i = 0; i < 3; ++i) {
+    RETURN_IF_ERROR(backend_->CopyToHost(sources[i]->span(), absl::MakeSpan(host)));
+    RETURN_IF_ERROR(layout_.Pack(host, targets[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageOptimizer::SetState(absl::Span<const float> m, absl::Span<const float> v,
+                                      absl::Span<const float> d) {
+  std::vector<float> host(layout_.padded_size());
+  DeviceBuffer* targets[3] = {&m_, &v_, &d_};
+  absl::Span<const float> sources[3] = {m, v, d};
+  for (int i = 0; i < 3; ++i) {
+    RETURN_IF_ERROR(layout_.Unpack(sources[i], absl::MakeSpan(host)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(host, targets[i]->span()));
+  }
+  return absl::OkStatus();
+}
+
+// ---- LocalTrainer ------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(
+    Backend* backend, const TrainerOptions& options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("LocalTrainer: null backend");
+  const int b = options.batch_size;
+  const int m = options.micro_batches;
+  if (b < 1 || m < 1 || b % m != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LocalTrainer: micro_batches (%d) must be >= 1 and divide batch_size (%d)", m, b));
+  }
+  RETURN_IF_ERROR(ValidateAdaHessianConfig(options.optimizer));
+  ASSIGN_OR_RETURN(std::vector<LayerInfo> layers, ModelLayers(options.model));
+  const int num_layers = static_cast<int>(layers.size());
+  std::vector<int> firsts = {0};
+  for (int boundary : options.stage_boundaries) {
+    if (boundary <= firsts.back() || boundary >= num_layers) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "LocalTrainer: stage boundaries must increase strictly within (0, %d), got %d",
+          num_layers, boundary));
+    }
+    firsts.push_back(boundary);
+  }
+  std::unique_ptr<LocalTrainer> trainer(new LocalTrainer(backend, options));
+  const int rows = b / m;
+  for (size_t s = 0; s < firsts.size(); ++s) {
+    const int end = s + 1 < firsts.size() ? firsts[s + 1] : num_layers;
+    ASSIGN_OR_RETURN(std::unique_ptr<MlpStage> stage,
+                     MlpStage::Create(backend, options.model, firsts[s], end));
+    ASSIGN_OR_RETURN(std::unique_ptr<StageOptimizer> opt,
+                     StageOptimizer::Create(backend, stage->layout(), options.optimizer));
+    ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stage->NewWorkspace(rows));
+    ASSIGN_OR_RETURN(std::unique_ptr<TreeAccumulator> acc,
+                     TreeAccumulator::Create(backend, stage->layout().sums_size()));
+    trainer->stages_.push_back(std::move(stage));
+    trainer->optimizers_.push_back(std::move(opt));
+    trainer->workspaces_.push_back(std::move(ws));
+    trainer->accumulators_.push_back(std::move(acc));
+  }
+  ASSIGN_OR_RETURN(trainer->images_,
+                   backend->Allocate(static_cast<int64_t>(b) * layers.front().in));
+  ASSIGN_OR_RETURN(trainer->labels_, backend->Allocate(b, DType::kInt32));
+  return trainer;
+}
+
+absl::Status LocalTrainer::InitParams() {
+  for (auto& stage : stages_) RETURN_IF_ERROR(stage->InitParams());
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::CheckBatch(absl::Span<const float> images,
+                                      absl::Span<const int32_t> labels,
+                                      int64_t expected_samples) const {
+  const int64_t input_dim = stages_.front()->layout().input_dim();
+  const int classes = stages_.back()->layout().output_dim();
+  if (expected_samples >= 0 && static_cast<int64_t>(labels.size()) != expected_samples) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "batch has %d labels, expected batch_size = %d", labels.size(), expected_samples));
+  }
+  if (static_cast<int64_t>(images.size()) != static_cast<int64_t>(labels.size()) * input_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d images floats for %d samples of %d features", images.size(), labels.size(),
+        input_dim));
+  }
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= classes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "label %d of sample %d is outside [0, %d)", labels[i], i, classes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::LoadBatch(absl::Span<const float> images,
+                                     absl::Span<const int32_t> labels) {
+  batch_loaded_ = false;
+  RETURN_IF_ERROR(CheckBatch(images, labels, options_.batch_size));
+  RETURN_IF_ERROR(backend_->CopyToDevice(images, images_.span()));
+  RETURN_IF_ERROR(backend_->CopyToDevice(labels, labels_.int_span()));
+  batch_loaded_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::EnsureDirection(int64_t t) {
+  if (direction_step_ == t) return absl::OkStatus();
+  HutchinsonKey key;
+  key.seed = options_.seed;
+  key.replica = options_.replica;
+  key.step = static_cast<uint64_t>(t);
+  for (auto& stage : stages_) RETURN_IF_ERROR(stage->DrawDirection(key));
+  direction_step_ = t;
+  return absl::OkStatus();
+}
+
+int64_t LocalTrainer::ActiveSumsLength(int s, int64_t t) const {
+  const StageLayout& layout = stages_[s]->layout();
+  return HessianDue(t, options_.optimizer.hessian_every()) ? layout.sums_size()
+                                                           : layout.sums_size_without_hz();
+}
+
+absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, TreeNode block) {
+  if (t < 1) return absl::InvalidArgumentError(absl::StrFormat("step t = %d < 1", t));
+  if (!batch_loaded_) return absl::FailedPreconditionError("ComputeBlock: no batch loaded");
+  const int m_count = options_.micro_batches;
+  const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
+  if (with_hessian) RETURN_IF_ERROR(EnsureDirection(t));
+  const int num_stages = static_cast<int>(stages_.size());
+  for (int s = 0; s < num_stages; ++s) {
+    RETURN_IF_ERROR(accumulators_[s]->Start(m_count, block, ActiveSumsLength(s, t)));
+  }
+  const int rows = options_.batch_size / m_count;
+  const int64_t input_dim = stages_.front()->layout().input_dim();
+  const float inv_batch = static_cast<float>(1.0 / options_.batch_size);
+  for (int mb = block.begin; mb < block.end; ++mb) {
+    ConstDSpan x = ConstDSpan(images_.span()).sub(mb * rows * input_dim, rows * input_dim);
+    for (int s = 0; s < num_stages; ++s) {
+      ASSIGN_OR_RETURN(x, stages_[s]->Forward(x, rows, with_hessian, workspaces_[s].get()));
+    }
+    ASSIGN_OR_RETURN(DSpan sums, accumulators_[num_stages - 1]->LeafBuffer(mb));
+    ASSIGN_OR_RETURN(ConstDSpan grad,
+                     stages_[num_stages - 1]->BackwardFromLabels(
+                         ConstDIntSpan(labels_.int_span()).sub(mb * rows, rows), rows, inv_batch,
+                         with_hessian, workspaces_[num_stages - 1].get(), sums));
+    for (int s = num_stages - 2; s >= 0; --s) {
+      ASSIGN_OR_RETURN(sums, accumulators_[s]->LeafBuffer(mb));
+      ASSIGN_OR_RETURN(grad, stages_[s]->Backward(grad, rows, with_hessian,
+                                                  workspaces_[s].get(), sums));
+    }
+    for (int s = 0; s < num_stages; ++s) {
+      RETURN_IF_ERROR(accumulators_[s]->Commit(TreeNode{mb, mb + 1}));
+    }
+  }
+  std::vector<ConstDSpan> result;
+  for (int s = 0; s < num_stages; ++s) {
+    ASSIGN_OR_RETURN(ConstDSpan sum, accumulators_[s]->Result());
+    result.push_back(sum);
+  }
+  return result;
+}
+
+absl::Status LocalTrainer::Apply(int64_t t, absl::Span<const ConstDSpan> sums) {
+  if (sums.size() != stages_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Apply: %d sums for %d stages", sums.size(), stages_.size()));
+  }
+  const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
+  if (with_hessian) RETURN_IF_ERROR(EnsureDirection(t));
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    RETURN_IF_ERROR(optimizers_[s]->Apply(t, with_hessian, sums[s], stages_[s]->direction(),
+                                          stages_[s]->params()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> LocalTrainer::Step(int64_t t, absl::Span<const float> images,
+                                         absl::Span<const int32_t> labels) {
+  RETURN_IF_ERROR(LoadBatch(images, labels));
+  ASSIGN_OR_RETURN(std::vector<ConstDSpan> sums,
+                   ComputeBlock(t, TreeNode{0, options_.micro_batches}));
+  RETURN_IF_ERROR(Apply(t, sums));
+  float loss = 0.0f;
+  const StageLayout& last = stages_.back()->layout();
+  RETURN_IF_ERROR(backend_->CopyToHost(sums.back().sub(last.stats_offset() + kStatsLoss, 1),
+                                       absl::MakeSpan(&loss, 1)));
+  return loss;
+}
+
+absl::StatusOr<EvalResult> LocalTrainer::Evaluate(absl::Span<const float> images,
+                                                  absl::Span<const int32_t> labels,
+                                                  int chunk_rows) {
+  if (chunk_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Evaluate: chunk_rows must be >= 1, got %d", chunk_rows));
+  }
+  RETURN_IF_ERROR(CheckBatch(images, labels, -1));
+  const int64_t n = static_cast<int64_t>(labels.size());
+  EvalResult result;
+  if (n == 0) return result;
+  const int num_stages = static_cast<int>(stages_.size());
+  if (eval_workspaces_.empty() || eval_workspaces_.front()->max_rows() < chunk_rows) {
+    eval_workspaces_.clear();
+    for (auto& stage : stages_) {
+      ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stage->NewWorkspace(chunk_rows));
+      eval_workspaces_.push_back(std::move(ws));
+    }
+  }
+  const int64_t input_dim = stages_.front()->layout().input_dim();
+  const int classes = stages_.back()->layout().output_dim();
+  ASSIGN_OR_RETURN(DeviceBuffer x_dev, backend_->Allocate(static_cast<int64_t>(images.size())));
+  ASSIGN_OR_RETURN(DeviceBuffer y_dev, backend_->Allocate(n, DType::kInt32));
+  RETURN_IF_ERROR(backend_->CopyToDevice(images, x_dev.span()));
+  RETURN_IF_ERROR(backend_->CopyToDevice(labels, y_dev.int_span()));
+  const int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
+  ASSIGN_OR_RETURN(DeviceBuffer stats, backend_->Allocate(2 * chunks));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t first = c * chunk_rows;
+    const int rows = static_cast<int>(n - first < chunk_rows ? n - first : chunk_rows);
+    ConstDSpan x = ConstDSpan(x_dev.span()).sub(first * input_dim, rows * input_dim);
+    for (int s = 0; s < num_stages; ++s) {
+      ASSIGN_OR_RETURN(x, stages_[s]->Forward(x, rows, false, eval_workspaces_[s].get()));
+    }
+    RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(
+        rows, classes, false, x, ConstDIntSpan(y_dev.int_span()).sub(first, rows), 1.0f, DSpan(),
+        stats.span().sub(2 * c, 2)));
+  }
+  std::vector<float> host(2 * chunks);
+  RETURN_IF_ERROR(backend_->CopyToHost(stats.span(), absl::MakeSpan(host)));
+  double loss = 0.0;
+  double correct = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    loss += host[2 * c];
+    correct += host[2 * c + 1];
+  }
+  result.samples = n;
+  result.loss = loss / static_cast<double>(n);
+  result.accuracy = correct / static_cast<double>(n);
+  return result;
+}
+
+}  // namespace compute
+}  // namespace rebound

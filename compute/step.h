@@ -1,0 +1,164 @@
+#pragma once
+
+// One local AdaHessian step of a slot (DESIGN.md §4.2, §4.3, §5.3) and evaluation.
+//
+// StageOptimizer is the AdaHessian state (m, v, last D) of one stage on the device and applies a
+// step to the stage's parameters from the step's reduced sums; a worker owning one stage uses it
+// with MlpStage and TreeAccumulator directly.
+//
+// LocalTrainer runs whole steps in one process: the model, or several stages of it chained in
+// memory (for tests that split a model), the M micro-batches of a batch, the tree reduction, D
+// and the AdaHessian update. Its pieces (LoadBatch, ComputeBlock, Apply) are what parallel replay
+// needs: spares compute tree-aligned blocks, the leader combines them with TreeAccumulator and
+// every spare applies the identical update.
+//
+// A step t (1-based):
+//   1. with_hessian = HessianDue(t, hessian_every); if so, each stage draws z for
+//      (seed, replica, t) (compute/mlp.h, HutchinsonKey);
+//   2. micro-batch m (rows [m B/M, (m+1) B/M) of the batch) runs forward through all stages and
+//      backward from its labels, with the R-op iff with_hessian, each stage writing its gradient,
+//      Hz and (last stage) loss into a sums buffer (loss scale 1/B: compute/mlp.h);
+//   3. the sums of the M micro-batches are reduced along the fixed tree (reduction_tree.h);
+//   4. per stage: if with_hessian, D = z * Hz, block-averaged along rows per tensor when
+//      block_size > 1, becomes the stage's last D; then AdaHessianUpdate(t) with g and last D.
+// The loss of the step is the reduced stats[kStatsLoss] of the last stage: the mean CE over the
+// batch, with the parameters from before the update.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "compute/backend.h"
+#include "compute/mlp.h"
+#include "compute/model_layout.h"
+#include "compute/reduction_tree.h"
+#include "proto/config.pb.h"
+
+namespace rebound {
+namespace compute {
+
+// The AdaHessian state of one stage, in the stage's padded layout, on the device.
+class StageOptimizer {
+ public:
+  // Zero state. INVALID_ARGUMENT if the config is out of range (ValidateAdaHessianConfig).
+  static absl::StatusOr<std::unique_ptr<StageOptimizer>> Create(Backend* backend,
+                                                                const StageLayout& layout,
+                                                                const AdaHessianConfig& config);
+
+  StageOptimizer(const StageOptimizer&) = delete;
+  StageOptimizer& operator=(const StageOptimizer&) = delete;
+
+  // Applies step t >= 1 to `params` (padded layout). `sums` are the step's sums reduced over all
+  // micro-batches (at least sums_size() floats if with_hessian, else sums_size_without_hz());
+  // `z` is the step's direction (ignored unless with_hessian). If with_hessian the stage's last D
+  // becomes block_average(z * Hz); otherwise the last D is reused (zero before the first D).
+  absl::Status Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
+                     DSpan params);
+
+  // The state in the padded layout: first moment m, second moment v, last D.
+  DSpan m() { return m_.span(); }
+  DSpan v() { return v_.span(); }
+  DSpan d() { return d_.span(); }
+  const AdaHessianConfig& config() const { return config_; }
+
+  // Host copies in the packed layout (packed_size() floats each), e.g. for snapshots.
+  absl::Status GetState(absl::Span<float> m, absl::Span<float> v, absl::Span<float> d) const;
+  absl::Status SetState(absl::Span<const float> m, absl::Span<const float> v,
+                        absl::Span<const float> d);
+
+ private:
+  StageOptimizer(Backend* backend, const StageLayout& layout, const AdaHessianConfig& config)
+      : backend_(backend), layout_(layout), config_(config) {}
+
+  Backend* backend_;
+  StageLayout layout_;
+  AdaHessianConfig config_;
+  DeviceBuffer m_;
+  DeviceBuffer v_;
+  DeviceBuffer d_;
+};
+
+struct TrainerOptions {
+  ModelSpec model;
+  AdaHessianConfig optimizer;
+  int batch_size = 64;     // B
+  int micro_batches = 4;   // M, divides B
+  uint64_t seed = 42;      // job seed of the Hutchinson RNG (DataConfig.seed)
+  uint32_t replica = 0;
+  // First layers of stages 1..S-1, strictly increasing in (0, layers); empty: one stage.
+  std::vector<int> stage_boundaries;
+};
+
+struct EvalResult {
+  double loss = 0.0;      // mean cross-entropy over the samples
+  double accuracy = 0.0;  // fraction of samples whose argmax is the label
+  int64_t samples = 0;
+};
+
+class LocalTrainer {
+ public:
+  // Zero parameters and optimizer state (call InitParams or load them).
+  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(Backend* backend,
+                                                              const TrainerOptions& options);
+
+  LocalTrainer(const LocalTrainer&) = delete;
+  LocalTrainer& operator=(const LocalTrainer&) = delete;
+
+  const TrainerOptions& options() const { return options_; }
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  MlpStage& stage(int s) { return *stages_[s]; }
+  StageOptimizer& optimizer(int s) { return *optimizers_[s]; }
+
+  // Deterministic initialisation of every stage (model_layout.h).
+  absl::Status InitParams();
+
+  // Runs step t >= 1 on a batch of B samples: `images` B x input_dim row-major, `labels` B
+  // values in [0, classes). Returns the step's loss (one 4-byte device-to-host copy at the end;
+  // nothing else leaves the device). INVALID_ARGUMENT on wrong sizes or labels out of range.
+  absl::StatusOr<float> Step(int64_t t, absl::Span<const float> images,
+                             absl::Span<const int32_t> labels);
+
+  // The pieces of Step. LoadBatch uploads a batch; ComputeBlock runs the micro-batches of the
+  // tree node `block` of step t on it and returns, per stage, their tree-reduced sums (valid
+  // until the next ComputeBlock or Step); Apply applies step t with per-stage sums reduced over
+  // all M micro-batches (e.g. the ComputeBlock of the root, or blocks combined with
+  // TreeAccumulator).
+  absl::Status LoadBatch(absl::Span<const float> images, absl::Span<const int32_t> labels);
+  absl::StatusOr<std::vector<ConstDSpan>> ComputeBlock(int64_t t, TreeNode block);
+  absl::Status Apply(int64_t t, absl::Span<const ConstDSpan> sums);
+
+  // Sums-buffer length of stage s for step t: sums_size() with Hessian, else the prefix.
+  int64_t ActiveSumsLength(int s, int64_t t) const;
+
+  // Loss and accuracy of the current parameters on a data set of N samples (images N x
+  // input_dim, labels N), evaluated in chunks of `chunk_rows` samples. The result leaves the
+  // device once, at the end.
+  absl::StatusOr<EvalResult> Evaluate(absl::Span<const float> images,
+                                      absl::Span<const int32_t> labels, int chunk_rows = 1000);
+
+ private:
+  LocalTrainer(Backend* backend, TrainerOptions options)
+      : backend_(backend), options_(std::move(options)) {}
+
+  absl::Status CheckBatch(absl::Span<const float> images, absl::Span<const int32_t> labels,
+                          int64_t expected_samples) const;
+  absl::Status EnsureDirection(int64_t t);
+
+  Backend* backend_;
+  TrainerOptions options_;
+  std::vector<std::unique_ptr<MlpStage>> stages_;
+  std::vector<std::unique_ptr<StageOptimizer>> optimizers_;
+  std::vector<std::unique_ptr<StageWorkspace>> workspaces_;
+  std::vector<std::unique_ptr<TreeAccumulator>> accumulators_;
+  std::vector<std::unique_ptr<StageWorkspace>> eval_workspaces_;
+  DeviceBuffer images_;
+  DeviceBuffer labels_;
+  bool batch_loaded_ = false;
+  int64_t direction_step_ = -1;  // step whose z the stages hold
+};
+
+}  // namespace compute
+}  // namespace rebound
