@@ -1,10 +1,13 @@
 #include "server/membership.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace rebound::server {
 namespace {
@@ -13,9 +16,10 @@ int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 }  // namespace
 
-Membership::Membership(const JobConfig& job, const Clock* clock)
+Membership::Membership(const JobConfig& job, const Clock* clock, PersistFn persist)
     : job_(job),
       clock_(clock),
+      persist_(std::move(persist)),
       failure_timeout_(absl::Milliseconds(job.fault_tolerance().failure_timeout_ms())),
       epoch_(static_cast<uint64_t>(absl::ToUnixSeconds(clock->Now())) & 0xFFFFFFFFu) {
   const int replicas = job.topology().replicas();
@@ -86,6 +90,16 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
     response.set_start_step(slot.step);
   }
   workers_.emplace(worker.incarnation, worker);
+  absl::Status persisted = PersistLocked();
+  if (!persisted.ok()) {
+    workers_.erase(worker.incarnation);
+    if (slot_index >= 0) {
+      slots_[slot_index].state = UNASSIGNED;
+      slots_[slot_index].owner = 0;
+    }
+    return absl::UnavailableError(
+        absl::StrCat("cannot persist the registration: ", persisted.message()));
+  }
   if (slot_index >= 0) {
     for (Neighbour& n : NeighboursLocked(slot_index)) *response.add_neighbours() = n;
   }
@@ -133,6 +147,9 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   if (request.has_loss() && std::isfinite(request.loss())) worker.loss = request.loss();
   HeartbeatResponse response;
   response.set_server_time_ms(absl::ToUnixMillis(now));
+  bool all_finished = true;
+  for (const Slot& slot : slots_) all_finished = all_finished && slot.state == FINISHED;
+  if (all_finished) response.add_commands(STOP);
   if (worker.slot_index >= 0) {
     slots_[worker.slot_index].step = std::max(slots_[worker.slot_index].step, request.step());
     for (Neighbour& n : NeighboursLocked(worker.slot_index)) *response.add_neighbours() = n;
@@ -145,7 +162,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
   worker.state_reason = why;
   if (worker.slot_index >= 0) {
     Slot& slot = slots_[worker.slot_index];
-    if (slot.owner == worker.incarnation) {
+    if (slot.owner == worker.incarnation && slot.state != FINISHED) {
       slot.state = LOST;
       slot.owner = 0;
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
@@ -153,6 +170,118 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
     }
   }
   PruneLocked();
+  absl::Status persisted = PersistLocked();
+  if (!persisted.ok()) {
+    LOG(ERROR) << "cannot persist the fencing of incarnation " << worker.incarnation << ": "
+               << persisted;
+  }
+}
+
+absl::Status Membership::PersistLocked() {
+  if (!persist_) return absl::OkStatus();
+  ServerRecord server;
+  server.set_job_id(job_.job_id());
+  server.set_incarnation_epoch(epoch_);
+  server.set_next_incarnation_counter(next_counter_);
+  std::vector<SlotRecord> slots;
+  for (const Slot& slot : slots_) {
+    SlotRecord record;
+    *record.mutable_slot() = slot.id;
+    record.set_state(slot.state);
+    record.set_owner_incarnation(slot.owner);
+    record.set_step(slot.step);
+    if (slot.owner != 0) record.set_owner_name(workers_.at(slot.owner).name);
+    slots.push_back(record);
+  }
+  return persist_(server, slots);
+}
+
+absl::Status Membership::Restore(const ServerRecord& server, const std::vector<SlotRecord>& slots,
+                                 absl::Duration grace) {
+  if (server.job_id() != job_.job_id()) {
+    return absl::InvalidArgumentError(absl::StrCat("the data directory holds job \"",
+                                                   server.job_id(), "\", not \"", job_.job_id(),
+                                                   "\""));
+  }
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  for (const SlotRecord& record : slots) {
+    const int index = SlotIndex(record.slot());
+    if (index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the data directory holds slot (", record.slot().replica(), ", ",
+          record.slot().stage(), "), outside this job's topology"));
+    }
+  }
+  epoch_ = server.incarnation_epoch();
+  next_counter_ = std::max<uint64_t>(1, server.next_incarnation_counter());
+  for (const SlotRecord& record : slots) {
+    Slot& slot = slots_[SlotIndex(record.slot())];
+    slot.state = record.state();
+    slot.step = record.step();
+    slot.owner = 0;
+    if (record.owner_incarnation() != 0 &&
+        (record.state() == ACTIVE || record.state() == FINISHED)) {
+      Worker worker;
+      worker.incarnation = record.owner_incarnation();
+      worker.name = record.owner_name();
+      worker.role = TRAINER;
+      worker.registered = now;
+      worker.last_heartbeat = now + grace;
+      worker.slot_index = SlotIndex(record.slot());
+      worker.step = record.step();
+      workers_[worker.incarnation] = worker;
+      slot.owner = worker.incarnation;
+    } else if (slot.state == ACTIVE) {
+      slot.state = LOST;
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Membership::SlotIndex(const SlotId& slot) const {
+  const int stages = job_.topology().stages();
+  if (slot.replica() < 0 || slot.replica() >= job_.topology().replicas() || slot.stage() < 0 ||
+      slot.stage() >= stages) {
+    return -1;
+  }
+  return slot.replica() * stages + slot.stage();
+}
+
+absl::Status Membership::CheckOwner(uint64_t incarnation, const SlotId& slot) const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  const int index = SlotIndex(slot);
+  if (index < 0 || slots_[index].owner != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat("incarnation ", incarnation,
+                                                      " does not own slot (", slot.replica(), ", ",
+                                                      slot.stage(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+bool Membership::RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps) {
+  absl::MutexLock lock(&mu_);
+  const int index = SlotIndex(slot);
+  if (index < 0) return false;
+  Slot& s = slots_[index];
+  s.step = std::max(s.step, step);
+  if (step >= max_steps && s.state == ACTIVE) {
+    s.state = FINISHED;
+    s.detail = absl::StrCat("finished at step ", step);
+    absl::Status persisted = PersistLocked();
+    if (!persisted.ok()) LOG(ERROR) << "cannot persist a finished slot: " << persisted;
+    return true;
+  }
+  return false;
+}
+
+bool Membership::AllFinished() const {
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    if (slot.state != FINISHED) return false;
+  }
+  return true;
 }
 
 void Membership::PruneLocked() {

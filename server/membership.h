@@ -13,6 +13,7 @@
 // Thread-safe. Time comes from the injected Clock.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
+#include "proto/storage.pb.h"
 
 namespace rebound::server {
 
@@ -38,8 +40,21 @@ struct FailedWorker {
 
 class Membership {
  public:
+  // Writes the membership's durable state; called under the membership's lock after every
+  // change of a slot's owner or state and every new incarnation. A failing persist makes the
+  // change fail (Register) or is logged (failure detection, which must go on).
+  using PersistFn =
+      std::function<absl::Status(const ServerRecord& server, const std::vector<SlotRecord>& slots)>;
+
   // REQUIRES: `job` is validated; `clock` outlives this object.
-  Membership(const JobConfig& job, const Clock* clock);
+  Membership(const JobConfig& job, const Clock* clock, PersistFn persist = nullptr);
+
+  // Restores the state of a previous server life: the incarnation epoch and counter, and each
+  // slot's state and owner. Owners come back ALIVE with `grace` added to their silence budget,
+  // so a trainer that reconnects within reconnect_grace + failure_timeout just goes on.
+  // INVALID_ARGUMENT if the records belong to another job or topology.
+  absl::Status Restore(const ServerRecord& server, const std::vector<SlotRecord>& slots,
+                       absl::Duration grace);
 
   static constexpr size_t kMaxFencedRecords = 4096;
 
@@ -58,6 +73,16 @@ class Membership {
 
   // OK iff `incarnation` is alive; the errors of Heartbeat otherwise. For every worker RPC.
   absl::Status CheckAlive(uint64_t incarnation) const;
+
+  // OK iff `incarnation` is alive and owns `slot`; FAILED_PRECONDITION otherwise.
+  absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const;
+
+  // Records a slot's progress; at `max_steps` the slot becomes FINISHED (for good: its owner
+  // may then leave without the slot becoming LOST). Returns true if it just finished.
+  bool RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps);
+
+  // True once every slot is FINISHED: heartbeats then carry STOP.
+  bool AllFinished() const;
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.
@@ -94,6 +119,8 @@ class Membership {
   };
 
   absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int SlotIndex(const SlotId& slot) const;
   std::vector<Neighbour> NeighboursLocked(int slot_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceLocked(Worker& worker, WorkerState state, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -101,10 +128,11 @@ class Membership {
 
   const JobConfig job_;
   const Clock* const clock_;
+  const PersistFn persist_;
   const absl::Duration failure_timeout_;
 
   mutable absl::Mutex mu_;
-  const uint64_t epoch_;  // high 32 bits of every incarnation of this server life
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_);  // high 32 bits of this server life's incarnations
   uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage

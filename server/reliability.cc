@@ -124,7 +124,20 @@ WeightInputs ReliabilityTracker::Current(const SlotId& slot, absl::Time now) con
 std::vector<WeightRecord> ReliabilityTracker::Export(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   std::vector<WeightRecord> records;
-  for (const auto& [key, state] : slots_) {
+  for (const auto& [key, state] : slots_) records.push_back(RecordLocked(key, state, now));
+  return records;
+}
+
+WeightRecord ReliabilityTracker::ExportSlot(const SlotId& slot, absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  auto it = slots_.find(KeyOf(slot));
+  if (it == slots_.end()) return RecordLocked(KeyOf(slot), SlotState(), now);
+  return RecordLocked(it->first, it->second, now);
+}
+
+WeightRecord ReliabilityTracker::RecordLocked(const Key& key, const SlotState& state,
+                                              absl::Time now) const {
+  {
     WeightRecord record;
     record.mutable_slot()->set_replica(key.first);
     record.mutable_slot()->set_stage(key.second);
@@ -137,9 +150,8 @@ std::vector<WeightRecord> ReliabilityTracker::Export(absl::Time now) const {
     if (state.has_divergence) record.set_last_divergence(state.last_divergence);
     *record.mutable_inputs() = state.inputs;
     record.set_weight(state.inputs.weight());
-    records.push_back(record);
+    return record;
   }
-  return records;
 }
 
 void ReliabilityTracker::Import(const WeightRecord& record) {

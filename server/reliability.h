@@ -54,6 +54,7 @@ class ReliabilityTracker {
 
   // Durable state of every slot, and its restoration after a server restart.
   std::vector<WeightRecord> Export(absl::Time now) const;
+  WeightRecord ExportSlot(const SlotId& slot, absl::Time now) const;
   void Import(const WeightRecord& record);
 
  private:
@@ -75,6 +76,8 @@ class ReliabilityTracker {
   static Key KeyOf(const SlotId& slot) { return {slot.replica(), slot.stage()}; }
   double DecayedFault(const SlotState& state, absl::Time now) const;
   double Weight(double fault, double staleness, double lateness, double divergence) const;
+  WeightRecord RecordLocked(const Key& key, const SlotState& state, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WeightingConfig config_;
   const int replicas_;

@@ -140,8 +140,7 @@ SlotRecord SlotState(int32_t replica, int32_t stage, int64_t step) {
   record.set_state(ACTIVE);
   record.set_owner_incarnation(7);
   record.set_step(step);
-  record.set_applied_sequence(99);
-  record.set_snapshot_step(step - step % 8);
+  record.set_owner_name("trainer-" + std::to_string(replica));
   return record;
 }
 

@@ -1,0 +1,31 @@
+#pragma once
+
+// A stage's parameters (or gradients, moments, D) as they leave the process: one FLOAT32 Tensor
+// per model tensor in ascending global id order, with the tensor's own shape ([out, in] for a
+// weight, [out] for a bias). The in-process form is the stage's packed layout
+// (compute/model_layout.h); these functions convert between the two and validate what arrives.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "compute/model_layout.h"
+#include "proto/tensor.pb.h"
+
+namespace rebound {
+namespace compute {
+
+// One tensor per model tensor of `layout`, values from `packed` (packed_size() floats).
+TensorBundle BundleFromPacked(const StageLayout& layout, absl::Span<const float> packed);
+
+// OK iff `bundle` holds exactly the layout's tensors (ids, shapes, FLOAT32, byte lengths) and,
+// if `require_finite`, only finite values. INVALID_ARGUMENT naming `what`.tensors[i] otherwise.
+absl::Status ValidateBundle(const StageLayout& layout, const TensorBundle& bundle,
+                            const std::string& what, bool require_finite = true);
+
+// The packed values of a bundle. REQUIRES: ValidateBundle(layout, bundle) is OK.
+std::vector<float> PackedFromBundle(const StageLayout& layout, const TensorBundle& bundle);
+
+}  // namespace compute
+}  // namespace rebound

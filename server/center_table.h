@@ -1,0 +1,116 @@
+#pragma once
+
+// CenterTable: the EASGD center variables of every stage (DESIGN.md §4.4, §4.6), with their
+// versions and, in mode ASYNC_ADAHESSIAN, the center's AdaHessian state.
+//
+// Each stage has its own lock; an update (elastic move or AdaHessian apply) and the durable
+// commit of its result happen under that lock, in that order, so the durable record of a stage
+// always matches the order of its in-memory updates. If the commit fails, the update is rolled
+// back and the caller gets the commit's error: an update is acknowledged only once durable.
+//
+// Parameters travel as TensorBundles with one FLOAT32 tensor per model tensor, in ascending
+// global tensor id order (compute/model_layout.h), exactly the shapes of the stage's layout.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "compute/model_layout.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+#include "proto/storage.pb.h"
+
+namespace rebound::server {
+
+class CenterTable {
+ public:
+  // The centers start from the model's deterministic initialisation (the same values every
+  // trainer starts from). INVALID_ARGUMENT for an invalid job.
+  static absl::StatusOr<std::unique_ptr<CenterTable>> Create(const JobConfig& job);
+
+  CenterTable(const CenterTable&) = delete;
+  CenterTable& operator=(const CenterTable&) = delete;
+
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  const compute::StageLayout& layout(int stage) const { return stages_[stage]->layout; }
+
+  // Restores a stage from its durable records (after a server restart). INVALID_ARGUMENT /
+  // DATA_LOSS if the record does not fit the stage's layout.
+  absl::Status Restore(const CenterRecord& center, const CenterOptRecord* opt);
+
+  // Checks that `bundle` holds exactly the stage's tensors (ids, shapes, FLOAT32, byte lengths)
+  // and only finite values. INVALID_ARGUMENT naming the tensor otherwise. `what` prefixes the
+  // message (e.g. "params").
+  absl::Status ValidateBundle(int stage, const TensorBundle& bundle, const std::string& what) const;
+
+  // Packs a validated bundle into the packed layout.
+  std::vector<float> Unbundle(int stage, const TensorBundle& bundle) const;
+  // The inverse: one tensor per model tensor.
+  TensorBundle Bundle(int stage, absl::Span<const float> packed) const;
+
+  // What an elastic exchange computed: the center before the move (for the reply), the new
+  // version, and the worker's post-sync parameters x - alpha (x - c_before) (its snapshot).
+  struct SyncResult {
+    std::vector<float> center_before;
+    std::vector<float> worker_after;
+    int64_t version = 0;
+  };
+
+  // The weight of an update, decided under the stage lock from the center version before the
+  // update and ||x - c|| (EASGD) or ||g|| (ASYNC_ADAHESSIAN). An error aborts the update with
+  // nothing changed (e.g. a duplicate the caller recognised).
+  using WeightFn = std::function<absl::StatusOr<double>(int64_t version_before, double norm)>;
+  // Writes the stage's new state and the worker's post-sync parameters (packed) durably; called
+  // under the stage lock.
+  using CommitFn = std::function<absl::Status(const CenterRecord& center,
+                                              absl::Span<const float> worker_after)>;
+
+  // §4.4: c <- c + alpha w (x - c). REQUIRES: x validated for `stage`.
+  absl::StatusOr<SyncResult> ElasticSync(int stage, absl::Span<const float> x, double alpha,
+                                         const WeightFn& weight, const CommitFn& commit);
+
+  // §4.6: the weighted AdaHessian apply of (g, D) on the center. REQUIRES: validated inputs.
+  using OptCommitFn =
+      std::function<absl::Status(const CenterRecord& center, const CenterOptRecord& opt)>;
+  absl::StatusOr<int64_t> ApplyAdaHessian(int stage, absl::Span<const float> g,
+                                          absl::Span<const float> d, const AdaHessianConfig& config,
+                                          const WeightFn& weight, const OptCommitFn& commit);
+
+  // The center of `stage` and its version.
+  std::pair<std::vector<float>, int64_t> Read(int stage) const;
+  int64_t version(int stage) const;
+
+  // Blocks until the stage's version reaches `min_version` or `timeout` passes; returns the
+  // version then.
+  int64_t WaitForVersion(int stage, int64_t min_version, absl::Duration timeout) const;
+
+ private:
+  struct Stage {
+    explicit Stage(compute::StageLayout l) : layout(std::move(l)) {}
+    const compute::StageLayout layout;
+    mutable absl::Mutex mu;
+    std::vector<float> center ABSL_GUARDED_BY(mu);  // packed layout
+    int64_t version ABSL_GUARDED_BY(mu) = 0;
+    // Center AdaHessian state (mode ASYNC_ADAHESSIAN), packed layout; empty until first push.
+    std::vector<float> m ABSL_GUARDED_BY(mu);
+    std::vector<float> v ABSL_GUARDED_BY(mu);
+    int64_t opt_step ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  CenterTable() = default;
+  CenterRecord MakeRecordLocked(int stage, const Stage& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+
+  std::vector<std::unique_ptr<Stage>> stages_;
+};
+
+// ||a - b|| in double. REQUIRES: equal sizes.
+double Distance(absl::Span<const float> a, absl::Span<const float> b);
+// ||a|| in double.
+double Norm(absl::Span<const float> a);
+
+}  // namespace rebound::server
