@@ -1,8 +1,11 @@
 #include "common/process.h"
 
 #include <glog/logging.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <fstream>
@@ -10,6 +13,33 @@
 #include "absl/strings/str_cat.h"
 
 namespace rebound {
+
+namespace {
+
+int termination_pipe[2] = {-1, -1};
+
+void OnTerminationSignal(int signal_number) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  if (write(termination_pipe[1], &byte, 1) < 0) {
+    // Nothing safe to do inside a signal handler; the pipe only fills after 64 KiB of signals.
+  }
+  errno = saved_errno;
+}
+
+}  // namespace
+
+void InstallTerminationHandlers() {
+  if (pipe2(termination_pipe, O_CLOEXEC) != 0) {
+    PLOG(FATAL) << "pipe2";
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnTerminationSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
 
 void BlockTerminationSignals() {
   sigset_t set;
@@ -20,17 +50,14 @@ void BlockTerminationSignals() {
 }
 
 int WaitForTerminationSignal() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  int signal_number = 0;
-  while (sigwait(&set, &signal_number) != 0) {
+  unsigned char byte = 0;
+  while (true) {
+    const ssize_t n = read(termination_pipe[0], &byte, 1);
+    if (n == 1) return byte;
+    if (n < 0 && errno == EINTR) continue;
+    PLOG(FATAL) << "reading the termination pipe";
   }
-  return signal_number;
 }
-
-void RaiseTermination() { kill(getpid(), SIGTERM); }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
   const std::string temp = absl::StrCat(path, ".tmp.", getpid());

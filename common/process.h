@@ -8,15 +8,18 @@
 
 namespace rebound {
 
-// Blocks SIGTERM and SIGINT in the calling thread (call first in main, before any thread starts,
-// so every thread inherits the mask) and returns; WaitForTerminationSignal() then receives them.
-void BlockTerminationSignals();
+// Installs handlers for SIGTERM and SIGINT that hand the signal to WaitForTerminationSignal()
+// through a pipe. Call first in main. Handlers, unlike a blocked signal mask, also work when a
+// library started threads of its own before main (OpenBLAS does), which would otherwise receive
+// the signal and die of it.
+void InstallTerminationHandlers();
 
-// Waits until SIGTERM or SIGINT arrives and returns its number.
+// Waits until SIGTERM or SIGINT arrives and returns its number. REQUIRES: the handlers above.
 int WaitForTerminationSignal();
 
-// Sends SIGTERM to this process (used to wake WaitForTerminationSignal from inside).
-void RaiseTermination();
+// Blocks SIGTERM and SIGINT in the calling thread, for programs that receive them with
+// sigtimedwait() and start every thread themselves (the launcher). Call first in main.
+void BlockTerminationSignals();
 
 // Writes `content` to `path` atomically (temp file + rename), so a reader never sees half of it.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);

@@ -2,8 +2,10 @@
 //
 //   rebound_server --config server.pbtxt [--listen HOST:PORT] [--port_file PATH]
 //
-// Serves ParameterServer, grpc.health.v1 and server reflection. Exits 0 after SIGTERM/SIGINT
-// (graceful shutdown, in-flight calls get up to 5 s), 2 on a bad config, 1 if it cannot listen.
+// Serves ParameterServer, grpc.health.v1 and server reflection. With durability.data_dir set it
+// keeps its state in RocksDB and reloads it at start (health NOT_SERVING meanwhile). Exits 0
+// after SIGTERM/SIGINT (graceful shutdown, in-flight calls get up to 5 s), 2 on a bad config,
+// 1 if it cannot listen or its data directory cannot be opened or read.
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -19,8 +21,12 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "common/status_macros.h"
+#include "server/center_table.h"
 #include "server/membership.h"
+#include "server/reliability.h"
 #include "server/service.h"
+#include "storage/durable_store.h"
 
 DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
@@ -28,6 +34,47 @@ DEFINE_string(port_file, "", "write the bound port to this file once serving");
 
 namespace rebound::server {
 namespace {
+
+// Restores centers, weights, bookkeeping and membership from a previous server life.
+absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membership* membership,
+                       CenterTable* centers, ReliabilityTracker* tracker,
+                       ParameterServerService* service) {
+  auto state = store->LoadAll();
+  if (!state.ok()) return state.status();
+  if (!state->server.has_value()) {
+    LOG(INFO) << "fresh data directory: starting from the model's initialisation";
+    return absl::OkStatus();
+  }
+  for (const auto& [stage, center] : state->centers) {
+    auto opt = state->center_opts.find(stage);
+    if (stage < 0 || stage >= centers->num_stages()) {
+      return absl::DataLossError(absl::StrCat("stored center of stage ", stage,
+                                              " does not fit the job's ",
+                                              centers->num_stages(), " stages"));
+    }
+    absl::Status restored =
+        centers->Restore(center, opt == state->center_opts.end() ? nullptr : &opt->second);
+    if (!restored.ok()) {
+      return absl::DataLossError(absl::StrCat("stored center of stage ", stage,
+                                              " does not fit the job's model: ",
+                                              restored.message()));
+    }
+  }
+  std::vector<WeightRecord> weights;
+  for (const auto& [key, record] : state->weights) {
+    tracker->Import(record);
+    weights.push_back(record);
+  }
+  service->RestoreBookkeeping(weights);
+  std::vector<SlotRecord> slots;
+  for (const auto& [key, record] : state->slots) slots.push_back(record);
+  const absl::Duration grace = absl::Milliseconds(job.fault_tolerance().reconnect_grace_ms());
+  RETURN_IF_ERROR(membership->Restore(*state->server, slots, grace));
+  LOG(INFO) << "restored " << state->centers.size() << " centers, " << weights.size()
+            << " weight records and " << slots.size() << " slots; known trainers have "
+            << job.fault_tolerance().reconnect_grace_ms() << " ms of grace to reconnect";
+  return absl::OkStatus();
+}
 
 int Run() {
   if (FLAGS_config.empty()) {
@@ -50,8 +97,28 @@ int Run() {
   }
 
   RealClock clock;
-  Membership membership(config.job(), &clock);
-  ParameterServerService service(config, &membership, &clock);
+  const JobConfig& job = config.job();
+  auto store = storage::DurableStore::Open(
+      storage::DurableStoreOptions::FromConfig(config.durability(), job.step_log()));
+  if (!store.ok()) {
+    LOG(ERROR) << "cannot open the data directory: " << store.status();
+    return 1;
+  }
+  auto centers = CenterTable::Create(job);
+  if (!centers.ok()) {
+    LOG(ERROR) << centers.status();
+    return 2;
+  }
+  ReliabilityTracker tracker(job.weighting(), job.topology().replicas());
+  storage::DurableStore* db = store->get();
+  Membership membership(job, &clock,
+                        [db](const ServerRecord& server, const std::vector<SlotRecord>& slots) {
+                          storage::WriteBatch batch;
+                          batch.PutServer(server);
+                          for (const SlotRecord& slot : slots) batch.PutSlot(slot);
+                          return db->Commit(batch);
+                        });
+  ParameterServerService service(config, &membership, centers->get(), &tracker, db, &clock);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -66,6 +133,16 @@ int Run() {
     LOG(ERROR) << "cannot listen on " << config.listen_address();
     return 1;
   }
+  // Health says NOT_SERVING (and the service UNAVAILABLE) until the durable state is loaded.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  absl::Status loaded_state = LoadState(job, db, &membership, centers->get(), &tracker, &service);
+  if (!loaded_state.ok()) {
+    LOG(ERROR) << "cannot load the durable state from '" << config.durability().data_dir()
+               << "': " << loaded_state;
+    server->Shutdown();
+    return 1;
+  }
+  service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);
   LOG(INFO) << kServerVersion << " serving job '" << config.job().job_id() << "' on port " << port
             << " (" << config.job().topology().replicas() << " x "
@@ -112,7 +189,7 @@ int Run() {
 }  // namespace rebound::server
 
 int main(int argc, char** argv) {
-  rebound::BlockTerminationSignals();
+  rebound::InstallTerminationHandlers();
   gflags::SetUsageMessage("rebound_server --config FILE [--listen HOST:PORT] [--port_file PATH]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);

@@ -2,12 +2,18 @@
 
 #include <glog/logging.h>
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "compute/tensor_bundle.h"
 
 namespace rebound::server {
 
-const char kServerVersion[] = "rebound 0.1.0";
+const char kServerVersion[] = "rebound 0.2.0";
 
 namespace {
 
@@ -17,33 +23,113 @@ grpc::Status NotYet(const char* rpc, const char* issue) {
                                    ")"));
 }
 
+std::string SlotName(const SlotId& slot) {
+  return absl::StrCat("(", slot.replica(), ", ", slot.stage(), ")");
+}
+
+// A SlotId with both fields explicitly set (storage keys require it).
+SlotId Normalized(const SlotId& slot) {
+  SlotId out;
+  out.set_replica(slot.replica());
+  out.set_stage(slot.stage());
+  return out;
+}
+
 }  // namespace
 
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,
-                                               const Clock* clock)
-    : config_(config), membership_(membership), clock_(clock), started_(clock->Now()) {}
+                                               CenterTable* centers, ReliabilityTracker* tracker,
+                                               storage::DurableStore* store, const Clock* clock)
+    : config_(config),
+      job_(config_.job()),
+      membership_(membership),
+      centers_(centers),
+      tracker_(tracker),
+      store_(store),
+      clock_(clock),
+      started_(clock->Now()) {}
+
+void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>& records) {
+  absl::MutexLock lock(&book_mu_);
+  for (const WeightRecord& record : records) {
+    SlotBook& book = books_[{record.slot().replica(), record.slot().stage()}];
+    book.last_update_step = record.last_update_step();
+    book.update_count = record.update_count();
+    book.applied_sequence = record.applied_sequence();
+  }
+}
+
+absl::Status ParameterServerService::CheckReady() const {
+  if (!ready_.load()) {
+    return absl::UnavailableError("the server is loading its durable state; retry shortly");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::ValidateSlot(const SlotId& slot) const {
+  if (slot.replica() < 0 || slot.replica() >= job_.topology().replicas() || slot.stage() < 0 ||
+      slot.stage() >= job_.topology().stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", SlotName(slot), " is outside the ",
+                                                   job_.topology().replicas(), " x ",
+                                                   job_.topology().stages(), " topology"));
+  }
+  return absl::OkStatus();
+}
+
+WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
+                                                     const SlotBook& book) const {
+  WeightRecord record = tracker_->ExportSlot(slot, clock_->Now());
+  *record.mutable_slot() = Normalized(slot);
+  record.set_last_update_step(book.last_update_step);
+  record.set_update_count(book.update_count);
+  record.set_applied_sequence(book.applied_sequence);
+  return record;
+}
+
+absl::Status ParameterServerService::WaitForTurn(const SlotId& slot) {
+  const int replicas = job_.topology().replicas();
+  absl::MutexLock lock(&book_mu_);
+  auto my_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(book_mu_) {
+    const auto mine = std::make_pair(books_[{slot.replica(), slot.stage()}].update_count,
+                                     slot.replica());
+    for (int r = 0; r < replicas; ++r) {
+      if (r == slot.replica()) continue;
+      const auto other = std::make_pair(books_[{r, slot.stage()}].update_count, r);
+      if (other < mine) return false;
+    }
+    return true;
+  };
+  if (!book_mu_.AwaitWithTimeout(absl::Condition(&my_turn),
+                                 absl::Milliseconds(config_.max_wait_ms()))) {
+    return absl::UnavailableError(absl::StrCat(
+        "DETERMINISTIC scheduling: slot ", SlotName(slot),
+        " waits for the other replicas of its round; retry"));
+  }
+  return absl::OkStatus();
+}
 
 grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const RegisterRequest* request,
                                               RegisterResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
   auto registered = membership_->Register(*request);
   if (!registered.ok()) {
-    LOG(WARNING) << "rejected registration of '" << request->worker_name()
-                 << "' from " << context->peer() << ": " << registered.status();
+    LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
+                 << context->peer() << ": " << registered.status();
     return ToGrpcStatus(registered.status());
   }
   *response = *std::move(registered);
+  if (response->has_slot()) tracker_->SetLive(response->slot(), true);
   LOG(INFO) << "registered '" << request->worker_name() << "' as "
             << WorkerRole_Name(response->role()) << " incarnation " << response->incarnation()
-            << (response->has_slot() ? absl::StrCat(" slot (", response->slot().replica(), ", ",
-                                                    response->slot().stage(), ")")
-                                     : std::string());
+            << (response->has_slot() ? " slot " + SlotName(response->slot()) : std::string());
   return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
                                                const HeartbeatRequest* request,
                                                HeartbeatResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
   auto reply = membership_->Heartbeat(*request);
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
@@ -53,39 +139,269 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
                                                 const DeregisterRequest* request,
                                                 DeregisterResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
   absl::Status status = membership_->Deregister(request->incarnation());
   if (status.ok()) LOG(INFO) << "incarnation " << request->incarnation() << " deregistered";
   return ToGrpcStatus(status);
 }
 
-grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
-                                               const GetStatusRequest* request,
-                                               GetStatusResponse* response) {
-  const JobConfig& job = config_.job();
-  response->set_job_id(job.job_id());
-  response->set_server_version(kServerVersion);
-  response->set_uptime_ms(absl::ToInt64Milliseconds(clock_->Now() - started_));
-  response->set_replicas(job.topology().replicas());
-  response->set_stages(job.topology().stages());
-  response->set_weighting(job.weighting().policy());
-  response->set_recovery_policy(job.fault_tolerance().policy());
-  membership_->FillStatus(response);
+grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const SyncRequest* request,
+                                          SyncResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (job_.easgd().mode() != EASGD) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
+  }
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status valid = ValidateSlot(slot); !valid.ok()) return ToGrpcStatus(valid);
+  if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  if (request->step() < 1) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", request->step())));
+  }
+  const int stage = slot.stage();
+  absl::Status valid = centers_->ValidateBundle(stage, request->params(), "params");
+  if (!valid.ok()) {
+    // Non-finite or malformed parameters are the sender's fault: they count against it.
+    tracker_->OnFault(slot, clock_->Now());
+    LOG(WARNING) << "rejected sync of slot " << SlotName(slot) << ": " << valid;
+    return ToGrpcStatus(valid);
+  }
+  const OptimizerState& optimizer = request->optimizer();
+  for (const auto& [bundle, name] :
+       {std::pair<const TensorBundle*, const char*>{&optimizer.m(), "optimizer.m"},
+        {&optimizer.v(), "optimizer.v"},
+        {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
+    if (bundle->tensors_size() == 0) continue;
+    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
+      return ToGrpcStatus(ok);
+    }
+  }
+  if (job_.scheduling() == DETERMINISTIC) {
+    if (absl::Status turn = WaitForTurn(slot); !turn.ok()) return ToGrpcStatus(turn);
+  }
+
+  const std::vector<float> x = centers_->Unbundle(stage, request->params());
+  const double alpha = EffectiveMovingRate(job_);
+  WeightInputs inputs;
+  SlotBook updated;
+  auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+    absl::MutexLock lock(&book_mu_);
+    const SlotBook& book = books_[{slot.replica(), slot.stage()}];
+    if (request->step() <= book.last_update_step) {
+      return absl::AlreadyExistsError(absl::StrCat(book.last_update_step));
+    }
+    inputs = tracker_->OnSync(slot, clock_->Now(), version, norm);
+    updated = book;
+    updated.last_update_step = request->step();
+    updated.update_count = book.update_count + 1;
+    return inputs.weight();
+  };
+  auto commit = [&](const CenterRecord& center, absl::Span<const float> worker_after) {
+    storage::WriteBatch batch;
+    batch.PutCenter(center);
+    Snapshot snapshot;
+    *snapshot.mutable_slot() = slot;
+    snapshot.set_step(request->step());
+    *snapshot.mutable_params() = centers_->Bundle(stage, worker_after);
+    *snapshot.mutable_optimizer() = optimizer;
+    snapshot.set_checksum(ChecksumBundle(snapshot.params()));
+    snapshot.set_data_epoch(request->data_epoch());
+    snapshot.set_data_offset(request->data_offset());
+    batch.PutSnapshot(snapshot);
+    batch.PutWeight(WeightRecordFor(slot, updated));
+    // The new snapshot makes the slot's older step-log records useless (DESIGN §5.2 GC).
+    batch.DeleteLogRange(slot, 0, request->step() + 1);
+    RETURN_IF_ERROR(store_->Commit(batch));
+    absl::MutexLock lock(&book_mu_);
+    books_[{slot.replica(), slot.stage()}] = updated;
+    return absl::OkStatus();
+  };
+  auto result = centers_->ElasticSync(stage, x, alpha, weight, commit);
+  if (!result.ok() && result.status().code() == absl::StatusCode::kAlreadyExists) {
+    // The same sync again (its reply was lost): answer with the stored post-sync state.
+    int64_t last = 0;
+    {
+      absl::MutexLock lock(&book_mu_);
+      last = books_[{slot.replica(), slot.stage()}].last_update_step;
+    }
+    if (request->step() < last) {
+      return ToGrpcStatus(absl::FailedPreconditionError(
+          absl::StrCat("stale sync: slot ", SlotName(slot), " already synced step ", last,
+                       ", got step ", request->step())));
+    }
+    auto snapshot = store_->ReadSnapshot(slot);
+    if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+    *response->mutable_worker_params_after() = snapshot->params();
+    response->set_center_version(centers_->version(stage));
+    response->set_moving_rate(alpha);
+    response->set_weight(tracker_->Current(slot, clock_->Now()).weight());
+    return grpc::Status::OK;
+  }
+  if (!result.ok()) {
+    LOG(ERROR) << "sync of slot " << SlotName(slot) << " failed: " << result.status();
+    return ToGrpcStatus(result.status());
+  }
+  if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
+    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step();
+  }
+  *response->mutable_center_before() = centers_->Bundle(stage, result->center_before);
+  response->set_center_version(result->version);
+  response->set_weight(inputs.weight());
+  response->set_moving_rate(alpha);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Sync(grpc::ServerContext*, const SyncRequest*,
-                                          SyncResponse*) {
-  return NotYet("Sync", "R3");
+grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const PushRequest* request,
+                                          PushResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this job runs mode EASGD: trainers Sync, they do not Push"));
+  }
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status valid = ValidateSlot(slot); !valid.ok()) return ToGrpcStatus(valid);
+  if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  if (request->sequence() < 1 || request->step() < 1) {
+    return ToGrpcStatus(absl::InvalidArgumentError("sequence and step must be >= 1"));
+  }
+  const int stage = slot.stage();
+  for (const auto& [bundle, name] :
+       {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
+        {&request->hessian_diag(), "hessian_diag"}}) {
+    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
+      tracker_->OnFault(slot, clock_->Now());
+      LOG(WARNING) << "rejected push of slot " << SlotName(slot) << ": " << ok;
+      return ToGrpcStatus(ok);
+    }
+  }
+  const std::vector<float> g = centers_->Unbundle(stage, request->gradient());
+  const std::vector<float> d = centers_->Unbundle(stage, request->hessian_diag());
+  WeightInputs inputs;
+  SlotBook updated;
+  uint64_t applied = 0;
+  auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+    absl::MutexLock lock(&book_mu_);
+    const SlotBook& book = books_[{slot.replica(), slot.stage()}];
+    applied = book.applied_sequence;
+    if (request->sequence() <= book.applied_sequence) {
+      return absl::AlreadyExistsError("duplicate push");
+    }
+    if (request->sequence() != book.applied_sequence + 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("push sequence ", request->sequence(), " of slot ", SlotName(slot),
+                       " skips ahead: the next one is ", book.applied_sequence + 1));
+    }
+    inputs = tracker_->OnSync(slot, clock_->Now(), version, norm);
+    updated = book;
+    updated.applied_sequence = request->sequence();
+    updated.last_update_step = request->step();
+    updated.update_count = book.update_count + 1;
+    return inputs.weight();
+  };
+  auto commit = [&](const CenterRecord& center, const CenterOptRecord& opt) {
+    storage::WriteBatch batch;
+    batch.PutCenter(center);
+    batch.PutCenterOpt(opt);
+    batch.PutWeight(WeightRecordFor(slot, updated));
+    RETURN_IF_ERROR(store_->Commit(batch));
+    absl::MutexLock lock(&book_mu_);
+    books_[{slot.replica(), slot.stage()}] = updated;
+    return absl::OkStatus();
+  };
+  auto version = centers_->ApplyAdaHessian(stage, g, d, job_.adahessian(), weight, commit);
+  if (!version.ok() && version.status().code() == absl::StatusCode::kAlreadyExists) {
+    response->set_applied(false);
+    response->set_applied_sequence(applied);
+    response->set_center_version(centers_->version(stage));
+    response->set_weight(tracker_->Current(slot, clock_->Now()).weight());
+    return grpc::Status::OK;
+  }
+  if (!version.ok()) return ToGrpcStatus(version.status());
+  membership_->RecordProgress(slot, request->step(), job_.training().max_steps());
+  response->set_applied(true);
+  response->set_applied_sequence(request->sequence());
+  response->set_center_version(*version);
+  response->set_weight(inputs.weight());
+  return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Push(grpc::ServerContext*, const PushRequest*,
-                                          PushResponse*) {
-  return NotYet("Push", "R3");
+grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const PullRequest* request,
+                                          PullResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
+    return ToGrpcStatus(alive);
+  }
+  const int stage = request->stage();
+  if (stage < 0 || stage >= centers_->num_stages()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage, " is outside [0, ", centers_->num_stages(), ")")));
+  }
+  if (request->min_version() > 0) {
+    centers_->WaitForVersion(stage, request->min_version(),
+                             absl::Milliseconds(config_.max_wait_ms()));
+  }
+  auto [center, version] = centers_->Read(stage);
+  *response->mutable_center() = centers_->Bundle(stage, center);
+  response->set_center_version(version);
+  return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Pull(grpc::ServerContext*, const PullRequest*,
-                                          PullResponse*) {
-  return NotYet("Pull", "R3");
+grpc::Status ParameterServerService::ReportEval(grpc::ServerContext* context,
+                                                const ReportEvalRequest* request,
+                                                ReportEvalResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
+    return ToGrpcStatus(alive);
+  }
+  if (!(request->test_accuracy() >= 0.0 && request->test_accuracy() <= 1.0) ||
+      !std::isfinite(request->test_loss())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "test_accuracy must be in [0, 1] and test_loss finite"));
+  }
+  absl::MutexLock lock(&eval_mu_);
+  has_eval_ = true;
+  last_eval_ = *request;
+  last_eval_time_ = clock_->Now();
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
+                                               const GetStatusRequest* request,
+                                               GetStatusResponse* response) {
+  const absl::Time now = clock_->Now();
+  response->set_job_id(job_.job_id());
+  response->set_server_version(kServerVersion);
+  response->set_uptime_ms(absl::ToInt64Milliseconds(now - started_));
+  response->set_replicas(job_.topology().replicas());
+  response->set_stages(job_.topology().stages());
+  response->set_weighting(job_.weighting().policy());
+  response->set_recovery_policy(job_.fault_tolerance().policy());
+  membership_->FillStatus(response);
+  for (SlotStatus& slot : *response->mutable_slots()) {
+    *slot.mutable_weight() = tracker_->Current(slot.slot(), now);
+    absl::MutexLock lock(&book_mu_);
+    slot.set_snapshot_step(books_[{slot.slot().replica(), slot.slot().stage()}].last_update_step);
+  }
+  for (int s = 0; s < centers_->num_stages(); ++s) {
+    CenterStatus* center = response->add_centers();
+    center->set_stage(s);
+    center->set_version(centers_->version(s));
+    center->set_parameter_count(centers_->layout(s).packed_size());
+  }
+  absl::MutexLock lock(&eval_mu_);
+  if (has_eval_) {
+    EvalStatus* eval = response->mutable_last_eval();
+    eval->set_center_version(last_eval_.center_version());
+    eval->set_test_loss(last_eval_.test_loss());
+    eval->set_test_accuracy(last_eval_.test_accuracy());
+    eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::AppendLog(
@@ -107,11 +423,6 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext*,
                                                     const ReportRecoveryRequest*,
                                                     ReportRecoveryResponse*) {
   return NotYet("ReportRecovery", "R4");
-}
-
-grpc::Status ParameterServerService::ReportEval(grpc::ServerContext*, const ReportEvalRequest*,
-                                                ReportEvalResponse*) {
-  return NotYet("ReportEval", "R3");
 }
 
 grpc::Status ParameterServerService::Drain(grpc::ServerContext*, const DrainRequest*,

@@ -1,23 +1,48 @@
 #pragma once
 
-// The ParameterServer gRPC service. Membership calls (Register, Heartbeat, Deregister) and
-// GetStatus are served here; the training calls are owned by later issues (R3-R6) and answer
-// UNIMPLEMENTED until then. Handlers validate their input and never crash on it.
+// The ParameterServer gRPC service.
+//
+// Membership calls (Register, Heartbeat, Deregister), the EASGD exchange (Sync), the server-side
+// AdaHessian (Push, Pull), evaluation reports and GetStatus are served here. Every handler
+// validates its input first (INVALID_ARGUMENT, never a crash), checks that the caller's
+// incarnation is alive and owns the slot it names (FAILED_PRECONDITION when fenced), and
+// acknowledges an update only after its RocksDB write batch has committed. Recovery (R4) and
+// drain (R6) answer UNIMPLEMENTED until they land.
+//
+// Until MarkReady() every call but GetStatus answers UNAVAILABLE (the server is loading its
+// durable state; health says NOT_SERVING meanwhile).
 
+#include <atomic>
+#include <map>
 #include <string>
+#include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "server/center_table.h"
 #include "server/membership.h"
+#include "server/reliability.h"
+#include "storage/durable_store.h"
 
 namespace rebound::server {
 
 class ParameterServerService final : public ParameterServer::Service {
  public:
-  // REQUIRES: `membership` and `clock` outlive the service.
-  ParameterServerService(const ServerConfig& config, Membership* membership, const Clock* clock);
+  // REQUIRES: every pointer outlives the service; `store` may be shared with `membership`'s
+  // persist function.
+  ParameterServerService(const ServerConfig& config, Membership* membership, CenterTable* centers,
+                         ReliabilityTracker* tracker, storage::DurableStore* store,
+                         const Clock* clock);
+
+  // Restores the service's own per-slot bookkeeping (applied sequences, last update steps) from
+  // the weight records of a previous server life.
+  void RestoreBookkeeping(const std::vector<WeightRecord>& records);
+
+  // Opens the service for business (after the durable state is loaded).
+  void MarkReady() { ready_.store(true); }
 
   grpc::Status Register(grpc::ServerContext* context, const RegisterRequest* request,
                         RegisterResponse* response) override;
@@ -27,13 +52,15 @@ class ParameterServerService final : public ParameterServer::Service {
                           DeregisterResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const GetStatusRequest* request,
                          GetStatusResponse* response) override;
-
   grpc::Status Sync(grpc::ServerContext* context, const SyncRequest* request,
                     SyncResponse* response) override;
   grpc::Status Push(grpc::ServerContext* context, const PushRequest* request,
                     PushResponse* response) override;
   grpc::Status Pull(grpc::ServerContext* context, const PullRequest* request,
                     PullResponse* response) override;
+  grpc::Status ReportEval(grpc::ServerContext* context, const ReportEvalRequest* request,
+                          ReportEvalResponse* response) override;
+
   grpc::Status AppendLog(grpc::ServerContext* context,
                          grpc::ServerReaderWriter<AppendLogAck, AppendLogRequest>* stream) override;
   grpc::Status WaitForTask(grpc::ServerContext* context, const WaitForTaskRequest* request,
@@ -42,16 +69,42 @@ class ParameterServerService final : public ParameterServer::Service {
                        grpc::ServerWriter<LogRecord>* writer) override;
   grpc::Status ReportRecovery(grpc::ServerContext* context, const ReportRecoveryRequest* request,
                               ReportRecoveryResponse* response) override;
-  grpc::Status ReportEval(grpc::ServerContext* context, const ReportEvalRequest* request,
-                          ReportEvalResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const DrainRequest* request,
                      DrainResponse* response) override;
 
  private:
+  // Per-slot bookkeeping of applied updates, written with every update under its stage lock.
+  struct SlotBook {
+    int64_t last_update_step = 0;
+    int64_t update_count = 0;
+    uint64_t applied_sequence = 0;
+  };
+  using SlotKey = std::pair<int, int>;
+
+  absl::Status CheckReady() const;
+  absl::Status ValidateSlot(const SlotId& slot) const;
+  // DETERMINISTIC scheduling: waits until `slot` holds the smallest (update count, replica) of
+  // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
+  absl::Status WaitForTurn(const SlotId& slot);
+  WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
+
   const ServerConfig config_;
+  const JobConfig& job_;
   Membership* const membership_;
+  CenterTable* const centers_;
+  ReliabilityTracker* const tracker_;
+  storage::DurableStore* const store_;
   const Clock* const clock_;
   const absl::Time started_;
+  std::atomic<bool> ready_{false};
+
+  mutable absl::Mutex book_mu_;
+  std::map<SlotKey, SlotBook> books_ ABSL_GUARDED_BY(book_mu_);
+
+  mutable absl::Mutex eval_mu_;
+  bool has_eval_ ABSL_GUARDED_BY(eval_mu_) = false;
+  ReportEvalRequest last_eval_ ABSL_GUARDED_BY(eval_mu_);
+  absl::Time last_eval_time_ ABSL_GUARDED_BY(eval_mu_);
 };
 
 // The version string reported in GetStatus.

@@ -37,6 +37,8 @@ const char* AgentExitName(AgentExit exit) {
       return "unreachable";
     case AgentExit::kRejected:
       return "rejected";
+    case AgentExit::kJobDone:
+      return "job done";
   }
   return "?";
 }
@@ -52,6 +54,14 @@ WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Chann
 Registration WorkerAgent::registration() const {
   absl::MutexLock lock(&mu_);
   return registration_;
+}
+
+bool WorkerAgent::WaitForNewRegistration(uint64_t incarnation, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, incarnation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return registration_.incarnation != incarnation;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
 }
 
 std::string WorkerAgent::exit_reason() const {
@@ -133,11 +143,18 @@ bool WorkerAgent::RegisterWithRetry() {
   return false;
 }
 
-AgentExit WorkerAgent::Run() {
+AgentExit WorkerAgent::Run(absl::Notification* registered) {
+  struct NotifyOnExit {
+    absl::Notification* n;
+    ~NotifyOnExit() {
+      if (n != nullptr && !n->HasBeenNotified()) n->Notify();
+    }
+  } notify_on_exit{registered};
   if (!RegisterWithRetry()) {
     absl::MutexLock lock(&mu_);
     return exit_;
   }
+  if (registered != nullptr) registered->Notify();
   Backoff backoff(absl::Milliseconds(config_.backoff_initial_ms()),
                   absl::Milliseconds(config_.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
   absl::Time last_contact = absl::Now();
@@ -160,6 +177,14 @@ AgentExit WorkerAgent::Run() {
     if (status.ok()) {
       last_contact = absl::Now();
       backoff.Reset();
+      for (int command : response.commands()) {
+        if (command == STOP) {
+          absl::MutexLock lock(&mu_);
+          exit_ = AgentExit::kJobDone;
+          exit_reason_ = "the job is finished";
+          return exit_;
+        }
+      }
     } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       absl::MutexLock lock(&mu_);
       exit_ = AgentExit::kFenced;

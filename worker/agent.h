@@ -25,6 +25,7 @@ enum class AgentExit {
   kFenced,       // the server fenced this incarnation
   kUnreachable,  // no contact with the server for give_up_after_ms
   kRejected,     // the server refused the registration (wrong job, no slot for a trainer, ...)
+  kJobDone,      // the server said STOP: every slot of the job is finished
 };
 
 // A registration as seen by the worker.
@@ -45,14 +46,20 @@ class WorkerAgent {
   WorkerAgent(const WorkerAgent&) = delete;
   WorkerAgent& operator=(const WorkerAgent&) = delete;
 
-  // Registers and heartbeats until Stop(), fencing, rejection or give-up. Call once.
-  AgentExit Run();
+  // Registers and heartbeats until Stop(), fencing, rejection, give-up or the job's end. Call
+  // once. `registered` (if not null) is notified after the first successful registration or
+  // when Run() returns, whichever comes first.
+  AgentExit Run(absl::Notification* registered = nullptr);
 
   // Asks Run() to return (deregistering first, best effort). Thread-safe.
   void Stop();
 
   // The current registration (incarnation 0 before the first one). Thread-safe.
   Registration registration() const;
+
+  // Waits up to `timeout` for a registration other than `incarnation` (the agent registers again
+  // when a restarted server no longer knows it). True if there is one. Thread-safe.
+  bool WaitForNewRegistration(uint64_t incarnation, absl::Duration timeout) const;
 
   // The last error message that ended Run(), for the exit log line.
   std::string exit_reason() const;

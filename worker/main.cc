@@ -3,8 +3,10 @@
 //   rebound_worker --config worker.pbtxt [--server HOST:PORT] [--name NAME]
 //                  [--role auto|trainer|spare|evaluator]
 //
-// Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad config or flags, 3 fenced by the server,
-// 4 server unreachable for give_up_after_ms, 5 registration refused, 1 other errors.
+// A trainer trains its slot to max_steps and leaves; an evaluator reports test accuracy until
+// the job ends; a spare waits. Exit codes: 0 done or stopped by SIGTERM/SIGINT, 2 bad config or
+// flags, 3 fenced by the server, 4 server unreachable for give_up_after_ms, 5 registration
+// refused, 1 other errors (e.g. the data set cannot be read).
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -18,7 +20,9 @@
 #include "common/process.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
+#include "absl/synchronization/notification.h"
 #include "worker/agent.h"
+#include "worker/training.h"
 
 DEFINE_string(config, "", "worker config file (.pbtxt); required");
 DEFINE_string(server, "", "server host:port; overrides server_address");
@@ -104,16 +108,63 @@ int Run() {
   LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
             << config.server_address();
 
-  std::thread signals([&agent] {
+  // `stop` ends the role's work: a signal, or the agent's end (fenced, unreachable, job done).
+  absl::Notification stop;
+  std::thread signals([&agent, &stop] {
     const int signal_number = WaitForTerminationSignal();
     LOG(INFO) << "signal " << signal_number << ": stopping";
+    if (!stop.HasBeenNotified()) stop.Notify();
     agent.Stop();
   });
   signals.detach();
 
-  const AgentExit exit = agent.Run();
+  absl::Notification registered;
+  AgentExit exit = AgentExit::kStopped;
+  std::thread membership([&] {
+    exit = agent.Run(&registered);
+    if (!stop.HasBeenNotified()) stop.Notify();
+  });
+  registered.WaitForNotification();
+  absl::Status work = absl::OkStatus();
+  while (!stop.HasBeenNotified()) {
+    const Registration registration = agent.registration();
+    if (registration.incarnation == 0) break;
+    if (registration.role == TRAINER) {
+      work = RunTrainer(config, registration, channel, &agent, stop);
+      if (work.ok()) LOG(INFO) << "slot trained to max_steps; leaving";
+    } else if (registration.role == EVALUATOR) {
+      work = RunEvaluator(config, registration, channel, stop);
+    } else {
+      // A spare waits for recovery tasks (R4); it only watches for a new registration here.
+      while (!stop.HasBeenNotified() &&
+             !agent.WaitForNewRegistration(registration.incarnation, absl::Milliseconds(200))) {
+      }
+      continue;
+    }
+    // A restarted server that lost its state (ABORTED) makes the agent register again, maybe
+    // for another slot: start the role's work over under the new registration.
+    if (work.code() != absl::StatusCode::kAborted) break;
+    LOG(WARNING) << "the server no longer knows this registration (" << work
+                 << "); waiting for the new one";
+    while (!stop.HasBeenNotified() &&
+           !agent.WaitForNewRegistration(registration.incarnation, absl::Milliseconds(200))) {
+    }
+    work = absl::OkStatus();
+  }
+  agent.Stop();
+  membership.join();
   peer_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (!work.ok() && work.code() != absl::StatusCode::kCancelled &&
+      exit != AgentExit::kFenced) {
+    LOG(ERROR) << "work failed: " << work;
+    return work.code() == absl::StatusCode::kFailedPrecondition ? 3
+           : work.code() == absl::StatusCode::kUnavailable      ? 4
+                                                                : 1;
+  }
   switch (exit) {
+    case AgentExit::kJobDone:
+      LOG(INFO) << "the job is finished";
+      return 0;
     case AgentExit::kStopped:
       LOG(INFO) << "stopped";
       return 0;
@@ -134,7 +185,7 @@ int Run() {
 }  // namespace rebound::worker
 
 int main(int argc, char** argv) {
-  rebound::BlockTerminationSignals();
+  rebound::InstallTerminationHandlers();
   gflags::SetUsageMessage(
       "rebound_worker --config FILE [--server HOST:PORT] [--name NAME] [--role ROLE]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);

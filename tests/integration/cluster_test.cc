@@ -34,6 +34,10 @@ std::string ServerConfigText() {
       "  fault_tolerance { heartbeat_interval_ms: ",
       kHeartbeatMs, " failure_timeout_ms: ", kFailureTimeoutMs,
       " }\n"
+      // A slice of the data and more steps than any test waits for: the trainers keep training.
+      "  data { batch_size: 32 train_limit: 1000 test_limit: 100 }\n"
+      "  adahessian { lr: 0.01 }\n"
+      "  training { max_steps: 100000000 }\n"
       "}\n");
 }
 

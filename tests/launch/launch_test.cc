@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <filesystem>
@@ -23,12 +24,25 @@
 namespace rebound::testing {
 namespace {
 
-// R = 2, S = 1, one spare; fast failure detection.
+// R = 2, S = 1, one spare; fast failure detection; a slice of the data set and more steps than
+// any test waits for, so the job is still training when a test stops it.
 const char kJob[] =
     "job_id: \"launch-it\"\n"
     "model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
     "topology { replicas: 2 stages: 1 spares: 1 }\n"
-    "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n";
+    "data { batch_size: 32 train_limit: 2000 test_limit: 500 }\n"
+    "adahessian { lr: 0.01 }\n"
+    "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n"
+    "training { max_steps: 100000000 }\n";
+
+// The same job, short enough to finish, with an evaluator.
+const char kFinishingJob[] =
+    "job_id: \"launch-finish\"\n"
+    "model { layers { width: 32 } layers { width: 10 activation: IDENTITY } }\n"
+    "topology { replicas: 2 stages: 1 evaluator: true }\n"
+    "data { batch_size: 32 train_limit: 4000 test_limit: 1000 }\n"
+    "adahessian { lr: 0.01 }\n"
+    "training { max_steps: 400 eval_every_ms: 200 }\n";
 
 // A launcher run: its own directory with the job, the launcher's output in launch.log.
 class Launch {
@@ -86,6 +100,22 @@ int NumberAfter(const std::string& text, const std::string& prefix) {
     return -1;
   }
   return number;
+}
+
+// The largest step printed for slot `slot` ("0,0") in the progress lines of `output`.
+int64_t MaxStepOf(const std::string& output, const std::string& slot) {
+  int64_t best = -1;
+  const std::string prefix = " " + slot + ":";
+  for (size_t at = output.find(prefix); at != std::string::npos;
+       at = output.find(prefix, at + 1)) {
+    size_t end = at + prefix.size();
+    while (end < output.size() && isdigit(static_cast<unsigned char>(output[end]))) ++end;
+    int64_t step = -1;
+    if (absl::SimpleAtoi(output.substr(at + prefix.size(), end - at - prefix.size()), &step)) {
+      best = std::max(best, step);
+    }
+  }
+  return best;
 }
 
 // The rest of the line after `prefix`.
@@ -168,8 +198,15 @@ TEST_CASE("SIGTERM to the launcher stops the server and every worker and exits 1
   CHECK(absl::StrContains(status, "trainer-r1s0"));
   CHECK(absl::StrContains(status, "spare-0"));
 
-  // A progress line per second: every slot at step 0, no eval, no recovery yet.
-  launch.WaitForOutput("0,0:0/-/w=- 1,0:0/-/w=- acc=- recoveries=0");
+  // A progress line per second; both slots train (their steps grow), no recovery.
+  launch.WaitForOutput("recoveries=0");
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while ((MaxStepOf(launch.Output(), "0,0") <= 0 || MaxStepOf(launch.Output(), "1,0") <= 0) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  CHECK(MaxStepOf(launch.Output(), "0,0") > 0);
+  CHECK(MaxStepOf(launch.Output(), "1,0") > 0);
 
   // The work dir holds the generated configs and one log per process.
   CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.pbtxt"), launch.job_file()));
@@ -200,7 +237,7 @@ TEST_CASE("--timeout_s ends an unfinished job with exit 1 and no child left") {
   const std::string csv = launch.dir() + "/progress.csv";
   const absl::Time started = absl::Now();
   launch.Start({"--workdir", workdir, "--timeout_s", "6", "--progress_csv", csv});
-  // Training does not exist yet (R3), so no slot ever finishes.
+  // The job has far more steps than 6 s allow, so no slot finishes.
   REQUIRE(launch.WaitForExit() == 1);
   CHECK(absl::Now() - started >= absl::Seconds(6));
   const std::string output = launch.Output();
@@ -211,8 +248,8 @@ TEST_CASE("--timeout_s ends an unfinished job with exit 1 and no child left") {
 
   const std::string rows = ReadFileOrEmpty(csv);
   CHECK(absl::StartsWith(rows, "elapsed_s,slot,step,loss,weight,test_accuracy,event\n"));
-  CHECK(absl::StrContains(rows, ",r0s0,0,,,,\n"));
-  CHECK(absl::StrContains(rows, ",r1s0,0,,,,\n"));
+  CHECK(absl::StrContains(rows, ",r0s0,"));
+  CHECK(absl::StrContains(rows, ",r1s0,"));
   CHECK(absl::StrContains(rows, "\"worker spare-0 registered: SPARE, incarnation "));
 }
 
@@ -234,7 +271,7 @@ TEST_CASE("--kill_trainer_at_step kills the trainer of --kill_slot once; the ser
   CHECK_FALSE(absl::StrContains(output, "killed trainer-r0s0"));
   CHECK_FALSE(absl::StrContains(output, "slot (0,0): ACTIVE -> LOST"));
   // The loss is visible in the progress line too.
-  launch.WaitForOutput("1,0:0/-/w=-(LOST)");
+  launch.WaitForOutput("(LOST)");
 
   launch.process().Signal(SIGTERM);
   REQUIRE(launch.WaitForExit() == 143);
@@ -259,6 +296,26 @@ TEST_CASE("when the server dies the launcher stops the workers and exits 1 with 
                                                ") exited unexpectedly: killed by SIGKILL")));
   CHECK(absl::StrContains(output, "serving job 'launch-it'"));  // the tail of server.log
   CheckNoChildLeft(output, workdir);
+}
+
+TEST_CASE("a job that trains to max_steps ends with exit 0 and the evaluator's accuracy") {
+  Launch launch("launch-finish");
+  WriteFileOrDie(launch.job_file(), kFinishingJob);
+  const std::string workdir = launch.dir() + "/work";
+  launch.Start({"--workdir", workdir, "--timeout_s", "240"});
+  REQUIRE(launch.WaitForExit() == 0);
+  const std::string output = launch.Output();
+  INFO(output);
+  CHECK(absl::StrContains(output, "slot (0,0): ACTIVE -> FINISHED"));
+  CHECK(absl::StrContains(output, "slot (1,0): ACTIVE -> FINISHED"));
+  CHECK(absl::StrContains(output, "every slot FINISHED"));
+  CHECK(MaxStepOf(output, "0,0") == 400);
+  CHECK(MaxStepOf(output, "1,0") == 400);
+  // 10 classes: chance is 0.1; the EASGD center of two trainers learns far better.
+  double accuracy = 0;
+  REQUIRE(absl::SimpleAtod(LineAfter(output, "final test accuracy ").substr(0, 6), &accuracy));
+  CHECK(accuracy > 0.6);
+  CHECK(ProcessesMentioning(workdir).empty());
 }
 
 TEST_CASE("a bad job exits 2 with the validation message before starting anything") {
