@@ -19,6 +19,7 @@
 #include "worker/data/dataset.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
+#include "worker/training.h"
 
 DEFINE_string(config, "", "job config (.pbtxt); required");
 DEFINE_int32(epochs, 10, "epochs to train, >= 1");
@@ -40,6 +41,10 @@ int Run() {
   if (!data.ok()) {
     LOG(ERROR) << data.status();
     return 1;
+  }
+  if (absl::Status fits = CheckModelFitsData(job->model(), data->train); !fits.ok()) {
+    LOG(ERROR) << fits;
+    return 2;
   }
   auto backend = compute::CreateBackend(job->compute());
   if (!backend.ok()) {

@@ -67,6 +67,21 @@ compute::TrainerOptions OptionsFor(const JobConfig& job, int replica) {
 
 }  // namespace
 
+absl::Status CheckModelFitsData(const ModelSpec& model, const Dataset& data) {
+  if (model.input_dim() != data.features) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model.input_dim ", model.input_dim(), " does not match the data set's ",
+                     data.features, " features per sample"));
+  }
+  const int classes = model.layers(model.layers_size() - 1).width();
+  if (classes < kFashionMnistClasses) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the output layer has ", classes, " units; the data set has ",
+                     kFashionMnistClasses, " classes"));
+  }
+  return absl::OkStatus();
+}
+
 ComputeConfig EffectiveCompute(const JobConfig& job, const WorkerConfig& config) {
   ComputeConfig compute = job.compute();
   if (config.has_compute()) {
@@ -93,6 +108,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   }
   const SlotId slot = registration.slot;
   ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(job.data()));
+  RETURN_IF_ERROR(CheckModelFitsData(job.model(), data.train));
   ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                    compute::CreateBackend(EffectiveCompute(job, config)));
   ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> trainer,
@@ -174,6 +190,7 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     return absl::UnimplementedError("evaluating a pipelined model arrives with issue R5");
   }
   ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(job.data()));
+  RETURN_IF_ERROR(CheckModelFitsData(job.model(), data.train));
   ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                    compute::CreateBackend(EffectiveCompute(job, config)));
   ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> model,

@@ -22,6 +22,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "worker/agent.h"
+#include "worker/data/dataset.h"
 
 namespace rebound::worker {
 
@@ -34,6 +35,9 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
                           const std::shared_ptr<grpc::Channel>& channel,
                           const absl::Notification& stop);
+
+// FAILED_PRECONDITION unless the model's input and output fit the data set.
+absl::Status CheckModelFitsData(const ModelSpec& model, const Dataset& data);
 
 // The compute settings of this worker: the job's, with the worker config's backend, threads and
 // device when it sets them.
