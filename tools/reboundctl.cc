@@ -4,7 +4,8 @@
 //
 // Commands:
 //   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
-//   status   slots and workers: role, state, incarnation, step, last heartbeat
+//   status   centers, last evaluation, slots (state, owner, step, weight and its inputs) and
+//            workers (role, state, incarnation, step, last heartbeat)
 //
 // Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
 // serving or refused the call, 2 the server could not be reached in time, 64 usage error.
@@ -83,16 +84,31 @@ std::string Ago(int64_t ms) {
 }
 
 void PrintStatusTable(const GetStatusResponse& s) {
-  std::printf("job %s  (%s, up %s)  topology %d x %d  weighting %s  recovery %s\n\n",
+  std::printf("job %s  (%s, up %s)  topology %d x %d  weighting %s  recovery %s\n",
               s.job_id().c_str(), s.server_version().c_str(), Ago(s.uptime_ms()).c_str(),
               s.replicas(), s.stages(), WeightingPolicy_Name(s.weighting()).c_str(),
               RecoveryPolicy_Name(s.recovery_policy()).c_str());
-  std::printf("%-8s %-11s %-22s %8s  %s\n", "SLOT", "STATE", "OWNER", "STEP", "DETAIL");
+  for (const CenterStatus& center : s.centers()) {
+    std::printf("center stage %d: version %lld, %lld parameters\n", center.stage(),
+                static_cast<long long>(center.version()),
+                static_cast<long long>(center.parameter_count()));
+  }
+  if (s.has_last_eval()) {
+    std::printf("test accuracy %.2f%%, test loss %.4f (center version %lld, %s ago)\n",
+                100.0 * s.last_eval().test_accuracy(), s.last_eval().test_loss(),
+                static_cast<long long>(s.last_eval().center_version()),
+                Ago(s.last_eval().reported_ms_ago()).c_str());
+  }
+  std::printf("\n%-8s %-11s %-22s %8s %8s  %6s %6s %6s %6s %6s  %s\n", "SLOT", "STATE", "OWNER",
+              "STEP", "SYNCED", "WEIGHT", "STALE", "LATE", "DIV", "FAULT", "DETAIL");
   for (const SlotStatus& slot : s.slots()) {
-    std::printf("%-8s %-11s %-22s %8lld  %s\n", Slot(slot.slot()).c_str(),
-                SlotState_Name(slot.state()).c_str(),
+    const WeightInputs& w = slot.weight();
+    std::printf("%-8s %-11s %-22s %8lld %8lld  %6.3f %6.2f %6.2f %6.2f %6.3f  %s\n",
+                Slot(slot.slot()).c_str(), SlotState_Name(slot.state()).c_str(),
                 slot.owner_incarnation() ? absl::StrCat(slot.owner_incarnation()).c_str() : "-",
-                static_cast<long long>(slot.step()), slot.detail().c_str());
+                static_cast<long long>(slot.step()), static_cast<long long>(slot.snapshot_step()),
+                w.weight(), w.staleness(), w.lateness(), w.divergence(), w.fault_score(),
+                slot.detail().c_str());
   }
   std::printf("\n%-22s %-24s %-10s %-9s %-8s %8s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
               "STATE", "SLOT", "STEP", "HEARTBEAT", "REASON");
