@@ -70,6 +70,11 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
   for (const auto& [key, record] : state->slots) slots.push_back(record);
   const absl::Duration grace = absl::Milliseconds(job.fault_tolerance().reconnect_grace_ms());
   RETURN_IF_ERROR(membership->Restore(*state->server, slots, grace));
+  // The weight records hold each slot's last applied sync exactly.
+  for (const WeightRecord& record : weights) {
+    membership->RecordProgress(record.slot(), record.last_update_step(),
+                               job.training().max_steps());
+  }
   LOG(INFO) << "restored " << state->centers.size() << " centers, " << weights.size()
             << " weight records and " << slots.size() << " slots; known trainers have "
             << job.fault_tolerance().reconnect_grace_ms() << " ms of grace to reconnect";
@@ -164,6 +169,10 @@ int Run() {
   std::thread detector([&] {
     while (!stop.WaitForNotificationWithTimeout(period)) {
       for (const FailedWorker& failed : membership.DetectFailures()) {
+        if (failed.had_slot) {
+          tracker.OnFault(failed.slot, clock.Now());
+          tracker.SetLive(failed.slot, false);
+        }
         LOG(WARNING) << "declared '" << failed.name << "' (incarnation " << failed.incarnation
                      << ") failed after " << absl::ToInt64Milliseconds(failed.silent_for)
                      << " ms of silence"

@@ -147,6 +147,10 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   if (request.has_loss() && std::isfinite(request.loss())) worker.loss = request.loss();
   HeartbeatResponse response;
   response.set_server_time_ms(absl::ToUnixMillis(now));
+  if (worker.role == SPARE) {
+    std::optional<RegisterResponse> takeover = MaybeTakeOverLocked(worker, now);
+    if (takeover.has_value()) *response.mutable_takeover() = *std::move(takeover);
+  }
   bool all_finished = true;
   for (const Slot& slot : slots_) all_finished = all_finished && slot.state == FINISHED;
   if (all_finished) response.add_commands(STOP);
@@ -165,8 +169,17 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
     if (slot.owner == worker.incarnation && slot.state != FINISHED) {
       slot.state = LOST;
       slot.owner = 0;
+      slot.lost_at = clock_->Now();
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
+      if (job_.fault_tolerance().policy() == REPLAY) {
+        absl::StrAppend(&slot.detail, "; waiting: REPLAY recovery is not implemented yet (R4)");
+      } else if (job_.fault_tolerance().policy() == GLOBAL_CHECKPOINT) {
+        absl::StrAppend(&slot.detail,
+                        "; waiting: GLOBAL_CHECKPOINT recovery is not implemented yet (R4)");
+      } else {
+        absl::StrAppend(&slot.detail, "; waiting for a spare (RESTART_FROM_CENTER)");
+      }
     }
   }
   PruneLocked();
@@ -175,6 +188,76 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
     LOG(ERROR) << "cannot persist the fencing of incarnation " << worker.incarnation << ": "
                << persisted;
   }
+}
+
+std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, absl::Time now) {
+  if (job_.fault_tolerance().policy() != RESTART_FROM_CENTER) return std::nullopt;
+  int index = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == LOST) {
+      index = static_cast<int>(i);
+      break;
+    }
+  }
+  if (index < 0) return std::nullopt;
+  Slot& slot = slots_[index];
+
+  Worker trainer;
+  trainer.incarnation = (epoch_ << 32) | next_counter_++;
+  trainer.name = spare.name;
+  trainer.role = TRAINER;
+  trainer.peer_address = spare.peer_address;
+  trainer.registered = now;
+  trainer.last_heartbeat = now;
+  trainer.slot_index = index;
+  trainer.step = slot.synced_step;
+
+  RecoveryStatus recovery;
+  recovery.set_task_id(next_task_id_++);
+  *recovery.mutable_slot() = slot.id;
+  recovery.set_policy(RESTART_FROM_CENTER);
+  recovery.set_failed_step(slot.step);
+  recovery.set_steps_replayed(0);
+  recovery.add_spares(trainer.incarnation);
+  recovery.mutable_phases()->set_detection_ms(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(failure_timeout_)));
+  recovery.mutable_phases()->set_takeover_ms(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(now - slot.lost_at)));
+  recovery.set_verified(false);
+  recovery.set_outcome(RECOVERED);
+  recovery.set_detail(absl::StrCat("spare '", spare.name, "' restarts the slot from the center at "
+                                   "step ", slot.synced_step, " with fresh optimizer state; ",
+                                   slot.step - slot.synced_step,
+                                   " steps since the last sync are lost"));
+  recoveries_.push_back(recovery);
+  if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
+
+  slot.state = ACTIVE;
+  slot.owner = trainer.incarnation;
+  slot.step = slot.synced_step;
+  slot.detail = absl::StrCat("restarted from the center by '", spare.name, "'");
+  workers_.emplace(trainer.incarnation, trainer);
+  Worker& replaced = spare;  // fenced below; the reference stays valid (std::map)
+  replaced.state = REPLACED;
+  replaced.state_reason =
+      absl::StrCat("took over slot (", slot.id.replica(), ", ", slot.id.stage(),
+                   ") as incarnation ", trainer.incarnation);
+  absl::Status persisted = PersistLocked();
+  if (!persisted.ok()) LOG(ERROR) << "cannot persist a takeover: " << persisted;
+
+  RegisterResponse takeover;
+  takeover.set_incarnation(trainer.incarnation);
+  takeover.set_role(TRAINER);
+  *takeover.mutable_slot() = slot.id;
+  *takeover.mutable_job() = job_;
+  takeover.set_start_step(slot.synced_step);
+  for (Neighbour& n : NeighboursLocked(index)) *takeover.add_neighbours() = n;
+  return takeover;
+}
+
+std::vector<RecoveryStatus> Membership::Recoveries() const {
+  absl::MutexLock lock(&mu_);
+  return recoveries_;
 }
 
 absl::Status Membership::PersistLocked() {
@@ -189,7 +272,7 @@ absl::Status Membership::PersistLocked() {
     *record.mutable_slot() = slot.id;
     record.set_state(slot.state);
     record.set_owner_incarnation(slot.owner);
-    record.set_step(slot.step);
+    record.set_step(slot.synced_step);
     if (slot.owner != 0) record.set_owner_name(workers_.at(slot.owner).name);
     slots.push_back(record);
   }
@@ -219,6 +302,8 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
     Slot& slot = slots_[SlotIndex(record.slot())];
     slot.state = record.state();
     slot.step = record.step();
+    slot.synced_step = record.step();
+    slot.lost_at = now;
     slot.owner = 0;
     if (record.owner_incarnation() != 0 &&
         (record.state() == ACTIVE || record.state() == FINISHED)) {
@@ -266,6 +351,7 @@ bool Membership::RecordProgress(const SlotId& slot, int64_t step, int64_t max_st
   if (index < 0) return false;
   Slot& s = slots_[index];
   s.step = std::max(s.step, step);
+  s.synced_step = std::max(s.synced_step, step);
   if (step >= max_steps && s.state == ACTIVE) {
     s.state = FINISHED;
     s.detail = absl::StrCat("finished at step ", step);

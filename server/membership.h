@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,10 @@ class Membership {
   // True once every slot is FINISHED: heartbeats then carry STOP.
   bool AllFinished() const;
 
+  // The recoveries so far (newest last, at most kMaxRecoveries), for status.
+  std::vector<RecoveryStatus> Recoveries() const;
+  static constexpr size_t kMaxRecoveries = 256;
+
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.
   std::vector<FailedWorker> DetectFailures();
@@ -114,8 +119,10 @@ class Membership {
     SlotId id;
     SlotState state = UNASSIGNED;
     uint64_t owner = 0;  // incarnation, 0 = none
-    int64_t step = 0;
+    int64_t step = 0;         // last step reported (heartbeat or update)
+    int64_t synced_step = 0;  // last step applied by a sync or push (persisted)
     std::string detail;
+    absl::Time lost_at;       // when the slot became LOST
   };
 
   absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -136,6 +143,13 @@ class Membership {
   uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage
+  std::vector<RecoveryStatus> recoveries_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  // Policy RESTART_FROM_CENTER: gives the first LOST slot to the spare `worker`, which continues
+  // under a new incarnation. Returns the takeover to send it, or nothing.
+  std::optional<RegisterResponse> MaybeTakeOverLocked(Worker& worker, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace rebound::server

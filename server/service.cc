@@ -133,6 +133,15 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
   auto reply = membership_->Heartbeat(*request);
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
+  if (response->has_takeover()) {
+    const SlotId& slot = response->takeover().slot();
+    tracker_->SetLive(slot, true);
+    tracker_->OnFault(slot, clock_->Now());  // a recovery counts against the slot (§4.5)
+    LOG(WARNING) << "slot " << SlotName(slot) << " restarted from the center by incarnation "
+                 << request->incarnation() << ", now incarnation "
+                 << response->takeover().incarnation() << " from step "
+                 << response->takeover().start_step();
+  }
   return grpc::Status::OK;
 }
 
@@ -386,6 +395,9 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     *slot.mutable_weight() = tracker_->Current(slot.slot(), now);
     absl::MutexLock lock(&book_mu_);
     slot.set_snapshot_step(books_[{slot.slot().replica(), slot.slot().stage()}].last_update_step);
+  }
+  for (RecoveryStatus& recovery : membership_->Recoveries()) {
+    *response->add_recoveries() = std::move(recovery);
   }
   for (int s = 0; s < centers_->num_stages(); ++s) {
     CenterStatus* center = response->add_centers();

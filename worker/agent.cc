@@ -111,6 +111,7 @@ bool WorkerAgent::RegisterWithRetry() {
       registration_.has_slot = response.has_slot();
       registration_.slot = response.slot();
       registration_.job = response.job();
+      registration_.start_step = response.start_step();
       LOG(INFO) << "registered as " << WorkerRole_Name(response.role()) << " incarnation "
                 << response.incarnation()
                 << (response.has_slot() ? absl::StrCat(" slot (", response.slot().replica(), ", ",
@@ -177,6 +178,20 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
     if (status.ok()) {
       last_contact = absl::Now();
       backoff.Reset();
+      if (response.has_takeover()) {
+        const RegisterResponse& takeover = response.takeover();
+        LOG(WARNING) << "taking over slot (" << takeover.slot().replica() << ", "
+                     << takeover.slot().stage() << ") as incarnation " << takeover.incarnation()
+                     << " from step " << takeover.start_step();
+        absl::MutexLock lock(&mu_);
+        registration_.incarnation = takeover.incarnation();
+        registration_.role = takeover.role();
+        registration_.has_slot = true;
+        registration_.slot = takeover.slot();
+        registration_.job = takeover.job();
+        registration_.start_step = takeover.start_step();
+        step_ = takeover.start_step();
+      }
       for (int command : response.commands()) {
         if (command == STOP) {
           absl::MutexLock lock(&mu_);

@@ -35,6 +35,7 @@ struct Registration {
   bool has_slot = false;
   SlotId slot;
   JobConfig job;
+  int64_t start_step = 0;  // steps the slot has done (> 0 when taking over a lost slot)
 };
 
 class WorkerAgent {

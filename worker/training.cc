@@ -129,11 +129,31 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
       d(layout.packed_size());
   const int64_t max_steps = job.training().max_steps();
   const int tau = job.easgd().sync_period();
+  const int64_t start = registration.start_step;
+  if (start > 0) {
+    // RESTART_FROM_CENTER: the lost slot restarts from the current center with fresh optimizer
+    // state, at the data position the slot had reached at its last sync.
+    PullRequest pull;
+    pull.set_incarnation(registration.incarnation);
+    pull.set_stage(slot.stage());
+    PullResponse center;
+    RETURN_IF_ERROR(CallWithRetry(config, stop, "pull", [&](grpc::ClientContext* context) {
+      center.Clear();
+      return stub->Pull(context, pull, &center);
+    }));
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, center.center(), "center"));
+    RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
+    const int64_t per_epoch = sampler.batches_per_epoch();
+    RETURN_IF_ERROR(sampler.Seek(DataCursor{start / per_epoch, (start % per_epoch) * batch}));
+    LOG(INFO) << "restarting slot (" << slot.replica() << ", " << slot.stage()
+              << ") from the center (version " << center.center_version() << ") at step "
+              << start;
+  }
   LOG(INFO) << "training slot (" << slot.replica() << ", " << slot.stage() << ") on "
-            << sampler.shard().size() << " samples for " << max_steps << " steps, sync every "
-            << tau;
+            << sampler.shard().size() << " samples for steps " << start + 1 << ".." << max_steps
+            << ", sync every " << tau;
 
-  for (int64_t t = 1; t <= max_steps; ++t) {
+  for (int64_t t = start + 1; t <= max_steps; ++t) {
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
     const std::vector<int64_t> ids = sampler.NextBatch();
     RETURN_IF_ERROR(AssembleBatch(data.train, ids, absl::MakeSpan(images), absl::MakeSpan(labels)));

@@ -38,7 +38,7 @@ TEST_CASE("the shipped configs are valid") {
   REQUIRE(job.ok());
   CHECK(job->job_id() == "fashion-mnist-local");
   CHECK(job->model().layers_size() == 3);
-  CHECK(job->topology().replicas() == 2);
+  CHECK(job->topology().replicas() == 4);
 
   auto server = LoadServerConfig("configs/server.pbtxt");
   REQUIRE(server.ok());

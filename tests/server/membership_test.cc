@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
 #include "common/clock.h"
 #include "common/config.h"
 #include "server/membership.h"
@@ -189,6 +192,101 @@ TEST_CASE("a negative step in a heartbeat is INVALID_ARGUMENT") {
   REQUIRE(a.ok());
   CHECK(membership.Heartbeat(Beat(a->incarnation(), -1)).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rebound::server
+
+namespace rebound::server {
+namespace {
+
+JobConfig JobWithPolicy(const char* policy) {
+  auto job = ParseJobConfig(
+      absl::StrCat("job_id: \"j\"\n"
+                   "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
+                   "topology { replicas: 2 stages: 1 }\n"
+                   "fault_tolerance { policy: ",
+                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"),
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  return *job;
+}
+
+TEST_CASE("RESTART_FROM_CENTER hands a lost slot to a spare under a new incarnation") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("RESTART_FROM_CENTER"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  auto spare = membership.Register(Request("s"));
+  REQUIRE(spare->role() == SPARE);
+  membership.RecordProgress(a->slot(), 16, 1000);  // a's last sync
+
+  clock.Advance(absl::Milliseconds(900));
+  REQUIRE(membership.Heartbeat(Beat(b->incarnation(), 20)).ok());
+  auto before = membership.Heartbeat(Beat(spare->incarnation()));
+  REQUIRE(before.ok());
+  CHECK_FALSE(before->has_takeover());  // nothing lost yet
+
+  clock.Advance(absl::Milliseconds(200));
+  REQUIRE(membership.DetectFailures().size() == 1);  // a
+  auto beat = membership.Heartbeat(Beat(spare->incarnation()));
+  REQUIRE(beat.ok());
+  REQUIRE(beat->has_takeover());
+  const RegisterResponse& takeover = beat->takeover();
+  CHECK(takeover.role() == TRAINER);
+  CHECK(takeover.slot().replica() == 0);
+  CHECK(takeover.start_step() == 16);
+  CHECK(takeover.incarnation() > spare->incarnation());
+
+  // The spare's old incarnation is fenced; the new one owns the slot.
+  CHECK(membership.CheckAlive(spare->incarnation()).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(membership.CheckOwner(takeover.incarnation(), takeover.slot()).ok());
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == ACTIVE);
+  CHECK(status.slots(0).owner_incarnation() == takeover.incarnation());
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].policy() == RESTART_FROM_CENTER);
+  CHECK(recoveries[0].outcome() == RECOVERED);
+  CHECK(recoveries[0].slot().replica() == 0);
+}
+
+TEST_CASE("under REPLAY a lost slot waits and status says why") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("REPLAY"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto spare = membership.Register(Request("s", SPARE));
+  clock.Advance(absl::Milliseconds(1001));
+  REQUIRE(membership.Heartbeat(Beat(spare->incarnation())).ok());
+  REQUIRE(membership.DetectFailures().size() == 1);
+  auto beat = membership.Heartbeat(Beat(spare->incarnation()));
+  REQUIRE(beat.ok());
+  CHECK_FALSE(beat->has_takeover());
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(absl::StrContains(status.slots(0).detail(), "REPLAY recovery is not implemented yet"));
+}
+
+TEST_CASE("a finished slot stays finished when its trainer leaves, and STOP follows") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("RESTART_FROM_CENTER"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  CHECK(membership.RecordProgress(a->slot(), 1000, 1000));
+  REQUIRE(membership.Deregister(a->incarnation()).ok());
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == FINISHED);
+  auto beat = membership.Heartbeat(Beat(b->incarnation()));
+  CHECK(beat->commands_size() == 0);
+  CHECK(membership.RecordProgress(b->slot(), 1000, 1000));
+  CHECK(membership.AllFinished());
+  beat = membership.Heartbeat(Beat(b->incarnation()));
+  REQUIRE(beat->commands_size() == 1);
+  CHECK(beat->commands(0) == STOP);
 }
 
 }  // namespace
