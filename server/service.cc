@@ -394,7 +394,9 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
   for (SlotStatus& slot : *response->mutable_slots()) {
     *slot.mutable_weight() = tracker_->Current(slot.slot(), now);
     absl::MutexLock lock(&book_mu_);
-    slot.set_snapshot_step(books_[{slot.slot().replica(), slot.slot().stage()}].last_update_step);
+    const SlotBook& book = books_[{slot.slot().replica(), slot.slot().stage()}];
+    slot.set_snapshot_step(book.last_update_step);
+    slot.set_update_count(book.update_count);
   }
   for (RecoveryStatus& recovery : membership_->Recoveries()) {
     *response->add_recoveries() = std::move(recovery);

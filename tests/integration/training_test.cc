@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -30,11 +31,11 @@ const char kTinyModel[] =
 const char kSmallModel[] =
     "  model { layers { width: 8 } layers { width: 10 activation: IDENTITY } }\n";
 
-std::string JobText(const std::string& extra, const std::string& model) {
+std::string JobText(const std::string& extra, const std::string& model, int replicas,
+                    const std::string& weighting) {
   return absl::StrCat(
-      "  job_id: \"tt\"\n", model,
-      "  topology { replicas: 2 }\n"
-      "  weighting { policy: UNIFORM }\n"
+      "  job_id: \"tt\"\n", model, "  topology { replicas: ", replicas, " }\n",
+      "  weighting { policy: ", weighting, " }\n"
       "  fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 5000 "
       "reconnect_grace_ms: 10000 }\n",
       extra);
@@ -43,10 +44,11 @@ std::string JobText(const std::string& extra, const std::string& model) {
 class Server {
  public:
   explicit Server(const std::string& job_extra = "", bool durable = false,
-                  const std::string& model = kTinyModel)
+                  const std::string& model = kTinyModel, int replicas = 2,
+                  const std::string& weighting = "UNIFORM")
       : dir_(MakeTempDir("training")) {
     std::string config = absl::StrCat("listen_address: \"127.0.0.1:0\"\njob {\n",
-                                      JobText(job_extra, model),
+                                      JobText(job_extra, model, replicas, weighting),
                                       "}\nmax_wait_ms: 2000\n");
     if (durable) absl::StrAppend(&config, "durability { data_dir: \"", dir_, "/data\" }\n");
     WriteFileOrDie(dir_ + "/server.pbtxt", config);
@@ -357,6 +359,69 @@ TEST_CASE("server-side AdaHessian applies each push sequence exactly once, in or
             .error_code() == grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_CASE("a fenced incarnation can neither sync nor push") {
+  Server server;
+  const RegisterResponse trainer = server.Register("t0", TRAINER);
+  const TensorBundle center = server.Pull(trainer.incarnation()).center();
+  DeregisterRequest leave;
+  leave.set_incarnation(trainer.incarnation());
+  DeregisterResponse left;
+  REQUIRE(server.Call(&ParameterServer::Stub::Deregister, leave, &left).ok());
+  SyncResponse reply;
+  const grpc::Status sync =
+      server.Call(&ParameterServer::Stub::Sync, MakeSync(trainer, 8, center), &reply);
+  CHECK(sync.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(absl::StrContains(sync.error_message(), "is fenced: DEPARTED"));
+
+  Server async("  easgd { mode: ASYNC_ADAHESSIAN }\n");
+  const RegisterResponse pusher = async.Register("p0", TRAINER);
+  const TensorBundle async_center = async.Pull(pusher.incarnation()).center();
+  leave.set_incarnation(pusher.incarnation());
+  REQUIRE(async.Call(&ParameterServer::Stub::Deregister, leave, &left).ok());
+  PushRequest push;
+  push.set_incarnation(pusher.incarnation());
+  *push.mutable_slot() = pusher.slot();
+  push.set_sequence(1);
+  push.set_step(1);
+  *push.mutable_gradient() = async_center;
+  *push.mutable_hessian_diag() = async_center;
+  PushResponse pushed;
+  const grpc::Status refused = async.Call(&ParameterServer::Stub::Push, push, &pushed);
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(async.Status().centers(0).version() == 0);
+}
+
+TEST_CASE("under DYNAMIC a trainer far from the center loses weight and regains it") {
+  Server server("", /*durable=*/false, kTinyModel, /*replicas=*/3, "DYNAMIC");
+  REQUIRE(server.Status().weighting() == DYNAMIC);
+  std::vector<RegisterResponse> trainers;
+  for (const char* name : {"t0", "t1", "t2"}) trainers.push_back(server.Register(name, TRAINER));
+  int64_t step = 0;
+  std::vector<double> weights(3);
+  auto round = [&](float far_shift) {
+    step += 8;
+    for (int r = 0; r < 3; ++r) {
+      const TensorBundle c = server.Pull(trainers[r].incarnation()).center();
+      SyncResponse reply;
+      REQUIRE(server
+                  .Call(&ParameterServer::Stub::Sync,
+                        MakeSync(trainers[r], step, Shifted(c, r == 2 ? far_shift : 0.01f)),
+                        &reply)
+                  .ok());
+      weights[r] = reply.weight();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  };
+  round(0.01f);
+  round(0.01f);
+  round(5.0f);  // t2 is 500x farther from the center than the others
+  CHECK(weights[2] < 0.5);
+  CHECK(weights[0] > 0.5);
+  round(0.01f);
+  round(0.01f);
+  CHECK(weights[2] > 0.7);
+}
+
 // Runs a whole job with two real trainers and returns the final center.
 TensorBundle RunDeterministicJob() {
   Server server(
@@ -393,6 +458,101 @@ TEST_CASE("DETERMINISTIC scheduling with UNIFORM weights reproduces a run bit fo
   const TensorBundle first = RunDeterministicJob();
   const TensorBundle second = RunDeterministicJob();
   CHECK(SameBytes(first, second));
+}
+
+std::unique_ptr<Subprocess> StartTrainer(const Server& server, const std::string& name) {
+  auto worker = Subprocess::Start({Runfile("worker/rebound_worker"), "--config",
+                                   server.dir() + "/worker.pbtxt", "--server", server.address(),
+                                   "--name", name, "--role", "trainer"},
+                                  server.dir() + "/" + name + ".log");
+  REQUIRE(worker.ok());
+  return *std::move(worker);
+}
+
+bool AllFinished(const GetStatusResponse& s) {
+  for (const SlotStatus& slot : s.slots()) {
+    if (slot.state() != FINISHED) return false;
+  }
+  return true;
+}
+
+TEST_CASE("training goes on across a SIGKILL of the server and every sync is applied once") {
+  Server server(
+      "  data { batch_size: 16 micro_batches: 4 train_limit: 2000 test_limit: 100 }\n"
+      "  adahessian { lr: 0.01 }\n"
+      "  easgd { sync_period: 8 }\n"
+      "  training { max_steps: 800 }\n",
+      /*durable=*/true, kSmallModel);
+  WriteFileOrDie(server.dir() + "/worker.pbtxt",
+                 "backoff_initial_ms: 20\nbackoff_max_ms: 300\nrpc_deadline_ms: 3000\n");
+  auto a = StartTrainer(server, "a");
+  auto b = StartTrainer(server, "b");
+  server.WaitForStatus([](const GetStatusResponse& s) {
+    return s.slots(0).snapshot_step() >= 80 && s.slots(1).snapshot_step() >= 80;
+  });
+  const GetStatusResponse before = server.Status();
+  REQUIRE_FALSE(AllFinished(before));
+  server.Kill();
+  absl::SleepFor(absl::Milliseconds(500));  // the trainers' syncs fail and back off meanwhile
+  server.Start();
+  const GetStatusResponse after = server.WaitForStatus(AllFinished);
+  CHECK(a->WaitFor(absl::Seconds(30)) == 0);
+  CHECK(b->WaitFor(absl::Seconds(30)) == 0);
+  // The trainers kept their incarnations: they never had to register again.
+  CHECK(after.slots(0).owner_incarnation() == before.slots(0).owner_incarnation());
+  CHECK(after.slots(1).owner_incarnation() == before.slots(1).owner_incarnation());
+  // From the server's durable record: 800 / 8 = 100 syncs per slot, each applied exactly once,
+  // so the center moved exactly 200 times.
+  CHECK(after.slots(0).update_count() == 100);
+  CHECK(after.slots(1).update_count() == 100);
+  CHECK(after.centers(0).version() == 200);
+}
+
+TEST_CASE("under DYNAMIC a trainer frozen by SIGSTOP loses weight and regains it") {
+  Server server(
+      "  data { batch_size: 64 micro_batches: 4 train_limit: 3000 test_limit: 100 }\n"
+      "  adahessian { lr: 0.01 }\n"
+      "  easgd { sync_period: 64 }\n"
+      "  training { max_steps: 100000000 }\n",
+      /*durable=*/false, kSmallModel, /*replicas=*/3, "DYNAMIC");
+  WriteFileOrDie(server.dir() + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 300\n");
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (const char* name : {"a", "b", "c"}) trainers.push_back(StartTrainer(server, name));
+  server.WaitForStatus([](const GetStatusResponse& s) {
+    for (const SlotStatus& slot : s.slots()) {
+      if (slot.update_count() < 3) return false;
+    }
+    return true;
+  });
+  // The trainers registered concurrently: find the slot that "c" owns.
+  int c = -1;
+  const GetStatusResponse registered = server.Status();
+  for (const WorkerStatus& w : registered.workers()) {
+    if (w.name() == "c") c = w.slot().replica();
+  }
+  REQUIRE(c >= 0);
+  // Freeze c for 2.5 s: well below failure_timeout (5 s), far above a sync interval.
+  trainers[2]->Signal(SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(2500));
+  const int64_t count_at_resume = server.Status().slots(c).update_count();
+  trainers[2]->Signal(SIGCONT);
+  // Its syncs after the freeze are late, stale and far from the center that moved meanwhile
+  // (which of these dominates when the status is read depends on how many syncs it made by
+  // then): its weight falls below 0.5.
+  const GetStatusResponse low = server.WaitForStatus([&](const GetStatusResponse& s) {
+    return s.slots(c).update_count() > count_at_resume;
+  });
+  const WeightInputs& inputs = low.slots(c).weight();
+  INFO(inputs.DebugString());
+  CHECK(inputs.weight() < 0.5);
+  CHECK(std::max({inputs.staleness(), inputs.lateness(), inputs.divergence()}) > 2.0);
+  CHECK(inputs.fault_score() == 0.0);  // not failed: only slow
+  // Back to its normal pace, it regains its weight.
+  const GetStatusResponse recovered = server.WaitForStatus([&](const GetStatusResponse& s) {
+    return s.slots(c).update_count() >= count_at_resume + 4 && s.slots(c).weight().weight() > 0.5;
+  });
+  CHECK(recovered.slots(c).weight().weight() > 0.5);
+  CHECK(recovered.slots(c).state() == ACTIVE);
 }
 
 }  // namespace
