@@ -28,6 +28,11 @@ DEFINE_string(config, "", "worker config file (.pbtxt); required");
 DEFINE_string(server, "", "server host:port; overrides server_address");
 DEFINE_string(name, "", "worker name; overrides name (default <hostname>-<pid>)");
 DEFINE_string(role, "", "auto|trainer|spare|evaluator; overrides role");
+// Fault injection, for benchmarks and chaos tests only (docs/operations.md).
+DEFINE_uint64(fault_label_permutation_seed, 0,
+              "testing only: permute this trainer's labels with a permutation from this seed");
+DEFINE_int64(fault_reset_every_steps, 0,
+             "testing only: restart this trainer from fresh random parameters every N steps");
 
 namespace rebound::worker {
 namespace {
@@ -130,7 +135,10 @@ int Run() {
     const Registration registration = agent.registration();
     if (registration.incarnation == 0) break;
     if (registration.role == TRAINER) {
-      work = RunTrainer(config, registration, channel, &agent, stop);
+      InjectedFaults faults;
+      faults.label_permutation_seed = FLAGS_fault_label_permutation_seed;
+      faults.reset_every_steps = FLAGS_fault_reset_every_steps;
+      work = RunTrainer(config, registration, channel, &agent, stop, faults);
       if (work.ok()) LOG(INFO) << "slot trained to max_steps; leaving";
     } else if (registration.role == EVALUATOR) {
       work = RunEvaluator(config, registration, channel, stop);

@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/config.h"
+#include "common/rng.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "compute/adahessian.h"
@@ -96,7 +98,7 @@ ComputeConfig EffectiveCompute(const JobConfig& job, const WorkerConfig& config)
 
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
-                        const absl::Notification& stop) {
+                        const absl::Notification& stop, const InjectedFaults& faults) {
   const JobConfig& job = registration.job;
   RETURN_IF_ERROR(ValidateJobConfig(job));
   if (job.topology().stages() != 1) {
@@ -153,10 +155,37 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
             << sampler.shard().size() << " samples for steps " << start + 1 << ".." << max_steps
             << ", sync every " << tau;
 
+  std::vector<int32_t> label_map;
+  if (faults.label_permutation_seed != 0) {
+    label_map.resize(kFashionMnistClasses);
+    for (int i = 0; i < kFashionMnistClasses; ++i) label_map[i] = i;
+    const RngStream stream{faults.label_permutation_seed, 0, 0, 0, kRngShuffle};
+    for (int i = kFashionMnistClasses - 1; i > 0; --i) {
+      std::swap(label_map[i], label_map[RngWord(stream, i) % (i + 1)]);
+    }
+    LOG(WARNING) << "FAULT INJECTION: this trainer's labels are permuted";
+  }
+  int64_t resets = 0;
+
   for (int64_t t = start + 1; t <= max_steps; ++t) {
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
+    if (faults.reset_every_steps > 0 && t > 1 && (t - 1) % faults.reset_every_steps == 0) {
+      // A naive supervisor's restart: fresh random parameters, zero optimizer state.
+      ModelSpec fresh = job.model();
+      fresh.set_init_seed(job.model().init_seed() + 7919 * (++resets) + 104729 * slot.replica());
+      std::vector<float> padded(layout.padded_size());
+      RETURN_IF_ERROR(compute::InitParams(fresh, layout, absl::MakeSpan(padded)));
+      RETURN_IF_ERROR(layout.Pack(padded, absl::MakeSpan(x)));
+      RETURN_IF_ERROR(stage.SetParams(x));
+      std::fill(m.begin(), m.end(), 0.0f);
+      RETURN_IF_ERROR(optimizer.SetState(m, m, m));
+      LOG(WARNING) << "FAULT INJECTION: restarted from scratch at step " << t;
+    }
     const std::vector<int64_t> ids = sampler.NextBatch();
     RETURN_IF_ERROR(AssembleBatch(data.train, ids, absl::MakeSpan(images), absl::MakeSpan(labels)));
+    if (!label_map.empty()) {
+      for (int32_t& label : labels) label = label_map[label];
+    }
     ASSIGN_OR_RETURN(const float loss, trainer->Step(t, images, labels));
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));

@@ -14,6 +14,7 @@
 // Both stop when `stop` is notified (returning CANCELLED), when the incarnation is fenced
 // (FAILED_PRECONDITION) or when the server stays unreachable past give_up_after_ms (UNAVAILABLE).
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -26,10 +27,22 @@
 
 namespace rebound::worker {
 
+// Faults a trainer can inject into itself, for the weighting benchmark and chaos tests only
+// (docs/operations.md): they model a machine that computes on corrupted data, and a naive
+// supervisor that restarts a trainer from scratch.
+struct InjectedFaults {
+  // Non-zero: every label y of the trainer's batches becomes perm[y], perm a fixed random
+  // permutation of the classes drawn from this seed (silent data corruption).
+  uint64_t label_permutation_seed = 0;
+  // Non-zero: every this many steps the trainer drops its parameters and optimizer state and
+  // starts again from fresh random parameters.
+  int64_t reset_every_steps = 0;
+};
+
 // Trains the registered slot to max_steps. OK when done.
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
-                        const absl::Notification& stop);
+                        const absl::Notification& stop, const InjectedFaults& faults = {});
 
 // Evaluates the center until `stop`. Returns CANCELLED then.
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
