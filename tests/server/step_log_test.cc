@@ -1,0 +1,592 @@
+// StepLogService over real gRPC on 127.0.0.1:0, a real DurableStore and a real Membership.
+
+#include "server/step_log.h"
+
+#include <catch2/catch.hpp>
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "proto/rebound.grpc.pb.h"
+#include "server/membership.h"
+#include "storage/durable_store.h"
+
+namespace rebound::server {
+namespace {
+
+using Catch::Matchers::Contains;
+
+constexpr int kMicroBatches = 4;
+constexpr int kBatchSize = 2048;
+constexpr int kSamplesPerMicroBatch = kBatchSize / kMicroBatches;
+
+JobConfig TwoReplicaJob() {
+  auto job = ParseJobConfig(
+      absl::StrCat("job_id: \"j\"\n"
+                   "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
+                   "topology { replicas: 2 stages: 1 }\n"
+                   "data { batch_size: ",
+                   kBatchSize, " micro_batches: ", kMicroBatches,
+                   " }\n"
+                   "step_log { buffer_bytes: 1048576 }\n"),
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  return *job;
+}
+
+RegisterRequest Request(const std::string& name, WorkerRole role) {
+  RegisterRequest request;
+  request.set_job_id("j");
+  request.set_worker_name(name);
+  request.set_requested_role(role);
+  request.set_peer_address("127.0.0.1:1");
+  return request;
+}
+
+SlotId Slot(int replica) {
+  SlotId slot;
+  slot.set_replica(replica);
+  slot.set_stage(0);
+  return slot;
+}
+
+LogRecord MicroBatch(uint64_t id, int replica, int64_t step, int micro_batch) {
+  LogRecord record;
+  *record.mutable_slot() = Slot(replica);
+  record.set_step(step);
+  record.set_micro_batch(micro_batch);
+  for (int k = 0; k < kSamplesPerMicroBatch; ++k) {
+    record.add_sample_ids(step * 10000 + micro_batch * kSamplesPerMicroBatch + k);
+  }
+  record.set_record_id(id);
+  return record;
+}
+
+LogRecord StepRecord(uint64_t id, int replica, int64_t step) {
+  LogRecord record;
+  *record.mutable_slot() = Slot(replica);
+  record.set_step(step);
+  record.set_micro_batch(-1);
+  record.set_params_checksum(0xC0FFEE00u + step);
+  record.set_record_id(id);
+  return record;
+}
+
+// The M + 1 records of one step, record ids from *next_id on.
+std::vector<LogRecord> WholeStep(uint64_t* next_id, int replica, int64_t step) {
+  std::vector<LogRecord> records;
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    records.push_back(MicroBatch((*next_id)++, replica, step, mb));
+  }
+  records.push_back(StepRecord((*next_id)++, replica, step));
+  return records;
+}
+
+AppendLogRequest Batch(uint64_t incarnation, const std::vector<LogRecord>& records) {
+  AppendLogRequest request;
+  request.set_incarnation(incarnation);
+  for (const LogRecord& record : records) *request.add_records() = record;
+  return request;
+}
+
+// (step, micro_batch) of each record.
+std::vector<std::pair<int64_t, int>> Keys(const std::vector<LogRecord>& records) {
+  std::vector<std::pair<int64_t, int>> keys;
+  for (const LogRecord& record : records) keys.emplace_back(record.step(), record.micro_batch());
+  return keys;
+}
+
+std::vector<std::pair<int64_t, int>> ExpectedKeys(std::vector<int64_t> steps) {
+  std::vector<std::pair<int64_t, int>> keys;
+  for (int64_t step : steps) {
+    for (int mb = -1; mb < kMicroBatches; ++mb) keys.emplace_back(step, mb);
+  }
+  return keys;
+}
+
+// ParameterServer with only the step-log calls, forwarded; ReadLog's task_id is the replica.
+class StepLogOnlyService final : public ParameterServer::Service {
+ public:
+  explicit StepLogOnlyService(StepLogService* log) : log_(log) {}
+
+  grpc::Status AppendLog(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<AppendLogAck, AppendLogRequest>* stream) override {
+    return log_->HandleAppendLog(context, stream);
+  }
+
+  grpc::Status ReadLog(grpc::ServerContext* context, const ReadLogRequest* request,
+                       grpc::ServerWriter<LogRecord>* writer) override {
+    return log_->HandleReadLog(context, *request, Slot(static_cast<int>(request->task_id())),
+                               writer);
+  }
+
+ private:
+  StepLogService* const log_;
+};
+
+std::unique_ptr<storage::DurableStore> OpenStore(const std::string& data_dir) {
+  storage::DurableStoreOptions options;
+  options.data_dir = data_dir;
+  auto store = storage::DurableStore::Open(options);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  return *std::move(store);
+}
+
+std::string MakeTempDir() {
+  const char* base = getenv("TEST_TMPDIR");
+  std::string pattern = absl::StrCat(base != nullptr ? base : "/tmp", "/step_log_test.XXXXXX");
+  REQUIRE(mkdtemp(pattern.data()) != nullptr);
+  return pattern;
+}
+
+// A server with two trainers (slots (0, 0) and (1, 0)) and a spare, serving the step log.
+class Harness {
+ public:
+  explicit Harness(const std::string& data_dir = "")
+      : job_(TwoReplicaJob()),
+        membership_(job_, &clock_),
+        store_(OpenStore(data_dir)),
+        log_(job_, &membership_, store_.get(),
+             [this](const SlotId& slot) {
+               absl::MutexLock lock(&mu_);
+               auto it = snapshot_steps_.find(slot.replica());
+               return it == snapshot_steps_.end() ? int64_t{0} : it->second;
+             }),
+        service_(&log_) {
+    auto a = membership_.Register(Request("a", TRAINER));
+    auto b = membership_.Register(Request("b", TRAINER));
+    auto c = membership_.Register(Request("c", SPARE));
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    REQUIRE(c.ok());
+    REQUIRE(a->slot().replica() == 0);
+    REQUIRE(b->slot().replica() == 1);
+    trainer0_ = a->incarnation();
+    trainer1_ = b->incarnation();
+    spare_ = c->incarnation();
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+    REQUIRE(port > 0);
+    stub_ = ParameterServer::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+
+  ~Harness() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
+
+  struct AppendResult {
+    std::vector<uint64_t> acks;
+    grpc::Status status;
+  };
+
+  // One AppendLog stream: each batch is written and its ack awaited; then half-close.
+  // `before_batch(i)`, if given, runs before batch i is written.
+  AppendResult Append(const std::vector<AppendLogRequest>& batches,
+                      const std::function<void(size_t)>& before_batch = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub_->AppendLog(&context);
+    AppendResult result;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      if (before_batch) before_batch(i);
+      if (!stream->Write(batches[i])) break;
+      AppendLogAck ack;
+      if (!stream->Read(&ack)) break;
+      result.acks.push_back(ack.acked_through());
+    }
+    stream->WritesDone();
+    AppendLogAck extra;
+    while (stream->Read(&extra)) result.acks.push_back(extra.acked_through());
+    result.status = stream->Finish();
+    return result;
+  }
+
+  struct ReadResult {
+    std::vector<LogRecord> records;
+    grpc::Status status;
+  };
+
+  ReadResult Read(uint64_t incarnation, int replica, int64_t from_step, int64_t to_step) {
+    ReadLogRequest request;
+    request.set_incarnation(incarnation);
+    request.set_task_id(replica);
+    request.set_from_step(from_step);
+    request.set_to_step(to_step);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub_->ReadLog(&context, request);
+    ReadResult result;
+    LogRecord record;
+    while (reader->Read(&record)) result.records.push_back(record);
+    result.status = reader->Finish();
+    return result;
+  }
+
+  // Everything stored for `replica`, read by the spare.
+  std::vector<LogRecord> Stored(int replica) {
+    ReadResult read = Read(spare_, replica, 0, 1000000);
+    INFO(read.status.error_message());
+    REQUIRE(read.status.ok());
+    return read.records;
+  }
+
+  void SetSnapshotStep(int replica, int64_t step) {
+    absl::MutexLock lock(&mu_);
+    snapshot_steps_[replica] = step;
+  }
+
+  Membership& membership() { return membership_; }
+  StepLogService& log() { return log_; }
+  storage::DurableStore& store() { return *store_; }
+  uint64_t trainer0() const { return trainer0_; }
+  uint64_t trainer1() const { return trainer1_; }
+  uint64_t spare() const { return spare_; }
+
+ private:
+  const JobConfig job_;
+  FakeClock clock_;
+  Membership membership_;
+  std::unique_ptr<storage::DurableStore> store_;
+  absl::Mutex mu_;
+  std::map<int, int64_t> snapshot_steps_ ABSL_GUARDED_BY(mu_);
+  StepLogService log_;
+  StepLogOnlyService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+  uint64_t trainer0_ = 0;
+  uint64_t trainer1_ = 0;
+  uint64_t spare_ = 0;
+};
+
+TEST_CASE("appended records are acknowledged after the commit and read back in step order") {
+  Harness h;
+  uint64_t id = 1;
+  // Step 2 is sent before step 1, and each step's per-step record last.
+  std::vector<LogRecord> step2 = WholeStep(&id, 0, 2);
+  std::vector<LogRecord> step1 = WholeStep(&id, 0, 1);
+  std::vector<LogRecord> step3 = WholeStep(&id, 0, 3);
+  std::vector<LogRecord> first = step2;
+  first.insert(first.end(), step1.begin(), step1.end());
+  Harness::AppendResult result = h.Append({Batch(h.trainer0(), first), Batch(h.trainer0(), step3)});
+  INFO(result.status.error_message());
+  REQUIRE(result.status.ok());
+  CHECK(result.acks == std::vector<uint64_t>{10, 15});
+
+  Harness::ReadResult read = h.Read(h.spare(), 0, 0, 3);
+  REQUIRE(read.status.ok());
+  CHECK(Keys(read.records) == ExpectedKeys({1, 2, 3}));
+  const LogRecord& mb2_of_step1 = read.records[3];  // -1, 0, 1, 2
+  CHECK(mb2_of_step1.step() == 1);
+  CHECK(mb2_of_step1.micro_batch() == 2);
+  CHECK(mb2_of_step1.record_id() == 8);
+  CHECK(mb2_of_step1.sender_incarnation() == h.trainer0());
+  REQUIRE(mb2_of_step1.sample_ids_size() == kSamplesPerMicroBatch);
+  CHECK(mb2_of_step1.sample_ids(0) == 10000 + 2 * kSamplesPerMicroBatch);
+  CHECK(read.records[0].params_checksum() == 0xC0FFEE01u);
+
+  // (from, to] is honoured, and the other slot's log is separate.
+  CHECK(Keys(h.Read(h.spare(), 0, 1, 2).records) == ExpectedKeys({2}));
+  CHECK(h.Read(h.spare(), 1, 0, 3).records.empty());
+  CHECK(h.log().stats().records_written == 15);
+  CHECK(h.log().stats().batches_committed == 2);
+}
+
+TEST_CASE("a resent record is acknowledged again but stored once") {
+  Harness h;
+  uint64_t id = 1;
+  const std::vector<LogRecord> step1 = WholeStep(&id, 0, 1);
+  REQUIRE(h.Append({Batch(h.trainer0(), step1)}).status.ok());
+
+  // A reconnect resends ids 1..5 (one of them now with other content) together with ids 6..10.
+  std::vector<LogRecord> resend = step1;
+  resend[0].set_sample_ids(0, 424242);
+  const std::vector<LogRecord> step2 = WholeStep(&id, 0, 2);
+  resend.insert(resend.end(), step2.begin(), step2.end());
+  Harness::AppendResult again = h.Append({Batch(h.trainer0(), resend)});
+  REQUIRE(again.status.ok());
+  CHECK(again.acks == std::vector<uint64_t>{10});
+  // A batch of nothing but duplicates is acknowledged as well.
+  Harness::AppendResult only_duplicates = h.Append({Batch(h.trainer0(), step1)});
+  REQUIRE(only_duplicates.status.ok());
+  CHECK(only_duplicates.acks == std::vector<uint64_t>{10});
+
+  const std::vector<LogRecord> stored = h.Stored(0);
+  CHECK(Keys(stored) == ExpectedKeys({1, 2}));
+  CHECK(stored[1].sample_ids(0) == 10000);  // the first write of record 1 stands
+  CHECK(h.log().stats().duplicates_dropped == 10);
+  CHECK(h.log().stats().records_written == 10);
+}
+
+TEST_CASE("a fenced incarnation's stream ends with FAILED_PRECONDITION and writes nothing") {
+  Harness h;
+  uint64_t id = 1;
+  SECTION("fenced before the stream") {
+    REQUIRE(h.membership().Deregister(h.trainer0()).ok());
+    Harness::AppendResult result = h.Append({Batch(h.trainer0(), WholeStep(&id, 0, 1))});
+    CHECK(result.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK_THAT(result.status.error_message(), Contains("is fenced"));
+    CHECK(result.acks.empty());
+    CHECK(h.Stored(0).empty());
+  }
+  SECTION("fenced while its stream is open") {
+    // One batch goes through, then the worker is fenced, then its next batch is refused.
+    Harness::AppendResult result = h.Append(
+        {Batch(h.trainer0(), WholeStep(&id, 0, 1)), Batch(h.trainer0(), WholeStep(&id, 0, 2))},
+        [&](size_t batch) {
+          if (batch == 1) REQUIRE(h.membership().Deregister(h.trainer0()).ok());
+        });
+    CHECK(result.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(result.acks == std::vector<uint64_t>{5});
+    CHECK(Keys(h.Stored(0)) == ExpectedKeys({1}));
+  }
+  // The other trainer is unaffected.
+  uint64_t other_id = 1;
+  CHECK(h.Append({Batch(h.trainer1(), WholeStep(&other_id, 1, 1))}).status.ok());
+  CHECK(Keys(h.Stored(1)) == ExpectedKeys({1}));
+}
+
+TEST_CASE(
+    "a malformed record ends the stream with INVALID_ARGUMENT and none of its batch is "
+    "stored") {
+  Harness h;
+  std::vector<LogRecord> records = {MicroBatch(1, 0, 1, 0), MicroBatch(2, 0, 1, 1)};
+  LogRecord& bad = records[1];
+  std::string why;
+  SECTION("a slot outside the topology") {
+    bad.mutable_slot()->set_replica(2);
+    why = "slot (2, 0) is outside the 2 x 1 topology";
+  }
+  SECTION("another trainer's slot") {
+    bad.mutable_slot()->set_replica(1);
+    why = "does not own slot (1, 0)";
+  }
+  SECTION("micro_batch M") {
+    bad.set_micro_batch(kMicroBatches);
+    why = "micro_batch must be in [-1, 4)";
+  }
+  SECTION("micro_batch -2") {
+    bad.set_micro_batch(-2);
+    why = "micro_batch must be in [-1, 4)";
+  }
+  SECTION("too few sample ids") {
+    bad.mutable_sample_ids()->RemoveLast();
+    why = "needs batch_size / M = 512 sample ids, got 511";
+  }
+  SECTION("a negative sample id") {
+    bad.set_sample_ids(7, -1);
+    why = "sample_ids[7] is negative";
+  }
+  SECTION("step 0") {
+    bad.set_step(0);
+    why = "step must be >= 1";
+  }
+  SECTION("a per-step record without its checksum") {
+    bad = StepRecord(2, 0, 1);
+    bad.clear_params_checksum();
+    why = "a per-step record needs params_checksum";
+  }
+  SECTION("a record_id that does not increase") {
+    bad.set_record_id(1);
+    why = "record_id must be above the previous one (1)";
+  }
+  SECTION("another sender's incarnation") {
+    bad.set_sender_incarnation(h.trainer1());
+    why = "differs from the batch's incarnation";
+  }
+  SECTION("a boundary payload on a single-stage job") {
+    bad.add_boundaries()->set_direction(FORWARD);
+    why = "stage 0 receives no FORWARD boundary";
+  }
+  Harness::AppendResult result = h.Append({Batch(h.trainer0(), records)});
+  CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(result.status.error_message(), Contains("record 1 of the batch (record_id "));
+  CHECK_THAT(result.status.error_message(), Contains(why));
+  CHECK(result.acks.empty());
+  CHECK(h.Stored(0).empty());
+  CHECK(h.log().stats().batches_rejected == 1);
+}
+
+TEST_CASE("an oversized batch is refused whole with INVALID_ARGUMENT") {
+  Harness h;
+  std::vector<LogRecord> records;
+  uint64_t id = 1;
+  std::string why;
+  SECTION("more than 4096 records") {
+    for (int64_t step = 1; records.size() <= 4096; ++step) {
+      for (int mb = -1; mb < kMicroBatches; ++mb) {
+        LogRecord record = mb < 0 ? StepRecord(id, 0, step) : MicroBatch(id, 0, step, mb);
+        if (mb >= 0) record.mutable_sample_ids()->Truncate(0);  // small, to stay under 1 MiB
+        ++id;
+        records.push_back(record);
+      }
+    }
+    why = "a batch holds at most 4096 records, got ";
+  }
+  SECTION("more than step_log.buffer_bytes") {
+    // ~2 KB per micro-batch record (512 ids of 4 bytes on the wire): 1 MiB is passed within
+    // 150 steps.
+    for (int64_t step = 1; step <= 150; ++step) {
+      for (const LogRecord& record : WholeStep(&id, 0, step)) records.push_back(record);
+    }
+    why = "over step_log.buffer_bytes = 1048576";
+  }
+  Harness::AppendResult result = h.Append({Batch(h.trainer0(), records)});
+  CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(result.status.error_message(), Contains(why));
+  CHECK_THAT(result.status.error_message(), Contains("of the batch (record_id "));
+  CHECK(h.Stored(0).empty());
+}
+
+TEST_CASE("records at or below the slot's snapshot step are dropped but acknowledged") {
+  Harness h;
+  h.SetSnapshotStep(0, 5);
+  uint64_t id = 1;
+  std::vector<LogRecord> records;
+  for (int64_t step = 4; step <= 6; ++step) {
+    for (const LogRecord& record : WholeStep(&id, 0, step)) records.push_back(record);
+  }
+  Harness::AppendResult result = h.Append({Batch(h.trainer0(), records)});
+  REQUIRE(result.status.ok());
+  CHECK(result.acks == std::vector<uint64_t>{15});
+  CHECK(Keys(h.Stored(0)) == ExpectedKeys({6}));
+  CHECK(h.log().stats().below_snapshot_dropped == 10);
+
+  SECTION("CommitSnapshot raises the floor together with the sync's GC") {
+    const absl::Status committed = h.log().CommitSnapshot(Slot(0), 7, [&] {
+      storage::WriteBatch batch;
+      batch.DeleteLogRange(Slot(0), 0, 8);
+      return h.store().Commit(batch);
+    });
+    REQUIRE(committed.ok());
+    std::vector<LogRecord> later = WholeStep(&id, 0, 7);
+    for (const LogRecord& record : WholeStep(&id, 0, 8)) later.push_back(record);
+    REQUIRE(h.Append({Batch(h.trainer0(), later)}).status.ok());
+    CHECK(Keys(h.Stored(0)) == ExpectedKeys({8}));
+  }
+  SECTION("a failed snapshot commit leaves the floor where it was") {
+    const absl::Status failed =
+        h.log().CommitSnapshot(Slot(0), 7, [] { return absl::UnavailableError("disk busy"); });
+    CHECK(failed.code() == absl::StatusCode::kUnavailable);
+    REQUIRE(h.Append({Batch(h.trainer0(), WholeStep(&id, 0, 7))}).status.ok());
+    CHECK(Keys(h.Stored(0)) == ExpectedKeys({6, 7}));
+  }
+}
+
+TEST_CASE("LastCompleteStep is the end of the first run of complete steps") {
+  Harness h;
+  uint64_t id = 1;
+  std::vector<LogRecord> records;
+  auto add_step = [&](int64_t step, int skip_micro_batch) {
+    for (const LogRecord& record : WholeStep(&id, 0, step)) {
+      if (record.micro_batch() != skip_micro_batch) records.push_back(record);
+    }
+  };
+  add_step(1, /*skip=*/-2);
+  add_step(2, -2);
+  add_step(3, 2);  // micro-batch 2 missing
+  add_step(4, -2);
+  add_step(5, -1);  // per-step record missing
+  add_step(6, -2);
+  add_step(8, -2);  // step 7 missing entirely
+  REQUIRE(h.Append({Batch(h.trainer0(), records)}).status.ok());
+
+  auto last = [&](int64_t after) {
+    absl::StatusOr<int64_t> step = h.log().LastCompleteStep(Slot(0), after);
+    REQUIRE(step.ok());
+    return *step;
+  };
+  CHECK(last(0) == 2);
+  CHECK(last(1) == 2);
+  CHECK(last(2) == 2);  // step 3 is incomplete: nothing after 2
+  CHECK(last(3) == 4);
+  CHECK(last(5) == 6);
+  CHECK(last(7) == 8);
+  CHECK(last(8) == 8);
+  CHECK(last(100) == 100);
+  CHECK(h.log().LastCompleteStep(Slot(1), 0).value() == 0);  // an empty log
+  CHECK(h.log().LastCompleteStep(Slot(2), 0).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("ReadLog refuses bad ranges and fenced readers") {
+  Harness h;
+  CHECK(h.Read(h.spare(), 0, 3, 3).status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(h.Read(h.spare(), 0, -1, 3).status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(h.Read(h.spare(), 2, 0, 3).status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(h.membership().Deregister(h.spare()).ok());
+  CHECK(h.Read(h.spare(), 0, 0, 3).status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Flips one byte of a stored step-log value, the way a bad disk would.
+void DamageLogRecord(const std::string& dir, const std::string& key) {
+  rocksdb::DBOptions options;
+  std::vector<std::string> names;
+  REQUIRE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const std::string& name : names) {
+    descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  REQUIRE(rocksdb::DB::Open(options, dir, descriptors, &handles, &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  rocksdb::ColumnFamilyHandle* steplog = nullptr;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == "steplog") steplog = handles[i];
+  }
+  REQUIRE(steplog != nullptr);
+  std::string value;
+  REQUIRE(db->Get(rocksdb::ReadOptions(), steplog, key, &value).ok());
+  value.back() ^= 0x10;
+  REQUIRE(db->Put(rocksdb::WriteOptions(), steplog, key, value).ok());
+  for (rocksdb::ColumnFamilyHandle* handle : handles) {
+    REQUIRE(db->DestroyColumnFamilyHandle(handle).ok());
+  }
+  REQUIRE(db->Close().ok());
+}
+
+TEST_CASE("ReadLog passes DATA_LOSS through, naming the damaged key") {
+  const std::string dir = MakeTempDir();
+  {
+    Harness h(dir);
+    uint64_t id = 1;
+    std::vector<LogRecord> records = WholeStep(&id, 0, 1);
+    for (const LogRecord& record : WholeStep(&id, 0, 2)) records.push_back(record);
+    REQUIRE(h.Append({Batch(h.trainer0(), records)}).status.ok());
+  }
+  DamageLogRecord(dir, storage::EncodeLogKey(0, 0, 2, 1));
+  Harness h(dir);
+  Harness::ReadResult read = h.Read(h.spare(), 0, 0, 2);
+  CHECK(read.status.error_code() == grpc::StatusCode::DATA_LOSS);
+  CHECK_THAT(read.status.error_message(), Contains("steplog key (r=0, s=0, step=2, mb=1)"));
+  CHECK(read.records.empty());
+  CHECK(h.log().LastCompleteStep(Slot(0), 0).status().code() == absl::StatusCode::kDataLoss);
+  // The undamaged range still reads.
+  CHECK(Keys(h.Read(h.spare(), 0, 0, 1).records) == ExpectedKeys({1}));
+}
+
+}  // namespace
+}  // namespace rebound::server
