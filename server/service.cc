@@ -47,7 +47,14 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       tracker_(tracker),
       store_(store),
       clock_(clock),
-      started_(clock->Now()) {}
+      started_(clock->Now()) {
+  step_log_ = std::make_unique<StepLogService>(
+      job_, membership_, store_, [this](const SlotId& slot) {
+        absl::MutexLock lock(&book_mu_);
+        auto it = books_.find({slot.replica(), slot.stage()});
+        return it == books_.end() ? int64_t{0} : it->second.last_update_step;
+      });
+}
 
 void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>& records) {
   absl::MutexLock lock(&book_mu_);
@@ -223,10 +230,12 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     batch.PutWeight(WeightRecordFor(slot, updated));
     // The new snapshot makes the slot's older step-log records useless (DESIGN §5.2 GC).
     batch.DeleteLogRange(slot, 0, request->step() + 1);
-    RETURN_IF_ERROR(store_->Commit(batch));
-    absl::MutexLock lock(&book_mu_);
-    books_[{slot.replica(), slot.stage()}] = updated;
-    return absl::OkStatus();
+    return step_log_->CommitSnapshot(slot, request->step(), [&]() -> absl::Status {
+      RETURN_IF_ERROR(store_->Commit(batch));
+      absl::MutexLock lock(&book_mu_);
+      books_[{slot.replica(), slot.stage()}] = updated;
+      return absl::OkStatus();
+    });
   };
   auto result = centers_->ElasticSync(stage, x, alpha, weight, commit);
   if (!result.ok() && result.status().code() == absl::StatusCode::kAlreadyExists) {
@@ -398,6 +407,11 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     slot.set_snapshot_step(book.last_update_step);
     slot.set_update_count(book.update_count);
   }
+  const StepLogStats log = step_log_->stats();
+  response->mutable_step_log()->set_records_written(log.records_written);
+  response->mutable_step_log()->set_bytes_written(log.bytes_written);
+  response->mutable_step_log()->set_duplicates_dropped(log.duplicates_dropped);
+  response->mutable_step_log()->set_below_snapshot_dropped(log.below_snapshot_dropped);
   for (RecoveryStatus& recovery : membership_->Recoveries()) {
     *response->add_recoveries() = std::move(recovery);
   }
@@ -419,8 +433,9 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
 }
 
 grpc::Status ParameterServerService::AppendLog(
-    grpc::ServerContext*, grpc::ServerReaderWriter<AppendLogAck, AppendLogRequest>*) {
-  return NotYet("AppendLog", "R4");
+    grpc::ServerContext* context, grpc::ServerReaderWriter<AppendLogAck, AppendLogRequest>* stream) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  return step_log_->HandleAppendLog(context, stream);
 }
 
 grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext*, const WaitForTaskRequest*,

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,7 @@
 #include "server/center_table.h"
 #include "server/membership.h"
 #include "server/reliability.h"
+#include "server/step_log.h"
 #include "storage/durable_store.h"
 
 namespace rebound::server {
@@ -97,6 +99,8 @@ class ParameterServerService final : public ParameterServer::Service {
   const Clock* const clock_;
   const absl::Time started_;
   std::atomic<bool> ready_{false};
+
+  std::unique_ptr<StepLogService> step_log_;
 
   mutable absl::Mutex book_mu_;
   std::map<SlotKey, SlotBook> books_ ABSL_GUARDED_BY(book_mu_);

@@ -107,6 +107,11 @@ int Run() {
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  // Reconnect after a server restart on the worker's own backoff schedule, not gRPC's default
+  // (which grows to 120 s between attempts).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, config.backoff_max_ms());
   auto channel = grpc::CreateCustomChannel(config.server_address(),
                                            grpc::InsecureChannelCredentials(), args);
   WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address);

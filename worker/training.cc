@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/backoff.h"
+#include "common/checksum.h"
 #include "common/config.h"
 #include "common/rng.h"
 #include "common/grpc_status.h"
@@ -21,6 +22,7 @@
 #include "worker/data/dataset.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
+#include "worker/step_logger.h"
 
 namespace rebound::worker {
 namespace {
@@ -123,6 +125,25 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   compute::StageOptimizer& optimizer = trainer->optimizer(0);
   const compute::StageLayout& layout = stage.layout();
   auto stub = ParameterServer::NewStub(channel);
+  // The step log (DESIGN §5.2): per step, the sample ids of each micro-batch and the checksum of
+  // the parameters after the step, shipped asynchronously from a bounded buffer.
+  std::unique_ptr<StepLogger> step_logger;
+  if (job.step_log().enabled()) {
+    step_logger = std::make_unique<StepLogger>(channel, registration.incarnation,
+                                               job.step_log().buffer_bytes(), config);
+  }
+  // Appends a record, waiting out back-pressure (bounded by give_up_after_ms): a record that is
+  // skipped would leave a hole that caps what replay can rebuild.
+  auto log = [&](LogRecord record) -> absl::Status {
+    const absl::Time give_up = absl::Now() + absl::Milliseconds(config.give_up_after_ms());
+    while (true) {
+      absl::Status appended = step_logger->Append(record, absl::Seconds(1));
+      if (appended.code() != absl::StatusCode::kUnavailable) return appended;
+      if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
+      if (absl::Now() >= give_up) return appended;
+      LOG(WARNING) << "step log buffer full: " << appended.message();
+    }
+  };
 
   const int batch = job.data().batch_size();
   std::vector<float> images(static_cast<size_t>(batch) * data.train.features);
@@ -191,6 +212,16 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
       return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
     }
     agent->set_progress(t, loss);
+    if (step_logger != nullptr) {
+      const int micro_batches = job.data().micro_batches();
+      const size_t per = ids.size() / micro_batches;  // micro-batch k = rows [k B/M, (k+1) B/M)
+      for (int k = 0; k < micro_batches; ++k) {
+        RETURN_IF_ERROR(log(
+            MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per))));
+      }
+      RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
+      RETURN_IF_ERROR(log(MakeStepRecord(slot, t, ChecksumFloats(x))));
+    }
     if (t % tau != 0 && t != max_steps) continue;
 
     RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
@@ -225,6 +256,10 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     RETURN_IF_ERROR(stage.SetParams(x));
     VLOG(1) << "synced step " << t << " loss " << loss << " weight " << response.weight()
             << " center version " << response.center_version();
+  }
+  if (step_logger != nullptr) {
+    absl::Status flushed = step_logger->Flush(absl::Milliseconds(config.rpc_deadline_ms()));
+    if (!flushed.ok()) LOG(WARNING) << "step log not flushed at the end: " << flushed;
   }
   LOG(INFO) << "finished " << max_steps << " steps";
   return absl::OkStatus();

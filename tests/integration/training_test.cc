@@ -451,6 +451,12 @@ TensorBundle RunDeterministicJob() {
   const RegisterResponse observer = server.Register("observer", SPARE);
   const PullResponse center = server.Pull(observer.incarnation());
   CHECK(center.center_version() == 20);  // 2 trainers x 40 / 4 syncs
+  // Every step was logged: M = 4 micro-batch records and one checksum record per step, except
+  // those a sync's snapshot had already covered when they arrived (the log ships asynchronously).
+  const StepLogStatus log = server.Status().step_log();
+  CHECK(log.records_written() + log.below_snapshot_dropped() == 2 * 40 * 5);
+  CHECK(log.records_written() > 0);
+  CHECK(log.duplicates_dropped() == 0);
   return center.center();
 }
 
