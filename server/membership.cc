@@ -164,6 +164,13 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
 void Membership::FenceLocked(Worker& worker, WorkerState state, const std::string& why) {
   worker.state = state;
   worker.state_reason = why;
+  for (Slot& slot : slots_) {
+    if (slot.state == RECOVERING && slot.task_spare == worker.incarnation) {
+      ReleaseTaskLocked(slot, SPARE_FAILED,
+                        absl::StrCat("spare ", worker.incarnation, " ", WorkerState_Name(state),
+                                     " during the replay: ", why));
+    }
+  }
   if (worker.slot_index >= 0) {
     Slot& slot = slots_[worker.slot_index];
     if (slot.owner == worker.incarnation && slot.state != FINISHED) {
@@ -173,7 +180,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
       if (job_.fault_tolerance().policy() == REPLAY) {
-        absl::StrAppend(&slot.detail, "; waiting: REPLAY recovery is not implemented yet (R4)");
+        absl::StrAppend(&slot.detail, "; waiting for a spare to replay it");
       } else if (job_.fault_tolerance().policy() == GLOBAL_CHECKPOINT) {
         absl::StrAppend(&slot.detail,
                         "; waiting: GLOBAL_CHECKPOINT recovery is not implemented yet (R4)");
@@ -191,10 +198,10 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
 }
 
 std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, absl::Time now) {
-  if (job_.fault_tolerance().policy() != RESTART_FROM_CENTER) return std::nullopt;
+  const bool restart_policy = job_.fault_tolerance().policy() == RESTART_FROM_CENTER;
   int index = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].state == LOST) {
+    if (slots_[i].state == LOST && (restart_policy || slots_[i].fallback_restart)) {
       index = static_cast<int>(i);
       break;
     }
@@ -202,6 +209,35 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
   if (index < 0) return std::nullopt;
   Slot& slot = slots_[index];
 
+  RecoveryStatus recovery;
+  recovery.set_task_id(next_task_id_++);
+  *recovery.mutable_slot() = slot.id;
+  recovery.set_policy(RESTART_FROM_CENTER);
+  recovery.set_failed_step(slot.step);
+  recovery.set_steps_replayed(0);
+  recovery.mutable_phases()->set_detection_ms(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(failure_timeout_)));
+  recovery.mutable_phases()->set_takeover_ms(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(now - slot.lost_at)));
+  recovery.set_verified(false);
+  recovery.set_outcome(RECOVERED);
+  recovery.set_detail(absl::StrCat(
+      slot.fallback_restart ? "FALLBACK after a failed replay: " : "", "spare '", spare.name,
+      "' restarts the slot from the center at step ", slot.synced_step,
+      " with fresh optimizer state; ", slot.step - slot.synced_step,
+      " steps since the last sync are lost"));
+  slot.fallback_restart = false;
+  RegisterResponse takeover = HandOverLocked(
+      index, spare, now, absl::StrCat("restarted from the center by '", spare.name, "'"));
+  recovery.add_spares(takeover.incarnation());
+  recoveries_.push_back(recovery);
+  if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
+  return takeover;
+}
+
+RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time now,
+                                            const std::string& detail) {
+  Slot& slot = slots_[index];
   Worker trainer;
   trainer.incarnation = (epoch_ << 32) | next_counter_++;
   trainer.name = spare.name;
@@ -212,30 +248,12 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
   trainer.slot_index = index;
   trainer.step = slot.synced_step;
 
-  RecoveryStatus recovery;
-  recovery.set_task_id(next_task_id_++);
-  *recovery.mutable_slot() = slot.id;
-  recovery.set_policy(RESTART_FROM_CENTER);
-  recovery.set_failed_step(slot.step);
-  recovery.set_steps_replayed(0);
-  recovery.add_spares(trainer.incarnation);
-  recovery.mutable_phases()->set_detection_ms(
-      std::max<int64_t>(0, absl::ToInt64Milliseconds(failure_timeout_)));
-  recovery.mutable_phases()->set_takeover_ms(
-      std::max<int64_t>(0, absl::ToInt64Milliseconds(now - slot.lost_at)));
-  recovery.set_verified(false);
-  recovery.set_outcome(RECOVERED);
-  recovery.set_detail(absl::StrCat("spare '", spare.name, "' restarts the slot from the center at "
-                                   "step ", slot.synced_step, " with fresh optimizer state; ",
-                                   slot.step - slot.synced_step,
-                                   " steps since the last sync are lost"));
-  recoveries_.push_back(recovery);
-  if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
-
   slot.state = ACTIVE;
   slot.owner = trainer.incarnation;
-  slot.step = slot.synced_step;
-  slot.detail = absl::StrCat("restarted from the center by '", spare.name, "'");
+  slot.step = trainer.step;
+  slot.detail = detail;
+  slot.task_id = 0;
+  slot.task_spare = 0;
   workers_.emplace(trainer.incarnation, trainer);
   Worker& replaced = spare;  // fenced below; the reference stays valid (std::map)
   replaced.state = REPLACED;
@@ -253,6 +271,170 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
   takeover.set_start_step(slot.synced_step);
   for (Neighbour& n : NeighboursLocked(index)) *takeover.add_neighbours() = n;
   return takeover;
+}
+
+RecoveryStatus* Membership::FindRecoveryLocked(uint64_t task_id) {
+  for (RecoveryStatus& r : recoveries_) {
+    if (r.task_id() == task_id) return &r;
+  }
+  return nullptr;
+}
+
+void Membership::ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const std::string& why) {
+  if (RecoveryStatus* r = FindRecoveryLocked(slot.task_id)) {
+    r->set_outcome(outcome);
+    r->set_detail(why);
+  }
+  LOG(WARNING) << "replay task " << slot.task_id << " of slot (" << slot.id.replica() << ", "
+               << slot.id.stage() << ") ended without a takeover: " << why;
+  slot.state = LOST;
+  slot.task_id = 0;
+  slot.task_spare = 0;
+  slot.detail = absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
+}
+
+absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
+    uint64_t incarnation, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto claimable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Slot& slot : slots_) {
+      if (slot.state == LOST && !slot.fallback_restart) return true;
+    }
+    return false;
+  };
+  auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+    const Worker& worker = workers_.at(incarnation);
+    if (worker.role != SPARE) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("incarnation ", incarnation, " is a ", WorkerRole_Name(worker.role),
+                       ", not a spare"));
+    }
+    for (const Slot& slot : slots_) {
+      if (slot.state == RECOVERING && slot.task_spare == incarnation) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "incarnation ", incarnation, " already holds replay task ", slot.task_id));
+      }
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check());
+  if (job_.fault_tolerance().policy() != REPLAY) {
+    // No replay tasks under this policy: the spare just waits out its long poll.
+    static const bool kNever = false;
+    mu_.AwaitWithTimeout(absl::Condition(&kNever), timeout);
+    return std::optional<ReplayClaim>();
+  }
+  if (!mu_.AwaitWithTimeout(absl::Condition(&claimable), timeout)) {
+    return std::optional<ReplayClaim>();
+  }
+  RETURN_IF_ERROR(check());  // it may have been fenced while waiting
+  const absl::Time now = clock_->Now();
+  for (Slot& slot : slots_) {
+    if (slot.state != LOST || slot.fallback_restart) continue;
+    slot.state = RECOVERING;
+    slot.task_id = next_task_id_++;
+    slot.task_spare = incarnation;
+    slot.task_started = now;
+    slot.detail = absl::StrCat("replayed by spare '", workers_.at(incarnation).name,
+                               "' (task ", slot.task_id, ")");
+    RecoveryStatus recovery;
+    recovery.set_task_id(slot.task_id);
+    *recovery.mutable_slot() = slot.id;
+    recovery.set_policy(REPLAY);
+    recovery.set_failed_step(slot.step);
+    recovery.add_spares(incarnation);
+    recovery.mutable_phases()->set_detection_ms(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(failure_timeout_)));
+    recoveries_.push_back(recovery);
+    if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
+    ReplayClaim claim;
+    claim.task_id = slot.task_id;
+    claim.slot = slot.id;
+    claim.reached_step = slot.step;
+    return std::optional<ReplayClaim>(claim);
+  }
+  return std::optional<ReplayClaim>();
+}
+
+absl::StatusOr<SlotId> Membership::TaskSlot(uint64_t task_id, uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  for (const Slot& slot : slots_) {
+    if (slot.state == RECOVERING && slot.task_id == task_id && slot.task_spare == incarnation) {
+      return slot.id;
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("incarnation ", incarnation, " holds no replay task ", task_id));
+}
+
+void Membership::AbandonReplay(uint64_t task_id, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.state == RECOVERING && slot.task_id == task_id) {
+      ReleaseTaskLocked(slot, ABANDONED, why);
+    }
+  }
+}
+
+absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
+    uint64_t incarnation, const ReportRecoveryRequest& report) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  int index = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == RECOVERING && slots_[i].task_id == report.task_id() &&
+        slots_[i].task_spare == incarnation) {
+      index = static_cast<int>(i);
+    }
+  }
+  if (index < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", incarnation, " holds no replay task ", report.task_id()));
+  }
+  Slot& slot = slots_[index];
+  RecoveryStatus* record = FindRecoveryLocked(report.task_id());
+  if (record != nullptr) {
+    record->set_steps_replayed(report.steps_replayed());
+    record->set_verified(report.verified());
+    const int64_t detection = record->phases().detection_ms();
+    *record->mutable_phases() = report.phases();
+    record->mutable_phases()->set_detection_ms(detection);
+  }
+  if (report.outcome() != RECOVERED) {
+    if (report.outcome() == CHECKSUM_MISMATCH) {
+      LOG(ERROR) << "REPLAY of slot (" << slot.id.replica() << ", " << slot.id.stage()
+                 << ") did not reproduce the logged checksums (" << report.detail()
+                 << "): DATA_LOSS; falling back to RESTART_FROM_CENTER for this slot";
+      ReleaseTaskLocked(slot, CHECKSUM_MISMATCH,
+                        absl::StrCat("DATA_LOSS: ", report.detail(),
+                                     "; falling back to RESTART_FROM_CENTER"));
+      slot.fallback_restart = true;
+    } else {
+      ReleaseTaskLocked(slot, report.outcome() == RECOVERY_OUTCOME_UNSPECIFIED ? ABANDONED
+                                                                               : report.outcome(),
+                        report.detail());
+    }
+    return std::optional<RegisterResponse>();
+  }
+  Worker& spare = workers_.at(incarnation);
+  const int64_t replayed_to = slot.synced_step + report.steps_replayed();
+  RegisterResponse takeover = HandOverLocked(
+      index, spare, now,
+      absl::StrCat("rebuilt by replay of ", report.steps_replayed(), " steps by '", spare.name,
+                   "'", report.verified() ? ", verified bit-identical" : ""));
+  workers_.at(takeover.incarnation()).step = replayed_to;
+  slot.step = replayed_to;
+  takeover.set_start_step(replayed_to);
+  if (record != nullptr) {
+    record->set_outcome(RECOVERED);
+    record->add_spares(takeover.incarnation());
+    record->set_detail(absl::StrCat("rebuilt to step ", replayed_to, " from the snapshot at step ",
+                                    slot.synced_step));
+  }
+  return std::optional<RegisterResponse>(takeover);
 }
 
 std::vector<RecoveryStatus> Membership::Recoveries() const {
@@ -409,6 +591,15 @@ std::vector<FailedWorker> Membership::DetectFailures() {
       f.slot = slots_[worker.slot_index].id;
     }
     failed.push_back(f);
+  }
+  const absl::Duration recovery_timeout =
+      absl::Milliseconds(job_.fault_tolerance().recovery_timeout_ms());
+  for (Slot& slot : slots_) {
+    if (slot.state == RECOVERING && now - slot.task_started > recovery_timeout) {
+      ReleaseTaskLocked(slot, ABANDONED,
+                        absl::StrCat("the replay took longer than recovery_timeout_ms = ",
+                                     Millis(recovery_timeout)));
+    }
   }
   for (const FailedWorker& f : failed) {
     workers_.at(f.incarnation).silent_ms_at_failure = Millis(f.silent_for);

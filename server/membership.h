@@ -89,6 +89,29 @@ class Membership {
   std::vector<RecoveryStatus> Recoveries() const;
   static constexpr size_t kMaxRecoveries = 256;
 
+  // Policy REPLAY (DESIGN §5.3). A replay task a spare has claimed.
+  struct ReplayClaim {
+    uint64_t task_id = 0;
+    SlotId slot;
+    int64_t reached_step = 0;  // the last step the lost trainer reported
+  };
+  // Waits up to `timeout` for a LOST slot to replay and claims it for the alive SPARE
+  // `incarnation` (the slot becomes RECOVERING). Nothing when there is none by then.
+  // FAILED_PRECONDITION if `incarnation` is not an alive spare or already holds a task.
+  absl::StatusOr<std::optional<ReplayClaim>> ClaimReplay(uint64_t incarnation,
+                                                         absl::Duration timeout);
+  // The slot of a task held by `incarnation`; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const;
+  // Gives up a claimed task (e.g. its snapshot cannot be read): the slot is LOST again.
+  void AbandonReplay(uint64_t task_id, const std::string& why);
+  // The end of a replay. RECOVERED: the spare becomes the slot's trainer under a new
+  // incarnation, returned (its spare incarnation is fenced as REPLACED). Any other outcome: the
+  // slot is LOST again; after CHECKSUM_MISMATCH it falls back to RESTART_FROM_CENTER (the next
+  // spare heartbeat takes it over), loudly. The recovery's record in status gets `report`'s
+  // figures.
+  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(
+      uint64_t incarnation, const ReportRecoveryRequest& report);
+
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.
   std::vector<FailedWorker> DetectFailures();
@@ -123,6 +146,10 @@ class Membership {
     int64_t synced_step = 0;  // last step applied by a sync or push (persisted)
     std::string detail;
     absl::Time lost_at;       // when the slot became LOST
+    uint64_t task_id = 0;     // RECOVERING: the replay task
+    uint64_t task_spare = 0;  // RECOVERING: the spare replaying it
+    absl::Time task_started;
+    bool fallback_restart = false;  // a replay of this slot failed its checksum
   };
 
   absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -150,6 +177,13 @@ class Membership {
   // under a new incarnation. Returns the takeover to send it, or nothing.
   std::optional<RegisterResponse> MaybeTakeOverLocked(Worker& worker, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `spare` the trainer of slot `index` under a new incarnation.
+  RegisterResponse HandOverLocked(int index, Worker& spare, absl::Time now,
+                                  const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot of a RECOVERING task goes back to LOST (the spare died, timed out or failed).
+  void ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RecoveryStatus* FindRecoveryLocked(uint64_t task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace rebound::server

@@ -253,21 +253,115 @@ TEST_CASE("RESTART_FROM_CENTER hands a lost slot to a spare under a new incarnat
   CHECK(recoveries[0].slot().replica() == 0);
 }
 
-TEST_CASE("under REPLAY a lost slot waits and status says why") {
+TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
   FakeClock clock;
   Membership membership(JobWithPolicy("REPLAY"), &clock);
   auto a = membership.Register(Request("a"));
   auto spare = membership.Register(Request("s", SPARE));
+  // Nothing to replay yet: the long poll ends empty.
+  auto none = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(none.ok());
+  CHECK_FALSE(none->has_value());
+
+  membership.RecordProgress(a->slot(), 8, 1000);
+  REQUIRE(membership.Heartbeat(Beat(a->incarnation(), 11)).ok());
   clock.Advance(absl::Milliseconds(1001));
   REQUIRE(membership.Heartbeat(Beat(spare->incarnation())).ok());
   REQUIRE(membership.DetectFailures().size() == 1);
   auto beat = membership.Heartbeat(Beat(spare->incarnation()));
-  REQUIRE(beat.ok());
-  CHECK_FALSE(beat->has_takeover());
+  CHECK_FALSE(beat->has_takeover());  // REPLAY never silently restarts from the center
   GetStatusResponse status;
   membership.FillStatus(&status);
   CHECK(status.slots(0).state() == LOST);
-  CHECK(absl::StrContains(status.slots(0).detail(), "REPLAY recovery is not implemented yet"));
+  CHECK(absl::StrContains(status.slots(0).detail(), "waiting for a spare to replay it"));
+
+  auto claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 0);
+  CHECK((*claim)->reached_step == 11);
+  CHECK(membership.TaskSlot((*claim)->task_id, spare->incarnation()).ok());
+  CHECK(membership.TaskSlot((*claim)->task_id, a->incarnation()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // One task per spare.
+  CHECK(membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+
+  ReportRecoveryRequest report;
+  report.set_task_id((*claim)->task_id);
+  report.set_outcome(RECOVERED);
+  report.set_steps_replayed(3);
+  report.set_verified(true);
+  auto finished = membership.FinishReplay(spare->incarnation(), report);
+  REQUIRE(finished.ok());
+  REQUIRE(finished->has_value());
+  const RegisterResponse& trainer = **finished;
+  CHECK(trainer.role() == TRAINER);
+  CHECK(trainer.start_step() == 11);  // snapshot at 8 + 3 replayed steps
+  CHECK(membership.CheckOwner(trainer.incarnation(), trainer.slot()).ok());
+  CHECK(membership.CheckAlive(spare->incarnation()).code() ==
+        absl::StatusCode::kFailedPrecondition);  // REPLACED
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].policy() == REPLAY);
+  CHECK(recoveries[0].outcome() == RECOVERED);
+  CHECK(recoveries[0].verified());
+  CHECK(recoveries[0].steps_replayed() == 3);
+}
+
+TEST_CASE("a spare that dies mid-replay releases the task to another spare") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("REPLAY"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(s1->incarnation())).ok());
+  REQUIRE(membership.Heartbeat(Beat(s2->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+  REQUIRE(membership.DetectFailures().size() == 1);  // a
+  auto claim = membership.ClaimReplay(s1->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim->has_value());
+  // s1 goes silent; s2 keeps beating.
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(s2->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+  REQUIRE(membership.DetectFailures().size() == 1);  // s1
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(membership.Recoveries()[0].outcome() == SPARE_FAILED);
+  auto again = membership.ClaimReplay(s2->incarnation(), absl::ZeroDuration());
+  REQUIRE(again->has_value());
+  CHECK((*again)->task_id != (*claim)->task_id);
+}
+
+TEST_CASE("a replay that fails its checksum falls back to RESTART_FROM_CENTER, loudly") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("REPLAY"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  clock.Advance(absl::Milliseconds(1001));
+  REQUIRE(membership.Heartbeat(Beat(s1->incarnation())).ok());
+  REQUIRE(membership.DetectFailures().size() == 1);
+  auto claim = membership.ClaimReplay(s1->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim->has_value());
+  ReportRecoveryRequest report;
+  report.set_task_id((*claim)->task_id);
+  report.set_outcome(CHECKSUM_MISMATCH);
+  report.set_detail("step 5: checksum 0x1 != logged 0x2");
+  auto finished = membership.FinishReplay(s1->incarnation(), report);
+  REQUIRE(finished.ok());
+  CHECK_FALSE(finished->has_value());
+  CHECK(membership.Recoveries()[0].outcome() == CHECKSUM_MISMATCH);
+  // No second replay of that slot; the spare's next heartbeat restarts it from the center.
+  CHECK_FALSE(membership.ClaimReplay(s1->incarnation(), absl::ZeroDuration())->has_value());
+  auto beat = membership.Heartbeat(Beat(s1->incarnation()));
+  REQUIRE(beat->has_takeover());
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 2);
+  CHECK(recoveries[1].policy() == RESTART_FROM_CENTER);
+  CHECK(absl::StrContains(recoveries[1].detail(), "FALLBACK"));
 }
 
 TEST_CASE("a finished slot stays finished when its trainer leaves, and STOP follows") {
