@@ -430,7 +430,6 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
   takeover.set_start_step(replayed_to);
   if (record != nullptr) {
     record->set_outcome(RECOVERED);
-    record->add_spares(takeover.incarnation());
     record->set_detail(absl::StrCat("rebuilt to step ", replayed_to, " from the snapshot at step ",
                                     slot.synced_step));
   }

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -438,20 +439,85 @@ grpc::Status ParameterServerService::AppendLog(
   return step_log_->HandleAppendLog(context, stream);
 }
 
-grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext*, const WaitForTaskRequest*,
-                                                 WaitForTaskResponse*) {
-  return NotYet("WaitForTask", "R4");
+grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
+                                                 const WaitForTaskRequest* request,
+                                                 WaitForTaskResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  const absl::Duration wait =
+      absl::Milliseconds(std::clamp(request->wait_ms(), 0, config_.max_wait_ms()));
+  auto claim = membership_->ClaimReplay(request->incarnation(), wait);
+  if (!claim.ok()) return ToGrpcStatus(claim.status());
+  if (!claim->has_value()) return grpc::Status::OK;
+  const Membership::ReplayClaim& task = **claim;
+  const SlotId slot = Normalized(task.slot);
+
+  // The snapshot to start from; none yet means the slot never synced: the model's init at 0.
+  Snapshot snapshot;
+  auto stored = store_->ReadSnapshot(slot);
+  if (stored.ok()) {
+    snapshot = *std::move(stored);
+  } else if (stored.status().code() == absl::StatusCode::kNotFound) {
+    *snapshot.mutable_slot() = slot;
+    snapshot.set_step(0);
+  } else {
+    membership_->AbandonReplay(task.task_id, std::string(stored.status().message()));
+    return ToGrpcStatus(stored.status());
+  }
+  auto last = step_log_->LastCompleteStep(slot, snapshot.step());
+  if (!last.ok()) {
+    membership_->AbandonReplay(task.task_id, std::string(last.status().message()));
+    return ToGrpcStatus(last.status());
+  }
+  RecoveryTask* out = response->mutable_task();
+  out->set_task_id(task.task_id);
+  *out->mutable_slot() = slot;
+  out->set_policy(REPLAY);
+  out->set_failed_step(std::max(*last, snapshot.step()));
+  *out->mutable_snapshot() = std::move(snapshot);
+  Neighbour* self = out->add_spares();
+  self->set_incarnation(request->incarnation());
+  out->set_rank(0);
+  out->set_first_micro_batch(0);
+  out->set_micro_batch_count(job_.data().micro_batches());
+  LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
+               << " from its snapshot at step " << out->snapshot().step() << " to step "
+               << out->failed_step() << " (the trainer had reached step " << task.reached_step
+               << ")";
+  return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::ReadLog(grpc::ServerContext*, const ReadLogRequest*,
-                                             grpc::ServerWriter<LogRecord>*) {
-  return NotYet("ReadLog", "R4");
+grpc::Status ParameterServerService::ReadLog(grpc::ServerContext* context,
+                                             const ReadLogRequest* request,
+                                             grpc::ServerWriter<LogRecord>* writer) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
+  return step_log_->HandleReadLog(context, *request, Normalized(*slot), writer);
 }
 
-grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext*,
-                                                    const ReportRecoveryRequest*,
-                                                    ReportRecoveryResponse*) {
-  return NotYet("ReportRecovery", "R4");
+grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context,
+                                                    const ReportRecoveryRequest* request,
+                                                    ReportRecoveryResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  auto finished = membership_->FinishReplay(request->incarnation(), *request);
+  if (!finished.ok()) return ToGrpcStatus(finished.status());
+  if (!finished->has_value()) {
+    LOG(WARNING) << "replay task " << request->task_id() << " ended "
+                 << RecoveryOutcome_Name(request->outcome()) << ": " << request->detail();
+    return grpc::Status::OK;
+  }
+  const RegisterResponse& takeover = **finished;
+  tracker_->SetLive(takeover.slot(), true);
+  tracker_->OnFault(takeover.slot(), clock_->Now());  // a recovery counts against the slot
+  response->set_incarnation(takeover.incarnation());
+  *response->mutable_slot() = takeover.slot();
+  *response->mutable_neighbours() = takeover.neighbours();
+  LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
+               << request->steps_replayed() << " steps"
+               << (request->verified() ? ", verified bit-identical" : "")
+               << "; its trainer is now incarnation " << takeover.incarnation() << " at step "
+               << takeover.start_step();
+  return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::Drain(grpc::ServerContext*, const DrainRequest*,

@@ -75,6 +75,17 @@ void WorkerAgent::set_progress(int64_t step, double loss) {
   loss_ = loss;
 }
 
+void WorkerAgent::Adopt(const RegisterResponse& granted) {
+  absl::MutexLock lock(&mu_);
+  registration_.incarnation = granted.incarnation();
+  registration_.role = granted.role();
+  registration_.has_slot = granted.has_slot();
+  registration_.slot = granted.slot();
+  if (granted.has_job()) registration_.job = granted.job();
+  registration_.start_step = granted.start_step();
+  step_ = granted.start_step();
+}
+
 void WorkerAgent::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
 }

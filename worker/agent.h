@@ -68,6 +68,10 @@ class WorkerAgent {
   // Progress reported in heartbeats. Thread-safe.
   void set_progress(int64_t step, double loss);
 
+  // Adopts a registration the server granted outside Register (a spare that finished a replay
+  // becomes the slot's trainer under a new incarnation). Thread-safe.
+  void Adopt(const RegisterResponse& granted);
+
  private:
   // Registers with backoff. Returns false if Run() must end (see exit_).
   bool RegisterWithRetry();

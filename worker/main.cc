@@ -148,11 +148,19 @@ int Run() {
     } else if (registration.role == EVALUATOR) {
       work = RunEvaluator(config, registration, channel, stop);
     } else {
-      // A spare waits for recovery tasks (R4); it only watches for a new registration here.
-      while (!stop.HasBeenNotified() &&
-             !agent.WaitForNewRegistration(registration.incarnation, absl::Milliseconds(200))) {
+      // A spare: it replays lost slots (REPLAY) or is handed one by a heartbeat
+      // (RESTART_FROM_CENTER); either way it comes back here as a trainer.
+      auto rebuilt = RunSpare(config, registration, channel, &agent, stop);
+      if (rebuilt.ok()) {
+        InjectedFaults none;
+        work = RunTrainer(config, agent.registration(), channel, &agent, stop, none,
+                          *std::move(rebuilt));
+        if (work.ok()) LOG(INFO) << "slot trained to max_steps; leaving";
+      } else if (rebuilt.status().code() == absl::StatusCode::kNotFound) {
+        continue;  // a new registration: loop with it
+      } else {
+        work = rebuilt.status();
       }
-      continue;
     }
     // A restarted server that lost its state (ABORTED) makes the agent register again, maybe
     // for another slot: start the role's work over under the new registration.

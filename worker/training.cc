@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/checksum.h"
@@ -98,9 +99,50 @@ ComputeConfig EffectiveCompute(const JobConfig& job, const WorkerConfig& config)
   return compute;
 }
 
+absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerConfig& config,
+                                                                 const JobConfig& job,
+                                                                 int replica) {
+  auto slot = std::make_unique<SlotCompute>();
+  ASSIGN_OR_RETURN(slot->data, LoadFashionMnist(job.data()));
+  RETURN_IF_ERROR(CheckModelFitsData(job.model(), slot->data.train));
+  ASSIGN_OR_RETURN(slot->backend, compute::CreateBackend(EffectiveCompute(job, config)));
+  ASSIGN_OR_RETURN(slot->trainer, compute::LocalTrainer::Create(slot->backend.get(),
+                                                                OptionsFor(job, replica)));
+  RETURN_IF_ERROR(slot->trainer->InitParams());
+  ASSIGN_OR_RETURN(ShardSampler sampler,
+                   ShardSampler::Create(job.data(), slot->data.train.count,
+                                        job.topology().replicas(), replica));
+  slot->sampler = std::make_unique<ShardSampler>(std::move(sampler));
+  const int batch = job.data().batch_size();
+  slot->images.resize(static_cast<size_t>(batch) * slot->data.train.features);
+  slot->labels.resize(batch);
+  return slot;
+}
+
+absl::StatusOr<float> SlotCompute::Step(int64_t t, absl::Span<const int64_t> ids,
+                                        const std::vector<int32_t>& label_map) {
+  RETURN_IF_ERROR(AssembleBatch(data.train, ids, absl::MakeSpan(images), absl::MakeSpan(labels)));
+  if (!label_map.empty()) {
+    for (int32_t& label : labels) label = label_map[label];
+  }
+  return trainer->Step(t, images, labels);
+}
+
+absl::StatusOr<uint64_t> SlotCompute::ParamsChecksum() {
+  std::vector<float> x(trainer->stage(0).layout().packed_size());
+  RETURN_IF_ERROR(trainer->stage(0).GetParams(absl::MakeSpan(x)));
+  return ChecksumFloats(x);
+}
+
+absl::Status SlotCompute::SeekAfter(int64_t steps) {
+  const int64_t per_epoch = sampler->batches_per_epoch();
+  return sampler->Seek(DataCursor{steps / per_epoch, (steps % per_epoch) * sampler->batch_size()});
+}
+
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
-                        const absl::Notification& stop, const InjectedFaults& faults) {
+                        const absl::Notification& stop, const InjectedFaults& faults,
+                        std::unique_ptr<SlotCompute> resumed) {
   const JobConfig& job = registration.job;
   RETURN_IF_ERROR(ValidateJobConfig(job));
   if (job.topology().stages() != 1) {
@@ -111,16 +153,14 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
                                     "follow-up; run mode EASGD");
   }
   const SlotId slot = registration.slot;
-  ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(job.data()));
-  RETURN_IF_ERROR(CheckModelFitsData(job.model(), data.train));
-  ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
-                   compute::CreateBackend(EffectiveCompute(job, config)));
-  ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> trainer,
-                   compute::LocalTrainer::Create(backend.get(), OptionsFor(job, slot.replica())));
-  RETURN_IF_ERROR(trainer->InitParams());
-  ASSIGN_OR_RETURN(ShardSampler sampler,
-                   ShardSampler::Create(job.data(), data.train.count, job.topology().replicas(),
-                                        slot.replica()));
+  const bool replayed = resumed != nullptr;
+  std::unique_ptr<SlotCompute> compute = std::move(resumed);
+  if (compute == nullptr) {
+    ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot.replica()));
+  }
+  const FashionMnist& data = compute->data;
+  compute::LocalTrainer* trainer = compute->trainer.get();
+  ShardSampler& sampler = *compute->sampler;
   compute::MlpStage& stage = trainer->stage(0);
   compute::StageOptimizer& optimizer = trainer->optimizer(0);
   const compute::StageLayout& layout = stage.layout();
@@ -145,15 +185,12 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     }
   };
 
-  const int batch = job.data().batch_size();
-  std::vector<float> images(static_cast<size_t>(batch) * data.train.features);
-  std::vector<int32_t> labels(batch);
   std::vector<float> x(layout.packed_size()), m(layout.packed_size()), v(layout.packed_size()),
       d(layout.packed_size());
   const int64_t max_steps = job.training().max_steps();
   const int tau = job.easgd().sync_period();
   const int64_t start = registration.start_step;
-  if (start > 0) {
+  if (start > 0 && !replayed) {
     // RESTART_FROM_CENTER: the lost slot restarts from the current center with fresh optimizer
     // state, at the data position the slot had reached at its last sync.
     PullRequest pull;
@@ -166,8 +203,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     }));
     RETURN_IF_ERROR(compute::ValidateBundle(layout, center.center(), "center"));
     RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
-    const int64_t per_epoch = sampler.batches_per_epoch();
-    RETURN_IF_ERROR(sampler.Seek(DataCursor{start / per_epoch, (start % per_epoch) * batch}));
+    RETURN_IF_ERROR(compute->SeekAfter(start));
     LOG(INFO) << "restarting slot (" << slot.replica() << ", " << slot.stage()
               << ") from the center (version " << center.center_version() << ") at step "
               << start;
@@ -188,42 +224,9 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   }
   int64_t resets = 0;
 
-  for (int64_t t = start + 1; t <= max_steps; ++t) {
-    if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
-    if (faults.reset_every_steps > 0 && t > 1 && (t - 1) % faults.reset_every_steps == 0) {
-      // A naive supervisor's restart: fresh random parameters, zero optimizer state.
-      ModelSpec fresh = job.model();
-      fresh.set_init_seed(job.model().init_seed() + 7919 * (++resets) + 104729 * slot.replica());
-      std::vector<float> padded(layout.padded_size());
-      RETURN_IF_ERROR(compute::InitParams(fresh, layout, absl::MakeSpan(padded)));
-      RETURN_IF_ERROR(layout.Pack(padded, absl::MakeSpan(x)));
-      RETURN_IF_ERROR(stage.SetParams(x));
-      std::fill(m.begin(), m.end(), 0.0f);
-      RETURN_IF_ERROR(optimizer.SetState(m, m, m));
-      LOG(WARNING) << "FAULT INJECTION: restarted from scratch at step " << t;
-    }
-    const std::vector<int64_t> ids = sampler.NextBatch();
-    RETURN_IF_ERROR(AssembleBatch(data.train, ids, absl::MakeSpan(images), absl::MakeSpan(labels)));
-    if (!label_map.empty()) {
-      for (int32_t& label : labels) label = label_map[label];
-    }
-    ASSIGN_OR_RETURN(const float loss, trainer->Step(t, images, labels));
-    if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
-    }
-    agent->set_progress(t, loss);
-    if (step_logger != nullptr) {
-      const int micro_batches = job.data().micro_batches();
-      const size_t per = ids.size() / micro_batches;  // micro-batch k = rows [k B/M, (k+1) B/M)
-      for (int k = 0; k < micro_batches; ++k) {
-        RETURN_IF_ERROR(log(
-            MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per))));
-      }
-      RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
-      RETURN_IF_ERROR(log(MakeStepRecord(slot, t, ChecksumFloats(x))));
-    }
-    if (t % tau != 0 && t != max_steps) continue;
-
+  // The EASGD exchange after step t (§4.4): send x and the optimizer state, move x toward the
+  // center with the reply's c_before (or take the stored post-sync state of a retried sync).
+  auto sync_at = [&](int64_t t, float loss) -> absl::Status {
     RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
     RETURN_IF_ERROR(optimizer.GetState(absl::MakeSpan(m), absl::MakeSpan(v), absl::MakeSpan(d)));
     SyncRequest request;
@@ -235,7 +238,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     *request.mutable_optimizer()->mutable_m() = compute::BundleFromPacked(layout, m);
     *request.mutable_optimizer()->mutable_v() = compute::BundleFromPacked(layout, v);
     *request.mutable_optimizer()->mutable_last_hdiag() = compute::BundleFromPacked(layout, d);
-    request.set_loss(loss);
+    if (std::isfinite(loss)) request.set_loss(loss);
     request.set_data_epoch(sampler.cursor().epoch);
     request.set_data_offset(sampler.cursor().offset);
     SyncResponse response;
@@ -256,6 +259,45 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     RETURN_IF_ERROR(stage.SetParams(x));
     VLOG(1) << "synced step " << t << " loss " << loss << " weight " << response.weight()
             << " center version " << response.center_version();
+    return absl::OkStatus();
+  };
+  if (replayed && start > 0 && (start % tau == 0 || start == max_steps)) {
+    // The lost trainer had done step `start` but its sync was not applied: do it now.
+    RETURN_IF_ERROR(sync_at(start, std::nanf("")));
+  }
+
+  for (int64_t t = start + 1; t <= max_steps; ++t) {
+    if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
+    if (faults.reset_every_steps > 0 && t > 1 && (t - 1) % faults.reset_every_steps == 0) {
+      // A naive supervisor's restart: fresh random parameters, zero optimizer state.
+      ModelSpec fresh = job.model();
+      fresh.set_init_seed(job.model().init_seed() + 7919 * (++resets) + 104729 * slot.replica());
+      std::vector<float> padded(layout.padded_size());
+      RETURN_IF_ERROR(compute::InitParams(fresh, layout, absl::MakeSpan(padded)));
+      RETURN_IF_ERROR(layout.Pack(padded, absl::MakeSpan(x)));
+      RETURN_IF_ERROR(stage.SetParams(x));
+      std::fill(m.begin(), m.end(), 0.0f);
+      RETURN_IF_ERROR(optimizer.SetState(m, m, m));
+      LOG(WARNING) << "FAULT INJECTION: restarted from scratch at step " << t;
+    }
+    const std::vector<int64_t> ids = sampler.NextBatch();
+    ASSIGN_OR_RETURN(const float loss, compute->Step(t, ids, label_map));
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
+    }
+    agent->set_progress(t, loss);
+    if (step_logger != nullptr) {
+      const int micro_batches = job.data().micro_batches();
+      const size_t per = ids.size() / micro_batches;  // micro-batch k = rows [k B/M, (k+1) B/M)
+      for (int k = 0; k < micro_batches; ++k) {
+        RETURN_IF_ERROR(log(
+            MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per))));
+      }
+      RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
+      RETURN_IF_ERROR(log(MakeStepRecord(slot, t, ChecksumFloats(x))));
+    }
+    if (t % tau != 0 && t != max_steps) continue;
+    RETURN_IF_ERROR(sync_at(t, loss));
   }
   if (step_logger != nullptr) {
     absl::Status flushed = step_logger->Flush(absl::Milliseconds(config.rpc_deadline_ms()));
@@ -311,6 +353,189 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     LOG(INFO) << "center version " << center.center_version() << ": test accuracy "
               << result.accuracy << ", test loss " << result.loss;
   } while (!stop.WaitForNotificationWithTimeout(period));
+  return absl::CancelledError("stopped");
+}
+
+}  // namespace rebound::worker
+
+namespace rebound::worker {
+namespace {
+
+// Rebuilds a slot by replaying its logged steps (DESIGN §5.3, one spare: the whole step's
+// micro-batches along the same reduction tree the trainer used, hence the same bits).
+absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
+                                                    const JobConfig& job, const RecoveryTask& task,
+                                                    uint64_t incarnation,
+                                                    ParameterServer::Stub* stub,
+                                                    const absl::Notification& stop,
+                                                    ReportRecoveryRequest* report) {
+  const absl::Time started = absl::Now();
+  const SlotId& slot = task.slot();
+  ASSIGN_OR_RETURN(std::unique_ptr<SlotCompute> compute,
+                   SlotCompute::Create(config, job, slot.replica()));
+  compute::MlpStage& stage = compute->trainer->stage(0);
+  const compute::StageLayout& layout = stage.layout();
+  const Snapshot& snapshot = task.snapshot();
+  if (snapshot.params().tensors_size() > 0) {
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, snapshot.params(), "snapshot.params"));
+    RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, snapshot.params())));
+    const OptimizerState& opt = snapshot.optimizer();
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.m(), "snapshot.optimizer.m"));
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.v(), "snapshot.optimizer.v"));
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.last_hdiag(), "snapshot.optimizer.last_hdiag"));
+    RETURN_IF_ERROR(compute->trainer->optimizer(0).SetState(
+        compute::PackedFromBundle(layout, opt.m()), compute::PackedFromBundle(layout, opt.v()),
+        compute::PackedFromBundle(layout, opt.last_hdiag())));
+  }  // else: the slot never synced; its state at step 0 is the model's initialisation
+  const int64_t t0 = snapshot.step();
+  const int64_t tf = task.failed_step();
+
+  // The log range (t0, tf], in (step, micro-batch) order.
+  std::vector<LogRecord> records;
+  {
+    ReadLogRequest request;
+    request.set_incarnation(incarnation);
+    request.set_task_id(task.task_id());
+    request.set_from_step(t0);
+    request.set_to_step(tf);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(config.rpc_deadline_ms()) * 6);
+    if (tf > t0) {
+      auto reader = stub->ReadLog(&context, request);
+      LogRecord record;
+      while (reader->Read(&record)) records.push_back(record);
+      RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+    }
+  }
+  const absl::Time transferred = absl::Now();
+
+  const int micro_batches = job.data().micro_batches();
+  size_t next = 0;
+  int64_t replayed = 0;
+  for (int64_t t = t0 + 1; t <= tf; ++t) {
+    if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
+    uint64_t logged_checksum = 0;
+    bool has_checksum = false;
+    std::vector<int64_t> ids;
+    int expected_mb = 0;
+    for (; next < records.size() && records[next].step() == t; ++next) {
+      const LogRecord& r = records[next];
+      if (r.micro_batch() < 0) {
+        logged_checksum = r.params_checksum();
+        has_checksum = true;
+      } else {
+        if (r.micro_batch() != expected_mb++) {
+          return absl::DataLossError(absl::StrCat("step ", t, ": micro-batch ", r.micro_batch(),
+                                                  " out of order in the log"));
+        }
+        ids.insert(ids.end(), r.sample_ids().begin(), r.sample_ids().end());
+      }
+    }
+    if (!has_checksum || expected_mb != micro_batches) {
+      return absl::DataLossError(absl::StrCat("step ", t, " is incomplete in the log"));
+    }
+    ASSIGN_OR_RETURN(const float loss, compute->Step(t, ids, {}));
+    (void)loss;
+    ASSIGN_OR_RETURN(const uint64_t checksum, compute->ParamsChecksum());
+    if (checksum != logged_checksum) {
+      report->set_outcome(CHECKSUM_MISMATCH);
+      report->set_steps_replayed(replayed);
+      report->set_detail(absl::StrFormat("step %d: replayed parameters hash to %016x, the log says "
+                                         "%016x",
+                                         t, checksum, logged_checksum));
+      return absl::DataLossError(report->detail());
+    }
+    ++replayed;
+  }
+  RETURN_IF_ERROR(compute->SeekAfter(tf));
+  report->set_outcome(RECOVERED);
+  report->set_steps_replayed(replayed);
+  report->set_verified(true);
+  report->mutable_phases()->set_snapshot_transfer_ms(
+      absl::ToInt64Milliseconds(transferred - started));
+  report->mutable_phases()->set_replay_ms(absl::ToInt64Milliseconds(absl::Now() - transferred));
+  LOG(WARNING) << "replayed slot (" << slot.replica() << ", " << slot.stage() << ") steps "
+               << t0 + 1 << ".." << tf << ": " << replayed
+               << " steps, every checksum equal to the log";
+  return compute;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
+                                                      const Registration& registration,
+                                                      const std::shared_ptr<grpc::Channel>& channel,
+                                                      WorkerAgent* agent,
+                                                      const absl::Notification& stop) {
+  auto stub = ParameterServer::NewStub(channel);
+  const int recovery_parallelism = registration.job.fault_tolerance().recovery_parallelism();
+  if (recovery_parallelism > 1) {
+    LOG(WARNING) << "recovery_parallelism " << recovery_parallelism
+                 << ": parallel replay is not implemented yet; each task uses one spare";
+  }
+  while (!stop.HasBeenNotified()) {
+    if (agent->registration().incarnation != registration.incarnation) {
+      return absl::NotFoundError("the registration changed");
+    }
+    WaitForTaskRequest request;
+    request.set_incarnation(registration.incarnation);
+    request.set_wait_ms(1000);
+    WaitForTaskResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(config.rpc_deadline_ms() + 1000));
+    const absl::Status status = FromGrpcStatus(stub->WaitForTask(&context, request, &response));
+    if (!status.ok()) {
+      if (status.code() == absl::StatusCode::kFailedPrecondition ||
+          status.code() == absl::StatusCode::kAborted) {
+        // Fenced, replaced by a takeover, or unknown: the agent's registration tells what next.
+        if (!agent->WaitForNewRegistration(registration.incarnation, absl::Seconds(2))) {
+          return status;
+        }
+        return absl::NotFoundError("the registration changed");
+      }
+      stop.WaitForNotificationWithTimeout(absl::Milliseconds(config.backoff_max_ms()));
+      continue;
+    }
+    if (!response.has_task()) continue;
+    const RecoveryTask& task = response.task();
+    LOG(WARNING) << "replay task " << task.task_id() << ": rebuilding slot ("
+                 << task.slot().replica() << ", " << task.slot().stage() << ") from step "
+                 << task.snapshot().step() << " to " << task.failed_step();
+    ReportRecoveryRequest report;
+    report.set_incarnation(registration.incarnation);
+    report.set_task_id(task.task_id());
+    auto rebuilt = Replay(config, registration.job, task, registration.incarnation, stub.get(),
+                          stop, &report);
+    if (!rebuilt.ok()) {
+      if (report.outcome() != CHECKSUM_MISMATCH) {
+        report.set_outcome(ABANDONED);
+        report.set_detail(std::string(rebuilt.status().message()));
+      }
+      LOG(ERROR) << "replay task " << task.task_id() << " failed: " << rebuilt.status();
+    }
+    const absl::Time reporting = absl::Now();
+    ReportRecoveryResponse granted;
+    absl::Status reported = CallWithRetry(config, stop, "report recovery",
+                                          [&](grpc::ClientContext* context) {
+                                            granted.Clear();
+                                            return stub->ReportRecovery(context, report, &granted);
+                                          });
+    if (!reported.ok()) return reported;
+    if (!rebuilt.ok() || granted.incarnation() == 0) continue;
+    RegisterResponse adopted;
+    adopted.set_incarnation(granted.incarnation());
+    adopted.set_role(TRAINER);
+    *adopted.mutable_slot() = granted.slot();
+    adopted.set_start_step(task.failed_step());
+    agent->Adopt(adopted);
+    LOG(WARNING) << "took over slot (" << granted.slot().replica() << ", "
+                 << granted.slot().stage() << ") as incarnation " << granted.incarnation()
+                 << " at step " << task.failed_step() << " ("
+                 << absl::ToInt64Milliseconds(absl::Now() - reporting) << " ms)";
+    return std::move(rebuilt);
+  }
   return absl::CancelledError("stopped");
 }
 

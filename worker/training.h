@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
@@ -23,7 +24,11 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "worker/agent.h"
+#include "compute/backend.h"
+#include "compute/step.h"
 #include "worker/data/dataset.h"
+#include "worker/data/fashion_mnist.h"
+#include "worker/data/shard_sampler.h"
 
 namespace rebound::worker {
 
@@ -39,10 +44,46 @@ struct InjectedFaults {
   int64_t reset_every_steps = 0;
 };
 
-// Trains the registered slot to max_steps. OK when done.
+// The compute state of one slot's trainer: its data, backend, model, optimizer and data cursor.
+// Built fresh (the model's deterministic initialisation), or rebuilt by Replay.
+struct SlotCompute {
+  FashionMnist data;
+  std::unique_ptr<compute::Backend> backend;
+  std::unique_ptr<compute::LocalTrainer> trainer;
+  std::unique_ptr<ShardSampler> sampler;
+  std::vector<float> images;   // one batch, reused
+  std::vector<int32_t> labels;
+
+  // Loads the data set and builds the model of `replica` from its initialisation.
+  static absl::StatusOr<std::unique_ptr<SlotCompute>> Create(const WorkerConfig& config,
+                                                             const JobConfig& job, int replica);
+  // Runs step t on the batch of these sample ids; returns the step's loss.
+  absl::StatusOr<float> Step(int64_t t, absl::Span<const int64_t> ids,
+                             const std::vector<int32_t>& label_map);
+  // xxHash64 of the parameters in the packed layout (what the step log records).
+  absl::StatusOr<uint64_t> ParamsChecksum();
+  // Positions the data cursor after `steps` batches.
+  absl::Status SeekAfter(int64_t steps);
+};
+
+// Trains the registered slot to max_steps. OK when done. `resumed` (optional) is the slot's
+// state rebuilt by Replay at registration.start_step; without it the trainer starts from the
+// model's initialisation (start_step 0) or from the center (start_step > 0, RESTART_FROM_CENTER).
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
-                        const absl::Notification& stop, const InjectedFaults& faults = {});
+                        const absl::Notification& stop, const InjectedFaults& faults = {},
+                        std::unique_ptr<SlotCompute> resumed = nullptr);
+
+// What a spare does (DESIGN §5.3, policy REPLAY): long-polls for a replay task, rebuilds the lost
+// slot from its snapshot and logged steps, checks every step's checksum against the log, reports,
+// and on success takes the slot over: the agent adopts the new trainer registration and the
+// rebuilt state is returned for RunTrainer. NOT_FOUND when the agent's registration changed by
+// other means (a RESTART_FROM_CENTER takeover), CANCELLED when stopped.
+absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
+                                                      const Registration& registration,
+                                                      const std::shared_ptr<grpc::Channel>& channel,
+                                                      WorkerAgent* agent,
+                                                      const absl::Notification& stop);
 
 // Evaluates the center until `stop`. Returns CANCELLED then.
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
