@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The main job, locally: trains the shipped Fashion-MNIST job (configs/job.pbtxt: 4 trainers,
 # a spare and an evaluator on loopback, EASGD with AdaHessian and dynamic reliability weights),
-# SIGKILLs a trainer on the way, and shows the server detect the failure, fence the dead
-# incarnation and hand the slot to the spare, which continues training; prints the final test
-# accuracy. About two minutes on 2 cores after the build.
+# SIGKILLs a trainer on the way, and shows the server detect the failure and fence the dead
+# incarnation, the spare replay the lost steps from the slot's snapshot and step log (every step
+# checked against the logged checksum) and take the slot over; prints the final test accuracy.
+# About two minutes on 2 cores after the build.
 #
 #   tools/demo.sh [extra rebound_launch flags]
 #
-# Replay recovery (bit-identical rebuild from the step log, policy REPLAY) replaces the
-# restart-from-center takeover when issue R4 lands; the plot of accuracy and weights with R6.
+# The plot of accuracy and weights over time arrives with issue R6.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

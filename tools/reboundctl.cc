@@ -6,6 +6,8 @@
 //   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
 //   status   centers, last evaluation, slots (state, owner, step, weight and its inputs) and
 //            workers (role, state, incarnation, step, last heartbeat)
+//   recoveries  every recovery: slot, policy, outcome, failed step, steps replayed, phases
+//               (detection, snapshot transfer, replay, takeover), verified bit-identical
 //
 // Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
 // serving or refused the call, 2 the server could not be reached in time, 64 usage error.
@@ -141,9 +143,56 @@ int Status(const std::shared_ptr<grpc::Channel>& channel) {
   return kExitOk;
 }
 
+void PrintRecoveries(const GetStatusResponse& s) {
+  if (s.recoveries_size() == 0) {
+    std::printf("no recoveries\n");
+    return;
+  }
+  std::printf("%-5s %-7s %-20s %-10s %8s %8s %9s %9s %9s %9s %-8s  %s\n", "TASK", "SLOT", "POLICY",
+              "OUTCOME", "FAILED@", "REPLAYED", "DETECT", "TRANSFER", "REPLAY", "TAKEOVER",
+              "VERIFIED", "DETAIL");
+  for (const RecoveryStatus& r : s.recoveries()) {
+    const RecoveryPhases& p = r.phases();
+    std::printf("%-5llu %-7s %-20s %-10s %8lld %8lld %7lldms %7lldms %7lldms %7lldms %-8s  %s\n",
+                static_cast<unsigned long long>(r.task_id()), Slot(r.slot()).c_str(),
+                RecoveryPolicy_Name(r.policy()).c_str(),
+                r.has_outcome() ? RecoveryOutcome_Name(r.outcome()).c_str() : "RUNNING",
+                static_cast<long long>(r.failed_step()),
+                static_cast<long long>(r.steps_replayed()),
+                static_cast<long long>(p.detection_ms()),
+                static_cast<long long>(p.snapshot_transfer_ms()),
+                static_cast<long long>(p.replay_ms()), static_cast<long long>(p.takeover_ms()),
+                r.verified() ? "yes" : "no", r.detail().c_str());
+  }
+}
+
+int Recoveries(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = ParameterServer::NewStub(channel);
+  GetStatusResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->GetStatus(&context, GetStatusRequest(), &response);
+  if (!status.ok()) return ReportError(status);
+  if (FLAGS_output == "json") {
+    std::string json = "[";
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    for (int i = 0; i < response.recoveries_size(); ++i) {
+      std::string one;
+      google::protobuf::util::MessageToJsonString(response.recoveries(i), &one, options);
+      json += (i ? "," : "") + one;
+    }
+    std::cout << json << "]\n";
+  } else {
+    PrintRecoveries(response);
+  }
+  return kExitOk;
+}
+
 int Main(int argc, char** argv) {
   if (argc != 2) {
-    std::cerr << "usage: reboundctl [--server HOST:PORT] [--output table|json] health|status\n";
+    std::cerr << "usage: reboundctl [--server HOST:PORT] [--output table|json] "
+                 "health|status|recoveries\n";
     return kExitUsage;
   }
   if (FLAGS_output != "table" && FLAGS_output != "json") {
@@ -158,7 +207,9 @@ int Main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "health") return Health(channel);
   if (command == "status") return Status(channel);
-  std::cerr << "reboundctl: unknown command '" << command << "' (expected health or status)\n";
+  if (command == "recoveries") return Recoveries(channel);
+  std::cerr << "reboundctl: unknown command '" << command
+            << "' (expected health, status or recoveries)\n";
   return kExitUsage;
 }
 
@@ -166,7 +217,8 @@ int Main(int argc, char** argv) {
 }  // namespace rebound::ctl
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("reboundctl [--server HOST:PORT] [--output table|json] health|status");
+  gflags::SetUsageMessage(
+      "reboundctl [--server HOST:PORT] [--output table|json] health|status|recoveries");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }

@@ -480,6 +480,13 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
     CHECK(recovery.outcome() == RECOVERED);
     CHECK(recovery.verified());
     CHECK(recovery.slot().replica() == 1);
+    // The operator's view of the same recovery.
+    std::string table;
+    REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", server.address(), "recoveries"},
+                       &table, absl::Seconds(30)) == 0);
+    INFO(table);
+    CHECK(absl::StrContains(table, "(1,0)    REPLAY               RECOVERED"));
+    CHECK(absl::StrContains(table, " yes "));
   }
   const RegisterResponse observer = server.Register("observer", SPARE);
   const PullResponse center = server.Pull(observer.incarnation());
