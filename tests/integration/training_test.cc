@@ -485,7 +485,7 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
     REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", server.address(), "recoveries"},
                        &table, absl::Seconds(30)) == 0);
     INFO(table);
-    CHECK(absl::StrContains(table, "(1,0)    REPLAY               RECOVERED"));
+    CHECK(absl::StrContains(table, "(1,0)   REPLAY               RECOVERED"));
     CHECK(absl::StrContains(table, " yes "));
   }
   const RegisterResponse observer = server.Register("observer", SPARE);
