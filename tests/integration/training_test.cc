@@ -479,6 +479,7 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
     CHECK(recovery.policy() == REPLAY);
     CHECK(recovery.outcome() == RECOVERED);
     CHECK(recovery.verified());
+    CHECK(recovery.steps_replayed() > 0);
     CHECK(recovery.slot().replica() == 1);
     // The operator's view of the same recovery.
     std::string table;
@@ -509,9 +510,9 @@ TEST_CASE("DETERMINISTIC scheduling with UNIFORM weights reproduces a run bit fo
 }
 
 TEST_CASE("a trainer killed and rebuilt by replay ends bit-identical to the run without failure") {
-  // sync_period 16 leaves unsynced, logged steps for the spare to replay.
-  const TensorBundle clean = RunDeterministicJob(0, 1600, 16);
-  const TensorBundle rebuilt = RunDeterministicJob(800, 1600, 16);
+  // A long sync period: the kill lands between syncs, leaving logged, unsynced steps to replay.
+  const TensorBundle clean = RunDeterministicJob(0, 1600, 200);
+  const TensorBundle rebuilt = RunDeterministicJob(900, 1600, 200);
   CHECK(SameBytes(clean, rebuilt));
 }
 
