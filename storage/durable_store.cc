@@ -386,6 +386,11 @@ absl::Status DurableStore::OpenDb() {
   for (ColumnFamily family : kAllFamilies) {
     rocksdb::ColumnFamilyOptions family_options;
     if (family == ColumnFamily::kStepLog) family_options.compression = steplog_type;
+    if (family == ColumnFamily::kCenter || family == ColumnFamily::kCenterOpt ||
+        family == ColumnFamily::kSnapshot) {
+      // Whole parameter tensors, rewritten at every sync: float data barely compresses.
+      family_options.compression = rocksdb::kNoCompression;
+    }
     descriptors.emplace_back(ColumnFamilyName(family), family_options);
   }
   // RocksDB refuses to open a database without naming all of its families.

@@ -1,0 +1,984 @@
+// Step-log overhead benchmark (DESIGN.md §9: "failure-free throughput, logging on | logging off |
+// >= 0.95x").
+//
+// Runs the shipped job (configs/job.pbtxt) on a real local cluster on loopback: one
+// rebound_server (inline job, in-memory state) and 4 rebound_worker trainers started one after the
+// other (so trainer i owns slot i), no spare, no evaluator, nothing killed. The job is run with
+// step_log.enabled true (ON) and false (OFF); everything else is the same. Each run:
+//   1. starts the cluster and waits until every slot has synced once (data loaded, first sync);
+//   2. trains on for --warmup_seconds (not measured);
+//   3. reads GetStatus (sum of the slots' steps, step_log counters), trains for --seconds, reads
+//      GetStatus again: throughput = (sum of steps at end - at start) x batch_size / elapsed time.
+// The slots' steps are what the trainers last reported (heartbeat every heartbeat_interval_ms
+// and every sync), so each end of the window is early by less than one sync period per slot.
+//
+// ON and OFF runs alternate over --reps repetitions, ON first in even repetitions and OFF first
+// in odd ones, so that a drift of the machine's load hits both alike. The machine is shared:
+// each run also prints the CPU the cluster used (from /proc/PID/stat of every child), the CPU
+// everything else on the machine used in the window (busy time in /proc/stat minus the
+// cluster's), steal time and the load average, so that a disturbed run can be told apart, and
+// the throughput per CPU-second the cluster got (samples/s / cluster cores), which other load
+// does not move as long as the cluster is CPU-bound (4 single-threaded trainers and the server
+// on 2 cores are), with its ON/OFF ratio as a second, load-independent reading.
+//
+// Besides throughput the benchmark prints, to show where logging's time goes: the trainers' and
+// the server's CPU per training step in ON and OFF runs, the step log's records and bytes
+// committed per second (GetStatus.step_log), and an in-process timing of the per-step parameter
+// checksum (a copy of the packed parameters, as GetParams does, plus xxHash64 over them).
+//
+// Overrides of the shipped job: job_id "bench-logging-overhead"; topology.replicas 4, spares 0,
+// evaluator false; training.max_steps 10^9 (runs are bounded by wall time); fault_tolerance.policy
+// REPLAY; step_log.enabled per run. Everything else (model, batch, micro-batches, tau, compute
+// threads, step_log.buffer_bytes and compression) is the shipped job's.
+//
+// Last line:
+//   RESULT logging_overhead: on_samples_s=<x> off_samples_s=<y> ratio=<x/y>
+// with x and y the medians over the repetitions. Exit code 0 when every run completed (whatever
+// the verdict), 1 when a run failed, 2 on bad flags.
+//
+// Flags (--name=value or --name value): --reps=N (3) --seconds=S (30, the measured window)
+// --warmup_seconds=S (5) --job=PATH (configs/job.pbtxt from the runfiles) --server_binary=PATH
+// --worker_binary=PATH --keep_logs (keep every run's directory; failed runs are always kept).
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/checksum.h"
+#include "common/config.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.grpc.pb.h"
+
+namespace rebound::bench {
+namespace {
+
+constexpr int kTrainers = 4;
+constexpr char kJobId[] = "bench-logging-overhead";
+constexpr absl::Duration kRpcDeadline = absl::Seconds(5);
+constexpr absl::Duration kServerStartWait = absl::Seconds(30);
+constexpr absl::Duration kRegistrationWait = absl::Seconds(30);
+constexpr absl::Duration kFirstSyncWait = absl::Seconds(120);
+constexpr absl::Duration kStopGrace = absl::Seconds(10);
+constexpr absl::Duration kSamplePeriod = absl::Seconds(1);
+constexpr absl::Duration kTick = absl::Milliseconds(50);
+// Per-run cost besides --warmup_seconds and --seconds (start, data loading, first syncs, stop),
+// measured on 2 shared cores; only used for the time estimate printed at the start.
+constexpr double kOverheadSecondsEstimate = 8.0;
+// The target of DESIGN.md §9.
+constexpr double kTargetRatio = 0.95;
+
+// ---------------------------------------------------------------------------------------------
+// Child processes (as in bench/weighting.cc, plus pid() for CPU accounting)
+
+int DecodeWaitStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+// A daemon started with fork/exec: stdout and stderr in a log file, stdin on /dev/null, a process
+// group of its own (a terminal's Ctrl-C reaches only the benchmark) and PR_SET_PDEATHSIG(SIGKILL),
+// so it dies with the benchmark even if the benchmark is killed. The destructor SIGKILLs and
+// reaps it if it still runs. REQUIRES: Start() from the main thread (the parent-death signal
+// follows the thread that forked).
+class ChildProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::vector<std::string>& argv,
+                                                             const std::string& log_path) {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log_fd < 0) return absl::InternalError(absl::StrCat("cannot open ", log_path));
+    const int stdin_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (stdin_fd < 0) {
+      close(log_fd);
+      return absl::InternalError("cannot open /dev/null");
+    }
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // Only async-signal-safe calls until exec: gRPC threads exist by now.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      setpgid(0, 0);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      dup2(stdin_fd, STDIN_FILENO);
+      dup2(log_fd, STDOUT_FILENO);
+      dup2(log_fd, STDERR_FILENO);
+      execv(args[0], args.data());
+      static const char kMessage[] = "logging_overhead bench: exec failed\n";
+      (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+      _exit(127);
+    }
+    close(stdin_fd);
+    close(log_fd);
+    if (pid < 0) return absl::InternalError("fork failed");
+    return std::unique_ptr<ChildProcess>(new ChildProcess(pid, log_path));
+  }
+
+  ~ChildProcess() {
+    if (!exit_code_.has_value()) {
+      kill(pid_, SIGKILL);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_path_; }
+
+  void Signal(int signal_number) const {
+    if (!exit_code_.has_value()) kill(pid_, signal_number);
+  }
+
+  // The exit code (128 + N when killed by signal N) once it has exited, else nullopt.
+  std::optional<int> Poll() {
+    if (exit_code_.has_value()) return exit_code_;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) exit_code_ = DecodeWaitStatus(status);
+    return exit_code_;
+  }
+
+  std::optional<int> WaitFor(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!Poll().has_value() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    return exit_code_;
+  }
+
+  // Sends SIGTERM (and SIGCONT, in case it is frozen); SIGKILL after `grace`. Returns the exit
+  // code.
+  int Stop(absl::Duration grace) {
+    Signal(SIGTERM);
+    Signal(SIGCONT);
+    std::optional<int> code = WaitFor(grace);
+    if (!code.has_value()) {
+      Signal(SIGKILL);
+      code = WaitFor(absl::Seconds(5));
+    }
+    return code.value_or(-1);
+  }
+
+ private:
+  ChildProcess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+
+  const pid_t pid_;
+  const std::string log_path_;
+  std::optional<int> exit_code_;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string TailOfFile(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::deque<std::string> tail;
+  std::string line;
+  while (std::getline(in, line)) {
+    tail.push_back(line);
+    if (static_cast<int>(tail.size()) > lines) tail.pop_front();
+  }
+  return absl::StrJoin(tail, "\n");
+}
+
+bool WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream out(path);
+  out << content;
+  return out.good();
+}
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+bool IsReadableFile(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
+
+// A workspace-relative file of the runfiles ("server/rebound_server"): under `bazel run` (the
+// working directory is the runfiles tree), beside the binary's .runfiles, from RUNFILES_DIR, or
+// in bazel-bin next to bench/.
+std::string FindRunfile(const std::string& relative, bool (*usable)(const std::string&)) {
+  std::vector<std::string> candidates;
+  if (const char* dir = getenv("RUNFILES_DIR"); dir != nullptr) {
+    candidates.push_back(absl::StrCat(dir, "/rebound/", relative));
+  }
+  char self[4096] = {0};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length > 0) {
+    const std::string exe(self, length);
+    candidates.push_back(absl::StrCat(exe, ".runfiles/rebound/", relative));
+    candidates.push_back(absl::StrCat(exe.substr(0, exe.rfind('/')), "/../", relative));
+  }
+  candidates.push_back(relative);
+  for (const std::string& candidate : candidates) {
+    if (usable(candidate)) return std::filesystem::absolute(candidate).lexically_normal();
+  }
+  return "";
+}
+
+double LoadAverage() {
+  double load = 0.0;
+  const std::string text = ReadFile("/proc/loadavg");
+  std::vector<std::string> fields = absl::StrSplit(text, ' ');
+  if (fields.empty() || !absl::SimpleAtod(fields[0], &load)) return -1.0;
+  return load;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU accounting, in clock ticks (sysconf(_SC_CLK_TCK) per second)
+
+// utime + stime of every thread of the process, or -1 when it cannot be read.
+int64_t ProcessCpuTicks(pid_t pid) {
+  const std::string text = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
+  // state (3), ..., utime (14), stime (15).
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> fields =
+      absl::StrSplit(text.substr(close + 1), ' ', absl::SkipWhitespace());
+  int64_t utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return -1;
+  }
+  return utime + stime;
+}
+
+// The machine's CPU time from the "cpu" line of /proc/stat.
+struct MachineCpu {
+  int64_t busy = 0;   // user + nice + system + irq + softirq (guest time is inside user)
+  int64_t steal = 0;  // taken by the hypervisor for other guests
+  bool ok = false;
+};
+
+MachineCpu ReadMachineCpu() {
+  MachineCpu cpu;
+  const std::string text = ReadFile("/proc/stat");
+  const std::string first = text.substr(0, text.find('\n'));
+  std::vector<std::string> fields = absl::StrSplit(first, ' ', absl::SkipWhitespace());
+  // cpu user nice system idle iowait irq softirq steal ...
+  std::vector<int64_t> v;
+  for (size_t i = 1; i < fields.size() && i <= 8; ++i) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(fields[i], &value)) return cpu;
+    v.push_back(value);
+  }
+  if (fields.empty() || fields[0] != "cpu" || v.size() < 8) return cpu;
+  cpu.busy = v[0] + v[1] + v[2] + v[5] + v[6];
+  cpu.steal = v[7];
+  cpu.ok = true;
+  return cpu;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags
+
+struct Flags {
+  int reps = 3;
+  int seconds = 30;
+  int warmup_seconds = 5;
+  std::string job;
+  std::string server_binary;
+  std::string worker_binary;
+  bool keep_logs = false;
+};
+
+[[noreturn]] void Usage(const std::string& problem) {
+  std::fprintf(stderr,
+               "%s\nusage: logging_overhead [--reps=N] [--seconds=S] [--warmup_seconds=S] "
+               "[--job=PATH] [--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]\n",
+               problem.c_str());
+  std::exit(2);
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags flags;
+  const std::map<std::string, int*> ints = {
+      {"reps", &flags.reps},
+      {"seconds", &flags.seconds},
+      {"warmup_seconds", &flags.warmup_seconds},
+  };
+  const std::map<std::string, std::string*> texts = {
+      {"job", &flags.job},
+      {"server_binary", &flags.server_binary},
+      {"worker_binary", &flags.worker_binary},
+  };
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view full = argv[i];
+    if (!absl::ConsumePrefix(&full, "--")) Usage(absl::StrCat("unexpected argument ", argv[i]));
+    const std::string arg(full);
+    if (arg == "keep_logs") {
+      flags.keep_logs = true;
+      continue;
+    }
+    std::string name = arg;
+    std::string value;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      Usage(absl::StrCat("--", name, " needs a value"));
+    }
+    if (auto it = ints.find(name); it != ints.end()) {
+      if (!absl::SimpleAtoi(value, it->second)) Usage(absl::StrCat("--", name, ": not a number"));
+    } else if (auto t = texts.find(name); t != texts.end()) {
+      *t->second = value;
+    } else {
+      Usage(absl::StrCat("unknown flag --", name));
+    }
+  }
+  if (flags.reps < 1) Usage("--reps must be >= 1");
+  if (flags.seconds < 1) Usage("--seconds must be >= 1");
+  if (flags.warmup_seconds < 0) Usage("--warmup_seconds must be >= 0");
+  return flags;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run
+
+struct RunSpec {
+  bool logging;
+  int rep;  // in [0, --reps)
+};
+
+const char* ModeName(bool logging) { return logging ? "ON" : "OFF"; }
+
+struct RunResult {
+  bool ok = false;
+  std::string error;
+  double window_seconds = 0.0;
+  int64_t steps = 0;                // every slot's steps in the window, summed
+  std::vector<int64_t> slot_steps;  // per slot, in the window
+  double samples_per_second = 0.0;
+  double records_per_second = 0.0;  // step_log.records_written in the window
+  double bytes_per_second = 0.0;    // step_log.bytes_written in the window
+  int64_t records_total = 0;        // step_log.records_written at the window's end
+  double trainer_cpu_ms_per_step = 0.0;  // the 4 trainers' CPU in the window / steps
+  double server_cpu_ms_per_step = 0.0;
+  double cluster_cores = 0.0;  // the cluster's CPU in the window / window time
+  // samples_per_second / cluster_cores: throughput per core the cluster got, which other
+  // processes' load on the shared machine does not change while the cluster is CPU-bound.
+  double samples_per_cpu_second = 0.0;
+  double other_cores = 0.0;    // the rest of the machine's busy CPU in the window / window time
+  double steal_cores = 0.0;
+  double load = 0.0;  // mean 1-minute load average in the window
+  double seconds_to_first_sync = 0.0;
+};
+
+absl::StatusOr<GetStatusResponse> GetStatus(ParameterServer::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
+  GetStatusResponse response;
+  const grpc::Status status = stub.GetStatus(&context, GetStatusRequest(), &response);
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("GetStatus: ", status.error_message()));
+  }
+  return response;
+}
+
+// Everything read at one end of the measured window.
+struct Probe {
+  absl::Time at;  // the middle of the GetStatus call
+  GetStatusResponse status;
+  std::vector<int64_t> trainer_ticks;
+  int64_t server_ticks = 0;
+  int64_t self_ticks = 0;
+  MachineCpu machine;
+};
+
+class Run {
+ public:
+  Run(const Flags& flags, const JobConfig& base_job, const std::string& dir, const RunSpec& spec)
+      : flags_(flags), base_job_(base_job), dir_(dir), spec_(spec) {}
+
+  RunResult Execute() {
+    RunResult result;
+    const absl::Status status = Train(&result);
+    StopAll(&result);
+    if (!status.ok()) {
+      result.ok = false;
+      result.error = std::string(status.message());
+    }
+    return result;
+  }
+
+ private:
+  JobConfig Job() const {
+    JobConfig job = base_job_;
+    job.set_job_id(kJobId);
+    job.mutable_topology()->set_replicas(kTrainers);
+    job.mutable_topology()->set_spares(0);
+    job.mutable_topology()->set_evaluator(false);
+    job.mutable_training()->set_max_steps(1000000000);
+    job.mutable_fault_tolerance()->set_policy(REPLAY);
+    job.mutable_step_log()->set_enabled(spec_.logging);
+    return job;
+  }
+
+  absl::Status StartServer() {
+    ServerConfig config;
+    config.set_listen_address("127.0.0.1:0");
+    *config.mutable_job() = Job();
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(config, &text);
+    const std::string config_path = dir_ + "/server.pbtxt";
+    const std::string port_file = dir_ + "/port";
+    if (!WriteFile(config_path, text)) return absl::InternalError("cannot write " + config_path);
+    auto server = ChildProcess::Start({flags_.server_binary, "--config", config_path, "--listen",
+                                       "127.0.0.1:0", "--port_file", port_file},
+                                      dir_ + "/server.log");
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    const absl::Time deadline = absl::Now() + kServerStartWait;
+    int port = 0;
+    while (true) {
+      const std::string port_text(absl::StripAsciiWhitespace(ReadFile(port_file)));
+      if (!port_text.empty() && absl::SimpleAtoi(port_text, &port) && port > 0) break;
+      if (server_->Poll().has_value()) {
+        return absl::InternalError("rebound_server exited at start:\n" +
+                                   TailOfFile(server_->log_path(), 20));
+      }
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("no port from the server");
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    address_ = absl::StrCat("127.0.0.1:", port);
+    stub_ = ParameterServer::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    const std::string worker_config = absl::StrCat("job_id: \"", kJobId,
+                                                   "\"\n"
+                                                   "backoff_initial_ms: 50\n"
+                                                   "backoff_max_ms: 1000\n"
+                                                   "give_up_after_ms: 30000\n");
+    if (!WriteFile(dir_ + "/worker.pbtxt", worker_config)) {
+      return absl::InternalError("cannot write worker.pbtxt");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<ChildProcess>> StartTrainer(const std::string& name) {
+    return ChildProcess::Start({flags_.worker_binary, "--config", dir_ + "/worker.pbtxt",
+                                "--server", address_, "--name", name, "--role", "trainer"},
+                               dir_ + "/" + name + ".log");
+  }
+
+  // Fails if a child exited: nothing should before the benchmark stops it.
+  absl::Status CheckChildren() {
+    auto check = [](ChildProcess* child, const std::string& what) -> absl::Status {
+      if (child == nullptr) return absl::OkStatus();
+      if (const std::optional<int> code = child->Poll(); code.has_value()) {
+        return absl::InternalError(absl::StrCat(what, " exited early with code ", *code, ":\n",
+                                                TailOfFile(child->log_path(), 15)));
+      }
+      return absl::OkStatus();
+    };
+    absl::Status status = check(server_.get(), "rebound_server");
+    for (size_t i = 0; i < trainers_.size() && status.ok(); ++i) {
+      status = check(trainers_[i].get(), absl::StrCat("trainer-", i));
+    }
+    return status;
+  }
+
+  // Polls GetStatus until `done` holds, for at most `limit`.
+  template <typename Predicate>
+  absl::StatusOr<GetStatusResponse> WaitForStatus(Predicate done, absl::Duration limit,
+                                                  const std::string& what) {
+    const absl::Time deadline = absl::Now() + limit;
+    while (true) {
+      if (absl::Status children = CheckChildren(); !children.ok()) return children;
+      absl::StatusOr<GetStatusResponse> status = GetStatus(*stub_);
+      if (status.ok() && done(*status)) return status;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("timed out after ", absl::FormatDuration(limit), " waiting for ", what,
+                         status.ok() ? "" : absl::StrCat(" (", status.status().message(), ")")));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  // Sleeps for `duration` while watching the children; samples the load average once a second
+  // into *load_sum / *load_samples when they are given.
+  absl::Status Watch(absl::Duration duration, double* load_sum, int* load_samples) {
+    const absl::Time start = absl::Now();
+    const absl::Time end = start + duration;
+    absl::Time next_sample = start + kSamplePeriod;
+    while (true) {
+      const absl::Time now = absl::Now();
+      if (now >= end) return absl::OkStatus();
+      if (absl::Status children = CheckChildren(); !children.ok()) return children;
+      if (load_sum != nullptr && now >= next_sample) {
+        next_sample += kSamplePeriod;
+        *load_sum += LoadAverage();
+        ++*load_samples;
+      }
+      absl::SleepFor(std::min(kTick, end - now));
+    }
+  }
+
+  // Every slot must be ACTIVE (trained by its first trainer, not finished) with no recovery.
+  absl::Status CheckFailureFree(const GetStatusResponse& status) const {
+    if (status.slots_size() != kTrainers) {
+      return absl::InternalError(absl::StrCat("GetStatus lists ", status.slots_size(), " slots"));
+    }
+    for (const SlotStatus& slot : status.slots()) {
+      if (slot.state() != ACTIVE) {
+        return absl::InternalError(absl::StrCat("slot ", slot.slot().replica(), " is ",
+                                                SlotState_Name(slot.state()), ": ",
+                                                slot.detail()));
+      }
+    }
+    if (status.recoveries_size() > 0) {
+      return absl::InternalError("a recovery ran: the run was not failure-free");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Probe> TakeProbe() {
+    Probe probe;
+    // CPU first, then the status: the status is the figure that defines the window.
+    probe.machine = ReadMachineCpu();
+    for (auto& trainer : trainers_) probe.trainer_ticks.push_back(ProcessCpuTicks(trainer->pid()));
+    probe.server_ticks = ProcessCpuTicks(server_->pid());
+    probe.self_ticks = ProcessCpuTicks(getpid());
+    const absl::Time before = absl::Now();
+    absl::StatusOr<GetStatusResponse> status = GetStatus(*stub_);
+    const absl::Time after = absl::Now();
+    if (!status.ok()) return status.status();
+    if (absl::Status ok = CheckFailureFree(*status); !ok.ok()) return ok;
+    probe.at = before + (after - before) / 2;
+    probe.status = *std::move(status);
+    return probe;
+  }
+
+  absl::Status Train(RunResult* result) {
+    const absl::Time started = absl::Now();
+    if (absl::Status s = StartServer(); !s.ok()) return s;
+    // One trainer at a time, so that trainer i owns slot i (the server hands out the lowest free
+    // slot): every run trains the same shards in the same processes' order.
+    for (int i = 0; i < kTrainers; ++i) {
+      const std::string name = absl::StrCat("trainer-", i);
+      auto trainer = StartTrainer(name);
+      if (!trainer.ok()) return trainer.status();
+      trainers_.push_back(*std::move(trainer));
+      auto registered = WaitForStatus(
+          [&](const GetStatusResponse& s) {
+            for (const WorkerStatus& w : s.workers()) {
+              if (w.name() == name && w.role() == TRAINER) return true;
+            }
+            return false;
+          },
+          kRegistrationWait, name + " to register");
+      if (!registered.ok()) return registered.status();
+      for (const WorkerStatus& w : registered->workers()) {
+        if (w.name() == name && w.slot().replica() != i) {
+          return absl::InternalError(absl::StrCat(name, " got slot ", w.slot().replica()));
+        }
+      }
+    }
+    auto first = WaitForStatus(
+        [](const GetStatusResponse& s) {
+          if (s.slots_size() != kTrainers) return false;
+          for (const SlotStatus& slot : s.slots()) {
+            if (slot.state() != ACTIVE || slot.update_count() < 1) return false;
+          }
+          return true;
+        },
+        kFirstSyncWait, "every slot's first sync");
+    if (!first.ok()) return first.status();
+    result->seconds_to_first_sync = absl::ToDoubleSeconds(absl::Now() - started);
+
+    if (absl::Status s = Watch(absl::Seconds(flags_.warmup_seconds), nullptr, nullptr); !s.ok()) {
+      return s;
+    }
+
+    absl::StatusOr<Probe> start = TakeProbe();
+    if (!start.ok()) return start.status();
+    double load_sum = 0.0;
+    int load_samples = 0;
+    const absl::Duration window = absl::Seconds(flags_.seconds) - (absl::Now() - start->at);
+    if (absl::Status s = Watch(window, &load_sum, &load_samples); !s.ok()) return s;
+    absl::StatusOr<Probe> end = TakeProbe();
+    if (!end.ok()) return end.status();
+
+    const double seconds = absl::ToDoubleSeconds(end->at - start->at);
+    result->window_seconds = seconds;
+    for (int r = 0; r < kTrainers; ++r) {
+      const int64_t steps = end->status.slots(r).step() - start->status.slots(r).step();
+      result->slot_steps.push_back(steps);
+      result->steps += steps;
+    }
+    if (result->steps <= 0) return absl::InternalError("no training step in the window");
+    result->samples_per_second =
+        static_cast<double>(result->steps) * base_job_.data().batch_size() / seconds;
+    const StepLogStatus& log_start = start->status.step_log();
+    const StepLogStatus& log_end = end->status.step_log();
+    result->records_total = log_end.records_written();
+    result->records_per_second = (log_end.records_written() - log_start.records_written()) / seconds;
+    result->bytes_per_second = (log_end.bytes_written() - log_start.bytes_written()) / seconds;
+    if (spec_.logging && result->records_per_second <= 0.0) {
+      return absl::InternalError("step_log.enabled is true but no record was written");
+    }
+    if (!spec_.logging && log_end.records_written() != 0) {
+      return absl::InternalError(absl::StrCat("step_log.enabled is false but ",
+                                              log_end.records_written(),
+                                              " records were written"));
+    }
+
+    const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    int64_t trainer_ticks = 0;
+    for (int r = 0; r < kTrainers; ++r) {
+      if (start->trainer_ticks[r] < 0 || end->trainer_ticks[r] < 0) {
+        return absl::InternalError("cannot read a trainer's CPU time from /proc");
+      }
+      trainer_ticks += end->trainer_ticks[r] - start->trainer_ticks[r];
+    }
+    const int64_t server_ticks = end->server_ticks - start->server_ticks;
+    const int64_t self_ticks = end->self_ticks - start->self_ticks;
+    if (start->server_ticks < 0 || end->server_ticks < 0) {
+      return absl::InternalError("cannot read the server's CPU time from /proc");
+    }
+    result->trainer_cpu_ms_per_step = trainer_ticks * tick_ms / result->steps;
+    result->server_cpu_ms_per_step = server_ticks * tick_ms / result->steps;
+    const double ours_ms = (trainer_ticks + server_ticks + self_ticks) * tick_ms;
+    result->cluster_cores = ours_ms / 1000.0 / seconds;
+    result->samples_per_cpu_second =
+        result->cluster_cores > 0.0 ? result->samples_per_second / result->cluster_cores : NAN;
+    if (start->machine.ok && end->machine.ok) {
+      const double busy_ms = (end->machine.busy - start->machine.busy) * tick_ms;
+      result->other_cores = std::max(0.0, busy_ms - ours_ms) / 1000.0 / seconds;
+      result->steal_cores = (end->machine.steal - start->machine.steal) * tick_ms / 1000.0 / seconds;
+    } else {
+      result->other_cores = NAN;
+      result->steal_cores = NAN;
+    }
+    result->load = load_samples > 0 ? load_sum / load_samples : LoadAverage();
+    result->ok = true;
+    return absl::OkStatus();
+  }
+
+  // SIGTERM (SIGKILL after a bound) to the trainers, then the server.
+  void StopAll(RunResult* result) {
+    for (auto& trainer : trainers_) trainer->Signal(SIGTERM);
+    for (auto& trainer : trainers_) {
+      const int code = trainer->Stop(kStopGrace);
+      if (code != 0 && result->ok) {
+        std::fprintf(stderr, "note: %s exited with code %d after SIGTERM\n",
+                     trainer->log_path().c_str(), code);
+      }
+    }
+    if (server_ != nullptr) {
+      const int code = server_->Stop(kStopGrace);
+      if (code != 0 && result->ok) {
+        std::fprintf(stderr, "note: rebound_server exited with code %d\n", code);
+      }
+    }
+  }
+
+  const Flags& flags_;
+  const JobConfig& base_job_;
+  const std::string dir_;
+  const RunSpec spec_;
+  std::unique_ptr<ChildProcess> server_;
+  std::vector<std::unique_ptr<ChildProcess>> trainers_;
+  std::string address_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The per-step checksum, timed in process
+
+struct ChecksumCost {
+  int64_t parameters = 0;
+  double copy_us = 0.0;  // a copy of the packed parameters (what GetParams does on the CPU backend)
+  double hash_us = 0.0;  // ChecksumFloats over them
+};
+
+// Weights and biases of the model, i.e. the floats of the packed layout.
+int64_t ParameterCount(const ModelSpec& model) {
+  int64_t count = 0;
+  int64_t in = model.input_dim();
+  for (const LayerSpec& layer : model.layers()) {
+    count += in * layer.width() + layer.width();
+    in = layer.width();
+  }
+  return count;
+}
+
+ChecksumCost TimeChecksum(const ModelSpec& model) {
+  ChecksumCost cost;
+  cost.parameters = ParameterCount(model);
+  std::vector<float> params(cost.parameters), copy(cost.parameters);
+  for (int64_t i = 0; i < cost.parameters; ++i) params[i] = 1e-3f * static_cast<float>(i % 977);
+  constexpr int kWarmup = 20;
+  constexpr int kRounds = 200;
+  uint64_t sink = 0;
+  for (int i = 0; i < kWarmup; ++i) {
+    std::copy(params.begin(), params.end(), copy.begin());
+    sink ^= ChecksumFloats(copy);
+  }
+  // The best of a few batches: the figure is the cost on an unloaded core.
+  double best_copy = INFINITY, best_hash = INFINITY;
+  for (int batch = 0; batch < 5; ++batch) {
+    absl::Time t = absl::Now();
+    for (int i = 0; i < kRounds; ++i) {
+      params[i % params.size()] += 1e-7f;
+      std::copy(params.begin(), params.end(), copy.begin());
+      sink ^= copy[i % copy.size()] > 0.0f ? 1 : 0;
+    }
+    best_copy = std::min(best_copy, absl::ToDoubleMicroseconds(absl::Now() - t) / kRounds);
+    t = absl::Now();
+    for (int i = 0; i < kRounds; ++i) {
+      copy[i % copy.size()] += 1e-7f;
+      sink ^= ChecksumFloats(copy);
+    }
+    best_hash = std::min(best_hash, absl::ToDoubleMicroseconds(absl::Now() - t) / kRounds);
+  }
+  if (sink == 0x5eed) std::printf(" ");  // keeps the work observable
+  cost.copy_us = best_copy;
+  cost.hash_us = best_hash;
+  return cost;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+std::string JoinFigures(const std::vector<double>& values, int decimals) {
+  return absl::StrJoin(values, " ", [decimals](std::string* out, double v) {
+    absl::StrAppend(out, absl::StrFormat("%.*f", decimals, v));
+  });
+}
+
+int Main(int argc, char** argv) {
+  Flags flags = ParseFlags(argc, argv);
+  if (flags.server_binary.empty()) {
+    flags.server_binary = FindRunfile("server/rebound_server", IsExecutableFile);
+  }
+  if (flags.worker_binary.empty()) {
+    flags.worker_binary = FindRunfile("worker/rebound_worker", IsExecutableFile);
+  }
+  if (flags.job.empty()) flags.job = FindRunfile("configs/job.pbtxt", IsReadableFile);
+  if (!IsExecutableFile(flags.server_binary) || !IsExecutableFile(flags.worker_binary)) {
+    Usage("cannot find rebound_server / rebound_worker; pass --server_binary and --worker_binary");
+  }
+  absl::StatusOr<JobConfig> base_job = LoadJobConfig(flags.job);
+  if (!base_job.ok()) Usage(absl::StrCat("--job: ", base_job.status().message()));
+
+  char dir_template[] = "/tmp/rebound-logging-overhead-XXXXXX";
+  const char* tmp = mkdtemp(dir_template);
+  if (tmp == nullptr) {
+    std::fprintf(stderr, "cannot create a directory under /tmp\n");
+    return 1;
+  }
+  const std::string workdir = tmp;
+
+  std::vector<RunSpec> specs;
+  for (int rep = 0; rep < flags.reps; ++rep) {
+    // ON first in even repetitions, OFF first in odd ones: a drift in load hits both.
+    const bool first = rep % 2 == 0;
+    specs.push_back({first, rep});
+    specs.push_back({!first, rep});
+  }
+
+  const JobConfig& job = *base_job;
+  const int batch = job.data().batch_size();
+  std::printf("logging_overhead benchmark: failure-free training throughput with the step log ON "
+              "(step_log.enabled true) vs OFF, same job, same run\n");
+  std::printf("job: %s (%s), MLP %d", flags.job.c_str(), job.job_id().c_str(),
+              job.model().input_dim());
+  for (const LayerSpec& layer : job.model().layers()) std::printf("-%d", layer.width());
+  std::printf(" (%lld parameters), batch %d in %d micro-batches, tau %d, %s backend x %d "
+              "thread(s); %d trainers, no spare, no evaluator, policy REPLAY, in-memory server, "
+              "step_log buffer %lld B, %s\n",
+              static_cast<long long>(ParameterCount(job.model())), batch,
+              job.data().micro_batches(), job.easgd().sync_period(),
+              BackendKind_Name(job.compute().backend()).c_str(), job.compute().threads(),
+              kTrainers, static_cast<long long>(job.step_log().buffer_bytes()),
+              Compression_Name(job.step_log().compression()).c_str());
+  std::printf("%zu runs (%d repetitions of ON/OFF, order alternating): %d s warm-up after every "
+              "slot's first sync, then a %d s window; about %.1f min; %d cores online, load "
+              "%.2f; logs in %s\n",
+              specs.size(), flags.reps, flags.warmup_seconds, flags.seconds,
+              specs.size() * (flags.warmup_seconds + flags.seconds + kOverheadSecondsEstimate) /
+                  60.0,
+              static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)), LoadAverage(), workdir.c_str());
+  std::fflush(stdout);
+
+  const ChecksumCost checksum = TimeChecksum(job.model());
+  std::printf("per-step checksum, in process: copy of %lld floats %.1f us + xxHash64 %.1f us = "
+              "%.1f us\n\n",
+              static_cast<long long>(checksum.parameters), checksum.copy_us, checksum.hash_us,
+              checksum.copy_us + checksum.hash_us);
+  std::fflush(stdout);
+
+  const absl::Time study_start = absl::Now();
+  std::map<bool, std::map<int, RunResult>> results;  // logging -> rep -> result
+  bool all_ok = true;
+  for (const RunSpec& spec : specs) {
+    const std::string dir = absl::StrCat(workdir, "/rep", spec.rep, "-", ModeName(spec.logging));
+    std::filesystem::create_directories(dir);
+    const absl::Time run_start = absl::Now();
+    RunResult result = Run(flags, job, dir, spec).Execute();
+    const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+    if (!result.ok) {
+      all_ok = false;
+      std::printf("rep %d %-3s: FAILED after %.0f s: %s\n  (logs in %s)\n", spec.rep,
+                  ModeName(spec.logging), run_seconds, result.error.c_str(), dir.c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    std::printf("rep %d %-3s: %8.1f samples/s (%lld steps in %.2f s, per slot %s); log %7.1f "
+                "records/s %9.0f B/s; CPU ms/step trainers %.3f server %.3f; cores: cluster "
+                "%.2f other %.2f steal %.2f (%.0f samples per cluster CPU-s); load %.2f; %.0f s "
+                "(%.1f s to first syncs)\n",
+                spec.rep, ModeName(spec.logging), result.samples_per_second,
+                static_cast<long long>(result.steps), result.window_seconds,
+                absl::StrJoin(result.slot_steps, "/").c_str(), result.records_per_second,
+                result.bytes_per_second, result.trainer_cpu_ms_per_step,
+                result.server_cpu_ms_per_step, result.cluster_cores, result.other_cores,
+                result.steal_cores, result.samples_per_cpu_second, result.load, run_seconds, result.seconds_to_first_sync);
+    std::fflush(stdout);
+    if (!flags.keep_logs) std::filesystem::remove_all(dir);
+    results[spec.logging][spec.rep] = std::move(result);
+  }
+  const double study_minutes = absl::ToDoubleMinutes(absl::Now() - study_start);
+
+  auto collect = [&](bool logging, double RunResult::*field) {
+    std::vector<double> values;
+    for (const auto& [rep, r] : results[logging]) values.push_back(r.*field);
+    return values;
+  };
+  const std::vector<double> on = collect(true, &RunResult::samples_per_second);
+  const std::vector<double> off = collect(false, &RunResult::samples_per_second);
+  const double on_median = Median(on);
+  const double off_median = Median(off);
+  const double ratio = on_median / off_median;
+  std::vector<double> paired;
+  for (const auto& [rep, r] : results[true]) {
+    auto o = results[false].find(rep);
+    if (o != results[false].end()) paired.push_back(r.samples_per_second / o->second.samples_per_second);
+  }
+  auto spread = [](const std::vector<double>& v) {
+    if (v.size() < 2) return 0.0;
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return (*hi - *lo) / Median(v);
+  };
+
+  std::printf("\nthroughput over %d s windows (samples/s = trainer steps x batch %d; study took "
+              "%.1f min)\n",
+              flags.seconds, batch, study_minutes);
+  std::printf("  ON  (logging):    %-30s median %8.1f  (range %.1f%% of the median)\n",
+              JoinFigures(on, 1).c_str(), on_median, 100.0 * spread(on));
+  std::printf("  OFF (no logging): %-30s median %8.1f  (range %.1f%% of the median)\n",
+              JoinFigures(off, 1).c_str(), off_median, 100.0 * spread(off));
+  std::printf("  ratio ON/OFF of the medians %.4f; paired per repetition %s (median %.4f)\n",
+              ratio, JoinFigures(paired, 4).c_str(), Median(paired));
+
+  // The same comparison per core the cluster got (see RunResult::samples_per_cpu_second).
+  const std::vector<double> on_cpu = collect(true, &RunResult::samples_per_cpu_second);
+  const std::vector<double> off_cpu = collect(false, &RunResult::samples_per_cpu_second);
+  std::printf("  per cluster CPU-second (load-independent while CPU-bound): ON %s median %.1f, "
+              "OFF %s median %.1f, ratio %.4f\n",
+              JoinFigures(on_cpu, 1).c_str(), Median(on_cpu), JoinFigures(off_cpu, 1).c_str(),
+              Median(off_cpu), Median(on_cpu) / Median(off_cpu));
+
+  const double records_s = Median(collect(true, &RunResult::records_per_second));
+  const double bytes_s = Median(collect(true, &RunResult::bytes_per_second));
+  const double on_steps_s = on_median / batch;
+  std::printf("\nstep log in the ON runs (GetStatus.step_log, median): %.1f records_written/s, "
+              "%.0f bytes_written/s (%.1f B/record); expected %.1f records/s = steps/s %.1f x "
+              "(%d micro-batches + 1 checksum)\n",
+              records_s, bytes_s, records_s > 0 ? bytes_s / records_s : 0.0,
+              on_steps_s * (job.data().micro_batches() + 1), on_steps_s,
+              job.data().micro_batches());
+
+  const double trainer_on = Median(collect(true, &RunResult::trainer_cpu_ms_per_step));
+  const double trainer_off = Median(collect(false, &RunResult::trainer_cpu_ms_per_step));
+  const double server_on = Median(collect(true, &RunResult::server_cpu_ms_per_step));
+  const double server_off = Median(collect(false, &RunResult::server_cpu_ms_per_step));
+  const double checksum_ms = (checksum.copy_us + checksum.hash_us) / 1000.0;
+  std::printf("\nwhere the time goes (CPU per training step, medians; the cluster is CPU-bound, "
+              "so CPU per step sets throughput):\n");
+  std::printf("  trainers: ON %.3f ms, OFF %.3f ms, +%.3f ms (%+.1f%%), of which the checksum "
+              "(copy + xxHash64, in process) ~%.3f ms (%.1f%% of OFF)\n",
+              trainer_on, trainer_off, trainer_on - trainer_off,
+              100.0 * (trainer_on - trainer_off) / trainer_off, checksum_ms,
+              100.0 * checksum_ms / trainer_off);
+  std::printf("  server:   ON %.3f ms, OFF %.3f ms, +%.3f ms (AppendLog streams, validation, "
+              "RocksDB commits, acks)\n",
+              server_on, server_off, server_on - server_off);
+  std::printf("  cluster:  ON %.3f ms, OFF %.3f ms per step: CPU-bound throughput ratio "
+              "expected %.4f\n",
+              trainer_on + server_on, trainer_off + server_off,
+              (trainer_off + server_off) / (trainer_on + server_on));
+  std::printf("  machine:  other processes' CPU in the windows, median cores ON %.2f OFF %.2f; "
+              "steal ON %.2f OFF %.2f\n",
+              Median(collect(true, &RunResult::other_cores)),
+              Median(collect(false, &RunResult::other_cores)),
+              Median(collect(true, &RunResult::steal_cores)),
+              Median(collect(false, &RunResult::steal_cores)));
+
+  std::printf("\nverdict against DESIGN.md §9 (failure-free throughput with logging >= %.2fx "
+              "without): ratio %.4f %s\n",
+              kTargetRatio, ratio, ratio >= kTargetRatio ? "MET" : "MISSED");
+  if (!all_ok) std::printf("some runs FAILED; their logs are kept in %s\n", workdir.c_str());
+  if (all_ok && !flags.keep_logs) std::filesystem::remove_all(workdir);
+  std::printf("RESULT logging_overhead: on_samples_s=%.1f off_samples_s=%.1f ratio=%.4f\n",
+              on_median, off_median, ratio);
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace rebound::bench
+
+int main(int argc, char** argv) {
+  return rebound::bench::Main(argc, argv);
+}
