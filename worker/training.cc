@@ -101,9 +101,14 @@ ComputeConfig EffectiveCompute(const JobConfig& job, const WorkerConfig& config)
 
 absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerConfig& config,
                                                                  const JobConfig& job,
-                                                                 int replica) {
+                                                                 int replica,
+                                                                 FashionMnist* preloaded) {
   auto slot = std::make_unique<SlotCompute>();
-  ASSIGN_OR_RETURN(slot->data, LoadFashionMnist(job.data()));
+  if (preloaded != nullptr) {
+    slot->data = std::move(*preloaded);
+  } else {
+    ASSIGN_OR_RETURN(slot->data, LoadFashionMnist(job.data()));
+  }
   RETURN_IF_ERROR(CheckModelFitsData(job.model(), slot->data.train));
   ASSIGN_OR_RETURN(slot->backend, compute::CreateBackend(EffectiveCompute(job, config)));
   ASSIGN_OR_RETURN(slot->trainer, compute::LocalTrainer::Create(slot->backend.get(),
@@ -368,11 +373,12 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
                                                     uint64_t incarnation,
                                                     ParameterServer::Stub* stub,
                                                     const absl::Notification& stop,
+                                                    FashionMnist* preloaded,
                                                     ReportRecoveryRequest* report) {
   const absl::Time started = absl::Now();
   const SlotId& slot = task.slot();
   ASSIGN_OR_RETURN(std::unique_ptr<SlotCompute> compute,
-                   SlotCompute::Create(config, job, slot.replica()));
+                   SlotCompute::Create(config, job, slot.replica(), preloaded));
   compute::MlpStage& stage = compute->trainer->stage(0);
   const compute::StageLayout& layout = stage.layout();
   const Snapshot& snapshot = task.snapshot();
@@ -469,6 +475,9 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
                                                       WorkerAgent* agent,
                                                       const absl::Notification& stop) {
   auto stub = ParameterServer::NewStub(channel);
+  // Load the data set now, not when a trainer has died: it is on the recovery's critical path.
+  ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(registration.job.data()));
+  bool data_loaded = true;
   const int recovery_parallelism = registration.job.fault_tolerance().recovery_parallelism();
   if (recovery_parallelism > 1) {
     LOG(WARNING) << "recovery_parallelism " << recovery_parallelism
@@ -506,8 +515,12 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
     ReportRecoveryRequest report;
     report.set_incarnation(registration.incarnation);
     report.set_task_id(task.task_id());
+    if (!data_loaded) {
+      ASSIGN_OR_RETURN(data, LoadFashionMnist(registration.job.data()));
+    }
+    data_loaded = false;  // moved into the replay's state
     auto rebuilt = Replay(config, registration.job, task, registration.incarnation, stub.get(),
-                          stop, &report);
+                          stop, &data, &report);
     if (!rebuilt.ok()) {
       if (report.outcome() != CHECKSUM_MISMATCH) {
         report.set_outcome(ABANDONED);

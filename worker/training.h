@@ -54,9 +54,11 @@ struct SlotCompute {
   std::vector<float> images;   // one batch, reused
   std::vector<int32_t> labels;
 
-  // Loads the data set and builds the model of `replica` from its initialisation.
+  // Loads the data set (unless `preloaded` is given, which is then moved from) and builds the
+  // model of `replica` from its initialisation.
   static absl::StatusOr<std::unique_ptr<SlotCompute>> Create(const WorkerConfig& config,
-                                                             const JobConfig& job, int replica);
+                                                             const JobConfig& job, int replica,
+                                                             FashionMnist* preloaded = nullptr);
   // Runs step t on the batch of these sample ids; returns the step's loss.
   absl::StatusOr<float> Step(int64_t t, absl::Span<const int64_t> ids,
                              const std::vector<int32_t>& label_map);
