@@ -12,6 +12,7 @@
 #include <glog/logging.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -120,9 +121,11 @@ int Run() {
 
   // `stop` ends the role's work: a signal, or the agent's end (fenced, unreachable, job done).
   absl::Notification stop;
-  std::thread signals([&agent, &stop] {
+  std::atomic<bool> signalled{false};
+  std::thread signals([&agent, &stop, &signalled] {
     const int signal_number = WaitForTerminationSignal();
     LOG(INFO) << "signal " << signal_number << ": stopping";
+    signalled.store(true);
     if (!stop.HasBeenNotified()) stop.Notify();
     agent.Stop();
   });
@@ -175,6 +178,12 @@ int Run() {
   agent.Stop();
   membership.join();
   peer_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (!work.ok() && signalled.load()) {
+    // Stopping deregisters this worker while its work may still be talking to the server; the
+    // errors that follow (FAILED_PRECONDITION: departed) are the stop's, not a failure.
+    LOG(INFO) << "work ended by the stop: " << work;
+    work = absl::OkStatus();
+  }
   if (!work.ok() && work.code() != absl::StatusCode::kCancelled &&
       exit != AgentExit::kFenced) {
     LOG(ERROR) << "work failed: " << work;
