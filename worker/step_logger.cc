@@ -265,6 +265,15 @@ void StepLogger::WriteLoop(Stream* stream) {
       };
       mu_.Await(absl::Condition(&ready));
       if (stream->done || stopping_) break;
+      if (options_.linger > absl::ZeroDuration()) {
+        auto full = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stream->done || stopping_ ||
+                 last_id_ - std::max(sent_through_, acked_through_) >=
+                     static_cast<uint64_t>(options_.max_batch_records);
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&full), options_.linger);
+        if (stream->done || stopping_) break;
+      }
       // buffer_[k] holds record_id acked_through_ + 1 + k.
       const uint64_t first = std::max(sent_through_, acked_through_) + 1;
       request.set_incarnation(incarnation_);

@@ -58,6 +58,11 @@ struct StepLoggerOptions {
   int max_batch_records = 1024;
   // Records in flight this long without any ack: the stream is presumed dead and reopened.
   absl::Duration ack_timeout = absl::Seconds(10);
+  // How long the writer lets records gather before sending a batch (unless a full batch is
+  // waiting or the logger stops): a few steps per stream write and per server commit instead of
+  // one each. Recovery only needs the log up to t_f; steps not shipped yet when a trainer dies
+  // are recomputed by its successor. >= 0.
+  absl::Duration linger = absl::Milliseconds(20);
   // Delay before reopening a broken stream: initial, doubling up to max, with jitter.
   absl::Duration backoff_initial = absl::Milliseconds(100);
   absl::Duration backoff_max = absl::Seconds(5);
