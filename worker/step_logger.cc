@@ -127,6 +127,42 @@ absl::Status StepLogger::Append(LogRecord record, absl::Duration max_block) {
   return absl::OkStatus();
 }
 
+absl::Status StepLogger::AppendAll(std::vector<LogRecord> records, absl::Duration max_block) {
+  int64_t total = 0;
+  std::vector<int64_t> sizes;
+  sizes.reserve(records.size());
+  for (LogRecord& record : records) {
+    record.set_sender_incarnation(incarnation_);
+    record.set_record_id(std::numeric_limits<uint64_t>::max());
+    sizes.push_back(static_cast<int64_t>(record.ByteSizeLong()));
+    total += sizes.back();
+  }
+  if (total > options_.buffer_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(records.size(), " step-log records of ", total,
+                                                   " bytes do not fit the buffer of ",
+                                                   options_.buffer_bytes, " bytes"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !terminal_.ok() || pending_bytes_ + total <= options_.buffer_bytes;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&room), max_block);
+  if (!terminal_.ok()) return terminal_;
+  if (stopping_) return absl::CancelledError("the step logger is stopped");
+  if (pending_bytes_ + total > options_.buffer_bytes) {
+    return absl::UnavailableError(absl::StrCat("the step-log buffer is full: ", pending_bytes_,
+                                               " unacknowledged bytes in ", buffer_.size(),
+                                               " records (buffer_bytes ", options_.buffer_bytes,
+                                               "); waited ", absl::FormatDuration(max_block)));
+  }
+  for (size_t i = 0; i < records.size(); ++i) {
+    records[i].set_record_id(++last_id_);
+    pending_bytes_ += sizes[i];
+    buffer_.push_back(Entry{std::move(records[i]), sizes[i]});
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepLogger::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const uint64_t target = last_id_;

@@ -100,6 +100,9 @@ class StepLogger {
   // Blocks while the buffer has no room for it, up to `max_block`: UNAVAILABLE then.
   // INVALID_ARGUMENT if the record alone exceeds buffer_bytes; the logger's terminal status once
   // it has ended; CANCELLED after Stop().
+  // Appends all of `records` at once (one step's records), as Append does for one: they enter
+  // the buffer together or not at all.
+  absl::Status AppendAll(std::vector<LogRecord> records, absl::Duration max_block);
   absl::Status Append(LogRecord record, absl::Duration max_block);
 
   // Waits until every record appended before the call is acknowledged. DEADLINE_EXCEEDED after

@@ -179,10 +179,10 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   }
   // Appends a record, waiting out back-pressure (bounded by give_up_after_ms): a record that is
   // skipped would leave a hole that caps what replay can rebuild.
-  auto log = [&](LogRecord record) -> absl::Status {
+  auto log = [&](const std::vector<LogRecord>& records) -> absl::Status {
     const absl::Time give_up = absl::Now() + absl::Milliseconds(config.give_up_after_ms());
     while (true) {
-      absl::Status appended = step_logger->Append(record, absl::Seconds(1));
+      absl::Status appended = step_logger->AppendAll(records, absl::Seconds(1));
       if (appended.code() != absl::StatusCode::kUnavailable) return appended;
       if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
       if (absl::Now() >= give_up) return appended;
@@ -294,12 +294,15 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     if (step_logger != nullptr) {
       const int micro_batches = job.data().micro_batches();
       const size_t per = ids.size() / micro_batches;  // micro-batch k = rows [k B/M, (k+1) B/M)
+      std::vector<LogRecord> records;
+      records.reserve(micro_batches + 1);
       for (int k = 0; k < micro_batches; ++k) {
-        RETURN_IF_ERROR(log(
-            MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per))));
+        records.push_back(
+            MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per)));
       }
       RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
-      RETURN_IF_ERROR(log(MakeStepRecord(slot, t, ChecksumFloats(x))));
+      records.push_back(MakeStepRecord(slot, t, ChecksumFloats(x)));
+      RETURN_IF_ERROR(log(records));
     }
     if (t % tau != 0 && t != max_steps) continue;
     RETURN_IF_ERROR(sync_at(t, loss));

@@ -293,6 +293,37 @@ TEST_CASE("records reach the server in order and Flush returns once they are ack
   CHECK(cluster.log().LastCompleteStep(cluster.slot(), 0).value() == 20);
 }
 
+TEST_CASE("AppendAll adds a step's records together, in order, like Append one by one") {
+  Cluster cluster;
+  cluster.StartServer(Acks::kPass);
+  StepLogger logger(cluster.Channel(), cluster.trainer(), TestOptions(1 << 20));
+  for (int64_t step = 1; step <= 10; ++step) {
+    std::vector<LogRecord> records;
+    for (int mb = 0; mb < kMicroBatches; ++mb) {
+      records.push_back(MakeMicroBatchRecord(cluster.slot(), step, mb, SampleIds(step, mb)));
+    }
+    records.push_back(MakeStepRecord(cluster.slot(), step, 0xABC000 + step));
+    REQUIRE(logger.AppendAll(records, absl::Seconds(5)).ok());
+  }
+  REQUIRE(logger.Flush(absl::Seconds(10)).ok());
+  CHECK(logger.stats().appended_through == 50);
+  const std::vector<LogRecord> stored = cluster.Stored();
+  CHECK(Keys(stored) == ExpectedKeys(1, 10));
+  CHECK(stored[4 * 5].record_id() == 25);  // step 5 checksum (sorts first), the 25th record
+  CHECK(stored[4 * 5].params_checksum() == 0xABC000 + 5);
+  CHECK(cluster.log().LastCompleteStep(cluster.slot(), 0).value() == 10);
+
+  // A step that cannot fit the buffer as a whole is refused whole.
+  StepLogger tiny(cluster.Channel(), cluster.trainer(), TestOptions(64));
+  std::vector<LogRecord> too_many;
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    too_many.push_back(MakeMicroBatchRecord(cluster.slot(), 11, mb, SampleIds(11, mb)));
+  }
+  CHECK(tiny.AppendAll(too_many, absl::Milliseconds(10)).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(tiny.stats().appended_through == 0);
+}
+
 TEST_CASE("a full buffer blocks Append, which gives up with UNAVAILABLE after max_block") {
   Cluster cluster;
   cluster.StartServer(Acks::kHold);
