@@ -21,10 +21,12 @@
 // does not move as long as the cluster is CPU-bound (4 single-threaded trainers and the server
 // on 2 cores are), with its ON/OFF ratio as a second, load-independent reading.
 //
-// Besides throughput the benchmark prints, to show where logging's time goes: the trainers' and
-// the server's CPU per training step in ON and OFF runs, the step log's records and bytes
-// committed per second (GetStatus.step_log), and an in-process timing of the per-step parameter
-// checksum (a copy of the packed parameters, as GetParams does, plus xxHash64 over them).
+// Besides throughput the benchmark prints, to show where logging's time goes: the trainers' CPU
+// per training step (split into their main threads, which run the training loop, and the other
+// threads: step logger, gRPC, heartbeats) and the server's, in ON and OFF runs, the step log's
+// records and bytes committed per second (GetStatus.step_log), and an in-process timing of the
+// per-step parameter checksum (a copy of the packed parameters, as GetParams does, plus xxHash64
+// over them).
 //
 // Overrides of the shipped job: job_id "bench-logging-overhead"; topology.replicas 4, spares 0,
 // evaluator false; training.max_steps 10^9 (runs are bounded by wall time); fault_tolerance.policy
@@ -267,9 +269,9 @@ double LoadAverage() {
 // ---------------------------------------------------------------------------------------------
 // CPU accounting, in clock ticks (sysconf(_SC_CLK_TCK) per second)
 
-// utime + stime of every thread of the process, or -1 when it cannot be read.
-int64_t ProcessCpuTicks(pid_t pid) {
-  const std::string text = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+// utime + stime from a /proc stat file, or -1 when it cannot be read.
+int64_t StatCpuTicks(const std::string& path) {
+  const std::string text = ReadFile(path);
   // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
   // state (3), ..., utime (14), stime (15).
   const size_t close = text.rfind(')');
@@ -282,6 +284,15 @@ int64_t ProcessCpuTicks(pid_t pid) {
     return -1;
   }
   return utime + stime;
+}
+
+// Every thread of the process, exited ones included.
+int64_t ProcessCpuTicks(pid_t pid) { return StatCpuTicks(absl::StrCat("/proc/", pid, "/stat")); }
+
+// The process's main thread only: a trainer's training loop runs there (worker/main.cc), so this
+// is the CPU on the training path; the step logger's and gRPC's threads are the rest.
+int64_t MainThreadCpuTicks(pid_t pid) {
+  return StatCpuTicks(absl::StrCat("/proc/", pid, "/task/", pid, "/stat"));
 }
 
 // The machine's CPU time from the "cpu" line of /proc/stat.
@@ -396,6 +407,7 @@ struct RunResult {
   double bytes_per_second = 0.0;    // step_log.bytes_written in the window
   int64_t records_total = 0;        // step_log.records_written at the window's end
   double trainer_cpu_ms_per_step = 0.0;  // the 4 trainers' CPU in the window / steps
+  double trainer_loop_cpu_ms_per_step = 0.0;  // of which their main threads' (training loop)
   double server_cpu_ms_per_step = 0.0;
   double cluster_cores = 0.0;  // the cluster's CPU in the window / window time
   // samples_per_second / cluster_cores: throughput per core the cluster got, which other
@@ -423,6 +435,7 @@ struct Probe {
   absl::Time at;  // the middle of the GetStatus call
   GetStatusResponse status;
   std::vector<int64_t> trainer_ticks;
+  std::vector<int64_t> trainer_loop_ticks;  // main threads
   int64_t server_ticks = 0;
   int64_t self_ticks = 0;
   MachineCpu machine;
@@ -579,7 +592,10 @@ class Run {
     Probe probe;
     // CPU first, then the status: the status is the figure that defines the window.
     probe.machine = ReadMachineCpu();
-    for (auto& trainer : trainers_) probe.trainer_ticks.push_back(ProcessCpuTicks(trainer->pid()));
+    for (auto& trainer : trainers_) {
+      probe.trainer_ticks.push_back(ProcessCpuTicks(trainer->pid()));
+      probe.trainer_loop_ticks.push_back(MainThreadCpuTicks(trainer->pid()));
+    }
     probe.server_ticks = ProcessCpuTicks(server_->pid());
     probe.self_ticks = ProcessCpuTicks(getpid());
     const absl::Time before = absl::Now();
@@ -668,11 +684,14 @@ class Run {
 
     const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
     int64_t trainer_ticks = 0;
+    int64_t trainer_loop_ticks = 0;
     for (int r = 0; r < kTrainers; ++r) {
-      if (start->trainer_ticks[r] < 0 || end->trainer_ticks[r] < 0) {
+      if (start->trainer_ticks[r] < 0 || end->trainer_ticks[r] < 0 ||
+          start->trainer_loop_ticks[r] < 0 || end->trainer_loop_ticks[r] < 0) {
         return absl::InternalError("cannot read a trainer's CPU time from /proc");
       }
       trainer_ticks += end->trainer_ticks[r] - start->trainer_ticks[r];
+      trainer_loop_ticks += end->trainer_loop_ticks[r] - start->trainer_loop_ticks[r];
     }
     const int64_t server_ticks = end->server_ticks - start->server_ticks;
     const int64_t self_ticks = end->self_ticks - start->self_ticks;
@@ -680,6 +699,7 @@ class Run {
       return absl::InternalError("cannot read the server's CPU time from /proc");
     }
     result->trainer_cpu_ms_per_step = trainer_ticks * tick_ms / result->steps;
+    result->trainer_loop_cpu_ms_per_step = trainer_loop_ticks * tick_ms / result->steps;
     result->server_cpu_ms_per_step = server_ticks * tick_ms / result->steps;
     const double ours_ms = (trainer_ticks + server_ticks + self_ticks) * tick_ms;
     result->cluster_cores = ours_ms / 1000.0 / seconds;
@@ -876,13 +896,14 @@ int Main(int argc, char** argv) {
       continue;
     }
     std::printf("rep %d %-3s: %8.1f samples/s (%lld steps in %.2f s, per slot %s); log %7.1f "
-                "records/s %9.0f B/s; CPU ms/step trainers %.3f server %.3f; cores: cluster "
+                "records/s %9.0f B/s; CPU ms/step trainers %.3f (loop %.3f) server %.3f; cores: cluster "
                 "%.2f other %.2f steal %.2f (%.0f samples per cluster CPU-s); load %.2f; %.0f s "
                 "(%.1f s to first syncs)\n",
                 spec.rep, ModeName(spec.logging), result.samples_per_second,
                 static_cast<long long>(result.steps), result.window_seconds,
                 absl::StrJoin(result.slot_steps, "/").c_str(), result.records_per_second,
                 result.bytes_per_second, result.trainer_cpu_ms_per_step,
+                result.trainer_loop_cpu_ms_per_step,
                 result.server_cpu_ms_per_step, result.cluster_cores, result.other_cores,
                 result.steal_cores, result.samples_per_cpu_second, result.load, run_seconds, result.seconds_to_first_sync);
     std::fflush(stdout);
@@ -942,6 +963,8 @@ int Main(int argc, char** argv) {
 
   const double trainer_on = Median(collect(true, &RunResult::trainer_cpu_ms_per_step));
   const double trainer_off = Median(collect(false, &RunResult::trainer_cpu_ms_per_step));
+  const double loop_on = Median(collect(true, &RunResult::trainer_loop_cpu_ms_per_step));
+  const double loop_off = Median(collect(false, &RunResult::trainer_loop_cpu_ms_per_step));
   const double server_on = Median(collect(true, &RunResult::server_cpu_ms_per_step));
   const double server_off = Median(collect(false, &RunResult::server_cpu_ms_per_step));
   const double checksum_ms = (checksum.copy_us + checksum.hash_us) / 1000.0;
@@ -952,6 +975,12 @@ int Main(int argc, char** argv) {
               trainer_on, trainer_off, trainer_on - trainer_off,
               100.0 * (trainer_on - trainer_off) / trainer_off, checksum_ms,
               100.0 * checksum_ms / trainer_off);
+  std::printf("    training loop (main threads): ON %.3f ms, OFF %.3f ms, +%.3f ms (Append of "
+              "%d records + GetParams + xxHash64); other threads (step logger, gRPC, heartbeats): "
+              "ON %.3f ms, OFF %.3f ms, +%.3f ms\n",
+              loop_on, loop_off, loop_on - loop_off, job.data().micro_batches() + 1,
+              trainer_on - loop_on, trainer_off - loop_off,
+              (trainer_on - loop_on) - (trainer_off - loop_off));
   std::printf("  server:   ON %.3f ms, OFF %.3f ms, +%.3f ms (AppendLog streams, validation, "
               "RocksDB commits, acks)\n",
               server_on, server_off, server_on - server_off);
