@@ -205,6 +205,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   WeightInputs inputs;
   SlotBook updated;
   auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+    // Checked again under the stage lock: the sync may have waited (its DETERMINISTIC turn, the
+    // lock) while its sender was declared failed; a fenced worker never writes again.
+    RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     absl::MutexLock lock(&book_mu_);
     const SlotBook& book = books_[{slot.replica(), slot.stage()}];
     if (request->step() <= book.last_update_step) {
@@ -304,6 +307,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   SlotBook updated;
   uint64_t applied = 0;
   auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+    RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     absl::MutexLock lock(&book_mu_);
     const SlotBook& book = books_[{slot.replica(), slot.stage()}];
     applied = book.applied_sequence;

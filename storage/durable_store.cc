@@ -364,6 +364,10 @@ absl::Status DurableStore::OpenDb() {
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.keep_log_file_num = 5;
+  // Bounds the write-ahead log: past this size RocksDB flushes the column families holding the
+  // oldest entries, so overwritten centers and snapshots and garbage-collected log records stop
+  // taking space (the default, 4x the memtables of 7 families, is several GiB).
+  db_options.max_total_wal_size = uint64_t{256} << 20;
   if (in_memory()) {
     memory_env_.reset(rocksdb::NewMemEnv(rocksdb::Env::Default()));
     db_options.env = memory_env_.get();

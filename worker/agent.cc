@@ -211,6 +211,11 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
           return exit_;
         }
       }
+    } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+               registration().incarnation != current.incarnation) {
+      // This heartbeat named an incarnation the worker has just left (a spare that took a slot
+      // over after a replay): not a fencing of the worker, go on under the new one.
+      continue;
     } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       absl::MutexLock lock(&mu_);
       exit_ = AgentExit::kFenced;

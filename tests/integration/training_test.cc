@@ -424,14 +424,15 @@ TEST_CASE("under DYNAMIC a trainer far from the center loses weight and regains 
 
 // Runs a whole job with two real trainers and returns the final center. With `kill_at` > 0
 // trainer "b" is SIGKILLed once its slot passes that step, and a spare rebuilds it by replay.
-TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, int tau = 4) {
+TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, int tau = 4,
+                                 const std::string& model = kSmallModel) {
   Server server(
       absl::StrCat("  scheduling: DETERMINISTIC\n"
                    "  data { batch_size: 16 micro_batches: 4 train_limit: 600 test_limit: 100 }\n"
                    "  adahessian { lr: 0.01 }\n"
                    "  easgd { sync_period: ",
                    tau, " }\n  training { max_steps: ", max_steps, " }\n"),
-      /*durable=*/false, kSmallModel);
+      /*durable=*/false, model);
   WriteFileOrDie(server.dir() + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 200\n");
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (const char* name : {"a", "b"}) {
@@ -456,8 +457,13 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
                                    server.dir() + "/spare.log");
     REQUIRE(spare.ok());
     workers.push_back(*std::move(spare));
-    server.WaitForStatus(
-        [&](const GetStatusResponse& s) { return s.slots(1).step() >= kill_at; });
+    // Kill mid-interval, well after the last sync, so that logged, unsynced steps remain
+    // (in DETERMINISTIC mode a trainer often waits inside its sync for the other's turn).
+    const GetStatusResponse at_kill = server.WaitForStatus([&](const GetStatusResponse& s) {
+      return (s.slots(1).step() >= kill_at && s.slots(1).step() % tau >= tau / 2) ||
+             s.slots(1).state() == FINISHED;
+    });
+    REQUIRE(at_kill.slots(1).state() != FINISHED);
     workers[1]->Signal(SIGKILL);
     // 128 + SIGKILL; anything else means it finished before the kill and the test proves nothing.
     REQUIRE(workers[1]->WaitFor(absl::Seconds(10)).value_or(-1) == 128 + SIGKILL);
@@ -511,8 +517,10 @@ TEST_CASE("DETERMINISTIC scheduling with UNIFORM weights reproduces a run bit fo
 
 TEST_CASE("a trainer killed and rebuilt by replay ends bit-identical to the run without failure") {
   // A long sync period: the kill lands between syncs, leaving logged, unsynced steps to replay.
-  const TensorBundle clean = RunDeterministicJob(0, 1600, 200);
-  const TensorBundle rebuilt = RunDeterministicJob(900, 1600, 200);
+  // A wider hidden layer makes steps slow enough (about 2 ms) for the kill to land mid-interval.
+  const char* model = "  model { layers { width: 512 } layers { width: 10 activation: IDENTITY } }\n";
+  const TensorBundle clean = RunDeterministicJob(0, 1600, 200, model);
+  const TensorBundle rebuilt = RunDeterministicJob(900, 1600, 200, model);
   CHECK(SameBytes(clean, rebuilt));
 }
 
