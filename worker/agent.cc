@@ -170,6 +170,7 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
   Backoff backoff(absl::Milliseconds(config_.backoff_initial_ms()),
                   absl::Milliseconds(config_.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
   absl::Time last_contact = absl::Now();
+  bool job_done = false;
   while (true) {
     const Registration current = registration();
     const absl::Duration interval =
@@ -205,10 +206,8 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
       }
       for (int command : response.commands()) {
         if (command == STOP) {
-          absl::MutexLock lock(&mu_);
-          exit_ = AgentExit::kJobDone;
-          exit_reason_ = "the job is finished";
-          return exit_;
+          job_done = true;
+          break;
         }
       }
     } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
@@ -242,10 +241,10 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
       LOG(WARNING) << "heartbeat failed (" << Describe(status) << "); retrying in "
                    << absl::ToInt64Milliseconds(wait) << " ms";
     }
-    if (!SleepUnlessStopped(wait)) break;
+    if (job_done || !SleepUnlessStopped(wait)) break;
   }
 
-  // Stopped: leave cleanly so the server does not wait for failure_timeout.
+  // Stopped or done: leave cleanly so the server does not wait for failure_timeout.
   DeregisterRequest request;
   request.set_incarnation(registration().incarnation);
   DeregisterResponse response;
@@ -254,7 +253,8 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
   const grpc::Status status = stub_->Deregister(&context, request, &response);
   if (!status.ok()) LOG(WARNING) << "deregister failed: " << Describe(status);
   absl::MutexLock lock(&mu_);
-  exit_ = AgentExit::kStopped;
+  exit_ = job_done ? AgentExit::kJobDone : AgentExit::kStopped;
+  if (job_done) exit_reason_ = "the job is finished";
   return exit_;
 }
 
