@@ -163,7 +163,6 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   if (compute == nullptr) {
     ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot.replica()));
   }
-  const FashionMnist& data = compute->data;
   compute::LocalTrainer* trainer = compute->trainer.get();
   ShardSampler& sampler = *compute->sampler;
   compute::MlpStage& stage = trainer->stage(0);
@@ -550,7 +549,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
                  << granted.slot().stage() << ") as incarnation " << granted.incarnation()
                  << " at step " << task.failed_step() << " ("
                  << absl::ToInt64Milliseconds(absl::Now() - reporting) << " ms)";
-    return std::move(rebuilt);
+    return rebuilt;
   }
   return absl::CancelledError("stopped");
 }
