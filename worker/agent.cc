@@ -155,7 +155,7 @@ bool WorkerAgent::RegisterWithRetry() {
   return false;
 }
 
-AgentExit WorkerAgent::Run(absl::Notification* registered) {
+AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* job_done_out) {
   struct NotifyOnExit {
     absl::Notification* n;
     ~NotifyOnExit() {
@@ -242,6 +242,11 @@ AgentExit WorkerAgent::Run(absl::Notification* registered) {
                    << absl::ToInt64Milliseconds(wait) << " ms";
     }
     if (job_done || !SleepUnlessStopped(wait)) break;
+  }
+  if (job_done && job_done_out != nullptr) {
+    job_done_out->Notify();
+    // Bounded: a worker whose work hangs still leaves.
+    SleepUnlessStopped(absl::Milliseconds(2 * config_.rpc_deadline_ms()));
   }
 
   // Stopped or done: leave cleanly so the server does not wait for failure_timeout.

@@ -49,8 +49,12 @@ class WorkerAgent {
 
   // Registers and heartbeats until Stop(), fencing, rejection, give-up or the job's end. Call
   // once. `registered` (if not null) is notified after the first successful registration or
-  // when Run() returns, whichever comes first.
-  AgentExit Run(absl::Notification* registered = nullptr);
+  // when Run() returns, whichever comes first. At the job's end (the server's STOP) `job_done`
+  // (if not null) is notified, and the worker stays registered until Stop() (at most
+  // 2 x rpc_deadline_ms), so that its work can finish what it owes the server (the step log's
+  // last batches) before the deregistration fences it.
+  AgentExit Run(absl::Notification* registered = nullptr,
+                absl::Notification* job_done = nullptr);
 
   // Asks Run() to return (deregistering first, best effort). Thread-safe.
   void Stop();

@@ -134,7 +134,7 @@ int Run() {
   absl::Notification registered;
   AgentExit exit = AgentExit::kStopped;
   std::thread membership([&] {
-    exit = agent.Run(&registered);
+    exit = agent.Run(&registered, &stop);
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   registered.WaitForNotification();
