@@ -23,6 +23,29 @@ absl::StatusOr<std::unique_ptr<StageOptimizer>> StageOptimizer::Create(
   return opt;
 }
 
+absl::Status StageOptimizer::UpdateHessianDiag(bool with_hessian, ConstDSpan sums,
+                                               ConstDSpan z) {
+  if (!with_hessian) return absl::OkStatus();
+  const int64_t p = layout_.padded_size();
+  if (sums.size < layout_.sums_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "UpdateHessianDiag: sums have %d floats, need %d", sums.size, layout_.sums_size()));
+  }
+  if (z.size != p) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("UpdateHessianDiag: direction has %d floats, expected %d", z.size, p));
+  }
+  DSpan d = d_.span();
+  RETURN_IF_ERROR(backend_->Multiply(z, sums.sub(layout_.hz_offset(), p), d));
+  if (config_.block_size() > 1) {
+    for (const TensorInfo& tensor : layout_.tensors()) {
+      RETURN_IF_ERROR(backend_->BlockAverageRows(tensor.rows, tensor.cols, config_.block_size(),
+                                                 d.sub(tensor.offset, tensor.size())));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StageOptimizer::Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
                                    DSpan params) {
   const int64_t p = layout_.padded_size();
@@ -31,25 +54,11 @@ absl::Status StageOptimizer::Apply(int64_t t, bool with_hessian, ConstDSpan sums
     return absl::InvalidArgumentError(
         absl::StrFormat("Apply: params have %d floats, expected %d", params.size, p));
   }
-  const int64_t need = with_hessian ? layout_.sums_size() : layout_.sums_size_without_hz();
-  if (sums.size < need) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Apply: sums have %d floats, need %d", sums.size, need));
+  if (sums.size < layout_.sums_size_without_hz()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Apply: sums have %d floats, need %d", sums.size, layout_.sums_size_without_hz()));
   }
-  if (with_hessian) {
-    if (z.size != p) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("Apply: direction has %d floats, expected %d", z.size, p));
-    }
-    DSpan d = d_.span();
-    RETURN_IF_ERROR(backend_->Multiply(z, sums.sub(layout_.hz_offset(), p), d));
-    if (config_.block_size() > 1) {
-      for (const TensorInfo& tensor : layout_.tensors()) {
-        RETURN_IF_ERROR(backend_->BlockAverageRows(tensor.rows, tensor.cols, config_.block_size(),
-                                                   d.sub(tensor.offset, tensor.size())));
-      }
-    }
-  }
+  RETURN_IF_ERROR(UpdateHessianDiag(with_hessian, sums, z));
   return backend_->AdaHessianUpdate(MakeAdaHessianScalars(config_, t, 1.0),
                                     sums.sub(layout_.grad_offset(), p), d_.span(), m_.span(),
                                     v_.span(), params);
@@ -233,17 +242,59 @@ absl::Status LocalTrainer::Apply(int64_t t, absl::Span<const ConstDSpan> sums) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<float> LocalTrainer::LossOf(absl::Span<const ConstDSpan> sums) {
+  float loss = 0.0f;
+  const StageLayout& last = stages_.back()->layout();
+  RETURN_IF_ERROR(backend_->CopyToHost(sums.back().sub(last.stats_offset() + kStatsLoss, 1),
+                                       absl::MakeSpan(&loss, 1)));
+  return loss;
+}
+
 absl::StatusOr<float> LocalTrainer::Step(int64_t t, absl::Span<const float> images,
                                          absl::Span<const int32_t> labels) {
   RETURN_IF_ERROR(LoadBatch(images, labels));
   ASSIGN_OR_RETURN(std::vector<ConstDSpan> sums,
                    ComputeBlock(t, TreeNode{0, options_.micro_batches}));
   RETURN_IF_ERROR(Apply(t, sums));
-  float loss = 0.0f;
-  const StageLayout& last = stages_.back()->layout();
-  RETURN_IF_ERROR(backend_->CopyToHost(sums.back().sub(last.stats_offset() + kStatsLoss, 1),
-                                       absl::MakeSpan(&loss, 1)));
-  return loss;
+  return LossOf(sums);
+}
+
+int64_t LocalTrainer::packed_size() const {
+  int64_t total = 0;
+  for (const auto& stage : stages_) total += stage->layout().packed_size();
+  return total;
+}
+
+absl::StatusOr<float> LocalTrainer::ComputeGradients(int64_t t, absl::Span<const float> images,
+                                                     absl::Span<const int32_t> labels,
+                                                     absl::Span<float> g, absl::Span<float> d) {
+  const int64_t n = packed_size();
+  if (static_cast<int64_t>(g.size()) != n || static_cast<int64_t>(d.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ComputeGradients: g has %d floats and d %d, expected %d each", g.size(), d.size(), n));
+  }
+  RETURN_IF_ERROR(LoadBatch(images, labels));
+  ASSIGN_OR_RETURN(std::vector<ConstDSpan> sums,
+                   ComputeBlock(t, TreeNode{0, options_.micro_batches}));
+  // ComputeBlock drew this step's z if the step computes the Hessian.
+  const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
+  std::vector<float> padded;
+  int64_t offset = 0;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const StageLayout& layout = stages_[s]->layout();
+    const int64_t p = layout.padded_size();
+    const int64_t packed = layout.packed_size();
+    RETURN_IF_ERROR(
+        optimizers_[s]->UpdateHessianDiag(with_hessian, sums[s], stages_[s]->direction()));
+    padded.resize(p);
+    RETURN_IF_ERROR(backend_->CopyToHost(sums[s].sub(layout.grad_offset(), p),
+                                         absl::MakeSpan(padded)));
+    RETURN_IF_ERROR(layout.Pack(padded, g.subspan(offset, packed)));
+    RETURN_IF_ERROR(backend_->CopyToHost(optimizers_[s]->d(), absl::MakeSpan(padded)));
+    RETURN_IF_ERROR(layout.Pack(padded, d.subspan(offset, packed)));
+    offset += packed;
+  }
+  return LossOf(sums);
 }
 
 absl::StatusOr<EvalResult> LocalTrainer::Evaluate(absl::Span<const float> images,

@@ -10,7 +10,8 @@
 // memory (for tests that split a model), the M micro-batches of a batch, the tree reduction, D
 // and the AdaHessian update. Its pieces (LoadBatch, ComputeBlock, Apply) are what parallel replay
 // needs: spares compute tree-aligned blocks, the leader combines them with TreeAccumulator and
-// every spare applies the identical update.
+// every spare applies the identical update. ComputeGradients runs a step without its update and
+// hands out the step's gradient and D instead: what a trainer pushes in mode ASYNC_ADAHESSIAN.
 //
 // A step t (1-based):
 //   1. with_hessian = HessianDue(t, hessian_every); if so, each stage draws z for
@@ -57,6 +58,14 @@ class StageOptimizer {
   // becomes block_average(z * Hz); otherwise the last D is reused (zero before the first D).
   absl::Status Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
                      DSpan params);
+
+  // The first half of Apply, alone: if with_hessian the stage's last D becomes
+  // block_average(z * Hz) from `sums` (at least sums_size() floats) and `z` (padded_size()
+  // floats); otherwise the last D is kept and `sums` and `z` are not read. Apply(t, h, sums, z,
+  // params) is UpdateHessianDiag(h, sums, z) followed by AdaHessianUpdate(t) with the sums'
+  // gradient and the last D. m, v and the parameters are untouched. INVALID_ARGUMENT on wrong
+  // sizes (nothing changes then).
+  absl::Status UpdateHessianDiag(bool with_hessian, ConstDSpan sums, ConstDSpan z);
 
   // The state in the padded layout: first moment m, second moment v, last D.
   DSpan m() { return m_.span(); }
@@ -130,6 +139,27 @@ class LocalTrainer {
   absl::StatusOr<std::vector<ConstDSpan>> ComputeBlock(int64_t t, TreeNode block);
   absl::Status Apply(int64_t t, absl::Span<const ConstDSpan> sums);
 
+  // Step t without its update, for mode ASYNC_ADAHESSIAN (DESIGN §4.6), where the server applies
+  // AdaHessian to the center: runs points 1-3 of a step on the batch as Step does, updates each
+  // stage's last D as point 4 does, and instead of AdaHessianUpdate copies to the host
+  //   g: the step's gradient (the batch mean, reduced along the tree over the M micro-batches);
+  //   d: the D that Step(t) would use: block_average(z * Hz) of this step if
+  //      HessianDue(t, hessian_every), else the last D computed (zero before the first one).
+  // Both are in the model's packed layout: stage 0's tensors, then stage 1's, ... (ascending
+  // tensor id, so the result does not depend on the split), packed_size() floats each.
+  // Returns the step's loss. The parameters and m, v do not change; the last D does (as in Step),
+  // so that later steps between Hessian steps reuse it. Hence, on the CPU backend, applying
+  // ServerAdaHessianApply(optimizer, w = 1, t, g, d, m, v, theta) to the packed parameters theta
+  // and this trainer's m, v gives bit-identical results to Step(t) (the CUDA backend evaluates
+  // the same per-element expressions, compute/elementwise_math.h). INVALID_ARGUMENT on wrong
+  // sizes or labels out of range.
+  absl::StatusOr<float> ComputeGradients(int64_t t, absl::Span<const float> images,
+                                         absl::Span<const int32_t> labels, absl::Span<float> g,
+                                         absl::Span<float> d);
+
+  // The whole model's parameter count: the sum of the stages' packed_size().
+  int64_t packed_size() const;
+
   // Sums-buffer length of stage s for step t: sums_size() with Hessian, else the prefix.
   int64_t ActiveSumsLength(int s, int64_t t) const;
 
@@ -146,6 +176,9 @@ class LocalTrainer {
   absl::Status CheckBatch(absl::Span<const float> images, absl::Span<const int32_t> labels,
                           int64_t expected_samples) const;
   absl::Status EnsureDirection(int64_t t);
+  // The loss of a step from its per-stage sums reduced over all micro-batches (4 bytes leave the
+  // device).
+  absl::StatusOr<float> LossOf(absl::Span<const ConstDSpan> sums);
 
   Backend* backend_;
   TrainerOptions options_;

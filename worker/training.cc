@@ -70,6 +70,151 @@ compute::TrainerOptions OptionsFor(const JobConfig& job, int replica) {
   return options;
 }
 
+// Pulls the center of stage `stage_index` (retried like every call) and checks that it holds
+// exactly the tensors of `layout`.
+absl::StatusOr<PullResponse> PullCenter(const WorkerConfig& config, const absl::Notification& stop,
+                                        ParameterServer::Stub* stub, uint64_t incarnation,
+                                        int stage_index, const compute::StageLayout& layout) {
+  PullRequest pull;
+  pull.set_incarnation(incarnation);
+  pull.set_stage(stage_index);
+  PullResponse center;
+  RETURN_IF_ERROR(CallWithRetry(config, stop, "pull", [&](grpc::ClientContext* context) {
+    center.Clear();
+    return stub->Pull(context, pull, &center);
+  }));
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, center.center(), "center"));
+  return center;
+}
+
+// The labels a trainer sees under fault injection: perm[y] for a fixed random permutation of the
+// classes; empty (labels unchanged) without it.
+std::vector<int32_t> InjectedLabelMap(const InjectedFaults& faults) {
+  std::vector<int32_t> label_map;
+  if (faults.label_permutation_seed == 0) return label_map;
+  label_map.resize(kFashionMnistClasses);
+  for (int i = 0; i < kFashionMnistClasses; ++i) label_map[i] = i;
+  const RngStream stream{faults.label_permutation_seed, 0, 0, 0, kRngShuffle};
+  for (int i = kFashionMnistClasses - 1; i > 0; --i) {
+    std::swap(label_map[i], label_map[RngWord(stream, i) % (i + 1)]);
+  }
+  LOG(WARNING) << "FAULT INJECTION: this trainer's labels are permuted";
+  return label_map;
+}
+
+// Fault injection, a naive supervisor's restart before step t (when one is due): fresh random
+// parameters (the `resets`-th draw of this replica), zero optimizer state.
+absl::Status MaybeResetFromScratch(const InjectedFaults& faults, int64_t t, const JobConfig& job,
+                                   const SlotId& slot, int64_t* resets,
+                                   compute::LocalTrainer* trainer) {
+  if (faults.reset_every_steps <= 0 || t <= 1 || (t - 1) % faults.reset_every_steps != 0) {
+    return absl::OkStatus();
+  }
+  const compute::StageLayout& layout = trainer->stage(0).layout();
+  ModelSpec fresh = job.model();
+  fresh.set_init_seed(job.model().init_seed() + 7919 * (++*resets) + 104729 * slot.replica());
+  std::vector<float> padded(layout.padded_size());
+  std::vector<float> packed(layout.packed_size());
+  RETURN_IF_ERROR(compute::InitParams(fresh, layout, absl::MakeSpan(padded)));
+  RETURN_IF_ERROR(layout.Pack(padded, absl::MakeSpan(packed)));
+  RETURN_IF_ERROR(trainer->stage(0).SetParams(packed));
+  std::fill(packed.begin(), packed.end(), 0.0f);
+  RETURN_IF_ERROR(trainer->optimizer(0).SetState(packed, packed, packed));
+  LOG(WARNING) << "FAULT INJECTION: restarted from scratch at step " << t;
+  return absl::OkStatus();
+}
+
+// The trainer of mode ASYNC_ADAHESSIAN (DESIGN §4.6; the contract is RunTrainer's, in
+// training.h). The center is the replica: the trainer keeps no optimizer state the server lacks,
+// so it writes no step log (a lost trainer is replaced by any spare that pulls the center) and
+// sends no snapshot.
+absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
+                                       const Registration& registration,
+                                       ParameterServer::Stub* stub, WorkerAgent* agent,
+                                       const absl::Notification& stop,
+                                       const InjectedFaults& faults, SlotCompute* compute) {
+  const JobConfig& job = registration.job;
+  const SlotId& slot = registration.slot;
+  // Every call names the registration this loop runs under: if the server forgets it (ABORTED),
+  // the worker starts its work over under the agent's new one (worker/main.cc).
+  const uint64_t incarnation = registration.incarnation;
+  compute::MlpStage& stage = compute->trainer->stage(0);
+  const compute::StageLayout& layout = stage.layout();
+  const int64_t max_steps = job.training().max_steps();
+  const int tau = job.easgd().sync_period();
+
+  // Loads the current center into the local parameters.
+  auto pull = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const PullResponse center,
+                     PullCenter(config, stop, stub, incarnation, slot.stage(), layout));
+    RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
+    VLOG(1) << "pulled center version " << center.center_version();
+    return absl::OkStatus();
+  };
+
+  // Sequence numbers. The slot pushes exactly once per step, from step 1, with sequence = step,
+  // so its applied sequence is its last applied step, which the server also records as the
+  // slot's progress: a takeover's start_step is that step, and the new trainer goes on from
+  // start_step + 1 = applied + 1. Should start_step lag behind (a REPLAY takeover in this mode
+  // starts at 0, having no snapshot or log to replay), the first push is answered
+  // applied: false with the applied sequence and the trainer skips ahead to it.
+  const int64_t start = registration.start_step;
+  RETURN_IF_ERROR(pull());
+  RETURN_IF_ERROR(compute->SeekAfter(start));
+  LOG(INFO) << "training slot (" << slot.replica() << ", " << slot.stage() << ") on "
+            << compute->sampler->shard().size() << " samples for steps " << start + 1 << ".."
+            << max_steps << ": pushing g and D every step, pulling the center every " << tau;
+
+  const std::vector<int32_t> label_map = InjectedLabelMap(faults);
+  int64_t resets = 0;
+  std::vector<float> g(layout.packed_size()), d(layout.packed_size());
+  for (int64_t t = start + 1; t <= max_steps; ++t) {
+    if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
+    RETURN_IF_ERROR(
+        MaybeResetFromScratch(faults, t, job, slot, &resets, compute->trainer.get()));
+    const std::vector<int64_t> ids = compute->sampler->NextBatch();
+    ASSIGN_OR_RETURN(const float loss, compute->ComputeGradients(t, ids, label_map,
+                                                                 absl::MakeSpan(g),
+                                                                 absl::MakeSpan(d)));
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
+    }
+    PushRequest request;
+    request.set_incarnation(incarnation);
+    *request.mutable_slot() = slot;
+    request.set_sequence(static_cast<uint64_t>(t));
+    request.set_step(t);
+    *request.mutable_gradient() = compute::BundleFromPacked(layout, g);
+    *request.mutable_hessian_diag() = compute::BundleFromPacked(layout, d);
+    request.set_loss(loss);
+    PushResponse response;
+    // A retry after a lost reply is harmless: the server recognises the sequence and answers
+    // applied: false.
+    RETURN_IF_ERROR(CallWithRetry(config, stop, "push", [&](grpc::ClientContext* context) {
+      response.Clear();
+      return stub->Push(context, request, &response);
+    }));
+    bool pull_now = t % tau == 0 || t == max_steps;
+    if (!response.applied() && response.applied_sequence() > static_cast<uint64_t>(t)) {
+      const int64_t applied = static_cast<int64_t>(
+          std::min<uint64_t>(response.applied_sequence(), static_cast<uint64_t>(max_steps)));
+      LOG(WARNING) << "the server has applied this slot's pushes through sequence "
+                   << response.applied_sequence() << ": skipping from step " << t << " to step "
+                   << applied + 1;
+      t = applied;
+      RETURN_IF_ERROR(compute->SeekAfter(t));
+      pull_now = true;
+    }
+    agent->set_progress(t, loss);
+    VLOG(1) << "pushed step " << t << " loss " << loss << (response.applied() ? "" : " (again)")
+            << " weight " << response.weight() << " center version "
+            << response.center_version();
+    if (pull_now) RETURN_IF_ERROR(pull());
+  }
+  LOG(INFO) << "finished " << max_steps << " steps";
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckModelFitsData(const ModelSpec& model, const Dataset& data) {
@@ -124,13 +269,26 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerCon
   return slot;
 }
 
-absl::StatusOr<float> SlotCompute::Step(int64_t t, absl::Span<const int64_t> ids,
-                                        const std::vector<int32_t>& label_map) {
+absl::Status SlotCompute::LoadBatch(absl::Span<const int64_t> ids,
+                                    const std::vector<int32_t>& label_map) {
   RETURN_IF_ERROR(AssembleBatch(data.train, ids, absl::MakeSpan(images), absl::MakeSpan(labels)));
   if (!label_map.empty()) {
     for (int32_t& label : labels) label = label_map[label];
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> SlotCompute::Step(int64_t t, absl::Span<const int64_t> ids,
+                                        const std::vector<int32_t>& label_map) {
+  RETURN_IF_ERROR(LoadBatch(ids, label_map));
   return trainer->Step(t, images, labels);
+}
+
+absl::StatusOr<float> SlotCompute::ComputeGradients(int64_t t, absl::Span<const int64_t> ids,
+                                                    const std::vector<int32_t>& label_map,
+                                                    absl::Span<float> g, absl::Span<float> d) {
+  RETURN_IF_ERROR(LoadBatch(ids, label_map));
+  return trainer->ComputeGradients(t, images, labels, g, d);
 }
 
 absl::StatusOr<uint64_t> SlotCompute::ParamsChecksum() {
@@ -153,22 +311,23 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   if (job.topology().stages() != 1) {
     return absl::UnimplementedError("pipeline stages (S > 1) arrive with issue R5");
   }
-  if (job.easgd().mode() != EASGD) {
-    return absl::UnimplementedError("the ASYNC_ADAHESSIAN trainer loop arrives with issue R3's "
-                                    "follow-up; run mode EASGD");
-  }
   const SlotId slot = registration.slot;
   const bool replayed = resumed != nullptr;
   std::unique_ptr<SlotCompute> compute = std::move(resumed);
   if (compute == nullptr) {
     ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot.replica()));
   }
+  auto stub = ParameterServer::NewStub(channel);
+  if (job.easgd().mode() == ASYNC_ADAHESSIAN) {
+    // A replayed state is not needed: the trainer starts from the center either way.
+    return RunAsyncAdaHessianTrainer(config, registration, stub.get(), agent, stop, faults,
+                                     compute.get());
+  }
   compute::LocalTrainer* trainer = compute->trainer.get();
   ShardSampler& sampler = *compute->sampler;
   compute::MlpStage& stage = trainer->stage(0);
   compute::StageOptimizer& optimizer = trainer->optimizer(0);
   const compute::StageLayout& layout = stage.layout();
-  auto stub = ParameterServer::NewStub(channel);
   // The step log (DESIGN §5.2): per step, the sample ids of each micro-batch and the checksum of
   // the parameters after the step, shipped asynchronously from a bounded buffer.
   std::unique_ptr<StepLogger> step_logger;
@@ -197,15 +356,9 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   if (start > 0 && !replayed) {
     // RESTART_FROM_CENTER: the lost slot restarts from the current center with fresh optimizer
     // state, at the data position the slot had reached at its last sync.
-    PullRequest pull;
-    pull.set_incarnation(registration.incarnation);
-    pull.set_stage(slot.stage());
-    PullResponse center;
-    RETURN_IF_ERROR(CallWithRetry(config, stop, "pull", [&](grpc::ClientContext* context) {
-      center.Clear();
-      return stub->Pull(context, pull, &center);
-    }));
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, center.center(), "center"));
+    ASSIGN_OR_RETURN(const PullResponse center,
+                     PullCenter(config, stop, stub.get(), registration.incarnation, slot.stage(),
+                                layout));
     RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
     RETURN_IF_ERROR(compute->SeekAfter(start));
     LOG(INFO) << "restarting slot (" << slot.replica() << ", " << slot.stage()
@@ -216,16 +369,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
             << sampler.shard().size() << " samples for steps " << start + 1 << ".." << max_steps
             << ", sync every " << tau;
 
-  std::vector<int32_t> label_map;
-  if (faults.label_permutation_seed != 0) {
-    label_map.resize(kFashionMnistClasses);
-    for (int i = 0; i < kFashionMnistClasses; ++i) label_map[i] = i;
-    const RngStream stream{faults.label_permutation_seed, 0, 0, 0, kRngShuffle};
-    for (int i = kFashionMnistClasses - 1; i > 0; --i) {
-      std::swap(label_map[i], label_map[RngWord(stream, i) % (i + 1)]);
-    }
-    LOG(WARNING) << "FAULT INJECTION: this trainer's labels are permuted";
-  }
+  const std::vector<int32_t> label_map = InjectedLabelMap(faults);
   int64_t resets = 0;
 
   // The EASGD exchange after step t (§4.4): send x and the optimizer state, move x toward the
@@ -272,18 +416,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
 
   for (int64_t t = start + 1; t <= max_steps; ++t) {
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
-    if (faults.reset_every_steps > 0 && t > 1 && (t - 1) % faults.reset_every_steps == 0) {
-      // A naive supervisor's restart: fresh random parameters, zero optimizer state.
-      ModelSpec fresh = job.model();
-      fresh.set_init_seed(job.model().init_seed() + 7919 * (++resets) + 104729 * slot.replica());
-      std::vector<float> padded(layout.padded_size());
-      RETURN_IF_ERROR(compute::InitParams(fresh, layout, absl::MakeSpan(padded)));
-      RETURN_IF_ERROR(layout.Pack(padded, absl::MakeSpan(x)));
-      RETURN_IF_ERROR(stage.SetParams(x));
-      std::fill(m.begin(), m.end(), 0.0f);
-      RETURN_IF_ERROR(optimizer.SetState(m, m, m));
-      LOG(WARNING) << "FAULT INJECTION: restarted from scratch at step " << t;
-    }
+    RETURN_IF_ERROR(MaybeResetFromScratch(faults, t, job, slot, &resets, trainer));
     const std::vector<int64_t> ids = sampler.NextBatch();
     ASSIGN_OR_RETURN(const float loss, compute->Step(t, ids, label_map));
     if (!std::isfinite(loss)) {
@@ -334,16 +467,9 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
   int64_t evaluated_version = -1;
   const absl::Duration period = absl::Milliseconds(job.training().eval_every_ms());
   do {
-    PullRequest pull;
-    pull.set_incarnation(registration.incarnation);
-    pull.set_stage(0);
-    PullResponse center;
-    RETURN_IF_ERROR(CallWithRetry(config, stop, "pull", [&](grpc::ClientContext* context) {
-      center.Clear();
-      return stub->Pull(context, pull, &center);
-    }));
+    ASSIGN_OR_RETURN(const PullResponse center,
+                     PullCenter(config, stop, stub.get(), registration.incarnation, 0, layout));
     if (center.center_version() == evaluated_version) continue;
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, center.center(), "center"));
     RETURN_IF_ERROR(model->stage(0).SetParams(compute::PackedFromBundle(layout, center.center())));
     ASSIGN_OR_RETURN(compute::EvalResult result, model->Evaluate(data.test.images, labels));
     evaluated_version = center.center_version();

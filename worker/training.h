@@ -2,12 +2,19 @@
 
 // The work a registered worker does for its role (DESIGN.md §4.4, §5.1):
 //
-// * TrainerLoop: local AdaHessian steps on the slot's data shard; every sync_period steps (and at
-//   max_steps) an EASGD Sync with the server, retried with capped exponential backoff across
-//   server unavailability (a retried Sync is recognised by the server and answered with the
-//   stored post-sync state, so it is applied once); the reply's c_before moves the local
-//   parameters with the same kernel the server used, so the worker's state after the sync is
-//   bit-identical to the snapshot the server stored.
+// * RunTrainer, mode EASGD (§4.4): local AdaHessian steps on the slot's data shard; every
+//   sync_period steps (and at max_steps) an EASGD Sync with the server, retried with capped
+//   exponential backoff across server unavailability (a retried Sync is recognised by the server
+//   and answered with the stored post-sync state, so it is applied once); the reply's c_before
+//   moves the local parameters with the same kernel the server used, so the worker's state after
+//   the sync is bit-identical to the snapshot the server stored. Each step is logged (§5.2).
+// * RunTrainer, mode ASYNC_ADAHESSIAN (§4.6): pulls the center at the start and loads it into
+//   the local parameters; each step t computes the gradient g and Hessian diagonal D of the
+//   slot's next batch at the local parameters without updating them
+//   (compute::LocalTrainer::ComputeGradients) and Pushes them with sequence number t, retried
+//   like a Sync (a retried push is answered applied: false and changes nothing); every
+//   sync_period steps (and at max_steps) it pulls the center again. The center is the replica:
+//   no step log, no snapshot.
 // * EvaluatorLoop: pulls the center every eval_every_ms, measures test loss and accuracy, and
 //   reports them (visible in status).
 //
@@ -59,18 +66,34 @@ struct SlotCompute {
   static absl::StatusOr<std::unique_ptr<SlotCompute>> Create(const WorkerConfig& config,
                                                              const JobConfig& job, int replica,
                                                              FashionMnist* preloaded = nullptr);
+  // Fills `images` and `labels` with the batch of these sample ids (each label y becomes
+  // label_map[y] unless label_map is empty).
+  absl::Status LoadBatch(absl::Span<const int64_t> ids, const std::vector<int32_t>& label_map);
   // Runs step t on the batch of these sample ids; returns the step's loss.
   absl::StatusOr<float> Step(int64_t t, absl::Span<const int64_t> ids,
                              const std::vector<int32_t>& label_map);
+  // Step t on that batch without its update (mode ASYNC_ADAHESSIAN): the step's gradient and
+  // Hessian diagonal into g and d, packed layout (compute::LocalTrainer::ComputeGradients);
+  // returns the step's loss.
+  absl::StatusOr<float> ComputeGradients(int64_t t, absl::Span<const int64_t> ids,
+                                         const std::vector<int32_t>& label_map,
+                                         absl::Span<float> g, absl::Span<float> d);
   // xxHash64 of the parameters in the packed layout (what the step log records).
   absl::StatusOr<uint64_t> ParamsChecksum();
   // Positions the data cursor after `steps` batches.
   absl::Status SeekAfter(int64_t steps);
 };
 
-// Trains the registered slot to max_steps. OK when done. `resumed` (optional) is the slot's
-// state rebuilt by Replay at registration.start_step; without it the trainer starts from the
-// model's initialisation (start_step 0) or from the center (start_step > 0, RESTART_FROM_CENTER).
+// Trains the registered slot to max_steps, in the job's mode (see above). OK when done.
+// UNIMPLEMENTED for a pipelined job (stages > 1, issue R5).
+// Mode EASGD: `resumed` (optional) is the slot's state rebuilt by Replay at
+// registration.start_step; without it the trainer starts from the model's initialisation
+// (start_step 0) or from the center (start_step > 0, RESTART_FROM_CENTER).
+// Mode ASYNC_ADAHESSIAN: the trainer always starts from the center, at step start_step + 1 of its
+// data (`resumed` only saves loading the data set again). Push sequence = step: the slot pushes
+// once per step from step 1, so its applied sequence is its last applied step, which a takeover's
+// start_step carries; if start_step lags behind it, the first push is answered applied: false
+// with the applied sequence and the trainer skips ahead to it (with a fresh pull of the center).
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
                         const absl::Notification& stop, const InjectedFaults& faults = {},

@@ -1,5 +1,6 @@
 // Whole local steps (compute/step.h): determinism across repeated runs, across parallel-replay
-// block splits and across stage splits, the loss normalisation, evaluation and learning.
+// block splits and across stage splits, the loss normalisation, evaluation and learning, and the
+// gradient and D handed out without an update (mode ASYNC_ADAHESSIAN).
 
 #include "compute/step.h"
 
@@ -315,6 +316,126 @@ TEST_CASE("training on a learnable synthetic task lowers the loss", "[step]") {
                << " -> " << after.accuracy);
   CHECK(after.loss < 0.6 * before.loss);
   CHECK(after.accuracy > before.accuracy + 0.3);
+}
+
+void SetAllParams(LocalTrainer& trainer, const std::vector<float>& all) {
+  size_t offset = 0;
+  for (int s = 0; s < trainer.num_stages(); ++s) {
+    const size_t n = trainer.stage(s).layout().packed_size();
+    REQUIRE(trainer.stage(s)
+                .SetParams(absl::MakeConstSpan(all).subspan(offset, n))
+                .ok());
+    offset += n;
+  }
+  REQUIRE(offset == all.size());
+}
+
+// The per-step g and D of ComputeGradients over steps 1..4 of a model split at `boundaries`.
+struct PushedSteps {
+  std::vector<std::vector<float>> g, d;
+  std::vector<float> losses;
+};
+
+TEST_CASE("ComputeGradients' g and D applied as the server does reproduce Step bit for bit",
+          "[step]") {
+  auto backend = testing::CpuBackend();
+  TrainerOptions options = DefaultOptions();
+  options.optimizer.set_block_size(3);
+  options.optimizer.set_hessian_every(2);  // D at steps 1 and 3, reused at 2 and 4
+  options.optimizer.set_weight_decay(0.01);
+  std::vector<PushedSteps> runs;
+  for (const std::vector<int>& boundaries : std::vector<std::vector<int>>{{}, {2}, {1, 3}}) {
+    INFO("stage boundaries " << ::Catch::Detail::stringify(boundaries));
+    options.stage_boundaries = boundaries;
+    auto pusher = NewTrainer(backend.get(), options);  // plays the trainer of §4.6
+    auto local = NewTrainer(backend.get(), options);   // plays the local AdaHessian of §4.3
+    const int64_t n = pusher->packed_size();
+    REQUIRE(n == static_cast<int64_t>(Params(*pusher).size()));
+    // The server's copy of the center and its own m, v, fresh.
+    std::vector<float> theta = Params(*pusher);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    PushedSteps run;
+    for (int t = 1; t <= 4; ++t) {
+      INFO("step " << t);
+      const Batch batch = MakeBatch(options.batch_size, 12, 5, 300 + t);
+      std::vector<float> g(n, NAN), d(n, NAN);
+      auto pushed_loss = pusher->ComputeGradients(t, batch.images, batch.labels,
+                                                  absl::MakeSpan(g), absl::MakeSpan(d));
+      REQUIRE(pushed_loss.ok());
+      // Nothing was applied: the parameters and m, v are as before.
+      CHECK(BitEqual(Params(*pusher), theta));
+      const std::vector<float> state = FullState(*pusher);
+      CHECK(BitEqual(std::vector<float>(state.begin() + n, state.begin() + 3 * n),
+                     std::vector<float>(2 * n, 0.0f)));
+      // The trainer's last D is the one it handed out.
+      CHECK(BitEqual(std::vector<float>(state.begin() + 3 * n, state.end()), d));
+
+      REQUIRE(ServerAdaHessianApply(options.optimizer, 1.0, t, g, d, absl::MakeSpan(m),
+                                    absl::MakeSpan(v), absl::MakeSpan(theta))
+                  .ok());
+      auto local_loss = local->Step(t, batch.images, batch.labels);
+      REQUIRE(local_loss.ok());
+      CHECK(*pushed_loss == *local_loss);
+      const std::vector<float> local_state = FullState(*local);
+      CHECK(BitEqual(std::vector<float>(local_state.begin(), local_state.begin() + n), theta));
+      CHECK(BitEqual(std::vector<float>(local_state.begin() + n, local_state.begin() + 2 * n),
+                     m));
+      CHECK(BitEqual(std::vector<float>(local_state.begin() + 2 * n,
+                                        local_state.begin() + 3 * n),
+                     v));
+      CHECK(BitEqual(std::vector<float>(local_state.begin() + 3 * n, local_state.end()), d));
+      // The trainer pulls the updated center.
+      SetAllParams(*pusher, theta);
+      run.g.push_back(g);
+      run.d.push_back(d);
+      run.losses.push_back(*pushed_loss);
+    }
+    // D is fresh at the Hessian steps 1 and 3 and reused at 2 and 4; g is fresh every step.
+    CHECK(BitEqual(run.d[1], run.d[0]));
+    CHECK(BitEqual(run.d[3], run.d[2]));
+    CHECK_FALSE(BitEqual(run.d[2], run.d[0]));
+    CHECK_FALSE(BitEqual(run.g[1], run.g[0]));
+    // Block averaging over 3 along a row: layer 0's weight rows have 12 = 4 x 3 entries, so
+    // each block of 3 holds one value.
+    for (int i = 0; i < 12; i += 3) {
+      CHECK(run.d[0][i] == run.d[0][i + 1]);
+      CHECK(run.d[0][i] == run.d[0][i + 2]);
+    }
+    bool nonzero = false;
+    for (float x : run.d[0]) nonzero = nonzero || x != 0.0f;
+    CHECK(nonzero);
+    runs.push_back(std::move(run));
+  }
+  // Any split of the model hands out the same bits.
+  for (size_t r = 1; r < runs.size(); ++r) {
+    for (int t = 0; t < 4; ++t) {
+      CHECK(BitEqual(runs[r].g[t], runs[0].g[t]));
+      CHECK(BitEqual(runs[r].d[t], runs[0].d[t]));
+    }
+    CHECK(BitEqual(runs[r].losses, runs[0].losses));
+  }
+}
+
+TEST_CASE("ComputeGradients rejects wrong output sizes and changes nothing", "[step]") {
+  auto backend = testing::CpuBackend();
+  const TrainerOptions options = DefaultOptions();
+  auto trainer = NewTrainer(backend.get(), options);
+  const std::vector<float> before = FullState(*trainer);
+  const int64_t n = trainer->packed_size();
+  const Batch batch = MakeBatch(options.batch_size, 12, 5, 11);
+  std::vector<float> g(n), d(n + 1);
+  CHECK(trainer->ComputeGradients(1, batch.images, batch.labels, absl::MakeSpan(g),
+                                  absl::MakeSpan(d))
+            .status()
+            .code() == absl::StatusCode::kInvalidArgument);
+  d.resize(n);
+  Batch bad = batch;
+  bad.labels[0] = 5;
+  CHECK(trainer->ComputeGradients(1, bad.images, bad.labels, absl::MakeSpan(g),
+                                  absl::MakeSpan(d))
+            .status()
+            .code() == absl::StatusCode::kInvalidArgument);
+  CHECK(BitEqual(FullState(*trainer), before));
 }
 
 TEST_CASE("bad trainer options and batches are rejected", "[step]") {
