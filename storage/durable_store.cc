@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <limits>
 #include <system_error>
 
@@ -196,6 +197,54 @@ absl::Status ScanFamily(
                      absl::StrCat("reading column family ", ColumnFamilyName(family)));
 }
 
+// The tensors of a record with tensor files, in their stored order.
+std::vector<const Tensor*> TensorsOf(const TensorBundle& bundle,
+                                     std::vector<const Tensor*> out = {}) {
+  for (const Tensor& tensor : bundle.tensors()) out.push_back(&tensor);
+  return out;
+}
+std::vector<const Tensor*> TensorsOf(const CenterRecord& record) {
+  return TensorsOf(record.params());
+}
+std::vector<const Tensor*> TensorsOf(const OptimizerState& state) {
+  return TensorsOf(state.last_hdiag(), TensorsOf(state.v(), TensorsOf(state.m())));
+}
+std::vector<const Tensor*> TensorsOf(const CenterOptRecord& record) {
+  return TensorsOf(record.state());
+}
+std::vector<const Tensor*> TensorsOf(const Snapshot& snapshot) {
+  std::vector<const Tensor*> out = TensorsOf(snapshot.params());
+  for (const Tensor* tensor : TensorsOf(snapshot.optimizer())) out.push_back(tensor);
+  return out;
+}
+
+// The tensors of a record are changed only through these (their data), so the const_cast
+// of a tensor reached from a non-const record is sound.
+template <typename Record>
+std::vector<Tensor*> MutableTensorsOf(Record* record) {
+  std::vector<Tensor*> out;
+  for (const Tensor* tensor : TensorsOf(*record)) out.push_back(const_cast<Tensor*>(tensor));
+  return out;
+}
+
+// The serialized field `stored_tensors = 100` (length-delimited) of CenterRecord,
+// CenterOptRecord and Snapshot. Appending it to a serialized record sets the field (protobuf
+// merges concatenated messages).
+std::string StoredTensorsField(const TensorBlob& blob) {
+  const std::string bytes = blob.SerializeAsString();
+  std::string out;
+  uint64_t value = (uint64_t{100} << 3) | 2;  // field 100, wire type LEN
+  for (int i = 0; i < 2; ++i) {
+    do {
+      const uint8_t low = value & 0x7f;
+      value >>= 7;
+      out.push_back(static_cast<char>(value != 0 ? low | 0x80 : low));
+    } while (value != 0);
+    value = bytes.size();
+  }
+  return out + bytes;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -242,26 +291,124 @@ void WriteBatch::Put(ColumnFamily family, std::string key,
   operations_.push_back(std::move(operation));
 }
 
+void WriteBatch::PutWithTensors(ColumnFamily family, std::string key, std::string file_prefix,
+                                const google::protobuf::MessageLite& header,
+                                std::vector<absl::string_view> data,
+                                std::unique_ptr<std::vector<std::string>> owned) {
+  const size_t before = operations_.size();
+  Put(family, std::move(key), header);
+  if (operations_.size() == before || data.empty()) return;  // rejected, or nothing to put aside
+  Operation& operation = operations_.back();
+  operation.has_tensors = true;
+  operation.file_prefix = std::move(file_prefix);
+  for (absl::string_view part : data) bytes_ += part.size();
+  operation.data = std::move(data);
+  operation.owned = std::move(owned);
+}
+
+namespace {
+
+// Moves the tensors' data out of `record` into `owned`, returning views of it.
+template <typename Record>
+std::vector<absl::string_view> TakeTensorData(Record* record, std::vector<std::string>* owned) {
+  std::vector<Tensor*> tensors = MutableTensorsOf(record);
+  owned->reserve(tensors.size());  // no reallocation below: the views stay valid
+  std::vector<absl::string_view> data;
+  for (Tensor* tensor : tensors) {
+    owned->push_back(std::move(*tensor->mutable_data()));
+    tensor->clear_data();
+    data.push_back(owned->back());
+  }
+  return data;
+}
+
+// OK iff `data` holds one part per tensor of `header` and the header's tensors have no data.
+template <typename Record>
+absl::Status CheckTensorData(absl::string_view what, const Record& header,
+                             const std::vector<absl::string_view>& data) {
+  const std::vector<const Tensor*> tensors = TensorsOf(header);
+  if (tensors.size() != data.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the header has %d tensors, got %d data parts", what, tensors.size(), data.size()));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i]->data().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: header tensor %d carries data", what, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string StagePrefix(absl::string_view family, int32_t stage) {
+  return absl::StrFormat("%s-s%d", family, stage);
+}
+
+std::string SlotPrefix(absl::string_view family, const SlotId& slot) {
+  return absl::StrFormat("%s-r%d-s%d", family, slot.replica(), slot.stage());
+}
+
+}  // namespace
+
 void WriteBatch::PutCenter(const CenterRecord& record) {
   if (!status_.ok()) return;
   absl::Status valid = ValidateStage("PutCenter", record.has_stage(), record.stage());
   if (!valid.ok()) return Reject(std::move(valid));
-  Put(ColumnFamily::kCenter, EncodeStageKey(record.stage()), record);
+  CenterRecord header = record;
+  auto owned = std::make_unique<std::vector<std::string>>();
+  std::vector<absl::string_view> data = TakeTensorData(&header, owned.get());
+  PutCenter(header, std::move(data));
+  if (status_.ok()) operations_.back().owned = std::move(owned);
+}
+
+void WriteBatch::PutCenter(const CenterRecord& header, std::vector<absl::string_view> data) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateStage("PutCenter", header.has_stage(), header.stage());
+  if (valid.ok()) valid = CheckTensorData("PutCenter", header, data);
+  if (!valid.ok()) return Reject(std::move(valid));
+  PutWithTensors(ColumnFamily::kCenter, EncodeStageKey(header.stage()),
+                 StagePrefix("center", header.stage()), header, std::move(data), nullptr);
 }
 
 void WriteBatch::PutCenterOpt(const CenterOptRecord& record) {
   if (!status_.ok()) return;
   absl::Status valid = ValidateStage("PutCenterOpt", record.has_stage(), record.stage());
   if (!valid.ok()) return Reject(std::move(valid));
-  Put(ColumnFamily::kCenterOpt, EncodeStageKey(record.stage()), record);
+  CenterOptRecord header = record;
+  auto owned = std::make_unique<std::vector<std::string>>();
+  std::vector<absl::string_view> data = TakeTensorData(&header, owned.get());
+  PutCenterOpt(header, std::move(data));
+  if (status_.ok()) operations_.back().owned = std::move(owned);
+}
+
+void WriteBatch::PutCenterOpt(const CenterOptRecord& header, std::vector<absl::string_view> data) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateStage("PutCenterOpt", header.has_stage(), header.stage());
+  if (valid.ok()) valid = CheckTensorData("PutCenterOpt", header, data);
+  if (!valid.ok()) return Reject(std::move(valid));
+  PutWithTensors(ColumnFamily::kCenterOpt, EncodeStageKey(header.stage()),
+                 StagePrefix("center_opt", header.stage()), header, std::move(data), nullptr);
 }
 
 void WriteBatch::PutSnapshot(const Snapshot& snapshot) {
   if (!status_.ok()) return;
   absl::Status valid = ValidateSlot("PutSnapshot", snapshot.has_slot(), snapshot.slot());
   if (!valid.ok()) return Reject(std::move(valid));
-  Put(ColumnFamily::kSnapshot, EncodeSlotKey(snapshot.slot().replica(), snapshot.slot().stage()),
-      snapshot);
+  Snapshot header = snapshot;
+  auto owned = std::make_unique<std::vector<std::string>>();
+  std::vector<absl::string_view> data = TakeTensorData(&header, owned.get());
+  PutSnapshot(header, std::move(data));
+  if (status_.ok()) operations_.back().owned = std::move(owned);
+}
+
+void WriteBatch::PutSnapshot(const Snapshot& header, std::vector<absl::string_view> data) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutSnapshot", header.has_slot(), header.slot());
+  if (valid.ok()) valid = CheckTensorData("PutSnapshot", header, data);
+  if (!valid.ok()) return Reject(std::move(valid));
+  PutWithTensors(ColumnFamily::kSnapshot,
+                 EncodeSlotKey(header.slot().replica(), header.slot().stage()),
+                 SlotPrefix("snapshot", header.slot()), header, std::move(data), nullptr);
 }
 
 void WriteBatch::PutWeight(const WeightRecord& record) {
@@ -349,6 +496,7 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
     const DurableStoreOptions& options) {
   std::unique_ptr<DurableStore> store = absl::WrapUnique(new DurableStore(options));
   RETURN_IF_ERROR(store->OpenDb());
+  RETURN_IF_ERROR(store->OpenTensorFiles());
   return store;
 }
 
@@ -431,59 +579,182 @@ absl::Status DurableStore::OpenDb() {
   return absl::OkStatus();
 }
 
+absl::Status DurableStore::OpenTensorFiles() {
+  const std::string dir = absl::StrCat(in_memory() ? kInMemoryPath : options_.data_dir, "/tensors");
+  tensor_files_ = std::make_unique<TensorFiles>(
+      in_memory() ? memory_env_.get() : rocksdb::Env::Default(), dir, options_.fsync);
+  // Which file each record names. A record that does not decode keeps every file: removing
+  // what might be its data would turn a repairable store into a lost one.
+  std::set<std::string> referenced;
+  bool complete = true;
+  ScopedSnapshot snapshot(db_.get());
+  for (ColumnFamily family :
+       {ColumnFamily::kCenter, ColumnFamily::kCenterOpt, ColumnFamily::kSnapshot}) {
+    RETURN_IF_ERROR(ScanFamily(
+        db_.get(), Handle(family), family, snapshot.get(),
+        [&](absl::string_view key, absl::string_view value) -> absl::Status {
+          Snapshot snapshot_record;
+          CenterRecord center_record;
+          CenterOptRecord opt_record;
+          google::protobuf::MessageLite* record = &opt_record;
+          if (family == ColumnFamily::kSnapshot) record = &snapshot_record;
+          if (family == ColumnFamily::kCenter) record = &center_record;
+          if (!DecodeValue(family, key, value, record).ok()) {
+            complete = false;
+            return absl::OkStatus();
+          }
+          const TensorBlob& blob = family == ColumnFamily::kSnapshot
+                                       ? snapshot_record.stored_tensors()
+                                   : family == ColumnFamily::kCenter
+                                       ? center_record.stored_tensors()
+                                       : opt_record.stored_tensors();
+          if (blob.file().empty()) return absl::OkStatus();
+          referenced.insert(blob.file());
+          absl::MutexLock lock(&files_mu_);
+          current_files_[{family, std::string(key)}] = blob.file();
+          return absl::OkStatus();
+        }));
+  }
+  if (!complete) {
+    LOG(WARNING) << "a center or snapshot record does not decode; keeping every tensor file";
+  }
+  return tensor_files_->Open(referenced, /*remove_unreferenced=*/complete);
+}
+
 absl::Status DurableStore::Commit(const WriteBatch& batch) {
   RETURN_IF_ERROR(batch.status());
   if (batch.operations_.empty()) return absl::OkStatus();
+  // Tensor files first: a record is committed only once its file is complete.
+  const size_t n = batch.operations_.size();
+  std::vector<std::string> payloads(n), headers(n), files(n);
+  bool any_tensors = false;
+  auto remove_new_files = [&]() {
+    for (const std::string& file : files) {
+      if (!file.empty()) tensor_files_->Remove(file);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const WriteBatch::Operation& operation = batch.operations_[i];
+    if (!operation.has_tensors) continue;
+    any_tensors = true;
+    std::string reuse;
+    {
+      absl::MutexLock lock(&files_mu_);
+      auto spare = spare_files_.find({operation.family, operation.key});
+      if (spare != spare_files_.end()) {
+        reuse = std::move(spare->second);
+        spare_files_.erase(spare);
+      }
+    }
+    absl::StatusOr<TensorBlob> blob =
+        tensor_files_->Write(operation.file_prefix, operation.data, reuse);
+    if (!blob.ok()) {
+      remove_new_files();
+      return absl::Status(blob.status().code(),
+                          absl::StrCat(DescribeKey(operation.family, operation.key), ": ",
+                                       blob.status().message()));
+    }
+    files[i] = blob->file();
+    payloads[i] = operation.payload + StoredTensorsField(*blob);
+    headers[i] = EnvelopeHeader(payloads[i]);
+  }
   rocksdb::WriteBatch rocks_batch(/*reserved_bytes=*/batch.ApproximateBytes() +
                                   32 * batch.operations_.size());
-  for (const WriteBatch::Operation& operation : batch.operations_) {
+  for (size_t i = 0; i < n; ++i) {
+    const WriteBatch::Operation& operation = batch.operations_[i];
     rocksdb::ColumnFamilyHandle* handle = Handle(operation.family);
     rocksdb::Status status;
     if (operation.delete_range) {
       status = rocks_batch.DeleteRange(handle, operation.key, operation.payload);
     } else {
       const rocksdb::Slice key(operation.key);
-      const rocksdb::Slice parts[2] = {rocksdb::Slice(operation.header),
-                                       rocksdb::Slice(operation.payload)};
+      const bool moved = operation.has_tensors;
+      const rocksdb::Slice parts[2] = {rocksdb::Slice(moved ? headers[i] : operation.header),
+                                       rocksdb::Slice(moved ? payloads[i] : operation.payload)};
       status = rocks_batch.Put(handle, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(parts, 2));
     }
+    if (!status.ok()) remove_new_files();
     RETURN_IF_ERROR(FromRocksDb(status, "building the write batch"));
   }
   rocksdb::WriteOptions write_options;
   write_options.sync = options_.fsync;
-  return FromRocksDb(db_->Write(write_options, &rocks_batch), "committing a write batch");
+  if (!any_tensors) {
+    return FromRocksDb(db_->Write(write_options, &rocks_batch), "committing a write batch");
+  }
+  absl::MutexLock lock(&files_mu_);
+  absl::Status written =
+      FromRocksDb(db_->Write(write_options, &rocks_batch), "committing a write batch");
+  if (!written.ok()) {
+    remove_new_files();
+    return written;
+  }
+  // The records now name the new files: the ones they named before become spares.
+  for (size_t i = 0; i < n; ++i) {
+    const WriteBatch::Operation& operation = batch.operations_[i];
+    if (!operation.has_tensors) continue;
+    const std::pair<ColumnFamily, std::string> id{operation.family, operation.key};
+    std::string& current = current_files_[id];
+    if (!current.empty()) {
+      std::string& spare = spare_files_[id];
+      if (!spare.empty()) tensor_files_->Remove(spare);
+      spare = std::move(current);
+    }
+    current = files[i];
+  }
+  return absl::OkStatus();
+}
+
+template <typename Record>
+absl::Status DurableStore::LoadTensors(ColumnFamily family, absl::string_view key,
+                                       Record* record) const {
+  if (!record->has_stored_tensors()) return absl::OkStatus();
+  const TensorBlob& blob = record->stored_tensors();
+  std::vector<Tensor*> tensors = MutableTensorsOf(record);
+  if (static_cast<int>(tensors.size()) != blob.part_bytes_size()) {
+    return absl::DataLossError(absl::StrCat(DescribeKey(family, key), ": the record has ",
+                                            tensors.size(), " tensors, its tensor file ",
+                                            blob.part_bytes_size()));
+  }
+  std::vector<std::string*> parts;
+  for (Tensor* tensor : tensors) parts.push_back(tensor->mutable_data());
+  RETURN_IF_ERROR(tensor_files_->Read(blob, parts, DescribeKey(family, key)));
+  record->clear_stored_tensors();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
   LoadedState state;
 
-  auto load_center = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+  auto load_center = [this, &state](absl::string_view key, absl::string_view value) -> absl::Status {
     const std::optional<int32_t> stage = ParseStageKey(key);
     if (!stage.has_value()) return MalformedKey(ColumnFamily::kCenter, key);
     CenterRecord record;
     RETURN_IF_ERROR(DecodeValue(ColumnFamily::kCenter, key, value, &record));
     RETURN_IF_ERROR(
         CheckStage(ColumnFamily::kCenter, key, *stage, record.has_stage(), record.stage()));
+    RETURN_IF_ERROR(LoadTensors(ColumnFamily::kCenter, key, &record));
     state.centers.emplace(*stage, std::move(record));
     return absl::OkStatus();
   };
-  auto load_center_opt = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+  auto load_center_opt = [this, &state](absl::string_view key, absl::string_view value) -> absl::Status {
     const std::optional<int32_t> stage = ParseStageKey(key);
     if (!stage.has_value()) return MalformedKey(ColumnFamily::kCenterOpt, key);
     CenterOptRecord record;
     RETURN_IF_ERROR(DecodeValue(ColumnFamily::kCenterOpt, key, value, &record));
     RETURN_IF_ERROR(
         CheckStage(ColumnFamily::kCenterOpt, key, *stage, record.has_stage(), record.stage()));
+    RETURN_IF_ERROR(LoadTensors(ColumnFamily::kCenterOpt, key, &record));
     state.center_opts.emplace(*stage, std::move(record));
     return absl::OkStatus();
   };
-  auto load_snapshot = [&state](absl::string_view key, absl::string_view value) -> absl::Status {
+  auto load_snapshot = [this, &state](absl::string_view key, absl::string_view value) -> absl::Status {
     const std::optional<SlotKeyFields> slot = ParseSlotKey(key);
     if (!slot.has_value()) return MalformedKey(ColumnFamily::kSnapshot, key);
     Snapshot record;
     RETURN_IF_ERROR(DecodeValue(ColumnFamily::kSnapshot, key, value, &record));
     RETURN_IF_ERROR(
         CheckSlot(ColumnFamily::kSnapshot, key, *slot, record.has_slot(), record.slot()));
+    RETURN_IF_ERROR(LoadTensors(ColumnFamily::kSnapshot, key, &record));
     state.snapshots.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
     return absl::OkStatus();
   };
@@ -518,6 +789,7 @@ absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
   };
 
   // One RocksDB snapshot for all families: a consistent point in time even under writes.
+  absl::ReaderMutexLock files_lock(&files_mu_);
   ScopedSnapshot snapshot(db_.get());
   const std::pair<ColumnFamily, std::function<absl::Status(absl::string_view, absl::string_view)>>
       scans[] = {
@@ -579,6 +851,7 @@ absl::StatusOr<std::vector<LogRecord>> DurableStore::ReadLog(const SlotId& slot,
 absl::StatusOr<Snapshot> DurableStore::ReadSnapshot(const SlotId& slot) const {
   RETURN_IF_ERROR(ValidateReadSlot("ReadSnapshot", slot));
   const std::string key = EncodeSlotKey(slot.replica(), slot.stage());
+  absl::ReaderMutexLock files_lock(&files_mu_);
   rocksdb::PinnableSlice value;
   const rocksdb::Status status =
       db_->Get(rocksdb::ReadOptions(), Handle(ColumnFamily::kSnapshot), key, &value);
@@ -594,6 +867,7 @@ absl::StatusOr<Snapshot> DurableStore::ReadSnapshot(const SlotId& slot) const {
   RETURN_IF_ERROR(CheckSlot(ColumnFamily::kSnapshot, key,
                             SlotKeyFields{slot.replica(), slot.stage()}, snapshot.has_slot(),
                             snapshot.slot()));
+  RETURN_IF_ERROR(LoadTensors(ColumnFamily::kSnapshot, key, &snapshot));
   return snapshot;
 }
 
@@ -620,6 +894,8 @@ absl::StatusOr<StoreStats> DurableStore::Stats() const {
   }
   stats.steplog_keys_estimate =
       stats.column_families[ColumnFamilyName(ColumnFamily::kStepLog)].keys_estimate;
+  ASSIGN_OR_RETURN(stats.tensor_file_bytes, tensor_files_->TotalBytes());
+  stats.total_bytes += stats.tensor_file_bytes;
   return stats;
 }
 

@@ -16,6 +16,16 @@
 // | `meta`       | "server"                      | ServerRecord: job id, incarnation counters  |
 // | `meta`       | "slot/", replica, stage       | SlotRecord: owner, step, applied sequence   |
 //
+// Tensor files. The tensors of `center`, `center_opt` and `snapshot` records (whole parameter
+// and optimizer-state vectors, rewritten at every sync) do not go through the LSM tree: their
+// bytes are written to a file of their own in `<data_dir>/tensors/` (storage/tensor_files.h)
+// and the RocksDB record keeps the tensors' metadata plus a TensorBlob naming the file, its
+// length, its XXH3 checksum and each tensor's byte count. Commit writes the files first and the
+// RocksDB batch after; a record's previous file is kept, unused, and overwritten by the key's
+// next write (so a key holds two files, and a sync allocates no new disk space); Open removes
+// files no record names. Readers get records with their tensors' data
+// filled in, as if it had been stored inline.
+//
 // RocksDB's `default` family exists (RocksDB requires it) and stays empty. Families missing on
 // disk are created at Open; families found on disk that this version does not know are opened
 // with default options and left alone (so a newer layout can be opened by an older binary).
@@ -41,6 +51,8 @@
 //                        "steplog key (r=0, s=1, step=17, mb=3): checksum mismatch (...)".
 //   FAILED_PRECONDITION  Open: data_dir is locked by another process or another open store
 //                        ("data_dir /x is in use: ..."), or cannot be created.
+//                        Also a tensor file that is missing, has the wrong length, or fails its
+//                        checksum ("... tensor file <path>: checksum mismatch").
 //   NOT_FOUND            ReadSnapshot: the slot has no snapshot.
 //   RESOURCE_EXHAUSTED   the disk is full (RocksDB NoSpace).
 //   UNAVAILABLE          other RocksDB I/O errors, busy / try-again / shutting down; the
@@ -48,12 +60,13 @@
 //   INTERNAL             anything else RocksDB reports.
 //
 // Durability: Commit returns OK only after RocksDB has applied the batch and written it to its
-// write-ahead log; with `fsync` the WAL is also synced (fdatasync) before Commit returns, so
-// the batch survives power loss; without it, it survives a process crash (DESIGN.md §5.5).
+// write-ahead log; with `fsync` the WAL and the batch's tensor files are also synced (fdatasync)
+// before Commit returns, so the batch survives power loss; without it, it survives a process
+// crash (DESIGN.md §5.5).
 //
 // Thread safety: a DurableStore may be used from any number of threads at once without
 // external locking (RocksDB's DB is thread-safe; after Open the store keeps no mutable state of
-// its own). Each Commit is atomic; concurrent Commits are applied in some serial order, so a
+// its own besides the tensor files' bookkeeping, which a lock guards). Each Commit is atomic; concurrent Commits are applied in some serial order, so a
 // caller that needs an order between two batches (e.g. per stage) must serialize them itself.
 // Reads see a consistent point in time per call. A WriteBatch is a plain value: one thread at a
 // time.
@@ -69,10 +82,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/storage.pb.h"
 #include "storage/keys.h"
+#include "storage/tensor_files.h"
 
 namespace google::protobuf {
 class MessageLite;
@@ -129,7 +145,8 @@ struct StoreStats {
   // "meta".
   std::map<std::string, ColumnFamilyStats> column_families;
   uint64_t steplog_keys_estimate = 0;  // = column_families["steplog"].keys_estimate
-  uint64_t total_bytes = 0;            // sum of approximate_bytes() over the families
+  uint64_t tensor_file_bytes = 0;      // the tensor files (outside RocksDB)
+  uint64_t total_bytes = 0;  // sum of approximate_bytes() over the families + tensor files
 };
 
 // An atomic group of writes for DurableStore::Commit. Each Put serializes its record at once
@@ -155,6 +172,15 @@ class WriteBatch {
   void PutCenter(const CenterRecord& record);
   void PutCenterOpt(const CenterOptRecord& record);
   void PutSnapshot(const Snapshot& snapshot);
+
+  // The same without copying the tensors: `header` holds every tensor's metadata with empty
+  // `data`, and `data[i]` is the data of the record's i-th tensor (in the order params, then
+  // optimizer m, v, last_hdiag for a snapshot; state m, v, last_hdiag for a center_opt). The
+  // batch refers to `data`, which must stay valid and unchanged until the last Commit of this
+  // batch returns. A count that does not match, or a header tensor with data, poisons the batch.
+  void PutCenter(const CenterRecord& header, std::vector<absl::string_view> data);
+  void PutCenterOpt(const CenterOptRecord& header, std::vector<absl::string_view> data);
+  void PutSnapshot(const Snapshot& header, std::vector<absl::string_view> data);
   void PutWeight(const WeightRecord& record);
   void PutSlot(const SlotRecord& record);
   void PutServer(const ServerRecord& record);
@@ -184,9 +210,21 @@ class WriteBatch {
     std::string key;
     std::string header;   // put: envelope header; delete_range: unused
     std::string payload;  // put: serialized record; delete_range: the exclusive end key
+    // A record with tensors: `payload` is the record without their data, which goes to a
+    // tensor file named after `file_prefix` at Commit; `data` are the tensors' bytes, in
+    // `owned` (copying Puts) or the caller's memory.
+    bool has_tensors = false;
+    std::string file_prefix;
+    std::vector<absl::string_view> data;
+    std::unique_ptr<std::vector<std::string>> owned;
   };
 
   void Put(ColumnFamily family, std::string key, const google::protobuf::MessageLite& record);
+  // `header`'s tensors have no data; `data` (and `owned`, if it holds them) are their bytes.
+  void PutWithTensors(ColumnFamily family, std::string key, std::string file_prefix,
+                      const google::protobuf::MessageLite& header,
+                      std::vector<absl::string_view> data,
+                      std::unique_ptr<std::vector<std::string>> owned);
   void Reject(absl::Status status);
 
   std::vector<Operation> operations_;
@@ -248,7 +286,13 @@ class DurableStore {
   explicit DurableStore(const DurableStoreOptions& options);
 
   absl::Status OpenDb();
+  // Opens the tensor files, removing those no record names.
+  absl::Status OpenTensorFiles();
   rocksdb::ColumnFamilyHandle* Handle(ColumnFamily family) const;
+  // Fills in the data of a decoded record's tensors from its tensor file (no-op for a record
+  // stored inline). DATA_LOSS naming the key. REQUIRES: files_mu_ held (shared).
+  template <typename Record>
+  absl::Status LoadTensors(ColumnFamily family, absl::string_view key, Record* record) const;
 
   const DurableStoreOptions options_;
   Compression steplog_compression_ = NO_COMPRESSION;
@@ -259,6 +303,18 @@ class DurableStore {
   std::vector<rocksdb::ColumnFamilyHandle*> all_handles_;
   // Ours, indexed by ColumnFamily.
   rocksdb::ColumnFamilyHandle* handles_[kNumColumnFamilies] = {};
+  std::unique_ptr<TensorFiles> tensor_files_;
+  // Shared by readers from their RocksDB read to the end of their tensor-file reads; exclusive
+  // for a Commit with tensors from its RocksDB write to the removal of the replaced files, so a
+  // reader never finds its file removed and replaced files are removed in commit order.
+  mutable absl::Mutex files_mu_;
+  // The committed tensor file of each record with tensors, by family and key.
+  std::map<std::pair<ColumnFamily, std::string>, std::string> current_files_
+      ABSL_GUARDED_BY(files_mu_);
+  // The file each key's record named before its current one: no record names it any more,
+  // and the key's next write overwrites it in place (TensorFiles::Write's `reuse`).
+  std::map<std::pair<ColumnFamily, std::string>, std::string> spare_files_
+      ABSL_GUARDED_BY(files_mu_);
 };
 
 }  // namespace rebound::storage

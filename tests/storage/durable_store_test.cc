@@ -916,7 +916,164 @@ TEST_CASE("Stats reports every family and the step-log key estimate") {
   CHECK(stats.column_families.at("center").approximate_bytes() < steplog.approximate_bytes());
   uint64_t sum = 0;
   for (const auto& [name, family] : stats.column_families) sum += family.approximate_bytes();
-  CHECK(stats.total_bytes == sum);
+  // The snapshot's tensors: params and m, 128 floats each, in a tensor file.
+  CHECK(stats.tensor_file_bytes == 2 * 128 * sizeof(float));
+  CHECK(stats.total_bytes == sum + stats.tensor_file_bytes);
+}
+
+// The files in a store's tensors/ directory.
+std::set<std::string> TensorFileNames(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir + "/tensors")) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+TEST_CASE("tensors live in one file per record, replaced at each commit, outside RocksDB") {
+  const std::string dir = TempDir("tensor-files");
+  const Snapshot first = MakeSnapshot(0, 1, 8);
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutSnapshot(first);
+    batch.PutCenter(Center(0, 1));
+    REQUIRE_OK(store->Commit(batch));
+    CHECK(TensorFileNames(dir).size() == 2);
+  }
+  {
+    // The RocksDB value holds the metadata and the file's name, not the data.
+    RawDb raw(dir);
+    const std::string value = raw.Get("snapshot", EncodeSlotKey(0, 1));
+    CHECK(value.size() < 128 * sizeof(float));
+  }
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 1))), first));
+  const std::set<std::string> before = TensorFileNames(dir);
+
+  // A new snapshot of the slot: a new file; the previous one stays as the key's spare.
+  Snapshot second = MakeSnapshot(0, 1, 16);
+  WriteBatch batch;
+  batch.PutSnapshot(second);
+  REQUIRE_OK(store->Commit(batch));
+  const std::set<std::string> after = TensorFileNames(dir);
+  CHECK(after.size() == 3);
+  CHECK(std::includes(after.begin(), after.end(), before.begin(), before.end()));
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 1))), second));
+
+  // The next one overwrites the spare in place (renamed, and cut to its shorter length): still
+  // three files, and reads see the newest record.
+  Snapshot third = MakeSnapshot(0, 1, 24);
+  third.mutable_params()->mutable_tensors(0)->mutable_data()->resize(64);  // shorter than before
+  batch.Clear();
+  batch.PutSnapshot(third);
+  REQUIRE_OK(store->Commit(batch));
+  CHECK(TensorFileNames(dir).size() == 3);
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 1))), third));
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  CHECK(SameProto(state.snapshots.at({0, 1}), third));
+  CHECK(SameProto(state.centers.at(0), Center(0, 1)));
+
+  // Reopening drops the spares.
+  store.reset();
+  store = OpenOrFail(dir);
+  CHECK(TensorFileNames(dir).size() == 2);
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 1))), third));
+}
+
+TEST_CASE("the zero-copy puts store what the copying puts store") {
+  std::unique_ptr<DurableStore> store = OpenOrFail("");
+  const Snapshot full = MakeSnapshot(1, 0, 24);
+  Snapshot header = full;
+  std::vector<std::string> data;
+  for (Tensor& tensor : *header.mutable_params()->mutable_tensors()) {
+    data.push_back(tensor.data());
+    tensor.clear_data();
+  }
+  for (Tensor& tensor : *header.mutable_optimizer()->mutable_m()->mutable_tensors()) {
+    data.push_back(tensor.data());
+    tensor.clear_data();
+  }
+  std::vector<absl::string_view> views(data.begin(), data.end());
+  WriteBatch batch;
+  batch.PutSnapshot(header, views);
+  REQUIRE_OK(store->Commit(batch));
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(1, 0))), full));
+
+  SECTION("a wrong number of parts poisons the batch") {
+    WriteBatch bad;
+    views.pop_back();
+    bad.PutSnapshot(header, views);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(Message(bad.status()), Contains("data parts"));
+  }
+  SECTION("a header tensor with data poisons the batch") {
+    WriteBatch bad;
+    bad.PutSnapshot(full, views);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(Message(bad.status()), Contains("carries data"));
+  }
+}
+
+TEST_CASE("a damaged tensor file is DATA_LOSS naming the key and the file") {
+  const std::string dir = TempDir("tensor-damage");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutSnapshot(MakeSnapshot(0, 0, 8));
+    REQUIRE_OK(store->Commit(batch));
+  }
+  REQUIRE(TensorFileNames(dir).size() == 1);
+  const std::string file = dir + "/tensors/" + *TensorFileNames(dir).begin();
+  std::string bytes = testing::ReadFileOrEmpty(file);
+  REQUIRE(bytes.size() == 2 * 128 * sizeof(float));
+  std::string expected;
+  SECTION("one flipped byte") {
+    bytes[300] ^= 0x10;
+    expected = "checksum mismatch";
+  }
+  SECTION("truncated") {
+    bytes.resize(100);
+    expected = "holds 100 bytes, the record says 1024";
+  }
+  SECTION("missing") {
+    bytes.clear();
+    expected = "cannot be read";
+  }
+  if (bytes.empty()) {
+    fs::remove(file);
+  } else {
+    testing::WriteFileOrDie(file, bytes);
+  }
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  for (const absl::Status& status :
+       {store->ReadSnapshot(Slot(0, 0)).status(), store->LoadAll().status()}) {
+    CHECK(status.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Message(status), Contains("snapshot key (r=0, s=0): tensor file " + file));
+    CHECK_THAT(Message(status), Contains(expected));
+  }
+}
+
+TEST_CASE("a tensor file whose commit never happened is removed at open") {
+  const std::string dir = TempDir("tensor-stray");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutCenter(Center(0, 3));
+    REQUIRE_OK(store->Commit(batch));
+  }
+  const std::set<std::string> committed = TensorFileNames(dir);
+  REQUIRE(committed.size() == 1);
+  // What a crash between a file's write and its commit leaves behind.
+  testing::WriteFileOrDie(dir + "/tensors/center-s0-999", "partial");
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  CHECK(TensorFileNames(dir) == committed);
+  CHECK(ValueOrFail(store->LoadAll()).centers.at(0).version() == 3);
+  // New files are numbered after the stray one, so no name is ever reused.
+  WriteBatch batch;
+  batch.PutCenter(Center(0, 4));
+  REQUIRE_OK(store->Commit(batch));
+  CHECK(TensorFileNames(dir) == std::set<std::string>{"center-s0-1000", *committed.begin()});
 }
 
 TEST_CASE("options come from the durability and step-log configuration") {
