@@ -4,8 +4,9 @@
 // Measures, in one run, on loopback:
 //   * Sync: the real ParameterServerService, started in this process on 127.0.0.1:0 and wired as
 //     server/main.cc wires it (Membership persisting to the store, ReliabilityTracker,
-//     CenterTable, a DurableStore in memory (RocksDB over its MemEnv, as with an empty
-//     durability.data_dir; --data_dir puts it on disk), the default health service and the
+//     CenterTable, a DurableStore on disk as with durability.data_dir set and fsync off (the
+//     shipped configs/server.pbtxt; --data_dir= runs it in memory), the default health service
+//     and the
 //     failure detector). A client registers as TRAINER over gRPC, heartbeats
 //     like a worker, and calls Sync with a new step each time (steps 8, 16, ...: sync_period 8).
 //     Every call goes the product's whole path: parse, validation (ids, shapes, finite values of
@@ -32,8 +33,9 @@
 //   RESULT transport: sync_mib_s=<x> echo_mib_s=<y> ratio=<x/y>
 //
 // Flags: --calls=N (per round, 4), --rounds=R (5), --warmup=W (2), --optimizer=0|1 (1),
-//   --data_dir=DIR: a RocksDB directory on disk instead of in memory (a fresh subdirectory of DIR,
-//     removed at the end), to compare with durability.data_dir set;
+//   --data_dir=DIR: where the store goes (a fresh subdirectory of DIR, removed at the end;
+//     default $TEST_TMPDIR, else /tmp); an empty DIR keeps it in memory (RocksDB's MemEnv, as
+//     with an empty durability.data_dir);
 //   --breakdown=1: afterwards, the server's steps of one Sync timed one by one in this thread
 //     (parse, validation, unbundle, ElasticSync, WriteBatch, DurableStore::Commit, reply),
 //     on a second CenterTable and DurableStore of the same kind, as service.cc runs them.
@@ -69,6 +71,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/rebound.grpc.pb.h"
 #include "server/center_table.h"
+#include "server/sync_batch.h"
 #include "server/membership.h"
 #include "server/reliability.h"
 #include "server/service.h"
@@ -84,7 +87,8 @@ struct Flags {
   int warmup = 2;
   bool optimizer = true;
   bool breakdown = false;
-  std::string data_dir;  // empty: in memory
+  // Empty: in memory.
+  std::string data_dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
 };
 
 bool ParseInt(const char* arg, const char* name, int* out) {
@@ -126,8 +130,8 @@ Flags ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-// The server's config, parsed and validated like a file (the job inline). Durability has no
-// data_dir: an in-memory RocksDB. 4 replicas as in the shipped job; one of them syncs here.
+// The server's config, parsed and validated like a file (the job inline). Durability: the
+// --data_dir subdirectory (set in Run), fsync off as shipped. 4 replicas as in the shipped job; one of them syncs here.
 constexpr char kServerConfig[] = R"pb(
   listen_address: "127.0.0.1:0"
   job {
@@ -243,8 +247,8 @@ bool Breakdown(const ServerConfig& config, const std::string& request_wire, int 
       "ValidateBundle: params + optimizer (finite)",
       "Unbundle params (copy to packed)",
       "ElasticSync without its commit",
-      "commit: snapshot bundle, checksum, WriteBatch",
-      "commit: DurableStore::Commit (RocksDB)",
+      "commit: headers, checksum, WriteBatch",
+      "commit: DurableStore::Commit (files + RocksDB)",
       "reply: Bundle(c_before), serialize (in gRPC)",
       "sum"};
   std::vector<double> ms[kPhases];
@@ -264,42 +268,40 @@ bool Breakdown(const ServerConfig& config, const std::string& request_wire, int 
     const auto t2 = Clock::now();
     const std::vector<float> x = (*table)->Unbundle(stage, request.params());
     const auto t3 = Clock::now();
-    double batch_ms = 0, commit_ms = 0;
-    auto commit = [&](const CenterRecord& center, absl::Span<const float> worker_after) {
+    double batch_ms = 0, commit_ms = 0, bundle_ms = 0;
+    SyncResponse response;
+    SlotId slot;
+    slot.set_replica(request.slot().replica());
+    slot.set_stage(request.slot().stage());
+    const compute::StageLayout& layout = (*table)->layout(stage);
+    auto commit = [&](int64_t version, absl::Span<const float> center,
+                      absl::Span<const float> worker_after, absl::Span<const float> before) {
       const auto c0 = Clock::now();
       storage::WriteBatch batch;
-      batch.PutCenter(center);
-      Snapshot snapshot;
-      *snapshot.mutable_slot() = request.slot();
-      snapshot.mutable_slot()->set_replica(request.slot().replica());
-      snapshot.mutable_slot()->set_stage(request.slot().stage());
-      snapshot.set_step(request.step());
-      *snapshot.mutable_params() = (*table)->Bundle(stage, worker_after);
-      *snapshot.mutable_optimizer() = optimizer;
-      snapshot.set_checksum(ChecksumBundle(snapshot.params()));
-      snapshot.set_data_epoch(request.data_epoch());
-      snapshot.set_data_offset(request.data_offset());
-      batch.PutSnapshot(snapshot);
       WeightRecord weight;
-      *weight.mutable_slot() = snapshot.slot();
+      *weight.mutable_slot() = slot;
       weight.set_last_update_step(request.step());
       weight.set_update_count(i + 1);
-      batch.PutWeight(weight);
-      batch.DeleteLogRange(snapshot.slot(), 0, request.step() + 1);
+      server::AddSyncToBatch(layout, slot, request, version, center, worker_after, weight,
+                             &batch);
       const auto c1 = Clock::now();
       absl::Status committed = (*store)->Commit(batch);
       const auto c2 = Clock::now();
+      *response.mutable_center_before() = (*table)->Bundle(stage, before);
+      const auto c3 = Clock::now();
       batch_ms = Ms(c0, c1);
       commit_ms = Ms(c1, c2);
+      bundle_ms = Ms(c2, c3);
       return committed;
     };
     auto one = [](int64_t, double) -> absl::StatusOr<double> { return 1.0; };
-    auto result = (*table)->ElasticSync(stage, x, alpha, one, commit);
+    const size_t n = x.size();
+    std::unique_ptr<float[]> worker_after(new float[n]);
+    auto result = (*table)->ElasticSync(stage, x, alpha, one, commit,
+                                        absl::MakeSpan(worker_after.get(), n));
     if (!result.ok()) return false;
     const auto t4 = Clock::now();
-    SyncResponse response;
-    *response.mutable_center_before() = (*table)->Bundle(stage, result->center_before);
-    response.set_center_version(result->version);
+    response.set_center_version(*result);
     response.set_weight(1.0);
     response.set_moving_rate(alpha);
     std::string wire;
@@ -308,10 +310,10 @@ bool Breakdown(const ServerConfig& config, const std::string& request_wire, int 
     ms[kParse].push_back(Ms(t0, t1));
     ms[kValidate].push_back(Ms(t1, t2));
     ms[kUnbundle].push_back(Ms(t2, t3));
-    ms[kElastic].push_back(Ms(t3, t4) - batch_ms - commit_ms);
+    ms[kElastic].push_back(Ms(t3, t4) - batch_ms - commit_ms - bundle_ms);
     ms[kBatch].push_back(batch_ms);
     ms[kCommit].push_back(commit_ms);
-    ms[kReply].push_back(Ms(t4, t5));
+    ms[kReply].push_back(bundle_ms + Ms(t4, t5));
     ms[kTotal].push_back(Ms(t0, t5));
   }
   std::printf("breakdown of the server's work per Sync (one thread, median of %d syncs on a second"
@@ -632,8 +634,10 @@ int Run(const Flags& flags) {
               flags.optimizer ? " + optimizer m, v, last_hdiag (as rebound_worker sends it)"
                               : " only (--optimizer=0)",
               sync_request_bytes, sync_reply_bytes);
-  std::printf("server: ParameterServerService, in-memory DurableStore (RocksDB MemEnv), "
-              "reply after the commit\n");
+  std::printf("server: ParameterServerService, DurableStore %s (fsync off), reply after the "
+              "commit\n",
+              flags.data_dir.empty() ? "in memory (RocksDB MemEnv)"
+                                     : ("on disk in " + flags.data_dir).c_str());
   std::printf("echo:   EchoRequest %zu bytes (the SyncRequest's bytes), EchoReply %zu bytes\n",
               echo_request.ByteSizeLong(), BytesFieldSize(reply_payload));
   std::printf("%d rounds of %d calls each after %d warm-up calls; median (min..max) over rounds\n",
@@ -669,6 +673,7 @@ int Run(const Flags& flags) {
 }  // namespace rebound
 
 int main(int argc, char** argv) {
+  rebound::TuneAllocatorForLargeBuffers();  // as rebound_server does
   rebound::bench::Flags flags = rebound::bench::ParseFlags(argc, argv);
   rebound::InitLogging(argv[0]);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <memory>
+#include <vector>
 
 namespace rebound {
 namespace {
@@ -29,18 +30,26 @@ uint64_t ChecksumFloats(absl::Span<const float> values) {
   return XXH64(values.data(), values.size() * sizeof(float), 0);
 }
 
-uint64_t ChecksumBundle(const TensorBundle& bundle) {
+uint64_t ChecksumBundle(const TensorBundle& header, absl::Span<const absl::string_view> data) {
   std::unique_ptr<XXH64_state_t, StateDeleter> state(XXH64_createState());
   XXH64_reset(state.get(), 0);
-  for (const Tensor& tensor : bundle.tensors()) {
+  for (int i = 0; i < header.tensors_size(); ++i) {
+    const Tensor& tensor = header.tensors(i);
     UpdateU64(state.get(), tensor.id());
     UpdateU64(state.get(), static_cast<uint64_t>(tensor.dtype()));
     UpdateU64(state.get(), static_cast<uint64_t>(tensor.shape_size()));
     for (int64_t dim : tensor.shape()) UpdateU64(state.get(), static_cast<uint64_t>(dim));
-    UpdateU64(state.get(), tensor.data().size());
-    XXH64_update(state.get(), tensor.data().data(), tensor.data().size());
+    const absl::string_view bytes = data[i];
+    UpdateU64(state.get(), bytes.size());
+    XXH64_update(state.get(), bytes.data(), bytes.size());
   }
   return XXH64_digest(state.get());
+}
+
+uint64_t ChecksumBundle(const TensorBundle& bundle) {
+  std::vector<absl::string_view> data;
+  for (const Tensor& tensor : bundle.tensors()) data.push_back(tensor.data());
+  return ChecksumBundle(bundle, data);
 }
 
 }  // namespace rebound

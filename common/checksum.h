@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/tensor.pb.h"
 
@@ -20,5 +21,8 @@ uint64_t ChecksumFloats(absl::Span<const float> values);
 // xxHash64 over every tensor of the bundle in order: each tensor's id, dtype, shape and data.
 // Two bundles have the same checksum iff (with overwhelming probability) they are identical.
 uint64_t ChecksumBundle(const TensorBundle& bundle);
+// The same for a bundle given as its tensors' metadata (`header`, data ignored) and each
+// tensor's bytes (`data[i]` for tensor i). REQUIRES: data.size() == header.tensors_size().
+uint64_t ChecksumBundle(const TensorBundle& header, absl::Span<const absl::string_view> data);
 
 }  // namespace rebound

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -80,6 +81,11 @@ void InitLogging(const char* argv0) {
   FLAGS_logtostderr = true;
   FLAGS_colorlogtostderr = false;
   google::InitGoogleLogging(argv0);
+}
+
+void TuneAllocatorForLargeBuffers() {
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 }  // namespace rebound

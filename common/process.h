@@ -27,4 +27,10 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 // Initialises glog to log to stderr, as daemons under a supervisor should.
 void InitLogging(const char* argv0);
 
+// For processes that allocate and free buffers of a model shard's size (tens of MiB) per
+// request, as the server does per sync: keep such buffers in the heap instead of mmap-ing (and
+// page-faulting in) fresh zeroed memory each time, and do not return freed memory to the
+// system below 256 MiB. Call first thing in main().
+void TuneAllocatorForLargeBuffers();
+
 }  // namespace rebound

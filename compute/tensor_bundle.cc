@@ -20,6 +20,29 @@ TensorBundle BundleFromPacked(const StageLayout& layout, absl::Span<const float>
   return bundle;
 }
 
+TensorBundle BundleHeader(const StageLayout& layout) {
+  TensorBundle bundle;
+  for (const TensorInfo& info : layout.tensors()) {
+    const std::vector<int64_t> shape =
+        info.is_bias ? std::vector<int64_t>{info.cols} : std::vector<int64_t>{info.rows, info.cols};
+    Tensor* tensor = bundle.add_tensors();
+    tensor->set_id(info.id);
+    tensor->set_name(info.name);
+    tensor->set_dtype(FLOAT32);
+    for (int64_t dim : shape) tensor->add_shape(dim);
+  }
+  return bundle;
+}
+
+void AppendTensorViews(const StageLayout& layout, absl::Span<const float> packed,
+                       std::vector<absl::string_view>* views) {
+  for (const TensorInfo& info : layout.tensors()) {
+    const absl::Span<const float> values = packed.subspan(info.packed_offset, info.size());
+    views->emplace_back(reinterpret_cast<const char*>(values.data()),
+                        values.size() * sizeof(float));
+  }
+}
+
 absl::Status ValidateBundle(const StageLayout& layout, const TensorBundle& bundle,
                             const std::string& what, bool require_finite) {
   const auto& tensors = layout.tensors();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "compute/model_layout.h"
 #include "proto/tensor.pb.h"
@@ -18,6 +19,14 @@ namespace compute {
 
 // One tensor per model tensor of `layout`, values from `packed` (packed_size() floats).
 TensorBundle BundleFromPacked(const StageLayout& layout, absl::Span<const float> packed);
+
+// The same tensors' metadata (ids, names, shapes, FLOAT32) without data, and views of each
+// tensor's bytes inside `packed`, in the same order: together what BundleFromPacked makes,
+// without the copy (for storage::WriteBatch's zero-copy puts). The views are valid as long as
+// `packed` is. REQUIRES: packed.size() == layout.packed_size().
+TensorBundle BundleHeader(const StageLayout& layout);
+void AppendTensorViews(const StageLayout& layout, absl::Span<const float> packed,
+                       std::vector<absl::string_view>* views);
 
 // OK iff `bundle` holds exactly the layout's tensors (ids, shapes, FLOAT32, byte lengths) and,
 // if `require_finite`, only finite values. INVALID_ARGUMENT naming `what`.tensors[i] otherwise.

@@ -5,8 +5,9 @@
 //
 // Each stage has its own lock; an update (elastic move or AdaHessian apply) and the durable
 // commit of its result happen under that lock, in that order, so the durable record of a stage
-// always matches the order of its in-memory updates. If the commit fails, the update is rolled
-// back and the caller gets the commit's error: an update is acknowledged only once durable.
+// always matches the order of its in-memory updates. If the commit fails the caller gets the
+// commit's error, so an update is acknowledged only once durable: an elastic move is rolled
+// back; an AdaHessian apply (in place) leaves the stage refusing work until Restore.
 //
 // Parameters travel as TensorBundles with one FLOAT32 tensor per model tensor, in ascending
 // global tensor id order (compute/model_layout.h), exactly the shapes of the stage's layout.
@@ -53,36 +54,40 @@ class CenterTable {
   // The inverse: one tensor per model tensor.
   TensorBundle Bundle(int stage, absl::Span<const float> packed) const;
 
-  // What an elastic exchange computed: the center before the move (for the reply), the new
-  // version, and the worker's post-sync parameters x - alpha (x - c_before) (its snapshot).
-  struct SyncResult {
-    std::vector<float> center_before;
-    std::vector<float> worker_after;
-    int64_t version = 0;
-  };
-
   // The weight of an update, decided under the stage lock from the center version before the
   // update and ||x - c|| (EASGD) or ||g|| (ASYNC_ADAHESSIAN). An error aborts the update with
   // nothing changed (e.g. a duplicate the caller recognised).
   using WeightFn = std::function<absl::StatusOr<double>(int64_t version_before, double norm)>;
-  // Writes the stage's new state and the worker's post-sync parameters (packed) durably; called
-  // under the stage lock.
-  using CommitFn = std::function<absl::Status(const CenterRecord& center,
-                                              absl::Span<const float> worker_after)>;
+  // Writes the stage's new center (packed) with its new version and the worker's post-sync
+  // parameters (packed) durably; called under the stage lock. `center_before` is the center
+  // before the move, for the reply. The spans are valid only during the call.
+  using CommitFn = std::function<absl::Status(
+      int64_t version, absl::Span<const float> center, absl::Span<const float> worker_after,
+      absl::Span<const float> center_before)>;
 
-  // §4.4: c <- c + alpha w (x - c). REQUIRES: x validated for `stage`.
-  absl::StatusOr<SyncResult> ElasticSync(int stage, absl::Span<const float> x, double alpha,
-                                         const WeightFn& weight, const CommitFn& commit);
+  // §4.4: c <- c + alpha w (x - c). Writes the worker's post-sync parameters
+  // x - alpha (x - c_before) to `worker_after` (its snapshot; a caller-owned buffer of the
+  // stage's packed size), commits, and returns the new version. On a weight or commit error
+  // the center is unchanged. REQUIRES: x validated for `stage`.
+  absl::StatusOr<int64_t> ElasticSync(int stage, absl::Span<const float> x, double alpha,
+                                      const WeightFn& weight, const CommitFn& commit,
+                                      absl::Span<float> worker_after);
 
-  // §4.6: the weighted AdaHessian apply of (g, D) on the center. REQUIRES: validated inputs.
-  using OptCommitFn =
-      std::function<absl::Status(const CenterRecord& center, const CenterOptRecord& opt)>;
+  // §4.6: the weighted AdaHessian apply of (g, D) on the center, in place; returns the new
+  // version. If `commit` fails, the in-memory stage no longer matches its durable state: the
+  // call returns the commit's error and the stage refuses every later call (UNAVAILABLE, "...
+  // refuses work until the server restarts ...") until Restore. No copies are kept to roll
+  // back to: this runs once per push of every trainer, and a failing commit means a failing
+  // store, which needs the operator anyway. REQUIRES: validated inputs.
+  using OptCommitFn = std::function<absl::Status(
+      int64_t version, absl::Span<const float> center, int64_t opt_step,
+      absl::Span<const float> m, absl::Span<const float> v)>;
   absl::StatusOr<int64_t> ApplyAdaHessian(int stage, absl::Span<const float> g,
                                           absl::Span<const float> d, const AdaHessianConfig& config,
                                           const WeightFn& weight, const OptCommitFn& commit);
 
-  // The center of `stage` and its version.
-  std::pair<std::vector<float>, int64_t> Read(int stage) const;
+  // The center of `stage` and its version; the stage's UNAVAILABLE if it was lost.
+  absl::StatusOr<std::pair<std::vector<float>, int64_t>> Read(int stage) const;
   int64_t version(int stage) const;
 
   // Blocks until the stage's version reaches `min_version` or `timeout` passes; returns the
@@ -95,22 +100,28 @@ class CenterTable {
     const compute::StageLayout layout;
     mutable absl::Mutex mu;
     std::vector<float> center ABSL_GUARDED_BY(mu);  // packed layout
+    // Where ElasticSync writes the moved center before swapping it in (no copy of c_before,
+    // no rollback); allocated at the first sync.
+    std::vector<float> spare ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;
     // Center AdaHessian state (mode ASYNC_ADAHESSIAN), packed layout; empty until first push.
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
     int64_t opt_step ABSL_GUARDED_BY(mu) = 0;
+    // Not OK once an in-place update could not be committed (ApplyAdaHessian): the stage
+    // refuses all work with this status until Restore.
+    absl::Status lost ABSL_GUARDED_BY(mu);
   };
 
   CenterTable() = default;
-  CenterRecord MakeRecordLocked(int stage, const Stage& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 
   std::vector<std::unique_ptr<Stage>> stages_;
 };
 
-// ||a - b|| in double. REQUIRES: equal sizes.
+// ||a - b||, summed in a fixed order (float lanes per block of 1024 elements, blocks in double),
+// so the result is deterministic; relative error about 1e-6. REQUIRES: equal sizes.
 double Distance(absl::Span<const float> a, absl::Span<const float> b);
-// ||a|| in double.
+// ||a|| in double, likewise.
 double Norm(absl::Span<const float> a);
 
 }  // namespace rebound::server

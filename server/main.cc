@@ -8,7 +8,6 @@
 // 1 if it cannot listen or its data directory cannot be opened or read.
 
 #include <gflags/gflags.h>
-#include <malloc.h>
 #include <glog/logging.h>
 
 #include <memory>
@@ -200,10 +199,8 @@ int Run() {
 
 int main(int argc, char** argv) {
   rebound::InstallTerminationHandlers();
-  // Every sync allocates and frees buffers of the center's size; keep them in the heap instead
-  // of mmap-ing (and page-faulting in) fresh zeroed memory each time.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // Every sync allocates and frees buffers of the center's size.
+  rebound::TuneAllocatorForLargeBuffers();
   gflags::SetUsageMessage("rebound_server --config FILE [--listen HOST:PORT] [--port_file PATH]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);

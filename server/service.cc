@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -11,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "compute/tensor_bundle.h"
+#include "server/sync_batch.h"
 
 namespace rebound::server {
 
@@ -219,29 +222,27 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     updated.update_count = book.update_count + 1;
     return inputs.weight();
   };
-  auto commit = [&](const CenterRecord& center, absl::Span<const float> worker_after) {
+  // The tensors go to the store without copies: the center and the worker's post-sync
+  // parameters from the packed vectors, the optimizer state from the request's own bytes.
+  const compute::StageLayout& layout = centers_->layout(stage);
+  auto commit = [&](int64_t version, absl::Span<const float> center,
+                    absl::Span<const float> worker_after, absl::Span<const float> center_before) {
     storage::WriteBatch batch;
-    batch.PutCenter(center);
-    Snapshot snapshot;
-    *snapshot.mutable_slot() = slot;
-    snapshot.set_step(request->step());
-    *snapshot.mutable_params() = centers_->Bundle(stage, worker_after);
-    *snapshot.mutable_optimizer() = optimizer;
-    snapshot.set_checksum(ChecksumBundle(snapshot.params()));
-    snapshot.set_data_epoch(request->data_epoch());
-    snapshot.set_data_offset(request->data_offset());
-    batch.PutSnapshot(snapshot);
-    batch.PutWeight(WeightRecordFor(slot, updated));
-    // The new snapshot makes the slot's older step-log records useless (DESIGN §5.2 GC).
-    batch.DeleteLogRange(slot, 0, request->step() + 1);
-    return step_log_->CommitSnapshot(slot, request->step(), [&]() -> absl::Status {
+    AddSyncToBatch(layout, slot, *request, version, center, worker_after,
+                   WeightRecordFor(slot, updated), &batch);
+    RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, request->step(), [&]() -> absl::Status {
       RETURN_IF_ERROR(store_->Commit(batch));
       absl::MutexLock lock(&book_mu_);
       books_[{slot.replica(), slot.stage()}] = updated;
       return absl::OkStatus();
-    });
+    }));
+    *response->mutable_center_before() = centers_->Bundle(stage, center_before);
+    return absl::OkStatus();
   };
-  auto result = centers_->ElasticSync(stage, x, alpha, weight, commit);
+  const size_t n = x.size();
+  std::unique_ptr<float[]> worker_after(new float[n]);  // uninitialised: written in full
+  auto result = centers_->ElasticSync(stage, x, alpha, weight, commit,
+                                      absl::MakeSpan(worker_after.get(), n));
   if (!result.ok() && result.status().code() == absl::StatusCode::kAlreadyExists) {
     // The same sync again (its reply was lost): answer with the stored post-sync state.
     int64_t last = 0;
@@ -269,8 +270,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
     LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step();
   }
-  *response->mutable_center_before() = centers_->Bundle(stage, result->center_before);
-  response->set_center_version(result->version);
+  response->set_center_version(*result);
   response->set_weight(inputs.weight());
   response->set_moving_rate(alpha);
   return grpc::Status::OK;
@@ -326,10 +326,26 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     updated.update_count = book.update_count + 1;
     return inputs.weight();
   };
-  auto commit = [&](const CenterRecord& center, const CenterOptRecord& opt) {
+  const compute::StageLayout& layout = centers_->layout(stage);
+  auto commit = [&](int64_t version, absl::Span<const float> center, int64_t opt_step,
+                    absl::Span<const float> m, absl::Span<const float> v) {
     storage::WriteBatch batch;
-    batch.PutCenter(center);
-    batch.PutCenterOpt(opt);
+    CenterRecord center_header;
+    center_header.set_stage(stage);
+    center_header.set_version(version);
+    *center_header.mutable_params() = compute::BundleHeader(layout);
+    std::vector<absl::string_view> center_data;
+    compute::AppendTensorViews(layout, center, &center_data);
+    batch.PutCenter(center_header, std::move(center_data));
+    CenterOptRecord opt;
+    opt.set_stage(stage);
+    opt.mutable_state()->set_step(opt_step);
+    *opt.mutable_state()->mutable_m() = compute::BundleHeader(layout);
+    *opt.mutable_state()->mutable_v() = compute::BundleHeader(layout);
+    std::vector<absl::string_view> opt_data;
+    compute::AppendTensorViews(layout, m, &opt_data);
+    compute::AppendTensorViews(layout, v, &opt_data);
+    batch.PutCenterOpt(opt, std::move(opt_data));
     batch.PutWeight(WeightRecordFor(slot, updated));
     RETURN_IF_ERROR(store_->Commit(batch));
     absl::MutexLock lock(&book_mu_);
@@ -368,7 +384,9 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
     centers_->WaitForVersion(stage, request->min_version(),
                              absl::Milliseconds(config_.max_wait_ms()));
   }
-  auto [center, version] = centers_->Read(stage);
+  auto read = centers_->Read(stage);
+  if (!read.ok()) return ToGrpcStatus(read.status());
+  const auto& [center, version] = *read;
   *response->mutable_center() = centers_->Bundle(stage, center);
   response->set_center_version(version);
   return grpc::Status::OK;

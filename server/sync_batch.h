@@ -1,0 +1,26 @@
+#pragma once
+
+// The durable record of one EASGD sync (DESIGN.md §4.4, §5.2, §6), as one write batch: the
+// stage's new center, the slot's snapshot (its post-sync parameters and the optimizer state the
+// worker sent), the slot's weight record, and the GC of the step log the snapshot covers.
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "compute/model_layout.h"
+#include "proto/rebound.pb.h"
+#include "proto/storage.pb.h"
+#include "storage/durable_store.h"
+
+namespace rebound::server {
+
+// Adds the sync's records to `batch`. The tensors are referenced, not copied (the store writes
+// them to tensor files from where they are): `center`, `worker_after` and `request` must stay
+// valid and unchanged until the batch's last Commit returns. `slot` is the normalized slot of
+// the request; `center` the stage's center after the move, at `version`.
+void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
+                    const SyncRequest& request, int64_t version, absl::Span<const float> center,
+                    absl::Span<const float> worker_after, const WeightRecord& weight,
+                    storage::WriteBatch* batch);
+
+}  // namespace rebound::server

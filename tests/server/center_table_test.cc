@@ -1,0 +1,186 @@
+#include "server/center_table.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/config.h"
+#include "compute/adahessian.h"
+
+namespace rebound::server {
+namespace {
+
+// 4 inputs, 3 hidden, 2 outputs: 4*3 + 3 + 3*2 + 2 = 23 parameters, so the blocked loops also
+// run their short-tail path; the big model below runs several full blocks.
+constexpr char kJob[] = R"pb(
+  model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: IDENTITY } }
+  topology { replicas: 2 stages: 1 }
+  easgd { sync_period: 4 }
+)pb";
+
+constexpr char kBigJob[] = R"pb(
+  model { input_dim: 300 layers { width: 200 } layers { width: 10 activation: IDENTITY } }
+  topology { replicas: 4 stages: 1 }
+)pb";
+
+std::unique_ptr<CenterTable> MakeTable(const char* text) {
+  auto job = ParseJobConfig(text, "job.pbtxt");
+  REQUIRE(job.ok());
+  auto table = CenterTable::Create(*job);
+  REQUIRE(table.ok());
+  return *std::move(table);
+}
+
+std::vector<float> Center(const CenterTable& table) {
+  auto read = table.Read(0);
+  REQUIRE(read.ok());
+  return read->first;
+}
+
+auto Weight(double w) {
+  return [w](int64_t, double) -> absl::StatusOr<double> { return w; };
+}
+
+bool SameBits(const std::vector<float>& a, absl::Span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_CASE("ElasticSync moves the center by alpha w (x - c) and pulls the worker toward c") {
+  const char* text = GENERATE(kJob, kBigJob);
+  std::unique_ptr<CenterTable> table = MakeTable(text);
+  const std::vector<float> c0 = Center(*table);
+  const size_t n = c0.size();
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = c0[i] + 0.5f + 0.001f * static_cast<float>(i % 97);
+  const double alpha = 0.45, w = 0.5;
+  std::vector<float> after(n);
+  std::vector<float> seen_before, seen_center, seen_after;
+  int64_t seen_version = 0;
+  double seen_norm = -1;
+  auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+    CHECK(version == 0);
+    seen_norm = norm;
+    return w;
+  };
+  auto commit = [&](int64_t version, absl::Span<const float> center,
+                    absl::Span<const float> worker_after, absl::Span<const float> before) {
+    seen_version = version;
+    seen_center.assign(center.begin(), center.end());
+    seen_after.assign(worker_after.begin(), worker_after.end());
+    seen_before.assign(before.begin(), before.end());
+    return absl::OkStatus();
+  };
+  auto version = table->ElasticSync(0, x, alpha, weight, commit, absl::MakeSpan(after));
+  REQUIRE(version.ok());
+  CHECK(*version == 1);
+  CHECK(seen_version == 1);
+  // ||x - c||, computed here in double the plain way.
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += (double(x[i]) - c0[i]) * (double(x[i]) - c0[i]);
+  CHECK(seen_norm == Approx(std::sqrt(sum)).epsilon(1e-5));
+  // Hand-computed values for a few elements, and the shared kernels for all of them.
+  for (size_t i : {size_t{0}, n / 2, n - 1}) {
+    CHECK(seen_center[i] == Approx(c0[i] + alpha * w * (x[i] - c0[i])).epsilon(1e-6));
+    CHECK(after[i] == Approx(x[i] - alpha * (x[i] - c0[i])).epsilon(1e-6));
+  }
+  std::vector<float> kernel_center = c0, kernel_after = x;
+  REQUIRE(compute::ElasticMoveCenter(alpha, w, x, absl::MakeSpan(kernel_center)).ok());
+  REQUIRE(compute::ElasticPullWorker(alpha, c0, absl::MakeSpan(kernel_after)).ok());
+  CHECK(SameBits(kernel_center, Center(*table)));
+  CHECK(SameBits(kernel_center, seen_center));
+  CHECK(SameBits(kernel_after, after));
+  CHECK(SameBits(kernel_after, seen_after));
+  CHECK(SameBits(c0, seen_before));
+  CHECK(table->version(0) == 1);
+}
+
+TEST_CASE("a failed elastic commit leaves the center and its version as they were") {
+  std::unique_ptr<CenterTable> table = MakeTable(kBigJob);
+  const std::vector<float> c0 = Center(*table);
+  std::vector<float> x(c0.size(), 1.0f), after(c0.size());
+  auto failing = [](int64_t, absl::Span<const float>, absl::Span<const float>,
+                    absl::Span<const float>) { return absl::UnavailableError("disk on fire"); };
+  auto result = table->ElasticSync(0, x, 0.5, Weight(1.0), failing, absl::MakeSpan(after));
+  CHECK(result.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(SameBits(c0, Center(*table)));
+  CHECK(table->version(0) == 0);
+  // A refusing weight (e.g. a duplicate) changes nothing either, and the table goes on.
+  auto duplicate = [](int64_t, double) -> absl::StatusOr<double> {
+    return absl::AlreadyExistsError("seen");
+  };
+  auto ok = [](int64_t, absl::Span<const float>, absl::Span<const float>,
+               absl::Span<const float>) { return absl::OkStatus(); };
+  CHECK(table->ElasticSync(0, x, 0.5, duplicate, ok, absl::MakeSpan(after)).status().code() ==
+        absl::StatusCode::kAlreadyExists);
+  CHECK(SameBits(c0, Center(*table)));
+  auto version = table->ElasticSync(0, x, 0.5, Weight(1.0), ok, absl::MakeSpan(after));
+  REQUIRE(version.ok());
+  CHECK(*version == 1);
+  CHECK_FALSE(SameBits(c0, Center(*table)));
+}
+
+TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences the stage") {
+  std::unique_ptr<CenterTable> table = MakeTable(kBigJob);
+  auto job = ParseJobConfig(kBigJob, "job.pbtxt");
+  REQUIRE(job.ok());
+  const AdaHessianConfig& ada = job->adahessian();
+  const std::vector<float> c0 = Center(*table);
+  const size_t n = c0.size();
+  std::vector<float> g(n), d(n);
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
+    d[i] = 0.002f * static_cast<float>(i % 7);
+  }
+  std::vector<float> committed_m;
+  int64_t committed_step = 0;
+  auto commit = [&](int64_t, absl::Span<const float>, int64_t step, absl::Span<const float> m,
+                    absl::Span<const float>) {
+    committed_step = step;
+    committed_m.assign(m.begin(), m.end());
+    return absl::OkStatus();
+  };
+  std::vector<float> theta = c0, m(n, 0.0f), v(n, 0.0f);
+  for (int64_t t = 1; t <= 2; ++t) {
+    auto version = table->ApplyAdaHessian(0, g, d, ada, Weight(0.75), commit);
+    REQUIRE(version.ok());
+    CHECK(*version == t);
+    CHECK(committed_step == t);
+    REQUIRE(compute::ServerAdaHessianApply(ada, 0.75, t, g, d, absl::MakeSpan(m),
+                                           absl::MakeSpan(v), absl::MakeSpan(theta))
+                .ok());
+    CHECK(SameBits(theta, Center(*table)));
+    CHECK(SameBits(m, committed_m));
+  }
+
+  auto failing = [](int64_t, absl::Span<const float>, int64_t, absl::Span<const float>,
+                    absl::Span<const float>) { return absl::ResourceExhaustedError("disk full"); };
+  CHECK(table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), failing).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  // The update happened in memory but is not durable: the stage refuses everything.
+  std::vector<float> after(n);
+  auto ok = [](int64_t, absl::Span<const float>, absl::Span<const float>,
+               absl::Span<const float>) { return absl::OkStatus(); };
+  for (const absl::Status& status :
+       {table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), commit).status(),
+        table->ElasticSync(0, g, 0.5, Weight(1.0), ok, absl::MakeSpan(after)).status(),
+        table->Read(0).status()}) {
+    CHECK(status.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(status.message()),
+               Catch::Contains("refuses work until the server restarts"));
+  }
+  CHECK(table->version(0) == 2);
+
+  // Restoring the durable state (what a restarted server does) brings it back.
+  CenterRecord record;
+  record.set_stage(0);
+  record.set_version(2);
+  *record.mutable_params() = table->Bundle(0, theta);
+  REQUIRE(table->Restore(record, nullptr).ok());
+  CHECK(SameBits(theta, Center(*table)));
+  CHECK(table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), commit).ok());
+}
+
+}  // namespace
+}  // namespace rebound::server
