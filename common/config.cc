@@ -438,6 +438,12 @@ absl::Status ValidateHostPort(const std::string& address, const std::string& fie
   return absl::OkStatus();
 }
 
+RecoveryPolicy EffectiveRecoveryPolicy(const JobConfig& job) {
+  const RecoveryPolicy policy = job.fault_tolerance().policy();
+  if (policy == REPLAY && job.easgd().mode() == ASYNC_ADAHESSIAN) return RESTART_FROM_CENTER;
+  return policy;
+}
+
 double EffectiveMovingRate(const JobConfig& job) {
   if (job.easgd().moving_rate() != 0.0) return job.easgd().moving_rate();
   return 0.9 / std::max(1, job.topology().replicas());

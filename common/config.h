@@ -45,6 +45,11 @@ absl::Status ValidateJobConfig(const JobConfig& job);
 // The EASGD moving rate in effect: easgd.moving_rate, or 0.9 / R when it is 0 (the default).
 double EffectiveMovingRate(const JobConfig& job);
 
+// The recovery policy the server applies: fault_tolerance.policy, except that REPLAY means
+// RESTART_FROM_CENTER in mode ASYNC_ADAHESSIAN, where the center is the replica and a trainer
+// keeps no state to replay (no snapshot, no step log; DESIGN.md §4.6).
+RecoveryPolicy EffectiveRecoveryPolicy(const JobConfig& job);
+
 // First layer index of each stage s in [0, S], with entry S = number of layers: explicit
 // topology.stage_boundaries, or an even split by layer count. REQUIRES: a validated job.
 std::vector<int> StageLayerStarts(const JobConfig& job);

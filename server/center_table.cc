@@ -210,6 +210,14 @@ int64_t CenterTable::version(int stage) const {
   return s.version;
 }
 
+absl::Status CenterTable::Health() const {
+  for (const auto& stage : stages_) {
+    absl::MutexLock lock(&stage->mu);
+    if (!stage->lost.ok()) return stage->lost;
+  }
+  return absl::OkStatus();
+}
+
 int64_t CenterTable::WaitForVersion(int stage, int64_t min_version, absl::Duration timeout) const {
   const Stage& s = *stages_[stage];
   absl::MutexLock lock(&s.mu);

@@ -90,6 +90,10 @@ class CenterTable {
   absl::StatusOr<std::pair<std::vector<float>, int64_t>> Read(int stage) const;
   int64_t version(int stage) const;
 
+  // OK, or the status of the first stage that refuses work after a failed commit (the server
+  // then reports NOT_SERVING so that its supervisor restarts it).
+  absl::Status Health() const;
+
   // Blocks until the stage's version reaches `min_version` or `timeout` passes; returns the
   // version then.
   int64_t WaitForVersion(int stage, int64_t min_version, absl::Duration timeout) const;

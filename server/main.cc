@@ -167,7 +167,15 @@ int Run() {
       std::max(10, std::min(100, config.job().fault_tolerance().heartbeat_interval_ms() / 4)));
   absl::Notification stop;
   std::thread detector([&] {
+    bool healthy = true;
     while (!stop.WaitForNotificationWithTimeout(period)) {
+      if (absl::Status health = (*centers)->Health(); healthy && !health.ok()) {
+        // The in-memory state is ahead of the durable one: stop serving so the supervisor (or
+        // the operator) restarts the server, which reloads what was acknowledged.
+        healthy = false;
+        LOG(ERROR) << "health: NOT_SERVING: " << health;
+        server->GetHealthCheckService()->SetServingStatus(false);
+      }
       for (const FailedWorker& failed : membership.DetectFailures()) {
         if (failed.had_slot) {
           tracker.OnFault(failed.slot, clock.Now());

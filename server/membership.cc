@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.h"
 #include "common/status_macros.h"
 
 namespace rebound::server {
@@ -179,9 +180,9 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
       slot.lost_at = clock_->Now();
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
-      if (job_.fault_tolerance().policy() == REPLAY) {
+      if (EffectiveRecoveryPolicy(job_) == REPLAY) {
         absl::StrAppend(&slot.detail, "; waiting for a spare to replay it");
-      } else if (job_.fault_tolerance().policy() == GLOBAL_CHECKPOINT) {
+      } else if (EffectiveRecoveryPolicy(job_) == GLOBAL_CHECKPOINT) {
         absl::StrAppend(&slot.detail,
                         "; waiting: GLOBAL_CHECKPOINT recovery is not implemented yet (R4)");
       } else {
@@ -198,7 +199,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
 }
 
 std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, absl::Time now) {
-  const bool restart_policy = job_.fault_tolerance().policy() == RESTART_FROM_CENTER;
+  const bool restart_policy = EffectiveRecoveryPolicy(job_) == RESTART_FROM_CENTER;
   int index = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].state == LOST && (restart_policy || slots_[i].fallback_restart)) {
@@ -319,7 +320,7 @@ absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(check());
-  if (job_.fault_tolerance().policy() != REPLAY) {
+  if (EffectiveRecoveryPolicy(job_) != REPLAY) {
     // No replay tasks under this policy: the spare just waits out its long poll.
     static const bool kNever = false;
     mu_.AwaitWithTimeout(absl::Condition(&kNever), timeout);

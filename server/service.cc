@@ -421,7 +421,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
   response->set_replicas(job_.topology().replicas());
   response->set_stages(job_.topology().stages());
   response->set_weighting(job_.weighting().policy());
-  response->set_recovery_policy(job_.fault_tolerance().policy());
+  response->set_recovery_policy(EffectiveRecoveryPolicy(job_));
   membership_->FillStatus(response);
   for (SlotStatus& slot : *response->mutable_slots()) {
     *slot.mutable_weight() = tracker_->Current(slot.slot(), now);

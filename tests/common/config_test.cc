@@ -63,6 +63,18 @@ TEST_CASE("defaults come from the schema") {
   CHECK(EffectiveMovingRate(*job) == 0.9);
 }
 
+TEST_CASE("REPLAY means RESTART_FROM_CENTER in mode ASYNC_ADAHESSIAN, nothing else changes") {
+  auto job = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(job.ok());
+  for (RecoveryPolicy policy : {REPLAY, RESTART_FROM_CENTER, GLOBAL_CHECKPOINT}) {
+    job->mutable_fault_tolerance()->set_policy(policy);
+    job->mutable_easgd()->set_mode(EASGD);
+    CHECK(EffectiveRecoveryPolicy(*job) == policy);
+    job->mutable_easgd()->set_mode(ASYNC_ADAHESSIAN);
+    CHECK(EffectiveRecoveryPolicy(*job) == (policy == REPLAY ? RESTART_FROM_CENTER : policy));
+  }
+}
+
 TEST_CASE("an out-of-range moving rate names file, line, field and value") {
   CHECK(JobError(std::string(kBase) + "easgd {\n  moving_rate: 1.5\n}\n") ==
         "job.pbtxt:6: easgd.moving_rate must be in (0, 1], got 1.5");

@@ -324,21 +324,20 @@ TEST_CASE("a trainer SIGKILLed mid-run is restarted from the center by a spare a
   CHECK_FALSE(absl::StrContains(cluster.WorkerLog("s"), "skipping from step"));
 }
 
-TEST_CASE("under REPLAY the spare that takes a killed trainer's slot over skips ahead to the "
-          "server's applied sequence") {
-  // In this mode there is no snapshot or step log to replay: the replay rebuilds nothing and the
-  // spare takes the slot over at step 0; its first push is answered applied: false with the
-  // slot's applied sequence, and it skips ahead to it.
+TEST_CASE("under REPLAY a killed trainer's slot is restarted from the center: nothing to replay") {
+  // In this mode the center is the replica: no snapshot or step log exists to replay, so the
+  // server applies RESTART_FROM_CENTER (common/config.h EffectiveRecoveryPolicy) and says so.
   JobSpec spec;
   spec.policy = "REPLAY";
   spec.max_steps = 2000;
   Cluster cluster(spec);
   const GetStatusResponse done = RunWithKilledTrainer(cluster, spec);
   CheckEveryPushAppliedOnce(done, spec);
-  CHECK(done.recoveries(0).policy() == REPLAY);
+  CHECK(done.recovery_policy() == RESTART_FROM_CENTER);
+  CHECK(done.recoveries(0).policy() == RESTART_FROM_CENTER);
   CHECK(done.recoveries(0).outcome() == RECOVERED);
-  CHECK(done.recoveries(0).steps_replayed() == 0);
-  CHECK(absl::StrContains(cluster.WorkerLog("s"), "skipping from step 1 to step"));
+  // The spare starts where the slot's pushes stopped: it never has to skip ahead.
+  CHECK_FALSE(absl::StrContains(cluster.WorkerLog("s"), "skipping from step"));
 }
 
 }  // namespace

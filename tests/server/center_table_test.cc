@@ -133,6 +133,7 @@ TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences
     g[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
     d[i] = 0.002f * static_cast<float>(i % 7);
   }
+  CHECK(table->Health().ok());
   std::vector<float> committed_m;
   int64_t committed_step = 0;
   auto commit = [&](int64_t, absl::Span<const float>, int64_t step, absl::Span<const float> m,
@@ -171,6 +172,7 @@ TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences
                Catch::Contains("refuses work until the server restarts"));
   }
   CHECK(table->version(0) == 2);
+  CHECK(table->Health().code() == absl::StatusCode::kUnavailable);
 
   // Restoring the durable state (what a restarted server does) brings it back.
   CenterRecord record;
@@ -179,6 +181,7 @@ TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences
   *record.mutable_params() = table->Bundle(0, theta);
   REQUIRE(table->Restore(record, nullptr).ok());
   CHECK(SameBits(theta, Center(*table)));
+  CHECK(table->Health().ok());
   CHECK(table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), commit).ok());
 }
 
