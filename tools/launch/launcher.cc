@@ -385,7 +385,8 @@ std::optional<int> Launcher::Watch(absl::Duration wait) {
       absl::StrAppend(&text, ", as the launcher killed it");
     } else if (slot != nullptr && slot->state == FINISHED) {
       absl::StrAppend(&text, " after its slot FINISHED");
-    } else if (w.plan.role == LaunchRole::kTrainer && cluster_up_) {
+    } else if (w.plan.role == LaunchRole::kTrainer && cluster_up_ && *code != 0) {
+      // Exit 0 is a clean departure (the job's end, seen here before the next status poll).
       absl::StrAppend(&text, "; the server rebuilds its slot");
     }
     PrintEvent({w.plan.slot, text});
