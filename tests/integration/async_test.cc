@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 #include "worker/data/fashion_mnist.h"
 
@@ -55,32 +56,6 @@ std::string JobText(const JobSpec& spec) {
       "  adahessian { lr: 0.01 }\n",
       "  easgd { mode: ASYNC_ADAHESSIAN sync_period: ", spec.sync_period, " }\n",
       "  training { max_steps: ", spec.max_steps, " }\n");
-}
-
-std::string LastLines(const std::string& path, size_t count) {
-  std::vector<std::string> lines =
-      absl::StrSplit(ReadFileOrEmpty(path), '\n', absl::SkipEmpty());
-  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
-  std::string out;
-  for (const std::string& line : lines) absl::StrAppend(&out, "    ", line, "\n");
-  return out;
-}
-
-bool AllFinished(const GetStatusResponse& s) {
-  for (const SlotStatus& slot : s.slots()) {
-    if (slot.state() != FINISHED) return false;
-  }
-  return s.slots_size() > 0;
-}
-
-// The newest incarnation of worker `name` in `role`, or null.
-const WorkerStatus* FindWorker(const GetStatusResponse& s, const std::string& name,
-                               WorkerRole role) {
-  const WorkerStatus* found = nullptr;
-  for (const WorkerStatus& w : s.workers()) {
-    if (w.name() == name && w.role() == role) found = &w;  // incarnations ascend
-  }
-  return found;
 }
 
 // A server running `spec` and its workers, each a real process with its own log under one temp
@@ -207,14 +182,6 @@ class Cluster {
   std::unique_ptr<Subprocess> server_;
   std::map<std::string, std::unique_ptr<Subprocess>> workers_;
 };
-
-bool SameBytes(const TensorBundle& a, const TensorBundle& b) {
-  if (a.tensors_size() != b.tensors_size()) return false;
-  for (int i = 0; i < a.tensors_size(); ++i) {
-    if (a.tensors(i).data() != b.tensors(i).data()) return false;
-  }
-  return true;
-}
 
 // Test loss and accuracy of a center on the job's test split, computed in this process.
 compute::EvalResult Evaluate(const JobConfig& job, const TensorBundle& center) {

@@ -39,6 +39,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "storage/durable_store.h"
+#include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 
 namespace rebound::testing {
@@ -72,39 +73,6 @@ struct JobSpec {
   int failure_timeout_ms = kFailureTimeoutMs;
   int max_wait_ms = kMaxWaitMs;
 };
-
-std::string LastLines(const std::string& path, size_t count) {
-  std::vector<std::string> lines =
-      absl::StrSplit(ReadFileOrEmpty(path), '\n', absl::SkipEmpty());
-  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
-  std::string out;
-  for (const std::string& line : lines) absl::StrAppend(&out, "    ", line, "\n");
-  return out;
-}
-
-bool AllFinished(const GetStatusResponse& s) {
-  for (const SlotStatus& slot : s.slots()) {
-    if (slot.state() != FINISHED) return false;
-  }
-  return s.slots_size() > 0;
-}
-
-// The newest incarnation of worker `name` in `role`, or null.
-const WorkerStatus* FindWorker(const GetStatusResponse& s, const std::string& name,
-                               WorkerRole role) {
-  const WorkerStatus* found = nullptr;
-  for (const WorkerStatus& w : s.workers()) {
-    if (w.name() == name && w.role() == role) found = &w;  // incarnations ascend
-  }
-  return found;
-}
-
-const WorkerStatus* FindIncarnation(const GetStatusResponse& s, uint64_t incarnation) {
-  for (const WorkerStatus& w : s.workers()) {
-    if (w.incarnation() == incarnation) return &w;
-  }
-  return nullptr;
-}
 
 // The detail the server gives a RECOVERED replay that started from the snapshot at `t0`.
 std::string RebuiltDetail(int64_t t0, int64_t steps_replayed) {
@@ -609,14 +577,6 @@ TensorBundle RunDeterministicJob(const JobSpec& spec, const KillPoint* kill) {
   const PullResponse center = cluster.Pull(cluster.RegisterObserver());
   CHECK(center.center_version() == spec.replicas * spec.max_steps / spec.sync_period);
   return center.center();
-}
-
-bool SameBytes(const TensorBundle& a, const TensorBundle& b) {
-  if (a.tensors_size() != b.tensors_size()) return false;
-  for (int i = 0; i < a.tensors_size(); ++i) {
-    if (a.tensors(i).data() != b.tensors(i).data()) return false;
-  }
-  return true;
 }
 
 TEST_CASE("trainers killed at random steps and rebuilt by replay end with the clean run's center, "

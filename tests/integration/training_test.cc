@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
+#include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 
 namespace rebound::testing {
@@ -155,14 +156,6 @@ TensorBundle Shifted(const TensorBundle& bundle, float delta) {
     *out.add_tensors() = WithFloats(t, values);
   }
   return out;
-}
-
-bool SameBytes(const TensorBundle& a, const TensorBundle& b) {
-  if (a.tensors_size() != b.tensors_size()) return false;
-  for (int i = 0; i < a.tensors_size(); ++i) {
-    if (a.tensors(i).data() != b.tensors(i).data()) return false;
-  }
-  return true;
 }
 
 SyncRequest MakeSync(const RegisterResponse& trainer, int64_t step, const TensorBundle& params) {
@@ -531,13 +524,6 @@ std::unique_ptr<Subprocess> StartTrainer(const Server& server, const std::string
                                   server.dir() + "/" + name + ".log");
   REQUIRE(worker.ok());
   return *std::move(worker);
-}
-
-bool AllFinished(const GetStatusResponse& s) {
-  for (const SlotStatus& slot : s.slots()) {
-    if (slot.state() != FINISHED) return false;
-  }
-  return true;
 }
 
 TEST_CASE("training goes on across a SIGKILL of the server and every sync is applied once") {

@@ -1,0 +1,51 @@
+#include "tests/integration/status_util.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/integration/subprocess.h"
+
+namespace rebound::testing {
+
+std::string LastLines(const std::string& path, size_t count) {
+  std::vector<std::string> lines =
+      absl::StrSplit(ReadFileOrEmpty(path), '\n', absl::SkipEmpty());
+  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
+  std::string out;
+  for (const std::string& line : lines) absl::StrAppend(&out, "    ", line, "\n");
+  return out;
+}
+
+bool AllFinished(const GetStatusResponse& s) {
+  for (const SlotStatus& slot : s.slots()) {
+    if (slot.state() != FINISHED) return false;
+  }
+  return s.slots_size() > 0;
+}
+
+const WorkerStatus* FindWorker(const GetStatusResponse& s, const std::string& name,
+                               WorkerRole role) {
+  const WorkerStatus* found = nullptr;
+  for (const WorkerStatus& w : s.workers()) {
+    if (w.name() == name && w.role() == role) found = &w;  // incarnations ascend
+  }
+  return found;
+}
+
+const WorkerStatus* FindIncarnation(const GetStatusResponse& s, uint64_t incarnation) {
+  for (const WorkerStatus& w : s.workers()) {
+    if (w.incarnation() == incarnation) return &w;
+  }
+  return nullptr;
+}
+
+bool SameBytes(const TensorBundle& a, const TensorBundle& b) {
+  if (a.tensors_size() != b.tensors_size()) return false;
+  for (int i = 0; i < a.tensors_size(); ++i) {
+    if (a.tensors(i).data() != b.tensors(i).data()) return false;
+  }
+  return true;
+}
+
+}  // namespace rebound::testing

@@ -1,0 +1,30 @@
+#pragma once
+
+// Small helpers the integration tests share for reading a cluster's state: GetStatus answers,
+// centers, and the tails of process logs for failure messages.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "proto/rebound.pb.h"
+
+namespace rebound::testing {
+
+// The last `count` non-empty lines of the file at `path`, each indented by four spaces.
+std::string LastLines(const std::string& path, size_t count);
+
+// True iff the status lists slots and every one is FINISHED.
+bool AllFinished(const GetStatusResponse& s);
+
+// The newest incarnation of worker `name` in `role`, or null.
+const WorkerStatus* FindWorker(const GetStatusResponse& s, const std::string& name,
+                               WorkerRole role);
+
+// The worker with this incarnation, or null.
+const WorkerStatus* FindIncarnation(const GetStatusResponse& s, uint64_t incarnation);
+
+// True iff both bundles hold the same number of tensors with byte-identical data.
+bool SameBytes(const TensorBundle& a, const TensorBundle& b);
+
+}  // namespace rebound::testing
