@@ -24,6 +24,20 @@ uint64_t Checksum(const void* data, size_t size, uint64_t seed) {
   return XXH64(data, size, seed);
 }
 
+ChecksumStream::ChecksumStream() : state_(XXH64_createState()) {
+  XXH64_reset(static_cast<XXH64_state_t*>(state_), 0);
+}
+
+ChecksumStream::~ChecksumStream() { XXH64_freeState(static_cast<XXH64_state_t*>(state_)); }
+
+void ChecksumStream::Update(const void* data, size_t size) {
+  XXH64_update(static_cast<XXH64_state_t*>(state_), data, size);
+}
+
+uint64_t ChecksumStream::Digest() const {
+  return XXH64_digest(static_cast<const XXH64_state_t*>(state_));
+}
+
 uint64_t ChecksumFloats(absl::Span<const float> values) {
   static_assert(sizeof(float) == 4, "float32 expected");
   // x86-64 and aarch64 are little-endian, so the in-memory bytes are the wire bytes.

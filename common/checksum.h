@@ -15,6 +15,21 @@ namespace rebound {
 // xxHash64 of raw bytes.
 uint64_t Checksum(const void* data, size_t size, uint64_t seed = 0);
 
+// xxHash64 of the concatenation of every Update's bytes, in order: the same value as Checksum of
+// the concatenated bytes (seed 0).
+class ChecksumStream {
+ public:
+  ChecksumStream();
+  ~ChecksumStream();
+  ChecksumStream(const ChecksumStream&) = delete;
+  ChecksumStream& operator=(const ChecksumStream&) = delete;
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+
+ private:
+  void* state_;  // XXH64_state_t
+};
+
 // xxHash64 of the float values' little-endian bytes.
 uint64_t ChecksumFloats(absl::Span<const float> values);
 

@@ -319,6 +319,7 @@ void CheckJob(const JobConfig& job, Checker& c) {
     previous = b;
   }
   c.AtLeast("step_log.buffer_bytes", log.buffer_bytes(), int64_t{1} << 20);
+  c.InRange("step_log.linger_ms", log.linger_ms(), 0, 1000);
   if (log.compression() == COMPRESSION_UNSPECIFIED) {
     c.Fail("step_log.compression", "must be NO_COMPRESSION, LZ4 or ZSTD");
   }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/checksum.h"
 #include "common/status_macros.h"
 
 namespace rebound {
@@ -40,6 +41,23 @@ absl::Status MlpStage::GetParams(absl::Span<float> packed) const {
   std::vector<float> host(layout_.padded_size());
   RETURN_IF_ERROR(backend_->CopyToHost(params_.span(), absl::MakeSpan(host)));
   return layout_.Pack(host, packed);
+}
+
+absl::StatusOr<uint64_t> MlpStage::ParamsChecksum() const {
+  if (!backend_->host_addressable()) {
+    std::vector<float> packed(layout_.packed_size());
+    RETURN_IF_ERROR(GetParams(absl::MakeSpan(packed)));
+    return ChecksumFloats(packed);
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  // The packed layout is the tensors back to back in id order: streaming each tensor's bytes
+  // from the padded buffer hashes exactly the packed bytes.
+  ChecksumStream hash;
+  const ConstDSpan params = params_.span();
+  for (const TensorInfo& t : layout_.tensors()) {
+    hash.Update(params.data + t.offset, t.size() * sizeof(float));
+  }
+  return hash.Digest();
 }
 
 absl::Status MlpStage::DrawDirection(const HutchinsonKey& key) {

@@ -104,6 +104,10 @@ class MlpStage {
   // Host <-> device in the packed layout. REQUIRES: packed_size() floats.
   absl::Status SetParams(absl::Span<const float> packed);
   absl::Status GetParams(absl::Span<float> packed) const;
+  // xxHash64 of the parameters' packed bytes: ChecksumFloats of what GetParams returns (the
+  // step log's per-step checksum, DESIGN §5.2). On a host-addressable backend it hashes the
+  // tensors where they are, with no copy (it runs after every logged step).
+  absl::StatusOr<uint64_t> ParamsChecksum() const;
 
   // direction = z of step `key` for this stage's tensors (padding left zero).
   absl::Status DrawDirection(const HutchinsonKey& key);

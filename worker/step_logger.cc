@@ -54,9 +54,12 @@ struct StepLogger::Stream {
   bool reader_exited = false;
 };
 
-StepLoggerOptions StepLoggerOptions::FromConfig(const WorkerConfig& config, int64_t buffer_bytes) {
+StepLoggerOptions StepLoggerOptions::FromConfig(const WorkerConfig& config,
+                                                const StepLogConfig& step_log) {
   StepLoggerOptions options;
+  const int64_t buffer_bytes = step_log.buffer_bytes();
   options.buffer_bytes = buffer_bytes;
+  options.linger = absl::Milliseconds(step_log.linger_ms());
   options.max_batch_bytes = std::min<int64_t>(options.max_batch_bytes, buffer_bytes);
   options.ack_timeout = absl::Milliseconds(config.rpc_deadline_ms());
   options.backoff_initial = absl::Milliseconds(config.backoff_initial_ms());
@@ -80,9 +83,8 @@ StepLogger::StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnat
 }
 
 StepLogger::StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation,
-                       int64_t buffer_bytes, const WorkerConfig& config)
-    : StepLogger(std::move(channel), incarnation,
-                 StepLoggerOptions::FromConfig(config, buffer_bytes)) {}
+                       const StepLogConfig& step_log, const WorkerConfig& config)
+    : StepLogger(std::move(channel), incarnation, StepLoggerOptions::FromConfig(config, step_log)) {}
 
 StepLogger::~StepLogger() { Stop(); }
 

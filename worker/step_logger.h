@@ -59,17 +59,18 @@ struct StepLoggerOptions {
   // Records in flight this long without any ack: the stream is presumed dead and reopened.
   absl::Duration ack_timeout = absl::Seconds(10);
   // How long the writer lets records gather before sending a batch (unless a full batch is
-  // waiting or the logger stops): a few steps per stream write and per server commit instead of
+  // waiting or the logger stops): many steps per stream write and per server commit instead of
   // one each. Recovery only needs the log up to t_f; steps not shipped yet when a trainer dies
-  // are recomputed by its successor. >= 0.
-  absl::Duration linger = absl::Milliseconds(20);
+  // are recomputed by its successor. >= 0. The job's step_log.linger_ms.
+  absl::Duration linger = absl::Milliseconds(100);
   // Delay before reopening a broken stream: initial, doubling up to max, with jitter.
   absl::Duration backoff_initial = absl::Milliseconds(100);
   absl::Duration backoff_max = absl::Seconds(5);
 
-  // buffer_bytes as given; max_batch_bytes = min(512 KiB, buffer_bytes); ack_timeout =
-  // rpc_deadline_ms; backoff from backoff_initial_ms and backoff_max_ms.
-  static StepLoggerOptions FromConfig(const WorkerConfig& config, int64_t buffer_bytes);
+  // buffer_bytes and linger from the job's step_log; max_batch_bytes = min(512 KiB,
+  // buffer_bytes); ack_timeout = rpc_deadline_ms; backoff from backoff_initial_ms and
+  // backoff_max_ms.
+  static StepLoggerOptions FromConfig(const WorkerConfig& config, const StepLogConfig& step_log);
 };
 
 struct StepLoggerStats {
@@ -88,9 +89,9 @@ class StepLogger {
   // REQUIRES: `incarnation` is this worker's current one.
   StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation,
              const StepLoggerOptions& options);
-  // The same with StepLoggerOptions::FromConfig(config, buffer_bytes).
-  StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation, int64_t buffer_bytes,
-             const WorkerConfig& config);
+  // The same with StepLoggerOptions::FromConfig(config, step_log).
+  StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation,
+             const StepLogConfig& step_log, const WorkerConfig& config);
   ~StepLogger();
 
   StepLogger(const StepLogger&) = delete;

@@ -292,9 +292,7 @@ absl::StatusOr<float> SlotCompute::ComputeGradients(int64_t t, absl::Span<const 
 }
 
 absl::StatusOr<uint64_t> SlotCompute::ParamsChecksum() {
-  std::vector<float> x(trainer->stage(0).layout().packed_size());
-  RETURN_IF_ERROR(trainer->stage(0).GetParams(absl::MakeSpan(x)));
-  return ChecksumFloats(x);
+  return trainer->stage(0).ParamsChecksum();
 }
 
 absl::Status SlotCompute::SeekAfter(int64_t steps) {
@@ -332,8 +330,8 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   // the parameters after the step, shipped asynchronously from a bounded buffer.
   std::unique_ptr<StepLogger> step_logger;
   if (job.step_log().enabled()) {
-    step_logger = std::make_unique<StepLogger>(channel, registration.incarnation,
-                                               job.step_log().buffer_bytes(), config);
+    step_logger =
+        std::make_unique<StepLogger>(channel, registration.incarnation, job.step_log(), config);
   }
   // Appends a record, waiting out back-pressure (bounded by give_up_after_ms): a record that is
   // skipped would leave a hole that caps what replay can rebuild.
@@ -432,8 +430,8 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
         records.push_back(
             MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per)));
       }
-      RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
-      records.push_back(MakeStepRecord(slot, t, ChecksumFloats(x)));
+      ASSIGN_OR_RETURN(const uint64_t checksum, stage.ParamsChecksum());
+      records.push_back(MakeStepRecord(slot, t, checksum));
       RETURN_IF_ERROR(log(records));
     }
     if (t % tau != 0 && t != max_steps) continue;

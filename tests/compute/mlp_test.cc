@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "compute/model_layout.h"
 #include "tests/compute/reference_mlp.h"
 #include "tests/compute/test_util.h"
@@ -420,6 +421,22 @@ TEST_CASE("backward needs a matching forward and the right stage kind", "[mlp]")
             .code() == absl::StatusCode::kFailedPrecondition);
   CHECK(first->Forward(x.span(), 3, true, ws.get()).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("ParamsChecksum hashes the packed parameters without a copy", "[mlp]") {
+  auto backend = testing::CpuBackend();
+  const ModelSpec spec = MakeSpec(10, {{12, rebound::RELU}, {4, rebound::IDENTITY}}, 7);
+  auto stage = MlpStage::Create(backend.get(), spec, 0, 2).value();
+  REQUIRE(stage->InitParams().ok());
+  std::vector<float> packed(stage->layout().packed_size());
+  REQUIRE(stage->GetParams(absl::MakeSpan(packed)).ok());
+  const uint64_t checksum = stage->ParamsChecksum().value();
+  CHECK(checksum == ChecksumFloats(packed));
+  // Any change of a value, in any tensor, changes it; the zero padding does not count.
+  packed.back() += 1.0f;
+  REQUIRE(stage->SetParams(packed).ok());
+  CHECK(stage->ParamsChecksum().value() != checksum);
+  CHECK(stage->ParamsChecksum().value() == ChecksumFloats(packed));
 }
 
 }  // namespace

@@ -48,6 +48,8 @@ namespace {
 // Fashion-MNIST's 784 inputs -> 8 hidden -> 10 classes: 6370 parameters, small snapshots.
 const char kSmallModel[] =
     "  model { layers { width: 8 } layers { width: 10 activation: IDENTITY } }\n";
+// The trainers' step-log linger (step_log.linger_ms; the default is 100).
+constexpr int kLingerMs = 20;
 // 784 -> 64 -> 10: compute-bound steps (about a millisecond at batch 64), so that a sync period
 // of a few hundred steps lasts far longer than the StepLogger's 20 ms linger.
 const char kWideModel[] =
@@ -95,6 +97,8 @@ class Cluster {
         " train_limit: ", spec.train_limit, " test_limit: 100 }\n",
         "  adahessian { lr: 0.01 }\n",
         "  easgd { sync_period: ", spec.sync_period, " }\n",
+        // A short linger: these tests time their kills against what has been logged.
+        "  step_log { linger_ms: ", kLingerMs, " }\n",
         "  training { max_steps: ", spec.max_steps, " }\n");
     std::string config = absl::StrCat("listen_address: \"127.0.0.1:0\"\njob {\n", job,
                                       "}\nmax_wait_ms: ", spec.max_wait_ms, "\n");
