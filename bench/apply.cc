@@ -34,7 +34,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -42,6 +41,8 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "bench/figures.h"
+#include "bench/flags.h"
 #include "common/config.h"
 #include "compute/adahessian.h"
 #include "proto/config.pb.h"
@@ -56,26 +57,16 @@ struct Flags {
   int rounds = 7;
 };
 
-bool ParseInt(const char* arg, const char* name, int* out) {
-  const size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *out = std::atoi(arg + len + 1);
-  return true;
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
   for (int i = 1; i < argc; ++i) {
-    if (ParseInt(argv[i], "--calls", &flags.calls) || ParseInt(argv[i], "--rounds", &flags.rounds)) {
+    if (ParseIntFlag(argv[i], "--calls", &flags.calls) ||
+        ParseIntFlag(argv[i], "--rounds", &flags.rounds)) {
       continue;
     }
-    std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-    std::exit(2);
+    ExitUnknownFlag(argv[i]);
   }
-  if (flags.calls < 1 || flags.rounds < 1) {
-    std::fprintf(stderr, "--calls and --rounds must be >= 1\n");
-    std::exit(2);
-  }
+  if (flags.calls < 1 || flags.rounds < 1) ExitBadFlags("--calls and --rounds must be >= 1");
   return flags;
 }
 
@@ -93,12 +84,6 @@ constexpr char kJob[] = R"pb(
   easgd { mode: EASGD sync_period: 8 }
 )pb";
 constexpr char kModelName[] = "784-2048-1256-10";
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Measurement {
   std::string name;

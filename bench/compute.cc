@@ -20,12 +20,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "compute/backend.h"
 #include "compute/backend_factory.h"
 #include "compute/step.h"
@@ -44,28 +43,19 @@ struct Flags {
   std::string activation = "relu";
 };
 
-bool ParseInt(const char* arg, const char* name, int* out) {
-  const size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *out = std::atoi(arg + len + 1);
-  return true;
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
-    if (ParseInt(a, "--threads", &flags.threads) || ParseInt(a, "--batch", &flags.batch) ||
-        ParseInt(a, "--micro_batches", &flags.micro_batches) ||
-        ParseInt(a, "--steps", &flags.steps) || ParseInt(a, "--rounds", &flags.rounds)) {
+    if (bench::ParseIntFlag(a, "--threads", &flags.threads) ||
+        bench::ParseIntFlag(a, "--batch", &flags.batch) ||
+        bench::ParseIntFlag(a, "--micro_batches", &flags.micro_batches) ||
+        bench::ParseIntFlag(a, "--steps", &flags.steps) ||
+        bench::ParseIntFlag(a, "--rounds", &flags.rounds) ||
+        bench::ParseTextFlag(a, "--activation", &flags.activation)) {
       continue;
     }
-    if (std::strncmp(a, "--activation=", 13) == 0) {
-      flags.activation = a + 13;
-      continue;
-    }
-    std::fprintf(stderr, "unknown flag %s\n", a);
-    std::exit(2);
+    bench::ExitUnknownFlag(a);
   }
   return flags;
 }

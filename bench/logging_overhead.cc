@@ -42,26 +42,12 @@
 // --warmup_seconds=S (5) --job=PATH (configs/job.pbtxt from the runfiles) --server_binary=PATH
 // --worker_binary=PATH --keep_logs (keep every run's directory; failed runs are always kept).
 
-#include <fcntl.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <deque>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,30 +55,23 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/checksum.h"
-#include "common/config.h"
-#include "google/protobuf/text_format.h"
-#include "grpcpp/grpcpp.h"
-#include "proto/config.pb.h"
+#include "bench/figures.h"
+#include "bench/flags.h"
+#include "bench/local_cluster.h"
 #include "bench/process_util.h"
-#include "proto/rebound.grpc.pb.h"
+#include "common/checksum.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
 
 namespace rebound::bench {
 namespace {
 
 constexpr int kTrainers = 4;
 constexpr char kJobId[] = "bench-logging-overhead";
-constexpr absl::Duration kRpcDeadline = absl::Seconds(5);
-constexpr absl::Duration kServerStartWait = absl::Seconds(30);
-constexpr absl::Duration kRegistrationWait = absl::Seconds(30);
-constexpr absl::Duration kFirstSyncWait = absl::Seconds(120);
-constexpr absl::Duration kStopGrace = absl::Seconds(10);
 constexpr absl::Duration kSamplePeriod = absl::Seconds(1);
 constexpr absl::Duration kTick = absl::Milliseconds(50);
 // Per-run cost besides --warmup_seconds and --seconds (start, data loading, first syncs, stop),
@@ -100,10 +79,6 @@ constexpr absl::Duration kTick = absl::Milliseconds(50);
 constexpr double kOverheadSecondsEstimate = 8.0;
 // The target of DESIGN.md §9.
 constexpr double kTargetRatio = 0.95;
-
-// ---------------------------------------------------------------------------------------------
-// Child processes (as in bench/weighting.cc, plus pid() for CPU accounting)
-
 
 // ---------------------------------------------------------------------------------------------
 // CPU accounting, in clock ticks (sysconf(_SC_CLK_TCK) per second)
@@ -167,61 +142,24 @@ struct Flags {
   int reps = 3;
   int seconds = 30;
   int warmup_seconds = 5;
-  std::string job;
-  std::string server_binary;
-  std::string worker_binary;
-  bool keep_logs = false;
+  ClusterFlags cluster;  // --job, --server_binary, --worker_binary, --keep_logs
 };
 
-[[noreturn]] void Usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "%s\nusage: logging_overhead [--reps=N] [--seconds=S] [--warmup_seconds=S] "
-               "[--job=PATH] [--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]\n",
-               problem.c_str());
-  std::exit(2);
-}
+constexpr char kUsage[] =
+    "usage: logging_overhead [--reps=N] [--seconds=S] [--warmup_seconds=S] [--job=PATH] "
+    "[--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
-  const std::map<std::string, int*> ints = {
-      {"reps", &flags.reps},
-      {"seconds", &flags.seconds},
-      {"warmup_seconds", &flags.warmup_seconds},
-  };
-  const std::map<std::string, std::string*> texts = {
-      {"job", &flags.job},
-      {"server_binary", &flags.server_binary},
-      {"worker_binary", &flags.worker_binary},
-  };
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view full = argv[i];
-    if (!absl::ConsumePrefix(&full, "--")) Usage(absl::StrCat("unexpected argument ", argv[i]));
-    const std::string arg(full);
-    if (arg == "keep_logs") {
-      flags.keep_logs = true;
-      continue;
-    }
-    std::string name = arg;
-    std::string value;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      Usage(absl::StrCat("--", name, " needs a value"));
-    }
-    if (auto it = ints.find(name); it != ints.end()) {
-      if (!absl::SimpleAtoi(value, it->second)) Usage(absl::StrCat("--", name, ": not a number"));
-    } else if (auto t = texts.find(name); t != texts.end()) {
-      *t->second = value;
-    } else {
-      Usage(absl::StrCat("unknown flag --", name));
-    }
-  }
-  if (flags.reps < 1) Usage("--reps must be >= 1");
-  if (flags.seconds < 1) Usage("--seconds must be >= 1");
-  if (flags.warmup_seconds < 0) Usage("--warmup_seconds must be >= 0");
+  CommandLine command_line(kUsage);
+  command_line.AddInt("reps", &flags.reps);
+  command_line.AddInt("seconds", &flags.seconds);
+  command_line.AddInt("warmup_seconds", &flags.warmup_seconds);
+  flags.cluster.AddTo(&command_line);
+  command_line.Parse(argc, argv);
+  if (flags.reps < 1) command_line.Usage("--reps must be >= 1");
+  if (flags.seconds < 1) command_line.Usage("--seconds must be >= 1");
+  if (flags.warmup_seconds < 0) command_line.Usage("--warmup_seconds must be >= 0");
   return flags;
 }
 
@@ -258,17 +196,6 @@ struct RunResult {
   double seconds_to_first_sync = 0.0;
 };
 
-absl::StatusOr<GetStatusResponse> GetStatus(ParameterServer::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
-  GetStatusResponse response;
-  const grpc::Status status = stub.GetStatus(&context, GetStatusRequest(), &response);
-  if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("GetStatus: ", status.error_message()));
-  }
-  return response;
-}
-
 // Everything read at one end of the measured window.
 struct Probe {
   absl::Time at;  // the middle of the GetStatus call
@@ -283,12 +210,18 @@ struct Probe {
 class Run {
  public:
   Run(const Flags& flags, const JobConfig& base_job, const std::string& dir, const RunSpec& spec)
-      : flags_(flags), base_job_(base_job), dir_(dir), spec_(spec) {}
+      : flags_(flags), base_job_(base_job), spec_(spec), cluster_(flags.cluster, dir) {}
 
   RunResult Execute() {
     RunResult result;
     const absl::Status status = Train(&result);
-    StopAll(&result);
+    // SIGTERM (SIGKILL after a bound) to the trainers, then the server.
+    cluster_.StopAll(result.ok, [&result](const ChildProcess& trainer, int code) {
+      if (code != 0 && result.ok) {
+        std::fprintf(stderr, "note: %s exited with code %d after SIGTERM\n",
+                     trainer.log_path().c_str(), code);
+      }
+    });
     if (!status.ok()) {
       result.ok = false;
       result.error = std::string(status.message());
@@ -309,104 +242,17 @@ class Run {
     return job;
   }
 
-  absl::Status StartServer() {
-    ServerConfig config;
-    config.set_listen_address("127.0.0.1:0");
-    *config.mutable_job() = Job();
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(config, &text);
-    const std::string config_path = dir_ + "/server.pbtxt";
-    const std::string port_file = dir_ + "/port";
-    if (!WriteFile(config_path, text)) return absl::InternalError("cannot write " + config_path);
-    auto server = ChildProcess::Start({flags_.server_binary, "--config", config_path, "--listen",
-                                       "127.0.0.1:0", "--port_file", port_file},
-                                      dir_ + "/server.log");
-    if (!server.ok()) return server.status();
-    server_ = *std::move(server);
-    const absl::Time deadline = absl::Now() + kServerStartWait;
-    int port = 0;
-    while (true) {
-      const std::string port_text(absl::StripAsciiWhitespace(ReadFile(port_file)));
-      if (!port_text.empty() && absl::SimpleAtoi(port_text, &port) && port > 0) break;
-      if (server_->Poll().has_value()) {
-        return absl::InternalError("rebound_server exited at start:\n" +
-                                   TailOfFile(server_->log_path(), 20));
-      }
-      if (absl::Now() > deadline) return absl::DeadlineExceededError("no port from the server");
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    address_ = absl::StrCat("127.0.0.1:", port);
-    stub_ = ParameterServer::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-    const std::string worker_config = absl::StrCat("job_id: \"", kJobId,
-                                                   "\"\n"
-                                                   "backoff_initial_ms: 50\n"
-                                                   "backoff_max_ms: 1000\n"
-                                                   "give_up_after_ms: 30000\n");
-    if (!WriteFile(dir_ + "/worker.pbtxt", worker_config)) {
-      return absl::InternalError("cannot write worker.pbtxt");
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::unique_ptr<ChildProcess>> StartTrainer(const std::string& name) {
-    return ChildProcess::Start({flags_.worker_binary, "--config", dir_ + "/worker.pbtxt",
-                                "--server", address_, "--name", name, "--role", "trainer"},
-                               dir_ + "/" + name + ".log");
-  }
-
-  // Fails if a child exited: nothing should before the benchmark stops it.
-  absl::Status CheckChildren() {
-    auto check = [](ChildProcess* child, const std::string& what) -> absl::Status {
-      if (child == nullptr) return absl::OkStatus();
-      if (const std::optional<int> code = child->Poll(); code.has_value()) {
-        return absl::InternalError(absl::StrCat(what, " exited early with code ", *code, ":\n",
-                                                TailOfFile(child->log_path(), 15)));
-      }
-      return absl::OkStatus();
-    };
-    absl::Status status = check(server_.get(), "rebound_server");
-    for (size_t i = 0; i < trainers_.size() && status.ok(); ++i) {
-      status = check(trainers_[i].get(), absl::StrCat("trainer-", i));
-    }
-    return status;
-  }
-
-  // Polls GetStatus until `done` holds, for at most `limit`.
-  template <typename Predicate>
-  absl::StatusOr<GetStatusResponse> WaitForStatus(Predicate done, absl::Duration limit,
-                                                  const std::string& what) {
-    const absl::Time deadline = absl::Now() + limit;
-    while (true) {
-      if (absl::Status children = CheckChildren(); !children.ok()) return children;
-      absl::StatusOr<GetStatusResponse> status = GetStatus(*stub_);
-      if (status.ok() && done(*status)) return status;
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("timed out after ", absl::FormatDuration(limit), " waiting for ", what,
-                         status.ok() ? "" : absl::StrCat(" (", status.status().message(), ")")));
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  }
-
   // Sleeps for `duration` while watching the children; samples the load average once a second
-  // into *load_sum / *load_samples when they are given.
-  absl::Status Watch(absl::Duration duration, double* load_sum, int* load_samples) {
+  // into *load when it is given.
+  absl::Status Watch(absl::Duration duration, LoadAverageMeter* load) {
     const absl::Time start = absl::Now();
-    const absl::Time end = start + duration;
     absl::Time next_sample = start + kSamplePeriod;
-    while (true) {
-      const absl::Time now = absl::Now();
-      if (now >= end) return absl::OkStatus();
-      if (absl::Status children = CheckChildren(); !children.ok()) return children;
-      if (load_sum != nullptr && now >= next_sample) {
+    return cluster_.Watch(start + duration, kTick, [&](absl::Time now) {
+      if (load != nullptr && now >= next_sample) {
         next_sample += kSamplePeriod;
-        *load_sum += LoadAverage();
-        ++*load_samples;
+        load->Sample();
       }
-      absl::SleepFor(std::min(kTick, end - now));
-    }
+    });
   }
 
   // Every slot must be ACTIVE (trained by its first trainer, not finished) with no recovery.
@@ -431,14 +277,14 @@ class Run {
     Probe probe;
     // CPU first, then the status: the status is the figure that defines the window.
     probe.machine = ReadMachineCpu();
-    for (auto& trainer : trainers_) {
+    for (const auto& trainer : cluster_.trainers()) {
       probe.trainer_ticks.push_back(ProcessCpuTicks(trainer->pid()));
       probe.trainer_loop_ticks.push_back(MainThreadCpuTicks(trainer->pid()));
     }
-    probe.server_ticks = ProcessCpuTicks(server_->pid());
+    probe.server_ticks = ProcessCpuTicks(cluster_.server().pid());
     probe.self_ticks = ProcessCpuTicks(getpid());
     const absl::Time before = absl::Now();
-    absl::StatusOr<GetStatusResponse> status = GetStatus(*stub_);
+    absl::StatusOr<GetStatusResponse> status = cluster_.GetStatus();
     const absl::Time after = absl::Now();
     if (!status.ok()) return status.status();
     if (absl::Status ok = CheckFailureFree(*status); !ok.ok()) return ok;
@@ -449,51 +295,20 @@ class Run {
 
   absl::Status Train(RunResult* result) {
     const absl::Time started = absl::Now();
-    if (absl::Status s = StartServer(); !s.ok()) return s;
+    if (absl::Status s = cluster_.StartServer(Job()); !s.ok()) return s;
     // One trainer at a time, so that trainer i owns slot i (the server hands out the lowest free
     // slot): every run trains the same shards in the same processes' order.
-    for (int i = 0; i < kTrainers; ++i) {
-      const std::string name = absl::StrCat("trainer-", i);
-      auto trainer = StartTrainer(name);
-      if (!trainer.ok()) return trainer.status();
-      trainers_.push_back(*std::move(trainer));
-      auto registered = WaitForStatus(
-          [&](const GetStatusResponse& s) {
-            for (const WorkerStatus& w : s.workers()) {
-              if (w.name() == name && w.role() == TRAINER) return true;
-            }
-            return false;
-          },
-          kRegistrationWait, name + " to register");
-      if (!registered.ok()) return registered.status();
-      for (const WorkerStatus& w : registered->workers()) {
-        if (w.name() == name && w.slot().replica() != i) {
-          return absl::InternalError(absl::StrCat(name, " got slot ", w.slot().replica()));
-        }
-      }
-    }
-    auto first = WaitForStatus(
-        [](const GetStatusResponse& s) {
-          if (s.slots_size() != kTrainers) return false;
-          for (const SlotStatus& slot : s.slots()) {
-            if (slot.state() != ACTIVE || slot.update_count() < 1) return false;
-          }
-          return true;
-        },
-        kFirstSyncWait, "every slot's first sync");
-    if (!first.ok()) return first.status();
+    if (absl::Status s = cluster_.StartTrainers(kTrainers); !s.ok()) return s;
+    if (absl::Status s = cluster_.WaitForFirstSyncs(kTrainers); !s.ok()) return s;
     result->seconds_to_first_sync = absl::ToDoubleSeconds(absl::Now() - started);
 
-    if (absl::Status s = Watch(absl::Seconds(flags_.warmup_seconds), nullptr, nullptr); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = Watch(absl::Seconds(flags_.warmup_seconds), nullptr); !s.ok()) return s;
 
     absl::StatusOr<Probe> start = TakeProbe();
     if (!start.ok()) return start.status();
-    double load_sum = 0.0;
-    int load_samples = 0;
+    LoadAverageMeter load;
     const absl::Duration window = absl::Seconds(flags_.seconds) - (absl::Now() - start->at);
-    if (absl::Status s = Watch(window, &load_sum, &load_samples); !s.ok()) return s;
+    if (absl::Status s = Watch(window, &load); !s.ok()) return s;
     absl::StatusOr<Probe> end = TakeProbe();
     if (!end.ok()) return end.status();
 
@@ -552,37 +367,15 @@ class Run {
       result->other_cores = NAN;
       result->steal_cores = NAN;
     }
-    result->load = load_samples > 0 ? load_sum / load_samples : LoadAverage();
+    result->load = load.Mean();
     result->ok = true;
     return absl::OkStatus();
   }
 
-  // SIGTERM (SIGKILL after a bound) to the trainers, then the server.
-  void StopAll(RunResult* result) {
-    for (auto& trainer : trainers_) trainer->Signal(SIGTERM);
-    for (auto& trainer : trainers_) {
-      const int code = trainer->Stop(kStopGrace);
-      if (code != 0 && result->ok) {
-        std::fprintf(stderr, "note: %s exited with code %d after SIGTERM\n",
-                     trainer->log_path().c_str(), code);
-      }
-    }
-    if (server_ != nullptr) {
-      const int code = server_->Stop(kStopGrace);
-      if (code != 0 && result->ok) {
-        std::fprintf(stderr, "note: rebound_server exited with code %d\n", code);
-      }
-    }
-  }
-
   const Flags& flags_;
   const JobConfig& base_job_;
-  const std::string dir_;
   const RunSpec spec_;
-  std::unique_ptr<ChildProcess> server_;
-  std::vector<std::unique_ptr<ChildProcess>> trainers_;
-  std::string address_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
+  LocalCluster cluster_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -631,41 +424,17 @@ ChecksumCost TimeChecksum(const ModelSpec& model) {
 // ---------------------------------------------------------------------------------------------
 // Summary
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-std::string JoinFigures(const std::vector<double>& values, int decimals) {
-  return absl::StrJoin(values, " ", [decimals](std::string* out, double v) {
-    absl::StrAppend(out, absl::StrFormat("%.*f", decimals, v));
-  });
-}
-
 int Main(int argc, char** argv) {
   Flags flags = ParseFlags(argc, argv);
-  if (flags.server_binary.empty()) {
-    flags.server_binary = FindRunfile("server/rebound_server", IsExecutableFile);
-  }
-  if (flags.worker_binary.empty()) {
-    flags.worker_binary = FindRunfile("worker/rebound_worker", IsExecutableFile);
-  }
-  if (flags.job.empty()) flags.job = FindRunfile("configs/job.pbtxt", IsReadableFile);
-  if (!IsExecutableFile(flags.server_binary) || !IsExecutableFile(flags.worker_binary)) {
-    Usage("cannot find rebound_server / rebound_worker; pass --server_binary and --worker_binary");
-  }
-  absl::StatusOr<JobConfig> base_job = LoadJobConfig(flags.job);
-  if (!base_job.ok()) Usage(absl::StrCat("--job: ", base_job.status().message()));
-
-  char dir_template[] = "/tmp/rebound-logging-overhead-XXXXXX";
-  const char* tmp = mkdtemp(dir_template);
-  if (tmp == nullptr) {
-    std::fprintf(stderr, "cannot create a directory under /tmp\n");
+  absl::StatusOr<JobConfig> base_job = ResolveClusterFlags(&flags.cluster);
+  if (!base_job.ok()) ExitWithUsage(std::string(base_job.status().message()), kUsage);
+  absl::StatusOr<RunDirectories> dirs = RunDirectories::Create("logging-overhead",
+                                                                flags.cluster.keep_logs);
+  if (!dirs.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dirs.status().message()).c_str());
     return 1;
   }
-  const std::string workdir = tmp;
+  const std::string& workdir = dirs->path();
 
   std::vector<RunSpec> specs;
   for (int rep = 0; rep < flags.reps; ++rep) {
@@ -679,7 +448,7 @@ int Main(int argc, char** argv) {
   const int batch = job.data().batch_size();
   std::printf("logging_overhead benchmark: failure-free training throughput with the step log ON "
               "(step_log.enabled true) vs OFF, same job, same run\n");
-  std::printf("job: %s (%s), MLP %d", flags.job.c_str(), job.job_id().c_str(),
+  std::printf("job: %s (%s), MLP %d", flags.cluster.job.c_str(), job.job_id().c_str(),
               job.model().input_dim());
   for (const LayerSpec& layer : job.model().layers()) std::printf("-%d", layer.width());
   std::printf(" (%lld parameters), batch %d in %d micro-batches, tau %d, %s backend x %d "
@@ -706,15 +475,14 @@ int Main(int argc, char** argv) {
 
   const absl::Time study_start = absl::Now();
   std::map<bool, std::map<int, RunResult>> results;  // logging -> rep -> result
-  bool all_ok = true;
   for (const RunSpec& spec : specs) {
-    const std::string dir = absl::StrCat(workdir, "/rep", spec.rep, "-", ModeName(spec.logging));
-    std::filesystem::create_directories(dir);
+    const std::string dir =
+        dirs->StartRun(absl::StrCat("rep", spec.rep, "-", ModeName(spec.logging)));
     const absl::Time run_start = absl::Now();
     RunResult result = Run(flags, job, dir, spec).Execute();
     const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+    dirs->FinishRun(dir, result.ok);
     if (!result.ok) {
-      all_ok = false;
       std::printf("rep %d %-3s: FAILED after %.0f s: %s\n  (logs in %s)\n", spec.rep,
                   ModeName(spec.logging), run_seconds, result.error.c_str(), dir.c_str());
       std::fflush(stdout);
@@ -732,7 +500,6 @@ int Main(int argc, char** argv) {
                 result.server_cpu_ms_per_step, result.cluster_cores, result.other_cores,
                 result.steal_cores, result.samples_per_cpu_second, result.load, run_seconds, result.seconds_to_first_sync);
     std::fflush(stdout);
-    if (!flags.keep_logs) std::filesystem::remove_all(dir);
     results[spec.logging][spec.rep] = std::move(result);
   }
   const double study_minutes = absl::ToDoubleMinutes(absl::Now() - study_start);
@@ -823,11 +590,10 @@ int Main(int argc, char** argv) {
   std::printf("\nverdict against DESIGN.md §9 (failure-free throughput with logging >= %.2fx "
               "without): ratio %.4f %s\n",
               kTargetRatio, ratio, ratio >= kTargetRatio ? "MET" : "MISSED");
-  if (!all_ok) std::printf("some runs FAILED; their logs are kept in %s\n", workdir.c_str());
-  if (all_ok && !flags.keep_logs) std::filesystem::remove_all(workdir);
+  dirs->Finish();
   std::printf("RESULT logging_overhead: on_samples_s=%.1f off_samples_s=%.1f ratio=%.4f\n",
               on_median, off_median, ratio);
-  return all_ok ? 0 : 1;
+  return dirs->all_ok() ? 0 : 1;
 }
 
 }  // namespace

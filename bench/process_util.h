@@ -1,7 +1,8 @@
 #pragma once
 
-// Process helpers shared by the benchmarks that run real clusters (weighting, logging_overhead):
-// daemons started with fork/exec, their logs, and the runfiles they are found in. Header-only.
+// Process helpers shared by the benchmarks that run real clusters (weighting, logging_overhead,
+// through bench/local_cluster.h): daemons started with fork/exec, their logs, the runfiles they
+// are found in, and the machine's load average. Header-only.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -24,12 +25,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace rebound::bench {
 
+// The exit code of a waitpid() status: 128 + N when killed by signal N, -1 when neither.
 inline int DecodeWaitStatus(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -69,7 +72,7 @@ class ChildProcess {
       dup2(log_fd, STDOUT_FILENO);
       dup2(log_fd, STDERR_FILENO);
       execv(args[0], args.data());
-      static const char kMessage[] = "logging_overhead bench: exec failed\n";
+      static const char kMessage[] = "bench: exec failed\n";
       (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
       _exit(127);
     }
@@ -105,6 +108,7 @@ class ChildProcess {
     return exit_code_;
   }
 
+  // Poll() until it has exited or `timeout` passed.
   std::optional<int> WaitFor(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     while (!Poll().has_value() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
@@ -132,6 +136,7 @@ class ChildProcess {
   std::optional<int> exit_code_;
 };
 
+// The whole file; empty when it cannot be read.
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream buffer;
@@ -139,6 +144,7 @@ inline std::string ReadFile(const std::string& path) {
   return buffer.str();
 }
 
+// The last `lines` lines of the file, joined by newlines.
 inline std::string TailOfFile(const std::string& path, int lines) {
   std::ifstream in(path);
   std::deque<std::string> tail;
@@ -150,22 +156,25 @@ inline std::string TailOfFile(const std::string& path, int lines) {
   return absl::StrJoin(tail, "\n");
 }
 
+// Replaces the file's content; false when it cannot be written.
 inline bool WriteFile(const std::string& path, const std::string& content) {
   std::ofstream out(path);
   out << content;
   return out.good();
 }
 
+// A regular file this process may execute (for FindRunfile's `usable`).
 inline bool IsExecutableFile(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
 }
 
-bool IsReadableFile(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
+// A file this process may read (for FindRunfile's `usable`).
+inline bool IsReadableFile(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
 
 // A workspace-relative file of the runfiles ("server/rebound_server"): under `bazel run` (the
 // working directory is the runfiles tree), beside the binary's .runfiles, from RUNFILES_DIR, or
-// in bazel-bin next to bench/.
+// in bazel-bin next to bench/. The first candidate `usable` accepts, made absolute; empty if none.
 inline std::string FindRunfile(const std::string& relative, bool (*usable)(const std::string&)) {
   std::vector<std::string> candidates;
   if (const char* dir = getenv("RUNFILES_DIR"); dir != nullptr) {
@@ -185,6 +194,7 @@ inline std::string FindRunfile(const std::string& relative, bool (*usable)(const
   return "";
 }
 
+// The 1-minute load average from /proc/loadavg; -1 when it cannot be read.
 inline double LoadAverage() {
   double load = 0.0;
   const std::string text = ReadFile("/proc/loadavg");
@@ -192,5 +202,20 @@ inline double LoadAverage() {
   if (fields.empty() || !absl::SimpleAtod(fields[0], &load)) return -1.0;
   return load;
 }
+
+// The mean of the load averages sampled during a run.
+class LoadAverageMeter {
+ public:
+  void Sample() {
+    sum_ += LoadAverage();
+    ++samples_;
+  }
+  // The mean of the samples; the load average now when there was none.
+  double Mean() const { return samples_ > 0 ? sum_ / samples_ : LoadAverage(); }
+
+ private:
+  double sum_ = 0.0;
+  int samples_ = 0;
+};
 
 }  // namespace rebound::bench

@@ -63,6 +63,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "bench/echo.grpc.pb.h"
+#include "bench/figures.h"
+#include "bench/flags.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/process.h"
@@ -91,41 +93,21 @@ struct Flags {
   std::string data_dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
 };
 
-bool ParseInt(const char* arg, const char* name, int* out) {
-  const size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *out = std::atoi(arg + len + 1);
-  return true;
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
-    int optimizer = 0;
-    int breakdown = 0;
-    if (ParseInt(a, "--calls", &flags.calls) || ParseInt(a, "--rounds", &flags.rounds) ||
-        ParseInt(a, "--warmup", &flags.warmup)) {
+    if (ParseIntFlag(a, "--calls", &flags.calls) || ParseIntFlag(a, "--rounds", &flags.rounds) ||
+        ParseIntFlag(a, "--warmup", &flags.warmup) ||
+        ParseBoolFlag(a, "--optimizer", &flags.optimizer) ||
+        ParseBoolFlag(a, "--breakdown", &flags.breakdown) ||
+        ParseTextFlag(a, "--data_dir", &flags.data_dir)) {
       continue;
     }
-    if (ParseInt(a, "--optimizer", &optimizer)) {
-      flags.optimizer = optimizer != 0;
-      continue;
-    }
-    if (ParseInt(a, "--breakdown", &breakdown)) {
-      flags.breakdown = breakdown != 0;
-      continue;
-    }
-    if (std::strncmp(a, "--data_dir=", 11) == 0) {
-      flags.data_dir = a + 11;
-      continue;
-    }
-    std::fprintf(stderr, "unknown flag %s\n", a);
-    std::exit(2);
+    ExitUnknownFlag(a);
   }
   if (flags.calls < 1 || flags.rounds < 1 || flags.warmup < 0) {
-    std::fprintf(stderr, "--calls and --rounds must be >= 1, --warmup >= 0\n");
-    std::exit(2);
+    ExitBadFlags("--calls and --rounds must be >= 1, --warmup >= 0");
   }
   return flags;
 }
@@ -217,12 +199,6 @@ size_t PayloadFor(size_t target, size_t other) {
   size_t n = target > other + 11 ? target - other - 11 : 0;
   while (BytesFieldSize(n + 1) + other <= target) ++n;
   return n;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double Ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {

@@ -33,67 +33,43 @@
 // --eval_every_ms (1000) --job=PATH (configs/job.pbtxt from the runfiles) --server_binary=PATH
 // --worker_binary=PATH --keep_logs (keep every run's directory; failed runs are always kept).
 
-#include <fcntl.h>
 #include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <deque>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/config.h"
-#include "google/protobuf/text_format.h"
-#include "grpcpp/grpcpp.h"
-#include "proto/config.pb.h"
+#include "bench/flags.h"
+#include "bench/local_cluster.h"
 #include "bench/process_util.h"
-#include "proto/rebound.grpc.pb.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
 
 namespace rebound::bench {
 namespace {
 
 constexpr int kTrainers = 4;
 constexpr int kFaultyTrainer = 3;
-constexpr absl::Duration kRpcDeadline = absl::Seconds(5);
-constexpr absl::Duration kServerStartWait = absl::Seconds(30);
-constexpr absl::Duration kRegistrationWait = absl::Seconds(30);
-constexpr absl::Duration kFirstSyncWait = absl::Seconds(120);
 constexpr absl::Duration kSettleTime = absl::Milliseconds(300);
 constexpr absl::Duration kFinalEvalWait = absl::Seconds(60);
-constexpr absl::Duration kStopGrace = absl::Seconds(10);
 constexpr absl::Duration kSamplePeriod = absl::Seconds(1);
 constexpr absl::Duration kTick = absl::Milliseconds(20);
 // Per-run cost besides --seconds (start, data loading, first syncs, final eval, stop), measured
 // on 2 shared cores; only used for the time estimate printed at the start.
 constexpr double kOverheadSecondsEstimate = 7.0;
-
-// ---------------------------------------------------------------------------------------------
-// Child processes
-
 
 // ---------------------------------------------------------------------------------------------
 // Flags
@@ -129,82 +105,46 @@ struct Flags {
   int stall_period_ms = 4000;
   int reset_every_steps = 400;
   int eval_every_ms = 1000;
-  std::string job;
-  std::string server_binary;
-  std::string worker_binary;
-  bool keep_logs = false;
+  ClusterFlags cluster;  // --job, --server_binary, --worker_binary, --keep_logs
 };
 
-[[noreturn]] void Usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "%s\nusage: weighting [--seconds=S] [--seeds=N] [--scenarios=none,a,b,c] "
-               "[--stall_ms=MS] [--stall_period_ms=MS] [--reset_every_steps=N] "
-               "[--eval_every_ms=MS] [--job=PATH] [--server_binary=PATH] [--worker_binary=PATH] "
-               "[--keep_logs]\n",
-               problem.c_str());
-  std::exit(2);
-}
+constexpr char kUsage[] =
+    "usage: weighting [--seconds=S] [--seeds=N] [--scenarios=none,a,b,c] [--stall_ms=MS] "
+    "[--stall_period_ms=MS] [--reset_every_steps=N] [--eval_every_ms=MS] [--job=PATH] "
+    "[--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
-  const std::map<std::string, int*> ints = {
-      {"seconds", &flags.seconds},
-      {"seeds", &flags.seeds},
-      {"stall_ms", &flags.stall_ms},
-      {"stall_period_ms", &flags.stall_period_ms},
-      {"reset_every_steps", &flags.reset_every_steps},
-      {"eval_every_ms", &flags.eval_every_ms},
-  };
-  const std::map<std::string, std::string*> texts = {
-      {"job", &flags.job},
-      {"server_binary", &flags.server_binary},
-      {"worker_binary", &flags.worker_binary},
-  };
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view full = argv[i];
-    if (!absl::ConsumePrefix(&full, "--")) Usage(absl::StrCat("unexpected argument ", argv[i]));
-    const std::string arg(full);
-    if (arg == "keep_logs") {
-      flags.keep_logs = true;
-      continue;
+  CommandLine command_line(kUsage);
+  command_line.AddInt("seconds", &flags.seconds);
+  command_line.AddInt("seeds", &flags.seeds);
+  command_line.AddInt("stall_ms", &flags.stall_ms);
+  command_line.AddInt("stall_period_ms", &flags.stall_period_ms);
+  command_line.AddInt("reset_every_steps", &flags.reset_every_steps);
+  command_line.AddInt("eval_every_ms", &flags.eval_every_ms);
+  flags.cluster.AddTo(&command_line);
+  command_line.AddCustom("scenarios", [&](const std::string& value) {
+    flags.scenarios.clear();
+    for (absl::string_view key : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      Scenario scenario;
+      if (key == "none") scenario = Scenario::kNone;
+      else if (key == "a") scenario = Scenario::kStraggler;
+      else if (key == "b") scenario = Scenario::kCorrupted;
+      else if (key == "c") scenario = Scenario::kRestarted;
+      else command_line.Usage(
+          absl::StrCat("--scenarios: unknown scenario '", key, "' (none, a, b, c)"));
+      flags.scenarios.push_back(scenario);
     }
-    std::string name = arg;
-    std::string value;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      Usage(absl::StrCat("--", name, " needs a value"));
-    }
-    if (auto it = ints.find(name); it != ints.end()) {
-      if (!absl::SimpleAtoi(value, it->second)) Usage(absl::StrCat("--", name, ": not a number"));
-    } else if (auto t = texts.find(name); t != texts.end()) {
-      *t->second = value;
-    } else if (name == "scenarios") {
-      flags.scenarios.clear();
-      for (absl::string_view key : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        Scenario scenario;
-        if (key == "none") scenario = Scenario::kNone;
-        else if (key == "a") scenario = Scenario::kStraggler;
-        else if (key == "b") scenario = Scenario::kCorrupted;
-        else if (key == "c") scenario = Scenario::kRestarted;
-        else Usage(absl::StrCat("--scenarios: unknown scenario '", key, "' (none, a, b, c)"));
-        flags.scenarios.push_back(scenario);
-      }
-    } else {
-      Usage(absl::StrCat("unknown flag --", name));
-    }
-  }
-  if (flags.seconds < 1) Usage("--seconds must be >= 1");
-  if (flags.seeds < 1) Usage("--seeds must be >= 1");
-  if (flags.scenarios.empty()) Usage("--scenarios is empty");
+  });
+  command_line.Parse(argc, argv);
+  if (flags.seconds < 1) command_line.Usage("--seconds must be >= 1");
+  if (flags.seeds < 1) command_line.Usage("--seeds must be >= 1");
+  if (flags.scenarios.empty()) command_line.Usage("--scenarios is empty");
   if (flags.stall_ms < 1 || flags.stall_period_ms <= flags.stall_ms) {
-    Usage("need 0 < --stall_ms < --stall_period_ms");
+    command_line.Usage("need 0 < --stall_ms < --stall_period_ms");
   }
-  if (flags.reset_every_steps < 1) Usage("--reset_every_steps must be >= 1");
-  if (flags.eval_every_ms < 100) Usage("--eval_every_ms must be >= 100");
+  if (flags.reset_every_steps < 1) command_line.Usage("--reset_every_steps must be >= 1");
+  if (flags.eval_every_ms < 100) command_line.Usage("--eval_every_ms must be >= 100");
   return flags;
 }
 
@@ -234,26 +174,21 @@ struct RunResult {
   int samples = 0;
 };
 
-absl::StatusOr<GetStatusResponse> GetStatus(ParameterServer::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
-  GetStatusResponse response;
-  const grpc::Status status = stub.GetStatus(&context, GetStatusRequest(), &response);
-  if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("GetStatus: ", status.error_message()));
-  }
-  return response;
-}
-
 class Run {
  public:
   Run(const Flags& flags, const JobConfig& base_job, const std::string& dir, const RunSpec& spec)
-      : flags_(flags), base_job_(base_job), dir_(dir), spec_(spec) {}
+      : flags_(flags), base_job_(base_job), spec_(spec), cluster_(flags.cluster, dir) {}
 
   RunResult Execute() {
     RunResult result;
     const absl::Status status = Train(&result);
-    StopAll(&result);
+    // SIGTERM (SIGKILL after a bound) to the trainers and the evaluator, then the server. Frozen
+    // trainers may have been fenced meanwhile and exit 3; that is expected.
+    cluster_.StopAll(result.ok, [&result](const ChildProcess& worker, int code) {
+      if (code != 0 && code != 3 && result.ok) {
+        std::fprintf(stderr, "note: %s exited with code %d\n", worker.log_path().c_str(), code);
+      }
+    });
     if (!status.ok()) {
       result.ok = false;
       result.error = std::string(status.message());
@@ -276,55 +211,6 @@ class Run {
     return job;
   }
 
-  absl::Status StartServer() {
-    ServerConfig config;
-    config.set_listen_address("127.0.0.1:0");
-    *config.mutable_job() = Job();
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(config, &text);
-    const std::string config_path = dir_ + "/server.pbtxt";
-    const std::string port_file = dir_ + "/port";
-    if (!WriteFile(config_path, text)) return absl::InternalError("cannot write " + config_path);
-    auto server = ChildProcess::Start({flags_.server_binary, "--config", config_path, "--listen",
-                                       "127.0.0.1:0", "--port_file", port_file},
-                                      dir_ + "/server.log");
-    if (!server.ok()) return server.status();
-    server_ = *std::move(server);
-    const absl::Time deadline = absl::Now() + kServerStartWait;
-    int port = 0;
-    while (true) {
-      const std::string port_text(absl::StripAsciiWhitespace(ReadFile(port_file)));
-      if (!port_text.empty() && absl::SimpleAtoi(port_text, &port) && port > 0) break;
-      if (server_->Poll().has_value()) {
-        return absl::InternalError("rebound_server exited at start:\n" +
-                                   TailOfFile(server_->log_path(), 20));
-      }
-      if (absl::Now() > deadline) return absl::DeadlineExceededError("no port from the server");
-      absl::SleepFor(kTick);
-    }
-    address_ = absl::StrCat("127.0.0.1:", port);
-    stub_ = ParameterServer::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-    const std::string worker_config =
-        "job_id: \"bench-weighting\"\n"
-        "backoff_initial_ms: 50\n"
-        "backoff_max_ms: 1000\n"
-        "give_up_after_ms: 30000\n";
-    if (!WriteFile(dir_ + "/worker.pbtxt", worker_config)) {
-      return absl::InternalError("cannot write worker.pbtxt");
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::unique_ptr<ChildProcess>> StartWorker(const std::string& name,
-                                                            const std::string& role,
-                                                            const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {flags_.worker_binary, "--config", dir_ + "/worker.pbtxt",
-                                     "--server", address_, "--name", name, "--role", role};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return ChildProcess::Start(argv, dir_ + "/" + name + ".log");
-  }
-
   std::vector<std::string> FaultFlags() const {
     switch (spec_.scenario) {
       case Scenario::kCorrupted:
@@ -338,82 +224,17 @@ class Run {
     return {};
   }
 
-  // Fails if a child exited: nothing should before the benchmark stops it.
-  absl::Status CheckChildren() {
-    auto check = [](ChildProcess* child, const std::string& what) -> absl::Status {
-      if (child == nullptr) return absl::OkStatus();
-      if (const std::optional<int> code = child->Poll(); code.has_value()) {
-        return absl::InternalError(absl::StrCat(what, " exited early with code ", *code, ":\n",
-                                                TailOfFile(child->log_path(), 15)));
-      }
-      return absl::OkStatus();
-    };
-    absl::Status status = check(server_.get(), "rebound_server");
-    for (size_t i = 0; i < trainers_.size() && status.ok(); ++i) {
-      status = check(trainers_[i].get(), absl::StrCat("trainer-", i));
-    }
-    if (status.ok()) status = check(evaluator_.get(), "evaluator");
-    return status;
-  }
-
-  // Polls GetStatus until `done` holds, for at most `limit`.
-  template <typename Predicate>
-  absl::StatusOr<GetStatusResponse> WaitForStatus(Predicate done, absl::Duration limit,
-                                                  const std::string& what) {
-    const absl::Time deadline = absl::Now() + limit;
-    while (true) {
-      if (absl::Status children = CheckChildren(); !children.ok()) return children;
-      absl::StatusOr<GetStatusResponse> status = GetStatus(*stub_);
-      if (status.ok() && done(*status)) return status;
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("timed out after ", absl::FormatDuration(limit), " waiting for ", what,
-                         status.ok() ? "" : absl::StrCat(" (", status.status().message(), ")")));
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  }
-
   absl::Status Train(RunResult* result) {
     const absl::Time started = absl::Now();
-    if (absl::Status s = StartServer(); !s.ok()) return s;
+    if (absl::Status s = cluster_.StartServer(Job()); !s.ok()) return s;
     // One trainer at a time, so that trainer i owns slot i (the server hands out the lowest free
     // slot): the faulty trainer 3 trains the same data shard under both policies.
-    for (int i = 0; i < kTrainers; ++i) {
-      const std::string name = absl::StrCat("trainer-", i);
-      auto trainer = StartWorker(name, "trainer", i == kFaultyTrainer ? FaultFlags()
-                                                                      : std::vector<std::string>{});
-      if (!trainer.ok()) return trainer.status();
-      trainers_.push_back(*std::move(trainer));
-      auto registered = WaitForStatus(
-          [&](const GetStatusResponse& s) {
-            for (const WorkerStatus& w : s.workers()) {
-              if (w.name() == name && w.role() == TRAINER) return true;
-            }
-            return false;
-          },
-          kRegistrationWait, name + " to register");
-      if (!registered.ok()) return registered.status();
-      for (const WorkerStatus& w : registered->workers()) {
-        if (w.name() == name && w.slot().replica() != i) {
-          return absl::InternalError(absl::StrCat(name, " got slot ", w.slot().replica()));
-        }
-      }
-    }
-    auto evaluator = StartWorker("evaluator", "evaluator", {});
-    if (!evaluator.ok()) return evaluator.status();
-    evaluator_ = *std::move(evaluator);
-
-    auto first = WaitForStatus(
-        [](const GetStatusResponse& s) {
-          if (s.slots_size() != kTrainers) return false;
-          for (const SlotStatus& slot : s.slots()) {
-            if (slot.state() != ACTIVE || slot.update_count() < 1) return false;
-          }
-          return true;
-        },
-        kFirstSyncWait, "every slot's first sync");
-    if (!first.ok()) return first.status();
+    auto extra_flags = [this](int trainer) {
+      return trainer == kFaultyTrainer ? FaultFlags() : std::vector<std::string>{};
+    };
+    if (absl::Status s = cluster_.StartTrainers(kTrainers, extra_flags); !s.ok()) return s;
+    if (absl::Status s = cluster_.StartEvaluator(); !s.ok()) return s;
+    if (absl::Status s = cluster_.WaitForFirstSyncs(kTrainers); !s.ok()) return s;
 
     // The measured window: --seconds of training from now.
     const absl::Time t0 = absl::Now();
@@ -421,16 +242,12 @@ class Run {
     const absl::Time end = t0 + absl::Seconds(flags_.seconds);
     const absl::Duration stall = absl::Milliseconds(flags_.stall_ms);
     const absl::Duration period = absl::Milliseconds(flags_.stall_period_ms);
-    ChildProcess& faulty = *trainers_[kFaultyTrainer];
+    const ChildProcess& faulty = *cluster_.trainers()[kFaultyTrainer];
     bool frozen = false;
     absl::Time next_sample = t0 + kSamplePeriod;
-    double load_sum = 0.0;
-    int load_samples = 0;
+    LoadAverageMeter load;
     double sums[5] = {0, 0, 0, 0, 0};  // w, s, l, d of the faulty slot; healthy w
-    while (true) {
-      const absl::Time now = absl::Now();
-      if (now >= end) break;
-      if (absl::Status children = CheckChildren(); !children.ok()) return children;
+    const absl::Status watched = cluster_.Watch(end, kTick, [&](absl::Time now) {
       if (spec_.scenario == Scenario::kStraggler) {
         // Runs for period - stall, then frozen for stall, over and over.
         const absl::Duration phase = (now - t0) % period;
@@ -442,9 +259,8 @@ class Run {
       }
       if (now >= next_sample) {
         next_sample += kSamplePeriod;
-        load_sum += LoadAverage();
-        ++load_samples;
-        absl::StatusOr<GetStatusResponse> status = GetStatus(*stub_);
+        load.Sample();
+        absl::StatusOr<GetStatusResponse> status = cluster_.GetStatus();
         if (status.ok() && status->slots_size() == kTrainers) {
           const WeightInputs& in = status->slots(kFaultyTrainer).weight();
           sums[0] += in.weight();
@@ -460,13 +276,13 @@ class Run {
           ++result->samples;
         }
       }
-      absl::SleepFor(std::min(kTick, end - now));
-    }
+    });
+    if (!watched.ok()) return watched;
 
     // T: freeze every trainer, so the center stops moving, and let syncs already in flight land.
-    for (auto& trainer : trainers_) trainer->Signal(SIGSTOP);
+    for (const auto& trainer : cluster_.trainers()) trainer->Signal(SIGSTOP);
     absl::SleepFor(kSettleTime);
-    absl::StatusOr<GetStatusResponse> at_t = GetStatus(*stub_);
+    absl::StatusOr<GetStatusResponse> at_t = cluster_.GetStatus();
     if (!at_t.ok()) return at_t.status();
     result->center_version = at_t->centers(0).version();
     for (const SlotStatus& slot : at_t->slots()) result->steps.push_back(slot.step());
@@ -477,13 +293,13 @@ class Run {
       result->faulty.set_divergence(sums[3] / result->samples);
       result->healthy_weight = sums[4] / result->samples;
     }
-    result->load = load_samples > 0 ? load_sum / load_samples : LoadAverage();
+    result->load = load.Mean();
 
     // The evaluator's report on exactly this center. The trainers stay frozen past
     // failure_timeout_ms if the evaluation takes that long; the server then fences them, which
     // changes nothing in the center.
     const int64_t version = result->center_version;
-    auto evaluated = WaitForStatus(
+    auto evaluated = cluster_.WaitForStatus(
         [version](const GetStatusResponse& s) {
           return s.has_last_eval() && s.last_eval().center_version() >= version;
         },
@@ -495,39 +311,10 @@ class Run {
     return absl::OkStatus();
   }
 
-  // SIGTERM (SIGKILL after a bound) to the trainers and the evaluator, then the server. Frozen
-  // trainers may have been fenced meanwhile and exit 3; that is expected.
-  void StopAll(RunResult* result) {
-    std::vector<ChildProcess*> workers;
-    for (auto& trainer : trainers_) workers.push_back(trainer.get());
-    if (evaluator_ != nullptr) workers.push_back(evaluator_.get());
-    for (ChildProcess* worker : workers) {
-      worker->Signal(SIGTERM);
-      worker->Signal(SIGCONT);
-    }
-    for (ChildProcess* worker : workers) {
-      const int code = worker->Stop(kStopGrace);
-      if (code != 0 && code != 3 && result->ok) {
-        std::fprintf(stderr, "note: %s exited with code %d\n", worker->log_path().c_str(), code);
-      }
-    }
-    if (server_ != nullptr) {
-      const int code = server_->Stop(kStopGrace);
-      if (code != 0 && result->ok) {
-        std::fprintf(stderr, "note: rebound_server exited with code %d\n", code);
-      }
-    }
-  }
-
   const Flags& flags_;
   const JobConfig& base_job_;
-  const std::string dir_;
   const RunSpec spec_;
-  std::unique_ptr<ChildProcess> server_;
-  std::vector<std::unique_ptr<ChildProcess>> trainers_;
-  std::unique_ptr<ChildProcess> evaluator_;
-  std::string address_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
+  LocalCluster cluster_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -557,26 +344,15 @@ const char* PolicyName(WeightingPolicy policy) {
 
 int Main(int argc, char** argv) {
   Flags flags = ParseFlags(argc, argv);
-  if (flags.server_binary.empty()) {
-    flags.server_binary = FindRunfile("server/rebound_server", IsExecutableFile);
-  }
-  if (flags.worker_binary.empty()) {
-    flags.worker_binary = FindRunfile("worker/rebound_worker", IsExecutableFile);
-  }
-  if (flags.job.empty()) flags.job = FindRunfile("configs/job.pbtxt", IsReadableFile);
-  if (!IsExecutableFile(flags.server_binary) || !IsExecutableFile(flags.worker_binary)) {
-    Usage("cannot find rebound_server / rebound_worker; pass --server_binary and --worker_binary");
-  }
-  absl::StatusOr<JobConfig> base_job = LoadJobConfig(flags.job);
-  if (!base_job.ok()) Usage(absl::StrCat("--job: ", base_job.status().message()));
-
-  char dir_template[] = "/tmp/rebound-weighting-XXXXXX";
-  const char* tmp = mkdtemp(dir_template);
-  if (tmp == nullptr) {
-    std::fprintf(stderr, "cannot create a directory under /tmp\n");
+  absl::StatusOr<JobConfig> base_job = ResolveClusterFlags(&flags.cluster);
+  if (!base_job.ok()) ExitWithUsage(std::string(base_job.status().message()), kUsage);
+  absl::StatusOr<RunDirectories> dirs =
+      RunDirectories::Create("weighting", flags.cluster.keep_logs);
+  if (!dirs.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dirs.status().message()).c_str());
     return 1;
   }
-  const std::string workdir = tmp;
+  const std::string& workdir = dirs->path();
 
   std::vector<RunSpec> specs;
   for (int seed = 0; seed < flags.seeds; ++seed) {
@@ -592,7 +368,7 @@ int Main(int argc, char** argv) {
   const JobConfig& job = *base_job;
   std::printf("weighting benchmark: DYNAMIC vs UNIFORM reliability weights, test accuracy of the "
               "EASGD center after the same wall time\n");
-  std::printf("job: %s (%s), MLP %d", flags.job.c_str(), job.job_id().c_str(),
+  std::printf("job: %s (%s), MLP %d", flags.cluster.job.c_str(), job.job_id().c_str(),
               job.model().input_dim());
   for (const LayerSpec& layer : job.model().layers()) std::printf("-%d", layer.width());
   std::printf(", batch %d, tau %d, lr %g, failure_timeout %d ms, %d trainers + 1 evaluator "
@@ -613,16 +389,14 @@ int Main(int argc, char** argv) {
 
   const absl::Time study_start = absl::Now();
   std::map<std::pair<Scenario, WeightingPolicy>, std::map<int, RunResult>> results;
-  bool all_ok = true;
   for (const RunSpec& spec : specs) {
-    const std::string dir = absl::StrCat(workdir, "/", ScenarioKey(spec.scenario), "-",
-                                         PolicyName(spec.policy), "-seed", spec.seed);
-    std::filesystem::create_directories(dir);
+    const std::string dir = dirs->StartRun(absl::StrCat(
+        ScenarioKey(spec.scenario), "-", PolicyName(spec.policy), "-seed", spec.seed));
     const absl::Time run_start = absl::Now();
     RunResult result = Run(flags, job, dir, spec).Execute();
     const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+    dirs->FinishRun(dir, result.ok);
     if (!result.ok) {
-      all_ok = false;
       std::printf("%-4s %-7s seed %d: FAILED after %.0f s: %s\n  (logs in %s)\n",
                   ScenarioKey(spec.scenario), PolicyName(spec.policy), spec.seed, run_seconds,
                   result.error.c_str(), dir.c_str());
@@ -639,7 +413,6 @@ int Main(int argc, char** argv) {
                 result.faulty.divergence(), result.faulty_fault_max, result.healthy_weight,
                 result.load, run_seconds, result.seconds_to_first_sync);
     std::fflush(stdout);
-    if (!flags.keep_logs) std::filesystem::remove_all(dir);
     results[{spec.scenario, spec.policy}][spec.seed] = std::move(result);
   }
   const double study_minutes = absl::ToDoubleMinutes(absl::Now() - study_start);
@@ -733,11 +506,10 @@ int Main(int argc, char** argv) {
   std::printf("\nverdict against DESIGN.md §9 (DYNAMIC never worse than UNIFORM within the seeds' "
               "spread; >= 0.5 pt better for b and c):\n");
   for (const std::string& verdict : verdicts) std::printf("  %s\n", verdict.c_str());
-  if (!all_ok) std::printf("some runs FAILED; their logs are kept in %s\n", workdir.c_str());
-  if (all_ok && !flags.keep_logs) std::filesystem::remove_all(workdir);
+  dirs->Finish();
   std::printf("RESULT weighting: scenario_b_dynamic=%.4f scenario_b_uniform=%.4f ratio=%.4f\n",
               b_dynamic, b_uniform, b_dynamic / b_uniform);
-  return all_ok ? 0 : 1;
+  return dirs->all_ok() ? 0 : 1;
 }
 
 }  // namespace
