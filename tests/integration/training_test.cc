@@ -423,6 +423,9 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
       absl::StrCat("  scheduling: DETERMINISTIC\n"
                    "  data { batch_size: 16 micro_batches: 4 train_limit: 600 test_limit: 100 }\n"
                    "  adahessian { lr: 0.01 }\n"
+                   // Ship each step's records at once: with syncs every few milliseconds a
+                   // linger would let the snapshots cover (and drop) every record.
+                   "  step_log { linger_ms: 0 }\n"
                    "  easgd { sync_period: ",
                    tau, " }\n  training { max_steps: ", max_steps, " }\n"),
       /*durable=*/false, model);
