@@ -658,8 +658,15 @@ absl::Status DurableStore::Commit(const WriteBatch& batch) {
     payloads[i] = operation.payload + StoredTensorsField(*blob);
     headers[i] = EnvelopeHeader(payloads[i]);
   }
-  rocksdb::WriteBatch rocks_batch(/*reserved_bytes=*/batch.ApproximateBytes() +
-                                  32 * batch.operations_.size());
+  // Only what goes into RocksDB: the tensor bytes went to their files.
+  size_t rocks_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const WriteBatch::Operation& operation = batch.operations_[i];
+    rocks_bytes += 32 + operation.key.size() +
+                   (operation.has_tensors ? headers[i].size() + payloads[i].size()
+                                          : operation.header.size() + operation.payload.size());
+  }
+  rocksdb::WriteBatch rocks_batch(/*reserved_bytes=*/rocks_bytes);
   for (size_t i = 0; i < n; ++i) {
     const WriteBatch::Operation& operation = batch.operations_[i];
     rocksdb::ColumnFamilyHandle* handle = Handle(operation.family);
