@@ -11,6 +11,7 @@
 #include "common/checksum.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/slot.h"
 #include "common/status_macros.h"
 #include "compute/tensor_bundle.h"
 #include "server/sync_batch.h"
@@ -25,18 +26,6 @@ grpc::Status NotYet(const char* rpc, const char* issue) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                       absl::StrCat(rpc, " is not implemented in this version (planned: ", issue,
                                    ")"));
-}
-
-std::string SlotName(const SlotId& slot) {
-  return absl::StrCat("(", slot.replica(), ", ", slot.stage(), ")");
-}
-
-// A SlotId with both fields explicitly set (storage keys require it).
-SlotId Normalized(const SlotId& slot) {
-  SlotId out;
-  out.set_replica(slot.replica());
-  out.set_stage(slot.stage());
-  return out;
 }
 
 }  // namespace

@@ -10,24 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/slot.h"
 #include "common/tensor_codec.h"
 #include "server/membership.h"
 #include "storage/durable_store.h"
 
 namespace rebound::server {
 namespace {
-
-std::string SlotName(const SlotId& slot) {
-  return absl::StrCat("(", slot.replica(), ", ", slot.stage(), ")");
-}
-
-// A SlotId with both fields explicitly set (storage keys require it).
-SlotId Normalized(const SlotId& slot) {
-  SlotId out;
-  out.set_replica(slot.replica());
-  out.set_stage(slot.stage());
-  return out;
-}
 
 std::string DescribeRecord(const LogRecord& record, int index) {
   return absl::StrFormat("record %d of the batch (record_id %d, slot %s, step %d, micro_batch %d)",

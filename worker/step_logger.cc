@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
 #include "common/grpc_status.h"
+#include "common/slot.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
 
@@ -32,13 +33,6 @@ bool IsTerminal(absl::StatusCode code) {
     default:
       return false;
   }
-}
-
-SlotId Normalized(const SlotId& slot) {
-  SlotId out;
-  out.set_replica(slot.replica());
-  out.set_stage(slot.stage());
-  return out;
 }
 
 }  // namespace
