@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 #include "worker/data/fashion_mnist.h"
@@ -58,129 +59,14 @@ std::string JobText(const JobSpec& spec) {
       "  training { max_steps: ", spec.max_steps, " }\n");
 }
 
-// A server running `spec` and its workers, each a real process with its own log under one temp
-// directory. Workers are destroyed first (Subprocess's destructor SIGKILLs what still runs).
-class Cluster {
+// The server and workers of one test (tests/integration/local_cluster.h).
+class Cluster : public LocalCluster {
  public:
-  explicit Cluster(const JobSpec& spec) : dir_(MakeTempDir("async")) {
-    REQUIRE(google::protobuf::TextFormat::ParseFromString(JobText(spec), &job_));
-    WriteFileOrDie(dir_ + "/server.pbtxt",
-                   absl::StrCat("listen_address: \"127.0.0.1:0\"\njob {\n", JobText(spec),
-                                "}\nmax_wait_ms: 500\n"));
-    WriteFileOrDie(dir_ + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 200\n");
-    const std::string port_file = dir_ + "/port";
-    auto server = Subprocess::Start({Runfile("server/rebound_server"), "--config",
-                                     dir_ + "/server.pbtxt", "--listen", "127.0.0.1:0",
-                                     "--port_file", port_file},
-                                    dir_ + "/server.log");
-    REQUIRE(server.ok());
-    server_ = *std::move(server);
-    auto port = WaitForPortFile(port_file, *server_, absl::Seconds(30));
-    REQUIRE(port.ok());
-    address_ = absl::StrCat("127.0.0.1:", *port);
-    stub_ = ParameterServer::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-  }
+  explicit Cluster(const JobSpec& spec)
+      : LocalCluster(JobText(spec), LocalClusterOptions{"async", 500, false, absl::Seconds(120)}) {}
 
-  // The job as the server runs it.
-  const JobConfig& job() const { return job_; }
-
-  // Starts worker `name` with --role trainer or spare and waits until the server lists it ALIVE
-  // in that role (so trainers started one after the other own slots 0, 1, ... in order).
-  void StartWorker(const std::string& name, WorkerRole role) {
-    auto worker = Subprocess::Start(
-        {Runfile("worker/rebound_worker"), "--config", dir_ + "/worker.pbtxt", "--server",
-         address_, "--name", name, "--role", role == TRAINER ? "trainer" : "spare"},
-        dir_ + "/" + name + ".log");
-    REQUIRE(worker.ok());
-    workers_[name] = *std::move(worker);
-    WaitFor(absl::StrCat(name, " registered"), [&](const GetStatusResponse& s) {
-      const WorkerStatus* w = FindWorker(s, name, role);
-      return w != nullptr && w->state() == ALIVE;
-    });
-  }
-
-  Subprocess& worker(const std::string& name) {
-    auto it = workers_.find(name);
-    REQUIRE(it != workers_.end());
-    return *it->second;
-  }
-
-  // The worker's exit code once it exits (bounded), -1 if it does not.
-  int ExitCode(const std::string& name, absl::Duration limit = absl::Seconds(30)) {
-    return worker(name).WaitFor(limit).value_or(-1);
-  }
-
-  GetStatusResponse Status() {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    GetStatusResponse response;
-    const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
-    INFO(status.error_message() << Logs());
-    REQUIRE(status.ok());
-    return response;
-  }
-
-  // The current center, pulled by a fresh test client registered as a spare (it never
-  // heartbeats, so it never takes a slot over).
-  PullResponse PullCenter(const std::string& client) {
-    RegisterRequest join;
-    join.set_worker_name(client);
-    join.set_requested_role(SPARE);
-    RegisterResponse joined;
-    {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-      REQUIRE(stub_->Register(&context, join, &joined).ok());
-    }
-    PullRequest request;
-    request.set_incarnation(joined.incarnation());
-    request.set_stage(0);
-    PullResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    REQUIRE(stub_->Pull(&context, request, &response).ok());
-    return response;
-  }
-
-  // Polls GetStatus until `done` holds; after `limit`, fails with the last status and the tail
-  // of every log.
-  GetStatusResponse WaitFor(const std::string& what,
-                            const std::function<bool(const GetStatusResponse&)>& done,
-                            absl::Duration limit = absl::Seconds(120)) {
-    const absl::Time deadline = absl::Now() + limit;
-    GetStatusResponse status = Status();
-    while (!done(status)) {
-      if (absl::Now() > deadline) {
-        FAIL("not reached within " << limit << ": " << what << "\n"
-                                   << status.DebugString() << Logs());
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-      status = Status();
-    }
-    return status;
-  }
-
-  // The last lines of every process's log, for failure messages.
-  std::string Logs() const {
-    std::string out = absl::StrCat("\n--- server.log\n", LastLines(dir_ + "/server.log", 25));
-    for (const auto& [name, process] : workers_) {
-      absl::StrAppend(&out, "--- ", name, ".log\n", LastLines(process->log_path(), 12));
-    }
-    return out;
-  }
-
-  std::string WorkerLog(const std::string& name) {
-    return ReadFileOrEmpty(worker(name).log_path());
-  }
-
- private:
-  const std::string dir_;
-  JobConfig job_;
-  std::string address_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
-  std::unique_ptr<Subprocess> server_;
-  std::map<std::string, std::unique_ptr<Subprocess>> workers_;
+  // The current center, pulled by a fresh test client registered as a spare.
+  PullResponse PullCenter(const std::string& client) { return Pull(RegisterObserver(client)); }
 };
 
 // Test loss and accuracy of a center on the job's test split, computed in this process.

@@ -39,6 +39,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "storage/durable_store.h"
+#include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 
@@ -81,172 +82,28 @@ std::string RebuiltDetail(int64_t t0, int64_t steps_replayed) {
   return absl::StrCat("rebuilt to step ", t0 + steps_replayed, " from the snapshot at step ", t0);
 }
 
-// A server and its workers, each a real process with its own log under one temp directory.
-// Members are destroyed workers first, so a failing test never leaves a process behind (and
-// Subprocess's destructor SIGKILLs whatever still runs, stopped or not).
-class Cluster {
+std::string JobText(const JobSpec& spec) {
+  return absl::StrCat(
+      "  job_id: \"rt\"\n", spec.model, "  topology { replicas: ", spec.replicas, " }\n",
+      "  weighting { policy: UNIFORM }\n",
+      spec.deterministic ? "  scheduling: DETERMINISTIC\n" : "",
+      "  fault_tolerance { policy: REPLAY heartbeat_interval_ms: 200 failure_timeout_ms: ",
+      spec.failure_timeout_ms, " }\n",
+      "  data { batch_size: ", spec.batch_size, " micro_batches: ", kMicroBatches,
+      " train_limit: ", spec.train_limit, " test_limit: 100 }\n",
+      "  adahessian { lr: 0.01 }\n",
+      "  easgd { sync_period: ", spec.sync_period, " }\n",
+      // A short linger: these tests time their kills against what has been logged.
+      "  step_log { linger_ms: ", kLingerMs, " }\n",
+      "  training { max_steps: ", spec.max_steps, " }\n");
+}
+
+// The server and workers of one test (tests/integration/local_cluster.h).
+class Cluster : public LocalCluster {
  public:
-  explicit Cluster(const JobSpec& spec) : dir_(MakeTempDir("recovery")) {
-    const std::string job = absl::StrCat(
-        "  job_id: \"rt\"\n", spec.model, "  topology { replicas: ", spec.replicas, " }\n",
-        "  weighting { policy: UNIFORM }\n",
-        spec.deterministic ? "  scheduling: DETERMINISTIC\n" : "",
-        "  fault_tolerance { policy: REPLAY heartbeat_interval_ms: 200 failure_timeout_ms: ",
-        spec.failure_timeout_ms, " }\n",
-        "  data { batch_size: ", spec.batch_size, " micro_batches: ", kMicroBatches,
-        " train_limit: ", spec.train_limit, " test_limit: 100 }\n",
-        "  adahessian { lr: 0.01 }\n",
-        "  easgd { sync_period: ", spec.sync_period, " }\n",
-        // A short linger: these tests time their kills against what has been logged.
-        "  step_log { linger_ms: ", kLingerMs, " }\n",
-        "  training { max_steps: ", spec.max_steps, " }\n");
-    std::string config = absl::StrCat("listen_address: \"127.0.0.1:0\"\njob {\n", job,
-                                      "}\nmax_wait_ms: ", spec.max_wait_ms, "\n");
-    if (spec.durable) absl::StrAppend(&config, "durability { data_dir: \"", data_dir(), "\" }\n");
-    WriteFileOrDie(dir_ + "/server.pbtxt", config);
-    WriteFileOrDie(dir_ + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 200\n");
-
-    const std::string port_file = dir_ + "/port";
-    auto server = Subprocess::Start({Runfile("server/rebound_server"), "--config",
-                                     dir_ + "/server.pbtxt", "--listen", "127.0.0.1:0",
-                                     "--port_file", port_file},
-                                    dir_ + "/server.log");
-    REQUIRE(server.ok());
-    server_ = *std::move(server);
-    auto port = WaitForPortFile(port_file, *server_, absl::Seconds(30));
-    REQUIRE(port.ok());
-    stub_ = ParameterServer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
-                                                         grpc::InsecureChannelCredentials()));
-    address_ = absl::StrCat("127.0.0.1:", *port);
-  }
-
-  Cluster(const Cluster&) = delete;
-  Cluster& operator=(const Cluster&) = delete;
-
-  // Starts worker `name` with --role trainer or spare and waits until the server lists it ALIVE
-  // in that role (so trainers started one after the other own slots 0, 1, ... in order).
-  Subprocess& StartWorker(const std::string& name, WorkerRole role) {
-    REQUIRE((role == TRAINER || role == SPARE));
-    REQUIRE(workers_.count(name) == 0);
-    auto worker = Subprocess::Start(
-        {Runfile("worker/rebound_worker"), "--config", dir_ + "/worker.pbtxt", "--server",
-         address_, "--name", name, "--role", role == TRAINER ? "trainer" : "spare"},
-        dir_ + "/" + name + ".log");
-    REQUIRE(worker.ok());
-    Subprocess& started = *(workers_[name] = *std::move(worker));
-    WaitFor(absl::StrCat(name, " registered"), [&](const GetStatusResponse& s) {
-      const WorkerStatus* w = FindWorker(s, name, role);
-      return w != nullptr && w->state() == ALIVE;
-    });
-    return started;
-  }
-
-  Subprocess& worker(const std::string& name) {
-    auto it = workers_.find(name);
-    REQUIRE(it != workers_.end());
-    return *it->second;
-  }
-
-  void Signal(const std::string& name, int signal_number) { worker(name).Signal(signal_number); }
-
-  // SIGKILLs a worker and checks that the signal, not a clean exit, ended it: a worker that
-  // finished before the kill would make the test prove nothing.
-  void Kill(const std::string& name) {
-    Signal(name, SIGKILL);
-    REQUIRE(ExitCode(name, absl::Seconds(10)) == kKilledBySigkill);
-  }
-
-  // The worker's exit code once it exits (bounded), -1 if it does not.
-  int ExitCode(const std::string& name, absl::Duration limit = absl::Seconds(30)) {
-    return worker(name).WaitFor(limit).value_or(-1);
-  }
-
-  // SIGTERM: the server stops cleanly (exit 0) and releases its data directory.
-  void StopServer() {
-    server_->Signal(SIGTERM);
-    REQUIRE(server_->WaitFor(absl::Seconds(20)).value_or(-1) == 0);
-  }
-
-  GetStatusResponse Status() {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    GetStatusResponse response;
-    const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
-    INFO(status.error_message() << Logs());
-    REQUIRE(status.ok());
-    return response;
-  }
-
-  // Calls `method` on the server as a test client, with a deadline.
-  template <typename Request, typename Response>
-  grpc::Status Call(grpc::Status (ParameterServer::Stub::*method)(grpc::ClientContext*,
-                                                                   const Request&, Response*),
-                    const Request& request, Response* response,
-                    absl::Duration deadline = absl::Seconds(10)) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
-    return ((*stub_).*method)(&context, request, response);
-  }
-
-  // Registers this test as a worker (a test client, not a process).
-  RegisterResponse Register(const std::string& name, WorkerRole role) {
-    RegisterRequest request;
-    request.set_worker_name(name);
-    request.set_requested_role(role);
-    RegisterResponse response;
-    REQUIRE(Call(&ParameterServer::Stub::Register, request, &response).ok());
-    return response;
-  }
-
-  // Registers this test as a spare named "observer": an alive incarnation that may Pull.
-  uint64_t RegisterObserver() { return Register("observer", SPARE).incarnation(); }
-
-  PullResponse Pull(uint64_t incarnation) {
-    PullRequest request;
-    request.set_incarnation(incarnation);
-    request.set_stage(0);
-    PullResponse response;
-    REQUIRE(Call(&ParameterServer::Stub::Pull, request, &response).ok());
-    return response;
-  }
-
-  // Polls GetStatus until `done` holds; after `limit`, fails with the last status and the tail
-  // of every log.
-  GetStatusResponse WaitFor(const std::string& what,
-                            const std::function<bool(const GetStatusResponse&)>& done,
-                            absl::Duration limit = absl::Seconds(60),
-                            absl::Duration poll = absl::Milliseconds(10)) {
-    const absl::Time deadline = absl::Now() + limit;
-    GetStatusResponse status = Status();
-    while (!done(status)) {
-      if (absl::Now() > deadline) {
-        FAIL("not reached within " << limit << ": " << what << "\n"
-                                   << status.DebugString() << Logs());
-      }
-      absl::SleepFor(poll);
-      status = Status();
-    }
-    return status;
-  }
-
-  // The last lines of every process's log, for failure messages.
-  std::string Logs() const {
-    std::string out = absl::StrCat("\n--- server.log\n", LastLines(dir_ + "/server.log", 25));
-    for (const auto& [name, process] : workers_) {
-      absl::StrAppend(&out, "--- ", name, ".log\n", LastLines(process->log_path(), 12));
-    }
-    return out;
-  }
-
-  std::string data_dir() const { return dir_ + "/data"; }
-
- private:
-  const std::string dir_;
-  std::string address_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
-  std::unique_ptr<Subprocess> server_;
-  std::map<std::string, std::unique_ptr<Subprocess>> workers_;
+  explicit Cluster(const JobSpec& spec)
+      : LocalCluster(JobText(spec), LocalClusterOptions{"recovery", spec.max_wait_ms,
+                                                        spec.durable, absl::Seconds(60)}) {}
 };
 
 // Waits until the trainer of `replica` syncs again: it is at the start of a round.

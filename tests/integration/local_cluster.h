@@ -1,0 +1,109 @@
+#pragma once
+
+// A real rebound_server and real rebound_worker processes on loopback, for the integration
+// tests: each process with its own log under one temp directory, the server on 127.0.0.1:0
+// (its port read from --port_file), workers started by name. Workers are destroyed first
+// (Subprocess's destructor SIGKILLs whatever still runs, stopped or not). Failures are Catch2
+// REQUIREs that carry the tail of every log.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.grpc.pb.h"
+#include "tests/integration/subprocess.h"
+
+namespace rebound::testing {
+
+struct LocalClusterOptions {
+  std::string name = "cluster";  // prefix of the temp directory
+  int max_wait_ms = 500;         // the server's max_wait_ms
+  bool durable = false;          // durability.data_dir = data_dir() (else in memory)
+  absl::Duration wait_limit = absl::Seconds(60);  // WaitFor's default limit
+};
+
+class LocalCluster {
+ public:
+  // Starts the server on `job_text` (the inside of a JobConfig, protobuf text) and waits until
+  // it listens. Workers use backoff 20..200 ms.
+  LocalCluster(const std::string& job_text, const LocalClusterOptions& options);
+
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  // The job as the server runs it (parsed from the text given).
+  const JobConfig& job() const { return job_; }
+
+  // Starts worker `name` with --role trainer or spare and waits until the server lists it ALIVE
+  // in that role (so trainers started one after the other own slots 0, 1, ... in order).
+  Subprocess& StartWorker(const std::string& name, WorkerRole role);
+
+  Subprocess& worker(const std::string& name);
+  void Signal(const std::string& name, int signal_number) { worker(name).Signal(signal_number); }
+
+  // SIGKILLs a worker and checks that the signal, not a clean exit, ended it: a worker that
+  // finished before the kill would make the test prove nothing.
+  void Kill(const std::string& name);
+
+  // The worker's exit code once it exits (bounded), -1 if it does not.
+  int ExitCode(const std::string& name, absl::Duration limit = absl::Seconds(30));
+
+  // SIGTERM: the server stops cleanly (exit 0) and releases its data directory.
+  void StopServer();
+
+  GetStatusResponse Status();
+
+  // Calls `method` on the server as a test client, with a deadline.
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (ParameterServer::Stub::*method)(grpc::ClientContext*,
+                                                                   const Request&, Response*),
+                    const Request& request, Response* response,
+                    absl::Duration deadline = absl::Seconds(10)) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+    return ((*stub_).*method)(&context, request, response);
+  }
+
+  // Registers this test as a worker (a test client, not a process).
+  RegisterResponse Register(const std::string& name, WorkerRole role);
+
+  // Registers this test as a spare named `name`: an alive incarnation that may Pull, and that
+  // never takes a slot over (it never heartbeats).
+  uint64_t RegisterObserver(const std::string& name = "observer") {
+    return Register(name, SPARE).incarnation();
+  }
+
+  PullResponse Pull(uint64_t incarnation);
+
+  // Polls GetStatus until `done` holds; after `limit` (zero: options.wait_limit), fails with the
+  // last status and the tail of every log.
+  GetStatusResponse WaitFor(const std::string& what,
+                            const std::function<bool(const GetStatusResponse&)>& done,
+                            absl::Duration limit = absl::ZeroDuration(),
+                            absl::Duration poll = absl::Milliseconds(10));
+
+  // The last lines of every process's log, for failure messages.
+  std::string Logs() const;
+
+  std::string WorkerLog(const std::string& name) {
+    return ReadFileOrEmpty(worker(name).log_path());
+  }
+
+  std::string data_dir() const { return dir_ + "/data"; }
+
+ private:
+  const std::string dir_;
+  const absl::Duration wait_limit_;
+  JobConfig job_;
+  std::string address_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+  std::unique_ptr<Subprocess> server_;
+  std::map<std::string, std::unique_ptr<Subprocess>> workers_;
+};
+
+}  // namespace rebound::testing
