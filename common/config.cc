@@ -302,6 +302,18 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.InRange("fault_tolerance.recovery_parallelism", ft.recovery_parallelism(), 1,
             std::max(1, data.micro_batches()));
   c.AtLeast("fault_tolerance.checkpoint_every_steps", ft.checkpoint_every_steps(), 1);
+  if (ft.policy() == GLOBAL_CHECKPOINT) {
+    if (job.easgd().mode() != EASGD) {
+      c.Fail("fault_tolerance.policy",
+             "GLOBAL_CHECKPOINT needs easgd.mode EASGD (its barrier is the trainers' sync)");
+    } else if (job.easgd().sync_period() >= 1 && ft.checkpoint_every_steps() >= 1 &&
+               ft.checkpoint_every_steps() % job.easgd().sync_period() != 0) {
+      c.Fail("fault_tolerance.checkpoint_every_steps",
+             absl::StrCat("must be a multiple of easgd.sync_period = ", job.easgd().sync_period(),
+                          " under GLOBAL_CHECKPOINT (trainers sync at every checkpoint), got ",
+                          ft.checkpoint_every_steps()));
+    }
+  }
   c.AtLeast("fault_tolerance.neighbour_timeout_ms", ft.neighbour_timeout_ms(), 100);
   c.AtLeast("fault_tolerance.reconnect_grace_ms", ft.reconnect_grace_ms(), 0);
   c.AtLeast("fault_tolerance.recovery_timeout_ms", ft.recovery_timeout_ms(), 1000);

@@ -147,6 +147,16 @@ int Run() {
     server->Shutdown();
     return 1;
   }
+  if (EffectiveRecoveryPolicy(job) == GLOBAL_CHECKPOINT) {
+    const std::string dir = config.durability().data_dir().empty()
+                                ? std::string()
+                                : config.durability().data_dir() + "/checkpoints";
+    if (absl::Status enabled = service.EnableGlobalCheckpoint(dir); !enabled.ok()) {
+      LOG(ERROR) << "cannot load the global checkpoint from '" << dir << "': " << enabled;
+      server->Shutdown();
+      return 1;
+    }
+  }
   service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);
   LOG(INFO) << kServerVersion << " serving job '" << config.job().job_id() << "' on port " << port
@@ -188,6 +198,7 @@ int Run() {
                                                         failed.slot.stage(), ") is LOST")
                                          : std::string());
       }
+      service.MaybeRollBack();
     }
   });
 

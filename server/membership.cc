@@ -121,6 +121,11 @@ absl::Status Membership::CheckAliveLocked(uint64_t incarnation) const {
                                            "again"));
   }
   const Worker& worker = it->second;
+  if (worker.state == ROLLED_BACK) {
+    return absl::AbortedError(absl::StrCat("incarnation ", incarnation, " (worker ", worker.name,
+                                           ") was rolled back: ", worker.state_reason,
+                                           "; register again"));
+  }
   if (worker.state != ALIVE) {
     return absl::FailedPreconditionError(absl::StrCat(
         "incarnation ", incarnation, " (worker ", worker.name, ") is fenced: ",
@@ -144,6 +149,12 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   if (!alive.ok()) return alive;
   Worker& worker = workers_.at(request.incarnation());
   worker.last_heartbeat = now;
+  if (worker.takeover_task != 0) {
+    if (RecoveryStatus* r = FindRecoveryLocked(worker.takeover_task)) {
+      r->mutable_phases()->set_takeover_ms(Millis(now - worker.handed_over));
+    }
+    worker.takeover_task = 0;
+  }
   worker.step = request.step();
   if (request.has_loss() && std::isfinite(request.loss())) worker.loss = request.loss();
   HeartbeatResponse response;
@@ -166,7 +177,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
   worker.state = state;
   worker.state_reason = why;
   for (Slot& slot : slots_) {
-    if (slot.state == RECOVERING && slot.task_spare == worker.incarnation) {
+    if (slot.state == RECOVERING && ActiveRank(slot, worker.incarnation) >= 0) {
       ReleaseTaskLocked(slot, SPARE_FAILED,
                         absl::StrCat("spare ", worker.incarnation, " ", WorkerState_Name(state),
                                      " during the replay: ", why));
@@ -178,13 +189,19 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
       slot.state = LOST;
       slot.owner = 0;
       slot.lost_at = clock_->Now();
+      slot.detection_ms = state == FAILED ? worker.silent_ms_at_failure : 0;
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
       if (EffectiveRecoveryPolicy(job_) == REPLAY) {
         absl::StrAppend(&slot.detail, "; waiting for a spare to replay it");
       } else if (EffectiveRecoveryPolicy(job_) == GLOBAL_CHECKPOINT) {
-        absl::StrAppend(&slot.detail,
-                        "; waiting: GLOBAL_CHECKPOINT recovery is not implemented yet (R4)");
+        absl::StrAppend(&slot.detail, "; every slot rolls back to the last global checkpoint");
+        if (state != ROLLED_BACK && !rollback_requested_) {
+          rollback_requested_ = true;
+          rollback_why_ = absl::StrCat("slot (", slot.id.replica(), ", ", slot.id.stage(),
+                                       ") lost its trainer '", worker.name, "' (",
+                                       WorkerState_Name(state), ": ", why, ")");
+        }
       } else {
         absl::StrAppend(&slot.detail, "; waiting for a spare (RESTART_FROM_CENTER)");
       }
@@ -217,7 +234,7 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
   recovery.set_failed_step(slot.step);
   recovery.set_steps_replayed(0);
   recovery.mutable_phases()->set_detection_ms(
-      std::max<int64_t>(0, absl::ToInt64Milliseconds(failure_timeout_)));
+      slot.detection_ms);
   recovery.mutable_phases()->set_takeover_ms(
       std::max<int64_t>(0, absl::ToInt64Milliseconds(now - slot.lost_at)));
   recovery.set_verified(false);
@@ -253,8 +270,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   slot.owner = trainer.incarnation;
   slot.step = trainer.step;
   slot.detail = detail;
-  slot.task_id = 0;
-  slot.task_spare = 0;
+  ClearTask(slot);
   workers_.emplace(trainer.incarnation, trainer);
   Worker& replaced = spare;  // fenced below; the reference stays valid (std::map)
   replaced.state = REPLACED;
@@ -289,15 +305,43 @@ void Membership::ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const st
   LOG(WARNING) << "replay task " << slot.task_id << " of slot (" << slot.id.replica() << ", "
                << slot.id.stage() << ") ended without a takeover: " << why;
   slot.state = LOST;
-  slot.task_id = 0;
-  slot.task_spare = 0;
+  ClearTask(slot);
   slot.detail = absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
+}
+
+void Membership::ClearTask(Slot& slot) {
+  slot.task_id = 0;
+  slot.task_spares.clear();
+  slot.task_active.clear();
+  slot.task_picked.clear();
+  slot.task_published = false;
+  slot.task_snapshot_step = 0;
+  slot.task_failed_step = 0;
+}
+
+int Membership::ActiveRank(const Slot& slot, uint64_t incarnation) {
+  for (size_t r = 0; r < slot.task_spares.size(); ++r) {
+    if (slot.task_spares[r] == incarnation) return slot.task_active[r] ? static_cast<int>(r) : -1;
+  }
+  return -1;
 }
 
 absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
     uint64_t incarnation, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto claimable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A published task that picked this spare as a helper and that it has not received yet.
+  auto pending = [this, incarnation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Slot* {
+    for (Slot& slot : slots_) {
+      const int rank = ActiveRank(slot, incarnation);
+      if (slot.state == RECOVERING && slot.task_published && rank > 0 && !slot.task_picked[rank]) {
+        return &slot;
+      }
+    }
+    return nullptr;
+  };
+  auto claimable = [this, &pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pending() != nullptr) return true;
+    if (rollback_requested_) return false;  // GLOBAL_CHECKPOINT: restores wait for the rollback
     for (const Slot& slot : slots_) {
       if (slot.state == LOST && !slot.fallback_restart) return true;
     }
@@ -312,62 +356,123 @@ absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
                        ", not a spare"));
     }
     for (const Slot& slot : slots_) {
-      if (slot.state == RECOVERING && slot.task_spare == incarnation) {
+      if (slot.state == RECOVERING && ActiveRank(slot, incarnation) == 0) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "incarnation ", incarnation, " already holds replay task ", slot.task_id));
+            "incarnation ", incarnation, " leads replay task ", slot.task_id));
       }
     }
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(check());
-  if (EffectiveRecoveryPolicy(job_) != REPLAY) {
-    // No replay tasks under this policy: the spare just waits out its long poll.
+  // A helper asking for work again has finished its part of a task (or given up on it).
+  for (Slot& slot : slots_) {
+    const int rank = ActiveRank(slot, incarnation);
+    if (slot.state == RECOVERING && rank > 0 && slot.task_picked[rank]) {
+      slot.task_active[rank] = false;
+    }
+  }
+  const RecoveryPolicy policy = EffectiveRecoveryPolicy(job_);
+  if (policy != REPLAY && policy != GLOBAL_CHECKPOINT) {
+    // No tasks under this policy: the spare just waits out its long poll.
     static const bool kNever = false;
     mu_.AwaitWithTimeout(absl::Condition(&kNever), timeout);
     return std::optional<ReplayClaim>();
   }
-  if (!mu_.AwaitWithTimeout(absl::Condition(&claimable), timeout)) {
-    return std::optional<ReplayClaim>();
-  }
+  workers_.at(incarnation).polling = true;
+  const bool woken = mu_.AwaitWithTimeout(absl::Condition(&claimable), timeout);
+  if (auto it = workers_.find(incarnation); it != workers_.end()) it->second.polling = false;
+  if (!woken) return std::optional<ReplayClaim>();
   RETURN_IF_ERROR(check());  // it may have been fenced while waiting
-  const absl::Time now = clock_->Now();
-  for (Slot& slot : slots_) {
-    if (slot.state != LOST || slot.fallback_restart) continue;
-    slot.state = RECOVERING;
-    slot.task_id = next_task_id_++;
-    slot.task_spare = incarnation;
-    slot.task_started = now;
-    slot.detail = absl::StrCat("replayed by spare '", workers_.at(incarnation).name,
-                               "' (task ", slot.task_id, ")");
-    RecoveryStatus recovery;
-    recovery.set_task_id(slot.task_id);
-    *recovery.mutable_slot() = slot.id;
-    recovery.set_policy(REPLAY);
-    recovery.set_failed_step(slot.step);
-    recovery.add_spares(incarnation);
-    recovery.mutable_phases()->set_detection_ms(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(failure_timeout_)));
-    recoveries_.push_back(recovery);
-    if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
+
+  auto claim_of = [this](const Slot& slot, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ReplayClaim claim;
     claim.task_id = slot.task_id;
     claim.slot = slot.id;
     claim.reached_step = slot.step;
-    return std::optional<ReplayClaim>(claim);
+    claim.rank = rank;
+    for (uint64_t member : slot.task_spares) {
+      auto it = workers_.find(member);
+      claim.spares.push_back(
+          TaskSpare{member, it == workers_.end() ? std::string() : it->second.peer_address});
+    }
+    claim.snapshot_step = slot.task_snapshot_step;
+    claim.failed_step = slot.task_failed_step;
+    return claim;
+  };
+  if (Slot* slot = pending(); slot != nullptr) {
+    const int rank = ActiveRank(*slot, incarnation);
+    slot->task_picked[rank] = true;
+    return std::optional<ReplayClaim>(claim_of(*slot, rank));
+  }
+  const absl::Time now = clock_->Now();
+  for (Slot& slot : slots_) {
+    if (slot.state != LOST || slot.fallback_restart || rollback_requested_) continue;
+    slot.state = RECOVERING;
+    slot.task_id = next_task_id_++;
+    slot.task_started = now;
+    slot.task_spares = {incarnation};
+    // Helpers: other spares waiting right now, oldest first, none holding a task.
+    // A GLOBAL_CHECKPOINT restore has nothing to replay: one spare.
+    const int wanted =
+        policy == REPLAY ? std::max(1, job_.fault_tolerance().recovery_parallelism()) : 1;
+    for (auto& [other, worker] : workers_) {
+      if (static_cast<int>(slot.task_spares.size()) >= wanted) break;
+      if (other == incarnation || worker.state != ALIVE || worker.role != SPARE ||
+          !worker.polling) {
+        continue;
+      }
+      bool busy = false;
+      for (const Slot& s : slots_) busy = busy || (s.state == RECOVERING && ActiveRank(s, other) >= 0);
+      if (!busy) slot.task_spares.push_back(other);
+    }
+    slot.task_active.assign(slot.task_spares.size(), true);
+    slot.task_picked.assign(slot.task_spares.size(), false);
+    slot.task_picked[0] = true;
+    slot.task_published = false;
+    std::string names;
+    for (uint64_t member : slot.task_spares) {
+      absl::StrAppend(&names, names.empty() ? "" : ", ", "'", workers_.at(member).name, "'");
+    }
+    slot.detail = absl::StrCat(policy == REPLAY ? "replayed by " : "restored by ",
+                               slot.task_spares.size(),
+                               slot.task_spares.size() == 1 ? " spare " : " spares ", names,
+                               " (task ", slot.task_id, ")");
+    RecoveryStatus recovery;
+    recovery.set_task_id(slot.task_id);
+    *recovery.mutable_slot() = slot.id;
+    recovery.set_policy(policy);
+    recovery.set_failed_step(policy == REPLAY ? slot.step : slot.rolled_back_from);
+    for (uint64_t member : slot.task_spares) recovery.add_spares(member);
+    recovery.mutable_phases()->set_detection_ms(
+        slot.detection_ms);
+    recoveries_.push_back(recovery);
+    if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
+    return std::optional<ReplayClaim>(claim_of(slot, 0));
   }
   return std::optional<ReplayClaim>();
+}
+
+void Membership::PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step) {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.state == RECOVERING && slot.task_id == task_id) {
+      slot.task_snapshot_step = snapshot_step;
+      slot.task_failed_step = failed_step;
+      slot.task_published = true;
+    }
+  }
 }
 
 absl::StatusOr<SlotId> Membership::TaskSlot(uint64_t task_id, uint64_t incarnation) const {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckAliveLocked(incarnation));
   for (const Slot& slot : slots_) {
-    if (slot.state == RECOVERING && slot.task_id == task_id && slot.task_spare == incarnation) {
+    if (slot.state == RECOVERING && slot.task_id == task_id && ActiveRank(slot, incarnation) >= 0) {
       return slot.id;
     }
   }
   return absl::FailedPreconditionError(
-      absl::StrCat("incarnation ", incarnation, " holds no replay task ", task_id));
+      absl::StrCat("incarnation ", incarnation, " takes part in no replay task ", task_id));
 }
 
 void Membership::AbandonReplay(uint64_t task_id, const std::string& why) {
@@ -387,13 +492,13 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
   int index = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].state == RECOVERING && slots_[i].task_id == report.task_id() &&
-        slots_[i].task_spare == incarnation) {
+        ActiveRank(slots_[i], incarnation) == 0) {
       index = static_cast<int>(i);
     }
   }
   if (index < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "incarnation ", incarnation, " holds no replay task ", report.task_id()));
+        "incarnation ", incarnation, " leads no replay task ", report.task_id()));
   }
   Slot& slot = slots_[index];
   RecoveryStatus* record = FindRecoveryLocked(report.task_id());
@@ -426,15 +531,66 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
       index, spare, now,
       absl::StrCat("rebuilt by replay of ", report.steps_replayed(), " steps by '", spare.name,
                    "'", report.verified() ? ", verified bit-identical" : ""));
-  workers_.at(takeover.incarnation()).step = replayed_to;
+  Worker& trainer = workers_.at(takeover.incarnation());
+  trainer.step = replayed_to;
+  trainer.takeover_task = report.task_id();
+  trainer.handed_over = now;
   slot.step = replayed_to;
   takeover.set_start_step(replayed_to);
   if (record != nullptr) {
     record->set_outcome(RECOVERED);
-    record->set_detail(absl::StrCat("rebuilt to step ", replayed_to, " from the snapshot at step ",
-                                    slot.synced_step));
+    if (record->policy() == GLOBAL_CHECKPOINT) {
+      record->set_detail(absl::StrCat("restored from the global checkpoint of step ", replayed_to,
+                                      "; ", std::max<int64_t>(0, slot.rolled_back_from - replayed_to),
+                                      " steps of this slot are trained again"));
+    } else {
+      record->set_detail(absl::StrCat("rebuilt to step ", replayed_to,
+                                      " from the snapshot at step ", slot.synced_step));
+    }
   }
   return std::optional<RegisterResponse>(takeover);
+}
+
+bool Membership::TakeRollbackRequest(std::string* why) {
+  absl::MutexLock lock(&mu_);
+  if (!rollback_requested_ || rollback_taken_) return false;
+  rollback_taken_ = true;
+  *why = rollback_why_;
+  return true;
+}
+
+void Membership::RollBackAll(int64_t step, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  const std::string reason =
+      absl::StrCat("rolled back to the global checkpoint of step ", step, ": ", why);
+  rollback_requested_ = false;
+  rollback_taken_ = false;
+  std::vector<int64_t> reached(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) reached[i] = slots_[i].step;
+  for (auto& [incarnation, worker] : workers_) {
+    if (worker.state == ALIVE && worker.role == TRAINER) {
+      worker.state = ROLLED_BACK;
+      worker.state_reason = reason;
+    }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    // A slot not restored since an earlier rollback keeps the step it had reached then.
+    const bool restored = slot.state == ACTIVE || slot.state == FINISHED;
+    slot.rolled_back_from = restored ? reached[i] : std::max(reached[i], slot.rolled_back_from);
+    if (slot.state == RECOVERING) {
+      ReleaseTaskLocked(slot, ABANDONED, reason);
+    }
+    slot.state = LOST;
+    slot.owner = 0;
+    slot.lost_at = clock_->Now();
+    slot.step = step;
+    slot.synced_step = step;
+    slot.fallback_restart = false;
+    slot.detail = absl::StrCat(reason, "; waiting for a spare to restore it");
+  }
+  absl::Status persisted = PersistLocked();
+  if (!persisted.ok()) LOG(ERROR) << "cannot persist a rollback: " << persisted;
 }
 
 std::vector<RecoveryStatus> Membership::Recoveries() const {
@@ -654,6 +810,14 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     out->set_peer_address(worker.peer_address);
     if (!worker.state_reason.empty()) out->set_state_reason(worker.state_reason);
     if (worker.state == FAILED) out->set_silent_ms_at_failure(worker.silent_ms_at_failure);
+    if (worker.role == SPARE && worker.state == ALIVE) {
+      out->set_waiting_for_task(worker.polling);
+      for (const Slot& slot : slots_) {
+        if (slot.state == RECOVERING && ActiveRank(slot, incarnation) >= 0) {
+          out->set_replay_task(slot.task_id);
+        }
+      }
+    }
   }
 }
 

@@ -89,28 +89,53 @@ class Membership {
   std::vector<RecoveryStatus> Recoveries() const;
   static constexpr size_t kMaxRecoveries = 256;
 
-  // Policy REPLAY (DESIGN §5.3). A replay task a spare has claimed.
+  // Policy REPLAY (DESIGN §5.3). A replay task as one of its spares receives it.
+  struct TaskSpare {
+    uint64_t incarnation = 0;
+    std::string peer_address;
+  };
   struct ReplayClaim {
     uint64_t task_id = 0;
     SlotId slot;
     int64_t reached_step = 0;  // the last step the lost trainer reported
+    int rank = 0;              // 0: the leader, which created the task and publishes its range
+    std::vector<TaskSpare> spares;  // the task's spares in rank order, leader first
+    // rank > 0 only: the range the leader published (PublishReplay).
+    int64_t snapshot_step = 0;
+    int64_t failed_step = 0;
   };
-  // Waits up to `timeout` for a LOST slot to replay and claims it for the alive SPARE
-  // `incarnation` (the slot becomes RECOVERING). Nothing when there is none by then.
-  // FAILED_PRECONDITION if `incarnation` is not an alive spare or already holds a task.
+  // Waits up to `timeout` for work for the alive SPARE `incarnation` and claims it:
+  //  * a task whose leader picked this spare as a helper and published the range: rank > 0;
+  //  * else a LOST slot to replay: the slot becomes RECOVERING under a new task led by this
+  //    spare (rank 0), with up to recovery_parallelism - 1 helpers, chosen among the other
+  //    spares waiting in ClaimReplay at that moment (fewer when fewer wait). The leader reads
+  //    the snapshot and the log's extent and calls PublishReplay, which hands the helpers the
+  //    task.
+  // Nothing when there is none by then. A helper that asks again leaves its task (it finished
+  // or gave up; the leader decides the task's outcome). FAILED_PRECONDITION if `incarnation` is
+  // not an alive spare or leads a task.
   absl::StatusOr<std::optional<ReplayClaim>> ClaimReplay(uint64_t incarnation,
                                                          absl::Duration timeout);
-  // The slot of a task held by `incarnation`; FAILED_PRECONDITION otherwise.
+  // The leader's range of task `task_id`: the snapshot's step t0 and t_f. Wakes the helpers.
+  void PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step);
+  // The slot of a task `incarnation` takes part in; FAILED_PRECONDITION otherwise.
   absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const;
   // Gives up a claimed task (e.g. its snapshot cannot be read): the slot is LOST again.
   void AbandonReplay(uint64_t task_id, const std::string& why);
-  // The end of a replay. RECOVERED: the spare becomes the slot's trainer under a new
-  // incarnation, returned (its spare incarnation is fenced as REPLACED). Any other outcome: the
-  // slot is LOST again; after CHECKSUM_MISMATCH it falls back to RESTART_FROM_CENTER (the next
-  // spare heartbeat takes it over), loudly. The recovery's record in status gets `report`'s
-  // figures.
+  // The end of a replay, reported by its leader. RECOVERED: the leader becomes the slot's
+  // trainer under a new incarnation, returned (its spare incarnation is fenced as REPLACED); the
+  // helpers are spares again. Any other outcome: the slot is LOST again; after
+  // CHECKSUM_MISMATCH it falls back to RESTART_FROM_CENTER (the next spare heartbeat takes it
+  // over), loudly. The recovery's record in status gets `report`'s figures.
   absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(
       uint64_t incarnation, const ReportRecoveryRequest& report);
+
+  // Policy GLOBAL_CHECKPOINT. True (with the reason) once per loss of a slot's trainer since the
+  // last call: the caller rolls everything back (ParameterServerService::MaybeRollBack).
+  bool TakeRollbackRequest(std::string* why);
+  // Fences every alive trainer as ROLLED_BACK (its calls get ABORTED: it registers again) and
+  // makes every slot LOST at `step`, the checkpoint's, for a spare to restore (ClaimReplay).
+  void RollBackAll(int64_t step, const std::string& why);
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.
@@ -136,6 +161,11 @@ class Membership {
     absl::Time registered;
     absl::Time last_heartbeat;
     int64_t silent_ms_at_failure = 0;
+    bool polling = false;  // a spare waiting in ClaimReplay: it can help a replay at once
+    // A trainer that took its slot over after replay task `takeover_task` at `handed_over`: its
+    // first heartbeat ends the recovery's takeover phase.
+    uint64_t takeover_task = 0;
+    absl::Time handed_over;
   };
 
   struct Slot {
@@ -146,8 +176,17 @@ class Membership {
     int64_t synced_step = 0;  // last step applied by a sync or push (persisted)
     std::string detail;
     absl::Time lost_at;       // when the slot became LOST
-    uint64_t task_id = 0;     // RECOVERING: the replay task
-    uint64_t task_spare = 0;  // RECOVERING: the spare replaying it
+    int64_t detection_ms = 0;  // how long its owner had been silent when declared failed
+    int64_t rolled_back_from = 0;  // GLOBAL_CHECKPOINT: the step it had reached at the rollback
+    // RECOVERING: the replay task and its spares in rank order (the leader first). A helper
+    // stays in task_spares for the record and leaves task_active when it has asked for work again.
+    uint64_t task_id = 0;
+    std::vector<uint64_t> task_spares;
+    std::vector<bool> task_active;
+    std::vector<bool> task_picked;  // the spare has received the task
+    bool task_published = false;    // the leader has published the range
+    int64_t task_snapshot_step = 0;
+    int64_t task_failed_step = 0;
     absl::Time task_started;
     bool fallback_restart = false;  // a replay of this slot failed its checksum
   };
@@ -172,6 +211,10 @@ class Membership {
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage
   std::vector<RecoveryStatus> recoveries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // A trainer was lost: set until RollBackAll; no restore task starts meanwhile.
+  bool rollback_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool rollback_taken_ ABSL_GUARDED_BY(mu_) = false;  // TakeRollbackRequest said so
+  std::string rollback_why_ ABSL_GUARDED_BY(mu_);
 
   // Policy RESTART_FROM_CENTER: gives the first LOST slot to the spare `worker`, which continues
   // under a new incarnation. Returns the takeover to send it, or nothing.
@@ -184,6 +227,10 @@ class Membership {
   void ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RecoveryStatus* FindRecoveryLocked(uint64_t task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank of `incarnation` in slot's task if it is an active participant, else -1.
+  static int ActiveRank(const Slot& slot, uint64_t incarnation);
+  // Forgets slot's task (it ended).
+  static void ClearTask(Slot& slot);
 };
 
 }  // namespace rebound::server

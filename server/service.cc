@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
+#include "compute/reduction_tree.h"
 #include "compute/tensor_bundle.h"
 #include "server/sync_batch.h"
 
@@ -108,6 +109,106 @@ absl::Status ParameterServerService::WaitForTurn(const SlotId& slot) {
   return absl::OkStatus();
 }
 
+absl::Status ParameterServerService::WaitAtBarrier(const SlotId& slot, int64_t step,
+                                                   uint64_t epoch) {
+  if (checkpoint_ == nullptr || !checkpoint_->IsCut(step)) return absl::OkStatus();
+  const int index = slot.replica() * job_.topology().stages() + slot.stage();
+  return checkpoint_->Arrive(index, step, epoch, absl::Milliseconds(config_.max_wait_ms()),
+                             [this](int64_t cut) { return GatherCheckpoint(cut); });
+}
+
+absl::StatusOr<CheckpointRecord> ParameterServerService::GatherCheckpoint(int64_t step) const {
+  CheckpointRecord record;
+  record.set_step(step);
+  record.set_taken_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  for (int stage = 0; stage < centers_->num_stages(); ++stage) {
+    ASSIGN_OR_RETURN(auto center, centers_->Read(stage));
+    CenterRecord* out = record.add_centers();
+    out->set_stage(stage);
+    out->set_version(center.second);
+    *out->mutable_params() = centers_->Bundle(stage, center.first);
+  }
+  for (int r = 0; r < job_.topology().replicas(); ++r) {
+    for (int s = 0; s < job_.topology().stages(); ++s) {
+      SlotId slot;
+      slot.set_replica(r);
+      slot.set_stage(s);
+      ASSIGN_OR_RETURN(Snapshot snapshot, store_->ReadSnapshot(slot));
+      if (snapshot.step() != step) {
+        return absl::InternalError(absl::StrCat("the snapshot of slot ", SlotName(slot),
+                                                " is at step ", snapshot.step(),
+                                                ", not at the cut ", step));
+      }
+      snapshot.clear_stored_tensors();
+      *record.add_snapshots() = std::move(snapshot);
+      absl::MutexLock lock(&book_mu_);
+      auto book = books_.find({r, s});
+      *record.add_books() = WeightRecordFor(slot, book != books_.end() ? book->second : SlotBook());
+    }
+  }
+  return record;
+}
+
+absl::Status ParameterServerService::EnableGlobalCheckpoint(const std::string& dir) {
+  CheckpointRecord initial;
+  for (int stage = 0; stage < centers_->num_stages(); ++stage) {
+    ASSIGN_OR_RETURN(auto center, centers_->Read(stage));
+    CenterRecord* out = initial.add_centers();
+    out->set_stage(stage);
+    out->set_version(center.second);
+    *out->mutable_params() = centers_->Bundle(stage, center.first);
+  }
+  checkpoint_ = std::make_unique<GlobalCheckpoint>(job_, dir, std::move(initial));
+  return checkpoint_->Load();
+}
+
+void ParameterServerService::MaybeRollBack() {
+  if (checkpoint_ == nullptr) return;
+  std::string why;
+  if (!membership_->TakeRollbackRequest(&why)) return;
+  // 1. No trainer writes again: every one is fenced as ROLLED_BACK and every slot is LOST. A sync
+  //    applied before this point can no longer arrive at a barrier (its epoch is over).
+  const CheckpointRecord checkpoint = checkpoint_->Current();
+  membership_->RollBackAll(checkpoint.step(), why);
+  const CheckpointRecord restored = checkpoint_->BeginRollback();
+  LOG(WARNING) << "GLOBAL_CHECKPOINT: " << why << "; rolling every slot and the center back to "
+               << "the checkpoint of step " << restored.step();
+  // 2. The centers go back to the checkpoint (their versions keep increasing), and the store holds
+  //    what was restored: the centers and every slot's checkpointed snapshot.
+  storage::WriteBatch batch;
+  for (CenterRecord center : restored.centers()) {
+    center.set_version(centers_->version(center.stage()) + 1);
+    if (absl::Status ok = centers_->Restore(center, nullptr); !ok.ok()) {
+      LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot restore the center of stage " << center.stage()
+                 << ": " << ok;
+      continue;
+    }
+    batch.PutCenter(center);
+  }
+  for (const Snapshot& snapshot : restored.snapshots()) batch.PutSnapshot(snapshot);
+  {
+    // The slots' bookkeeping as it was at the cut (nothing applied yet at the job's start).
+    absl::MutexLock lock(&book_mu_);
+    for (auto& [key, book] : books_) book = SlotBook();
+  }
+  RestoreBookkeeping({restored.books().begin(), restored.books().end()});
+  for (const WeightRecord& book : restored.books()) {
+    absl::MutexLock lock(&book_mu_);
+    batch.PutWeight(WeightRecordFor(book.slot(), books_[{book.slot().replica(), book.slot().stage()}]));
+  }
+  if (absl::Status committed = store_->Commit(batch); !committed.ok()) {
+    LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot store the restored state: " << committed;
+  }
+  for (int r = 0; r < job_.topology().replicas(); ++r) {
+    for (int s = 0; s < job_.topology().stages(); ++s) {
+      SlotId slot;
+      slot.set_replica(r);
+      slot.set_stage(s);
+      tracker_->SetLive(slot, false);
+    }
+  }
+}
+
 grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const RegisterRequest* request,
                                               RegisterResponse* response) {
@@ -191,6 +292,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (job_.scheduling() == DETERMINISTIC) {
     if (absl::Status turn = WaitForTurn(slot); !turn.ok()) return ToGrpcStatus(turn);
   }
+  const uint64_t checkpoint_epoch = checkpoint_ != nullptr ? checkpoint_->epoch() : 0;
 
   const std::vector<float> x = centers_->Unbundle(stage, request->params());
   const double alpha = EffectiveMovingRate(job_);
@@ -244,6 +346,10 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
           absl::StrCat("stale sync: slot ", SlotName(slot), " already synced step ", last,
                        ", got step ", request->step())));
     }
+    if (absl::Status barrier = WaitAtBarrier(slot, request->step(), checkpoint_epoch);
+        !barrier.ok()) {
+      return ToGrpcStatus(barrier);
+    }
     auto snapshot = store_->ReadSnapshot(slot);
     if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
     *response->mutable_worker_params_after() = snapshot->params();
@@ -258,6 +364,10 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   }
   if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
     LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step();
+  }
+  if (absl::Status barrier = WaitAtBarrier(slot, request->step(), checkpoint_epoch);
+      !barrier.ok()) {
+    return ToGrpcStatus(barrier);
   }
   response->set_center_version(*result);
   response->set_weight(inputs.weight());
@@ -441,6 +551,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     eval->set_test_accuracy(last_eval_.test_accuracy());
     eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
   }
+  if (checkpoint_ != nullptr) checkpoint_->FillStatus(response->mutable_checkpoint());
   return grpc::Status::OK;
 }
 
@@ -462,7 +573,33 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
   const Membership::ReplayClaim& task = **claim;
   const SlotId slot = Normalized(task.slot);
 
+  if (checkpoint_ != nullptr) {
+    // GLOBAL_CHECKPOINT: a restore of the slot's checkpointed state; nothing to replay.
+    const CheckpointRecord checkpoint = checkpoint_->Current();
+    RecoveryTask* out = response->mutable_task();
+    out->set_task_id(task.task_id);
+    *out->mutable_slot() = slot;
+    out->set_policy(GLOBAL_CHECKPOINT);
+    Snapshot* snapshot = out->mutable_snapshot();
+    *snapshot->mutable_slot() = slot;
+    snapshot->set_step(0);  // the job's start: the model's initialisation
+    for (const Snapshot& s : checkpoint.snapshots()) {
+      if (s.slot().replica() == slot.replica() && s.slot().stage() == slot.stage()) *snapshot = s;
+    }
+    out->set_failed_step(snapshot->step());
+    membership_->PublishReplay(task.task_id, snapshot->step(), snapshot->step());
+    Neighbour* self = out->add_spares();
+    self->set_incarnation(request->incarnation());
+    out->set_rank(0);
+    out->set_first_micro_batch(0);
+    out->set_micro_batch_count(job_.data().micro_batches());
+    LOG(WARNING) << "restore task " << task.task_id << ": slot " << SlotName(slot)
+                 << " from the global checkpoint of step " << snapshot->step();
+    return grpc::Status::OK;
+  }
+
   // The snapshot to start from; none yet means the slot never synced: the model's init at 0.
+  // The slot is RECOVERING, so no sync changes it while the task's spares read it.
   Snapshot snapshot;
   auto stored = store_->ReadSnapshot(slot);
   if (stored.ok()) {
@@ -474,26 +611,51 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
     membership_->AbandonReplay(task.task_id, std::string(stored.status().message()));
     return ToGrpcStatus(stored.status());
   }
-  auto last = step_log_->LastCompleteStep(slot, snapshot.step());
-  if (!last.ok()) {
-    membership_->AbandonReplay(task.task_id, std::string(last.status().message()));
-    return ToGrpcStatus(last.status());
+  int64_t failed_step = task.failed_step;
+  if (task.rank == 0) {
+    // The leader fixes the task's range once for all its spares.
+    auto last = step_log_->LastCompleteStep(slot, snapshot.step());
+    if (!last.ok()) {
+      membership_->AbandonReplay(task.task_id, std::string(last.status().message()));
+      return ToGrpcStatus(last.status());
+    }
+    failed_step = std::max(*last, snapshot.step());
+    membership_->PublishReplay(task.task_id, snapshot.step(), failed_step);
+  } else if (snapshot.step() != task.snapshot_step) {
+    const std::string why = absl::StrCat("the snapshot of slot ", SlotName(slot), " moved from step ",
+                                         task.snapshot_step, " to ", snapshot.step(),
+                                         " during the replay task");
+    membership_->AbandonReplay(task.task_id, why);
+    return grpc::Status(grpc::StatusCode::ABORTED, why);
+  }
+  absl::StatusOr<std::vector<compute::TreeNode>> blocks = compute::TreeAlignedBlocks(
+      job_.data().micro_batches(), static_cast<int>(task.spares.size()));
+  if (!blocks.ok() || static_cast<int>(blocks->size()) != static_cast<int>(task.spares.size())) {
+    const std::string why = absl::StrCat("cannot split ", job_.data().micro_batches(),
+                                         " micro-batches among ", task.spares.size(), " spares");
+    membership_->AbandonReplay(task.task_id, why);
+    return grpc::Status(grpc::StatusCode::INTERNAL, why);
   }
   RecoveryTask* out = response->mutable_task();
   out->set_task_id(task.task_id);
   *out->mutable_slot() = slot;
   out->set_policy(REPLAY);
-  out->set_failed_step(std::max(*last, snapshot.step()));
+  out->set_failed_step(failed_step);
   *out->mutable_snapshot() = std::move(snapshot);
-  Neighbour* self = out->add_spares();
-  self->set_incarnation(request->incarnation());
-  out->set_rank(0);
-  out->set_first_micro_batch(0);
-  out->set_micro_batch_count(job_.data().micro_batches());
+  for (const Membership::TaskSpare& spare : task.spares) {
+    Neighbour* n = out->add_spares();
+    n->set_incarnation(spare.incarnation);
+    n->set_peer_address(spare.peer_address);
+  }
+  out->set_rank(task.rank);
+  const compute::TreeNode block = (*blocks)[task.rank];
+  out->set_first_micro_batch(block.begin);
+  out->set_micro_batch_count(block.size());
   LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
                << " from its snapshot at step " << out->snapshot().step() << " to step "
                << out->failed_step() << " (the trainer had reached step " << task.reached_step
-               << ")";
+               << "); spare " << task.rank + 1 << " of " << task.spares.size()
+               << " replays micro-batches [" << block.begin << ", " << block.end << ")";
   return grpc::Status::OK;
 }
 
@@ -523,11 +685,17 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
   response->set_incarnation(takeover.incarnation());
   *response->mutable_slot() = takeover.slot();
   *response->mutable_neighbours() = takeover.neighbours();
-  LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
-               << request->steps_replayed() << " steps"
-               << (request->verified() ? ", verified bit-identical" : "")
-               << "; its trainer is now incarnation " << takeover.incarnation() << " at step "
-               << takeover.start_step();
+  if (checkpoint_ != nullptr) {
+    LOG(WARNING) << "slot " << SlotName(takeover.slot())
+                 << " restored from the global checkpoint; its trainer is now incarnation "
+                 << takeover.incarnation() << " at step " << takeover.start_step();
+  } else {
+    LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
+                 << request->steps_replayed() << " steps"
+                 << (request->verified() ? ", verified bit-identical" : "")
+                 << "; its trainer is now incarnation " << takeover.incarnation() << " at step "
+                 << takeover.start_step();
+  }
   return grpc::Status::OK;
 }
 

@@ -24,6 +24,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "server/center_table.h"
+#include "server/global_checkpoint.h"
 #include "server/membership.h"
 #include "server/reliability.h"
 #include "server/step_log.h"
@@ -42,6 +43,17 @@ class ParameterServerService final : public ParameterServer::Service {
   // Restores the service's own per-slot bookkeeping (applied sequences, last update steps) from
   // the weight records of a previous server life.
   void RestoreBookkeeping(const std::vector<WeightRecord>& records);
+
+  // Policy GLOBAL_CHECKPOINT: sets up the barrier checkpoints (server/global_checkpoint.h), kept
+  // in `dir` (empty: in memory) and loaded from there; the job's start (the centers as they are
+  // now) is the checkpoint until the first cut. Call after the durable state is loaded.
+  absl::Status EnableGlobalCheckpoint(const std::string& dir);
+
+  // Policy GLOBAL_CHECKPOINT: if a trainer was lost since the last call, rolls every slot and the
+  // center back to the last checkpoint: every trainer is fenced as ROLLED_BACK (it registers
+  // again, as a spare), every slot is restored by a spare from its checkpointed snapshot. Called
+  // by the server's failure detector after each check.
+  void MaybeRollBack();
 
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true); }
@@ -89,6 +101,11 @@ class ParameterServerService final : public ParameterServer::Service {
   // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
   absl::Status WaitForTurn(const SlotId& slot);
   WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
+  // GLOBAL_CHECKPOINT: the checkpoint of a complete cut: every stage's center and every slot's
+  // stored snapshot, which the barrier guarantees are all at `step`.
+  absl::StatusOr<CheckpointRecord> GatherCheckpoint(int64_t step) const;
+  // GLOBAL_CHECKPOINT: the wait of a sync at cut `step` (see GlobalCheckpoint::Arrive).
+  absl::Status WaitAtBarrier(const SlotId& slot, int64_t step, uint64_t epoch);
 
   const ServerConfig config_;
   const JobConfig& job_;
@@ -101,6 +118,7 @@ class ParameterServerService final : public ParameterServer::Service {
   std::atomic<bool> ready_{false};
 
   std::unique_ptr<StepLogService> step_log_;
+  std::unique_ptr<GlobalCheckpoint> checkpoint_;  // policy GLOBAL_CHECKPOINT only
 
   mutable absl::Mutex book_mu_;
   std::map<SlotKey, SlotBook> books_ ABSL_GUARDED_BY(book_mu_);

@@ -84,10 +84,23 @@ void WorkerAgent::Adopt(const RegisterResponse& granted) {
   if (granted.has_job()) registration_.job = granted.job();
   registration_.start_step = granted.start_step();
   step_ = granted.start_step();
+  beat_now_ = true;
 }
 
 void WorkerAgent::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
   if (!stop_.HasBeenNotified()) stop_.Notify();
+}
+
+bool WorkerAgent::SleepUntilBeatDue(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return beat_now_ || stopping_; };
+  mu_.AwaitWithTimeout(absl::Condition(&woken), d);
+  beat_now_ = false;
+  return !stopping_;
 }
 
 bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
@@ -107,7 +120,11 @@ bool WorkerAgent::RegisterWithRetry() {
     RegisterRequest request;
     request.set_job_id(job_id_);
     request.set_worker_name(name_);
-    request.set_requested_role(config_.role());
+    // Registering again (the server lost this worker's registration, or rolled its slot back
+    // under GLOBAL_CHECKPOINT): a trainer takes whatever role the server gives, a free slot or
+    // a spare's, rather than insist on a slot that may be someone else's now.
+    request.set_requested_role(previous != 0 && config_.role() == TRAINER ? ROLE_UNSPECIFIED
+                                                                           : config_.role());
     request.set_peer_address(peer_address_);
     request.set_backend(config_.compute().backend());
     request.set_previous_incarnation(previous);
@@ -241,7 +258,7 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
       LOG(WARNING) << "heartbeat failed (" << Describe(status) << "); retrying in "
                    << absl::ToInt64Milliseconds(wait) << " ms";
     }
-    if (job_done || !SleepUnlessStopped(wait)) break;
+    if (job_done || !SleepUntilBeatDue(wait)) break;
   }
   if (job_done && job_done_out != nullptr) {
     job_done_out->Notify();

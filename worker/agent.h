@@ -81,6 +81,9 @@ class WorkerAgent {
   bool RegisterWithRetry();
   // Sleeps `d` unless stopped first; returns false if stopped.
   bool SleepUnlessStopped(absl::Duration d);
+  // Like SleepUnlessStopped, but also ends early (returning true) when Adopt asks for a heartbeat
+  // at once: a spare that took a slot over tells the server right away.
+  bool SleepUntilBeatDue(absl::Duration d);
 
   const WorkerConfig config_;
   std::unique_ptr<ParameterServer::Stub> stub_;
@@ -95,6 +98,8 @@ class WorkerAgent {
   AgentExit exit_ ABSL_GUARDED_BY(mu_) = AgentExit::kStopped;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   double loss_ ABSL_GUARDED_BY(mu_) = 0.0;
+  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 const char* AgentExitName(AgentExit exit);

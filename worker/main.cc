@@ -23,6 +23,8 @@
 #include "proto/rebound.grpc.pb.h"
 #include "absl/synchronization/notification.h"
 #include "worker/agent.h"
+#include "worker/replay.h"
+#include "worker/replay_mailbox.h"
 #include "worker/training.h"
 
 DEFINE_string(config, "", "worker config file (.pbtxt); required");
@@ -37,10 +39,6 @@ DEFINE_int64(fault_reset_every_steps, 0,
 
 namespace rebound::worker {
 namespace {
-
-// The WorkerPeer service. Boundary exchange and replay reduction arrive with R4/R5; until then
-// every call answers UNIMPLEMENTED (the base class's behaviour).
-class WorkerPeerService final : public WorkerPeer::Service {};
 
 bool ParseRole(const std::string& text, WorkerRole* role) {
   if (text == "auto") *role = ROLE_UNSPECIFIED;
@@ -87,8 +85,11 @@ int Run() {
     config.set_role(role);
   }
 
-  WorkerPeerService peer_service;
+  // Replay messages held at most: a few steps' sums of every other spare of a task.
+  ReplayMailbox mailbox(/*max_bytes=*/int64_t{1} << 30);
+  WorkerPeerService peer_service(&mailbox);
   grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
   int peer_port = 0;
   builder.AddListeningPort(config.peer_listen_address(), grpc::InsecureServerCredentials(),
                            &peer_port);
@@ -153,7 +154,7 @@ int Run() {
     } else {
       // A spare: it replays lost slots (REPLAY) or is handed one by a heartbeat
       // (RESTART_FROM_CENTER); either way it comes back here as a trainer.
-      auto rebuilt = RunSpare(config, registration, channel, &agent, stop);
+      auto rebuilt = RunSpare(config, registration, channel, &agent, &mailbox, stop);
       if (rebuilt.ok()) {
         InjectedFaults none;
         work = RunTrainer(config, agent.registration(), channel, &agent, stop, none,

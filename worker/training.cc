@@ -23,41 +23,11 @@
 #include "worker/data/dataset.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
+#include "worker/retry.h"
 #include "worker/step_logger.h"
 
 namespace rebound::worker {
 namespace {
-
-bool Retryable(absl::StatusCode code) {
-  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
-}
-
-// Calls `rpc` (one attempt with a fresh context and deadline) until it succeeds, fails for good,
-// `stop` is notified or give_up_after_ms pass without success.
-template <typename Rpc>
-absl::Status CallWithRetry(const WorkerConfig& config, const absl::Notification& stop,
-                           const char* what, Rpc rpc) {
-  Backoff backoff(absl::Milliseconds(config.backoff_initial_ms()),
-                  absl::Milliseconds(config.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
-  const absl::Time give_up = absl::Now() + absl::Milliseconds(config.give_up_after_ms());
-  while (true) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(config.rpc_deadline_ms()));
-    const absl::Status status = FromGrpcStatus(rpc(&context));
-    if (status.ok() || !Retryable(status.code())) return status;
-    if (absl::Now() >= give_up) {
-      return absl::UnavailableError(absl::StrCat(what, " failed for ", config.give_up_after_ms(),
-                                                 " ms: ", status.message()));
-    }
-    const absl::Duration delay = backoff.Next();
-    LOG(WARNING) << what << " failed (" << status << "); retrying in "
-                 << absl::ToInt64Milliseconds(delay) << " ms";
-    if (stop.WaitForNotificationWithTimeout(delay)) {
-      return absl::CancelledError("stopped");
-    }
-  }
-}
 
 compute::TrainerOptions OptionsFor(const JobConfig& job, int replica) {
   compute::TrainerOptions options;
@@ -327,9 +297,10 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   compute::StageOptimizer& optimizer = trainer->optimizer(0);
   const compute::StageLayout& layout = stage.layout();
   // The step log (DESIGN §5.2): per step, the sample ids of each micro-batch and the checksum of
-  // the parameters after the step, shipped asynchronously from a bounded buffer.
+  // the parameters after the step, shipped asynchronously from a bounded buffer. Only REPLAY reads
+  // it: under the other policies nothing is logged.
   std::unique_ptr<StepLogger> step_logger;
-  if (job.step_log().enabled()) {
+  if (job.step_log().enabled() && EffectiveRecoveryPolicy(job) == REPLAY) {
     step_logger =
         std::make_unique<StepLogger>(channel, registration.incarnation, job.step_log(), config);
   }
@@ -484,197 +455,6 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     LOG(INFO) << "center version " << center.center_version() << ": test accuracy "
               << result.accuracy << ", test loss " << result.loss;
   } while (!stop.WaitForNotificationWithTimeout(period));
-  return absl::CancelledError("stopped");
-}
-
-}  // namespace rebound::worker
-
-namespace rebound::worker {
-namespace {
-
-// Rebuilds a slot by replaying its logged steps (DESIGN §5.3, one spare: the whole step's
-// micro-batches along the same reduction tree the trainer used, hence the same bits).
-absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
-                                                    const JobConfig& job, const RecoveryTask& task,
-                                                    uint64_t incarnation,
-                                                    ParameterServer::Stub* stub,
-                                                    const absl::Notification& stop,
-                                                    FashionMnist* preloaded,
-                                                    ReportRecoveryRequest* report) {
-  const absl::Time started = absl::Now();
-  const SlotId& slot = task.slot();
-  ASSIGN_OR_RETURN(std::unique_ptr<SlotCompute> compute,
-                   SlotCompute::Create(config, job, slot.replica(), preloaded));
-  compute::MlpStage& stage = compute->trainer->stage(0);
-  const compute::StageLayout& layout = stage.layout();
-  const Snapshot& snapshot = task.snapshot();
-  if (snapshot.params().tensors_size() > 0) {
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, snapshot.params(), "snapshot.params"));
-    RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, snapshot.params())));
-    const OptimizerState& opt = snapshot.optimizer();
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.m(), "snapshot.optimizer.m"));
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.v(), "snapshot.optimizer.v"));
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.last_hdiag(), "snapshot.optimizer.last_hdiag"));
-    RETURN_IF_ERROR(compute->trainer->optimizer(0).SetState(
-        compute::PackedFromBundle(layout, opt.m()), compute::PackedFromBundle(layout, opt.v()),
-        compute::PackedFromBundle(layout, opt.last_hdiag())));
-  }  // else: the slot never synced; its state at step 0 is the model's initialisation
-  const int64_t t0 = snapshot.step();
-  const int64_t tf = task.failed_step();
-
-  // The log range (t0, tf], in (step, micro-batch) order.
-  std::vector<LogRecord> records;
-  {
-    ReadLogRequest request;
-    request.set_incarnation(incarnation);
-    request.set_task_id(task.task_id());
-    request.set_from_step(t0);
-    request.set_to_step(tf);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(config.rpc_deadline_ms()) * 6);
-    if (tf > t0) {
-      auto reader = stub->ReadLog(&context, request);
-      LogRecord record;
-      while (reader->Read(&record)) records.push_back(record);
-      RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-    }
-  }
-  const absl::Time transferred = absl::Now();
-
-  const int micro_batches = job.data().micro_batches();
-  size_t next = 0;
-  int64_t replayed = 0;
-  for (int64_t t = t0 + 1; t <= tf; ++t) {
-    if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
-    uint64_t logged_checksum = 0;
-    bool has_checksum = false;
-    std::vector<int64_t> ids;
-    int expected_mb = 0;
-    for (; next < records.size() && records[next].step() == t; ++next) {
-      const LogRecord& r = records[next];
-      if (r.micro_batch() < 0) {
-        logged_checksum = r.params_checksum();
-        has_checksum = true;
-      } else {
-        if (r.micro_batch() != expected_mb++) {
-          return absl::DataLossError(absl::StrCat("step ", t, ": micro-batch ", r.micro_batch(),
-                                                  " out of order in the log"));
-        }
-        ids.insert(ids.end(), r.sample_ids().begin(), r.sample_ids().end());
-      }
-    }
-    if (!has_checksum || expected_mb != micro_batches) {
-      return absl::DataLossError(absl::StrCat("step ", t, " is incomplete in the log"));
-    }
-    ASSIGN_OR_RETURN(const float loss, compute->Step(t, ids, {}));
-    (void)loss;
-    ASSIGN_OR_RETURN(const uint64_t checksum, compute->ParamsChecksum());
-    if (checksum != logged_checksum) {
-      report->set_outcome(CHECKSUM_MISMATCH);
-      report->set_steps_replayed(replayed);
-      report->set_detail(absl::StrFormat("step %d: replayed parameters hash to %016x, the log says "
-                                         "%016x",
-                                         t, checksum, logged_checksum));
-      return absl::DataLossError(report->detail());
-    }
-    ++replayed;
-  }
-  RETURN_IF_ERROR(compute->SeekAfter(tf));
-  report->set_outcome(RECOVERED);
-  report->set_steps_replayed(replayed);
-  report->set_verified(true);
-  report->mutable_phases()->set_snapshot_transfer_ms(
-      absl::ToInt64Milliseconds(transferred - started));
-  report->mutable_phases()->set_replay_ms(absl::ToInt64Milliseconds(absl::Now() - transferred));
-  LOG(WARNING) << "replayed slot (" << slot.replica() << ", " << slot.stage() << ") steps "
-               << t0 + 1 << ".." << tf << ": " << replayed
-               << " steps, every checksum equal to the log";
-  return compute;
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
-                                                      const Registration& registration,
-                                                      const std::shared_ptr<grpc::Channel>& channel,
-                                                      WorkerAgent* agent,
-                                                      const absl::Notification& stop) {
-  auto stub = ParameterServer::NewStub(channel);
-  // Load the data set now, not when a trainer has died: it is on the recovery's critical path.
-  ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(registration.job.data()));
-  bool data_loaded = true;
-  const int recovery_parallelism = registration.job.fault_tolerance().recovery_parallelism();
-  if (recovery_parallelism > 1) {
-    LOG(WARNING) << "recovery_parallelism " << recovery_parallelism
-                 << ": parallel replay is not implemented yet; each task uses one spare";
-  }
-  while (!stop.HasBeenNotified()) {
-    if (agent->registration().incarnation != registration.incarnation) {
-      return absl::NotFoundError("the registration changed");
-    }
-    WaitForTaskRequest request;
-    request.set_incarnation(registration.incarnation);
-    request.set_wait_ms(1000);
-    WaitForTaskResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(config.rpc_deadline_ms() + 1000));
-    const absl::Status status = FromGrpcStatus(stub->WaitForTask(&context, request, &response));
-    if (!status.ok()) {
-      if (status.code() == absl::StatusCode::kFailedPrecondition ||
-          status.code() == absl::StatusCode::kAborted) {
-        // Fenced, replaced by a takeover, or unknown: the agent's registration tells what next.
-        if (!agent->WaitForNewRegistration(registration.incarnation, absl::Seconds(2))) {
-          return status;
-        }
-        return absl::NotFoundError("the registration changed");
-      }
-      stop.WaitForNotificationWithTimeout(absl::Milliseconds(config.backoff_max_ms()));
-      continue;
-    }
-    if (!response.has_task()) continue;
-    const RecoveryTask& task = response.task();
-    LOG(WARNING) << "replay task " << task.task_id() << ": rebuilding slot ("
-                 << task.slot().replica() << ", " << task.slot().stage() << ") from step "
-                 << task.snapshot().step() << " to " << task.failed_step();
-    ReportRecoveryRequest report;
-    report.set_incarnation(registration.incarnation);
-    report.set_task_id(task.task_id());
-    if (!data_loaded) {
-      ASSIGN_OR_RETURN(data, LoadFashionMnist(registration.job.data()));
-    }
-    data_loaded = false;  // moved into the replay's state
-    auto rebuilt = Replay(config, registration.job, task, registration.incarnation, stub.get(),
-                          stop, &data, &report);
-    if (!rebuilt.ok()) {
-      if (report.outcome() != CHECKSUM_MISMATCH) {
-        report.set_outcome(ABANDONED);
-        report.set_detail(std::string(rebuilt.status().message()));
-      }
-      LOG(ERROR) << "replay task " << task.task_id() << " failed: " << rebuilt.status();
-    }
-    const absl::Time reporting = absl::Now();
-    ReportRecoveryResponse granted;
-    absl::Status reported = CallWithRetry(config, stop, "report recovery",
-                                          [&](grpc::ClientContext* context) {
-                                            granted.Clear();
-                                            return stub->ReportRecovery(context, report, &granted);
-                                          });
-    if (!reported.ok()) return reported;
-    if (!rebuilt.ok() || granted.incarnation() == 0) continue;
-    RegisterResponse adopted;
-    adopted.set_incarnation(granted.incarnation());
-    adopted.set_role(TRAINER);
-    *adopted.mutable_slot() = granted.slot();
-    adopted.set_start_step(task.failed_step());
-    agent->Adopt(adopted);
-    LOG(WARNING) << "took over slot (" << granted.slot().replica() << ", "
-                 << granted.slot().stage() << ") as incarnation " << granted.incarnation()
-                 << " at step " << task.failed_step() << " ("
-                 << absl::ToInt64Milliseconds(absl::Now() - reporting) << " ms)";
-    return rebuilt;
-  }
   return absl::CancelledError("stopped");
 }
 

@@ -99,17 +99,6 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
                         const absl::Notification& stop, const InjectedFaults& faults = {},
                         std::unique_ptr<SlotCompute> resumed = nullptr);
 
-// What a spare does (DESIGN §5.3, policy REPLAY): long-polls for a replay task, rebuilds the lost
-// slot from its snapshot and logged steps, checks every step's checksum against the log, reports,
-// and on success takes the slot over: the agent adopts the new trainer registration and the
-// rebuilt state is returned for RunTrainer. NOT_FOUND when the agent's registration changed by
-// other means (a RESTART_FROM_CENTER takeover), CANCELLED when stopped.
-absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
-                                                      const Registration& registration,
-                                                      const std::shared_ptr<grpc::Channel>& channel,
-                                                      WorkerAgent* agent,
-                                                      const absl::Notification& stop);
-
 // Evaluates the center until `stop`. Returns CANCELLED then.
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
                           const std::shared_ptr<grpc::Channel>& channel,

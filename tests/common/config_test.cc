@@ -159,6 +159,20 @@ TEST_CASE("recovery parallelism cannot exceed the micro-batches") {
         "job.pbtxt:6: fault_tolerance.recovery_parallelism must be in [1, 4], got 8");
 }
 
+TEST_CASE("GLOBAL_CHECKPOINT checkpoints at syncs: its interval is a multiple of the sync period") {
+  CHECK(JobError(std::string(kBase) +
+                 "easgd { sync_period: 8 }\n"
+                 "fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 20 }\n") ==
+        "job.pbtxt:6: fault_tolerance.checkpoint_every_steps must be a multiple of "
+        "easgd.sync_period = 8 under GLOBAL_CHECKPOINT (trainers sync at every checkpoint), got "
+        "20");
+  CHECK(JobError(std::string(kBase) +
+                 "easgd { mode: ASYNC_ADAHESSIAN }\n"
+                 "fault_tolerance { policy: GLOBAL_CHECKPOINT }\n") ==
+        "job.pbtxt:6: fault_tolerance.policy GLOBAL_CHECKPOINT needs easgd.mode EASGD (its "
+        "barrier is the trainers' sync)");
+}
+
 TEST_CASE("stage boundaries must match the number of stages") {
   CHECK(JobError("model {\n"
                  "  layers { width: 32 }\n"

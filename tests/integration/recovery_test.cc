@@ -75,6 +75,7 @@ struct JobSpec {
   bool durable = false;
   int failure_timeout_ms = kFailureTimeoutMs;
   int max_wait_ms = kMaxWaitMs;
+  int recovery_parallelism = 1;  // k spares per replay
 };
 
 // The detail the server gives a RECOVERED replay that started from the snapshot at `t0`.
@@ -88,7 +89,7 @@ std::string JobText(const JobSpec& spec) {
       "  weighting { policy: UNIFORM }\n",
       spec.deterministic ? "  scheduling: DETERMINISTIC\n" : "",
       "  fault_tolerance { policy: REPLAY heartbeat_interval_ms: 200 failure_timeout_ms: ",
-      spec.failure_timeout_ms, " }\n",
+      spec.failure_timeout_ms, " recovery_parallelism: ", spec.recovery_parallelism, " }\n",
       "  data { batch_size: ", spec.batch_size, " micro_batches: ", kMicroBatches,
       " train_limit: ", spec.train_limit, " test_limit: 100 }\n",
       "  adahessian { lr: 0.01 }\n",
@@ -147,13 +148,13 @@ int64_t WaitForLoggedSteps(Cluster& cluster, int replica, int steps) {
 
 // Checks a replay that rebuilt `replica` from the snapshot at `t0`, as status reports it.
 void CheckRebuilt(const RecoveryStatus& r, int replica, int64_t t0, int min_steps,
-                  int sync_period) {
+                  int sync_period, int spares = 1) {
   INFO(r.DebugString());
   CHECK(r.policy() == REPLAY);
   CHECK(r.outcome() == RECOVERED);
   CHECK(r.verified());
   CHECK(r.slot().replica() == replica);
-  CHECK(r.spares_size() == 1);  // parallel replay (k > 1) does not exist yet
+  CHECK(r.spares_size() == spares);
   // At least the steps the store held at the kill, never more than the log can hold: one sync
   // period.
   CHECK(r.steps_replayed() >= min_steps);
@@ -386,21 +387,28 @@ TEST_CASE("two trainers killed at once are rebuilt by two spares, one slot each"
 }
 
 // Where test 4 kills trainer "b": after its sync of round `round`, once `steps` more of its
-// steps are in the store.
+// steps are in the store; `spares` spares wait, and the job's recovery_parallelism is that.
 struct KillPoint {
   int64_t round = 0;
   int steps = 0;
+  int spares = 1;
 };
 
 // Runs a DETERMINISTIC, UNIFORM job with trainers "a" (slot 0) and "b" (slot 1) and returns the
-// final center. With a kill point, "b" is SIGKILLed there and a spare rebuilds it by replay.
-TensorBundle RunDeterministicJob(const JobSpec& spec, const KillPoint* kill) {
+// final center. With a kill point, "b" is SIGKILLed there and kill->spares spares rebuild it by
+// replay, together.
+TensorBundle RunDeterministicJob(JobSpec spec, const KillPoint* kill) {
+  if (kill != nullptr) spec.recovery_parallelism = kill->spares;
   Cluster cluster(spec);
   cluster.StartWorker("a", TRAINER);
   cluster.StartWorker("b", TRAINER);
   int64_t t0 = -1;
+  std::vector<std::string> spares;
   if (kill != nullptr) {
-    cluster.StartWorker("spare", SPARE);
+    for (int i = 0; i < kill->spares; ++i) {
+      spares.push_back(i == 0 ? "spare" : absl::StrCat("spare", i + 1));
+      cluster.StartWorker(spares.back(), SPARE);
+    }
     cluster.WaitFor(
         absl::StrCat("b synced round ", kill->round),
         [&](const GetStatusResponse& s) {
@@ -424,24 +432,32 @@ TensorBundle RunDeterministicJob(const JobSpec& spec, const KillPoint* kill) {
   const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
   if (kill != nullptr) {
     REQUIRE(done.recoveries_size() == 1);
-    CheckRebuilt(done.recoveries(0), 1, t0, kill->steps, spec.sync_period);
+    CheckRebuilt(done.recoveries(0), 1, t0, kill->steps, spec.sync_period, kill->spares);
     CheckTookOver(done, done.recoveries(0).spares(0), 1);
+    // The helpers went back to the pool: spares still, alive until the job's end.
+    for (int r = 1; r < done.recoveries(0).spares_size(); ++r) {
+      const WorkerStatus* helper = FindIncarnation(done, done.recoveries(0).spares(r));
+      REQUIRE(helper != nullptr);
+      CHECK(helper->role() == SPARE);
+      CHECK(helper->state() == ALIVE);
+    }
     std::cout << "recovery_test: b killed after round " << kill->round << " and "
-              << kill->steps << " logged steps; " << done.recoveries(0).detail() << std::endl;
+              << kill->steps << " logged steps; " << kill->spares << " spare(s): "
+              << done.recoveries(0).detail() << std::endl;
   } else {
     CHECK(done.recoveries_size() == 0);
   }
   CheckEverySyncAppliedOnce(done, spec);
   INFO(cluster.Logs());
   CHECK(cluster.ExitCode("a") == 0);
-  if (kill != nullptr) CHECK(cluster.ExitCode("spare") == 0);
+  for (const std::string& spare : spares) CHECK(cluster.ExitCode(spare) == 0);
   const PullResponse center = cluster.Pull(cluster.RegisterObserver());
   CHECK(center.center_version() == spec.replicas * spec.max_steps / spec.sync_period);
   return center.center();
 }
 
-TEST_CASE("trainers killed at random steps and rebuilt by replay end with the clean run's center, "
-          "bit for bit") {
+TEST_CASE("trainers killed at random steps and rebuilt by replay, by one spare and by two in "
+          "parallel, end with the clean run's center, bit for bit") {
   // Another model, sync period and job length than training_test's (784-8-10, 200 and 1600).
   JobSpec spec;
   spec.deterministic = true;
@@ -464,6 +480,7 @@ TEST_CASE("trainers killed at random steps and rebuilt by replay end with the cl
     kill.round = round(random);
     kill.steps = steps(random);
   }
+  kills[1].spares = 2;  // k = 2: two spares replay a block of micro-batches each
   std::cout << "recovery_test: seed " << seed << ", kill after step "
             << kills[0].round * spec.sync_period << " + " << kills[0].steps << " and after step "
             << kills[1].round * spec.sync_period << " + " << kills[1].steps << std::endl;
@@ -471,7 +488,8 @@ TEST_CASE("trainers killed at random steps and rebuilt by replay end with the cl
 
   const TensorBundle clean = RunDeterministicJob(spec, nullptr);
   for (const KillPoint& kill : kills) {
-    INFO("kill after round " << kill.round << " + " << kill.steps << " steps");
+    INFO("kill after round " << kill.round << " + " << kill.steps << " steps, " << kill.spares
+                              << " spare(s)");
     CHECK(SameBytes(RunDeterministicJob(spec, &kill), clean));
   }
 }

@@ -1,9 +1,13 @@
 #include <catch2/catch.hpp>
 
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -200,13 +204,14 @@ TEST_CASE("a negative step in a heartbeat is INVALID_ARGUMENT") {
 namespace rebound::server {
 namespace {
 
-JobConfig JobWithPolicy(const char* policy) {
+JobConfig JobWithPolicy(const char* policy, int recovery_parallelism = 1) {
   auto job = ParseJobConfig(
       absl::StrCat("job_id: \"j\"\n"
                    "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
                    "topology { replicas: 2 stages: 1 }\n"
                    "fault_tolerance { policy: ",
-                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"),
+                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 ",
+                   "recovery_parallelism: ", recovery_parallelism, " }\n"),
       "job.pbtxt");
   REQUIRE(job.ok());
   return *job;
@@ -307,6 +312,185 @@ TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
   CHECK(recoveries[0].outcome() == RECOVERED);
   CHECK(recoveries[0].verified());
   CHECK(recoveries[0].steps_replayed() == 3);
+}
+
+// The status of the worker `incarnation`.
+WorkerStatus StatusOf(const Membership& membership, uint64_t incarnation) {
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.incarnation() == incarnation) return w;
+  }
+  FAIL("no worker " << incarnation);
+  return {};
+}
+
+// ClaimReplay of one spare on its own thread, as a WaitForTask long poll does.
+class Poll {
+ public:
+  Poll(Membership* membership, uint64_t incarnation)
+      : incarnation_(incarnation), thread_([this, membership] {
+          auto claim = membership->ClaimReplay(incarnation_, absl::Seconds(20));
+          absl::MutexLock lock(&mu_);
+          status_ = claim.status();
+          if (claim.ok()) claim_ = *claim;
+          done_ = true;
+        }) {}
+  ~Poll() { thread_.join(); }
+
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  // Waits (20 s at most) for the poll to end; its claim, or nothing.
+  std::optional<Membership::ReplayClaim> Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(20));
+    REQUIRE(done_);
+    REQUIRE(status_.ok());
+    return claim_;
+  }
+
+ private:
+  const uint64_t incarnation_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::optional<Membership::ReplayClaim> claim_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Waits until every one of `incarnations` waits in ClaimReplay, as status says.
+void WaitUntilPolling(const Membership& membership, std::initializer_list<uint64_t> incarnations) {
+  const absl::Time limit = absl::Now() + absl::Seconds(20);
+  for (uint64_t incarnation : incarnations) {
+    while (!StatusOf(membership, incarnation).waiting_for_task() && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    REQUIRE(StatusOf(membership, incarnation).waiting_for_task());
+  }
+}
+
+TEST_CASE("with recovery_parallelism 2 one waiting spare leads a replay and another helps") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("REPLAY", 2), &clock);
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  auto s3 = membership.Register(Request("s3", SPARE));
+  membership.RecordProgress(a->slot(), 16, 1000);
+  REQUIRE(membership.Heartbeat(Beat(a->incarnation(), 20)).ok());
+  clock.Advance(absl::Milliseconds(600));
+  for (const auto& s : {s1, s2, s3}) REQUIRE(membership.Heartbeat(Beat(s->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+
+  // s1 and s2 wait for work; s3 does not (it is busy elsewhere, e.g. loading its data).
+  Poll p1(&membership, s1->incarnation());
+  Poll p2(&membership, s2->incarnation());
+  WaitUntilPolling(membership, {s1->incarnation(), s2->incarnation()});
+  REQUIRE(membership.DetectFailures().size() == 1);  // a; its slot is LOST
+  // Whichever wakes first leads; the other is its helper and waits for the published range.
+  const absl::Time limit = absl::Now() + absl::Seconds(20);
+  while (!p1.done() && !p2.done() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
+  REQUIRE((p1.done() || p2.done()));
+  Poll& leader_poll = p1.done() ? p1 : p2;
+  Poll& helper_poll = p1.done() ? p2 : p1;
+  const uint64_t leader = p1.done() ? s1->incarnation() : s2->incarnation();
+  const uint64_t helper = p1.done() ? s2->incarnation() : s1->incarnation();
+  std::optional<Membership::ReplayClaim> led = leader_poll.Wait();
+  REQUIRE(led.has_value());
+  CHECK(led->rank == 0);
+  CHECK(led->slot.replica() == 0);
+  REQUIRE(led->spares.size() == 2);
+  CHECK(led->spares[0].incarnation == leader);
+  CHECK(led->spares[1].incarnation == helper);
+  CHECK(led->spares[1].peer_address == "127.0.0.1:1");
+  CHECK(StatusOf(membership, helper).replay_task() == led->task_id);
+  CHECK(StatusOf(membership, s3->incarnation()).replay_task() == 0);
+  // The helper gets the task only once the leader has published the range.
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(helper_poll.done());
+  membership.PublishReplay(led->task_id, 16, 19);
+  std::optional<Membership::ReplayClaim> helped = helper_poll.Wait();
+  REQUIRE(helped.has_value());
+  CHECK(helped->task_id == led->task_id);
+  CHECK(helped->rank == 1);
+  CHECK(helped->snapshot_step == 16);
+  CHECK(helped->failed_step == 19);
+  CHECK(membership.TaskSlot(led->task_id, helper).ok());
+  CHECK(membership.TaskSlot(led->task_id, s3->incarnation()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Only the leader reports.
+  ReportRecoveryRequest report;
+  report.set_task_id(led->task_id);
+  report.set_outcome(RECOVERED);
+  report.set_steps_replayed(3);
+  report.set_verified(true);
+  CHECK(membership.FinishReplay(helper, report).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  auto finished = membership.FinishReplay(leader, report);
+  REQUIRE(finished.ok());
+  REQUIRE(finished->has_value());
+  CHECK((*finished)->start_step() == 19);
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  REQUIRE(recoveries[0].spares_size() == 2);
+  CHECK(recoveries[0].spares(1) == helper);
+  // The helper is a free spare again.
+  CHECK(membership.CheckAlive(helper).ok());
+  CHECK(StatusOf(membership, helper).replay_task() == 0);
+}
+
+TEST_CASE("a helper that dies mid-replay ends the task; the slot goes to a new task") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("REPLAY", 2), &clock);
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(s1->incarnation())).ok());
+  REQUIRE(membership.Heartbeat(Beat(s2->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+  uint64_t task = 0;
+  uint64_t leader = 0;
+  uint64_t helper = 0;
+  {
+    Poll p1(&membership, s1->incarnation());
+    Poll p2(&membership, s2->incarnation());
+    WaitUntilPolling(membership, {s1->incarnation(), s2->incarnation()});
+    REQUIRE(membership.DetectFailures().size() == 1);  // a
+    const absl::Time limit = absl::Now() + absl::Seconds(20);
+    while (!p1.done() && !p2.done() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
+    REQUIRE((p1.done() || p2.done()));
+    leader = p1.done() ? s1->incarnation() : s2->incarnation();
+    helper = p1.done() ? s2->incarnation() : s1->incarnation();
+    std::optional<Membership::ReplayClaim> led = (p1.done() ? p1 : p2).Wait();
+    REQUIRE(led.has_value());
+    REQUIRE(led->spares.size() == 2);
+    task = led->task_id;
+    membership.PublishReplay(task, 0, 5);
+    std::optional<Membership::ReplayClaim> helped = (p1.done() ? p2 : p1).Wait();
+    REQUIRE(helped.has_value());
+    CHECK(helped->rank == 1);
+  }
+  // The helper goes silent; the leader keeps beating.
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(leader)).ok());
+  clock.Advance(absl::Milliseconds(500));
+  REQUIRE(membership.DetectFailures().size() == 1);  // the helper
+  CHECK(membership.CheckAlive(helper).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(membership.Recoveries()[0].outcome() == SPARE_FAILED);
+  // The leader's report is refused: the task is over.
+  ReportRecoveryRequest report;
+  report.set_task_id(task);
+  report.set_outcome(RECOVERED);
+  CHECK(membership.FinishReplay(leader, report).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // The leader claims the slot again, alone now.
+  auto again = membership.ClaimReplay(leader, absl::ZeroDuration());
+  REQUIRE(again->has_value());
+  CHECK((*again)->task_id != task);
+  CHECK((*again)->spares.size() == 1);
 }
 
 TEST_CASE("a spare that dies mid-replay releases the task to another spare") {

@@ -1,0 +1,105 @@
+#pragma once
+
+// Policy GLOBAL_CHECKPOINT (DESIGN.md §5.4), the baseline that REPLAY is measured against: every
+// K = fault_tolerance.checkpoint_every_steps steps all slots and the center are checkpointed, and
+// a failure rolls every slot back to the last checkpoint.
+//
+// Cuts. The steps K, 2K, ... and max_steps are cuts (K is a multiple of the sync period, so a
+// trainer syncs at every cut). A trainer's sync at a cut is applied and made durable as usual,
+// then its reply waits at the cut's barrier until every slot has synced there: the center then
+// holds exactly the syncs up to the cut, each slot's snapshot is its state at the cut, and the
+// last slot to arrive takes the checkpoint (the centers and snapshots, gathered by the caller)
+// before all are released. This is what a consistent global checkpoint costs an asynchronous
+// job: the fast trainers wait for the slowest at every cut, plus the write. A wait longer than
+// the server's max_wait_ms answers UNAVAILABLE; the trainer retries the sync, which the server
+// recognises as applied and sends back to the barrier.
+//
+// Persistence. With a data directory each checkpoint is written to
+// <data_dir>/checkpoints/checkpoint-<step>.pb (written to a temporary file, fsynced, renamed; the
+// older one removed), and Load finds the newest at start. Without one it is kept in memory.
+//
+// Rollback. BeginRollback releases every waiter with ABORTED and returns the checkpoint to go back
+// to; the caller restores the center and the slots from it (server/service.cc).
+//
+// Thread-safe.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+#include "proto/storage.pb.h"
+
+namespace rebound::server {
+
+class GlobalCheckpoint {
+ public:
+  // `dir`: where checkpoint files live; empty keeps them in memory. `initial`: the checkpoint of
+  // the job's start (step 0: the initial centers, no snapshots: every slot starts from the
+  // model's initialisation), used until a newer one is taken or loaded.
+  GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial);
+
+  GlobalCheckpoint(const GlobalCheckpoint&) = delete;
+  GlobalCheckpoint& operator=(const GlobalCheckpoint&) = delete;
+
+  // Loads the newest checkpoint file of `dir`, if any (a server restart). DATA_LOSS if it does
+  // not parse or belongs to another job.
+  absl::Status Load();
+
+  // True iff a sync at `step` must wait at a barrier.
+  bool IsCut(int64_t step) const;
+
+  // Gathers the checkpoint of a completed cut (the caller reads the centers and snapshots).
+  using TakeFn = std::function<absl::StatusOr<CheckpointRecord>(int64_t step)>;
+
+  // The number of rollbacks so far. A sync reads it before it is applied and passes it to
+  // Arrive, so that a sync applied just before a rollback never arrives at a barrier after it.
+  uint64_t epoch() const;
+
+  // Slot `slot_index` has synced at cut `step` (in `epoch`: ABORTED if a rollback has happened
+  // since). Waits up to `timeout` for every slot to arrive;
+  // the last to arrive calls `take` and persists its result first. OK once the cut is complete
+  // (at once for a cut already complete: a retried sync); UNAVAILABLE when the wait times out;
+  // ABORTED when a rollback ends the wait. A failing `take` or write is logged and the older
+  // checkpoint kept: training goes on and the next cut tries again.
+  absl::Status Arrive(int slot_index, int64_t step, uint64_t epoch, absl::Duration timeout,
+                      const TakeFn& take);
+
+  // Starts a rollback: waiters get ABORTED, the barrier is reset; returns the checkpoint to
+  // restore.
+  CheckpointRecord BeginRollback();
+
+  // The current checkpoint (the last taken or loaded).
+  CheckpointRecord Current() const;
+
+  void FillStatus(CheckpointStatus* out) const;
+
+ private:
+  absl::Status Persist(const CheckpointRecord& record) const;
+
+  const std::string job_id_;
+  const int num_slots_;
+  const int64_t every_;
+  const int64_t max_steps_;
+  const std::string dir_;
+
+  mutable absl::Mutex mu_;
+  CheckpointRecord current_ ABSL_GUARDED_BY(mu_);
+  int64_t completed_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pending_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, absl::Time> arrived_ ABSL_GUARDED_BY(mu_);  // slot -> first arrival
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;                 // rollbacks
+  int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration barrier_wait_ ABSL_GUARDED_BY(mu_);
+  absl::Duration write_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace rebound::server

@@ -1,0 +1,492 @@
+#include "worker/replay.h"
+
+#include <glog/logging.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/backoff.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "compute/reduction_tree.h"
+#include "compute/tensor_bundle.h"
+#include "grpcpp/grpcpp.h"
+#include "worker/retry.h"
+
+namespace rebound::worker {
+namespace {
+
+// The logged inputs of one step: its batch's sample ids (micro-batches in order) and the
+// checksum of the parameters after it.
+struct LoggedStep {
+  std::vector<int64_t> ids;
+  uint64_t checksum = 0;
+};
+
+// Reads the log range (t0, tf] of the task's slot and groups it by step. DATA_LOSS if a step is
+// incomplete or its micro-batches are out of order.
+absl::StatusOr<std::vector<LoggedStep>> ReadSteps(const WorkerConfig& config,
+                                                  const RecoveryTask& task, uint64_t incarnation,
+                                                  int micro_batches, ParameterServer::Stub* stub) {
+  const int64_t t0 = task.snapshot().step();
+  const int64_t tf = task.failed_step();
+  std::vector<LoggedStep> steps;
+  if (tf <= t0) return steps;
+  std::vector<LogRecord> records;
+  ReadLogRequest request;
+  request.set_incarnation(incarnation);
+  request.set_task_id(task.task_id());
+  request.set_from_step(t0);
+  request.set_to_step(tf);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(config.rpc_deadline_ms()) * 6);
+  auto reader = stub->ReadLog(&context, request);
+  LogRecord record;
+  while (reader->Read(&record)) records.push_back(std::move(record));
+  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+
+  size_t next = 0;
+  for (int64_t t = t0 + 1; t <= tf; ++t) {
+    LoggedStep step;
+    bool has_checksum = false;
+    int expected_mb = 0;
+    for (; next < records.size() && records[next].step() == t; ++next) {
+      const LogRecord& r = records[next];
+      if (r.micro_batch() < 0) {
+        step.checksum = r.params_checksum();
+        has_checksum = true;
+      } else {
+        if (r.micro_batch() != expected_mb++) {
+          return absl::DataLossError(absl::StrCat("step ", t, ": micro-batch ", r.micro_batch(),
+                                                  " out of order in the log"));
+        }
+        step.ids.insert(step.ids.end(), r.sample_ids().begin(), r.sample_ids().end());
+      }
+    }
+    if (!has_checksum || expected_mb != micro_batches) {
+      return absl::DataLossError(absl::StrCat("step ", t, " is incomplete in the log"));
+    }
+    steps.push_back(std::move(step));
+  }
+  return steps;
+}
+
+// Loads the task's snapshot into `compute` (nothing to do if the slot never synced: its state
+// at step 0 is the model's initialisation).
+absl::Status LoadSnapshot(const Snapshot& snapshot, SlotCompute* compute) {
+  if (snapshot.params().tensors_size() == 0) return absl::OkStatus();
+  compute::MlpStage& stage = compute->trainer->stage(0);
+  const compute::StageLayout& layout = stage.layout();
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, snapshot.params(), "snapshot.params"));
+  RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, snapshot.params())));
+  const OptimizerState& opt = snapshot.optimizer();
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.m(), "snapshot.optimizer.m"));
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.v(), "snapshot.optimizer.v"));
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.last_hdiag(), "snapshot.optimizer.last_hdiag"));
+  return compute->trainer->optimizer(0).SetState(compute::PackedFromBundle(layout, opt.m()),
+                                                 compute::PackedFromBundle(layout, opt.v()),
+                                                 compute::PackedFromBundle(layout, opt.last_hdiag()));
+}
+
+// Per stage, the first `active[s]` floats of `sums[s]` as FLOAT32 tensors (id = stage).
+absl::Status PackSums(compute::Backend* backend, absl::Span<const compute::ConstDSpan> sums,
+                      absl::Span<const int64_t> active, TensorBundle* out) {
+  out->Clear();
+  for (size_t s = 0; s < sums.size(); ++s) {
+    Tensor* tensor = out->add_tensors();
+    tensor->set_id(static_cast<uint32_t>(s));
+    tensor->set_name(absl::StrCat("stage", s, ".sums"));
+    tensor->set_dtype(FLOAT32);
+    tensor->add_shape(active[s]);
+    std::string* data = tensor->mutable_data();
+    data->resize(static_cast<size_t>(active[s]) * sizeof(float));
+    // operator new's storage is aligned for float.
+    RETURN_IF_ERROR(backend->CopyToHost(
+        sums[s].sub(0, active[s]),
+        absl::MakeSpan(reinterpret_cast<float*>(data->data()), static_cast<size_t>(active[s]))));
+  }
+  return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT unless `sums` holds one tensor per stage of the expected active lengths.
+absl::Status CheckSums(const TensorBundle& sums, absl::Span<const int64_t> active,
+                       const std::string& what) {
+  if (sums.tensors_size() != static_cast<int>(active.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", sums.tensors_size(),
+                                                   " tensors for ", active.size(), " stages"));
+  }
+  for (size_t s = 0; s < active.size(); ++s) {
+    const Tensor& tensor = sums.tensors(static_cast<int>(s));
+    if (tensor.dtype() != FLOAT32 ||
+        tensor.data().size() != static_cast<size_t>(active[s]) * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": stage ", s, " has ",
+                                                     tensor.data().size(), " bytes, expected ",
+                                                     active[s] * sizeof(float)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies a stage's received sums (raw little-endian floats) to the device.
+absl::Status UnpackSums(compute::Backend* backend, const Tensor& tensor,
+                        std::vector<float>* scratch, compute::DSpan dst) {
+  scratch->resize(tensor.data().size() / sizeof(float));
+  std::memcpy(scratch->data(), tensor.data().data(), scratch->size() * sizeof(float));
+  return backend->CopyToDevice(*scratch, dst.sub(0, static_cast<int64_t>(scratch->size())));
+}
+
+// Sends one message to a peer, retrying UNAVAILABLE (the peer has not opened the task yet, or a
+// connection hiccup) with a short capped backoff until `deadline`.
+template <typename Call>
+absl::Status SendToPeer(const char* what, absl::Time deadline, const absl::Notification& stop,
+                        Call call) {
+  Backoff backoff(absl::Milliseconds(2), absl::Milliseconds(100), absl::ToUnixNanos(absl::Now()));
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    const absl::Status status = FromGrpcStatus(call(&context));
+    if (status.ok() || status.code() != absl::StatusCode::kUnavailable) return status;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": ", status.message()));
+    }
+    if (stop.WaitForNotificationWithTimeout(backoff.Next())) {
+      return absl::CancelledError("stopped");
+    }
+  }
+}
+
+// The per-step exchange of a parallel replay, from one spare's side.
+class Exchange {
+ public:
+  Exchange(const WorkerConfig& config, const RecoveryTask& task, ReplayMailbox* mailbox,
+           const absl::Notification& stop)
+      : config_(config), task_(task), mailbox_(mailbox), stop_(stop) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(kMaxPeerMessageBytes);
+    for (int r = 0; r < task.spares_size(); ++r) {
+      const bool needed = task.rank() == 0 ? r != 0 : r == 0;
+      stubs_.push_back(needed ? WorkerPeer::NewStub(grpc::CreateCustomChannel(
+                                    task.spares(r).peer_address(),
+                                    grpc::InsecureChannelCredentials(), args))
+                              : nullptr);
+    }
+  }
+
+  // How long one exchange may wait for a peer.
+  absl::Duration Bound(bool first) const {
+    return absl::Milliseconds(config_.rpc_deadline_ms()) * (first ? 2 : 1);
+  }
+
+  // Leader: every helper's partial sum of step t, in rank order.
+  absl::StatusOr<std::vector<PartialSum>> GatherPartials(int64_t t, bool first) {
+    std::vector<PartialSum> partials;
+    for (int r = 1; r < task_.spares_size(); ++r) {
+      absl::StatusOr<PartialSum> partial = mailbox_->TakePartial(t, r, Bound(first));
+      if (!partial.ok()) {
+        return absl::Status(partial.status().code(),
+                            absl::StrCat("spare ", r, " (incarnation ",
+                                         task_.spares(r).incarnation(), ", ",
+                                         task_.spares(r).peer_address(),
+                                         "): ", partial.status().message()));
+      }
+      partials.push_back(*std::move(partial));
+    }
+    return partials;
+  }
+
+  // Leader: sends the step's sum to every helper.
+  absl::Status Broadcast(const StepSum& sum, bool first) {
+    const absl::Time deadline = absl::Now() + Bound(first);
+    for (int r = 1; r < task_.spares_size(); ++r) {
+      StepSumAck ack;
+      RETURN_IF_ERROR(SendToPeer(
+          "send the step's sum", deadline, stop_,
+          [&](grpc::ClientContext* context) { return stubs_[r]->SendStepSum(context, sum, &ack); }));
+    }
+    return absl::OkStatus();
+  }
+
+  // Helper: sends its partial sum to the leader and waits for the step's sum.
+  absl::StatusOr<StepSum> SendAndWait(const PartialSum& partial, bool first) {
+    PartialSumAck ack;
+    RETURN_IF_ERROR(SendToPeer("send the partial sum to the leader",
+                               absl::Now() + Bound(first), stop_,
+                               [&](grpc::ClientContext* context) {
+                                 return stubs_[0]->SendPartialSum(context, partial, &ack);
+                               }));
+    return mailbox_->TakeStepSum(partial.step(), Bound(first));
+  }
+
+ private:
+  const WorkerConfig& config_;
+  const RecoveryTask& task_;
+  ReplayMailbox* const mailbox_;
+  const absl::Notification& stop_;
+  std::vector<std::unique_ptr<WorkerPeer::Stub>> stubs_;  // by rank; null where not needed
+};
+
+// Rebuilds the task's slot: its snapshot, then every logged step, alone (k = 1) or as spare
+// task.rank() of k (see replay.h); every step's checksum is compared with the log.
+absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
+                                                    const JobConfig& job, const RecoveryTask& task,
+                                                    uint64_t incarnation,
+                                                    ParameterServer::Stub* stub,
+                                                    ReplayMailbox* mailbox,
+                                                    const absl::Notification& stop,
+                                                    FashionMnist* preloaded,
+                                                    ReportRecoveryRequest* report) {
+  const absl::Time started = absl::Now();
+  const SlotId& slot = task.slot();
+  const int k = std::max(1, task.spares_size());
+  const int rank = task.rank();
+  const int micro_batches = job.data().micro_batches();
+  ASSIGN_OR_RETURN(std::vector<compute::TreeNode> blocks,
+                   compute::TreeAlignedBlocks(micro_batches, k));
+  if (rank < 0 || rank >= static_cast<int>(blocks.size()) ||
+      blocks[rank].begin != task.first_micro_batch() ||
+      blocks[rank].size() != task.micro_batch_count()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replay task ", task.task_id(), ": rank ", rank, " of ", k, " with micro-batches [",
+        task.first_micro_batch(), ", +", task.micro_batch_count(),
+        ") is not a tree-aligned block of ", micro_batches));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SlotCompute> compute,
+                   SlotCompute::Create(config, job, slot.replica(), preloaded));
+  RETURN_IF_ERROR(LoadSnapshot(task.snapshot(), compute.get()));
+  const int64_t t0 = task.snapshot().step();
+  ASSIGN_OR_RETURN(std::vector<LoggedStep> steps,
+                   ReadSteps(config, task, incarnation, micro_batches, stub));
+  const absl::Time transferred = absl::Now();
+
+  compute::LocalTrainer& trainer = *compute->trainer;
+  compute::Backend* backend = compute->backend.get();
+  const int num_stages = trainer.num_stages();
+  const compute::TreeNode root{0, micro_batches};
+  const compute::TreeNode mine = blocks[rank];
+  // k >= 2: the leader's accumulators of the k blocks, a helper's buffers of the step's sum.
+  std::vector<std::unique_ptr<compute::TreeAccumulator>> accumulators;
+  std::vector<compute::DeviceBuffer> received;
+  std::vector<float> scratch;
+  std::unique_ptr<Exchange> exchange;
+  if (k > 1) {
+    exchange = std::make_unique<Exchange>(config, task, mailbox, stop);
+    for (int s = 0; s < num_stages; ++s) {
+      const int64_t length = trainer.stage(s).layout().sums_size();
+      if (rank == 0) {
+        ASSIGN_OR_RETURN(auto acc, compute::TreeAccumulator::Create(backend, length));
+        accumulators.push_back(std::move(acc));
+      } else {
+        ASSIGN_OR_RETURN(compute::DeviceBuffer buffer, backend->Allocate(length));
+        received.push_back(std::move(buffer));
+      }
+    }
+  }
+
+  int64_t replayed = 0;
+  std::vector<int64_t> active(num_stages);
+  for (const LoggedStep& logged : steps) {
+    const int64_t t = t0 + 1 + replayed;
+    const bool first = replayed == 0;
+    if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
+    RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
+    RETURN_IF_ERROR(trainer.LoadBatch(compute->images, compute->labels));
+    for (int s = 0; s < num_stages; ++s) active[s] = trainer.ActiveSumsLength(s, t);
+    ASSIGN_OR_RETURN(std::vector<compute::ConstDSpan> sums,
+                     trainer.ComputeBlock(t, k == 1 ? root : mine));
+    if (k > 1 && rank == 0) {
+      ASSIGN_OR_RETURN(std::vector<PartialSum> partials, exchange->GatherPartials(t, first));
+      for (int s = 0; s < num_stages; ++s) {
+        RETURN_IF_ERROR(accumulators[s]->Start(micro_batches, root, active[s]));
+        RETURN_IF_ERROR(accumulators[s]->CommitCopy(mine, sums[s]));
+      }
+      for (int r = 1; r < k; ++r) {
+        const PartialSum& partial = partials[r - 1];
+        if (partial.first_micro_batch() != blocks[r].begin ||
+            partial.micro_batch_count() != blocks[r].size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("spare ", r, " sent the sums of micro-batches [",
+                           partial.first_micro_batch(), ", +", partial.micro_batch_count(),
+                           "), not its block"));
+        }
+        RETURN_IF_ERROR(CheckSums(partial.sums(), active, absl::StrCat("spare ", r, "'s sums")));
+        for (int s = 0; s < num_stages; ++s) {
+          ASSIGN_OR_RETURN(compute::DSpan buffer, accumulators[s]->BufferFor(blocks[r]));
+          RETURN_IF_ERROR(UnpackSums(backend, partial.sums().tensors(s), &scratch, buffer));
+          RETURN_IF_ERROR(accumulators[s]->Commit(blocks[r]));
+        }
+      }
+      sums.clear();
+      for (int s = 0; s < num_stages; ++s) {
+        ASSIGN_OR_RETURN(compute::ConstDSpan total, accumulators[s]->Result());
+        sums.push_back(total);
+      }
+      StepSum message;
+      message.set_task_id(task.task_id());
+      message.set_step(t);
+      message.set_sender_incarnation(incarnation);
+      RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
+      RETURN_IF_ERROR(exchange->Broadcast(message, first));
+    } else if (k > 1) {
+      PartialSum message;
+      message.set_task_id(task.task_id());
+      message.set_step(t);
+      message.set_rank(rank);
+      message.set_first_micro_batch(mine.begin);
+      message.set_micro_batch_count(mine.size());
+      message.set_sender_incarnation(incarnation);
+      RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
+      ASSIGN_OR_RETURN(StepSum total, exchange->SendAndWait(message, first));
+      RETURN_IF_ERROR(CheckSums(total.sums(), active, "the leader's step sum"));
+      sums.clear();
+      for (int s = 0; s < num_stages; ++s) {
+        RETURN_IF_ERROR(UnpackSums(backend, total.sums().tensors(s), &scratch, received[s].span()));
+        sums.push_back(received[s].span());
+      }
+    }
+    RETURN_IF_ERROR(trainer.Apply(t, sums));
+    ASSIGN_OR_RETURN(const uint64_t checksum, compute->ParamsChecksum());
+    if (checksum != logged.checksum) {
+      report->set_outcome(CHECKSUM_MISMATCH);
+      report->set_steps_replayed(replayed);
+      report->set_detail(absl::StrFormat(
+          "step %d: replayed parameters hash to %016x, the log says %016x", t, checksum,
+          logged.checksum));
+      return absl::DataLossError(report->detail());
+    }
+    ++replayed;
+  }
+  RETURN_IF_ERROR(compute->SeekAfter(task.failed_step()));
+  report->set_outcome(RECOVERED);
+  report->set_steps_replayed(replayed);
+  // Verified bit-identical: every replayed step matched its logged checksum. A GLOBAL_CHECKPOINT
+  // restore replays nothing and claims nothing.
+  report->set_verified(task.policy() == REPLAY);
+  report->mutable_phases()->set_snapshot_transfer_ms(
+      absl::ToInt64Milliseconds(transferred - started));
+  report->mutable_phases()->set_replay_ms(absl::ToInt64Milliseconds(absl::Now() - transferred));
+  if (task.policy() != REPLAY) {
+    LOG(WARNING) << "restored slot (" << slot.replica() << ", " << slot.stage()
+                 << ") from the global checkpoint of step " << t0;
+    return compute;
+  }
+  LOG(WARNING) << "replayed slot (" << slot.replica() << ", " << slot.stage() << ") steps "
+               << t0 + 1 << ".." << task.failed_step() << " as spare " << rank + 1 << " of " << k
+               << " (micro-batches [" << mine.begin << ", " << mine.end << ") of "
+               << micro_batches << "): " << replayed
+               << " steps, every checksum equal to the log";
+  return compute;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
+                                                      const Registration& registration,
+                                                      const std::shared_ptr<grpc::Channel>& channel,
+                                                      WorkerAgent* agent, ReplayMailbox* mailbox,
+                                                      const absl::Notification& stop) {
+  auto stub = ParameterServer::NewStub(channel);
+  // Load the data set now, not when a trainer has died: it is on the recovery's critical path.
+  ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(registration.job.data()));
+  bool data_loaded = true;
+  while (!stop.HasBeenNotified()) {
+    if (agent->registration().incarnation != registration.incarnation) {
+      return absl::NotFoundError("the registration changed");
+    }
+    WaitForTaskRequest request;
+    request.set_incarnation(registration.incarnation);
+    request.set_wait_ms(1000);
+    WaitForTaskResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(config.rpc_deadline_ms() + 1000));
+    const absl::Status status = FromGrpcStatus(stub->WaitForTask(&context, request, &response));
+    if (!status.ok()) {
+      if (status.code() == absl::StatusCode::kFailedPrecondition ||
+          status.code() == absl::StatusCode::kAborted) {
+        // Fenced, replaced by a takeover, or unknown: the agent's registration tells what next.
+        if (!agent->WaitForNewRegistration(registration.incarnation, absl::Seconds(2))) {
+          return status;
+        }
+        return absl::NotFoundError("the registration changed");
+      }
+      stop.WaitForNotificationWithTimeout(absl::Milliseconds(config.backoff_max_ms()));
+      continue;
+    }
+    if (!response.has_task()) continue;
+    const RecoveryTask& task = response.task();
+    const bool leader = task.rank() == 0;
+    LOG(WARNING) << "replay task " << task.task_id() << ": rebuilding slot ("
+                 << task.slot().replica() << ", " << task.slot().stage() << ") from step "
+                 << task.snapshot().step() << " to " << task.failed_step() << " as spare "
+                 << task.rank() + 1 << " of " << task.spares_size();
+    ReportRecoveryRequest report;
+    report.set_incarnation(registration.incarnation);
+    report.set_task_id(task.task_id());
+    if (!data_loaded) {
+      ASSIGN_OR_RETURN(data, LoadFashionMnist(registration.job.data()));
+    }
+    data_loaded = false;  // moved into the replay's state
+    mailbox->Open(task.task_id());
+    auto rebuilt = Replay(config, registration.job, task, registration.incarnation, stub.get(),
+                          mailbox, stop, &data, &report);
+    mailbox->Close();
+    if (!rebuilt.ok()) {
+      if (report.outcome() != CHECKSUM_MISMATCH) {
+        report.set_outcome(ABANDONED);
+        report.set_detail(std::string(rebuilt.status().message()));
+      }
+      LOG(ERROR) << "replay task " << task.task_id() << " failed: " << rebuilt.status();
+    }
+    if (!leader) {
+      // A helper's part ends here; the leader reports the task. Back to the pool.
+      if (rebuilt.ok()) {
+        data = std::move((*rebuilt)->data);
+        data_loaded = true;
+      }
+      continue;
+    }
+    const absl::Time reporting = absl::Now();
+    ReportRecoveryResponse granted;
+    absl::Status reported = CallWithRetry(config, stop, "report recovery",
+                                          [&](grpc::ClientContext* context) {
+                                            granted.Clear();
+                                            return stub->ReportRecovery(context, report, &granted);
+                                          });
+    if (!reported.ok() && reported.code() != absl::StatusCode::kFailedPrecondition) {
+      return reported;
+    }
+    if (!reported.ok()) {
+      // The task is over without us (a rollback, or our report came too late); whether this
+      // spare is still in the job, the next WaitForTask tells.
+      LOG(WARNING) << "replay task " << task.task_id() << ": report refused: " << reported;
+    }
+    if (!reported.ok() || !rebuilt.ok() || granted.incarnation() == 0) {
+      if (rebuilt.ok()) {
+        data = std::move((*rebuilt)->data);
+        data_loaded = true;
+      }
+      continue;
+    }
+    RegisterResponse adopted;
+    adopted.set_incarnation(granted.incarnation());
+    adopted.set_role(TRAINER);
+    *adopted.mutable_slot() = granted.slot();
+    adopted.set_start_step(task.failed_step());
+    agent->Adopt(adopted);
+    LOG(WARNING) << "took over slot (" << granted.slot().replica() << ", "
+                 << granted.slot().stage() << ") as incarnation " << granted.incarnation()
+                 << " at step " << task.failed_step() << " ("
+                 << absl::ToInt64Milliseconds(absl::Now() - reporting) << " ms)";
+    return rebuilt;
+  }
+  return absl::CancelledError("stopped");
+}
+
+}  // namespace rebound::worker

@@ -1,0 +1,91 @@
+#pragma once
+
+// The worker-to-worker half of a parallel replay (DESIGN.md §5.3). k spares replay a lost slot
+// together: each computes a tree-aligned block of every step's micro-batches, the helpers send
+// their block's reduced sums to the leader (PartialSum), the leader combines the k blocks along
+// the top of the reduction tree and sends the step's sum back (StepSum), and everyone applies the
+// same AdaHessian step.
+//
+// ReplayMailbox holds the messages that reach this worker's WorkerPeer service until the replay
+// loop takes them. It serves one task at a time:
+//   * a message for a task newer than the open one (or when none is open) is refused with
+//     UNAVAILABLE: the sender is ahead of us (we are still reading the snapshot) and retries;
+//   * a message for an older task, or for a step the loop has already passed, is refused with
+//     FAILED_PRECONDITION: that task or step is over;
+//   * a duplicate (same step and rank) is dropped;
+//   * at most `max_bytes` of sums are held; more is RESOURCE_EXHAUSTED.
+// Thread-safe.
+
+#include <cstdint>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.grpc.pb.h"
+
+namespace rebound::worker {
+
+class ReplayMailbox {
+ public:
+  explicit ReplayMailbox(int64_t max_bytes) : max_bytes_(max_bytes) {}
+
+  ReplayMailbox(const ReplayMailbox&) = delete;
+  ReplayMailbox& operator=(const ReplayMailbox&) = delete;
+
+  // Accepts messages of task `task_id` from now on (dropping anything held).
+  void Open(uint64_t task_id);
+  // Refuses everything until the next Open; drops what is held.
+  void Close();
+
+  // Called by the WorkerPeer service; see the class comment for the errors.
+  absl::Status PutPartial(PartialSum message);
+  absl::Status PutStepSum(StepSum message);
+
+  // The partial sum of `step` from `rank`, waiting up to `timeout` (DEADLINE_EXCEEDED then;
+  // FAILED_PRECONDITION if the mailbox is not open). Forgets every held partial of an earlier
+  // step.
+  absl::StatusOr<PartialSum> TakePartial(int64_t step, int rank, absl::Duration timeout);
+  // The leader's sum of `step`, likewise.
+  absl::StatusOr<StepSum> TakeStepSum(int64_t step, absl::Duration timeout);
+
+  int64_t held_bytes() const;
+
+ private:
+  absl::Status Admit(uint64_t task_id, int64_t step, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropBefore(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int64_t max_bytes_;
+  mutable absl::Mutex mu_;
+  uint64_t open_task_ ABSL_GUARDED_BY(mu_) = 0;  // 0: closed
+  uint64_t last_task_ ABSL_GUARDED_BY(mu_) = 0;  // the newest task ever opened
+  int64_t floor_step_ ABSL_GUARDED_BY(mu_) = 0;  // messages of steps below this are stale
+  std::map<std::pair<int64_t, int>, PartialSum> partials_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, StepSum> step_sums_ ABSL_GUARDED_BY(mu_);
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The WorkerPeer service of a worker: replay messages go to the mailbox; boundary exchange and
+// log flushing belong to pipelined jobs (issue R5) and answer UNIMPLEMENTED.
+class WorkerPeerService final : public WorkerPeer::Service {
+ public:
+  explicit WorkerPeerService(ReplayMailbox* mailbox) : mailbox_(mailbox) {}
+
+  grpc::Status SendPartialSum(grpc::ServerContext* context, const PartialSum* request,
+                              PartialSumAck* response) override;
+  grpc::Status SendStepSum(grpc::ServerContext* context, const StepSum* request,
+                           StepSumAck* response) override;
+
+ private:
+  ReplayMailbox* const mailbox_;
+};
+
+// The largest message the WorkerPeer service accepts (a step's sums are about 2 x 4 bytes per
+// parameter: 8 MiB for a million parameters).
+inline constexpr int kMaxPeerMessageBytes = 1 << 30;
+
+}  // namespace rebound::worker
