@@ -528,6 +528,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     const SlotBook& book = books_[{slot.slot().replica(), slot.slot().stage()}];
     slot.set_snapshot_step(book.last_update_step);
     slot.set_update_count(book.update_count);
+    slot.set_logged_step(step_log_->LoggedStep(slot.slot()));
   }
   const StepLogStats log = step_log_->stats();
   response->mutable_step_log()->set_records_written(log.records_written);

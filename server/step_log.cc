@@ -255,6 +255,13 @@ StepLogService::BatchResult StepLogService::ProcessBatch(const AppendLogRequest&
                      << batch.Count() << " records failed: " << committed;
         return {committed};
       }
+      for (const LogRecord& record : request.records()) {
+        if (record.micro_batch() >= 0) continue;
+        std::atomic<int64_t>& logged = slots_[SlotIndex(record.slot())].logged_step;
+        int64_t seen = logged.load();
+        while (record.step() > seen && !logged.compare_exchange_weak(seen, record.step())) {
+        }
+      }
     }
   }
   delta.bytes_written = static_cast<int64_t>(batch.ApproximateBytes());
@@ -363,6 +370,11 @@ absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot,
     complete = step;
   }
   return complete;
+}
+
+int64_t StepLogService::LoggedStep(const SlotId& slot) const {
+  if (!ValidateSlot(slot).ok()) return 0;
+  return slots_[SlotIndex(slot)].logged_step.load();
 }
 
 absl::Status StepLogService::CommitSnapshot(const SlotId& slot, int64_t snapshot_step,

@@ -52,6 +52,7 @@
 // takes them.
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -131,6 +132,11 @@ class StepLogService {
 
   StepLogStats stats() const;
 
+  // The highest step of `slot` whose per-step record (its last record) this server has committed
+  // since it started; 0 if none. Compared with the slot's snapshot step it tells how many steps
+  // a replay would rebuild now. 0 for a slot outside the topology.
+  int64_t LoggedStep(const SlotId& slot) const;
+
  private:
   struct Sender {
     absl::Mutex mu;
@@ -139,6 +145,7 @@ class StepLogService {
   struct SlotGuard {
     absl::Mutex mu;  // readers: AppendLog batches; writer: CommitSnapshot
     int64_t floor ABSL_GUARDED_BY(mu) = 0;
+    std::atomic<int64_t> logged_step{0};
   };
   // The outcome of one batch: the ack to send, or the status that ends the stream.
   struct BatchResult {

@@ -28,6 +28,10 @@ namespace {
 
 constexpr absl::Duration kStartupWait = absl::Seconds(60);
 constexpr absl::Duration kStatusDeadline = absl::Seconds(5);
+// --kill_trainer_at_step under REPLAY: how many logged steps past the snapshot to wait for, and
+// for how long at most.
+constexpr int64_t kKillLoggedSteps = 3;
+constexpr absl::Duration kKillAlignLimit = absl::Seconds(5);
 constexpr absl::Duration kProgressPeriod = absl::Seconds(1);
 constexpr absl::Duration kStopGrace = absl::Seconds(10);
 constexpr int kLogTailLines = 20;
@@ -426,11 +430,38 @@ void Launcher::MaybeKillTrainer() {
   if (!owner.has_value()) return;  // no owner right now (LOST, RECOVERING): wait for one
   for (Worker& w : workers_) {
     if (w.plan.name != *owner || w.process->Poll().has_value()) continue;
+    // Under REPLAY, kill it while the server holds logged steps past the slot's snapshot (up to
+    // kKillAlignLimit of waiting), so that the demonstration shows steps replayed, not only a
+    // snapshot restored: a trainer killed right after its sync leaves nothing to replay.
+    int64_t logged_ahead = -1;
+    const absl::Time limit = absl::Now() + kKillAlignLimit;
+    while (absl::Now() < limit) {
+      GetStatusResponse status;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + kStatusDeadline));
+      if (!stub_->GetStatus(&context, GetStatusRequest(), &status).ok() ||
+          status.recovery_policy() != REPLAY) {
+        break;
+      }
+      for (const SlotStatus& s : status.slots()) {
+        if (s.slot().replica() == options_.kill_slot.replica &&
+            s.slot().stage() == options_.kill_slot.stage) {
+          logged_ahead = s.logged_step() - s.snapshot_step();
+        }
+      }
+      if (logged_ahead >= kKillLoggedSteps) break;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
     w.process->Signal(SIGKILL);
     w.killed_by_launcher = true;
     kill_done_ = true;
-    PrintEvent({options_.kill_slot, absl::StrCat("killed ", w.plan.name, " (pid ",
-                                                 w.process->pid(), ") at step ", slot->step)});
+    PrintEvent({options_.kill_slot,
+                absl::StrCat("killed ", w.plan.name, " (pid ", w.process->pid(), ") at step ",
+                             slot->step,
+                             logged_ahead > 0
+                                 ? absl::StrCat("; the server held ", logged_ahead,
+                                                " logged step(s) past its snapshot")
+                                 : std::string())});
     return;
   }
 }
