@@ -101,14 +101,29 @@ void PrintStatusTable(const GetStatusResponse& s) {
                 static_cast<long long>(s.last_eval().center_version()),
                 Ago(s.last_eval().reported_ms_ago()).c_str());
   }
-  std::printf("\n%-8s %-11s %-22s %8s %8s  %6s %6s %6s %6s %6s  %s\n", "SLOT", "STATE", "OWNER",
-              "STEP", "SYNCED", "WEIGHT", "STALE", "LATE", "DIV", "FAULT", "DETAIL");
+  if (s.has_checkpoint()) {
+    const CheckpointStatus& c = s.checkpoint();
+    std::printf("global checkpoint every %lld steps: last at step %lld (%lld taken, %lld bytes), "
+                "barrier wait %lld ms, writes %lld ms, %lld rollbacks%s\n",
+                static_cast<long long>(c.every_steps()), static_cast<long long>(c.step()),
+                static_cast<long long>(c.count()), static_cast<long long>(c.bytes()),
+                static_cast<long long>(c.barrier_wait_ms()), static_cast<long long>(c.write_ms()),
+                static_cast<long long>(c.rollbacks()),
+                c.pending_step() > 0 ? absl::StrCat("; ", c.pending_arrived(),
+                                                    " slot(s) wait at step ", c.pending_step())
+                                           .c_str()
+                                     : "");
+  }
+  std::printf("\n%-8s %-11s %-22s %8s %8s %8s  %6s %6s %6s %6s %6s  %s\n", "SLOT", "STATE",
+              "OWNER", "STEP", "SYNCED", "LOGGED", "WEIGHT", "STALE", "LATE", "DIV", "FAULT",
+              "DETAIL");
   for (const SlotStatus& slot : s.slots()) {
     const WeightInputs& w = slot.weight();
-    std::printf("%-8s %-11s %-22s %8lld %8lld  %6.3f %6.2f %6.2f %6.2f %6.3f  %s\n",
+    std::printf("%-8s %-11s %-22s %8lld %8lld %8lld  %6.3f %6.2f %6.2f %6.2f %6.3f  %s\n",
                 Slot(slot.slot()).c_str(), SlotState_Name(slot.state()).c_str(),
                 slot.owner_incarnation() ? absl::StrCat(slot.owner_incarnation()).c_str() : "-",
                 static_cast<long long>(slot.step()), static_cast<long long>(slot.snapshot_step()),
+                static_cast<long long>(slot.logged_step()),
                 w.weight(), w.staleness(), w.lateness(), w.divergence(), w.fault_score(),
                 slot.detail().c_str());
   }
@@ -148,17 +163,17 @@ void PrintRecoveries(const GetStatusResponse& s) {
     std::printf("no recoveries\n");
     return;
   }
-  std::printf("%-5s %-7s %-20s %-10s %8s %8s %9s %9s %9s %9s %-8s  %s\n", "TASK", "SLOT", "POLICY",
-              "OUTCOME", "FAILED@", "REPLAYED", "DETECT", "TRANSFER", "REPLAY", "TAKEOVER",
-              "VERIFIED", "DETAIL");
+  std::printf("%-5s %-7s %-20s %-10s %8s %8s %6s %9s %9s %9s %9s %-8s  %s\n", "TASK", "SLOT",
+              "POLICY", "OUTCOME", "FAILED@", "REPLAYED", "SPARES", "DETECT", "TRANSFER", "REPLAY",
+              "TAKEOVER", "VERIFIED", "DETAIL");
   for (const RecoveryStatus& r : s.recoveries()) {
     const RecoveryPhases& p = r.phases();
-    std::printf("%-5llu %-7s %-20s %-10s %8lld %8lld %7lldms %7lldms %7lldms %7lldms %-8s  %s\n",
+    std::printf("%-5llu %-7s %-20s %-10s %8lld %8lld %6d %7lldms %7lldms %7lldms %7lldms %-8s  %s\n",
                 static_cast<unsigned long long>(r.task_id()), Slot(r.slot()).c_str(),
                 RecoveryPolicy_Name(r.policy()).c_str(),
                 r.has_outcome() ? RecoveryOutcome_Name(r.outcome()).c_str() : "RUNNING",
                 static_cast<long long>(r.failed_step()),
-                static_cast<long long>(r.steps_replayed()),
+                static_cast<long long>(r.steps_replayed()), r.spares_size(),
                 static_cast<long long>(p.detection_ms()),
                 static_cast<long long>(p.snapshot_transfer_ms()),
                 static_cast<long long>(p.replay_ms()), static_cast<long long>(p.takeover_ms()),
