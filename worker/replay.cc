@@ -172,10 +172,11 @@ class Exchange {
     args.SetMaxSendMessageSize(kMaxPeerMessageBytes);
     for (int r = 0; r < task.spares_size(); ++r) {
       const bool needed = task.rank() == 0 ? r != 0 : r == 0;
-      stubs_.push_back(needed ? WorkerPeer::NewStub(grpc::CreateCustomChannel(
-                                    task.spares(r).peer_address(),
-                                    grpc::InsecureChannelCredentials(), args))
-                              : nullptr);
+      channels_.push_back(needed ? grpc::CreateCustomChannel(task.spares(r).peer_address(),
+                                                             grpc::InsecureChannelCredentials(),
+                                                             args)
+                                 : nullptr);
+      stubs_.push_back(needed ? WorkerPeer::NewStub(channels_.back()) : nullptr);
     }
   }
 
@@ -184,11 +185,32 @@ class Exchange {
     return absl::Milliseconds(config_.rpc_deadline_ms()) * (first ? 2 : 1);
   }
 
+  // Waits for a message with `take(slice)` until `bound`, checking between slices that peer `r`
+  // is still reachable: a peer process that died refuses connections at once, and the task ends
+  // then rather than at the bound.
+  template <typename Message, typename Take>
+  absl::StatusOr<Message> Await(int r, absl::Duration bound, Take take) {
+    const absl::Time deadline = absl::Now() + bound;
+    while (true) {
+      const absl::Duration slice = std::min(kProbePeriod, deadline - absl::Now());
+      absl::StatusOr<Message> message = take(std::max(slice, absl::ZeroDuration()));
+      if (message.ok() || message.status().code() != absl::StatusCode::kDeadlineExceeded ||
+          absl::Now() >= deadline) {
+        return message;
+      }
+      if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");
+      if (channels_[r]->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        return absl::UnavailableError("it cannot be reached any more");
+      }
+    }
+  }
+
   // Leader: every helper's partial sum of step t, in rank order.
   absl::StatusOr<std::vector<PartialSum>> GatherPartials(int64_t t, bool first) {
     std::vector<PartialSum> partials;
     for (int r = 1; r < task_.spares_size(); ++r) {
-      absl::StatusOr<PartialSum> partial = mailbox_->TakePartial(t, r, Bound(first));
+      absl::StatusOr<PartialSum> partial = Await<PartialSum>(
+          r, Bound(first), [&](absl::Duration d) { return mailbox_->TakePartial(t, r, d); });
       if (!partial.ok()) {
         return absl::Status(partial.status().code(),
                             absl::StrCat("spare ", r, " (incarnation ",
@@ -221,7 +243,16 @@ class Exchange {
                                [&](grpc::ClientContext* context) {
                                  return stubs_[0]->SendPartialSum(context, partial, &ack);
                                }));
-    return mailbox_->TakeStepSum(partial.step(), Bound(first));
+    absl::StatusOr<StepSum> sum = Await<StepSum>(0, Bound(first), [&](absl::Duration d) {
+      return mailbox_->TakeStepSum(partial.step(), d);
+    });
+    if (!sum.ok()) {
+      return absl::Status(sum.status().code(),
+                          absl::StrCat("the leader (incarnation ", task_.spares(0).incarnation(),
+                                       ", ", task_.spares(0).peer_address(),
+                                       "): ", sum.status().message()));
+    }
+    return sum;
   }
 
  private:
@@ -229,7 +260,10 @@ class Exchange {
   const RecoveryTask& task_;
   ReplayMailbox* const mailbox_;
   const absl::Notification& stop_;
-  std::vector<std::unique_ptr<WorkerPeer::Stub>> stubs_;  // by rank; null where not needed
+  static constexpr absl::Duration kProbePeriod = absl::Milliseconds(100);
+
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;  // by rank; null where not needed
+  std::vector<std::unique_ptr<WorkerPeer::Stub>> stubs_;
 };
 
 // Rebuilds the task's slot: its snapshot, then every logged step, alone (k = 1) or as spare

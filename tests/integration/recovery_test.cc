@@ -318,6 +318,81 @@ TEST_CASE("a spare killed during its replay gives the task back and a second spa
   CHECK(cluster.ExitCode(second_name) == 0);
 }
 
+TEST_CASE("a helper killed during a parallel replay ends the task and other spares rebuild the "
+          "slot") {
+  JobSpec spec;
+  spec.batch_size = 256;
+  spec.recovery_parallelism = 2;
+  Cluster cluster(spec);
+  cluster.StartWorker("a", TRAINER);
+  cluster.StartWorker("b", TRAINER);
+  for (const char* name : {"s1", "s2", "s3"}) cluster.StartWorker(name, SPARE);
+  cluster.WaitFor(
+      "b synced once and every spare waits for work",
+      [](const GetStatusResponse& s) {
+        int waiting = 0;
+        for (const WorkerStatus& w : s.workers()) waiting += w.waiting_for_task();
+        return s.slots(1).snapshot_step() > 0 && waiting == 3;
+      },
+      absl::Seconds(60), absl::Milliseconds(1));
+  cluster.Signal("a", SIGSTOP);
+  const int64_t t0 = WaitForLoggedSteps(cluster, 1, 100);
+  cluster.Kill("b");
+  cluster.Signal("a", SIGCONT);
+
+  const GetStatusResponse claimed = cluster.WaitFor(
+      "two spares take slot 1",
+      [](const GetStatusResponse& s) { return s.slots(1).state() == RECOVERING; },
+      absl::Seconds(30), absl::Milliseconds(2));
+  REQUIRE(claimed.recoveries_size() == 1);
+  REQUIRE(claimed.recoveries(0).spares_size() == 2);
+  const uint64_t first_task = claimed.recoveries(0).task_id();
+  const uint64_t leader = claimed.recoveries(0).spares(0);
+  const uint64_t helper = claimed.recoveries(0).spares(1);
+  const std::string helper_name = FindIncarnation(claimed, helper)->name();
+  const std::string leader_name = FindIncarnation(claimed, leader)->name();
+  CHECK(FindIncarnation(claimed, helper)->replay_task() == first_task);
+
+  // Freeze the helper mid-replay (the leader cannot finish a step without it), then kill it.
+  cluster.Signal(helper_name, SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(300));
+  const GetStatusResponse frozen = cluster.Status();
+  INFO(frozen.DebugString());
+  REQUIRE(frozen.slots(1).state() == RECOVERING);
+  REQUIRE_FALSE(frozen.recoveries(0).has_outcome());
+  cluster.Kill(helper_name);
+
+  const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
+  INFO(done.DebugString());
+  REQUIRE(done.recoveries_size() == 2);
+  const RecoveryStatus& failed = done.recoveries(0);
+  CHECK(failed.task_id() == first_task);
+  // The leader saw its helper's port close and gave the task up (ABANDONED), unless the failure
+  // detector declared the helper dead first (SPARE_FAILED).
+  CHECK((failed.outcome() == ABANDONED || failed.outcome() == SPARE_FAILED));
+  CHECK_FALSE(failed.verified());
+  if (failed.outcome() == ABANDONED) {
+    CHECK(absl::StrContains(failed.detail(), absl::StrCat("spare 1 (incarnation ", helper)));
+  }
+  std::cout << "recovery_test: helper killed mid-replay: task " << first_task << " "
+            << RecoveryOutcome_Name(failed.outcome()) << " (" << failed.detail() << "); "
+            << done.recoveries(1).detail() << " by " << done.recoveries(1).spares_size()
+            << " spare(s)" << std::endl;
+  const RecoveryStatus& rebuilt = done.recoveries(1);
+  CHECK(rebuilt.task_id() != first_task);
+  // Whoever waited for work then: the old leader and s3, or one of them.
+  CheckRebuilt(rebuilt, 1, t0, 100, spec.sync_period, rebuilt.spares_size());
+  for (uint64_t spare : rebuilt.spares()) CHECK(spare != helper);
+  CheckTookOver(done, rebuilt.spares(0), 1);
+  cluster.WaitFor("the helper declared failed", [helper](const GetStatusResponse& s) {
+    return FindIncarnation(s, helper)->state() == FAILED;
+  });
+  CheckEverySyncAppliedOnce(done, spec);
+  INFO(cluster.Logs());
+  CHECK(cluster.ExitCode("a") == 0);
+  CHECK(cluster.ExitCode(leader_name) == 0);
+}
+
 TEST_CASE("two trainers killed at once are rebuilt by two spares, one slot each") {
   JobSpec spec;
   spec.replicas = 3;
