@@ -17,6 +17,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
 #include "common/process.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -25,6 +27,7 @@
 #include "server/center_table.h"
 #include "server/membership.h"
 #include "server/reliability.h"
+#include "server/server_metrics.h"
 #include "server/service.h"
 #include "storage/durable_store.h"
 
@@ -133,6 +136,13 @@ int Run() {
   builder.SetMaxReceiveMessageSize(config.max_message_bytes());
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   builder.RegisterService(&service);
+  // Metrics (docs/operations.md#metrics): every RPC counted and timed, the status at each scrape.
+  MetricsRegistry metrics;
+  if (config.metrics().enabled()) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(NewRpcMetricsFactory(&metrics));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     LOG(ERROR) << "cannot listen on " << config.listen_address();
@@ -156,6 +166,27 @@ int Run() {
       server->Shutdown();
       return 1;
     }
+  }
+  std::unique_ptr<MetricsHttpServer> metrics_http;
+  if (config.metrics().enabled()) {
+    AddStatusMetrics(
+        &metrics,
+        [&service] {
+          GetStatusResponse status;
+          service.GetStatus(nullptr, nullptr, &status);
+          return status;
+        },
+        db);
+    auto started = MetricsHttpServer::Start(
+        absl::StrCat(config.metrics().bind_address(), ":", config.metrics().port()), &metrics);
+    if (!started.ok()) {
+      LOG(ERROR) << started.status();
+      server->Shutdown();
+      return 1;
+    }
+    metrics_http = *std::move(started);
+    service.SetMetricsAddress(metrics_http->address());
+    LOG(INFO) << "metrics at http://" << metrics_http->address() << "/metrics";
   }
   service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);

@@ -46,6 +46,9 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   if (request.peer_address().size() > 256) {
     return absl::InvalidArgumentError("peer_address is longer than 256 characters");
   }
+  if (request.metrics_address().size() > 256) {
+    return absl::InvalidArgumentError("metrics_address is longer than 256 characters");
+  }
   const WorkerRole requested = request.requested_role();
   if (!WorkerRole_IsValid(requested)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown requested_role ", requested));
@@ -74,6 +77,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   worker.name = request.worker_name();
   worker.role = role;
   worker.peer_address = request.peer_address();
+  worker.metrics_address = request.metrics_address();
   worker.registered = now;
   worker.last_heartbeat = now;
   worker.slot_index = slot_index;
@@ -261,6 +265,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   trainer.name = spare.name;
   trainer.role = TRAINER;
   trainer.peer_address = spare.peer_address;
+  trainer.metrics_address = spare.metrics_address;
   trainer.registered = now;
   trainer.last_heartbeat = now;
   trainer.slot_index = index;
@@ -808,6 +813,7 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     out->set_last_heartbeat_ms_ago(Millis(now - worker.last_heartbeat));
     out->set_registered_ms_ago(Millis(now - worker.registered));
     out->set_peer_address(worker.peer_address);
+    if (!worker.metrics_address.empty()) out->set_metrics_address(worker.metrics_address);
     if (!worker.state_reason.empty()) out->set_state_reason(worker.state_reason);
     if (worker.state == FAILED) out->set_silent_ms_at_failure(worker.silent_ms_at_failure);
     if (worker.role == SPARE && worker.state == ALIVE) {

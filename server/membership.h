@@ -156,6 +156,7 @@ class Membership {
     std::string state_reason;
     int slot_index = -1;  // index into slots_, -1 for none
     std::string peer_address;
+    std::string metrics_address;
     int64_t step = 0;
     double loss = 0.0;
     absl::Time registered;

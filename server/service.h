@@ -55,6 +55,12 @@ class ParameterServerService final : public ParameterServer::Service {
   // by the server's failure detector after each check.
   void MaybeRollBack();
 
+  // Where this server serves /metrics (shown in GetStatus); empty when it does not.
+  void SetMetricsAddress(const std::string& address) {
+    absl::MutexLock lock(&metrics_mu_);
+    metrics_address_ = address;
+  }
+
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true); }
 
@@ -127,6 +133,8 @@ class ParameterServerService final : public ParameterServer::Service {
   bool has_eval_ ABSL_GUARDED_BY(eval_mu_) = false;
   ReportEvalRequest last_eval_ ABSL_GUARDED_BY(eval_mu_);
   absl::Time last_eval_time_ ABSL_GUARDED_BY(eval_mu_);
+  mutable absl::Mutex metrics_mu_;
+  std::string metrics_address_ ABSL_GUARDED_BY(metrics_mu_);
 };
 
 // The version string reported in GetStatus.

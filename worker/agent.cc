@@ -44,12 +44,14 @@ const char* AgentExitName(AgentExit exit) {
 }
 
 WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
-                         std::string job_id, std::string name, std::string peer_address)
+                         std::string job_id, std::string name, std::string peer_address,
+                         std::string metrics_address)
     : config_(config),
       stub_(ParameterServer::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
       name_(std::move(name)),
-      peer_address_(std::move(peer_address)) {}
+      peer_address_(std::move(peer_address)),
+      metrics_address_(std::move(metrics_address)) {}
 
 Registration WorkerAgent::registration() const {
   absl::MutexLock lock(&mu_);
@@ -126,6 +128,7 @@ bool WorkerAgent::RegisterWithRetry() {
     request.set_requested_role(previous != 0 && config_.role() == TRAINER ? ROLE_UNSPECIFIED
                                                                            : config_.role());
     request.set_peer_address(peer_address_);
+    if (!metrics_address_.empty()) request.set_metrics_address(metrics_address_);
     request.set_backend(config_.compute().backend());
     request.set_previous_incarnation(previous);
     RegisterResponse response;

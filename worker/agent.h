@@ -40,9 +40,11 @@ struct Registration {
 
 class WorkerAgent {
  public:
-  // `job_id` must match the server's job. `peer_address` is this worker's WorkerPeer endpoint.
+  // `job_id` must match the server's job. `peer_address` is this worker's WorkerPeer endpoint,
+  // `metrics_address` where it serves /metrics (empty: nowhere).
   WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
-              std::string job_id, std::string name, std::string peer_address);
+              std::string job_id, std::string name, std::string peer_address,
+              std::string metrics_address = "");
 
   WorkerAgent(const WorkerAgent&) = delete;
   WorkerAgent& operator=(const WorkerAgent&) = delete;
@@ -90,6 +92,7 @@ class WorkerAgent {
   const std::string job_id_;
   const std::string name_;
   const std::string peer_address_;
+  const std::string metrics_address_;
   absl::Notification stop_;
 
   mutable absl::Mutex mu_;

@@ -23,7 +23,9 @@
 #include "proto/rebound.grpc.pb.h"
 #include "absl/synchronization/notification.h"
 #include "worker/agent.h"
+#include "common/metrics_http.h"
 #include "worker/replay.h"
+#include "worker/worker_metrics.h"
 #include "worker/replay_mailbox.h"
 #include "worker/training.h"
 
@@ -116,7 +118,22 @@ int Run() {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, config.backoff_max_ms());
   auto channel = grpc::CreateCustomChannel(config.server_address(),
                                            grpc::InsecureChannelCredentials(), args);
-  WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address);
+  // Metrics (docs/operations.md#metrics), announced to the server at registration.
+  std::unique_ptr<MetricsHttpServer> metrics_http;
+  if (config.metrics().enabled()) {
+    Metrics();  // registers every series, so the first scrape lists them all
+    auto started = MetricsHttpServer::Start(
+        absl::StrCat(config.metrics().bind_address(), ":", config.metrics().port()),
+        &WorkerRegistry());
+    if (!started.ok()) {
+      LOG(ERROR) << started.status();
+      return 1;
+    }
+    metrics_http = *std::move(started);
+    LOG(INFO) << "metrics at http://" << metrics_http->address() << "/metrics";
+  }
+  WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address,
+                    metrics_http != nullptr ? metrics_http->address() : std::string());
   LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
             << config.server_address();
 

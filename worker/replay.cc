@@ -17,6 +17,7 @@
 #include "compute/tensor_bundle.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/retry.h"
+#include "worker/worker_metrics.h"
 
 namespace rebound::worker {
 namespace {
@@ -328,6 +329,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
   for (const LoggedStep& logged : steps) {
     const int64_t t = t0 + 1 + replayed;
     const bool first = replayed == 0;
+    ScopedLatency timed(Metrics().replay_step_seconds);
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
     RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
     RETURN_IF_ERROR(trainer.LoadBatch(compute->images, compute->labels));
@@ -385,6 +387,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       }
     }
     RETURN_IF_ERROR(trainer.Apply(t, sums));
+    Metrics().replayed_steps->Increment();
     ASSIGN_OR_RETURN(const uint64_t checksum, compute->ParamsChecksum());
     if (checksum != logged.checksum) {
       report->set_outcome(CHECKSUM_MISMATCH);
@@ -467,6 +470,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
       ASSIGN_OR_RETURN(data, LoadFashionMnist(registration.job.data()));
     }
     data_loaded = false;  // moved into the replay's state
+    Metrics().recoveries->Increment();
     mailbox->Open(task.task_id());
     auto rebuilt = Replay(config, registration.job, task, registration.incarnation, stub.get(),
                           mailbox, stop, &data, &report);

@@ -25,6 +25,7 @@
 #include "worker/data/shard_sampler.h"
 #include "worker/retry.h"
 #include "worker/step_logger.h"
+#include "worker/worker_metrics.h"
 
 namespace rebound::worker {
 namespace {
@@ -160,10 +161,18 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
     PushResponse response;
     // A retry after a lost reply is harmless: the server recognises the sequence and answers
     // applied: false.
-    RETURN_IF_ERROR(CallWithRetry(config, stop, "push", [&](grpc::ClientContext* context) {
-      response.Clear();
-      return stub->Push(context, request, &response);
-    }));
+    {
+      ScopedLatency timed(Metrics().sync_seconds);
+      RETURN_IF_ERROR(CallWithRetry(config, stop, "push", [&](grpc::ClientContext* context) {
+        response.Clear();
+        return stub->Push(context, request, &response);
+      }));
+    }
+    Metrics().syncs->Increment();
+    Metrics().weight->Set(response.weight());
+    Metrics().steps->Increment();
+    Metrics().step->Set(static_cast<double>(t));
+    Metrics().loss->Set(loss);
     bool pull_now = t % tau == 0 || t == max_steps;
     if (!response.applied() && response.applied_sequence() > static_cast<uint64_t>(t)) {
       const int64_t applied = static_cast<int64_t>(
@@ -359,10 +368,15 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     request.set_data_epoch(sampler.cursor().epoch);
     request.set_data_offset(sampler.cursor().offset);
     SyncResponse response;
-    RETURN_IF_ERROR(CallWithRetry(config, stop, "sync", [&](grpc::ClientContext* context) {
-      response.Clear();
-      return stub->Sync(context, request, &response);
-    }));
+    {
+      ScopedLatency timed(Metrics().sync_seconds);
+      RETURN_IF_ERROR(CallWithRetry(config, stop, "sync", [&](grpc::ClientContext* context) {
+        response.Clear();
+        return stub->Sync(context, request, &response);
+      }));
+    }
+    Metrics().syncs->Increment();
+    Metrics().weight->Set(response.weight());
     if (response.has_worker_params_after()) {
       RETURN_IF_ERROR(compute::ValidateBundle(layout, response.worker_params_after(),
                                               "worker_params_after"));
@@ -387,7 +401,12 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
     RETURN_IF_ERROR(MaybeResetFromScratch(faults, t, job, slot, &resets, trainer));
     const std::vector<int64_t> ids = sampler.NextBatch();
+    const absl::Time step_start = absl::Now();
     ASSIGN_OR_RETURN(const float loss, compute->Step(t, ids, label_map));
+    Metrics().step_seconds->ObserveDuration(absl::Now() - step_start);
+    Metrics().steps->Increment();
+    Metrics().step->Set(static_cast<double>(t));
+    Metrics().loss->Set(loss);
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
     }
@@ -403,7 +422,9 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
       }
       ASSIGN_OR_RETURN(const uint64_t checksum, stage.ParamsChecksum());
       records.push_back(MakeStepRecord(slot, t, checksum));
+      Metrics().log_records->Increment(static_cast<double>(records.size()));
       RETURN_IF_ERROR(log(records));
+      Metrics().log_buffered_bytes->Set(static_cast<double>(step_logger->stats().pending_bytes));
     }
     if (t % tau != 0 && t != max_steps) continue;
     RETURN_IF_ERROR(sync_at(t, loss));
@@ -452,6 +473,8 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     RETURN_IF_ERROR(CallWithRetry(config, stop, "report eval", [&](grpc::ClientContext* context) {
       return stub->ReportEval(context, report, &ack);
     }));
+    Metrics().test_accuracy->Set(result.accuracy);
+    Metrics().test_loss->Set(result.loss);
     LOG(INFO) << "center version " << center.center_version() << ": test accuracy "
               << result.accuracy << ", test loss " << result.loss;
   } while (!stop.WaitForNotificationWithTimeout(period));

@@ -34,11 +34,12 @@ LocalCluster::LocalCluster(const std::string& job_text, const LocalClusterOption
 }
 
 Subprocess& LocalCluster::StartWorker(const std::string& name, WorkerRole role) {
-  REQUIRE((role == TRAINER || role == SPARE));
+  REQUIRE((role == TRAINER || role == SPARE || role == EVALUATOR));
   REQUIRE(workers_.count(name) == 0);
   auto worker = Subprocess::Start(
       {Runfile("worker/rebound_worker"), "--config", dir_ + "/worker.pbtxt", "--server",
-       address_, "--name", name, "--role", role == TRAINER ? "trainer" : "spare"},
+       address_, "--name", name, "--role",
+       role == TRAINER ? "trainer" : role == SPARE ? "spare" : "evaluator"},
       dir_ + "/" + name + ".log");
   REQUIRE(worker.ok());
   Subprocess& started = *(workers_[name] = *std::move(worker));

@@ -38,7 +38,7 @@ class LocalCluster {
   // The job as the server runs it (parsed from the text given).
   const JobConfig& job() const { return job_; }
 
-  // Starts worker `name` with --role trainer or spare and waits until the server lists it ALIVE
+  // Starts worker `name` with --role trainer, spare or evaluator and waits until the server lists it ALIVE
   // in that role (so trainers started one after the other own slots 0, 1, ... in order).
   Subprocess& StartWorker(const std::string& name, WorkerRole role);
 

@@ -1,0 +1,243 @@
+#include "server/server_metrics.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace rebound::server {
+namespace {
+
+// "/rebound.ParameterServer/Sync" -> "Sync".
+std::string ShortMethod(const char* method) {
+  const std::string full = method == nullptr ? "" : method;
+  const size_t slash = full.rfind('/');
+  return slash == std::string::npos ? full : full.substr(slash + 1);
+}
+
+class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  RpcMetricsInterceptor(MetricsRegistry* registry, std::string method)
+      : registry_(registry), method_(std::move(method)), start_(absl::Now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      registry_
+          ->GetCounter("rebound_rpcs_total", "RPCs the server answered, by method and status code.",
+                       {{"method", method_}, {"code", StatusCodeName(status.error_code())}})
+          ->Increment();
+      registry_
+          ->GetHistogram("rebound_rpc_duration_seconds",
+                         "Time from an RPC's start to its status, by method.", LatencyBuckets(),
+                         {{"method", method_}})
+          ->ObserveDuration(absl::Now() - start_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  static std::string StatusCodeName(grpc::StatusCode code) {
+    return std::string(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
+  }
+
+  MetricsRegistry* const registry_;
+  const std::string method_;
+  const absl::Time start_;
+};
+
+class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcMetricsFactory(MetricsRegistry* registry) : registry_(registry) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new RpcMetricsInterceptor(registry_, ShortMethod(info->method()));
+  }
+
+ private:
+  MetricsRegistry* const registry_;
+};
+
+std::string SlotLabel(const SlotId& slot) { return absl::StrCat(slot.replica(), ",", slot.stage()); }
+
+void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
+  w->Family("rebound_up", "1 while the server serves its job.", "gauge");
+  w->Sample("rebound_up", {{"job", s.job_id()}, {"version", s.server_version()}}, 1);
+  w->Family("rebound_uptime_seconds", "Seconds since the server started.", "gauge");
+  w->Sample("rebound_uptime_seconds", {}, s.uptime_ms() / 1000.0);
+
+  struct SlotFamily {
+    const char* name;
+    const char* help;
+    std::function<double(const SlotStatus&)> value;
+  };
+  const SlotFamily slot_families[] = {
+      {"rebound_slot_step", "The step the slot's trainer last reported (rate() is the slot's "
+                            "training throughput in steps/s).",
+       [](const SlotStatus& x) { return static_cast<double>(x.step()); }},
+      {"rebound_slot_snapshot_step", "The step of the slot's last applied sync (its snapshot).",
+       [](const SlotStatus& x) { return static_cast<double>(x.snapshot_step()); }},
+      {"rebound_slot_logged_step",
+       "The highest step of the slot whose step log this server has committed.",
+       [](const SlotStatus& x) { return static_cast<double>(x.logged_step()); }},
+      {"rebound_slot_updates", "Syncs or pushes of the slot applied to the center.",
+       [](const SlotStatus& x) { return static_cast<double>(x.update_count()); }},
+      {"rebound_slot_weight", "The slot's reliability weight (DESIGN §4.5).",
+       [](const SlotStatus& x) { return x.weight().weight(); }},
+      {"rebound_slot_staleness", "Weight input: normalized staleness at the last update.",
+       [](const SlotStatus& x) { return x.weight().staleness(); }},
+      {"rebound_slot_lateness", "Weight input: lateness at the last update.",
+       [](const SlotStatus& x) { return x.weight().lateness(); }},
+      {"rebound_slot_divergence", "Weight input: normalized divergence at the last update.",
+       [](const SlotStatus& x) { return x.weight().divergence(); }},
+      {"rebound_slot_fault_score", "Weight input: the slot's decaying fault score.",
+       [](const SlotStatus& x) { return x.weight().fault_score(); }},
+  };
+  for (const SlotFamily& f : slot_families) {
+    w->Family(f.name, f.help, "gauge");
+    for (const SlotStatus& slot : s.slots()) {
+      w->Sample(f.name, {{"slot", SlotLabel(slot.slot())}}, f.value(slot));
+    }
+  }
+  w->Family("rebound_slot_state", "1 for the slot's current state.", "gauge");
+  for (const SlotStatus& slot : s.slots()) {
+    w->Sample("rebound_slot_state",
+              {{"slot", SlotLabel(slot.slot())}, {"state", SlotState_Name(slot.state())}}, 1);
+  }
+
+  std::map<std::pair<std::string, std::string>, int> workers;
+  for (const WorkerStatus& worker : s.workers()) {
+    ++workers[{WorkerRole_Name(worker.role()), WorkerState_Name(worker.state())}];
+  }
+  w->Family("rebound_workers", "Workers the server knows, by role and state (FAILED ones are the "
+                               "failures declared so far, as long as their records are kept).",
+            "gauge");
+  for (const auto& [key, count] : workers) {
+    w->Sample("rebound_workers", {{"role", key.first}, {"state", key.second}}, count);
+  }
+  w->Family("rebound_worker_heartbeat_age_seconds",
+            "Seconds since each alive worker's last heartbeat.", "gauge");
+  for (const WorkerStatus& worker : s.workers()) {
+    if (worker.state() != ALIVE) continue;
+    w->Sample("rebound_worker_heartbeat_age_seconds",
+              {{"worker", worker.name()}, {"role", WorkerRole_Name(worker.role())}},
+              worker.last_heartbeat_ms_ago() / 1000.0);
+  }
+
+  w->Family("rebound_center_version", "Updates applied to the stage's center.", "gauge");
+  for (const CenterStatus& c : s.centers()) {
+    w->Sample("rebound_center_version", {{"stage", absl::StrCat(c.stage())}},
+              static_cast<double>(c.version()));
+  }
+
+  std::map<std::pair<std::string, std::string>, int> recoveries;
+  double replayed = 0;
+  std::map<std::string, double> phase_ms;
+  for (const RecoveryStatus& r : s.recoveries()) {
+    ++recoveries[{RecoveryPolicy_Name(r.policy()),
+                  r.has_outcome() ? RecoveryOutcome_Name(r.outcome()) : "RUNNING"}];
+    replayed += r.steps_replayed();
+    phase_ms["detection"] += r.phases().detection_ms();
+    phase_ms["snapshot_transfer"] += r.phases().snapshot_transfer_ms();
+    phase_ms["replay"] += r.phases().replay_ms();
+    phase_ms["takeover"] += r.phases().takeover_ms();
+  }
+  w->Family("rebound_recoveries", "Recoveries in the server's record (the newest 256), by policy "
+                                  "and outcome.",
+            "gauge");
+  for (const auto& [key, count] : recoveries) {
+    w->Sample("rebound_recoveries", {{"policy", key.first}, {"outcome", key.second}}, count);
+  }
+  w->Family("rebound_recovery_steps_replayed", "Steps replayed by the recoveries on record.",
+            "gauge");
+  w->Sample("rebound_recovery_steps_replayed", {}, replayed);
+  w->Family("rebound_recovery_phase_seconds",
+            "Time the recoveries on record spent in each phase, summed.", "gauge");
+  for (const auto& [phase, ms] : phase_ms) {
+    w->Sample("rebound_recovery_phase_seconds", {{"phase", phase}}, ms / 1000.0);
+  }
+  if (!s.recoveries().empty()) {
+    const RecoveryStatus& last = s.recoveries(s.recoveries_size() - 1);
+    w->Family("rebound_last_recovery_phase_seconds", "The newest recovery's phases.", "gauge");
+    w->Sample("rebound_last_recovery_phase_seconds", {{"phase", "detection"}},
+              last.phases().detection_ms() / 1000.0);
+    w->Sample("rebound_last_recovery_phase_seconds", {{"phase", "snapshot_transfer"}},
+              last.phases().snapshot_transfer_ms() / 1000.0);
+    w->Sample("rebound_last_recovery_phase_seconds", {{"phase", "replay"}},
+              last.phases().replay_ms() / 1000.0);
+    w->Sample("rebound_last_recovery_phase_seconds", {{"phase", "takeover"}},
+              last.phases().takeover_ms() / 1000.0);
+  }
+
+  const StepLogStatus& log = s.step_log();
+  w->Family("rebound_steplog_records_written_total", "Step-log records committed.", "counter");
+  w->Sample("rebound_steplog_records_written_total", {}, static_cast<double>(log.records_written()));
+  w->Family("rebound_steplog_bytes_written_total", "Step-log bytes committed.", "counter");
+  w->Sample("rebound_steplog_bytes_written_total", {}, static_cast<double>(log.bytes_written()));
+  w->Family("rebound_steplog_records_dropped_total",
+            "Step-log records not committed: resent duplicates, or below a newer snapshot.",
+            "counter");
+  w->Sample("rebound_steplog_records_dropped_total", {{"reason", "duplicate"}},
+            static_cast<double>(log.duplicates_dropped()));
+  w->Sample("rebound_steplog_records_dropped_total", {{"reason", "below_snapshot"}},
+            static_cast<double>(log.below_snapshot_dropped()));
+
+  if (s.has_checkpoint()) {
+    const CheckpointStatus& c = s.checkpoint();
+    w->Family("rebound_checkpoint_step", "GLOBAL_CHECKPOINT: the last checkpoint's step.", "gauge");
+    w->Sample("rebound_checkpoint_step", {}, static_cast<double>(c.step()));
+    w->Family("rebound_checkpoints_total", "GLOBAL_CHECKPOINT: checkpoints taken.", "counter");
+    w->Sample("rebound_checkpoints_total", {}, static_cast<double>(c.count()));
+    w->Family("rebound_checkpoint_barrier_wait_seconds_total",
+              "GLOBAL_CHECKPOINT: time slots waited at barriers, summed over slots.", "counter");
+    w->Sample("rebound_checkpoint_barrier_wait_seconds_total", {}, c.barrier_wait_ms() / 1000.0);
+    w->Family("rebound_checkpoint_write_seconds_total",
+              "GLOBAL_CHECKPOINT: time spent gathering and writing checkpoints.", "counter");
+    w->Sample("rebound_checkpoint_write_seconds_total", {}, c.write_ms() / 1000.0);
+    w->Family("rebound_checkpoint_rollbacks_total",
+              "GLOBAL_CHECKPOINT: failures that rolled every slot back.", "counter");
+    w->Sample("rebound_checkpoint_rollbacks_total", {}, static_cast<double>(c.rollbacks()));
+  }
+  if (s.has_last_eval()) {
+    w->Family("rebound_test_accuracy", "The evaluator's last test accuracy of the center, in "
+                                       "[0, 1].",
+              "gauge");
+    w->Sample("rebound_test_accuracy", {}, s.last_eval().test_accuracy());
+    w->Family("rebound_test_loss", "The evaluator's last test loss of the center.", "gauge");
+    w->Sample("rebound_test_loss", {}, s.last_eval().test_loss());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewRpcMetricsFactory(
+    MetricsRegistry* registry) {
+  return std::make_unique<RpcMetricsFactory>(registry);
+}
+
+void AddStatusMetrics(MetricsRegistry* registry, std::function<GetStatusResponse()> status,
+                      const storage::DurableStore* store) {
+  registry->AddCollector([status = std::move(status), store](MetricsWriter* w) {
+    WriteStatus(status(), w);
+    if (store == nullptr) return;
+    absl::StatusOr<storage::StoreStats> stats = store->Stats();
+    if (!stats.ok()) return;
+    w->Family("rebound_store_bytes",
+              "RocksDB bytes by column family (SST files and memtables) and the tensor files.",
+              "gauge");
+    for (const auto& [family, cf] : stats->column_families) {
+      w->Sample("rebound_store_bytes", {{"part", family}},
+                static_cast<double>(cf.approximate_bytes()));
+    }
+    w->Sample("rebound_store_bytes", {{"part", "tensor_files"}},
+              static_cast<double>(stats->tensor_file_bytes));
+    w->Family("rebound_store_steplog_keys", "Estimated step-log keys in RocksDB.", "gauge");
+    w->Sample("rebound_store_steplog_keys", {}, static_cast<double>(stats->steplog_keys_estimate));
+  });
+}
+
+}  // namespace rebound::server

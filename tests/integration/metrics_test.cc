@@ -1,0 +1,120 @@
+// Prometheus metrics (docs/operations.md#metrics) of the real rebound_server and rebound_worker
+// binaries: both serve /metrics on 127.0.0.1 by default and announce where (GetStatus); a scrape
+// parses as the text format and its values agree with the server's status taken just before.
+
+#include <catch2/catch.hpp>
+#include <httplib.h>
+
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "proto/rebound.grpc.pb.h"
+#include "tests/common/prometheus_text.h"
+#include "tests/integration/local_cluster.h"
+#include "tests/integration/status_util.h"
+
+namespace rebound::testing {
+namespace {
+
+// GET http://address/metrics, parsed.
+Exposition Scrape(const std::string& address) {
+  const std::vector<std::string> parts = absl::StrSplit(address, ':');
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[0] == "127.0.0.1");  // local unless configured
+  int port = 0;
+  REQUIRE(absl::SimpleAtoi(parts[1], &port));
+  httplib::Client client(parts[0], port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(5, 0);
+  auto response = client.Get("/metrics");
+  REQUIRE(response);
+  REQUIRE(response->status == 200);
+  absl::StatusOr<Exposition> parsed = ParseExposition(response->body);
+  INFO(response->body);
+  INFO(parsed.status());
+  REQUIRE(parsed.ok());
+  return *parsed;
+}
+
+double Sample(const Exposition& e, const std::string& series) {
+  INFO(series);
+  REQUIRE(e.samples.count(series) == 1);
+  return e.samples.at(series);
+}
+
+TEST_CASE("the server and the workers serve /metrics that agree with the server's status") {
+  LocalCluster cluster(
+      "  job_id: \"mt\"\n"
+      "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
+      "  topology { replicas: 2 evaluator: true }\n"
+      "  data { batch_size: 32 micro_batches: 2 train_limit: 1000 test_limit: 200 }\n"
+      "  easgd { sync_period: 10 }\n"
+      "  step_log { linger_ms: 10 }\n"
+      "  training { max_steps: 100000 eval_every_ms: 200 }\n",
+      LocalClusterOptions{"metrics"});
+  cluster.StartWorker("a", TRAINER);
+  cluster.StartWorker("b", TRAINER);
+  cluster.StartWorker("e", EVALUATOR);
+  const GetStatusResponse status = cluster.WaitFor("20 syncs and an evaluation", [](const auto& s) {
+    return s.slots(0).update_count() >= 10 && s.slots(1).update_count() >= 10 &&
+           s.has_last_eval();
+  });
+  INFO(status.DebugString());
+
+  // The server.
+  REQUIRE(status.has_metrics_address());
+  const Exposition server = Scrape(status.metrics_address());
+  CHECK(server.types.at("rebound_rpcs_total") == "counter");
+  CHECK(server.types.at("rebound_rpc_duration_seconds") == "histogram");
+  CHECK(Sample(server, "rebound_up{job=\"mt\",version=\"" + status.server_version() + "\"}") == 1);
+  for (int r = 0; r < 2; ++r) {
+    const std::string slot = absl::StrCat("{slot=\"", r, ",0\"}");
+    // Scraped after the status: never behind it.
+    CHECK(Sample(server, "rebound_slot_updates" + slot) >= status.slots(r).update_count());
+    CHECK(Sample(server, "rebound_slot_snapshot_step" + slot) >= status.slots(r).snapshot_step());
+    CHECK(Sample(server, "rebound_slot_logged_step" + slot) >= status.slots(r).logged_step());
+    CHECK(Sample(server, "rebound_slot_weight" + slot) > 0);
+    CHECK(Sample(server, "rebound_slot_state{slot=\"" + absl::StrCat(r) + ",0\",state=\"ACTIVE\"}") ==
+          1);
+  }
+  const double syncs = Sample(server, "rebound_rpcs_total{method=\"Sync\",code=\"OK\"}");
+  CHECK(syncs >= status.slots(0).update_count() + status.slots(1).update_count());
+  CHECK(Sample(server, "rebound_rpc_duration_seconds_count{method=\"Sync\"}") >= syncs);
+  CHECK(Sample(server, "rebound_rpcs_total{method=\"Heartbeat\",code=\"OK\"}") >= 1);
+  CHECK(Sample(server, "rebound_center_version{stage=\"0\"}") >= status.centers(0).version());
+  CHECK(Sample(server, "rebound_workers{role=\"TRAINER\",state=\"ALIVE\"}") == 2);
+  CHECK(Sample(server, "rebound_workers{role=\"EVALUATOR\",state=\"ALIVE\"}") == 1);
+  CHECK(Sample(server, "rebound_steplog_records_written_total") >=
+        status.step_log().records_written());
+  CHECK(Sample(server, "rebound_test_accuracy") > 0);
+  CHECK(server.samples.count("rebound_store_bytes{part=\"steplog\"}") == 1);
+
+  // A trainer: its steps and syncs, at least what the server saw of it.
+  const WorkerStatus* a = FindWorker(status, "a", TRAINER);
+  REQUIRE(a != nullptr);
+  REQUIRE(a->has_metrics_address());
+  CHECK(a->metrics_address() != status.metrics_address());
+  const Exposition trainer = Scrape(a->metrics_address());
+  CHECK(Sample(trainer, "rebound_worker_steps_total") >= status.slots(0).snapshot_step());
+  CHECK(Sample(trainer, "rebound_worker_syncs_total") >= status.slots(0).update_count());
+  CHECK(Sample(trainer, "rebound_worker_step_duration_seconds_count") ==
+        Sample(trainer, "rebound_worker_steps_total"));
+  CHECK(Sample(trainer, "rebound_worker_steplog_records_total") >=
+        3 * Sample(trainer, "rebound_worker_steps_total") - 3 * 10);  // M + 1 per step
+  CHECK(Sample(trainer, "rebound_worker_loss") > 0);
+
+  // The evaluator reports what the server shows.
+  const WorkerStatus* evaluator = nullptr;
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.role() == EVALUATOR) evaluator = &w;
+  }
+  REQUIRE(evaluator != nullptr);
+  const Exposition eval = Scrape(evaluator->metrics_address());
+  CHECK(Sample(eval, "rebound_worker_test_accuracy") > 0);
+  CHECK(Sample(eval, "rebound_worker_steps_total") == 0);
+}
+
+}  // namespace
+}  // namespace rebound::testing

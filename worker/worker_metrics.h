@@ -1,0 +1,31 @@
+#pragma once
+
+// The worker's Prometheus metrics (docs/operations.md#metrics), in one process-wide registry
+// that rebound_worker serves at /metrics. The training, evaluation, replay and step-log code
+// updates these series; each is looked up once.
+
+#include "common/metrics.h"
+
+namespace rebound::worker {
+
+struct WorkerMetrics {
+  Counter* steps;               // training steps done (rate() = steps/s)
+  Histogram* step_seconds;      // one training step's compute
+  Gauge* step;                  // the slot's current step
+  Gauge* loss;                  // the last step's training loss
+  Counter* syncs;               // syncs (or pushes) acknowledged
+  Histogram* sync_seconds;      // a sync's round trip, retries included
+  Gauge* weight;                // the reliability weight of the last sync's reply
+  Counter* replayed_steps;      // steps this worker replayed as a spare
+  Histogram* replay_step_seconds;  // one replayed step, exchanges included
+  Counter* recoveries;          // replay tasks taken part in, by outcome
+  Gauge* test_accuracy;         // the evaluator's last test accuracy
+  Gauge* test_loss;             // the evaluator's last test loss
+  Counter* log_records;         // step-log records handed to the logger
+  Gauge* log_buffered_bytes;    // step-log bytes not yet acknowledged by the server
+};
+
+MetricsRegistry& WorkerRegistry();
+const WorkerMetrics& Metrics();
+
+}  // namespace rebound::worker
