@@ -170,6 +170,7 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   bool all_finished = true;
   for (const Slot& slot : slots_) all_finished = all_finished && slot.state == FINISHED;
   if (all_finished) response.add_commands(STOP);
+  if (worker.draining) response.add_commands(DRAIN);
   if (worker.slot_index >= 0) {
     slots_[worker.slot_index].step = std::max(slots_[worker.slot_index].step, request.step());
     for (Neighbour& n : NeighboursLocked(worker.slot_index)) *response.add_neighbours() = n;
@@ -727,12 +728,38 @@ void Membership::PruneLocked() {
   }
 }
 
-absl::Status Membership::Deregister(uint64_t incarnation) {
+absl::Status Membership::Deregister(uint64_t incarnation, bool drained) {
   absl::MutexLock lock(&mu_);
   absl::Status alive = CheckAliveLocked(incarnation);
   if (!alive.ok()) return alive;
-  FenceLocked(workers_.at(incarnation), DEPARTED, "deregistered");
+  Worker& worker = workers_.at(incarnation);
+  if (drained && worker.slot_index >= 0) {
+    FenceLocked(worker, DRAINED,
+                absl::StrCat("drained on request after its sync at step ",
+                             slots_[worker.slot_index].synced_step));
+  } else {
+    FenceLocked(worker, DEPARTED, "deregistered");
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Membership::Drain(const SlotId& slot) {
+  absl::MutexLock lock(&mu_);
+  const int index = SlotIndex(slot);
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("slot (", slot.replica(), ", ", slot.stage(),
+                                                   ") is outside the job's topology"));
+  }
+  Slot& s = slots_[index];
+  if (s.state != ACTIVE || s.owner == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("slot (", slot.replica(), ", ", slot.stage(),
+                                                      ") is ", SlotState_Name(s.state),
+                                                      ": no trainer to drain"));
+  }
+  Worker& worker = workers_.at(s.owner);
+  worker.draining = true;
+  s.detail = absl::StrCat("draining '", worker.name, "': it leaves after its next sync");
+  return s.owner;
 }
 
 std::vector<FailedWorker> Membership::DetectFailures() {

@@ -69,8 +69,15 @@ class Membership {
   // Records liveness and progress. FAILED_PRECONDITION if fenced, ABORTED if unknown.
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
 
-  // A clean exit: the incarnation is fenced as DEPARTED; a slot it owned becomes LOST.
-  absl::Status Deregister(uint64_t incarnation);
+  // A clean exit: the incarnation is fenced as DEPARTED (DRAINED if `drained`); a slot it owned
+  // becomes LOST (recovered by the job's policy: under REPLAY from its snapshot, which a drained
+  // trainer's last sync made current, so nothing is replayed).
+  absl::Status Deregister(uint64_t incarnation, bool drained = false);
+
+  // Asks the trainer of `slot` to drain: its heartbeats carry DRAIN until it leaves (after its
+  // next sync). Returns its incarnation. INVALID_ARGUMENT for a slot outside the topology,
+  // FAILED_PRECONDITION unless the slot is ACTIVE with an owner.
+  absl::StatusOr<uint64_t> Drain(const SlotId& slot);
 
   // OK iff `incarnation` is alive; the errors of Heartbeat otherwise. For every worker RPC.
   absl::Status CheckAlive(uint64_t incarnation) const;
@@ -163,6 +170,7 @@ class Membership {
     absl::Time last_heartbeat;
     int64_t silent_ms_at_failure = 0;
     bool polling = false;  // a spare waiting in ClaimReplay: it can help a replay at once
+    bool draining = false;  // asked to drain (Drain)
     // A trainer that took its slot over after replay task `takeover_task` at `handed_over`: its
     // first heartbeat ends the recovery's takeover phase.
     uint64_t takeover_task = 0;

@@ -21,16 +21,6 @@ namespace rebound::server {
 
 const char kServerVersion[] = "rebound 0.2.0";
 
-namespace {
-
-grpc::Status NotYet(const char* rpc, const char* issue) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      absl::StrCat(rpc, " is not implemented in this version (planned: ", issue,
-                                   ")"));
-}
-
-}  // namespace
-
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,
                                                CenterTable* centers, ReliabilityTracker* tracker,
                                                storage::DurableStore* store, const Clock* clock)
@@ -250,8 +240,11 @@ grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
                                                 const DeregisterRequest* request,
                                                 DeregisterResponse* response) {
   if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
-  absl::Status status = membership_->Deregister(request->incarnation());
-  if (status.ok()) LOG(INFO) << "incarnation " << request->incarnation() << " deregistered";
+  absl::Status status = membership_->Deregister(request->incarnation(), request->drained());
+  if (status.ok()) {
+    LOG(INFO) << "incarnation " << request->incarnation()
+              << (request->drained() ? " drained" : " deregistered");
+  }
   return ToGrpcStatus(status);
 }
 
@@ -704,9 +697,15 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Drain(grpc::ServerContext*, const DrainRequest*,
-                                           DrainResponse*) {
-  return NotYet("Drain", "R6");
+grpc::Status ParameterServerService::Drain(grpc::ServerContext*, const DrainRequest* request,
+                                           DrainResponse* response) {
+  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  auto drained = membership_->Drain(Normalized(request->slot()));
+  if (!drained.ok()) return ToGrpcStatus(drained.status());
+  response->set_incarnation(*drained);
+  LOG(WARNING) << "draining slot " << SlotName(request->slot()) << ": its trainer (incarnation "
+               << *drained << ") leaves after its next sync";
+  return grpc::Status::OK;
 }
 
 }  // namespace rebound::server

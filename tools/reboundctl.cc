@@ -6,8 +6,13 @@
 //   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
 //   status   centers, last evaluation, slots (state, owner, step, weight and its inputs) and
 //            workers (role, state, incarnation, step, last heartbeat)
-//   recoveries  every recovery: slot, policy, outcome, failed step, steps replayed, phases
-//               (detection, snapshot transfer, replay, takeover), verified bit-identical
+//   recoveries  every recovery: slot, policy, outcome, failed step, steps replayed, spares,
+//               phases (detection, snapshot transfer, replay, takeover), verified bit-identical
+//   workers  every worker the server knows: incarnation, name, role, state, slot, step,
+//            heartbeat age, peer and metrics addresses, why it is fenced
+//   watch    status, redrawn every --interval_ms until interrupted (or --count times)
+//   drain R,S  asks the trainer of slot (R, S) to leave after its next sync; a spare takes the
+//            slot over from that sync's snapshot, with nothing to replay
 //
 // Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
 // serving or refused the call, 2 the server could not be reached in time, 64 usage error.
@@ -20,7 +25,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/health.grpc.pb.h"
@@ -29,6 +39,8 @@
 DEFINE_string(server, "127.0.0.1:7070", "server host:port");
 DEFINE_string(output, "table", "table|json");
 DEFINE_int32(timeout_ms, 5000, "deadline of each call, ms");
+DEFINE_int32(interval_ms, 1000, "watch: time between refreshes, ms");
+DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
 namespace rebound::ctl {
 namespace {
@@ -85,6 +97,27 @@ std::string Ago(int64_t ms) {
   return absl::StrCat(ms / 1000, "s");
 }
 
+void PrintWorkersTable(const GetStatusResponse& s, bool addresses) {
+  std::printf("%-22s %-24s %-10s %-11s %-8s %8s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
+              "STATE", "SLOT", "STEP", "HEARTBEAT",
+              addresses ? "PEER / METRICS / REASON" : "REASON");
+  for (const WorkerStatus& w : s.workers()) {
+    std::string last = w.state_reason();
+    if (addresses) {
+      last = absl::StrCat(w.peer_address().empty() ? "-" : w.peer_address(), " / ",
+                          w.metrics_address().empty() ? "-" : w.metrics_address(),
+                          last.empty() ? "" : " / ", last);
+    }
+    if (w.waiting_for_task()) last = absl::StrCat("waiting for a task", last.empty() ? "" : "; ", last);
+    if (w.replay_task() != 0) last = absl::StrCat("in task ", w.replay_task(), last.empty() ? "" : "; ", last);
+    std::printf("%-22llu %-24s %-10s %-11s %-8s %8lld %10s  %s\n",
+                static_cast<unsigned long long>(w.incarnation()), w.name().c_str(),
+                WorkerRole_Name(w.role()).c_str(), WorkerState_Name(w.state()).c_str(),
+                w.has_slot() ? Slot(w.slot()).c_str() : "-", static_cast<long long>(w.step()),
+                (Ago(w.last_heartbeat_ms_ago()) + " ago").c_str(), last.c_str());
+  }
+}
+
 void PrintStatusTable(const GetStatusResponse& s) {
   std::printf("job %s  (%s, up %s)  topology %d x %d  weighting %s  recovery %s\n",
               s.job_id().c_str(), s.server_version().c_str(), Ago(s.uptime_ms()).c_str(),
@@ -127,15 +160,8 @@ void PrintStatusTable(const GetStatusResponse& s) {
                 w.weight(), w.staleness(), w.lateness(), w.divergence(), w.fault_score(),
                 slot.detail().c_str());
   }
-  std::printf("\n%-22s %-24s %-10s %-9s %-8s %8s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
-              "STATE", "SLOT", "STEP", "HEARTBEAT", "REASON");
-  for (const WorkerStatus& w : s.workers()) {
-    std::printf("%-22llu %-24s %-10s %-9s %-8s %8lld %10s  %s\n",
-                static_cast<unsigned long long>(w.incarnation()), w.name().c_str(),
-                WorkerRole_Name(w.role()).c_str(), WorkerState_Name(w.state()).c_str(),
-                w.has_slot() ? Slot(w.slot()).c_str() : "-", static_cast<long long>(w.step()),
-                (Ago(w.last_heartbeat_ms_ago()) + " ago").c_str(), w.state_reason().c_str());
-  }
+  std::printf("\n");
+  PrintWorkersTable(s, /*addresses=*/false);
 }
 
 int Status(const std::shared_ptr<grpc::Channel>& channel) {
@@ -204,10 +230,111 @@ int Recoveries(const std::shared_ptr<grpc::Channel>& channel) {
   return kExitOk;
 }
 
+std::string Json(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+absl::StatusOr<GetStatusResponse> FetchStatus(const std::shared_ptr<grpc::Channel>& channel,
+                                              grpc::Status* failure) {
+  auto stub = ParameterServer::NewStub(channel);
+  GetStatusResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  *failure = stub->GetStatus(&context, GetStatusRequest(), &response);
+  if (!failure->ok()) return absl::UnavailableError(failure->error_message());
+  return response;
+}
+
+int Workers(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::Status failure;
+  auto status = FetchStatus(channel, &failure);
+  if (!status.ok()) return ReportError(failure);
+  if (FLAGS_output == "json") {
+    std::string json = "[";
+    for (int i = 0; i < status->workers_size(); ++i) {
+      json += (i ? "," : "") + Json(status->workers(i));
+    }
+    std::cout << json << "]\n";
+  } else {
+    PrintWorkersTable(*status, /*addresses=*/true);
+  }
+  return kExitOk;
+}
+
+// Redraws the status table until interrupted or --count refreshes. A server that stops
+// answering is reported on the screen and polled again; one never reached is exit 2.
+int Watch(const std::shared_ptr<grpc::Channel>& channel) {
+  if (FLAGS_interval_ms < 100) {
+    std::cerr << "reboundctl: --interval_ms must be >= 100\n";
+    return kExitUsage;
+  }
+  bool reached = false;
+  for (int i = 0; FLAGS_count == 0 || i < FLAGS_count; ++i) {
+    if (i > 0) absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
+    grpc::Status failure;
+    auto status = FetchStatus(channel, &failure);
+    if (FLAGS_output == "json") {
+      if (status.ok()) std::cout << Json(*status) << "\n" << std::flush;
+    } else {
+      std::printf("\033[H\033[2J");  // home, clear
+      std::printf("reboundctl watch %s every %d ms (%s)\n\n", FLAGS_server.c_str(),
+                  FLAGS_interval_ms, absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str());
+      if (status.ok()) {
+        PrintStatusTable(*status);
+      } else {
+        std::printf("cannot reach the server: %s\n", failure.error_message().c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (status.ok()) {
+      reached = true;
+    } else if (!reached && i == 0) {
+      return ReportError(failure);
+    }
+  }
+  return kExitOk;
+}
+
+int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot_text) {
+  const std::vector<std::string> parts = absl::StrSplit(slot_text, ',');
+  int replica = -1;
+  int stage = -1;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &replica) ||
+      !absl::SimpleAtoi(parts[1], &stage) || replica < 0 || stage < 0) {
+    std::cerr << "reboundctl: drain takes a slot as REPLICA,STAGE (e.g. 1,0), got '" << slot_text
+              << "'\n";
+    return kExitUsage;
+  }
+  auto stub = ParameterServer::NewStub(channel);
+  DrainRequest request;
+  request.mutable_slot()->set_replica(replica);
+  request.mutable_slot()->set_stage(stage);
+  DrainResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->Drain(&context, request, &response);
+  if (!status.ok()) return ReportError(status);
+  if (FLAGS_output == "json") {
+    std::cout << Json(response) << "\n";
+  } else {
+    std::printf("draining slot (%d,%d): its trainer (incarnation %llu) leaves after its next "
+                "sync\n",
+                replica, stage, static_cast<unsigned long long>(response.incarnation()));
+  }
+  return kExitOk;
+}
+
+constexpr char kUsage[] =
+    "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N] COMMAND\n"
+    "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n";
+
 int Main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: reboundctl [--server HOST:PORT] [--output table|json] "
-                 "health|status|recoveries\n";
+  if (argc < 2) {
+    std::cerr << kUsage;
     return kExitUsage;
   }
   if (FLAGS_output != "table" && FLAGS_output != "json") {
@@ -220,11 +347,24 @@ int Main(int argc, char** argv) {
   }
   auto channel = grpc::CreateChannel(FLAGS_server, grpc::InsecureChannelCredentials());
   const std::string command = argv[1];
+  const int args = argc - 2;
+  if (command == "drain") {
+    if (args != 1) {
+      std::cerr << "reboundctl: drain takes one slot, REPLICA,STAGE\n" << kUsage;
+      return kExitUsage;
+    }
+    return Drain(channel, argv[2]);
+  }
+  if (args != 0) {
+    std::cerr << "reboundctl: " << command << " takes no arguments\n" << kUsage;
+    return kExitUsage;
+  }
   if (command == "health") return Health(channel);
   if (command == "status") return Status(channel);
+  if (command == "workers") return Workers(channel);
   if (command == "recoveries") return Recoveries(channel);
-  std::cerr << "reboundctl: unknown command '" << command
-            << "' (expected health, status or recoveries)\n";
+  if (command == "watch") return Watch(channel);
+  std::cerr << "reboundctl: unknown command '" << command << "'\n" << kUsage;
   return kExitUsage;
 }
 
@@ -233,7 +373,8 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "reboundctl [--server HOST:PORT] [--output table|json] health|status|recoveries");
+      "reboundctl [--server HOST:PORT] [--output table|json] "
+      "health|status|workers|recoveries|watch|drain R,S");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }

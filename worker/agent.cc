@@ -89,6 +89,21 @@ void WorkerAgent::Adopt(const RegisterResponse& granted) {
   beat_now_ = true;
 }
 
+bool WorkerAgent::drain_requested() const {
+  absl::MutexLock lock(&mu_);
+  return drain_requested_;
+}
+
+void WorkerAgent::MarkDrained() {
+  absl::MutexLock lock(&mu_);
+  drained_ = true;
+}
+
+bool WorkerAgent::drained() const {
+  absl::MutexLock lock(&mu_);
+  return drained_;
+}
+
 void WorkerAgent::Stop() {
   {
     absl::MutexLock lock(&mu_);
@@ -225,6 +240,11 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
         step_ = takeover.start_step();
       }
       for (int command : response.commands()) {
+        if (command == DRAIN) {
+          absl::MutexLock lock(&mu_);
+          if (!drain_requested_) LOG(WARNING) << "the server asks this trainer to drain";
+          drain_requested_ = true;
+        }
         if (command == STOP) {
           job_done = true;
           break;
@@ -272,6 +292,7 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
   // Stopped or done: leave cleanly so the server does not wait for failure_timeout.
   DeregisterRequest request;
   request.set_incarnation(registration().incarnation);
+  request.set_drained(drained());
   DeregisterResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, std::min(config_.rpc_deadline_ms(), 2000));

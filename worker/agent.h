@@ -71,6 +71,13 @@ class WorkerAgent {
   // The last error message that ended Run(), for the exit log line.
   std::string exit_reason() const;
 
+  // True once a heartbeat carried DRAIN: the trainer should leave after its next sync.
+  bool drain_requested() const;
+  // The trainer has synced and leaves on the DRAIN command: the agent's deregistration says so
+  // (the server fences it as DRAINED).
+  void MarkDrained();
+  bool drained() const;
+
   // Progress reported in heartbeats. Thread-safe.
   void set_progress(int64_t step, double loss);
 
@@ -102,6 +109,8 @@ class WorkerAgent {
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   double loss_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool beat_now_ ABSL_GUARDED_BY(mu_) = false;
+  bool drain_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

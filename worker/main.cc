@@ -165,7 +165,7 @@ int Run() {
       faults.label_permutation_seed = FLAGS_fault_label_permutation_seed;
       faults.reset_every_steps = FLAGS_fault_reset_every_steps;
       work = RunTrainer(config, registration, channel, &agent, stop, faults);
-      if (work.ok()) LOG(INFO) << "slot trained to max_steps; leaving";
+      if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";
     } else if (registration.role == EVALUATOR) {
       work = RunEvaluator(config, registration, channel, stop);
     } else {
@@ -176,7 +176,7 @@ int Run() {
         InjectedFaults none;
         work = RunTrainer(config, agent.registration(), channel, &agent, stop, none,
                           *std::move(rebuilt));
-        if (work.ok()) LOG(INFO) << "slot trained to max_steps; leaving";
+        if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";
       } else if (rebuilt.status().code() == absl::StatusCode::kNotFound) {
         continue;  // a new registration: loop with it
       } else {

@@ -189,6 +189,12 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
             << " weight " << response.weight() << " center version "
             << response.center_version();
     if (pull_now) RETURN_IF_ERROR(pull());
+    if (pull_now && agent->drain_requested()) {
+      // DRAIN: every step is pushed; the slot goes on from the center under its successor.
+      agent->MarkDrained();
+      LOG(WARNING) << "drained: pushed step " << t << "; leaving the slot";
+      return absl::OkStatus();
+    }
   }
   LOG(INFO) << "finished " << max_steps << " steps";
   return absl::OkStatus();
@@ -388,6 +394,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
                                                  absl::MakeSpan(x)));
     }
     RETURN_IF_ERROR(stage.SetParams(x));
+    if (agent->drain_requested()) agent->MarkDrained();
     VLOG(1) << "synced step " << t << " loss " << loss << " weight " << response.weight()
             << " center version " << response.center_version();
     return absl::OkStatus();
@@ -428,6 +435,12 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     }
     if (t % tau != 0 && t != max_steps) continue;
     RETURN_IF_ERROR(sync_at(t, loss));
+    if (agent->drained()) {
+      // DRAIN: the slot's state is the snapshot of this sync; a spare takes it from there.
+      LOG(WARNING) << "drained: synced step " << t << "; leaving slot (" << slot.replica() << ", "
+                   << slot.stage() << ")";
+      return absl::OkStatus();
+    }
   }
   if (step_logger != nullptr) {
     absl::Status flushed = step_logger->Flush(absl::Milliseconds(config.rpc_deadline_ms()));

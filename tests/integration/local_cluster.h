@@ -95,6 +95,8 @@ class LocalCluster {
   }
 
   std::string data_dir() const { return dir_ + "/data"; }
+  // The server's host:port.
+  const std::string& address() const { return address_; }
 
  private:
   const std::string dir_;

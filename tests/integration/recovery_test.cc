@@ -393,6 +393,51 @@ TEST_CASE("a helper killed during a parallel replay ends the task and other spar
   CHECK(cluster.ExitCode(leader_name) == 0);
 }
 
+TEST_CASE("reboundctl drain: the trainer leaves after its next sync and a spare takes the slot "
+          "over from that snapshot, with nothing to replay") {
+  JobSpec spec;
+  spec.sync_period = 50;
+  spec.max_steps = 600;
+  Cluster cluster(spec);
+  cluster.StartWorker("a", TRAINER);
+  cluster.StartWorker("b", TRAINER);
+  cluster.StartWorker("spare", SPARE);
+  cluster.WaitFor("b synced once",
+                  [](const GetStatusResponse& s) { return s.slots(1).snapshot_step() > 0; });
+  const uint64_t b = FindWorker(cluster.Status(), "b", TRAINER)->incarnation();
+  std::string said;
+  REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "drain", "1,0"},
+                     &said, absl::Seconds(30)) == 0);
+  CHECK(said == absl::StrCat("draining slot (1,0): its trainer (incarnation ", b,
+                             ") leaves after its next sync\n"));
+  // Draining a slot nobody owns, or outside the job, is refused with the reason.
+  std::string refused;
+  CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "drain", "7,0"},
+                   &refused, absl::Seconds(30)) == 1);
+  CHECK(absl::StrContains(refused, "slot (7, 0) is outside the job's topology"));
+  CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "drain", "x"},
+                   &refused, absl::Seconds(30)) == 64);
+
+  const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
+  INFO(done.DebugString());
+  const WorkerStatus* drained = FindIncarnation(done, b);
+  REQUIRE(drained != nullptr);
+  CHECK(drained->state() == DRAINED);
+  CHECK(absl::StartsWith(drained->state_reason(), "drained on request after its sync at step "));
+  REQUIRE(done.recoveries_size() == 1);
+  const RecoveryStatus& r = done.recoveries(0);
+  CHECK(r.policy() == REPLAY);
+  CHECK(r.outcome() == RECOVERED);
+  CHECK(r.steps_replayed() == 0);
+  CHECK(r.phases().detection_ms() == 0);  // it said goodbye; nobody waited for its silence
+  CheckTookOver(done, r.spares(0), 1);
+  CheckEverySyncAppliedOnce(done, spec);
+  INFO(cluster.Logs());
+  CHECK(cluster.ExitCode("b") == 0);
+  CHECK(cluster.ExitCode("a") == 0);
+  CHECK(cluster.ExitCode("spare") == 0);
+}
+
 TEST_CASE("two trainers killed at once are rebuilt by two spares, one slot each") {
   JobSpec spec;
   spec.replicas = 3;
