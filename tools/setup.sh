@@ -16,6 +16,8 @@ PACKAGES=(
   dataset-fashion-mnist
   # Tests.
   catch2 openssl python3 procps
+  # tests/deploy: the Kubernetes manifests are YAML.
+  python3-yaml
   # The demo's plot (tools/plot_progress.sh): gnuplot without X, and a font for its PNGs.
   gnuplot-nox fonts-dejavu-core
 )

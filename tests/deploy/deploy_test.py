@@ -1,0 +1,562 @@
+"""deploy/ agrees with the binaries, the configs and itself.
+
+Kubernetes (deploy/k8s): every manifest parses; the containers run the binaries where
+deploy/Dockerfile puts them, with flags those binaries define (the DEFINE_ flags of
+server/main.cc, worker/main.cc) and --config paths that the ConfigMap provides; ports, probes,
+the data volume and the topology agree between the manifests and the configs; the init container
+that gives a worker its pod IP as peer address really writes that config.
+
+Slurm (deploy/slurm/rebound.sbatch): it passes `bash -n`, passes only flags the binaries define,
+names configs that exist, and, run under stand-ins for srun, scontrol and the binaries, starts the
+server on the first node and the workers on the others, restarts a server that dies and a worker
+that is fenced, and stops the workers before the server.
+"""
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+import unittest
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+K8S = os.path.join(ROOT, "deploy", "k8s")
+SBATCH = os.path.join(ROOT, "deploy", "slurm", "rebound.sbatch")
+SUPERVISE = os.path.join(ROOT, "deploy", "slurm", "supervise-worker.sh")
+
+SERVER_BIN = "/opt/rebound/server/rebound_server"
+WORKER_BIN = "/opt/rebound/worker/rebound_worker"
+
+
+def read(path):
+    """A file's text; relative paths are the repository's."""
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def defined_flags(source):
+    """The gflags a main.cc defines: DEFINE_string(config, ...) -> "config"."""
+    return set(re.findall(r"^DEFINE_\w+\((\w+),", read(source), re.M))
+
+
+FLAGS = {
+    "rebound_server": defined_flags("server/main.cc"),
+    "rebound_worker": defined_flags("worker/main.cc"),
+    "reboundctl": defined_flags("tools/reboundctl.cc"),
+}
+
+
+def parse_pbtxt(text):
+    """A protobuf text file as {"dotted.field": [values]} (scalars only, strings unquoted)."""
+    tokens = re.findall(r'"(?:[^"\\]|\\.)*"|#[^\n]*|[{}:]|[^\s{}:"#]+', text)
+    tokens = [t for t in tokens if not t.startswith("#")]
+    fields, path, i = {}, [], 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "}":
+            path.pop()
+            i += 1
+        elif tokens[i + 1] == "{":
+            path.append(token)
+            i += 2
+        elif tokens[i + 1] == ":" and tokens[i + 2] == "{":
+            path.append(token)
+            i += 3
+        else:
+            assert tokens[i + 1] == ":", f"unexpected {tokens[i + 1]!r} after {token!r}"
+            value = tokens[i + 2]
+            if value.startswith('"'):
+                value = value[1:-1]
+            fields.setdefault(".".join(path + [token]), []).append(value)
+            i += 3
+    assert not path, f"unclosed {path}"
+    return fields
+
+
+def one(fields, name, default=None):
+    values = fields.get(name)
+    if values is None:
+        return default
+    assert len(values) == 1, f"{name} set {len(values)} times"
+    return values[0]
+
+
+def split_flags(args):
+    """["--config=/x", "--role", "spare"] -> [("config", "/x"), ("role", "spare")]."""
+    flags, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        assert arg.startswith("--"), f"positional argument {arg!r}"
+        if "=" in arg:
+            name, value = arg[2:].split("=", 1)
+        else:
+            name, value = arg[2:], (args[i + 1] if i + 1 < len(args) else "")
+            i += 1
+        flags.append((name, value))
+        i += 1
+    return flags
+
+
+def load_kustomization():
+    with open(os.path.join(K8S, "kustomization.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def load_manifests():
+    """{(kind, name): object} over the kustomization's resources."""
+    objects = {}
+    for resource in load_kustomization()["resources"]:
+        with open(os.path.join(K8S, resource)) as f:
+            for doc in yaml.safe_load_all(f):
+                objects[(doc["kind"], doc["metadata"]["name"])] = doc
+    return objects
+
+
+def pod_spec(workload):
+    return workload["spec"]["template"]["spec"]
+
+
+def config_map_files():
+    """The ConfigMap generator's files: {name: {key: path}}."""
+    maps = {}
+    for generator in load_kustomization()["configMapGenerator"]:
+        maps[generator["name"]] = {os.path.basename(f): os.path.join(K8S, f)
+                                   for f in generator["files"]}
+    return maps
+
+
+def workloads(objects):
+    return {key: obj for key, obj in objects.items()
+            if key[0] in ("StatefulSet", "Deployment", "Job")}
+
+
+def mount_of(container, path):
+    """The volumeMount of `container` that holds `path`: (volume name, mountPath)."""
+    for mount in container.get("volumeMounts", []):
+        if os.path.dirname(path) == mount["mountPath"].rstrip("/"):
+            return mount["name"], mount["mountPath"]
+    return None, None
+
+
+def dockerfile_copies():
+    """{destination: source} of deploy/Dockerfile's COPY lines."""
+    return {dst: src for src, dst in
+            re.findall(r"^COPY\s+(\S+)\s+(\S+)\s*$", read("deploy/Dockerfile"), re.M)}
+
+
+class KubernetesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.objects = load_manifests()
+        cls.maps = config_map_files()
+        files = cls.maps["rebound-config"]
+        cls.job = parse_pbtxt(read(files["job.pbtxt"]))
+        cls.server_config = parse_pbtxt(read(files["server.pbtxt"]))
+        cls.worker_config = parse_pbtxt(read(files["worker.pbtxt"]))
+        cls.server_sts = cls.objects[("StatefulSet", "rebound-server")]
+        cls.server_svc = cls.objects[("Service", "rebound-server")]
+        cls.trainers = cls.objects[("Job", "rebound-trainer")]
+        cls.spares = cls.objects[("Deployment", "rebound-spare")]
+        cls.evaluator = cls.objects[("Job", "rebound-evaluator")]
+
+    def rebound_containers(self):
+        """(workload, container, binary) for every container that runs a Rebound binary."""
+        found = []
+        for key, workload in workloads(self.objects).items():
+            for container in pod_spec(workload)["containers"]:
+                found.append((key, container, os.path.basename(container["command"][0])))
+        return found
+
+    def test_every_yaml_file_parses_and_is_deployed(self):
+        yamls = sorted(f for f in os.listdir(K8S) if f.endswith((".yaml", ".yml")))
+        for name in yamls:
+            with open(os.path.join(K8S, name)) as f:
+                docs = [d for d in yaml.safe_load_all(f) if d is not None]
+            self.assertTrue(docs, name)
+            for doc in docs:
+                self.assertIn("apiVersion", doc, name)
+                self.assertIn("kind", doc, name)
+                if doc["kind"] != "Kustomization":
+                    self.assertIn("name", doc["metadata"], name)
+        resources = load_kustomization()["resources"]
+        self.assertEqual(sorted(resources + ["kustomization.yaml"]), yamls)
+        for files in self.maps.values():
+            for path in files.values():
+                self.assertTrue(os.path.isfile(path), path)
+
+    def test_the_manifests_hold_what_the_design_asks_for(self):
+        # One server pod behind a headless Service, trainers as an Indexed Job, spares as a
+        # Deployment, one evaluator, the configs in one ConfigMap.
+        self.assertEqual(self.server_sts["spec"]["replicas"], 1)
+        self.assertEqual(self.server_svc["spec"]["clusterIP"], "None")
+        self.assertEqual(self.trainers["spec"]["completionMode"], "Indexed")
+        self.assertEqual(list(self.maps), ["rebound-config"])
+        self.assertEqual(sorted(f"{kind}/{name}" for kind, name in self.objects),
+                         ["Deployment/rebound-spare", "Job/rebound-evaluator",
+                          "Job/rebound-trainer", "Service/rebound-server",
+                          "StatefulSet/rebound-server"])
+
+    def test_every_container_runs_the_image_built_by_the_dockerfile(self):
+        self.assertRegex(read("deploy/Dockerfile"), r"(?m)^FROM debian:12\s*$")
+        images = {i["name"]: i for i in load_kustomization()["images"]}
+        self.assertEqual(images["rebound"].get("newTag"), "latest")
+        for key, workload in workloads(self.objects).items():
+            spec = pod_spec(workload)
+            for container in spec["containers"] + spec.get("initContainers", []):
+                self.assertEqual(container["image"], "rebound:latest", key)
+
+    def test_containers_run_the_binaries_where_the_dockerfile_copies_them(self):
+        copies = dockerfile_copies()
+        # The image's layout under /opt/rebound is bazel-bin's: //server:rebound_server at
+        # server/rebound_server, and so on, binaries whose flags FLAGS read from their sources.
+        for dst, src in copies.items():
+            self.assertEqual(dst, "/opt/rebound/" + src)
+            self.assertIn(os.path.basename(src), FLAGS)
+        self.assertEqual(set(copies),
+                         {SERVER_BIN, WORKER_BIN, "/opt/rebound/tools/reboundctl"})
+        expected = {("StatefulSet", "rebound-server"): SERVER_BIN}
+        for key, container, _ in self.rebound_containers():
+            self.assertEqual(len(container["command"]), 1, key)
+            self.assertEqual(container["command"][0], expected.get(key, WORKER_BIN), key)
+
+    def test_every_flag_is_defined_by_its_binary(self):
+        for key, container, binary in self.rebound_containers():
+            env = {e["name"] for e in container.get("env", [])}
+            flags = split_flags(container.get("args", []))
+            self.assertIn("config", [name for name, _ in flags], key)
+            for name, value in flags:
+                self.assertIn(name, FLAGS[binary], f"{key}: --{name} is not a flag of {binary}")
+                for var in re.findall(r"\$\((\w+)\)", value):
+                    self.assertIn(var, env, f"{key}: --{name} uses $({var}), not in env")
+
+    def test_workers_ask_for_the_roles_of_their_workload(self):
+        roles = {}
+        for key, container, binary in self.rebound_containers():
+            if binary == "rebound_worker":
+                roles[key[1]] = dict(split_flags(container["args"]))["role"]
+        # Trainers take free slots and join as spares once none is left (a restarted trainer
+        # whose slot a spare rebuilt would be refused as --role=trainer).
+        self.assertEqual(roles, {"rebound-trainer": "auto", "rebound-spare": "spare",
+                                 "rebound-evaluator": "evaluator"})
+
+    def test_every_config_path_is_provided_by_the_config_map(self):
+        files = self.maps["rebound-config"]
+        for key, workload in workloads(self.objects).items():
+            spec = pod_spec(workload)
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            for container in spec["containers"]:
+                path = dict(split_flags(container["args"]))["config"]
+                volume, mount_path = mount_of(container, path)
+                self.assertIsNotNone(volume, f"{key}: nothing mounted at {path}")
+                source = volumes[volume]
+                if "configMap" in source:
+                    self.assertIn(source["configMap"]["name"], self.maps, key)
+                    self.assertIn(os.path.basename(path), files, key)
+                    continue
+                # A config written at start by an init container from the ConfigMap's file.
+                self.assertIn("emptyDir", source, key)
+                writers = [c for c in spec.get("initContainers", [])
+                           if mount_of(c, path)[0] == volume]
+                self.assertEqual(len(writers), 1, f"{key}: who writes {path}?")
+                script = writers[0]["args"][0]
+                self.assertIn("> " + path, script, key)
+                config_mounts = [m for m in writers[0]["volumeMounts"]
+                                 if "configMap" in volumes[m["name"]]]
+                self.assertEqual(len(config_mounts), 1, key)
+                template = os.path.join(config_mounts[0]["mountPath"], os.path.basename(path))
+                self.assertIn(template, script, key)
+                self.assertIn(os.path.basename(template), files, key)
+        # The server's job file sits beside its config, in the same ConfigMap.
+        self.assertIn(one(self.server_config, "job_file"), files)
+        self.assertIsNone(one(self.server_config, "job"))
+
+    def test_ports_agree_between_configs_services_containers_and_probes(self):
+        host, port = one(self.server_config, "listen_address").rsplit(":", 1)
+        self.assertEqual(host, "0.0.0.0")
+        port = int(port)
+        [container] = pod_spec(self.server_sts)["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        self.assertEqual(ports, {"grpc": port})
+        [service_port] = self.server_svc["spec"]["ports"]
+        self.assertEqual(service_port["port"], port)
+        self.assertEqual(service_port["targetPort"], "grpc")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            self.assertEqual(container[probe], {**container[probe], "grpc": {"port": port}},
+                             f"{probe} must be a native gRPC probe on port {port}")
+        # Workers reach the server pod by its stable name: <statefulset>-0.<service>.
+        self.assertEqual(self.server_sts["spec"]["serviceName"], "rebound-server")
+        self.assertEqual(one(self.worker_config, "server_address"),
+                         f"rebound-server-0.rebound-server:{port}")
+        # The peer port of the worker config is the port the worker pods declare.
+        peer_host, peer_port = one(self.worker_config, "peer_listen_address").rsplit(":", 1)
+        self.assertEqual(peer_host, "0.0.0.0")
+        for workload in (self.trainers, self.spares):
+            [worker] = pod_spec(workload)["containers"]
+            self.assertEqual({p["name"]: p["containerPort"] for p in worker["ports"]},
+                             {"peer": int(peer_port)})
+
+    def test_selectors_match_the_pods(self):
+        labels = self.server_sts["spec"]["template"]["metadata"]["labels"]
+        self.assertLessEqual(self.server_svc["spec"]["selector"].items(), labels.items())
+        for workload in (self.server_sts, self.spares):
+            self.assertLessEqual(workload["spec"]["selector"]["matchLabels"].items(),
+                                 workload["spec"]["template"]["metadata"]["labels"].items())
+
+    def test_the_data_directory_is_on_the_persistent_volume(self):
+        data_dir = one(self.server_config, "durability.data_dir")
+        self.assertEqual(one(self.server_config, "durability.fsync"), "true")
+        [claim] = self.server_sts["spec"]["volumeClaimTemplates"]
+        [container] = pod_spec(self.server_sts)["containers"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
+        self.assertTrue(data_dir.startswith(mount["mountPath"].rstrip("/") + "/"), data_dir)
+        self.assertIn("storage", claim["spec"]["resources"]["requests"])
+
+    def test_the_workloads_match_the_jobs_topology(self):
+        slots = int(one(self.job, "topology.replicas", "1")) * int(
+            one(self.job, "topology.stages", "1"))
+        self.assertEqual(self.trainers["spec"]["completions"], slots)
+        self.assertEqual(self.trainers["spec"]["parallelism"], slots)
+        self.assertEqual(self.spares["spec"]["replicas"], int(one(self.job, "topology.spares")))
+        self.assertEqual(one(self.job, "topology.evaluator"), "true")
+        self.assertEqual(self.evaluator["spec"]["completions"], 1)
+        self.assertEqual(one(self.worker_config, "job_id"), one(self.job, "job_id"))
+        self.assertGreater(int(one(self.job, "topology.spares")), 0)
+
+    def test_the_init_containers_give_each_worker_its_pod_ip_as_peer_address(self):
+        template = self.maps["rebound-config"]["worker.pbtxt"]
+        with open(template) as f:
+            original = f.read()
+        port = one(self.worker_config, "peer_listen_address").rsplit(":", 1)[1]
+        scripts = set()
+        for workload in (self.trainers, self.spares):
+            [init] = pod_spec(workload)["initContainers"]
+            self.assertEqual(init["command"], ["/bin/sh", "-c"])
+            self.assertEqual([e["valueFrom"]["fieldRef"]["fieldPath"] for e in init["env"]],
+                             ["status.podIP"])
+            scripts.add(init["args"][0])
+        self.assertEqual(len(scripts), 1, "the trainers and spares render the same way")
+        [script] = scripts
+        [init] = pod_spec(self.trainers)["initContainers"]
+        for pod_ip, host in (("10.244.1.7", "10.244.1.7"), ("fd00:10:244::7", "[fd00:10:244::7]")):
+            with tempfile.TemporaryDirectory() as tmp:
+                local = script
+                for mount in init["volumeMounts"]:
+                    here = os.path.join(tmp, mount["name"])
+                    os.makedirs(here)
+                    local = local.replace(mount["mountPath"], here)
+                with open(os.path.join(tmp, "config", "worker.pbtxt"), "w") as f:
+                    f.write(original)
+                subprocess.run(["/bin/sh", "-c", local], check=True,
+                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                    "POD_IP": pod_ip})
+                with open(os.path.join(tmp, "run", "worker.pbtxt")) as f:
+                    rendered = f.read()
+            fields = parse_pbtxt(rendered)
+            self.assertEqual(one(fields, "peer_listen_address"), f"{host}:{port}")
+            # Nothing else changes.
+            self.assertEqual({k: v for k, v in fields.items() if k != "peer_listen_address"},
+                             {k: v for k, v in self.worker_config.items()
+                              if k != "peer_listen_address"})
+
+
+def logical_lines(text):
+    return text.replace("\\\n", " ").splitlines()
+
+
+class SlurmTest(unittest.TestCase):
+    def test_the_scripts_parse(self):
+        for script in (SBATCH, SUPERVISE):
+            subprocess.run(["bash", "-n", script], check=True)
+            self.assertTrue(os.access(script, os.X_OK), script)
+
+    def test_it_runs_the_binaries_of_the_image_layout_with_their_flags(self):
+        text = read("deploy/slurm/rebound.sbatch")
+        variables = dict(re.findall(r"^(\w+_bin)=\$bin/(\S+)$", text, re.M))
+        self.assertEqual(variables, {"server_bin": "server/rebound_server",
+                                     "worker_bin": "worker/rebound_worker",
+                                     "ctl_bin": "tools/reboundctl"})
+        copies = dockerfile_copies()
+        used = set()
+        for line in logical_lines(text):
+            for var, path in variables.items():
+                for rest in re.findall(r'"\$' + var + r'"([^&|>;]*)', line):
+                    binary = os.path.basename(path)
+                    self.assertIn("/opt/rebound/" + path, copies)
+                    for name in re.findall(r"(?:^|\s)--(\w+)", rest):
+                        self.assertIn(name, FLAGS[binary], f"--{name} is not a flag of {binary}")
+                        used.add((binary, name))
+        self.assertLessEqual({("rebound_server", "config"), ("rebound_worker", "config"),
+                              ("rebound_worker", "server"), ("rebound_worker", "role"),
+                              ("reboundctl", "server")}, used)
+
+    def test_it_reads_configs_that_exist(self):
+        text = read("deploy/slurm/rebound.sbatch")
+        configs = set(re.findall(r"\$repo/(configs/\w+\.pbtxt)", text))
+        self.assertEqual(configs, {"configs/job.pbtxt", "configs/worker.pbtxt"})
+        for path in configs:
+            self.assertTrue(os.path.isfile(os.path.join(ROOT, path)), path)
+        # The line the script rewrites is there.
+        self.assertIn("peer_listen_address",
+                      parse_pbtxt(read("configs/worker.pbtxt")))
+
+
+FAKE_SRUN = r"""#!/bin/bash
+# srun's stand-in: runs the step's tasks on this machine.
+ntasks=1; out=/dev/null; opts=()
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in
+    --ntasks=*) ntasks=${1#--ntasks=} ;;
+    --output=*) out=${1#--output=} ;;
+  esac
+  opts+=("$1"); shift
+done
+echo "srun ${opts[*]} :: $(basename "$1")" >> "$FAKE_LOG"
+pids=()
+trap 'kill -TERM "${pids[@]}" 2> /dev/null' TERM
+for ((t = 0; t < ntasks; t++)); do
+  SLURM_PROCID=$t "$@" >> "${out//%t/$t}" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do
+  while kill -0 "$p" 2> /dev/null; do wait "$p"; done
+  wait "$p"; s=$?
+  if (( s > rc )); then rc=$s; fi
+done
+exit $rc
+"""
+
+FAKE_SCONTROL = r"""#!/bin/bash
+[[ $1 == show && $2 == hostnames ]] || exit 1
+printf '%s\n' n1 n2 n3
+"""
+
+FAKE_SERVER = r"""#!/bin/bash
+echo "server $*" >> "$FAKE_LOG"
+if [[ -n ${FAKE_CRASH_ONCE:-} && ! -e $FAKE_DIR/crashed ]]; then
+  touch "$FAKE_DIR/serving" "$FAKE_DIR/crashed"; sleep 4
+  rm "$FAKE_DIR/serving"; echo "server crash" >> "$FAKE_LOG"; exit 1
+fi
+trap 'rm -f "$FAKE_DIR/serving"; echo "server TERM" >> "$FAKE_LOG"; exit 0' TERM
+touch "$FAKE_DIR/serving"
+while :; do sleep 0.05; done
+"""
+
+FAKE_WORKER = r"""#!/bin/bash
+echo "worker $*" >> "$FAKE_LOG"
+if [[ -n ${FAKE_FENCE_EVALUATOR_ONCE:-} && $* == *--role=evaluator* && ! -e $FAKE_DIR/fenced ]]; then
+  touch "$FAKE_DIR/fenced"; echo "evaluator fenced" >> "$FAKE_LOG"; exit 3
+fi
+trap 'echo "worker TERM" >> "$FAKE_LOG"; exit 0' TERM
+end=$((SECONDS + FAKE_WORKER_S))
+while (( SECONDS < end )); do sleep 0.05; done
+"""
+
+FAKE_CTL = r"""#!/bin/bash
+echo "ctl $*" >> "$FAKE_LOG"
+case " $* " in
+  *" health "*) [[ -e $FAKE_DIR/serving ]] && { echo SERVING; exit 0; }; exit 2 ;;
+  *" status "*) s='{"state":"FINISHED"}'; echo "{\"slots\":[$s,$s,$s,$s]}" ;;
+esac
+"""
+
+
+class SlurmRunTest(unittest.TestCase):
+    """The script under stand-ins: nodes n1 n2 n3, the job of configs/job.pbtxt."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        fake_bin = os.path.join(self.dir, "path")
+        for name, text in (("path/srun", FAKE_SRUN), ("path/scontrol", FAKE_SCONTROL),
+                           ("bin/server/rebound_server", FAKE_SERVER),
+                           ("bin/worker/rebound_worker", FAKE_WORKER),
+                           ("bin/tools/reboundctl", FAKE_CTL)):
+            path = os.path.join(self.dir, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        self.log = os.path.join(self.dir, "log")
+        self.run_dir = os.path.join(self.dir, "run")
+        self.env = {
+            "PATH": fake_bin + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": self.dir,
+            "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_SUBMIT_DIR": ROOT,
+            "REBOUND_BIN": os.path.join(self.dir, "bin"),
+            "REBOUND_RUN_DIR": self.run_dir,
+            "REBOUND_DATA_DIR": os.path.join(self.dir, "data"),
+            "FAKE_LOG": self.log, "FAKE_DIR": self.dir,
+        }
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def lines(self):
+        with open(self.log) as f:
+            return f.read().splitlines()
+
+    def start(self, **env):
+        return subprocess.Popen(["bash", SBATCH], env={**self.env, **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def test_a_job_runs_to_the_end_through_a_server_crash_and_a_fenced_worker(self):
+        script = self.start(FAKE_WORKER_S="10", FAKE_CRASH_ONCE="1", FAKE_FENCE_EVALUATOR_ONCE="1")
+        output, _ = script.communicate(timeout=50)
+        self.assertEqual(script.returncode, 0, output)
+        lines = self.lines()
+        # The server: on the first node, started again after its crash, stopped last.
+        servers = [l for l in lines if l.startswith("server --")]
+        self.assertEqual(servers, [f"server --config={self.run_dir}/server.pbtxt"] * 2)
+        self.assertIn("server crash", lines)
+        self.assertEqual(lines[-1], "server TERM")
+        for l in lines:
+            if l.startswith("srun"):
+                nodes = re.search(r"--nodelist=(\S+)", l).group(1)
+                self.assertEqual(nodes == "n1", l.endswith(":: rebound_server"), l)
+        # The workers: one trainer per slot of configs/job.pbtxt, the spares, the evaluator,
+        # which its task started again after it was fenced.
+        workers = [l for l in lines if l.startswith("worker --")]
+        roles = sorted(re.search(r"--role=(\w+)", l).group(1) for l in workers)
+        self.assertEqual(roles, ["auto"] * 4 + ["evaluator"] * 2 + ["spare"] * 2)
+        self.assertIn("evaluator fenced", lines)
+        for l in workers:
+            self.assertIn(f"--config={self.run_dir}/worker.pbtxt --server=n1:7070", l)
+        # The generated configs: the repository's job and worker configs.
+        server = parse_pbtxt(read(os.path.join(self.run_dir, "server.pbtxt")))
+        self.assertEqual(one(server, "listen_address"), "0.0.0.0:7070")
+        self.assertEqual(read(one(server, "job_file")), read("configs/job.pbtxt"))
+        self.assertEqual(one(server, "durability.data_dir"), self.env["REBOUND_DATA_DIR"])
+        worker = parse_pbtxt(read(os.path.join(self.run_dir, "worker.pbtxt")))
+        shipped = parse_pbtxt(read("configs/worker.pbtxt"))
+        self.assertEqual(one(worker, "peer_listen_address"), "0.0.0.0:0")
+        self.assertEqual({k: v for k, v in worker.items() if k != "peer_listen_address"},
+                         {k: v for k, v in shipped.items() if k != "peer_listen_address"})
+        status = json.loads(read(os.path.join(self.run_dir, "status.json")))
+        self.assertEqual(len(status["slots"]), 4)
+
+    def test_a_signal_stops_the_workers_before_the_server(self):
+        script = self.start(FAKE_WORKER_S="60")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if os.path.exists(self.log) and sum(
+                    l.startswith("worker --") for l in self.lines()) == 7:
+                break
+            time.sleep(0.1)
+        script.send_signal(signal.SIGTERM)
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 143, output)
+        lines = self.lines()
+        self.assertEqual(lines.count("worker TERM"), 7, output)
+        self.assertEqual(lines[-1], "server TERM")
+        last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM")
+        self.assertLess(last_worker, lines.index("server TERM"))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
