@@ -34,6 +34,7 @@
 DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
 DEFINE_string(port_file, "", "write the bound port to this file once serving");
+DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_dir");
 
 namespace rebound::server {
 namespace {
@@ -103,6 +104,7 @@ int Run() {
     }
     config.set_listen_address(FLAGS_listen);
   }
+  if (!FLAGS_data_dir.empty()) config.mutable_durability()->set_data_dir(FLAGS_data_dir);
 
   RealClock clock;
   const JobConfig& job = config.job();

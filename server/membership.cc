@@ -116,7 +116,9 @@ absl::Status Membership::CheckAliveLocked(uint64_t incarnation) const {
   if (it == workers_.end()) {
     const uint64_t epoch = incarnation >> 32;
     const uint64_t counter = incarnation & 0xFFFFFFFFu;
-    if (epoch == epoch_ && counter >= 1 && counter < next_counter_) {
+    // Issued in this server life and forgotten: fenced (its record was pruned). Issued before a
+    // restart (Restore brings back only the slots' owners): unknown, like a stranger's.
+    if (epoch == epoch_ && counter >= first_counter_of_life_ && counter < next_counter_) {
       return absl::FailedPreconditionError(
           absl::StrCat("incarnation ", incarnation, " is fenced; register again"));
     }
@@ -642,6 +644,7 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
   }
   epoch_ = server.incarnation_epoch();
   next_counter_ = std::max<uint64_t>(1, server.next_incarnation_counter());
+  first_counter_of_life_ = next_counter_;
   for (const SlotRecord& record : slots) {
     Slot& slot = slots_[SlotIndex(record.slot())];
     slot.state = record.state();

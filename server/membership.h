@@ -5,8 +5,9 @@
 // Every registration gets a fresh incarnation number, never reused: the high 32 bits are the
 // server's start time in seconds (its epoch), the low 32 bits a counter. A worker silent for
 // failure_timeout is declared FAILED; its incarnation is fenced for good: every later call that
-// names it gets FAILED_PRECONDITION. An incarnation the server has never seen (for example after
-// a server restart without durable state) gets ABORTED: the worker should register again.
+// names it gets FAILED_PRECONDITION. An incarnation this server life does not know (a restart
+// without durable state, or one with it that restores only the slots' owners, not spares and
+// evaluators) gets ABORTED: the worker should register again.
 // Records of fenced workers are kept up to kMaxFencedRecords; older ones are pruned, and an
 // incarnation of this epoch below the counter is still recognised as fenced.
 //
@@ -216,6 +217,7 @@ class Membership {
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_);  // high 32 bits of this server life's incarnations
   uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t first_counter_of_life_ ABSL_GUARDED_BY(mu_) = 1;  // the first issued since Restore
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage
   std::vector<RecoveryStatus> recoveries_ ABSL_GUARDED_BY(mu_);

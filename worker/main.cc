@@ -33,6 +33,10 @@ DEFINE_string(config, "", "worker config file (.pbtxt); required");
 DEFINE_string(server, "", "server host:port; overrides server_address");
 DEFINE_string(name, "", "worker name; overrides name (default <hostname>-<pid>)");
 DEFINE_string(role, "", "auto|trainer|spare|evaluator; overrides role");
+DEFINE_string(peer_listen, "", "WorkerPeer host:port to listen on; overrides peer_listen_address");
+DEFINE_string(advertise_host, "",
+              "the host other workers reach this one at (e.g. a pod IP); default: the host of "
+              "peer_listen_address, or the hostname when that is 0.0.0.0 or [::]");
 // Fault injection, for benchmarks and chaos tests only (docs/operations.md).
 DEFINE_uint64(fault_label_permutation_seed, 0,
               "testing only: permute this trainer's labels with a permutation from this seed");
@@ -78,6 +82,20 @@ int Run() {
   }
   if (!FLAGS_name.empty()) config.set_name(FLAGS_name);
   if (config.name().empty()) config.set_name(DefaultName());
+  if (!FLAGS_peer_listen.empty()) {
+    absl::Status valid = ValidateHostPort(FLAGS_peer_listen, "--peer_listen");
+    if (!valid.ok()) {
+      LOG(ERROR) << valid.message();
+      return 2;
+    }
+    config.set_peer_listen_address(FLAGS_peer_listen);
+  }
+  if (FLAGS_advertise_host.find_first_of(" :/") != std::string::npos &&
+      !(FLAGS_advertise_host.front() == '[' && FLAGS_advertise_host.back() == ']')) {
+    LOG(ERROR) << "--advertise_host must be a host name or address (an IPv6 one in brackets), "
+               << "got '" << FLAGS_advertise_host << "'";
+    return 2;
+  }
   if (!FLAGS_role.empty()) {
     WorkerRole role;
     if (!ParseRole(FLAGS_role, &role)) {
@@ -102,7 +120,9 @@ int Run() {
     return 1;
   }
   std::string host = config.peer_listen_address().substr(0, config.peer_listen_address().rfind(':'));
-  if (host == "0.0.0.0" || host == "[::]") {
+  if (!FLAGS_advertise_host.empty()) {
+    host = FLAGS_advertise_host;
+  } else if (host == "0.0.0.0" || host == "[::]") {
     char name[256] = {0};
     gethostname(name, sizeof(name) - 1);
     host = name;
@@ -132,8 +152,15 @@ int Run() {
     metrics_http = *std::move(started);
     LOG(INFO) << "metrics at http://" << metrics_http->address() << "/metrics";
   }
+  // What others use to scrape it: a wildcard bind is reached at the advertised host.
+  std::string metrics_address;
+  if (metrics_http != nullptr) {
+    const std::string& bind = config.metrics().bind_address();
+    metrics_address = absl::StrCat(bind == "0.0.0.0" || bind == "[::]" || bind == "::" ? host : bind,
+                                   ":", metrics_http->port());
+  }
   WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address,
-                    metrics_http != nullptr ? metrics_http->address() : std::string());
+                    metrics_address);
   LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
             << config.server_address();
 

@@ -569,3 +569,41 @@ TEST_CASE("a finished slot stays finished when its trainer leaves, and STOP foll
 
 }  // namespace
 }  // namespace rebound::server
+
+namespace rebound::server {
+namespace {
+
+TEST_CASE("after a restart the slots' owners go on and every other old incarnation registers "
+          "again (ABORTED)") {
+  FakeClock clock;
+  ServerRecord server;
+  std::vector<SlotRecord> slots;
+  uint64_t trainer = 0;
+  uint64_t spare = 0;
+  {
+    Membership first(TwoByOneJob(), &clock,
+                     [&](const ServerRecord& s, const std::vector<SlotRecord>& records) {
+                       server = s;
+                       slots = records;
+                       return absl::OkStatus();
+                     });
+    trainer = first.Register(Request("a"))->incarnation();
+    REQUIRE(first.Register(Request("b")).ok());
+    spare = first.Register(Request("s", SPARE))->incarnation();
+  }
+  Membership second(TwoByOneJob(), &clock);
+  REQUIRE(second.Restore(server, slots, absl::Seconds(10)).ok());
+  CHECK(second.CheckAlive(trainer).ok());
+  const absl::Status old_spare = second.CheckAlive(spare);
+  CHECK(old_spare.code() == absl::StatusCode::kAborted);
+  CHECK(absl::StrContains(old_spare.message(), "is unknown to this server"));
+  // A spare of this life that is then forgotten (deregistered and pruned) stays fenced.
+  auto fresh = second.Register(Request("s2", SPARE));
+  REQUIRE(fresh.ok());
+  CHECK(fresh->incarnation() > spare);
+  REQUIRE(second.Deregister(fresh->incarnation()).ok());
+  CHECK(second.CheckAlive(fresh->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace rebound::server
