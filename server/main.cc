@@ -20,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
+#include "common/security.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -128,13 +129,24 @@ int Run() {
                           for (const SlotRecord& slot : slots) batch.PutSlot(slot);
                           return db->Commit(batch);
                         });
-  ParameterServerService service(config, &membership, centers->get(), &tracker, db, &clock);
+  auto token = TokenChecker::FromConfig(config.security());
+  if (!token.ok()) {
+    LOG(ERROR) << token.status();
+    return 2;
+  }
+  auto credentials = MakeServerCredentials(config.security());
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status();
+    return 2;
+  }
+  ParameterServerService service(config, &membership, centers->get(), &tracker, db, &clock,
+                                 *std::move(token));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config.listen_address(), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen_address(), *credentials, &port);
   builder.SetMaxReceiveMessageSize(config.max_message_bytes());
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   builder.RegisterService(&service);
@@ -194,7 +206,11 @@ int Run() {
   server->GetHealthCheckService()->SetServingStatus(true);
   LOG(INFO) << kServerVersion << " serving job '" << config.job().job_id() << "' on port " << port
             << " (" << config.job().topology().replicas() << " x "
-            << config.job().topology().stages() << " slots)";
+            << config.job().topology().stages() << " slots)"
+            << (ServesTls(config.security())
+                    ? (config.security().tls().require_client_cert() ? ", mutual TLS" : ", TLS")
+                    : ", plaintext")
+            << (config.security().token_file().empty() ? "" : ", bearer token required");
   if (!FLAGS_port_file.empty()) {
     absl::Status written = WriteFileAtomically(FLAGS_port_file, absl::StrCat(port, "\n"));
     if (!written.ok()) {

@@ -23,7 +23,8 @@ const char kServerVersion[] = "rebound 0.2.0";
 
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,
                                                CenterTable* centers, ReliabilityTracker* tracker,
-                                               storage::DurableStore* store, const Clock* clock)
+                                               storage::DurableStore* store, const Clock* clock,
+                                               TokenChecker token)
     : config_(config),
       job_(config_.job()),
       membership_(membership),
@@ -31,6 +32,7 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       tracker_(tracker),
       store_(store),
       clock_(clock),
+      token_(std::move(token)),
       started_(clock->Now()) {
   step_log_ = std::make_unique<StepLogService>(
       job_, membership_, store_, [this](const SlotId& slot) {
@@ -48,6 +50,11 @@ void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>&
     book.update_count = record.update_count();
     book.applied_sequence = record.applied_sequence();
   }
+}
+
+absl::Status ParameterServerService::CheckCall(const grpc::ServerContext* context) const {
+  RETURN_IF_ERROR(token_.Check(context));
+  return CheckReady();
 }
 
 absl::Status ParameterServerService::CheckReady() const {
@@ -202,7 +209,7 @@ void ParameterServerService::MaybeRollBack() {
 grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const RegisterRequest* request,
                                               RegisterResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto registered = membership_->Register(*request);
   if (!registered.ok()) {
     LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
@@ -220,7 +227,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
                                                const HeartbeatRequest* request,
                                                HeartbeatResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto reply = membership_->Heartbeat(*request);
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
@@ -239,7 +246,7 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
                                                 const DeregisterRequest* request,
                                                 DeregisterResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   absl::Status status = membership_->Deregister(request->incarnation(), request->drained());
   if (status.ok()) {
     LOG(INFO) << "incarnation " << request->incarnation()
@@ -250,7 +257,7 @@ grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
 
 grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const SyncRequest* request,
                                           SyncResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
@@ -370,7 +377,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
 
 grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const PushRequest* request,
                                           PushResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
@@ -463,7 +470,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
 
 grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const PullRequest* request,
                                           PullResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
@@ -487,7 +494,7 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
 grpc::Status ParameterServerService::ReportEval(grpc::ServerContext* context,
                                                 const ReportEvalRequest* request,
                                                 ReportEvalResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
@@ -506,6 +513,7 @@ grpc::Status ParameterServerService::ReportEval(grpc::ServerContext* context,
 grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
                                                const GetStatusRequest* request,
                                                GetStatusResponse* response) {
+  if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
   const absl::Time now = clock_->Now();
   response->set_job_id(job_.job_id());
   response->set_server_version(kServerVersion);
@@ -555,14 +563,14 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
 
 grpc::Status ParameterServerService::AppendLog(
     grpc::ServerContext* context, grpc::ServerReaderWriter<AppendLogAck, AppendLogRequest>* stream) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   return step_log_->HandleAppendLog(context, stream);
 }
 
 grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
                                                  const WaitForTaskRequest* request,
                                                  WaitForTaskResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   const absl::Duration wait =
       absl::Milliseconds(std::clamp(request->wait_ms(), 0, config_.max_wait_ms()));
   auto claim = membership_->ClaimReplay(request->incarnation(), wait);
@@ -660,7 +668,7 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
 grpc::Status ParameterServerService::ReadLog(grpc::ServerContext* context,
                                              const ReadLogRequest* request,
                                              grpc::ServerWriter<LogRecord>* writer) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   return step_log_->HandleReadLog(context, *request, Normalized(*slot), writer);
@@ -669,7 +677,7 @@ grpc::Status ParameterServerService::ReadLog(grpc::ServerContext* context,
 grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context,
                                                     const ReportRecoveryRequest* request,
                                                     ReportRecoveryResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto finished = membership_->FinishReplay(request->incarnation(), *request);
   if (!finished.ok()) return ToGrpcStatus(finished.status());
   if (!finished->has_value()) {
@@ -697,9 +705,9 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Drain(grpc::ServerContext*, const DrainRequest* request,
+grpc::Status ParameterServerService::Drain(grpc::ServerContext* context, const DrainRequest* request,
                                            DrainResponse* response) {
-  if (absl::Status ready = CheckReady(); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto drained = membership_->Drain(Normalized(request->slot()));
   if (!drained.ok()) return ToGrpcStatus(drained.status());
   response->set_incarnation(*drained);

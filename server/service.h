@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/security.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "server/center_table.h"
@@ -38,7 +39,7 @@ class ParameterServerService final : public ParameterServer::Service {
   // persist function.
   ParameterServerService(const ServerConfig& config, Membership* membership, CenterTable* centers,
                          ReliabilityTracker* tracker, storage::DurableStore* store,
-                         const Clock* clock);
+                         const Clock* clock, TokenChecker token = TokenChecker(""));
 
   // Restores the service's own per-slot bookkeeping (applied sequences, last update steps) from
   // the weight records of a previous server life.
@@ -102,6 +103,8 @@ class ParameterServerService final : public ParameterServer::Service {
   using SlotKey = std::pair<int, int>;
 
   absl::Status CheckReady() const;
+  // The bearer token (if one is configured), then CheckReady.
+  absl::Status CheckCall(const grpc::ServerContext* context) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
   // DETERMINISTIC scheduling: waits until `slot` holds the smallest (update count, replica) of
   // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
@@ -120,6 +123,7 @@ class ParameterServerService final : public ParameterServer::Service {
   ReliabilityTracker* const tracker_;
   storage::DurableStore* const store_;
   const Clock* const clock_;
+  const TokenChecker token_;
   const absl::Time started_;
   std::atomic<bool> ready_{false};
 

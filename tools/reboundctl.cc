@@ -14,6 +14,9 @@
 //   drain R,S  asks the trainer of slot (R, S) to leave after its next sync; a spare takes the
 //            slot over from that sync's snapshot, with nothing to replay
 //
+// Security (docs/operations.md#security): --token_file sends the server's bearer token; --tls,
+// --ca_file (verify the server) and --cert_file/--key_file (mutual TLS) turn TLS on.
+//
 // Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
 // serving or refused the call, 2 the server could not be reached in time, 64 usage error.
 
@@ -33,6 +36,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "common/security.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
 
@@ -40,6 +44,11 @@ DEFINE_string(server, "127.0.0.1:7070", "server host:port");
 DEFINE_string(output, "table", "table|json");
 DEFINE_int32(timeout_ms, 5000, "deadline of each call, ms");
 DEFINE_int32(interval_ms, 1000, "watch: time between refreshes, ms");
+DEFINE_string(token_file, "", "file whose first line is the server's bearer token");
+DEFINE_string(ca_file, "", "TLS: PEM CA bundle to verify the server (turns TLS on)");
+DEFINE_string(cert_file, "", "TLS: this client's PEM certificate (mutual TLS)");
+DEFINE_string(key_file, "", "TLS: this client's PEM private key (mutual TLS)");
+DEFINE_bool(tls, false, "TLS with the system's CA roots (or --ca_file)");
 DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
 namespace rebound::ctl {
@@ -329,7 +338,8 @@ int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot
 }
 
 constexpr char kUsage[] =
-    "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N] COMMAND\n"
+    "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N]\n"
+    "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F] COMMAND\n"
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n";
 
 int Main(int argc, char** argv) {
@@ -345,7 +355,23 @@ int Main(int argc, char** argv) {
     std::cerr << "reboundctl: --timeout_ms must be > 0\n";
     return kExitUsage;
   }
-  auto channel = grpc::CreateChannel(FLAGS_server, grpc::InsecureChannelCredentials());
+  SecurityConfig security;
+  security.set_token_file(FLAGS_token_file);
+  if (FLAGS_tls || !FLAGS_ca_file.empty() || !FLAGS_cert_file.empty()) {
+    security.mutable_tls()->set_ca_file(FLAGS_ca_file);
+    security.mutable_tls()->set_cert_file(FLAGS_cert_file);
+    security.mutable_tls()->set_key_file(FLAGS_key_file);
+  }
+  if (FLAGS_cert_file.empty() != FLAGS_key_file.empty()) {
+    std::cerr << "reboundctl: --cert_file and --key_file go together\n";
+    return kExitUsage;
+  }
+  auto made = MakeChannel(FLAGS_server, security, grpc::ChannelArguments());
+  if (!made.ok()) {
+    std::cerr << "reboundctl: " << made.status().message() << "\n";
+    return kExitUsage;
+  }
+  std::shared_ptr<grpc::Channel> channel = *std::move(made);
   const std::string command = argv[1];
   const int args = argc - 2;
   if (command == "drain") {

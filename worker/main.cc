@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/process.h"
+#include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "absl/synchronization/notification.h"
@@ -111,7 +112,14 @@ int Run() {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
   int peer_port = 0;
-  builder.AddListeningPort(config.peer_listen_address(), grpc::InsecureServerCredentials(),
+  auto peer_credentials = MakeServerCredentials(config.security());
+  auto token = TokenChecker::FromConfig(config.security());
+  if (!peer_credentials.ok() || !token.ok()) {
+    LOG(ERROR) << (peer_credentials.ok() ? token.status() : peer_credentials.status());
+    return 2;
+  }
+  peer_service.SetTokenChecker(*token);
+  builder.AddListeningPort(config.peer_listen_address(), *peer_credentials,
                            &peer_port);
   builder.RegisterService(&peer_service);
   std::unique_ptr<grpc::Server> peer_server = builder.BuildAndStart();
@@ -136,8 +144,12 @@ int Run() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, config.backoff_max_ms());
-  auto channel = grpc::CreateCustomChannel(config.server_address(),
-                                           grpc::InsecureChannelCredentials(), args);
+  auto made = MakeChannel(config.server_address(), config.security(), args);
+  if (!made.ok()) {
+    LOG(ERROR) << made.status();
+    return 2;
+  }
+  std::shared_ptr<grpc::Channel> channel = *std::move(made);
   // Metrics (docs/operations.md#metrics), announced to the server at registration.
   std::unique_ptr<MetricsHttpServer> metrics_http;
   if (config.metrics().enabled()) {

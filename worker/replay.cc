@@ -16,6 +16,7 @@
 #include "compute/reduction_tree.h"
 #include "compute/tensor_bundle.h"
 #include "grpcpp/grpcpp.h"
+#include "common/security.h"
 #include "worker/retry.h"
 #include "worker/worker_metrics.h"
 
@@ -173,10 +174,17 @@ class Exchange {
     args.SetMaxSendMessageSize(kMaxPeerMessageBytes);
     for (int r = 0; r < task.spares_size(); ++r) {
       const bool needed = task.rank() == 0 ? r != 0 : r == 0;
-      channels_.push_back(needed ? grpc::CreateCustomChannel(task.spares(r).peer_address(),
-                                                             grpc::InsecureChannelCredentials(),
-                                                             args)
-                                 : nullptr);
+      std::shared_ptr<grpc::Channel> channel;
+      if (needed) {
+        // The same credentials and token as the job's other workers (common/security.h);
+        // MakeChannel reads files the config loader has checked.
+        auto made = MakeChannel(task.spares(r).peer_address(), config.security(), args);
+        if (!made.ok()) LOG(ERROR) << "cannot set up the channel to a spare: " << made.status();
+        channel = made.ok() ? *std::move(made)
+                            : grpc::CreateCustomChannel(task.spares(r).peer_address(),
+                                                        grpc::InsecureChannelCredentials(), args);
+      }
+      channels_.push_back(channel);
       stubs_.push_back(needed ? WorkerPeer::NewStub(channels_.back()) : nullptr);
     }
   }

@@ -134,13 +134,15 @@ absl::StatusOr<StepSum> ReplayMailbox::TakeStepSum(int64_t step, absl::Duration 
   return message;
 }
 
-grpc::Status WorkerPeerService::SendPartialSum(grpc::ServerContext*, const PartialSum* request,
-                                               PartialSumAck*) {
+grpc::Status WorkerPeerService::SendPartialSum(grpc::ServerContext* context,
+                                               const PartialSum* request, PartialSumAck*) {
+  if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
   return ToGrpcStatus(mailbox_->PutPartial(*request));
 }
 
-grpc::Status WorkerPeerService::SendStepSum(grpc::ServerContext*, const StepSum* request,
+grpc::Status WorkerPeerService::SendStepSum(grpc::ServerContext* context, const StepSum* request,
                                             StepSumAck*) {
+  if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
   return ToGrpcStatus(mailbox_->PutStepSum(*request));
 }
 

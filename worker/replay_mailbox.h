@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "common/security.h"
 #include "proto/rebound.grpc.pb.h"
 
 namespace rebound::worker {
@@ -75,6 +76,9 @@ class WorkerPeerService final : public WorkerPeer::Service {
  public:
   explicit WorkerPeerService(ReplayMailbox* mailbox) : mailbox_(mailbox) {}
 
+  // The bearer token every call must carry (none by default). Call before serving.
+  void SetTokenChecker(TokenChecker token) { token_ = std::move(token); }
+
   grpc::Status SendPartialSum(grpc::ServerContext* context, const PartialSum* request,
                               PartialSumAck* response) override;
   grpc::Status SendStepSum(grpc::ServerContext* context, const StepSum* request,
@@ -82,6 +86,7 @@ class WorkerPeerService final : public WorkerPeer::Service {
 
  private:
   ReplayMailbox* const mailbox_;
+  TokenChecker token_{""};
 };
 
 // The largest message the WorkerPeer service accepts (a step's sums are about 2 x 4 bytes per

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/security.h"
 #include "tests/integration/status_util.h"
 
 namespace rebound::testing {
@@ -16,8 +17,10 @@ LocalCluster::LocalCluster(const std::string& job_text, const LocalClusterOption
   std::string config = absl::StrCat("listen_address: \"127.0.0.1:0\"\njob {\n", job_text,
                                     "}\nmax_wait_ms: ", options.max_wait_ms, "\n");
   if (options.durable) absl::StrAppend(&config, "durability { data_dir: \"", data_dir(), "\" }\n");
+  absl::StrAppend(&config, options.server_config_extra);
   WriteFileOrDie(dir_ + "/server.pbtxt", config);
-  WriteFileOrDie(dir_ + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 200\n");
+  WriteFileOrDie(dir_ + "/worker.pbtxt", absl::StrCat("backoff_initial_ms: 20\nbackoff_max_ms: 200\n",
+                                                     options.worker_config_extra));
 
   const std::string port_file = dir_ + "/port";
   auto server = Subprocess::Start({Runfile("server/rebound_server"), "--config",
@@ -29,8 +32,9 @@ LocalCluster::LocalCluster(const std::string& job_text, const LocalClusterOption
   auto port = WaitForPortFile(port_file, *server_, absl::Seconds(30));
   REQUIRE(port.ok());
   address_ = absl::StrCat("127.0.0.1:", *port);
-  stub_ = ParameterServer::NewStub(
-      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto channel = MakeChannel(address_, options.client_security, grpc::ChannelArguments());
+  REQUIRE(channel.ok());
+  stub_ = ParameterServer::NewStub(*channel);
 }
 
 Subprocess& LocalCluster::StartWorker(const std::string& name, WorkerRole role) {

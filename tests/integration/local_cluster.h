@@ -24,6 +24,11 @@ struct LocalClusterOptions {
   int max_wait_ms = 500;         // the server's max_wait_ms
   bool durable = false;          // durability.data_dir = data_dir() (else in memory)
   absl::Duration wait_limit = absl::Seconds(60);  // WaitFor's default limit
+  // Appended to the server's and the workers' configs (protobuf text), e.g. a security block.
+  std::string server_config_extra;
+  std::string worker_config_extra;
+  // How this test reaches the server (Status, Register, Pull, ...).
+  SecurityConfig client_security;
 };
 
 class LocalCluster {

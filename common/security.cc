@@ -1,0 +1,156 @@
+#include "common/security.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/support/client_interceptor.h"
+
+namespace rebound {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// Adds the bearer token to every call of a channel.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;
+};
+
+class TokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(std::string token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new TokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // lives as long as the channel
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadBearerToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::UnavailableError(absl::StrCat("cannot read the token file ", path));
+  std::string line;
+  std::getline(in, line);
+  const std::string token(absl::StripAsciiWhitespace(line));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the token file ", path, " has no token on its first line"));
+  }
+  return token;
+}
+
+bool ServesTls(const SecurityConfig& security) {
+  return security.has_tls() && !security.tls().cert_file().empty() &&
+         !security.tls().key_file().empty();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const SecurityConfig& security) {
+  if (!ServesTls(security)) return grpc::InsecureServerCredentials();
+  const TlsConfig& tls = security.tls();
+  grpc::SslServerCredentialsOptions options(
+      tls.require_client_cert() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  auto key = ReadPem(tls.key_file(), "security.tls.key_file");
+  if (!key.ok()) return key.status();
+  auto cert = ReadPem(tls.cert_file(), "security.tls.cert_file");
+  if (!cert.ok()) return cert.status();
+  pair.private_key = *key;
+  pair.cert_chain = *cert;
+  options.pem_key_cert_pairs.push_back(pair);
+  if (!tls.ca_file().empty()) {
+    auto ca = ReadPem(tls.ca_file(), "security.tls.ca_file");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const SecurityConfig& security,
+                                                           const grpc::ChannelArguments& args) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (security.has_tls()) {
+    const TlsConfig& tls = security.tls();
+    grpc::SslCredentialsOptions options;
+    if (!tls.ca_file().empty()) {
+      auto ca = ReadPem(tls.ca_file(), "security.tls.ca_file");
+      if (!ca.ok()) return ca.status();
+      options.pem_root_certs = *ca;
+    }
+    if (!tls.cert_file().empty()) {
+      auto key = ReadPem(tls.key_file(), "security.tls.key_file");
+      if (!key.ok()) return key.status();
+      auto cert = ReadPem(tls.cert_file(), "security.tls.cert_file");
+      if (!cert.ok()) return cert.status();
+      options.pem_private_key = *key;
+      options.pem_cert_chain = *cert;
+    }
+    credentials = grpc::SslCredentials(options);
+  }
+  if (security.token_file().empty()) {
+    return grpc::CreateCustomChannel(address, credentials, args);
+  }
+  auto token = ReadBearerToken(security.token_file());
+  if (!token.ok()) return token.status();
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<TokenInterceptorFactory>(*token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
+                                                                 std::move(factories));
+}
+
+absl::StatusOr<TokenChecker> TokenChecker::FromConfig(const SecurityConfig& security) {
+  if (security.token_file().empty()) return TokenChecker("");
+  auto token = ReadBearerToken(security.token_file());
+  if (!token.ok()) return token.status();
+  return TokenChecker(*token);
+}
+
+absl::Status TokenChecker::Check(const grpc::ServerContext* context) const {
+  if (token_.empty() || context == nullptr) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  const std::string expected = absl::StrCat("Bearer ", token_);
+  for (auto it = metadata.find("authorization"); it != metadata.end() && it->first == "authorization";
+       ++it) {
+    const grpc::string_ref& value = it->second;
+    if (value.size() != expected.size()) continue;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      diff |= static_cast<unsigned char>(value.data()[i] ^ expected[i]);
+    }
+    if (diff == 0) return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError(
+      "this server requires a bearer token (authorization: Bearer <token>); the call has none "
+      "or another one");
+}
+
+}  // namespace rebound

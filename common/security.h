@@ -1,0 +1,57 @@
+#pragma once
+
+// Transport security and authentication (docs/operations.md#security), from a SecurityConfig:
+//  * TLS: the server presents cert_file/key_file; with require_client_cert it asks every client
+//    for a certificate signed by ca_file (mutual TLS). Clients verify the server against ca_file
+//    (the system roots when empty) and present their own cert_file/key_file when given.
+//  * A bearer token: the first line of token_file. Clients send "authorization: Bearer <token>"
+//    on every call; the server answers UNAUTHENTICATED to a call without it or with another
+//    token. gRPC's health service is not checked, so probes work without the token (over TLS
+//    when TLS is on); /metrics is separate plain HTTP, bound to 127.0.0.1 by default.
+// Every worker of a job uses the same block: with a certificate in it, a worker's WorkerPeer
+// service serves TLS too, and spares connect to each other with the same credentials and token.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/config.pb.h"
+
+namespace rebound {
+
+// The token: the first line of `path`, without surrounding white space. INVALID_ARGUMENT if
+// empty, UNAVAILABLE if unreadable.
+absl::StatusOr<std::string> ReadBearerToken(const std::string& path);
+
+// TLS (or insecure) server credentials for `security`. INVALID_ARGUMENT naming an unreadable
+// file.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const SecurityConfig& security);
+
+// True iff `security` makes this endpoint serve TLS (a certificate and key are configured).
+bool ServesTls(const SecurityConfig& security);
+
+// A channel to `address` with `security`'s credentials; with a token file, every call carries
+// the token. `args` as for grpc::CreateCustomChannel.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const SecurityConfig& security,
+                                                           const grpc::ChannelArguments& args);
+
+// The server side of the token: OK for every call when no token is configured; otherwise OK
+// iff the call's metadata carries "authorization: Bearer <token>" (compared in constant time).
+// A null context (an in-process call) is trusted.
+class TokenChecker {
+ public:
+  // Empty token: no check.
+  explicit TokenChecker(std::string token) : token_(std::move(token)) {}
+  static absl::StatusOr<TokenChecker> FromConfig(const SecurityConfig& security);
+
+  absl::Status Check(const grpc::ServerContext* context) const;
+
+ private:
+  std::string token_;
+};
+
+}  // namespace rebound
