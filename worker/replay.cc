@@ -147,7 +147,7 @@ absl::Status UnpackSums(compute::Backend* backend, const Tensor& tensor,
 // connection hiccup) with a short capped backoff until `deadline`.
 template <typename Call>
 absl::Status SendToPeer(const char* what, absl::Time deadline, const absl::Notification& stop,
-                        Call call) {
+                        grpc::Channel* channel, Call call) {
   Backoff backoff(absl::Milliseconds(2), absl::Milliseconds(100), absl::ToUnixNanos(absl::Now()));
   while (true) {
     grpc::ClientContext context;
@@ -156,6 +156,12 @@ absl::Status SendToPeer(const char* what, absl::Time deadline, const absl::Notif
     if (status.ok() || status.code() != absl::StatusCode::kUnavailable) return status;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(what, ": ", status.message()));
+    }
+    // UNAVAILABLE from a peer that answers means "not ready yet"; from one that refuses
+    // connections, that it is gone.
+    if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      return absl::UnavailableError(absl::StrCat(what, ": it cannot be reached any more (",
+                                                 status.message(), ")"));
     }
     if (stop.WaitForNotificationWithTimeout(backoff.Next())) {
       return absl::CancelledError("stopped");
@@ -173,7 +179,7 @@ class Exchange {
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(kMaxPeerMessageBytes);
     for (int r = 0; r < task.spares_size(); ++r) {
-      const bool needed = task.rank() == 0 ? r != 0 : r == 0;
+      const bool needed = r != task.rank();
       std::shared_ptr<grpc::Channel> channel;
       if (needed) {
         // The same credentials and token as the job's other workers (common/security.h);
@@ -214,57 +220,43 @@ class Exchange {
     }
   }
 
-  // Leader: every helper's partial sum of step t, in rank order.
-  absl::StatusOr<std::vector<PartialSum>> GatherPartials(int64_t t, bool first) {
+  // Sends this spare's partial sum of a step to every other spare of the task.
+  absl::Status SendToOthers(const PartialSum& partial, bool first) {
+    const absl::Time deadline = absl::Now() + Bound(first);
+    for (int r = 0; r < task_.spares_size(); ++r) {
+      if (r == task_.rank()) continue;
+      PartialSumAck ack;
+      absl::Status sent = SendToPeer("send the partial sum", deadline, stop_, channels_[r].get(),
+                                     [&](grpc::ClientContext* context) {
+                                       return stubs_[r]->SendPartialSum(context, partial, &ack);
+                                     });
+      if (!sent.ok()) return Name(r, sent);
+    }
+    return absl::OkStatus();
+  }
+
+  // Every other spare's partial sum of step t, in rank order (this spare's rank skipped).
+  absl::StatusOr<std::vector<PartialSum>> GatherOthers(int64_t t, bool first) {
     std::vector<PartialSum> partials;
-    for (int r = 1; r < task_.spares_size(); ++r) {
+    for (int r = 0; r < task_.spares_size(); ++r) {
+      if (r == task_.rank()) continue;
       absl::StatusOr<PartialSum> partial = Await<PartialSum>(
           r, Bound(first), [&](absl::Duration d) { return mailbox_->TakePartial(t, r, d); });
-      if (!partial.ok()) {
-        return absl::Status(partial.status().code(),
-                            absl::StrCat("spare ", r, " (incarnation ",
-                                         task_.spares(r).incarnation(), ", ",
-                                         task_.spares(r).peer_address(),
-                                         "): ", partial.status().message()));
-      }
+      if (!partial.ok()) return Name(r, partial.status());
       partials.push_back(*std::move(partial));
     }
     return partials;
   }
 
-  // Leader: sends the step's sum to every helper.
-  absl::Status Broadcast(const StepSum& sum, bool first) {
-    const absl::Time deadline = absl::Now() + Bound(first);
-    for (int r = 1; r < task_.spares_size(); ++r) {
-      StepSumAck ack;
-      RETURN_IF_ERROR(SendToPeer(
-          "send the step's sum", deadline, stop_,
-          [&](grpc::ClientContext* context) { return stubs_[r]->SendStepSum(context, sum, &ack); }));
-    }
-    return absl::OkStatus();
-  }
-
-  // Helper: sends its partial sum to the leader and waits for the step's sum.
-  absl::StatusOr<StepSum> SendAndWait(const PartialSum& partial, bool first) {
-    PartialSumAck ack;
-    RETURN_IF_ERROR(SendToPeer("send the partial sum to the leader",
-                               absl::Now() + Bound(first), stop_,
-                               [&](grpc::ClientContext* context) {
-                                 return stubs_[0]->SendPartialSum(context, partial, &ack);
-                               }));
-    absl::StatusOr<StepSum> sum = Await<StepSum>(0, Bound(first), [&](absl::Duration d) {
-      return mailbox_->TakeStepSum(partial.step(), d);
-    });
-    if (!sum.ok()) {
-      return absl::Status(sum.status().code(),
-                          absl::StrCat("the leader (incarnation ", task_.spares(0).incarnation(),
-                                       ", ", task_.spares(0).peer_address(),
-                                       "): ", sum.status().message()));
-    }
-    return sum;
-  }
-
  private:
+  // `status` with the spare it concerns named.
+  absl::Status Name(int r, const absl::Status& status) const {
+    return absl::Status(status.code(),
+                        absl::StrCat("spare ", r, " (incarnation ", task_.spares(r).incarnation(),
+                                     ", ", task_.spares(r).peer_address(),
+                                     "): ", status.message()));
+  }
+
   const WorkerConfig& config_;
   const RecoveryTask& task_;
   ReplayMailbox* const mailbox_;
@@ -313,51 +305,64 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
   const int num_stages = trainer.num_stages();
   const compute::TreeNode root{0, micro_batches};
   const compute::TreeNode mine = blocks[rank];
-  // k >= 2: the leader's accumulators of the k blocks, a helper's buffers of the step's sum.
+  // k >= 2: every spare combines the k blocks of each step itself (an all-gather: one exchange
+  // per step, not a gather to the leader and a broadcast back).
   std::vector<std::unique_ptr<compute::TreeAccumulator>> accumulators;
-  std::vector<compute::DeviceBuffer> received;
   std::vector<float> scratch;
   std::unique_ptr<Exchange> exchange;
   if (k > 1) {
     exchange = std::make_unique<Exchange>(config, task, mailbox, stop);
     for (int s = 0; s < num_stages; ++s) {
-      const int64_t length = trainer.stage(s).layout().sums_size();
-      if (rank == 0) {
-        ASSIGN_OR_RETURN(auto acc, compute::TreeAccumulator::Create(backend, length));
-        accumulators.push_back(std::move(acc));
-      } else {
-        ASSIGN_OR_RETURN(compute::DeviceBuffer buffer, backend->Allocate(length));
-        received.push_back(std::move(buffer));
-      }
+      ASSIGN_OR_RETURN(auto acc, compute::TreeAccumulator::Create(
+                                     backend, trainer.stage(s).layout().sums_size()));
+      accumulators.push_back(std::move(acc));
     }
   }
 
   int64_t replayed = 0;
   std::vector<int64_t> active(num_stages);
-  for (const LoggedStep& logged : steps) {
+  bool batch_ready = false;  // the host batch of the next step is assembled (prefetched)
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const LoggedStep& logged = steps[i];
     const int64_t t = t0 + 1 + replayed;
     const bool first = replayed == 0;
     ScopedLatency timed(Metrics().replay_step_seconds);
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
-    RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
+    if (!batch_ready) RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
+    batch_ready = false;
     RETURN_IF_ERROR(trainer.LoadBatch(compute->images, compute->labels));
     for (int s = 0; s < num_stages; ++s) active[s] = trainer.ActiveSumsLength(s, t);
     ASSIGN_OR_RETURN(std::vector<compute::ConstDSpan> sums,
                      trainer.ComputeBlock(t, k == 1 ? root : mine));
-    if (k > 1 && rank == 0) {
-      ASSIGN_OR_RETURN(std::vector<PartialSum> partials, exchange->GatherPartials(t, first));
+    if (k > 1) {
+      PartialSum message;
+      message.set_task_id(task.task_id());
+      message.set_step(t);
+      message.set_rank(rank);
+      message.set_first_micro_batch(mine.begin);
+      message.set_micro_batch_count(mine.size());
+      message.set_sender_incarnation(incarnation);
+      RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
+      RETURN_IF_ERROR(exchange->SendToOthers(message, first));
+      // While the others' sums travel: the next step's batch (the device copy of this one is
+      // taken, so the host buffers are free).
+      if (i + 1 < steps.size()) {
+        RETURN_IF_ERROR(compute->LoadBatch(steps[i + 1].ids, {}));
+        batch_ready = true;
+      }
+      ASSIGN_OR_RETURN(std::vector<PartialSum> partials, exchange->GatherOthers(t, first));
       for (int s = 0; s < num_stages; ++s) {
         RETURN_IF_ERROR(accumulators[s]->Start(micro_batches, root, active[s]));
         RETURN_IF_ERROR(accumulators[s]->CommitCopy(mine, sums[s]));
       }
-      for (int r = 1; r < k; ++r) {
-        const PartialSum& partial = partials[r - 1];
-        if (partial.first_micro_batch() != blocks[r].begin ||
+      for (const PartialSum& partial : partials) {
+        const int r = partial.rank();
+        if (r < 0 || r >= k || r == rank || partial.first_micro_batch() != blocks[r].begin ||
             partial.micro_batch_count() != blocks[r].size()) {
           return absl::InvalidArgumentError(
-              absl::StrCat("spare ", r, " sent the sums of micro-batches [",
+              absl::StrCat("a spare sent rank ", r, " with the sums of micro-batches [",
                            partial.first_micro_batch(), ", +", partial.micro_batch_count(),
-                           "), not its block"));
+                           "), not that rank's block"));
         }
         RETURN_IF_ERROR(CheckSums(partial.sums(), active, absl::StrCat("spare ", r, "'s sums")));
         for (int s = 0; s < num_stages; ++s) {
@@ -370,28 +375,6 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       for (int s = 0; s < num_stages; ++s) {
         ASSIGN_OR_RETURN(compute::ConstDSpan total, accumulators[s]->Result());
         sums.push_back(total);
-      }
-      StepSum message;
-      message.set_task_id(task.task_id());
-      message.set_step(t);
-      message.set_sender_incarnation(incarnation);
-      RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
-      RETURN_IF_ERROR(exchange->Broadcast(message, first));
-    } else if (k > 1) {
-      PartialSum message;
-      message.set_task_id(task.task_id());
-      message.set_step(t);
-      message.set_rank(rank);
-      message.set_first_micro_batch(mine.begin);
-      message.set_micro_batch_count(mine.size());
-      message.set_sender_incarnation(incarnation);
-      RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
-      ASSIGN_OR_RETURN(StepSum total, exchange->SendAndWait(message, first));
-      RETURN_IF_ERROR(CheckSums(total.sums(), active, "the leader's step sum"));
-      sums.clear();
-      for (int s = 0; s < num_stages; ++s) {
-        RETURN_IF_ERROR(UnpackSums(backend, total.sums().tensors(s), &scratch, received[s].span()));
-        sums.push_back(received[s].span());
       }
     }
     RETURN_IF_ERROR(trainer.Apply(t, sums));

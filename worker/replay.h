@@ -7,14 +7,16 @@
 // A task has k >= 1 spares (fault_tolerance.recovery_parallelism, fewer when fewer spares are
 // waiting). With k = 1 the spare replays whole steps. With k >= 2 the server gives spare r the
 // tree-aligned block r of micro-batches (compute::TreeAlignedBlocks); per step each spare
-// computes its block's sums, the helpers (r > 0) send theirs to the leader (r = 0) over
-// WorkerPeer.SendPartialSum, the leader combines the k blocks with the top of the same reduction
-// tree and sends the step's sum to every helper (SendStepSum), and every spare applies the
-// identical AdaHessian step: the result is bit-identical to the lost trainer's state, which every
-// spare checks against the logged checksum. A peer that does not answer within the exchange
-// bound (rpc_deadline_ms per step; twice that for the first step, which waits for the slowest
-// spare's snapshot and log transfer) ends the task: the leader reports ABANDONED and the server
-// hands the slot to a new task. Helpers return to the pool when their replay ends.
+// computes its block's sums and sends them to every other spare over WorkerPeer.SendPartialSum
+// (an all-gather: one exchange per step), then combines the k blocks with the top of the same
+// reduction tree, in the same order as every other spare, and applies the identical AdaHessian
+// step: the result is bit-identical to the lost trainer's state, which every spare checks
+// against the logged checksum. While the others' sums travel, each spare assembles the next
+// step's batch. A peer that does not answer within the exchange bound (rpc_deadline_ms per
+// step; twice that for the first step, which waits for the slowest spare's snapshot and log
+// transfer), or whose port stops accepting connections, ends the task: the leader (rank 0)
+// reports it ABANDONED and the server hands the slot to a new task. The leader reports success
+// and takes the slot over; the other spares return to the pool.
 
 #include <memory>
 

@@ -20,7 +20,6 @@ void ReplayMailbox::Open(uint64_t task_id) {
   last_task_ = std::max(last_task_, task_id);
   floor_step_ = 0;
   partials_.clear();
-  step_sums_.clear();
   held_bytes_ = 0;
 }
 
@@ -28,7 +27,6 @@ void ReplayMailbox::Close() {
   absl::MutexLock lock(&mu_);
   open_task_ = 0;
   partials_.clear();
-  step_sums_.clear();
   held_bytes_ = 0;
 }
 
@@ -63,10 +61,6 @@ void ReplayMailbox::DropBefore(int64_t step) {
     held_bytes_ -= SumsBytes(it->second.sums());
     it = partials_.erase(it);
   }
-  for (auto it = step_sums_.begin(); it != step_sums_.end() && it->first < step;) {
-    held_bytes_ -= SumsBytes(it->second.sums());
-    it = step_sums_.erase(it);
-  }
 }
 
 absl::Status ReplayMailbox::PutPartial(PartialSum message) {
@@ -79,18 +73,6 @@ absl::Status ReplayMailbox::PutPartial(PartialSum message) {
   if (partials_.count(key) > 0) return absl::OkStatus();  // a resend
   held_bytes_ += bytes;
   partials_.emplace(key, std::move(message));
-  return absl::OkStatus();
-}
-
-absl::Status ReplayMailbox::PutStepSum(StepSum message) {
-  const int64_t bytes = SumsBytes(message.sums());
-  absl::MutexLock lock(&mu_);
-  if (absl::Status admitted = Admit(message.task_id(), message.step(), bytes); !admitted.ok()) {
-    return admitted;
-  }
-  if (step_sums_.count(message.step()) > 0) return absl::OkStatus();  // a resend
-  held_bytes_ += bytes;
-  step_sums_.emplace(message.step(), std::move(message));
   return absl::OkStatus();
 }
 
@@ -115,35 +97,10 @@ absl::StatusOr<PartialSum> ReplayMailbox::TakePartial(int64_t step, int rank,
   return message;
 }
 
-absl::StatusOr<StepSum> ReplayMailbox::TakeStepSum(int64_t step, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  if (open_task_ == 0) return absl::FailedPreconditionError("no replay task is open");
-  DropBefore(step);
-  auto arrived = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return step_sums_.count(step) > 0;
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("no sum of step ", step,
-                                                    " from the replay's leader within ",
-                                                    absl::FormatDuration(timeout)));
-  }
-  auto it = step_sums_.find(step);
-  StepSum message = std::move(it->second);
-  held_bytes_ -= SumsBytes(message.sums());
-  step_sums_.erase(it);
-  return message;
-}
-
 grpc::Status WorkerPeerService::SendPartialSum(grpc::ServerContext* context,
                                                const PartialSum* request, PartialSumAck*) {
   if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
   return ToGrpcStatus(mailbox_->PutPartial(*request));
-}
-
-grpc::Status WorkerPeerService::SendStepSum(grpc::ServerContext* context, const StepSum* request,
-                                            StepSumAck*) {
-  if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
-  return ToGrpcStatus(mailbox_->PutStepSum(*request));
 }
 
 }  // namespace rebound::worker

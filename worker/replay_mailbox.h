@@ -1,10 +1,9 @@
 #pragma once
 
 // The worker-to-worker half of a parallel replay (DESIGN.md §5.3). k spares replay a lost slot
-// together: each computes a tree-aligned block of every step's micro-batches, the helpers send
-// their block's reduced sums to the leader (PartialSum), the leader combines the k blocks along
-// the top of the reduction tree and sends the step's sum back (StepSum), and everyone applies the
-// same AdaHessian step.
+// together: each computes a tree-aligned block of every step's micro-batches and sends its
+// block's reduced sums to every other spare (PartialSum); each combines the k blocks along the
+// top of the reduction tree, in the same order, and applies the same AdaHessian step.
 //
 // ReplayMailbox holds the messages that reach this worker's WorkerPeer service until the replay
 // loop takes them. It serves one task at a time:
@@ -44,14 +43,11 @@ class ReplayMailbox {
 
   // Called by the WorkerPeer service; see the class comment for the errors.
   absl::Status PutPartial(PartialSum message);
-  absl::Status PutStepSum(StepSum message);
 
   // The partial sum of `step` from `rank`, waiting up to `timeout` (DEADLINE_EXCEEDED then;
   // FAILED_PRECONDITION if the mailbox is not open). Forgets every held partial of an earlier
   // step.
   absl::StatusOr<PartialSum> TakePartial(int64_t step, int rank, absl::Duration timeout);
-  // The leader's sum of `step`, likewise.
-  absl::StatusOr<StepSum> TakeStepSum(int64_t step, absl::Duration timeout);
 
   int64_t held_bytes() const;
 
@@ -66,7 +62,6 @@ class ReplayMailbox {
   uint64_t last_task_ ABSL_GUARDED_BY(mu_) = 0;  // the newest task ever opened
   int64_t floor_step_ ABSL_GUARDED_BY(mu_) = 0;  // messages of steps below this are stale
   std::map<std::pair<int64_t, int>, PartialSum> partials_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, StepSum> step_sums_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -81,8 +76,6 @@ class WorkerPeerService final : public WorkerPeer::Service {
 
   grpc::Status SendPartialSum(grpc::ServerContext* context, const PartialSum* request,
                               PartialSumAck* response) override;
-  grpc::Status SendStepSum(grpc::ServerContext* context, const StepSum* request,
-                           StepSumAck* response) override;
 
  private:
   ReplayMailbox* const mailbox_;

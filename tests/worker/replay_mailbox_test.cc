@@ -23,16 +23,6 @@ PartialSum Partial(uint64_t task, int64_t step, int rank, int floats) {
   return message;
 }
 
-StepSum Sum(uint64_t task, int64_t step, int floats) {
-  StepSum message;
-  message.set_task_id(task);
-  message.set_step(step);
-  Tensor* tensor = message.mutable_sums()->add_tensors();
-  tensor->set_dtype(FLOAT32);
-  tensor->set_data(std::string(floats * sizeof(float), 's'));
-  return message;
-}
-
 TEST_CASE("a mailbox refuses messages of a task it has not opened, retryably, and of older ones "
           "for good") {
   ReplayMailbox mailbox(1 << 20);
@@ -45,9 +35,9 @@ TEST_CASE("a mailbox refuses messages of a task it has not opened, retryably, an
   mailbox.Close();
   CHECK(mailbox.held_bytes() == 0);
   // Task 7 is over here; task 9 has not begun.
-  CHECK(mailbox.PutStepSum(Sum(7, 2, 4)).code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(mailbox.PutStepSum(Sum(9, 2, 4)).code() == absl::StatusCode::kUnavailable);
-  CHECK(mailbox.TakeStepSum(2, absl::ZeroDuration()).status().code() ==
+  CHECK(mailbox.PutPartial(Partial(7, 2, 1, 4)).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(mailbox.PutPartial(Partial(9, 2, 1, 4)).code() == absl::StatusCode::kUnavailable);
+  CHECK(mailbox.TakePartial(2, 1, absl::ZeroDuration()).status().code() ==
         absl::StatusCode::kFailedPrecondition);
 }
 
@@ -68,14 +58,16 @@ TEST_CASE("a mailbox hands out each step's messages once, drops resends and stal
   CHECK(mailbox.TakePartial(5, 1, absl::Milliseconds(5)).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
   CHECK(mailbox.held_bytes() == 0);
-  // Moving on to step 6 drops what is left of step 5, and step 5 is refused from then on.
-  REQUIRE(mailbox.PutStepSum(Sum(3, 5, 8)).ok());
-  REQUIRE(mailbox.PutStepSum(Sum(3, 6, 8)).ok());
-  auto sum = mailbox.TakeStepSum(6, absl::ZeroDuration());
-  REQUIRE(sum.ok());
-  CHECK(sum->step() == 6);
-  CHECK(mailbox.held_bytes() == 0);
-  CHECK(mailbox.PutStepSum(Sum(3, 5, 8)).code() == absl::StatusCode::kFailedPrecondition);
+  // Moving on to step 6 drops what is left of step 5, and step 5 is refused from then on; a
+  // partial of a later step waits for its turn.
+  REQUIRE(mailbox.PutPartial(Partial(3, 5, 1, 8)).ok());
+  REQUIRE(mailbox.PutPartial(Partial(3, 6, 1, 8)).ok());
+  REQUIRE(mailbox.PutPartial(Partial(3, 7, 1, 8)).ok());
+  auto next = mailbox.TakePartial(6, 1, absl::ZeroDuration());
+  REQUIRE(next.ok());
+  CHECK(next->step() == 6);
+  CHECK(mailbox.held_bytes() == 8 * 4);  // step 7's
+  CHECK(mailbox.PutPartial(Partial(3, 5, 2, 8)).code() == absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("a mailbox holds at most its bound") {
@@ -93,12 +85,12 @@ TEST_CASE("a waiting Take wakes when its message arrives") {
   mailbox.Open(2);
   std::thread sender([&] {
     absl::SleepFor(absl::Milliseconds(30));
-    CHECK(mailbox.PutStepSum(Sum(2, 1, 4)).ok());
+    CHECK(mailbox.PutPartial(Partial(2, 1, 0, 4)).ok());
   });
-  auto sum = mailbox.TakeStepSum(1, absl::Seconds(20));
+  auto partial = mailbox.TakePartial(1, 0, absl::Seconds(20));
   sender.join();
-  REQUIRE(sum.ok());
-  CHECK(sum->task_id() == 2);
+  REQUIRE(partial.ok());
+  CHECK(partial->task_id() == 2);
 }
 
 }  // namespace
