@@ -13,6 +13,8 @@
 //   watch    status, redrawn every --interval_ms until interrupted (or --count times)
 //   drain R,S  asks the trainer of slot (R, S) to leave after its next sync; a spare takes the
 //            slot over from that sync's snapshot, with nothing to replay
+//   plan-logging --job FILE --budget_bytes N  (offline, no server) which stage boundaries to log
+//            within a log budget, by SWIFT's greedy rule (common/logging_plan.h)
 //
 // Security (docs/operations.md#security): --token_file sends the server's bearer token; --tls,
 // --ca_file (verify the server) and --cert_file/--key_file (mutual TLS) turn TLS on.
@@ -36,6 +38,8 @@
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "common/config.h"
+#include "common/logging_plan.h"
 #include "common/security.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
@@ -49,6 +53,8 @@ DEFINE_string(ca_file, "", "TLS: PEM CA bundle to verify the server (turns TLS o
 DEFINE_string(cert_file, "", "TLS: this client's PEM certificate (mutual TLS)");
 DEFINE_string(key_file, "", "TLS: this client's PEM private key (mutual TLS)");
 DEFINE_bool(tls, false, "TLS with the system's CA roots (or --ca_file)");
+DEFINE_string(job, "", "plan-logging: the job config file");
+DEFINE_int64(budget_bytes, -1, "plan-logging: bytes the step log may hold at most");
 DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
 namespace rebound::ctl {
@@ -337,10 +343,30 @@ int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot
   return kExitOk;
 }
 
+int PlanLoggingCommand() {
+  if (FLAGS_job.empty() || FLAGS_budget_bytes < 0) {
+    std::cerr << "reboundctl: plan-logging needs --job FILE and --budget_bytes N (>= 0)\n";
+    return kExitUsage;
+  }
+  auto job = LoadJobConfig(FLAGS_job);
+  if (!job.ok()) {
+    std::cerr << "reboundctl: " << job.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto plan = PlanLogging(*job, FLAGS_budget_bytes);
+  if (!plan.ok()) {
+    std::cerr << "reboundctl: " << plan.status().message() << "\n";
+    return kExitUsage;
+  }
+  std::cout << FormatLoggingPlan(*job, FLAGS_budget_bytes, *plan);
+  return kExitOk;
+}
+
 constexpr char kUsage[] =
     "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N]\n"
     "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F] COMMAND\n"
-    "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n";
+    "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
+    "  plan-logging --job FILE --budget_bytes N   (offline)\n";
 
 int Main(int argc, char** argv) {
   if (argc < 2) {
@@ -354,6 +380,13 @@ int Main(int argc, char** argv) {
   if (FLAGS_timeout_ms <= 0) {
     std::cerr << "reboundctl: --timeout_ms must be > 0\n";
     return kExitUsage;
+  }
+  if (std::string(argv[1]) == "plan-logging") {
+    if (argc != 2) {
+      std::cerr << kUsage;
+      return kExitUsage;
+    }
+    return PlanLoggingCommand();
   }
   SecurityConfig security;
   security.set_token_file(FLAGS_token_file);
