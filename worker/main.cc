@@ -83,6 +83,11 @@ int Run() {
   }
   if (!FLAGS_name.empty()) config.set_name(FLAGS_name);
   if (config.name().empty()) config.set_name(DefaultName());
+  if (config.has_compute() && config.compute().has_threads()) {
+    LOG(WARNING) << "compute.threads = " << config.compute().threads()
+                 << " overrides the job's thread count on this worker: a replay is bit-identical "
+                    "only between workers computing with the same count (DESIGN §5.6)";
+  }
   if (!FLAGS_peer_listen.empty()) {
     absl::Status valid = ValidateHostPort(FLAGS_peer_listen, "--peer_listen");
     if (!valid.ok()) {
