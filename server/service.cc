@@ -687,7 +687,9 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
   }
   const RegisterResponse& takeover = **finished;
   tracker_->SetLive(takeover.slot(), true);
-  tracker_->OnFault(takeover.slot(), clock_->Now());  // a recovery counts against the slot
+  // A recovery counts against the slot (DESIGN §4.5); a GLOBAL_CHECKPOINT restore does not: it
+  // rolls back every slot, healthy ones included, and the failed one was counted at its failure.
+  if (checkpoint_ == nullptr) tracker_->OnFault(takeover.slot(), clock_->Now());
   response->set_incarnation(takeover.incarnation());
   *response->mutable_slot() = takeover.slot();
   *response->mutable_neighbours() = takeover.neighbours();

@@ -421,8 +421,17 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
                                                       const absl::Notification& stop) {
   auto stub = ParameterServer::NewStub(channel);
   // Load the data set now, not when a trainer has died: it is on the recovery's critical path.
-  ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(registration.job.data()));
+  ASSIGN_OR_RETURN(FashionMnist data, LoadDataSet(registration.job.data()));
   bool data_loaded = true;
+  // A role that ends here leaves the data set to the next one.
+  struct StashOnExit {
+    const DataConfig& config;
+    FashionMnist& data;
+    bool& loaded;
+    ~StashOnExit() {
+      if (loaded) StashDataSet(config, std::move(data));
+    }
+  } stash_on_exit{registration.job.data(), data, data_loaded};
   while (!stop.HasBeenNotified()) {
     if (agent->registration().incarnation != registration.incarnation) {
       return absl::NotFoundError("the registration changed");
@@ -458,7 +467,8 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
     report.set_incarnation(registration.incarnation);
     report.set_task_id(task.task_id());
     if (!data_loaded) {
-      ASSIGN_OR_RETURN(data, LoadFashionMnist(registration.job.data()));
+      ASSIGN_OR_RETURN(data, LoadDataSet(registration.job.data()));
+      data_loaded = true;
     }
     data_loaded = false;  // moved into the replay's state
     Metrics().recoveries->Increment();

@@ -229,6 +229,37 @@ ComputeConfig EffectiveCompute(const JobConfig& job, const WorkerConfig& config)
   return compute;
 }
 
+namespace {
+
+absl::Mutex stash_mu;
+std::optional<std::pair<std::string, FashionMnist>>* Stash() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stash_mu) {
+  static auto* stash = new std::optional<std::pair<std::string, FashionMnist>>();
+  return stash;
+}
+
+}  // namespace
+
+void StashDataSet(const DataConfig& config, FashionMnist data) {
+  absl::MutexLock lock(&stash_mu);
+  Stash()->emplace(config.SerializeAsString(), std::move(data));
+}
+
+std::optional<FashionMnist> TakeStashedDataSet(const DataConfig& config) {
+  absl::MutexLock lock(&stash_mu);
+  auto* stash = Stash();
+  if (!stash->has_value() || (*stash)->first != config.SerializeAsString()) return std::nullopt;
+  std::optional<FashionMnist> data(std::move((*stash)->second));
+  stash->reset();
+  return data;
+}
+
+absl::StatusOr<FashionMnist> LoadDataSet(const DataConfig& config) {
+  if (std::optional<FashionMnist> stashed = TakeStashedDataSet(config); stashed.has_value()) {
+    return *std::move(stashed);
+  }
+  return LoadFashionMnist(config);
+}
+
 absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerConfig& config,
                                                                  const JobConfig& job,
                                                                  int replica,
@@ -237,7 +268,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerCon
   if (preloaded != nullptr) {
     slot->data = std::move(*preloaded);
   } else {
-    ASSIGN_OR_RETURN(slot->data, LoadFashionMnist(job.data()));
+    ASSIGN_OR_RETURN(slot->data, LoadDataSet(job.data()));
   }
   RETURN_IF_ERROR(CheckModelFitsData(job.model(), slot->data.train));
   ASSIGN_OR_RETURN(slot->backend, compute::CreateBackend(EffectiveCompute(job, config)));
@@ -300,6 +331,14 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   if (compute == nullptr) {
     ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot.replica()));
   }
+  // Whatever ends this role, the next one of this process reuses the data set.
+  struct StashOnExit {
+    const DataConfig& config;
+    std::unique_ptr<SlotCompute>& compute;
+    ~StashOnExit() {
+      if (compute != nullptr) StashDataSet(config, std::move(compute->data));
+    }
+  } stash_on_exit{job.data(), compute};
   auto stub = ParameterServer::NewStub(channel);
   if (job.easgd().mode() == ASYNC_ADAHESSIAN) {
     // A replayed state is not needed: the trainer starts from the center either way.

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -83,6 +84,16 @@ struct SlotCompute {
   // Positions the data cursor after `steps` batches.
   absl::Status SeekAfter(int64_t steps);
 };
+
+// The data set a role of this process loaded, kept for the next role when this one ends (a
+// trainer rolled back under GLOBAL_CHECKPOINT, or registering again after a server restart,
+// comes back as a spare: reading and decoding the data set again would cost it seconds). One set
+// at most, moved in and out, never copied.
+void StashDataSet(const DataConfig& config, FashionMnist data);
+// The stashed set if it was loaded with an equal `config`.
+std::optional<FashionMnist> TakeStashedDataSet(const DataConfig& config);
+// TakeStashedDataSet, or LoadFashionMnist.
+absl::StatusOr<FashionMnist> LoadDataSet(const DataConfig& config);
 
 // Trains the registered slot to max_steps, in the job's mode (see above). OK when done.
 // UNIMPLEMENTED for a pipelined job (stages > 1, issue R5).
