@@ -163,11 +163,30 @@ absl::Status LocalTrainer::CheckBatch(absl::Span<const float> images,
 
 absl::Status LocalTrainer::LoadBatch(absl::Span<const float> images,
                                      absl::Span<const int32_t> labels) {
-  batch_loaded_ = false;
+  loaded_ = TreeNode{};
   RETURN_IF_ERROR(CheckBatch(images, labels, options_.batch_size));
   RETURN_IF_ERROR(backend_->CopyToDevice(images, images_.span()));
   RETURN_IF_ERROR(backend_->CopyToDevice(labels, labels_.int_span()));
-  batch_loaded_ = true;
+  loaded_ = TreeNode{0, options_.micro_batches};
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::LoadBlock(TreeNode block, absl::Span<const float> images,
+                                     absl::Span<const int32_t> labels) {
+  loaded_ = TreeNode{};
+  if (!IsTreeNode(options_.micro_batches, block)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LoadBlock: [%d, %d) is not a node of the tree over %d micro-batches", block.begin,
+        block.end, options_.micro_batches));
+  }
+  const int rows = options_.batch_size / options_.micro_batches;
+  RETURN_IF_ERROR(CheckBatch(images, labels, static_cast<int64_t>(block.size()) * rows));
+  const int64_t input_dim = stages_.front()->layout().input_dim();
+  RETURN_IF_ERROR(backend_->CopyToDevice(
+      images, images_.span().sub(block.begin * rows * input_dim, block.size() * rows * input_dim)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(
+      labels, labels_.int_span().sub(block.begin * rows, block.size() * rows)));
+  loaded_ = block;
   return absl::OkStatus();
 }
 
@@ -190,7 +209,11 @@ int64_t LocalTrainer::ActiveSumsLength(int s, int64_t t) const {
 
 absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, TreeNode block) {
   if (t < 1) return absl::InvalidArgumentError(absl::StrFormat("step t = %d < 1", t));
-  if (!batch_loaded_) return absl::FailedPreconditionError("ComputeBlock: no batch loaded");
+  if (block.begin < loaded_.begin || block.end > loaded_.end || block.size() <= 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ComputeBlock: micro-batches [%d, %d) are not loaded (loaded: [%d, %d))", block.begin,
+        block.end, loaded_.begin, loaded_.end));
+  }
   const int m_count = options_.micro_batches;
   const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
   if (with_hessian) RETURN_IF_ERROR(EnsureDirection(t));

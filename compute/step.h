@@ -136,6 +136,12 @@ class LocalTrainer {
   // all M micro-batches (e.g. the ComputeBlock of the root, or blocks combined with
   // TreeAccumulator).
   absl::Status LoadBatch(absl::Span<const float> images, absl::Span<const int32_t> labels);
+  // Uploads only the rows of the micro-batches of `block` (block.size() x B/M samples), for a
+  // spare that computes that block alone; ComputeBlock then takes that block or a node inside it.
+  // INVALID_ARGUMENT on wrong sizes, labels out of range or a block that is not a tree node.
+  absl::Status LoadBlock(TreeNode block, absl::Span<const float> images,
+                         absl::Span<const int32_t> labels);
+  // FAILED_PRECONDITION unless the rows of `block` are loaded.
   absl::StatusOr<std::vector<ConstDSpan>> ComputeBlock(int64_t t, TreeNode block);
   absl::Status Apply(int64_t t, absl::Span<const ConstDSpan> sums);
 
@@ -189,7 +195,7 @@ class LocalTrainer {
   std::vector<std::unique_ptr<StageWorkspace>> eval_workspaces_;
   DeviceBuffer images_;
   DeviceBuffer labels_;
-  bool batch_loaded_ = false;
+  TreeNode loaded_;  // micro-batches whose rows are on the device (empty: none)
   int64_t direction_step_ = -1;  // step whose z the stages hold
 };
 

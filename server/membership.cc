@@ -381,9 +381,12 @@ absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
   }
   const RecoveryPolicy policy = EffectiveRecoveryPolicy(job_);
   if (policy != REPLAY && policy != GLOBAL_CHECKPOINT) {
-    // No tasks under this policy: the spare just waits out its long poll.
+    // No tasks under this policy: the spare just waits out its long poll (a heartbeat hands it
+    // a lost slot), and status shows it waiting.
     static const bool kNever = false;
+    workers_.at(incarnation).polling = true;
     mu_.AwaitWithTimeout(absl::Condition(&kNever), timeout);
+    if (auto it = workers_.find(incarnation); it != workers_.end()) it->second.polling = false;
     return std::optional<ReplayClaim>();
   }
   workers_.at(incarnation).polling = true;

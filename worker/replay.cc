@@ -328,9 +328,24 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
     const bool first = replayed == 0;
     ScopedLatency timed(Metrics().replay_step_seconds);
     if (stop.HasBeenNotified()) return absl::CancelledError("stopped");
-    if (!batch_ready) RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
+    // k = 1: the whole batch; k >= 2: only this spare's block of it.
+    const size_t rows_per_mb = logged.ids.size() / static_cast<size_t>(micro_batches);
+    auto block_ids = [&](const LoggedStep& step) {
+      return absl::MakeConstSpan(step.ids).subspan(mine.begin * rows_per_mb,
+                                                   mine.size() * rows_per_mb);
+    };
+    if (k == 1) {
+      RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
+      RETURN_IF_ERROR(trainer.LoadBatch(compute->images, compute->labels));
+    } else {
+      if (!batch_ready) RETURN_IF_ERROR(compute->LoadRows(block_ids(logged)));
+      const size_t n = mine.size() * rows_per_mb;
+      const size_t features = compute->images.size() / compute->labels.size();
+      RETURN_IF_ERROR(trainer.LoadBlock(
+          mine, absl::MakeConstSpan(compute->images).subspan(0, n * features),
+          absl::MakeConstSpan(compute->labels).subspan(0, n)));
+    }
     batch_ready = false;
-    RETURN_IF_ERROR(trainer.LoadBatch(compute->images, compute->labels));
     for (int s = 0; s < num_stages; ++s) active[s] = trainer.ActiveSumsLength(s, t);
     ASSIGN_OR_RETURN(std::vector<compute::ConstDSpan> sums,
                      trainer.ComputeBlock(t, k == 1 ? root : mine));
@@ -347,7 +362,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       // While the others' sums travel: the next step's batch (the device copy of this one is
       // taken, so the host buffers are free).
       if (i + 1 < steps.size()) {
-        RETURN_IF_ERROR(compute->LoadBatch(steps[i + 1].ids, {}));
+        RETURN_IF_ERROR(compute->LoadRows(block_ids(steps[i + 1])));
         batch_ready = true;
       }
       ASSIGN_OR_RETURN(std::vector<PartialSum> partials, exchange->GatherOthers(t, first));

@@ -294,6 +294,16 @@ absl::Status SlotCompute::LoadBatch(absl::Span<const int64_t> ids,
   return absl::OkStatus();
 }
 
+absl::Status SlotCompute::LoadRows(absl::Span<const int64_t> ids) {
+  if (ids.size() > labels.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(ids.size(), " samples for a batch of ",
+                                                   labels.size()));
+  }
+  const size_t features = images.size() / labels.size();
+  return AssembleBatch(data.train, ids, absl::MakeSpan(images).subspan(0, ids.size() * features),
+                       absl::MakeSpan(labels).subspan(0, ids.size()));
+}
+
 absl::StatusOr<float> SlotCompute::Step(int64_t t, absl::Span<const int64_t> ids,
                                         const std::vector<int32_t>& label_map) {
   RETURN_IF_ERROR(LoadBatch(ids, label_map));
@@ -401,7 +411,10 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x)));
     RETURN_IF_ERROR(optimizer.GetState(absl::MakeSpan(m), absl::MakeSpan(v), absl::MakeSpan(d)));
     SyncRequest request;
-    request.set_incarnation(agent->registration().incarnation);
+    // This role's incarnation, not the agent's current one: once the agent has registered again
+    // (a rollback, a server restart), this trainer's syncs must be refused as its own, not be
+    // sent under the new spare's name.
+    request.set_incarnation(registration.incarnation);
     *request.mutable_slot() = slot;
     request.set_step(t);
     *request.mutable_params() = compute::BundleFromPacked(layout, x);

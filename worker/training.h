@@ -70,6 +70,9 @@ struct SlotCompute {
   // Fills `images` and `labels` with the batch of these sample ids (each label y becomes
   // label_map[y] unless label_map is empty).
   absl::Status LoadBatch(absl::Span<const int64_t> ids, const std::vector<int32_t>& label_map);
+  // Fills the first ids.size() rows of `images` and `labels` with these samples (a part of a
+  // batch: a parallel replay's block).
+  absl::Status LoadRows(absl::Span<const int64_t> ids);
   // Runs step t on the batch of these sample ids; returns the step's loss.
   absl::StatusOr<float> Step(int64_t t, absl::Span<const int64_t> ids,
                              const std::vector<int32_t>& label_map);

@@ -113,9 +113,11 @@ TEST_CASE("repeated runs of the same steps give bit-identical parameters", "[ste
   }
 }
 
-// Replays steps 1..3 the way k spares would: each tree-aligned block separately, then the
-// leader's combination with the top of the tree, then the same update everywhere.
-std::vector<float> RunWithBlocks(Backend* backend, const TrainerOptions& options, int k) {
+// Replays steps 1..3 the way k spares would: each tree-aligned block separately (with only its
+// own rows uploaded when `block_rows`, as a spare does), then the combination with the top of
+// the tree, then the same update everywhere.
+std::vector<float> RunWithBlocks(Backend* backend, const TrainerOptions& options, int k,
+                                 bool block_rows = false) {
   auto trainer = NewTrainer(backend, options);
   const int m = options.micro_batches;
   const std::vector<TreeNode> blocks = TreeAlignedBlocks(m, k).value();
@@ -126,10 +128,25 @@ std::vector<float> RunWithBlocks(Backend* backend, const TrainerOptions& options
   }
   for (int t = 1; t <= 3; ++t) {
     const Batch batch = MakeBatch(options.batch_size, 12, 5, 100 + t);
-    REQUIRE(trainer->LoadBatch(batch.images, batch.labels).ok());
+    if (!block_rows) REQUIRE(trainer->LoadBatch(batch.images, batch.labels).ok());
     // partials[block][stage]
     std::vector<std::vector<DeviceBuffer>> partials;
+    const int rows = options.batch_size / m;
     for (const TreeNode& block : blocks) {
+      if (block_rows) {
+        REQUIRE(trainer
+                    ->LoadBlock(block,
+                                absl::MakeConstSpan(batch.images)
+                                    .subspan(block.begin * rows * 12, block.size() * rows * 12),
+                                absl::MakeConstSpan(batch.labels)
+                                    .subspan(block.begin * rows, block.size() * rows))
+                    .ok());
+        if (block.begin > 0) {
+          // The other rows are not there: computing outside the block is refused.
+          CHECK(trainer->ComputeBlock(t, {0, m}).status().code() ==
+                absl::StatusCode::kFailedPrecondition);
+        }
+      }
       auto sums = trainer->ComputeBlock(t, block);
       REQUIRE(sums.ok());
       std::vector<DeviceBuffer> copies;
@@ -168,6 +185,7 @@ TEST_CASE("block splits for k = 1, 2, 4 spares reproduce the trainer's bits", "[
     for (int k : {1, 2, 4}) {
       INFO("M = " << m << ", k = " << k);
       CHECK(BitEqual(RunWithBlocks(backend.get(), options, k), reference));
+      CHECK(BitEqual(RunWithBlocks(backend.get(), options, k, /*block_rows=*/true), reference));
     }
   }
 }
