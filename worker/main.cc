@@ -116,6 +116,10 @@ int Run() {
   WorkerPeerService peer_service(&mailbox);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
+  // A replay's ~2 MB sums arrive in one go rather than 64 KiB flow-control windows at a time.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kPeerWindowBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kPeerFrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, kPeerReadChunkBytes);
   int peer_port = 0;
   auto peer_credentials = MakeServerCredentials(config.security());
   auto token = TokenChecker::FromConfig(config.security());

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -138,7 +139,14 @@ absl::Status CheckSums(const TensorBundle& sums, absl::Span<const int64_t> activ
 // Copies a stage's received sums (raw little-endian floats) to the device.
 absl::Status UnpackSums(compute::Backend* backend, const Tensor& tensor,
                         std::vector<float>* scratch, compute::DSpan dst) {
-  scratch->resize(tensor.data().size() / sizeof(float));
+  const size_t n = tensor.data().size() / sizeof(float);
+  const void* bytes = tensor.data().data();
+  if (reinterpret_cast<uintptr_t>(bytes) % alignof(float) == 0) {
+    // Aligned (as the heap gives large strings): straight from the message.
+    return backend->CopyToDevice(absl::MakeConstSpan(static_cast<const float*>(bytes), n),
+                                 dst.sub(0, static_cast<int64_t>(n)));
+  }
+  scratch->resize(n);
   std::memcpy(scratch->data(), tensor.data().data(), scratch->size() * sizeof(float));
   return backend->CopyToDevice(*scratch, dst.sub(0, static_cast<int64_t>(scratch->size())));
 }
@@ -178,6 +186,9 @@ class Exchange {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(kMaxPeerMessageBytes);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kPeerWindowBytes);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kPeerFrameBytes);
+    args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, kPeerReadChunkBytes);
     for (int r = 0; r < task.spares_size(); ++r) {
       const bool needed = r != task.rank();
       std::shared_ptr<grpc::Channel> channel;
@@ -358,14 +369,21 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       message.set_micro_batch_count(mine.size());
       message.set_sender_incarnation(incarnation);
       RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
-      RETURN_IF_ERROR(exchange->SendToOthers(message, first));
-      // While the others' sums travel: the next step's batch (the device copy of this one is
-      // taken, so the host buffers are free).
+      // The sends run on their own thread while this one assembles the next step's batch (the
+      // device copy of this one is taken, so the host buffers are free) and waits for the others'
+      // sums.
+      absl::Status sent;
+      std::thread sender([&] { sent = exchange->SendToOthers(message, first); });
+      absl::Status prefetched = absl::OkStatus();
       if (i + 1 < steps.size()) {
-        RETURN_IF_ERROR(compute->LoadRows(block_ids(steps[i + 1])));
-        batch_ready = true;
+        prefetched = compute->LoadRows(block_ids(steps[i + 1]));
+        batch_ready = prefetched.ok();
       }
-      ASSIGN_OR_RETURN(std::vector<PartialSum> partials, exchange->GatherOthers(t, first));
+      absl::StatusOr<std::vector<PartialSum>> gathered = exchange->GatherOthers(t, first);
+      sender.join();
+      RETURN_IF_ERROR(sent);
+      RETURN_IF_ERROR(prefetched);
+      ASSIGN_OR_RETURN(std::vector<PartialSum> partials, std::move(gathered));
       for (int s = 0; s < num_stages; ++s) {
         RETURN_IF_ERROR(accumulators[s]->Start(micro_batches, root, active[s]));
         RETURN_IF_ERROR(accumulators[s]->CommitCopy(mine, sums[s]));

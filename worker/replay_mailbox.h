@@ -85,5 +85,12 @@ class WorkerPeerService final : public WorkerPeer::Service {
 // The largest message the WorkerPeer service accepts (a step's sums are about 2 x 4 bytes per
 // parameter: 8 MiB for a million parameters).
 inline constexpr int kMaxPeerMessageBytes = 1 << 30;
+// HTTP/2 flow-control window of WorkerPeer connections (both ends), so that a step's sums travel
+// without waiting for window updates.
+inline constexpr int kPeerWindowBytes = 16 << 20;
+// Larger HTTP/2 frames and socket reads for the same messages (HTTP/2 allows frames up to
+// 2^24 - 1 bytes).
+inline constexpr int kPeerFrameBytes = (1 << 24) - 1;
+inline constexpr int kPeerReadChunkBytes = 4 << 20;
 
 }  // namespace rebound::worker
