@@ -255,6 +255,13 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
       // This heartbeat named an incarnation the worker has just left (a spare that took a slot
       // over after a replay): not a fencing of the worker, go on under the new one.
       continue;
+    } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+               current.role == SPARE &&
+               WaitForNewRegistration(current.incarnation, absl::Seconds(2))) {
+      // A spare that has just taken a slot over is fenced (REPLACED) by the server the moment it
+      // reports, before it adopts its trainer incarnation here: a heartbeat answered in between
+      // is not a fencing of the worker.
+      continue;
     } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       absl::MutexLock lock(&mu_);
       exit_ = AgentExit::kFenced;
