@@ -23,7 +23,6 @@ namespace {
 constexpr absl::Duration kRpcDeadline = absl::Seconds(5);
 constexpr absl::Duration kServerStartWait = absl::Seconds(30);
 constexpr absl::Duration kPortPoll = absl::Milliseconds(20);
-constexpr absl::Duration kStatusPoll = absl::Milliseconds(100);
 constexpr absl::Duration kRegistrationWait = absl::Seconds(30);
 constexpr absl::Duration kFirstSyncWait = absl::Seconds(120);
 constexpr absl::Duration kStopGrace = absl::Seconds(10);
@@ -132,7 +131,7 @@ absl::Status LocalCluster::StartServer(const JobConfig& job) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ChildProcess>> LocalCluster::StartWorker(
+absl::StatusOr<std::unique_ptr<ChildProcess>> LocalCluster::LaunchWorker(
     const std::string& name, const std::string& role, const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {flags_.worker_binary, "--config", dir_ + "/worker.pbtxt",
                                    "--server", address_, "--name", name, "--role", role};
@@ -145,7 +144,7 @@ absl::Status LocalCluster::StartTrainers(
   for (int i = 0; i < count; ++i) {
     const std::string name = absl::StrCat("trainer-", i);
     auto trainer =
-        StartWorker(name, "trainer", extra_flags ? extra_flags(i) : std::vector<std::string>{});
+        LaunchWorker(name, "trainer", extra_flags ? extra_flags(i) : std::vector<std::string>{});
     if (!trainer.ok()) return trainer.status();
     trainers_.push_back(*std::move(trainer));
     auto registered = WaitForStatus(
@@ -167,10 +166,77 @@ absl::Status LocalCluster::StartTrainers(
 }
 
 absl::Status LocalCluster::StartEvaluator() {
-  auto evaluator = StartWorker("evaluator", "evaluator", {});
+  auto evaluator = LaunchWorker("evaluator", "evaluator", {});
   if (!evaluator.ok()) return evaluator.status();
   evaluator_ = *std::move(evaluator);
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartWorker(const std::string& name, const std::string& role,
+                                       const std::vector<std::string>& extra) {
+  if (FindWorker(name) != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("a worker named ", name, " was started before"));
+  }
+  auto worker = LaunchWorker(name, role, extra);
+  if (!worker.ok()) return worker.status();
+  others_.emplace_back(name, *std::move(worker));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartSpares(const std::vector<std::string>& names,
+                                       bool until_polling) {
+  for (const std::string& name : names) {
+    if (absl::Status started = StartWorker(name, "spare"); !started.ok()) return started;
+    auto waiting = WaitForStatus(
+        [&](const GetStatusResponse& s) {
+          for (const WorkerStatus& w : s.workers()) {
+            if (w.name() == name && w.state() == ALIVE && w.role() == SPARE &&
+                (w.waiting_for_task() || !until_polling)) {
+              return true;
+            }
+          }
+          return false;
+        },
+        kRegistrationWait,
+        name + (until_polling ? " to register as a spare and wait for a task"
+                              : " to register as a spare"));
+    if (!waiting.ok()) return waiting.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::KillWorker(const std::string& name) {
+  ChildProcess* worker = nullptr;
+  for (const auto& [n, child] : AllWorkers()) {
+    if (n == name) worker = child;
+  }
+  if (worker == nullptr) return absl::NotFoundError(absl::StrCat("no worker named ", name));
+  if (worker->Poll().has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " had already exited"));
+  }
+  expected_exits_.insert(name);
+  worker->Signal(SIGKILL);
+  if (!worker->WaitFor(kStopGrace).has_value()) {
+    return absl::InternalError(absl::StrCat(name, " survived SIGKILL"));
+  }
+  return absl::OkStatus();
+}
+
+const ChildProcess* LocalCluster::FindWorker(const std::string& name) const {
+  for (const auto& [n, child] : AllWorkers()) {
+    if (n == name) return child;
+  }
+  return nullptr;
+}
+
+std::vector<std::pair<std::string, ChildProcess*>> LocalCluster::AllWorkers() const {
+  std::vector<std::pair<std::string, ChildProcess*>> all;
+  for (size_t i = 0; i < trainers_.size(); ++i) {
+    all.emplace_back(absl::StrCat("trainer-", i), trainers_[i].get());
+  }
+  if (evaluator_ != nullptr) all.emplace_back("evaluator", evaluator_.get());
+  for (const auto& [name, child] : others_) all.emplace_back(name, child.get());
+  return all;
 }
 
 absl::Status LocalCluster::WaitForFirstSyncs(int slots) {
@@ -199,7 +265,7 @@ absl::StatusOr<GetStatusResponse> LocalCluster::GetStatus() {
 
 absl::StatusOr<GetStatusResponse> LocalCluster::WaitForStatus(
     const std::function<bool(const GetStatusResponse&)>& done, absl::Duration limit,
-    const std::string& what) {
+    const std::string& what, absl::Duration poll) {
   const absl::Time deadline = absl::Now() + limit;
   while (true) {
     if (absl::Status children = CheckChildren(); !children.ok()) return children;
@@ -210,7 +276,7 @@ absl::StatusOr<GetStatusResponse> LocalCluster::WaitForStatus(
           absl::StrCat("timed out after ", absl::FormatDuration(limit), " waiting for ", what,
                        status.ok() ? "" : absl::StrCat(" (", status.status().message(), ")")));
     }
-    absl::SleepFor(kStatusPoll);
+    absl::SleepFor(poll);
   }
 }
 
@@ -235,18 +301,17 @@ absl::Status LocalCluster::CheckChildren() {
     return absl::OkStatus();
   };
   absl::Status status = check(server_.get(), "rebound_server");
-  for (size_t i = 0; i < trainers_.size() && status.ok(); ++i) {
-    status = check(trainers_[i].get(), absl::StrCat("trainer-", i));
+  for (const auto& [name, child] : AllWorkers()) {
+    if (!status.ok()) break;
+    if (expected_exits_.count(name) == 0) status = check(child, name);
   }
-  if (status.ok()) status = check(evaluator_.get(), "evaluator");
   return status;
 }
 
 void LocalCluster::StopAll(
     bool report, const std::function<void(const ChildProcess& worker, int code)>& worker_exited) {
   std::vector<ChildProcess*> workers;
-  for (auto& trainer : trainers_) workers.push_back(trainer.get());
-  if (evaluator_ != nullptr) workers.push_back(evaluator_.get());
+  for (const auto& [name, child] : AllWorkers()) workers.push_back(child);
   for (ChildProcess* worker : workers) {
     worker->Signal(SIGTERM);
     worker->Signal(SIGCONT);

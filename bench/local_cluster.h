@@ -1,12 +1,14 @@
 #pragma once
 
 // A real Rebound cluster on loopback for the benchmarks that measure one (weighting,
-// logging_overhead): the flags that say where its binaries and job are, the working directory
-// its runs keep their configs and logs in, and LocalCluster, which starts rebound_server and
-// rebound_worker processes, watches them through GetStatus and stops them.
+// logging_overhead, recovery, failures): the flags that say where its binaries and job are, the
+// working directory its runs keep their configs and logs in, and LocalCluster, which starts
+// rebound_server and rebound_worker processes, watches them through GetStatus, kills the ones a
+// benchmark means to fail and stops the rest.
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,10 +70,14 @@ class RunDirectories {
 };
 
 // One run's cluster: a rebound_server with the job inline (in-memory state, 127.0.0.1, a port of
-// its choosing) and rebound_worker trainers and evaluator, each a ChildProcess of this one with
-// its log in `dir` (server.log, trainer-<i>.log, evaluator.log) beside the configs written for
-// them (server.pbtxt, worker.pbtxt, port). Whatever still runs when the cluster is destroyed is
-// SIGKILLed. Not thread-safe; REQUIRES: used from the main thread (see ChildProcess).
+// its choosing) and rebound_worker trainers, spares and evaluator, each a ChildProcess of this
+// one with its log in `dir` (server.log, <worker name>.log) beside the configs written for them
+// (server.pbtxt, worker.pbtxt, port). Workers are known by the unique names they are started
+// with (trainer-<i>, evaluator, and whatever StartWorker is given), which the server reports in
+// GetStatus. A worker the benchmark killed (KillWorker) is expected to be gone; any other child
+// that exits before StopAll is a failure of the run (CheckChildren). Whatever still runs when the
+// cluster is destroyed is SIGKILLed. Not thread-safe; REQUIRES: used from the main thread (see
+// ChildProcess).
 class LocalCluster {
  public:
   // REQUIRES: `flags` resolved (ResolveClusterFlags) and `dir` exists.
@@ -94,48 +100,80 @@ class LocalCluster {
   // Starts the evaluator; does not wait for it.
   absl::Status StartEvaluator();
 
+  // Starts a worker named `name` with `--role role` (auto, trainer, spare or evaluator) and
+  // `extra` appended to its command line; does not wait for it. INVALID_ARGUMENT when a worker
+  // of that name was started before.
+  absl::Status StartWorker(const std::string& name, const std::string& role,
+                           const std::vector<std::string>& extra = {});
+
+  // Starts spares `names` one after the other and waits (up to 30 s each) until each is
+  // registered as a SPARE and, when `until_polling`, waiting in its WaitForTask long poll (its
+  // data loaded: it can join a replay at once). The server flags that poll only under the
+  // policies that hand out tasks (REPLAY, GLOBAL_CHECKPOINT): under RESTART_FROM_CENTER pass
+  // false.
+  absl::Status StartSpares(const std::vector<std::string>& names, bool until_polling = true);
+
+  // SIGKILLs the worker named `name` (no goodbye: its heartbeats just stop) and reaps it; from
+  // then on its exit is expected. NOT_FOUND when no such worker was started, FAILED_PRECONDITION
+  // when it had already exited.
+  absl::Status KillWorker(const std::string& name);
+
+  // The worker started under `name`; nullptr when there is none.
+  const ChildProcess* FindWorker(const std::string& name) const;
+
+  // The workers a benchmark expects to exit on their own from now on (e.g. fenced ones, exit
+  // code 3): CheckChildren no longer counts their exit as a failure.
+  void ExpectExit(const std::string& name) { expected_exits_.insert(name); }
+
   // Waits (up to 120 s) until there are `slots` slots, each ACTIVE and synced at least once.
   absl::Status WaitForFirstSyncs(int slots);
 
   // One GetStatus call (5 s deadline). UNAVAILABLE when it fails.
   absl::StatusOr<GetStatusResponse> GetStatus();
 
-  // Polls GetStatus every 100 ms until `done` holds, for at most `limit`; fails as soon as a
+  // Polls GetStatus every `poll` until `done` holds, for at most `limit`; fails as soon as a
   // child exits (CheckChildren) and with DEADLINE_EXCEEDED, naming `what`, at the limit.
   absl::StatusOr<GetStatusResponse> WaitForStatus(
       const std::function<bool(const GetStatusResponse&)>& done, absl::Duration limit,
-      const std::string& what);
+      const std::string& what, absl::Duration poll = absl::Milliseconds(100));
 
   // Until `end`, every `tick`: checks the children, then calls `on_tick(now)`. Returns at `end`,
   // or with CheckChildren's error as soon as a child exits.
   absl::Status Watch(absl::Time end, absl::Duration tick,
                      const std::function<void(absl::Time now)>& on_tick);
 
-  // INTERNAL, with the tail of its log, when a child exited: none should before StopAll.
+  // INTERNAL, with the tail of its log, when a child exited that should not have before StopAll
+  // (any but those killed by KillWorker or named to ExpectExit).
   absl::Status CheckChildren();
 
-  // Stops the workers (SIGTERM and SIGCONT to all, then each waited for up to 10 s, SIGKILL
-  // after), then the server likewise. `worker_exited(worker, code)` sees each worker's exit
-  // code (128 + N when killed by signal N); when `report`, a server exit code other than 0 is
-  // noted on stderr.
+  // Stops the workers (SIGTERM and SIGCONT to all still running, then each waited for up to
+  // 10 s, SIGKILL after), then the server likewise. `worker_exited(worker, code)` sees each
+  // worker's exit code (128 + N when killed by signal N: 137 for those KillWorker killed); when
+  // `report`, a server exit code other than 0 is noted on stderr.
   void StopAll(bool report,
                const std::function<void(const ChildProcess& worker, int code)>& worker_exited);
 
   // REQUIRES: StartServer succeeded.
   const ChildProcess& server() const { return *server_; }
-  // The trainers started, trainer i at index i.
+  // The trainers started by StartTrainers, trainer i at index i.
   const std::vector<std::unique_ptr<ChildProcess>>& trainers() const { return trainers_; }
 
  private:
-  absl::StatusOr<std::unique_ptr<ChildProcess>> StartWorker(const std::string& name,
-                                                            const std::string& role,
-                                                            const std::vector<std::string>& extra);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> LaunchWorker(const std::string& name,
+                                                             const std::string& role,
+                                                             const std::vector<std::string>& extra);
+
+  // Every worker started, in start order, with its name.
+  std::vector<std::pair<std::string, ChildProcess*>> AllWorkers() const;
 
   const ClusterFlags& flags_;
   const std::string dir_;
   std::unique_ptr<ChildProcess> server_;
   std::vector<std::unique_ptr<ChildProcess>> trainers_;
   std::unique_ptr<ChildProcess> evaluator_;
+  // Workers started by StartWorker / StartSpares, by name.
+  std::vector<std::pair<std::string, std::unique_ptr<ChildProcess>>> others_;
+  std::set<std::string> expected_exits_;  // killed, or expected to exit on their own
   std::string address_;
   std::unique_ptr<ParameterServer::Stub> stub_;
 };
