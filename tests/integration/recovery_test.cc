@@ -1,9 +1,11 @@
 // Recovery under policy REPLAY (docs/recovery.md, DESIGN.md §5.2-§5.3) against the real
 // rebound_server and rebound_worker binaries on loopback: trainers are SIGKILLed, spares come
 // late, die during their replay or rebuild two slots at once, and every outcome is read from the
-// server's GetStatus. A durable server's RocksDB directory is read back to check that the step
-// log's GC keeps the stored log within one sync period per slot. The last test (tagged
-// [fencing]) shows a fenced trainer's sync applied after it waited for its DETERMINISTIC turn.
+// server's GetStatus; replays run with one spare and with two in parallel (one of them killed
+// mid-replay), and a trainer is drained through reboundctl. A durable server's RocksDB directory
+// is read back to check that the step log's GC keeps the stored log within one sync period per
+// slot. The last test (tagged [fencing]) shows a fenced trainer's sync refused even after it
+// waited for its DETERMINISTIC turn.
 //
 // Where a kill lands. A trainer ships its log asynchronously (StepLogger lets records gather for
 // 20 ms), so a kill timed by a heartbeat's step (every 200 ms) may land just after a sync and
