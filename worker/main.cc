@@ -28,6 +28,7 @@
 #include "worker/replay.h"
 #include "worker/worker_metrics.h"
 #include "worker/replay_mailbox.h"
+#include "worker/shared_sums.h"
 #include "worker/training.h"
 
 DEFINE_string(config, "", "worker config file (.pbtxt); required");
@@ -111,6 +112,10 @@ int Run() {
     config.set_role(role);
   }
 
+  // Shared-memory regions of replays whose worker was killed before its peers had mapped them.
+  if (const int swept = SweepStaleRegions(); swept > 0) {
+    LOG(INFO) << "removed " << swept << " stale replay regions from /dev/shm";
+  }
   // Replay messages held at most: a few steps' sums of every other spare of a task.
   ReplayMailbox mailbox(/*max_bytes=*/int64_t{1} << 30);
   WorkerPeerService peer_service(&mailbox);

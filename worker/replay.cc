@@ -3,6 +3,8 @@
 #include <glog/logging.h>
 
 #include <chrono>
+#include <map>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -19,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "common/security.h"
 #include "worker/retry.h"
+#include "worker/shared_sums.h"
 #include "worker/worker_metrics.h"
 
 namespace rebound::worker {
@@ -180,9 +183,19 @@ absl::Status SendToPeer(const char* what, absl::Time deadline, const absl::Notif
 // The per-step exchange of a parallel replay, from one spare's side.
 class Exchange {
  public:
+  // `max_floats`: the most floats one step's sums of all stages take.
   Exchange(const WorkerConfig& config, const RecoveryTask& task, ReplayMailbox* mailbox,
-           const absl::Notification& stop)
+           const absl::Notification& stop, int64_t max_floats)
       : config_(config), task_(task), mailbox_(mailbox), stop_(stop) {
+    if (config.replay_shared_memory()) {
+      auto region = SharedSumsWriter::Create(task.task_id(), task.rank(), max_floats);
+      if (region.ok()) {
+        region_ = *std::move(region);
+      } else {
+        LOG(WARNING) << "partial sums go inline to every spare: " << region.status();
+      }
+    }
+    by_reference_.assign(task.spares_size(), false);
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(kMaxPeerMessageBytes);
@@ -231,19 +244,98 @@ class Exchange {
     }
   }
 
-  // Sends this spare's partial sum of a step to every other spare of the task.
+  // Writes this spare's sums of step t (per stage, its first active[s] floats) where its peers
+  // will read them: the shared-memory slot (if there is a region) and, for the peers that take
+  // them inline, `partial`'s sums; on the first step `partial` also offers the region. `partial`
+  // holds the step's other fields.
+  absl::Status Publish(compute::Backend* backend, absl::Span<const compute::ConstDSpan> sums,
+                       absl::Span<const int64_t> active, bool first, PartialSum* partial) {
+    if (region_ != nullptr) {
+      int64_t floats = 0;
+      for (const int64_t n : active) floats += n;
+      absl::Span<float> slot = region_->Begin(partial->step(), floats);
+      if (static_cast<int64_t>(slot.size()) != floats) {
+        return absl::InternalError(absl::StrCat("step ", partial->step(), "'s sums take ", floats,
+                                                " floats, the region's slots ", slot.size()));
+      }
+      for (size_t s = 0; s < sums.size(); ++s) {
+        RETURN_IF_ERROR(
+            backend->CopyToHost(sums[s].sub(0, active[s]), slot.subspan(0, active[s])));
+        slot.remove_prefix(active[s]);
+      }
+      if (first) {
+        partial->set_shm_name(region_->name());
+        partial->set_shm_offset(region_->SlotOffset(partial->step()));
+      }
+    }
+    bool inline_needed = false;
+    for (int r = 0; r < task_.spares_size(); ++r) {
+      inline_needed |= r != task_.rank() && !by_reference_[r];
+    }
+    if (inline_needed) RETURN_IF_ERROR(PackSums(backend, sums, active, partial->mutable_sums()));
+    return absl::OkStatus();
+  }
+
+  // Sends this spare's partial sum of a step (as Publish left it) to every other spare of the
+  // task: a reference to the peers that mapped the region, the sums inline to the others.
   absl::Status SendToOthers(const PartialSum& partial, bool first) {
     const absl::Time deadline = absl::Now() + Bound(first);
+    PartialSum reference;  // the step's fields and where its sums are, without them
+    reference.set_task_id(partial.task_id());
+    reference.set_step(partial.step());
+    reference.set_rank(partial.rank());
+    reference.set_first_micro_batch(partial.first_micro_batch());
+    reference.set_micro_batch_count(partial.micro_batch_count());
+    reference.set_sender_incarnation(partial.sender_incarnation());
+    if (region_ != nullptr) {
+      reference.set_shm_name(region_->name());
+      reference.set_shm_offset(region_->SlotOffset(partial.step()));
+    }
     for (int r = 0; r < task_.spares_size(); ++r) {
       if (r == task_.rank()) continue;
+      const PartialSum& message = by_reference_[r] ? reference : partial;
+      if (!message.has_sums() && !message.has_shm_name()) {
+        return absl::InternalError("the step's sums were not packed for an inline peer");
+      }
       PartialSumAck ack;
       absl::Status sent = SendToPeer("send the partial sum", deadline, stop_, channels_[r].get(),
                                      [&](grpc::ClientContext* context) {
-                                       return stubs_[r]->SendPartialSum(context, partial, &ack);
+                                       return stubs_[r]->SendPartialSum(context, message, &ack);
                                      });
       if (!sent.ok()) return Name(r, sent);
+      if (first && ack.shm_mapped() && partial.has_shm_name()) {
+        by_reference_[r] = true;
+        LOG(INFO) << "replay task " << task_.task_id() << ": partial sums to spare " << r
+                  << " go through shared memory " << partial.shm_name();
+      }
     }
+    // Every peer has answered the offer; those that mapped the region keep it.
+    if (first && region_ != nullptr) region_->Unlink();
     return absl::OkStatus();
+  }
+
+  // Per stage, the active[s] floats of a reference-only `partial`, read from the sender's region,
+  // which this spare mapped when the sender offered it.
+  absl::StatusOr<std::vector<absl::Span<const float>>> RegionSums(
+      const PartialSum& partial, absl::Span<const int64_t> active) {
+    const int r = partial.rank();
+    std::shared_ptr<const SharedSumsReader> region = mailbox_->Region(r);
+    if (region == nullptr || region->name() != partial.shm_name()) {
+      return Name(r, absl::FailedPreconditionError(
+                         "sent a shared-memory reference to a region this spare has not mapped"));
+    }
+    int64_t floats = 0;
+    for (const int64_t n : active) floats += n;
+    ASSIGN_OR_RETURN(absl::Span<const float> all, region->Read(partial.shm_offset(),
+                                                               task_.task_id(), partial.step(),
+                                                               r, floats));
+    regions_in_use_[r] = region;  // the mapping outlives the mailbox's next Open or Close
+    std::vector<absl::Span<const float>> out;
+    for (const int64_t n : active) {
+      out.push_back(all.subspan(0, n));
+      all.remove_prefix(n);
+    }
+    return out;
   }
 
   // Every other spare's partial sum of step t, in rank order (this spare's rank skipped).
@@ -276,6 +368,9 @@ class Exchange {
 
   std::vector<std::shared_ptr<grpc::Channel>> channels_;  // by rank; null where not needed
   std::vector<std::unique_ptr<WorkerPeer::Stub>> stubs_;
+  std::unique_ptr<SharedSumsWriter> region_;  // null: inline to everyone
+  std::vector<bool> by_reference_;             // by rank: the peer reads our region
+  std::map<int, std::shared_ptr<const SharedSumsReader>> regions_in_use_;
 };
 
 // Rebuilds the task's slot: its snapshot, then every logged step, alone (k = 1) or as spare
@@ -322,7 +417,9 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
   std::vector<float> scratch;
   std::unique_ptr<Exchange> exchange;
   if (k > 1) {
-    exchange = std::make_unique<Exchange>(config, task, mailbox, stop);
+    int64_t max_floats = 0;
+    for (int s = 0; s < num_stages; ++s) max_floats += trainer.stage(s).layout().sums_size();
+    exchange = std::make_unique<Exchange>(config, task, mailbox, stop, max_floats);
     for (int s = 0; s < num_stages; ++s) {
       ASSIGN_OR_RETURN(auto acc, compute::TreeAccumulator::Create(
                                      backend, trainer.stage(s).layout().sums_size()));
@@ -368,7 +465,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       message.set_first_micro_batch(mine.begin);
       message.set_micro_batch_count(mine.size());
       message.set_sender_incarnation(incarnation);
-      RETURN_IF_ERROR(PackSums(backend, sums, active, message.mutable_sums()));
+      RETURN_IF_ERROR(exchange->Publish(backend, sums, active, first, &message));
       // The sends run on their own thread while this one assembles the next step's batch (the
       // device copy of this one is taken, so the host buffers are free) and waits for the others'
       // sums.
@@ -397,11 +494,22 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
                            partial.first_micro_batch(), ", +", partial.micro_batch_count(),
                            "), not that rank's block"));
         }
-        RETURN_IF_ERROR(CheckSums(partial.sums(), active, absl::StrCat("spare ", r, "'s sums")));
-        for (int s = 0; s < num_stages; ++s) {
-          ASSIGN_OR_RETURN(compute::DSpan buffer, accumulators[s]->BufferFor(blocks[r]));
-          RETURN_IF_ERROR(UnpackSums(backend, partial.sums().tensors(s), &scratch, buffer));
-          RETURN_IF_ERROR(accumulators[s]->Commit(blocks[r]));
+        if (partial.has_sums()) {
+          RETURN_IF_ERROR(
+              CheckSums(partial.sums(), active, absl::StrCat("spare ", r, "'s sums")));
+          for (int s = 0; s < num_stages; ++s) {
+            ASSIGN_OR_RETURN(compute::DSpan buffer, accumulators[s]->BufferFor(blocks[r]));
+            RETURN_IF_ERROR(UnpackSums(backend, partial.sums().tensors(s), &scratch, buffer));
+            RETURN_IF_ERROR(accumulators[s]->Commit(blocks[r]));
+          }
+        } else {
+          ASSIGN_OR_RETURN(std::vector<absl::Span<const float>> shared,
+                           exchange->RegionSums(partial, active));
+          for (int s = 0; s < num_stages; ++s) {
+            ASSIGN_OR_RETURN(compute::DSpan buffer, accumulators[s]->BufferFor(blocks[r]));
+            RETURN_IF_ERROR(backend->CopyToDevice(shared[s], buffer.sub(0, active[s])));
+            RETURN_IF_ERROR(accumulators[s]->Commit(blocks[r]));
+          }
         }
       }
       sums.clear();

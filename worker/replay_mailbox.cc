@@ -1,7 +1,11 @@
 #include "worker/replay_mailbox.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace rebound::worker {
 namespace {
@@ -21,6 +25,7 @@ void ReplayMailbox::Open(uint64_t task_id) {
   floor_step_ = 0;
   partials_.clear();
   held_bytes_ = 0;
+  regions_.clear();
 }
 
 void ReplayMailbox::Close() {
@@ -28,6 +33,45 @@ void ReplayMailbox::Close() {
   open_task_ = 0;
   partials_.clear();
   held_bytes_ = 0;
+  regions_.clear();
+}
+
+std::shared_ptr<const SharedSumsReader> ReplayMailbox::Region(int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(rank);
+  return it == regions_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const SharedSumsReader> ReplayMailbox::MapOffered(const PartialSum& message) {
+  absl::StatusOr<std::unique_ptr<SharedSumsReader>> region =
+      SharedSumsReader::Open(message.shm_name());
+  if (!region.ok()) {
+    LOG(INFO) << "spare rank " << message.rank() << "'s shared memory is not usable here ("
+              << region.status() << "); its sums come inline";
+    return nullptr;
+  }
+  int64_t floats = 0;
+  for (const Tensor& tensor : message.sums().tensors()) {
+    floats += static_cast<int64_t>(tensor.data().size() / sizeof(float));
+  }
+  absl::StatusOr<absl::Span<const float>> held = (*region)->Read(
+      message.shm_offset(), message.task_id(), message.step(), message.rank(), floats);
+  bool same = held.ok();
+  const float* at = same ? held->data() : nullptr;
+  for (const Tensor& tensor : message.sums().tensors()) {
+    if (!same) break;
+    same = std::memcmp(at, tensor.data().data(), tensor.data().size()) == 0;
+    at += tensor.data().size() / sizeof(float);
+  }
+  if (!same) {
+    // Same name, other bytes: another host's /dev/shm (or a bug); inline it stays.
+    LOG(WARNING) << "spare rank " << message.rank() << "'s region " << message.shm_name()
+                 << " does not hold the sums it sent ("
+                 << (held.ok() ? "different bytes" : held.status().ToString())
+                 << "); its sums come inline";
+    return nullptr;
+  }
+  return std::shared_ptr<const SharedSumsReader>(*std::move(region));
 }
 
 int64_t ReplayMailbox::held_bytes() const {
@@ -63,17 +107,32 @@ void ReplayMailbox::DropBefore(int64_t step) {
   }
 }
 
-absl::Status ReplayMailbox::PutPartial(PartialSum message) {
+absl::StatusOr<bool> ReplayMailbox::PutPartial(PartialSum message) {
   const int64_t bytes = SumsBytes(message.sums());
-  absl::MutexLock lock(&mu_);
-  if (absl::Status admitted = Admit(message.task_id(), message.step(), bytes); !admitted.ok()) {
-    return admitted;
+  const bool offered = message.has_shm_name() && message.has_sums();
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(Admit(message.task_id(), message.step(), bytes));
   }
+  // Mapped and compared outside the lock; admitted again below (the task may have moved on).
+  std::shared_ptr<const SharedSumsReader> region = offered ? MapOffered(message) : nullptr;
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(Admit(message.task_id(), message.step(), bytes));
+  if (message.has_shm_name() && !message.has_sums()) {
+    auto it = regions_.find(message.rank());
+    if (it == regions_.end() || it->second->name() != message.shm_name()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("spare rank ", message.rank(), " sent a reference to ",
+                       message.shm_name(), ", which this spare has not mapped; send inline"));
+    }
+  }
+  if (region != nullptr) regions_[message.rank()] = std::move(region);
+  const bool mapped = offered && regions_.count(message.rank()) > 0;
   const auto key = std::make_pair(message.step(), message.rank());
-  if (partials_.count(key) > 0) return absl::OkStatus();  // a resend
+  if (partials_.count(key) > 0) return mapped;  // a resend
   held_bytes_ += bytes;
   partials_.emplace(key, std::move(message));
-  return absl::OkStatus();
+  return mapped;
 }
 
 absl::StatusOr<PartialSum> ReplayMailbox::TakePartial(int64_t step, int rank,
@@ -98,7 +157,8 @@ absl::StatusOr<PartialSum> ReplayMailbox::TakePartial(int64_t step, int rank,
 }
 
 grpc::Status WorkerPeerService::SendPartialSum(grpc::ServerContext* context,
-                                               const PartialSum* request, PartialSumAck*) {
+                                               const PartialSum* request,
+                                               PartialSumAck* response) {
   if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
   // Take the request's contents instead of copying ~2 MB of sums: the synchronous API's request
   // object belongs to this call, which only destroys it after the handler returns, and it is
@@ -110,7 +170,10 @@ grpc::Status WorkerPeerService::SendPartialSum(grpc::ServerContext* context,
   } else {
     message = *request;
   }
-  return ToGrpcStatus(mailbox_->PutPartial(std::move(message)));
+  absl::StatusOr<bool> mapped = mailbox_->PutPartial(std::move(message));
+  if (!mapped.ok()) return ToGrpcStatus(mapped.status());
+  if (*mapped) response->set_shm_mapped(true);
+  return grpc::Status::OK;
 }
 
 }  // namespace rebound::worker

@@ -13,10 +13,16 @@
 //     FAILED_PRECONDITION: that task or step is over;
 //   * a duplicate (same step and rank) is dropped;
 //   * at most `max_bytes` of sums are held; more is RESOURCE_EXHAUSTED.
+// It also holds, per sending rank, the mapping of that spare's shared-memory region
+// (worker/shared_sums.h): a message carrying sums both inline and in a region (the first of a
+// task) has the region mapped and compared here; equal bytes make the mailbox keep the mapping
+// and the service acknowledge shm_mapped. A reference-only message from a rank without a mapping
+// of that name is FAILED_PRECONDITION.
 // Thread-safe.
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -26,6 +32,7 @@
 #include "grpcpp/grpcpp.h"
 #include "common/security.h"
 #include "proto/rebound.grpc.pb.h"
+#include "worker/shared_sums.h"
 
 namespace rebound::worker {
 
@@ -41,8 +48,9 @@ class ReplayMailbox {
   // Refuses everything until the next Open; drops what is held.
   void Close();
 
-  // Called by the WorkerPeer service; see the class comment for the errors.
-  absl::Status PutPartial(PartialSum message);
+  // Called by the WorkerPeer service; see the class comment for the errors. True if the message
+  // offered a shared-memory region that is now mapped (the sender may send references).
+  absl::StatusOr<bool> PutPartial(PartialSum message);
 
   // The partial sum of `step` from `rank`, waiting up to `timeout` (DEADLINE_EXCEEDED then;
   // FAILED_PRECONDITION if the mailbox is not open). Forgets every held partial of an earlier
@@ -51,9 +59,15 @@ class ReplayMailbox {
 
   int64_t held_bytes() const;
 
+  // The mapping of `rank`'s region in the open task, or null.
+  std::shared_ptr<const SharedSumsReader> Region(int rank) const;
+
  private:
   absl::Status Admit(uint64_t task_id, int64_t step, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps the region `message` offers and compares it with its inline sums (no lock held: this
+  // reads megabytes). Null (and a log line) if it cannot be used.
+  static std::shared_ptr<const SharedSumsReader> MapOffered(const PartialSum& message);
   void DropBefore(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_bytes_;
@@ -63,6 +77,7 @@ class ReplayMailbox {
   int64_t floor_step_ ABSL_GUARDED_BY(mu_) = 0;  // messages of steps below this are stale
   std::map<std::pair<int64_t, int>, PartialSum> partials_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, std::shared_ptr<const SharedSumsReader>> regions_ ABSL_GUARDED_BY(mu_);
 };
 
 // The WorkerPeer service of a worker: replay messages go to the mailbox; boundary exchange and

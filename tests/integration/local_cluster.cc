@@ -37,11 +37,17 @@ LocalCluster::LocalCluster(const std::string& job_text, const LocalClusterOption
   stub_ = ParameterServer::NewStub(*channel);
 }
 
-Subprocess& LocalCluster::StartWorker(const std::string& name, WorkerRole role) {
+Subprocess& LocalCluster::StartWorker(const std::string& name, WorkerRole role,
+                                      const std::string& config_extra) {
   REQUIRE((role == TRAINER || role == SPARE || role == EVALUATOR));
   REQUIRE(workers_.count(name) == 0);
+  std::string config = dir_ + "/worker.pbtxt";
+  if (!config_extra.empty()) {
+    config = dir_ + "/worker-" + name + ".pbtxt";
+    WriteFileOrDie(config, ReadFileOrEmpty(dir_ + "/worker.pbtxt") + config_extra);
+  }
   auto worker = Subprocess::Start(
-      {Runfile("worker/rebound_worker"), "--config", dir_ + "/worker.pbtxt", "--server",
+      {Runfile("worker/rebound_worker"), "--config", config, "--server",
        address_, "--name", name, "--role",
        role == TRAINER ? "trainer" : role == SPARE ? "spare" : "evaluator"},
       dir_ + "/" + name + ".log");

@@ -45,7 +45,9 @@ class LocalCluster {
 
   // Starts worker `name` with --role trainer, spare or evaluator and waits until the server lists it ALIVE
   // in that role (so trainers started one after the other own slots 0, 1, ... in order).
-  Subprocess& StartWorker(const std::string& name, WorkerRole role);
+  // `config_extra` is appended to this worker's config only.
+  Subprocess& StartWorker(const std::string& name, WorkerRole role,
+                          const std::string& config_extra = "");
 
   Subprocess& worker(const std::string& name);
   void Signal(const std::string& name, int signal_number) { worker(name).Signal(signal_number); }

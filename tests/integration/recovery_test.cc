@@ -529,7 +529,9 @@ TensorBundle RunDeterministicJob(JobSpec spec, const KillPoint* kill) {
   if (kill != nullptr) {
     for (int i = 0; i < kill->spares; ++i) {
       spares.push_back(i == 0 ? "spare" : absl::StrCat("spare", i + 1));
-      cluster.StartWorker(spares.back(), SPARE);
+      // With two spares, the second sends its sums inline while the first offers shared memory
+      // (worker/shared_sums.h): both transports in one replay.
+      cluster.StartWorker(spares.back(), SPARE, i == 1 ? "replay_shared_memory: false\n" : "");
     }
     cluster.WaitFor(
         absl::StrCat("b synced round ", kill->round),
@@ -562,6 +564,11 @@ TensorBundle RunDeterministicJob(JobSpec spec, const KillPoint* kill) {
       REQUIRE(helper != nullptr);
       CHECK(helper->role() == SPARE);
       CHECK(helper->state() == ALIVE);
+    }
+    if (kill->spares == 2) {
+      // The first spare's sums went through shared memory, the second's inline.
+      CHECK(absl::StrContains(cluster.WorkerLog("spare"), "go through shared memory"));
+      CHECK_FALSE(absl::StrContains(cluster.WorkerLog("spare2"), "go through shared memory"));
     }
     std::cout << "recovery_test: b killed after round " << kill->round << " and "
               << kill->steps << " logged steps; " << kill->spares << " spare(s): "
