@@ -91,10 +91,11 @@ void RunDirectories::Finish() const {
 LocalCluster::LocalCluster(const ClusterFlags& flags, std::string dir)
     : flags_(flags), dir_(std::move(dir)) {}
 
-absl::Status LocalCluster::StartServer(const JobConfig& job) {
+absl::Status LocalCluster::StartServer(const JobConfig& job, const std::string& data_dir) {
   ServerConfig config;
   config.set_listen_address("127.0.0.1:0");
   *config.mutable_job() = job;
+  if (!data_dir.empty()) config.mutable_durability()->set_data_dir(data_dir);
   std::string text;
   google::protobuf::TextFormat::PrintToString(config, &text);
   const std::string config_path = dir_ + "/server.pbtxt";

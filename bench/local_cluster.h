@@ -87,8 +87,9 @@ class LocalCluster {
   LocalCluster& operator=(const LocalCluster&) = delete;
 
   // Starts rebound_server with `job` inline and waits (up to 30 s) for the port it listens on;
-  // writes the workers' config for job.job_id().
-  absl::Status StartServer(const JobConfig& job);
+  // writes the workers' config for job.job_id(). With a `data_dir`, the server keeps its state
+  // there (RocksDB, durability.data_dir) instead of in memory.
+  absl::Status StartServer(const JobConfig& job, const std::string& data_dir = "");
 
   // Starts trainer-0 .. trainer-(count - 1) one at a time, each once the one before registered
   // (up to 30 s each), so that trainer i owns slot i (the server hands out the lowest free
