@@ -149,6 +149,11 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
   }
+  if (request.step() > job_.training().max_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat("step must be <= training.max_steps = ",
+                                                   job_.training().max_steps(), ", got ",
+                                                   request.step()));
+  }
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   absl::Status alive = CheckAliveLocked(request.incarnation());

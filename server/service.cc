@@ -74,6 +74,16 @@ absl::Status ParameterServerService::ValidateSlot(const SlotId& slot) const {
   return absl::OkStatus();
 }
 
+absl::Status ParameterServerService::CheckStepInJob(int64_t step) const {
+  // A slot never steps past max_steps; a larger step would finish the slot early and make every
+  // later (valid) update of it stale.
+  if (step > job_.training().max_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step must be <= training.max_steps = ", job_.training().max_steps(), ", got ", step));
+  }
+  return absl::OkStatus();
+}
+
 WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
                                                      const SlotBook& book) const {
   WeightRecord record = tracker_->ExportSlot(slot, clock_->Now());
@@ -271,6 +281,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", request->step())));
   }
+  if (absl::Status valid = CheckStepInJob(request->step()); !valid.ok()) {
+    return ToGrpcStatus(valid);
+  }
   const int stage = slot.stage();
   absl::Status valid = centers_->ValidateBundle(stage, request->params(), "params");
   if (!valid.ok()) {
@@ -286,6 +299,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
         {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
     if (bundle->tensors_size() == 0) continue;
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
+      // So is a malformed or non-finite optimizer state (it becomes the slot's snapshot).
+      tracker_->OnFault(slot, clock_->Now());
+      LOG(WARNING) << "rejected sync of slot " << SlotName(slot) << ": " << ok;
       return ToGrpcStatus(ok);
     }
   }
@@ -389,6 +405,9 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   }
   if (request->sequence() < 1 || request->step() < 1) {
     return ToGrpcStatus(absl::InvalidArgumentError("sequence and step must be >= 1"));
+  }
+  if (absl::Status valid = CheckStepInJob(request->step()); !valid.ok()) {
+    return ToGrpcStatus(valid);
   }
   const int stage = slot.stage();
   for (const auto& [bundle, name] :

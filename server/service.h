@@ -106,6 +106,8 @@ class ParameterServerService final : public ParameterServer::Service {
   // The bearer token (if one is configured), then CheckReady.
   absl::Status CheckCall(const grpc::ServerContext* context) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
+  // INVALID_ARGUMENT for a Sync or Push step beyond training.max_steps.
+  absl::Status CheckStepInJob(int64_t step) const;
   // DETERMINISTIC scheduling: waits until `slot` holds the smallest (update count, replica) of
   // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
   absl::Status WaitForTurn(const SlotId& slot);

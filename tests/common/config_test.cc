@@ -256,6 +256,107 @@ TEST_CASE("a received job is validated without locations") {
   CHECK(ValidateJobConfig(job).message() == "easgd.sync_period must be >= 1, got -3");
 }
 
+// The malformed-file matrix of docs/bad_input.md: every kind of mistake, in each of the three
+// config kinds, is INVALID_ARGUMENT (NOT_FOUND for a missing file) naming file and line (and the
+// column for syntax errors) and the field where one is involved.
+
+TEST_CASE("a syntax error in a job names file, line and column") {
+  CHECK(JobError(std::string(kBase) + "easgd {\n  sync_period: 4\n") ==
+        "job.pbtxt:7:1: Expected identifier, got: ");  // at the end of the file
+  CHECK(JobError(std::string(kBase) + "easgd }\n") ==
+        "job.pbtxt:5:7: Expected \"{\", found \"}\".");
+}
+
+TEST_CASE("a value of the wrong type in a job names file, line, column and field") {
+  CHECK(JobError(std::string(kBase) + "topology { replicas: \"two\" }\n") ==
+        "job.pbtxt:5:22: Expected integer, got: \"two\"");
+  CHECK(JobError(std::string(kBase) + "topology { replicas: 1.5 }\n") ==
+        "job.pbtxt:5:22: Expected integer, got: 1.5");
+  CHECK(JobError(std::string(kBase) + "easgd { moving_rate: \"fast\" }\n") ==
+        "job.pbtxt:5:22: Expected double, got: \"fast\"");
+  CHECK(JobError(std::string(kBase) + "topology: 3\n") ==
+        "job.pbtxt:5:11: Expected \"{\", found \"3\".");
+}
+
+TEST_CASE("an integer beyond its field's type in a job is a syntax error naming the field") {
+  CHECK(JobError(std::string(kBase) + "topology { replicas: 99999999999 }\n") ==
+        "job.pbtxt:5:22: Integer out of range (99999999999)");
+}
+
+TEST_CASE("a field given twice in a job is a syntax error naming it") {
+  CHECK(JobError(std::string(kBase) + "job_id: \"again\"\n") ==
+        "job.pbtxt:5:7: Non-repeated field \"job_id\" is specified multiple times.");
+}
+
+TEST_CASE("an empty job file is rejected for its missing model") {
+  CHECK(JobError("") == "job.pbtxt: model.layers must list at least one layer, got none");
+}
+
+TEST_CASE("server configs: syntax error, unknown field, wrong type, out of range, empty") {
+  const std::string job = "job { model { layers { width: 10 activation: IDENTITY } } }\n";
+  auto error = [](const std::string& text) {
+    auto config = ParseServerConfig(text, "server.pbtxt", ".");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(config.status().message());
+  };
+  CHECK(error(job + "listen_address \"127.0.0.1:0\"\n") ==
+        "server.pbtxt:2:16: Expected \":\", found \"\"127.0.0.1:0\"\".");
+  CHECK(error(job + "listen_adress: \"127.0.0.1:0\"\n") ==
+        "server.pbtxt:2:14: Message type \"rebound.ServerConfig\" has no field named "
+        "\"listen_adress\".");
+  CHECK(error(job + "max_wait_ms: \"soon\"\n") ==
+        "server.pbtxt:2:14: Expected integer, got: \"soon\"");
+  CHECK(error(job + "max_message_bytes: 1000\n") ==
+        "server.pbtxt:2: max_message_bytes must be in [1048576, 2147483647), got 1000");
+  CHECK(error(job + "max_wait_ms: 5\n") == "server.pbtxt:2: max_wait_ms must be >= 100, got 5");
+  CHECK(error("") == "server.pbtxt: job must be set inline, or job_file must name the job config");
+}
+
+TEST_CASE("worker configs: syntax error, unknown field, wrong type, out of range") {
+  auto error = [](const std::string& text) {
+    auto config = ParseWorkerConfig(text, "worker.pbtxt", ".");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(config.status().message());
+  };
+  CHECK(error("backoff_initial_ms: 20\nsecurity {\n") ==
+        "worker.pbtxt:3:1: Expected identifier, got: ");
+  CHECK(error("server_adress: \"127.0.0.1:7070\"\n") ==
+        "worker.pbtxt:1:14: Message type \"rebound.WorkerConfig\" has no field named "
+        "\"server_adress\".");
+  CHECK(error("give_up_after_ms: 1e3\n") == "worker.pbtxt:1:19: Expected integer, got: 1e3");
+  CHECK(error("role: CAPTAIN\n") ==
+        "worker.pbtxt:1:7: Unknown enumeration value of \"CAPTAIN\" for field \"role\".");
+  CHECK(error("give_up_after_ms: -1\n") ==
+        "worker.pbtxt:1: give_up_after_ms must be >= 0, got -1");
+  CHECK(error("server_address: \"no-port\"\n") ==
+        "worker.pbtxt:1: server_address must be host:port with a port in [0, 65535], got "
+        "\"no-port\"");
+}
+
+TEST_CASE("an empty worker config is valid: every field has its documented default") {
+  auto config = ParseWorkerConfig("", "worker.pbtxt", ".");
+  REQUIRE(config.ok());
+  CHECK(config->server_address() == "127.0.0.1:7070");
+  CHECK(config->rpc_deadline_ms() == 10000);
+}
+
+TEST_CASE("missing server and worker config files are NOT_FOUND and named") {
+  auto server = LoadServerConfig("/nonexistent/server.pbtxt");
+  CHECK(server.status().code() == absl::StatusCode::kNotFound);
+  CHECK(server.status().message() == "/nonexistent/server.pbtxt: cannot open config file");
+  auto worker = LoadWorkerConfig("/nonexistent/worker.pbtxt");
+  CHECK(worker.status().code() == absl::StatusCode::kNotFound);
+  CHECK(worker.status().message() == "/nonexistent/worker.pbtxt: cannot open config file");
+  // A server whose job_file does not exist names the job file it looked for.
+  const std::string dir = TempDir();
+  WriteFile(dir + "/server_without_job.pbtxt", "job_file: \"no_such_job.pbtxt\"\n");
+  auto missing_job = LoadServerConfig(dir + "/server_without_job.pbtxt");
+  CHECK(missing_job.status().code() == absl::StatusCode::kNotFound);
+  CHECK(missing_job.status().message() == dir + "/no_such_job.pbtxt: cannot open config file");
+}
+
 TEST_CASE("stage layer ranges follow explicit boundaries or an even split") {
   auto job = ParseJobConfig(
       "model {\n  layers { width: 8 }\n  layers { width: 8 }\n  layers { width: 8 }\n"

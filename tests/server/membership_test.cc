@@ -198,6 +198,20 @@ TEST_CASE("a negative step in a heartbeat is INVALID_ARGUMENT") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a heartbeat step beyond max_steps is INVALID_ARGUMENT and leaves the slot's step") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);  // max_steps: the default 1000
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  REQUIRE(membership.Heartbeat(Beat(a->incarnation(), 1000)).ok());
+  const auto beyond = membership.Heartbeat(Beat(a->incarnation(), 1001));
+  CHECK(beyond.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(beyond.status().message() == "step must be <= training.max_steps = 1000, got 1001");
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).step() == 1000);
+}
+
 }  // namespace
 }  // namespace rebound::server
 

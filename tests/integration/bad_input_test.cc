@@ -1,0 +1,937 @@
+// The bad-input matrix of docs/bad_input.md, against the real rebound_server and rebound_worker
+// binaries on loopback: malformed configs, malformed tensors, NaN and Inf, messages over the size
+// limit, unknown, fenced and foreign incarnations, out-of-range steps, replayed sequence numbers,
+// a corrupt data directory and a truncated data set. Every case asserts the exact status code and
+// a distinctive part of the message, and that the server is unharmed: it still answers, the
+// center, its version and every slot's applied updates are unchanged, and a valid request that
+// follows still succeeds.
+//
+// The test registers itself as trainers and spares (test clients that never heartbeat), so the
+// jobs here have a failure timeout longer than any test case.
+
+#include <catch2/catch.hpp>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.grpc.pb.h"
+#include "tests/integration/local_cluster.h"
+#include "tests/integration/status_util.h"
+#include "tests/integration/subprocess.h"
+
+namespace rebound::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::Catch::Contains;
+using Code = grpc::StatusCode;
+
+// Fashion-MNIST's 784 inputs -> 8 hidden -> 10 classes: tensors 0 (layer0.weight, 8 x 784),
+// 1 (layer0.bias, 8), 2 (layer1.weight, 10 x 8) and 3 (layer1.bias, 10); 6370 parameters.
+constexpr int kMaxSteps = 80;
+
+struct JobSpec {
+  const char* mode = "EASGD";
+  const char* weighting = "DYNAMIC";
+  std::string data_extra;  // appended inside data { }
+};
+
+std::string JobText(const JobSpec& spec) {
+  return absl::StrCat(
+      "  job_id: \"bad-input\"\n"
+      "  model { layers { width: 8 } layers { width: 10 activation: IDENTITY } }\n"
+      "  topology { replicas: 2 }\n"
+      "  weighting { policy: ",
+      spec.weighting,
+      " }\n"
+      // Test clients never heartbeat: nobody is declared failed while a test case runs.
+      "  fault_tolerance { failure_timeout_ms: 120000 }\n"
+      "  data { batch_size: 16 micro_batches: 4 train_limit: 1000 test_limit: 100 ",
+      spec.data_extra,
+      " }\n"
+      "  easgd { mode: ",
+      spec.mode,
+      " sync_period: 8 }\n"
+      "  training { max_steps: ",
+      kMaxSteps, " }\n");
+}
+
+LocalClusterOptions Options(bool durable = false, const std::string& server_extra = "") {
+  LocalClusterOptions options;
+  options.name = "bad-input";
+  options.durable = durable;
+  options.wait_limit = absl::Seconds(60);
+  options.server_config_extra = server_extra;
+  return options;
+}
+
+void SetFloat(Tensor* tensor, size_t index, float value) {
+  REQUIRE((index + 1) * sizeof(float) <= tensor->data().size());
+  std::memcpy(&(*tensor->mutable_data())[index * sizeof(float)], &value, sizeof(float));
+}
+
+// Every value of `bundle` replaced by f(value).
+TensorBundle Mapped(TensorBundle bundle, const std::function<float(float)>& f) {
+  for (Tensor& tensor : *bundle.mutable_tensors()) {
+    char* data = tensor.mutable_data()->data();
+    for (size_t i = 0; i < tensor.data().size() / sizeof(float); ++i) {
+      float value;
+      std::memcpy(&value, data + i * sizeof(float), sizeof(float));
+      value = f(value);
+      std::memcpy(data + i * sizeof(float), &value, sizeof(float));
+    }
+  }
+  return bundle;
+}
+
+// `bundle` with every value moved by `delta`.
+TensorBundle Shifted(TensorBundle bundle, float delta) {
+  return Mapped(std::move(bundle), [delta](float v) { return v + delta; });
+}
+
+// What a bad request must not change: the center, its version and every slot's applied updates.
+struct Observed {
+  int64_t version = 0;
+  size_t center_hash = 0;  // of the serialized center bundle
+  std::vector<int64_t> update_counts;
+  std::vector<int64_t> snapshot_steps;
+};
+
+class BadInputCluster : public LocalCluster {
+ public:
+  explicit BadInputCluster(const JobSpec& spec, const LocalClusterOptions& options = Options())
+      : LocalCluster(JobText(spec), options), observer_(RegisterObserver("observer")) {}
+
+  // Registers this test as the trainer of the next free slot.
+  RegisterResponse RegisterTrainer(const std::string& name) {
+    RegisterResponse response = Register(name, TRAINER);
+    REQUIRE(response.role() == TRAINER);
+    return response;
+  }
+
+  PullResponse Center() { return Pull(observer_); }
+
+  // The center moved by `delta`: valid parameters for a sync.
+  TensorBundle ValidParams(float delta = 0.01f) { return Shifted(Center().center(), delta); }
+
+  SyncRequest MakeSync(const RegisterResponse& trainer, int64_t step, TensorBundle params) {
+    SyncRequest request;
+    request.set_incarnation(trainer.incarnation());
+    *request.mutable_slot() = trainer.slot();
+    request.set_step(step);
+    *request.mutable_params() = std::move(params);
+    return request;
+  }
+
+  grpc::Status Sync(const SyncRequest& request, SyncResponse* response = nullptr) {
+    SyncResponse ignored;
+    return Call(&ParameterServer::Stub::Sync, request, response != nullptr ? response : &ignored);
+  }
+
+  // A push of (g, D) = (0.01, 1) everywhere: valid for the slot's stage.
+  PushRequest MakePush(const RegisterResponse& trainer, uint64_t sequence) {
+    PushRequest request;
+    request.set_incarnation(trainer.incarnation());
+    *request.mutable_slot() = trainer.slot();
+    request.set_sequence(sequence);
+    request.set_step(static_cast<int64_t>(sequence));
+    const TensorBundle center = Center().center();
+    *request.mutable_gradient() = Mapped(center, [](float) { return 0.01f; });
+    *request.mutable_hessian_diag() = Mapped(center, [](float) { return 1.0f; });
+    return request;
+  }
+
+  grpc::Status Push(const PushRequest& request, PushResponse* response = nullptr) {
+    PushResponse ignored;
+    return Call(&ParameterServer::Stub::Push, request, response != nullptr ? response : &ignored);
+  }
+
+  Observed Observe() {
+    Observed observed;
+    const PullResponse center = Center();
+    observed.version = center.center_version();
+    observed.center_hash = std::hash<std::string>()(center.center().SerializeAsString());
+    const GetStatusResponse status = Status();
+    for (const SlotStatus& slot : status.slots()) {
+      observed.update_counts.push_back(slot.update_count());
+      observed.snapshot_steps.push_back(slot.snapshot_step());
+    }
+    return observed;
+  }
+
+  // The server still answers (it did not crash) and nothing that `before` saw has changed.
+  void CheckUnchanged(const Observed& before) {
+    const Observed now = Observe();
+    CHECK(now.version == before.version);
+    CHECK(now.center_hash == before.center_hash);
+    CHECK(now.update_counts == before.update_counts);
+    CHECK(now.snapshot_steps == before.snapshot_steps);
+  }
+
+  double FaultScore(int replica) { return Status().slots(replica).weight().fault_score(); }
+
+ private:
+  const uint64_t observer_;
+};
+
+void CheckStatus(const grpc::Status& status, Code code, const std::string& part) {
+  INFO("got code " << status.error_code() << ": " << status.error_message());
+  CHECK(status.error_code() == code);
+  CHECK_THAT(status.error_message(), Contains(part));
+}
+
+// ---- tensors --------------------------------------------------------------------------------
+
+Tensor* Param(SyncRequest* request, int index) {
+  return request->mutable_params()->mutable_tensors(index);
+}
+
+struct TensorCase {
+  const char* what;
+  std::function<void(SyncRequest*)> damage;
+  const char* message;
+};
+
+TEST_CASE("a Sync with a wrong tensor count, id, dtype, shape or byte length is INVALID_ARGUMENT "
+          "naming the tensor, changes nothing and counts against the sender") {
+  BadInputCluster cluster{JobSpec()};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const RegisterResponse b = cluster.RegisterTrainer("b");
+  const std::vector<TensorCase> cases = {
+      {"a tensor missing",
+       [](SyncRequest* r) { r->mutable_params()->mutable_tensors()->RemoveLast(); },
+       "params: expected 4 tensors, got 3"},
+      {"no tensors", [](SyncRequest* r) { r->clear_params(); },
+       "params: expected 4 tensors, got 0"},
+      {"a tensor too many",
+       [](SyncRequest* r) { *r->mutable_params()->add_tensors() = r->params().tensors(3); },
+       "params: expected 4 tensors, got 5"},
+      {"a wrong id", [](SyncRequest* r) { Param(r, 1)->set_id(7); },
+       "params.tensors[1]: expected tensor id 1 (layer0.bias), got 7"},
+      {"dtype INT32", [](SyncRequest* r) { Param(r, 0)->set_dtype(INT32); },
+       "params.tensors[0]: dtype must be FLOAT32, got INT32"},
+      {"no dtype", [](SyncRequest* r) { Param(r, 2)->set_dtype(DTYPE_UNSPECIFIED); },
+       "params.tensors[2]: dtype must be FLOAT32, got DTYPE_UNSPECIFIED"},
+      {"4 bytes short", [](SyncRequest* r) { Param(r, 2)->mutable_data()->resize(316); },
+       "params.tensors[2]: 316 data bytes, shape needs 320"},
+      {"1 byte long", [](SyncRequest* r) { Param(r, 3)->mutable_data()->push_back('x'); },
+       "params.tensors[3]: 41 data bytes, shape needs 40"},
+      {"the shape transposed, bytes consistent",
+       [](SyncRequest* r) {
+         Tensor* t = Param(r, 0);
+         t->set_shape(0, 784);
+         t->set_shape(1, 8);
+       },
+       "params.tensors[0]: layer0.weight must have shape [8, 784], got [784, 8]"},
+      {"a bias given two dimensions",
+       [](SyncRequest* r) {
+         Tensor* t = Param(r, 1);
+         t->clear_shape();
+         t->add_shape(1);
+         t->add_shape(8);
+       },
+       "params.tensors[1]: layer0.bias must have shape [8], got [1, 8]"},
+      {"a negative dimension",
+       [](SyncRequest* r) { Param(r, 3)->set_shape(0, -10); },
+       "params.tensors[3]: tensor 'layer1.bias': shape[0] is negative (-10)"},
+      {"a shape whose element count overflows",
+       [](SyncRequest* r) {
+         Tensor* t = Param(r, 0);
+         t->set_shape(0, int64_t{1} << 40);
+         t->set_shape(1, int64_t{1} << 40);
+       },
+       "params.tensors[0]: tensor 'layer0.weight': more than 1099511627776 elements"},
+      {"optimizer state of the wrong shape",
+       [](SyncRequest* r) {
+         *r->mutable_optimizer()->mutable_m() = r->params();
+         r->mutable_optimizer()->mutable_m()->mutable_tensors()->RemoveLast();
+       },
+       "optimizer.m: expected 4 tensors, got 3"},
+  };
+  const TensorBundle params = cluster.ValidParams();
+  const Observed before = cluster.Observe();
+  for (const TensorCase& c : cases) {
+    SECTION(c.what) {
+      SyncRequest request = cluster.MakeSync(a, 8, params);
+      c.damage(&request);
+      CheckStatus(cluster.Sync(request), Code::INVALID_ARGUMENT, c.message);
+      cluster.CheckUnchanged(before);
+      // The sender's fault score rose (DESIGN §4.5); the other slot's did not.
+      CHECK(cluster.FaultScore(0) > 0.4);
+      CHECK(cluster.FaultScore(1) == 0.0);
+      // A valid sync of either slot still goes through.
+      SyncResponse reply;
+      REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params), &reply).ok());
+      CHECK(reply.center_version() == before.version + 1);
+      REQUIRE(cluster.Sync(cluster.MakeSync(b, 8, params)).ok());
+      CHECK(cluster.Center().center_version() == before.version + 2);
+    }
+  }
+}
+
+TEST_CASE("NaN or Inf in a Sync is INVALID_ARGUMENT, changes nothing and raises the sender's "
+          "fault score, which lowers its next weight") {
+  BadInputCluster cluster{JobSpec()};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const RegisterResponse b = cluster.RegisterTrainer("b");
+  const TensorBundle params = cluster.ValidParams();
+  const Observed before = cluster.Observe();
+  REQUIRE(cluster.FaultScore(0) == 0.0);
+  REQUIRE(cluster.FaultScore(1) == 0.0);
+
+  SyncRequest nan = cluster.MakeSync(a, 8, params);
+  SetFloat(nan.mutable_params()->mutable_tensors(0), 3, std::numeric_limits<float>::quiet_NaN());
+  CheckStatus(cluster.Sync(nan), Code::INVALID_ARGUMENT,
+              "params.tensors[0]: non-finite value nan at index 3");
+  cluster.CheckUnchanged(before);
+  const double fault_a = cluster.FaultScore(0);
+  CHECK(fault_a > 0.4);  // +0.5 (fault_increment), decaying with a 60 s half-life
+  CHECK(fault_a <= 0.5);
+  CHECK(cluster.FaultScore(1) == 0.0);
+
+  // Inf in the optimizer state counts against its sender as well.
+  SyncRequest inf = cluster.MakeSync(b, 8, params);
+  *inf.mutable_optimizer()->mutable_v() = params;
+  SetFloat(inf.mutable_optimizer()->mutable_v()->mutable_tensors(2), 5,
+           std::numeric_limits<float>::infinity());
+  CheckStatus(cluster.Sync(inf), Code::INVALID_ARGUMENT,
+              "optimizer.v.tensors[2]: non-finite value inf at index 5");
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.FaultScore(1) > 0.4);
+
+  SyncRequest minus_inf = cluster.MakeSync(b, 8, params);
+  SetFloat(minus_inf.mutable_params()->mutable_tensors(3), 9,
+           -std::numeric_limits<float>::infinity());
+  CheckStatus(cluster.Sync(minus_inf), Code::INVALID_ARGUMENT,
+              "params.tensors[3]: non-finite value -inf at index 9");
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.FaultScore(1) > 0.8);  // two faults: 0.5 + 0.5, capped at 1
+
+  // The senders' next valid syncs are applied with their weights cut by the fault score
+  // (DYNAMIC weights, first sync: every other input is neutral, w = 1 - f).
+  SyncResponse reply;
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params), &reply).ok());
+  CHECK(reply.center_version() == before.version + 1);
+  CHECK(reply.weight() >= 1.0 - fault_a);  // f only decays after it was read
+  CHECK(reply.weight() < 0.6);
+  REQUIRE(cluster.Sync(cluster.MakeSync(b, 8, params), &reply).ok());
+  CHECK(reply.weight() == Approx(0.05).margin(0.02));  // w_min
+  const GetStatusResponse status = cluster.Status();
+  CHECK(status.slots(0).update_count() == 1);
+  CHECK(status.slots(1).update_count() == 1);
+}
+
+// ---- mode ASYNC_ADAHESSIAN: Push ------------------------------------------------------------
+
+TEST_CASE("a malformed, NaN or Inf Push is INVALID_ARGUMENT, applies nothing and raises the "
+          "sender's fault score") {
+  JobSpec spec;
+  spec.mode = "ASYNC_ADAHESSIAN";
+  BadInputCluster cluster{spec};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const RegisterResponse b = cluster.RegisterTrainer("b");
+  const Observed before = cluster.Observe();
+
+  PushRequest nan = cluster.MakePush(a, 1);
+  SetFloat(nan.mutable_gradient()->mutable_tensors(0), 0, std::numeric_limits<float>::quiet_NaN());
+  CheckStatus(cluster.Push(nan), Code::INVALID_ARGUMENT,
+              "gradient.tensors[0]: non-finite value nan at index 0");
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.FaultScore(0) > 0.4);
+  CHECK(cluster.FaultScore(1) == 0.0);
+
+  PushRequest inf = cluster.MakePush(b, 1);
+  SetFloat(inf.mutable_hessian_diag()->mutable_tensors(1), 7,
+           std::numeric_limits<float>::infinity());
+  CheckStatus(cluster.Push(inf), Code::INVALID_ARGUMENT,
+              "hessian_diag.tensors[1]: non-finite value inf at index 7");
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.FaultScore(1) > 0.4);
+
+  PushRequest dtype = cluster.MakePush(a, 1);
+  dtype.mutable_gradient()->mutable_tensors(2)->set_dtype(INT64);
+  CheckStatus(cluster.Push(dtype), Code::INVALID_ARGUMENT,
+              "gradient.tensors[2]: dtype must be FLOAT32, got INT64");
+  PushRequest shape = cluster.MakePush(a, 1);
+  shape.mutable_hessian_diag()->mutable_tensors(2)->set_shape(0, 8);
+  shape.mutable_hessian_diag()->mutable_tensors(2)->set_shape(1, 10);
+  CheckStatus(cluster.Push(shape), Code::INVALID_ARGUMENT,
+              "hessian_diag.tensors[2]: layer1.weight must have shape [10, 8], got [8, 10]");
+  PushRequest length = cluster.MakePush(a, 1);
+  length.mutable_gradient()->mutable_tensors(1)->mutable_data()->resize(4);
+  CheckStatus(cluster.Push(length), Code::INVALID_ARGUMENT,
+              "gradient.tensors[1]: 4 data bytes, shape needs 32");
+  PushRequest missing = cluster.MakePush(a, 1);
+  missing.clear_hessian_diag();
+  CheckStatus(cluster.Push(missing), Code::INVALID_ARGUMENT,
+              "hessian_diag: expected 4 tensors, got 0");
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.FaultScore(0) > 0.8);
+
+  // Nothing was applied: the valid first pushes are sequence 1 of each slot.
+  PushResponse reply;
+  REQUIRE(cluster.Push(cluster.MakePush(a, 1), &reply).ok());
+  CHECK(reply.applied());
+  CHECK(reply.applied_sequence() == 1);
+  REQUIRE(cluster.Push(cluster.MakePush(b, 1), &reply).ok());
+  CHECK(reply.applied());
+  CHECK(reply.center_version() == before.version + 2);
+}
+
+TEST_CASE("a replayed push sequence is answered applied: false and never applied twice; a gap, "
+          "a zero sequence or an out-of-range step is refused") {
+  JobSpec spec;
+  spec.mode = "ASYNC_ADAHESSIAN";
+  BadInputCluster cluster{spec};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+
+  PushResponse reply;
+  REQUIRE(cluster.Push(cluster.MakePush(a, 1), &reply).ok());
+  REQUIRE(reply.applied());
+  const Observed after_first = cluster.Observe();
+  CHECK(after_first.version == 1);
+
+  // The same sequence again (a retry after a lost reply): acknowledged, not applied.
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(cluster.Push(cluster.MakePush(a, 1), &reply).ok());
+    CHECK_FALSE(reply.applied());
+    CHECK(reply.applied_sequence() == 1);
+    CHECK(reply.center_version() == 1);
+  }
+  cluster.CheckUnchanged(after_first);
+
+  CheckStatus(cluster.Push(cluster.MakePush(a, 3)), Code::FAILED_PRECONDITION,
+              "push sequence 3 of slot (0, 0) skips ahead: the next one is 2");
+  PushRequest zero = cluster.MakePush(a, 0);
+  CheckStatus(cluster.Push(zero), Code::INVALID_ARGUMENT, "sequence and step must be >= 1");
+  PushRequest negative_step = cluster.MakePush(a, 2);
+  negative_step.set_step(-2);
+  CheckStatus(cluster.Push(negative_step), Code::INVALID_ARGUMENT,
+              "sequence and step must be >= 1");
+  PushRequest beyond = cluster.MakePush(a, 2);
+  beyond.set_step(kMaxSteps + 1);
+  CheckStatus(cluster.Push(beyond), Code::INVALID_ARGUMENT,
+              absl::StrCat("step must be <= training.max_steps = ", kMaxSteps, ", got ",
+                           kMaxSteps + 1));
+  cluster.CheckUnchanged(after_first);
+  CHECK(cluster.Status().slots(0).state() == ACTIVE);
+
+  // A Sync in this mode is refused, and the next push in sequence is applied.
+  CheckStatus(cluster.Sync(cluster.MakeSync(a, 8, cluster.ValidParams())),
+              Code::FAILED_PRECONDITION, "this job runs mode ASYNC_ADAHESSIAN");
+  REQUIRE(cluster.Push(cluster.MakePush(a, 2), &reply).ok());
+  CHECK(reply.applied());
+  CHECK(reply.applied_sequence() == 2);
+  CHECK(cluster.Status().slots(0).update_count() == 2);
+}
+
+// ---- steps and retries (mode EASGD) ---------------------------------------------------------
+
+TEST_CASE("a replayed sync is applied once, an older one is stale, and steps out of range are "
+          "INVALID_ARGUMENT") {
+  BadInputCluster cluster{JobSpec()};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const TensorBundle params = cluster.ValidParams();
+  const Observed before = cluster.Observe();
+
+  for (int64_t step : {int64_t{0}, int64_t{-8}, std::numeric_limits<int64_t>::min()}) {
+    CheckStatus(cluster.Sync(cluster.MakeSync(a, step, params)), Code::INVALID_ARGUMENT,
+                absl::StrCat("step must be >= 1, got ", step));
+  }
+  for (int64_t step : {int64_t{kMaxSteps + 1}, std::numeric_limits<int64_t>::max()}) {
+    CheckStatus(cluster.Sync(cluster.MakeSync(a, step, params)), Code::INVALID_ARGUMENT,
+                absl::StrCat("step must be <= training.max_steps = ", kMaxSteps, ", got ", step));
+  }
+  cluster.CheckUnchanged(before);
+  // The slot did not finish on a step it never reached.
+  CHECK(cluster.Status().slots(0).state() == ACTIVE);
+
+  SyncResponse first;
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 16, params), &first).ok());
+  CHECK(first.has_center_before());
+  CHECK(first.center_version() == 1);
+  const Observed after_first = cluster.Observe();
+
+  // The same step again, even with other parameters: acknowledged with the stored post-sync
+  // state, the center untouched.
+  SyncResponse again;
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 16, Shifted(params, 1.0f)), &again).ok());
+  CHECK_FALSE(again.has_center_before());
+  REQUIRE(again.has_worker_params_after());
+  CHECK(again.worker_params_after().tensors_size() == 4);
+  CHECK(again.center_version() == 1);
+  cluster.CheckUnchanged(after_first);
+
+  CheckStatus(cluster.Sync(cluster.MakeSync(a, 8, params)), Code::FAILED_PRECONDITION,
+              "stale sync: slot (0, 0) already synced step 16, got step 8");
+  cluster.CheckUnchanged(after_first);
+
+  // Heartbeats with a step out of range are refused too; the slot's step is unchanged.
+  for (int64_t step : {int64_t{-1}, int64_t{kMaxSteps + 1}}) {
+    HeartbeatRequest beat;
+    beat.set_incarnation(a.incarnation());
+    beat.set_step(step);
+    HeartbeatResponse reply;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Heartbeat, beat, &reply),
+                Code::INVALID_ARGUMENT,
+                step < 0 ? "step must be >= 0, got -1"
+                         : absl::StrCat("step must be <= training.max_steps = ", kMaxSteps,
+                                        ", got ", step));
+  }
+  CHECK(cluster.Status().slots(0).step() == 16);
+
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 24, params)).ok());
+  CHECK(cluster.Status().slots(0).update_count() == 2);
+}
+
+// ---- identities ----------------------------------------------------------------------------
+
+TEST_CASE("unknown, fenced, foreign and non-owning incarnations are refused with the code that "
+          "tells the worker what to do") {
+  BadInputCluster cluster{JobSpec()};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const RegisterResponse b = cluster.RegisterTrainer("b");
+  const TensorBundle params = cluster.ValidParams();
+  const Observed before = cluster.Observe();
+
+  SECTION("an incarnation this server never issued: ABORTED, register again") {
+    const uint64_t epoch = a.incarnation() & ~uint64_t{0xFFFFFFFF};
+    for (uint64_t stranger : {uint64_t{0}, (epoch - (uint64_t{1} << 32)) | 1,
+                              epoch | 0xFFFFFF00u}) {
+      SyncRequest request = cluster.MakeSync(a, 8, params);
+      request.set_incarnation(stranger);
+      CheckStatus(cluster.Sync(request), Code::ABORTED,
+                  absl::StrCat("incarnation ", stranger, " is unknown to this server"));
+      HeartbeatRequest beat;
+      beat.set_incarnation(stranger);
+      HeartbeatResponse reply;
+      CheckStatus(cluster.Call(&ParameterServer::Stub::Heartbeat, beat, &reply), Code::ABORTED,
+                  "is unknown to this server");
+    }
+  }
+  SECTION("a fenced incarnation: FAILED_PRECONDITION saying why") {
+    DeregisterRequest leave;
+    leave.set_incarnation(b.incarnation());
+    DeregisterResponse left;
+    REQUIRE(cluster.Call(&ParameterServer::Stub::Deregister, leave, &left).ok());
+    const std::string fenced = absl::StrCat("incarnation ", b.incarnation(),
+                                            " (worker b) is fenced: DEPARTED");
+    CheckStatus(cluster.Sync(cluster.MakeSync(b, 8, params)), Code::FAILED_PRECONDITION, fenced);
+    HeartbeatRequest beat;
+    beat.set_incarnation(b.incarnation());
+    HeartbeatResponse reply;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Heartbeat, beat, &reply),
+                Code::FAILED_PRECONDITION, fenced);
+    PullRequest pull;
+    pull.set_incarnation(b.incarnation());
+    PullResponse center;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Pull, pull, &center),
+                Code::FAILED_PRECONDITION, fenced);
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Deregister, leave, &left),
+                Code::FAILED_PRECONDITION, fenced);
+    CHECK(cluster.Status().slots(1).state() == LOST);
+  }
+  SECTION("an alive incarnation that does not own the slot: FAILED_PRECONDITION") {
+    SyncRequest other = cluster.MakeSync(a, 8, params);
+    *other.mutable_slot() = b.slot();
+    CheckStatus(cluster.Sync(other), Code::FAILED_PRECONDITION,
+                absl::StrCat("incarnation ", a.incarnation(), " does not own slot (1, 0)"));
+    const uint64_t spare = cluster.RegisterObserver("spare");
+    SyncRequest from_spare = cluster.MakeSync(a, 8, params);
+    from_spare.set_incarnation(spare);
+    CheckStatus(cluster.Sync(from_spare), Code::FAILED_PRECONDITION,
+                absl::StrCat("incarnation ", spare, " does not own slot (0, 0)"));
+  }
+  SECTION("a slot outside the topology: INVALID_ARGUMENT") {
+    SyncRequest outside = cluster.MakeSync(a, 8, params);
+    outside.mutable_slot()->set_replica(2);
+    CheckStatus(cluster.Sync(outside), Code::INVALID_ARGUMENT,
+                "slot (2, 0) is outside the 2 x 1 topology");
+    outside.mutable_slot()->set_replica(0);
+    outside.mutable_slot()->set_stage(-1);
+    CheckStatus(cluster.Sync(outside), Code::INVALID_ARGUMENT,
+                "slot (0, -1) is outside the 2 x 1 topology");
+    PullRequest pull;
+    pull.set_incarnation(a.incarnation());
+    pull.set_stage(1);
+    PullResponse center;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Pull, pull, &center), Code::INVALID_ARGUMENT,
+                "stage 1 is outside [0, 1)");
+    DrainRequest drain;
+    drain.mutable_slot()->set_replica(7);
+    DrainResponse drained;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Drain, drain, &drained),
+                Code::INVALID_ARGUMENT, "outside");
+  }
+  SECTION("a registration for another job, with a bad name, or for a slot when none is free") {
+    RegisterRequest request;
+    request.set_worker_name("intruder");
+    request.set_job_id("other-job");
+    RegisterResponse response;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Register, request, &response),
+                Code::FAILED_PRECONDITION, "this server runs job \"bad-input\", not \"other-job\"");
+    request.set_job_id("bad-input");
+    request.set_worker_name("");
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Register, request, &response),
+                Code::INVALID_ARGUMENT, "worker_name must have 1 to 256 characters");
+    request.set_worker_name(std::string(257, 'n'));
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Register, request, &response),
+                Code::INVALID_ARGUMENT, "worker_name must have 1 to 256 characters");
+    request.set_worker_name("late");
+    request.set_requested_role(TRAINER);
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Register, request, &response),
+                Code::RESOURCE_EXHAUSTED, "all 2 trainer slots are owned");
+  }
+  SECTION("a Push in an EASGD job and an out-of-range evaluation") {
+    PushRequest push;
+    push.set_incarnation(a.incarnation());
+    push.set_sequence(1);
+    push.set_step(1);
+    PushResponse pushed;
+    CheckStatus(cluster.Push(push, &pushed), Code::FAILED_PRECONDITION,
+                "this job runs mode EASGD");
+    ReportEvalRequest eval;
+    eval.set_incarnation(a.incarnation());
+    eval.set_test_accuracy(1.5);
+    ReportEvalResponse evaluated;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::ReportEval, eval, &evaluated),
+                Code::INVALID_ARGUMENT, "test_accuracy must be in [0, 1] and test_loss finite");
+    eval.set_test_accuracy(0.5);
+    eval.set_test_loss(std::numeric_limits<double>::quiet_NaN());
+    CheckStatus(cluster.Call(&ParameterServer::Stub::ReportEval, eval, &evaluated),
+                Code::INVALID_ARGUMENT, "test_accuracy must be in [0, 1] and test_loss finite");
+    CHECK_FALSE(cluster.Status().has_last_eval());
+  }
+  cluster.CheckUnchanged(before);
+  // None of it was the owner's fault, and the owner's next sync goes through.
+  CHECK(cluster.FaultScore(0) == 0.0);
+  SyncResponse reply;
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params), &reply).ok());
+  CHECK(reply.center_version() == before.version + 1);
+}
+
+// ---- message size ---------------------------------------------------------------------------
+
+TEST_CASE("a message over max_message_bytes is RESOURCE_EXHAUSTED from gRPC and the server goes "
+          "on") {
+  BadInputCluster cluster(JobSpec(), Options(/*durable=*/false, "max_message_bytes: 1048576\n"));
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const TensorBundle params = cluster.ValidParams();
+  const Observed before = cluster.Observe();
+
+  SyncRequest big = cluster.MakeSync(a, 8, params);
+  big.mutable_params()->mutable_tensors(0)->set_name(std::string(2 << 20, 'x'));
+  REQUIRE(big.ByteSizeLong() > (1u << 20));
+  const grpc::Status refused = cluster.Sync(big);
+  CheckStatus(refused, Code::RESOURCE_EXHAUSTED, "Received message larger than max");
+  CHECK_THAT(refused.error_message(), Contains("vs. 1048576)"));
+  RegisterRequest huge_name;
+  huge_name.set_worker_name(std::string(3 << 20, 'n'));
+  RegisterResponse registered;
+  CheckStatus(cluster.Call(&ParameterServer::Stub::Register, huge_name, &registered),
+              Code::RESOURCE_EXHAUSTED, "Received message larger than max");
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.Status().workers_size() == 2);  // the observer and "a": nobody else registered
+  CHECK(cluster.FaultScore(0) == 0.0);          // gRPC refused it before the service saw it
+
+  SyncResponse reply;
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params), &reply).ok());
+  CHECK(reply.center_version() == before.version + 1);
+}
+
+// ---- configs, through the real binaries ----------------------------------------------------
+
+struct BinaryRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+BinaryRun RunBinary(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile(binary)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  BinaryRun run;
+  run.exit_code = RunCommand(argv, &run.output, absl::Seconds(30));
+  return run;
+}
+
+TEST_CASE("the binaries refuse a bad config with exit code 2, naming file, line and field") {
+  const std::string dir = MakeTempDir("bad-configs");
+  const std::string job = JobText(JobSpec());
+  struct ConfigCase {
+    const char* what;
+    const char* binary;
+    std::string file;  // written to dir/<name> unless empty; "" = does not exist
+    std::string text;
+    std::string message;
+  };
+  const std::vector<ConfigCase> cases = {
+      {"server: syntax error", "server/rebound_server", "server.pbtxt",
+       absl::StrCat("job {\n", job, "}\nlisten_address \"127.0.0.1:0\"\n"),
+       "server.pbtxt:11:16: Expected \":\", found \"\"127.0.0.1:0\"\"."},
+      {"server: unknown field", "server/rebound_server", "server.pbtxt",
+       absl::StrCat("job {\n", job, "}\nmax_wait_msec: 100\n"),
+       "server.pbtxt:11:14: Message type \"rebound.ServerConfig\" has no field named "
+       "\"max_wait_msec\"."},
+      {"server: out of range in the inline job", "server/rebound_server", "server.pbtxt",
+       absl::StrCat("job {\n", job, "  adahessian { lr: -1 }\n}\n"),
+       "server.pbtxt:10: job.adahessian.lr must be > 0, got -1"},
+      {"server: empty file", "server/rebound_server", "server.pbtxt", "",
+       "server.pbtxt: job must be set inline, or job_file must name the job config"},
+      {"server: no such file", "server/rebound_server", "", "",
+       "missing.pbtxt: cannot open config file"},
+      {"server: wrong type in its job file", "server/rebound_server", "server.pbtxt",
+       "job_file: \"job.pbtxt\"\n", "job.pbtxt:3:22: Expected integer, got: \"two\""},
+      {"worker: unknown field", "worker/rebound_worker", "worker.pbtxt",
+       "rpc_deadline_ms: 2000\nretry_forever: true\n",
+       "worker.pbtxt:2:14: Message type \"rebound.WorkerConfig\" has no field named "
+       "\"retry_forever\"."},
+      {"worker: out of range", "worker/rebound_worker", "worker.pbtxt",
+       "backoff_initial_ms: 500\nbackoff_max_ms: 100\n",
+       "worker.pbtxt:2: backoff_max_ms must be >= backoff_initial_ms = 500, got 100"},
+      {"worker: wrong type", "worker/rebound_worker", "worker.pbtxt", "compute: 4\n",
+       "worker.pbtxt:1:10: Expected \"{\", found \"4\"."},
+      {"worker: no such file", "worker/rebound_worker", "", "",
+       "missing.pbtxt: cannot open config file"},
+  };
+  for (const ConfigCase& c : cases) {
+    SECTION(c.what) {
+      // The job file of the "wrong type" case: line 3 is the topology.
+      WriteFileOrDie(dir + "/job.pbtxt",
+                     absl::StrCat("job_id: \"j\"\n",
+                                  "model { layers { width: 10 activation: IDENTITY } }\n",
+                                  "topology { replicas: \"two\" }\n"));
+      std::string path = dir + "/missing.pbtxt";
+      if (!c.file.empty()) {
+        path = dir + "/" + c.file;
+        WriteFileOrDie(path, c.text);
+      }
+      std::vector<std::string> args = {"--config", path};
+      if (absl::StrContains(c.binary, "worker")) {
+        args.insert(args.end(), {"--server", "127.0.0.1:1", "--name", "w"});
+      } else {
+        args.insert(args.end(), {"--listen", "127.0.0.1:0"});
+      }
+      const BinaryRun run = RunBinary(c.binary, args);
+      INFO(run.output);
+      CHECK(run.exit_code == 2);
+      CHECK_THAT(run.output, Contains(c.message));
+      CHECK_THAT(run.output, Contains("invalid config"));
+    }
+  }
+}
+
+// ---- a corrupt data directory ---------------------------------------------------------------
+
+// The server's RocksDB, opened directly (the server is stopped).
+class RawDb {
+ public:
+  explicit RawDb(const std::string& dir) {
+    rocksdb::DBOptions options;
+    std::vector<std::string> names;
+    REQUIRE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+    for (const std::string& name : names) {
+      descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    }
+    rocksdb::DB* db = nullptr;
+    const rocksdb::Status status = rocksdb::DB::Open(options, dir, descriptors, &handles_, &db);
+    INFO(status.ToString());
+    REQUIRE(status.ok());
+    db_.reset(db);
+    for (size_t i = 0; i < names.size(); ++i) families_[names[i]] = handles_[i];
+  }
+  ~RawDb() {
+    for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+      db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
+    }
+    db_->Close().PermitUncheckedError();
+  }
+  std::string Get(const std::string& family, const std::string& key) {
+    std::string value;
+    REQUIRE(families_.count(family) == 1);
+    REQUIRE(db_->Get(rocksdb::ReadOptions(), families_[family], key, &value).ok());
+    return value;
+  }
+  void Put(const std::string& family, const std::string& key, const std::string& value) {
+    REQUIRE(families_.count(family) == 1);
+    REQUIRE(db_->Put(rocksdb::WriteOptions(), families_[family], key, value).ok());
+  }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  std::map<std::string, rocksdb::ColumnFamilyHandle*> families_;
+};
+
+// Starts rebound_server on `data_dir` with the job of `spec` (config and log in `dir`); returns
+// its exit code if it exits before serving, or -1 once it serves (then `*address` holds its
+// address).
+int StartServerOn(const std::string& data_dir, const JobSpec& spec, const std::string& dir,
+                  std::unique_ptr<Subprocess>* server, std::string* address) {
+  WriteFileOrDie(dir + "/server.pbtxt",
+                 absl::StrCat("job {\n", JobText(spec), "}\ndurability { data_dir: \"", data_dir,
+                              "\" }\n"));
+  const std::string port_file = dir + "/port";
+  fs::remove(port_file);
+  auto started = Subprocess::Start({Runfile("server/rebound_server"), "--config",
+                                    dir + "/server.pbtxt", "--listen", "127.0.0.1:0",
+                                    "--port_file", port_file},
+                                   dir + "/server.log");
+  REQUIRE(started.ok());
+  *server = *std::move(started);
+  auto port = WaitForPortFile(port_file, **server, absl::Seconds(30));
+  if (port.ok()) {
+    *address = absl::StrCat("127.0.0.1:", *port);
+    return -1;
+  }
+  return (*server)->WaitFor(absl::Seconds(10)).value_or(-2);
+}
+
+TEST_CASE("a server whose data directory holds a corrupt value refuses to start, naming the "
+          "column family and key, and starts again once the value is repaired") {
+  const JobSpec spec;
+  std::string data_dir;
+  std::string center_before_stop;
+  {
+    BadInputCluster cluster(spec, Options(/*durable=*/true));
+    const RegisterResponse a = cluster.RegisterTrainer("a");
+    REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, cluster.ValidParams())).ok());
+    center_before_stop = cluster.Center().center().SerializeAsString();
+    data_dir = cluster.data_dir();
+    cluster.StopServer();
+  }
+  const std::string dir = MakeTempDir("bad-input-restart");
+  const std::string slot_key(8, '\0');  // (replica 0, stage 0): two big-endian u32
+  std::unique_ptr<Subprocess> server;
+  std::string address;
+
+  SECTION("a flipped byte in a weight record") {
+    std::string original;
+    {
+      RawDb raw(data_dir);
+      original = raw.Get("weights", slot_key);
+      std::string damaged = original;
+      damaged.back() ^= 0x20;
+      raw.Put("weights", slot_key, damaged);
+    }
+    CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+    const std::string log = ReadFileOrEmpty(dir + "/server.log");
+    INFO(log);
+    CHECK_THAT(log, Contains("cannot load the durable state"));
+    CHECK_THAT(log, Contains("DATA_LOSS: weights key (r=0, s=0): checksum mismatch"));
+
+    // The refusal wrote nothing: with the value repaired the state comes back whole.
+    { RawDb(data_dir).Put("weights", slot_key, original); }
+    REQUIRE(StartServerOn(data_dir, spec, dir, &server, &address) == -1);
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    auto stub = ParameterServer::NewStub(channel);
+    GetStatusResponse status;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    REQUIRE(stub->GetStatus(&context, GetStatusRequest(), &status).ok());
+    CHECK(status.centers(0).version() == 1);
+    CHECK(status.slots(0).update_count() == 1);
+    CHECK(status.slots(0).snapshot_step() == 8);
+    RegisterRequest observer;
+    observer.set_worker_name("observer");
+    observer.set_requested_role(SPARE);
+    RegisterResponse registered;
+    grpc::ClientContext register_context;
+    register_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    REQUIRE(stub->Register(&register_context, observer, &registered).ok());
+    PullRequest pull;
+    pull.set_incarnation(registered.incarnation());
+    PullResponse center;
+    grpc::ClientContext pull_context;
+    pull_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    REQUIRE(stub->Pull(&pull_context, pull, &center).ok());
+    const bool same_center = center.center().SerializeAsString() == center_before_stop;
+    CHECK(same_center);
+    server->Signal(SIGTERM);
+    CHECK(server->WaitFor(absl::Seconds(20)) == 0);
+  }
+  SECTION("a truncated slot record in meta") {
+    {
+      RawDb raw(data_dir);
+      const std::string key = "slot/" + slot_key;
+      raw.Put("meta", key, raw.Get("meta", key).substr(0, 7));
+    }
+    CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+    const std::string log = ReadFileOrEmpty(dir + "/server.log");
+    INFO(log);
+    CHECK_THAT(log, Contains("meta key slot/(r=0, s=0): truncated: 7 bytes"));
+  }
+  SECTION("a truncated tensor file of the center") {
+    int truncated = 0;
+    for (const auto& entry : fs::directory_iterator(data_dir + "/tensors")) {
+      if (entry.path().filename().string().rfind("center-s0-", 0) != 0) continue;
+      fs::resize_file(entry.path(), 100);
+      ++truncated;
+    }
+    REQUIRE(truncated >= 1);
+    CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+    const std::string log = ReadFileOrEmpty(dir + "/server.log");
+    INFO(log);
+    CHECK_THAT(log, Contains("center key (s=0): tensor file " + data_dir + "/tensors/center-s0-"));
+    CHECK_THAT(log, Contains("holds 100 bytes, the record says 25480"));
+  }
+}
+
+// ---- a truncated data set -------------------------------------------------------------------
+
+TEST_CASE("a trainer given a truncated data set file exits 1 naming the file") {
+  const std::string data = MakeTempDir("truncated-fashion-mnist");
+  const std::string debian = "/usr/share/datasets/fashion-mnist";
+  for (const char* name : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                           "t10k-labels-idx1-ubyte.gz"}) {
+    fs::create_symlink(debian + "/" + name, data + "/" + name);
+  }
+  const std::string images = ReadFileOrEmpty(debian + "/train-images-idx3-ubyte.gz");
+  REQUIRE(images.size() > 100000);
+  WriteFileOrDie(data + "/train-images-idx3-ubyte.gz", images.substr(0, images.size() / 3));
+
+  JobSpec spec;
+  spec.data_extra = absl::StrCat("dataset_dir: \"", data, "\"");
+  BadInputCluster cluster(spec);
+  const Observed before = cluster.Observe();
+  const std::string dir = MakeTempDir("truncated-worker");
+  WriteFileOrDie(dir + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 200\n");
+  auto worker = Subprocess::Start({Runfile("worker/rebound_worker"), "--config",
+                                   dir + "/worker.pbtxt", "--server", cluster.address(), "--name",
+                                   "t", "--role", "trainer"},
+                                  dir + "/t.log");
+  REQUIRE(worker.ok());
+  const std::optional<int> exit_code = (*worker)->WaitFor(absl::Seconds(60));
+  const std::string log = ReadFileOrEmpty(dir + "/t.log");
+  INFO(log);
+  CHECK(exit_code == 1);
+  CHECK_THAT(log, Contains("work failed: DATA_LOSS: " + data + "/train-images-idx3-ubyte.gz"));
+  CHECK_THAT(log, Contains("truncated gzip stream"));
+  // The trainer left cleanly: its slot waits for recovery, the center is untouched.
+  const GetStatusResponse status = cluster.Status();
+  const WorkerStatus* t = FindWorker(status, "t", TRAINER);
+  REQUIRE(t != nullptr);
+  CHECK(t->state() == DEPARTED);
+  CHECK(status.slots(0).state() == LOST);
+  cluster.CheckUnchanged(before);
+}
+
+}  // namespace
+}  // namespace rebound::testing
