@@ -30,7 +30,10 @@ void InitLogging(const char* argv0);
 // For processes that allocate and free buffers of a model shard's size (tens of MiB) per
 // request, as the server does per sync: keep such buffers in the heap instead of mmap-ing (and
 // page-faulting in) fresh zeroed memory each time, and do not return freed memory to the
-// system below 256 MiB. Call first thing in main().
+// system below 256 MiB; and use at most kMaxMallocArenas malloc arenas (unless MALLOC_ARENA_MAX
+// is set), so that the memory kept does not multiply with the threads. Call first thing in
+// main().
 void TuneAllocatorForLargeBuffers();
+inline constexpr int kMaxMallocArenas = 4;
 
 }  // namespace rebound

@@ -514,8 +514,14 @@ absl::Status DurableStore::OpenDb() {
   db_options.keep_log_file_num = 5;
   // Bounds the write-ahead log: past this size RocksDB flushes the column families holding the
   // oldest entries, so overwritten centers and snapshots and garbage-collected log records stop
-  // taking space (the default, 4x the memtables of 7 families, is several GiB).
-  db_options.max_total_wal_size = uint64_t{256} << 20;
+  // taking space (the default, 4x the memtables of 7 families, is several GiB). The step log
+  // fills the WAL at a steady rate while the small families (centers, weights, snapshots'
+  // bookkeeping) rarely fill a memtable and keep old WAL files alive until this bound
+  // (//bench:soak: the data directory grew 7 MiB/min towards 256 MiB at the old bound); it also
+  // bounds what a restart replays.
+  db_options.max_total_wal_size = uint64_t{64} << 20;
+  // Memtables of all families together; the step log's would otherwise take up to 2 x 64 MiB.
+  db_options.db_write_buffer_size = uint64_t{64} << 20;
   if (in_memory()) {
     memory_env_.reset(rocksdb::NewMemEnv(rocksdb::Env::Default()));
     db_options.env = memory_env_.get();
