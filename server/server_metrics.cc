@@ -27,15 +27,18 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
-      registry_
-          ->GetCounter("rebound_rpcs_total", "RPCs the server answered, by method and status code.",
-                       {{"method", method_}, {"code", StatusCodeName(status.error_code())}})
-          ->Increment();
+      // The counter family is looked up (and so registered and rendered) first, but the
+      // histogram observes first: a scrape that renders the counter before the histogram then
+      // never shows more answered RPCs than observed durations.
+      Counter* const answered = registry_->GetCounter(
+          "rebound_rpcs_total", "RPCs the server answered, by method and status code.",
+          {{"method", method_}, {"code", StatusCodeName(status.error_code())}});
       registry_
           ->GetHistogram("rebound_rpc_duration_seconds",
                          "Time from an RPC's start to its status, by method.", LatencyBuckets(),
                          {{"method", method_}})
           ->ObserveDuration(absl::Now() - start_);
+      answered->Increment();
     }
     methods->Proceed();
   }
