@@ -227,7 +227,18 @@ int Run() {
   absl::Notification stop;
   std::thread detector([&] {
     bool healthy = true;
+    absl::Time last_pass = clock.Now();
     while (!stop.WaitForNotificationWithTimeout(period)) {
+      // Woken far later than asked: the whole server was stopped or starved, and no heartbeat
+      // could arrive meanwhile. Without this, every worker would be fenced on resume.
+      const absl::Time now = clock.Now();
+      const absl::Duration late = now - last_pass - period;
+      last_pass = now;
+      if (late > std::max(4 * period, absl::Milliseconds(200))) {
+        LOG(WARNING) << "the server did not run for " << absl::ToInt64Milliseconds(late)
+                     << " ms (stopped or starved); that time is not counted as workers' silence";
+        membership.ExcuseServerPause(late);
+      }
       if (absl::Status health = (*centers)->Health(); healthy && !health.ok()) {
         // The in-memory state is ahead of the durable one: stop serving so the supervisor (or
         // the operator) restarts the server, which reloads what was acknowledged.

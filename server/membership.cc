@@ -809,6 +809,19 @@ std::vector<FailedWorker> Membership::DetectFailures() {
   return failed;
 }
 
+void Membership::ExcuseServerPause(absl::Duration paused) {
+  if (paused <= absl::ZeroDuration()) return;
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  for (auto& [incarnation, worker] : workers_) {
+    if (worker.state != ALIVE) continue;
+    worker.last_heartbeat = std::min(now, worker.last_heartbeat + paused);
+  }
+  for (Slot& slot : slots_) {
+    if (slot.state == RECOVERING) slot.task_started = std::min(now, slot.task_started + paused);
+  }
+}
+
 std::vector<Neighbour> Membership::NeighboursLocked(int slot_index) const {
   std::vector<Neighbour> neighbours;
   const int stages = job_.topology().stages();

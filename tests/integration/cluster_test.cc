@@ -226,6 +226,39 @@ TEST_CASE("a worker that was fenced while stopped exits with code 3 and says why
   CHECK(absl::StrContains(ReadFileOrEmpty(gamma->log_path()), "fenced by the server"));
 }
 
+TEST_CASE("a server stopped for longer than the failure timeout fences nobody when it resumes") {
+  Cluster cluster;
+  cluster.StartServer();
+  auto a = cluster.StartWorker("a");
+  auto b = cluster.StartWorker("b");
+  const GetStatusResponse before = cluster.WaitForStatus([](const GetStatusResponse& s) {
+    return IsAliveTrainer(s, "a") && IsAliveTrainer(s, "b") && s.slots(0).step() > 0 &&
+           s.slots(1).step() > 0;
+  });
+
+  // No heartbeat can arrive while the server is stopped: that is not the workers' silence.
+  cluster.server().Signal(SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(3 * kFailureTimeoutMs));
+  cluster.server().Signal(SIGCONT);
+
+  const int64_t step0 = before.slots(0).step();
+  const int64_t step1 = before.slots(1).step();
+  const GetStatusResponse after = cluster.WaitForStatus([&](const GetStatusResponse& s) {
+    return s.slots(0).step() > step0 + 10 && s.slots(1).step() > step1 + 10;
+  });
+  INFO(after.DebugString());
+  for (const char* name : {"a", "b"}) {
+    INFO(name);
+    CHECK(IsAliveTrainer(after, name));
+    CHECK(FindWorker(after, name)->incarnation() == FindWorker(before, name)->incarnation());
+  }
+  CHECK(after.slots(0).state() == ACTIVE);
+  CHECK(after.slots(1).state() == ACTIVE);
+  CHECK(absl::StrContains(ReadFileOrEmpty(cluster.dir() + "/server.log"), "did not run for"));
+  CHECK_FALSE(a->WaitFor(absl::ZeroDuration()).has_value());
+  CHECK_FALSE(b->WaitFor(absl::ZeroDuration()).has_value());
+}
+
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -123,6 +123,37 @@ TEST_CASE("a worker is declared failed only after failure_timeout of silence") {
   CHECK(status.workers(0).state_reason() == "no heartbeat for 1001 ms (failure_timeout 1000 ms)");
 }
 
+TEST_CASE("time the server itself did not run is not a worker's silence") {
+  FakeClock clock;
+  Membership membership(TwoByOneJob(), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(b->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(5000));  // the server was stopped for 5 s
+  membership.ExcuseServerPause(absl::Milliseconds(5000));
+  CHECK(membership.DetectFailures().empty());
+
+  // What is left counts: a's silence is 600 ms before the pause, then the time since.
+  clock.Advance(absl::Milliseconds(400));
+  CHECK(membership.DetectFailures().empty());  // a: exactly 1000 ms
+  clock.Advance(absl::Milliseconds(1));
+  auto failed = membership.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == a->incarnation());
+  CHECK(absl::ToInt64Milliseconds(failed[0].silent_for) == 1001);
+
+  // An excuse never moves a heartbeat into the future: b beat 5401 ms ago and the excuse is 6 s.
+  membership.ExcuseServerPause(absl::Seconds(6));
+  clock.Advance(absl::Milliseconds(1001));
+  failed = membership.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == b->incarnation());
+}
+
 TEST_CASE("a fenced incarnation's heartbeat gets FAILED_PRECONDITION, for good") {
   FakeClock clock;
   Membership membership(TwoByOneJob(), &clock);
