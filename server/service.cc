@@ -582,6 +582,12 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
 
 grpc::Status ParameterServerService::AppendLog(
     grpc::ServerContext* context, grpc::ServerReaderWriter<AppendLogAck, AppendLogRequest>* stream) {
+  return ServeAppendLog(context, stream);
+}
+
+grpc::Status ParameterServerService::ServeAppendLog(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriterInterface<AppendLogAck, AppendLogRequest>* stream) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   return step_log_->HandleAppendLog(context, stream);
 }
@@ -687,6 +693,12 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
 grpc::Status ParameterServerService::ReadLog(grpc::ServerContext* context,
                                              const ReadLogRequest* request,
                                              grpc::ServerWriter<LogRecord>* writer) {
+  return ServeReadLog(context, request, writer);
+}
+
+grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
+                                                  const ReadLogRequest* request,
+                                                  grpc::ServerWriterInterface<LogRecord>* writer) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());

@@ -93,6 +93,14 @@ class ParameterServerService final : public ParameterServer::Service {
   grpc::Status Drain(grpc::ServerContext* context, const DrainRequest* request,
                      DrainResponse* response) override;
 
+  // What AppendLog and ReadLog do, on the stream interfaces: for in-process callers that have no
+  // gRPC call (fuzz/service_fuzzer.cc). `context` may be null: an in-process call, trusted.
+  grpc::Status ServeAppendLog(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriterInterface<AppendLogAck, AppendLogRequest>* stream);
+  grpc::Status ServeReadLog(grpc::ServerContext* context, const ReadLogRequest* request,
+                            grpc::ServerWriterInterface<LogRecord>* writer);
+
  private:
   // Per-slot bookkeeping of applied updates, written with every update under its stage lock.
   struct SlotBook {

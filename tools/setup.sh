@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every build, test and run dependency of Rebound from Debian's packages.
 # Idempotent: packages already installed are skipped, so a second run costs seconds.
+#   tools/setup.sh          what the build, the tests and the demo need
+#   tools/setup.sh --fuzz   and clang, libFuzzer, ASan and lld for --config=fuzz (docs/fuzzing.md)
 set -euo pipefail
 
 PACKAGES=(
@@ -21,6 +23,13 @@ PACKAGES=(
   # The demo's plot (tools/plot_progress.sh): gnuplot without X, and a font for its PNGs.
   gnuplot-nox fonts-dejavu-core
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  # Fuzzing (--config=fuzz, docs/fuzzing.md): clang, libFuzzer and ASan, lld, llvm-symbolizer.
+  PACKAGES+=(clang lld libclang-rt-14-dev llvm)
+elif [ $# -gt 0 ]; then
+  echo "setup: unknown argument $1 (only --fuzz)" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -52,6 +52,12 @@ std::shared_ptr<const SharedSumsReader> ReplayMailbox::MapOffered(const PartialS
   }
   int64_t floats = 0;
   for (const Tensor& tensor : message.sums().tensors()) {
+    // Whole floats only: the comparison below covers every byte, and Read checked whole floats.
+    if (tensor.data().size() % sizeof(float) != 0) {
+      LOG(WARNING) << "spare rank " << message.rank() << " sent sums that are not whole floats; "
+                   << "its region is not used";
+      return nullptr;
+    }
     floats += static_cast<int64_t>(tensor.data().size() / sizeof(float));
   }
   absl::StatusOr<absl::Span<const float>> held = (*region)->Read(

@@ -1,0 +1,406 @@
+// Fuzz target: every RPC of the ParameterServer service (server/service.h), on arbitrary requests
+// in arbitrary order, against a real in-process server: Membership, CenterTable,
+// ReliabilityTracker, an in-memory DurableStore, a fake clock and the service itself, the objects
+// server/main.cc wires together, without the network.
+//
+// Input: a fuzz.ServerSession (fuzz/sessions.proto) in protobuf binary: which of kJobs the server
+// runs and up to kMaxCalls calls. Every input gets a fresh server, so whatever an input finds it
+// reproduces on its own. The server's max_wait_ms is 0: no handler waits (there is no other
+// thread to wait for), so every call returns at once.
+//
+// Properties, beyond "no crash, no sanitizer report, no leak":
+//   * every status has a canonical code;
+//   * a center's version never decreases, and an OK Sync, Push or Pull reports the version the
+//     center now has;
+//   * an OK Pull returns the stage's tensors;
+//   * a recovery task's spare rank and micro-batch block lie inside the task and the job;
+//   * GetStatus answers OK at the end and describes the job's topology.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "fuzz/fuzz_check.h"
+#include "fuzz/sessions.pb.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+#include "server/center_table.h"
+#include "server/membership.h"
+#include "server/reliability.h"
+#include "server/service.h"
+#include "storage/durable_store.h"
+
+namespace rebound::fuzz {
+namespace {
+
+using server::CenterTable;
+using server::FailedWorker;
+using server::Membership;
+using server::ParameterServerService;
+using server::ReliabilityTracker;
+
+constexpr int kMaxCalls = 64;
+
+// A small model (4 -> 3 -> 2: 23 parameters) so that a valid Sync fits in a few hundred bytes,
+// under each recovery policy and sync mode.
+constexpr char kModel[] = R"(
+  job_id: "fuzz"
+  model { input_dim: 4 layers { width: 3 activation: RELU } layers { width: 2 activation: IDENTITY } }
+  data { batch_size: 4 micro_batches: 2 }
+  step_log { buffer_bytes: 1048576 }
+  training { max_steps: 16 }
+)";
+constexpr const char* kJobs[] = {
+    // 0: two pipeline stages, REPLAY by two spares.
+    R"(topology { replicas: 2 stages: 2 spares: 2 }
+       easgd { sync_period: 2 }
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000
+                         recovery_parallelism: 2 })",
+    // 1: DETERMINISTIC scheduling.
+    R"(topology { replicas: 2 stages: 1 }
+       easgd { sync_period: 2 }
+       scheduling: DETERMINISTIC
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 2: ASYNC_ADAHESSIAN (Push and Pull).
+    R"(topology { replicas: 2 stages: 1 }
+       easgd { mode: ASYNC_ADAHESSIAN sync_period: 2 }
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 3: GLOBAL_CHECKPOINT every 2 steps.
+    R"(topology { replicas: 2 stages: 1 }
+       easgd { sync_period: 2 }
+       fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 2
+                         heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 4: RESTART_FROM_CENTER, two stages.
+    R"(topology { replicas: 2 stages: 2 }
+       easgd { sync_period: 2 }
+       fault_tolerance { policy: RESTART_FROM_CENTER heartbeat_interval_ms: 100
+                         failure_timeout_ms: 1000 })",
+};
+const std::vector<JobConfig>& Jobs() {
+  static const std::vector<JobConfig>* jobs = [] {
+    auto* parsed = new std::vector<JobConfig>;
+    for (const char* job : kJobs) {
+      absl::StatusOr<JobConfig> config = ParseJobConfig(std::string(kModel) + job, "fuzz-job");
+      if (!config.ok()) std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+      FUZZ_CHECK(config.ok());
+      parsed->push_back(*std::move(config));
+    }
+    return parsed;
+  }();
+  return *jobs;
+}
+
+// One AppendLog stream: reads the session's batches, collects the acks.
+class BatchStream final : public grpc::ServerReaderWriterInterface<AppendLogAck, AppendLogRequest> {
+ public:
+  explicit BatchStream(const AppendLogStream& batches) : batches_(batches) {}
+
+  void SendInitialMetadata() override {}
+  bool Write(const AppendLogAck& ack, grpc::WriteOptions) override {
+    // Acks never go backwards within a stream.
+    FUZZ_CHECK(ack.acked_through() >= last_ack_);
+    last_ack_ = ack.acked_through();
+    return true;
+  }
+  bool NextMessageSize(uint32_t* size) override {
+    if (next_ >= batches_.batches_size()) return false;
+    *size = static_cast<uint32_t>(batches_.batches(next_).ByteSizeLong());
+    return true;
+  }
+  bool Read(AppendLogRequest* batch) override {
+    if (next_ >= batches_.batches_size()) return false;
+    *batch = batches_.batches(next_++);
+    return true;
+  }
+
+ private:
+  const AppendLogStream& batches_;
+  int next_ = 0;
+  uint64_t last_ack_ = 0;
+};
+
+// One ReadLog stream: counts what the server writes.
+class RecordSink final : public grpc::ServerWriterInterface<LogRecord> {
+ public:
+  void SendInitialMetadata() override {}
+  bool Write(const LogRecord&, grpc::WriteOptions) override {
+    ++records_;
+    return true;
+  }
+  int records() const { return records_; }
+
+ private:
+  int records_ = 0;
+};
+
+// The objects server/main.cc makes, in memory.
+class Server {
+ public:
+  explicit Server(const JobConfig& job) : job_(job) {
+    config_.set_listen_address("127.0.0.1:0");
+    config_.set_max_wait_ms(0);
+    *config_.mutable_job() = job;
+    auto store = storage::DurableStore::Open(
+        storage::DurableStoreOptions::FromConfig(DurabilityConfig(), job.step_log()));
+    FUZZ_CHECK(store.ok());
+    store_ = *std::move(store);
+    auto centers = CenterTable::Create(job);
+    FUZZ_CHECK(centers.ok());
+    centers_ = *std::move(centers);
+    tracker_ = std::make_unique<ReliabilityTracker>(job.weighting(), job.topology().replicas());
+    storage::DurableStore* db = store_.get();
+    membership_ = std::make_unique<Membership>(
+        job, &clock_, [db](const ServerRecord& server, const std::vector<SlotRecord>& slots) {
+          storage::WriteBatch batch;
+          batch.PutServer(server);
+          for (const SlotRecord& slot : slots) batch.PutSlot(slot);
+          return db->Commit(batch);
+        });
+    service_ = std::make_unique<ParameterServerService>(config_, membership_.get(), centers_.get(),
+                                                        tracker_.get(), store_.get(), &clock_);
+    if (EffectiveRecoveryPolicy(job) == GLOBAL_CHECKPOINT) {
+      FUZZ_CHECK(service_->EnableGlobalCheckpoint("").ok());
+    }
+    service_->MarkReady();
+    for (int s = 0; s < centers_->num_stages(); ++s) versions_.push_back(centers_->version(s));
+  }
+
+  void Run(const ServerCall& input) {
+    ServerCall call = input;
+    if (call.has_use_incarnation() && !incarnations_.empty()) {
+      SetIncarnation(&call, incarnations_[call.use_incarnation() % incarnations_.size()]);
+    }
+    grpc::ServerContext context;
+    grpc::Status status;
+    std::string detail;  // for REBOUND_FUZZ_LOG=1
+    switch (call.call_case()) {
+      case ServerCall::kRegisterWorker: {
+        RegisterResponse response;
+        status = service_->Register(&context, &call.register_worker(), &response);
+        if (status.ok()) incarnations_.push_back(response.incarnation());
+        break;
+      }
+      case ServerCall::kHeartbeat: {
+        HeartbeatResponse response;
+        status = service_->Heartbeat(&context, &call.heartbeat(), &response);
+        if (status.ok() && response.has_takeover()) {
+          incarnations_.push_back(response.takeover().incarnation());
+          detail = "takeover";
+        }
+        break;
+      }
+      case ServerCall::kDeregister: {
+        DeregisterResponse response;
+        status = service_->Deregister(&context, &call.deregister(), &response);
+        break;
+      }
+      case ServerCall::kSync: {
+        SyncResponse response;
+        status = service_->Sync(&context, &call.sync(), &response);
+        if (status.ok()) CheckReportedVersion(call.sync().slot().stage(), response.center_version());
+        break;
+      }
+      case ServerCall::kPush: {
+        PushResponse response;
+        status = service_->Push(&context, &call.push(), &response);
+        if (status.ok()) CheckReportedVersion(call.push().slot().stage(), response.center_version());
+        break;
+      }
+      case ServerCall::kPull: {
+        PullResponse response;
+        status = service_->Pull(&context, &call.pull(), &response);
+        if (status.ok()) {
+          const int stage = call.pull().stage();
+          CheckReportedVersion(stage, response.center_version());
+          FUZZ_CHECK(response.center().tensors_size() ==
+                     static_cast<int>(centers_->layout(stage).tensors().size()));
+        }
+        break;
+      }
+      case ServerCall::kAppendLog: {
+        BatchStream stream(call.append_log());
+        status = service_->ServeAppendLog(&context, &stream);
+        break;
+      }
+      case ServerCall::kWaitForTask: {
+        WaitForTaskResponse response;
+        status = service_->WaitForTask(&context, &call.wait_for_task(), &response);
+        if (status.ok() && response.has_task()) {
+          CheckTask(response.task());
+          detail = absl::StrCat("task ", response.task().task_id(), " rank ",
+                                response.task().rank());
+        }
+        break;
+      }
+      case ServerCall::kReadLog: {
+        RecordSink sink;
+        status = service_->ServeReadLog(&context, &call.read_log(), &sink);
+        detail = absl::StrCat(sink.records(), " records");
+        break;
+      }
+      case ServerCall::kReportRecovery: {
+        ReportRecoveryResponse response;
+        status = service_->ReportRecovery(&context, &call.report_recovery(), &response);
+        if (status.ok() && response.incarnation() != 0) {
+          incarnations_.push_back(response.incarnation());
+        }
+        break;
+      }
+      case ServerCall::kReportEval: {
+        ReportEvalResponse response;
+        status = service_->ReportEval(&context, &call.report_eval(), &response);
+        break;
+      }
+      case ServerCall::kDrain: {
+        DrainResponse response;
+        status = service_->Drain(&context, &call.drain(), &response);
+        break;
+      }
+      case ServerCall::kGetStatus:
+        CheckStatus();
+        break;
+      case ServerCall::kAdvanceClockMs:
+        clock_.Advance(absl::Milliseconds(call.advance_clock_ms()));
+        DetectFailures();
+        break;
+      case ServerCall::CALL_NOT_SET:
+        break;
+    }
+    FUZZ_CHECK(status.error_code() >= grpc::StatusCode::OK &&
+               status.error_code() <= grpc::StatusCode::UNAUTHENTICATED);
+    if (Verbose() && call.call_case() != ServerCall::CALL_NOT_SET) {
+      std::fprintf(stderr, "%s: %d %s%s\n",
+                   ServerCall::descriptor()->FindFieldByNumber(call.call_case())->name().c_str(),
+                   status.error_code(), status.error_message().c_str(), detail.c_str());
+    }
+    CheckVersions();
+  }
+
+  // GetStatus answers and describes the job.
+  void CheckStatus() {
+    grpc::ServerContext context;
+    GetStatusRequest request;
+    GetStatusResponse response;
+    FUZZ_CHECK(service_->GetStatus(&context, &request, &response).ok());
+    FUZZ_CHECK(response.replicas() == job_.topology().replicas());
+    FUZZ_CHECK(response.stages() == job_.topology().stages());
+    FUZZ_CHECK(response.centers_size() == centers_->num_stages());
+    FUZZ_CHECK(response.slots_size() == job_.topology().replicas() * job_.topology().stages());
+  }
+
+ private:
+  static void SetIncarnation(ServerCall* call, uint64_t incarnation) {
+    switch (call->call_case()) {
+      case ServerCall::kHeartbeat:
+        call->mutable_heartbeat()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kDeregister:
+        call->mutable_deregister()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kSync:
+        call->mutable_sync()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kPush:
+        call->mutable_push()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kPull:
+        call->mutable_pull()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kAppendLog:
+        for (AppendLogRequest& batch : *call->mutable_append_log()->mutable_batches()) {
+          batch.set_incarnation(incarnation);
+        }
+        break;
+      case ServerCall::kWaitForTask:
+        call->mutable_wait_for_task()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kReadLog:
+        call->mutable_read_log()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kReportRecovery:
+        call->mutable_report_recovery()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kReportEval:
+        call->mutable_report_eval()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kRegisterWorker:
+        call->mutable_register_worker()->set_previous_incarnation(incarnation);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // The failure detector's pass of server/main.cc.
+  void DetectFailures() {
+    for (const FailedWorker& failed : membership_->DetectFailures()) {
+      if (failed.had_slot) {
+        tracker_->OnFault(failed.slot, clock_.Now());
+        tracker_->SetLive(failed.slot, false);
+      }
+    }
+    service_->MaybeRollBack();
+  }
+
+  void CheckReportedVersion(int stage, int64_t version) {
+    FUZZ_CHECK(stage >= 0 && stage < centers_->num_stages());
+    FUZZ_CHECK(version == centers_->version(stage));
+  }
+
+  void CheckVersions() {
+    for (int s = 0; s < centers_->num_stages(); ++s) {
+      const int64_t now = centers_->version(s);
+      FUZZ_CHECK(now >= versions_[s]);
+      versions_[s] = now;
+    }
+  }
+
+  void CheckTask(const RecoveryTask& task) {
+    FUZZ_CHECK(task.spares_size() >= 1);
+    FUZZ_CHECK(task.rank() >= 0 && task.rank() < task.spares_size());
+    FUZZ_CHECK(task.slot().replica() >= 0 && task.slot().replica() < job_.topology().replicas());
+    FUZZ_CHECK(task.slot().stage() >= 0 && task.slot().stage() < job_.topology().stages());
+    FUZZ_CHECK(task.micro_batch_count() >= 1 && task.first_micro_batch() >= 0 &&
+               task.first_micro_batch() + task.micro_batch_count() <= job_.data().micro_batches());
+  }
+
+  const JobConfig job_;
+  ServerConfig config_;
+  FakeClock clock_;
+  std::unique_ptr<storage::DurableStore> store_;
+  std::unique_ptr<CenterTable> centers_;
+  std::unique_ptr<ReliabilityTracker> tracker_;
+  std::unique_ptr<Membership> membership_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::vector<uint64_t> incarnations_;
+  std::vector<int64_t> versions_;
+};
+
+}  // namespace
+}  // namespace rebound::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  rebound::fuzz::QuietLogging();
+  rebound::fuzz::Jobs();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  rebound::fuzz::ServerSession session;
+  if (!session.ParseFromArray(data, static_cast<int>(size))) return 0;
+  const auto& jobs = rebound::fuzz::Jobs();
+  rebound::fuzz::Server server(jobs[session.job() % jobs.size()]);
+  const int calls = std::min(session.calls_size(), rebound::fuzz::kMaxCalls);
+  for (int i = 0; i < calls; ++i) server.Run(session.calls(i));
+  server.CheckStatus();
+  return 0;
+}
