@@ -563,8 +563,11 @@ void ChaosRun::ReapWorkers() {
           (server_stopped_ || absl::Now() - last_server_resume_ <
                                   absl::Milliseconds(spec_.failure_timeout_ms) + absl::Seconds(5));
       if (*code == kExitFenced && !w.was_faulted && after_server_stop) {
-        // The server's failure detector counted its own stop as the workers' silence.
+        // The server's failure detector counted its own stop as the workers' silence, which it
+        // must not (Membership::ExcuseServerPause).
         ++report_.fenced_by_server_stop;
+        Violation(absl::StrCat(w.name, " was fenced as the server resumed from a SIGSTOP:\n",
+                               LastLines(w.process->log_path(), 4)));
       } else if (!w.was_faulted) {
         Note(absl::StrCat(w.name, " exited ", *code, " with no fault against it",
                           server_faulted_ ? " (the server was stopped or killed before)" : "",
@@ -1312,7 +1315,7 @@ std::string RunReport::Summary() const {
   if (fenced_by_server_stop > 0) {
     absl::StrAppend(&out, "  ", fenced_by_server_stop,
                     " worker(s) left alone were fenced as the server resumed from a SIGSTOP "
-                    "(it counts its own stop as their silence)\n");
+                    "(it counted its own stop as their silence: a violation)\n");
   }
   absl::StrAppend(&out, "  ", network, "\n");
   if (accuracy >= 0) {
