@@ -10,8 +10,6 @@
 // jobs here have a failure timeout longer than any test case.
 
 #include <catch2/catch.hpp>
-#include <rocksdb/db.h>
-#include <rocksdb/options.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,7 +19,6 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +32,7 @@
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
+#include "tests/storage/raw_db.h"
 
 namespace rebound::testing {
 namespace {
@@ -738,47 +736,6 @@ TEST_CASE("the binaries refuse a bad config with exit code 2, naming file, line 
 }
 
 // ---- a corrupt data directory ---------------------------------------------------------------
-
-// The server's RocksDB, opened directly (the server is stopped).
-class RawDb {
- public:
-  explicit RawDb(const std::string& dir) {
-    rocksdb::DBOptions options;
-    std::vector<std::string> names;
-    REQUIRE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
-    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
-    for (const std::string& name : names) {
-      descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
-    }
-    rocksdb::DB* db = nullptr;
-    const rocksdb::Status status = rocksdb::DB::Open(options, dir, descriptors, &handles_, &db);
-    INFO(status.ToString());
-    REQUIRE(status.ok());
-    db_.reset(db);
-    for (size_t i = 0; i < names.size(); ++i) families_[names[i]] = handles_[i];
-  }
-  ~RawDb() {
-    for (rocksdb::ColumnFamilyHandle* handle : handles_) {
-      db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
-    }
-    db_->Close().PermitUncheckedError();
-  }
-  std::string Get(const std::string& family, const std::string& key) {
-    std::string value;
-    REQUIRE(families_.count(family) == 1);
-    REQUIRE(db_->Get(rocksdb::ReadOptions(), families_[family], key, &value).ok());
-    return value;
-  }
-  void Put(const std::string& family, const std::string& key, const std::string& value) {
-    REQUIRE(families_.count(family) == 1);
-    REQUIRE(db_->Put(rocksdb::WriteOptions(), families_[family], key, value).ok());
-  }
-
- private:
-  std::unique_ptr<rocksdb::DB> db_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
-  std::map<std::string, rocksdb::ColumnFamilyHandle*> families_;
-};
 
 // Starts rebound_server on `data_dir` with the job of `spec` (config and log in `dir`); returns
 // its exit code if it exits before serving, or -1 once it serves (then `*address` holds its

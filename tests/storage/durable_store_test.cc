@@ -32,12 +32,14 @@
 #include "storage/envelope.h"
 #include "storage/keys.h"
 #include "tests/integration/subprocess.h"
+#include "tests/storage/raw_db.h"
 
 namespace rebound::storage {
 namespace {
 
 namespace fs = std::filesystem;
 using ::Catch::Contains;
+using ::rebound::testing::RawDb;
 
 #define REQUIRE_OK(expr)                     \
   do {                                       \
@@ -190,60 +192,6 @@ std::vector<LogId> ExpectedIds(int32_t r, int32_t s, int64_t from, int64_t to, i
   }
   return ids;
 }
-
-// A raw RocksDB handle on a closed store's directory, to damage it the way a disk would.
-class RawDb {
- public:
-  explicit RawDb(const std::string& dir) {
-    rocksdb::DBOptions options;
-    std::vector<std::string> names;
-    REQUIRE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
-    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
-    for (const std::string& name : names) {
-      descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
-    }
-    rocksdb::DB* db = nullptr;
-    const rocksdb::Status status = rocksdb::DB::Open(options, dir, descriptors, &handles_, &db);
-    INFO(status.ToString());
-    REQUIRE(status.ok());
-    db_.reset(db);
-    for (size_t i = 0; i < names.size(); ++i) by_name_[names[i]] = handles_[i];
-  }
-
-  ~RawDb() {
-    for (rocksdb::ColumnFamilyHandle* handle : handles_) {
-      db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
-    }
-    db_->Close().PermitUncheckedError();
-  }
-
-  std::string Get(const std::string& family, const std::string& key) {
-    std::string value;
-    REQUIRE(db_->Get(rocksdb::ReadOptions(), Family(family), key, &value).ok());
-    return value;
-  }
-
-  void Put(const std::string& family, const std::string& key, const std::string& value) {
-    REQUIRE(db_->Put(rocksdb::WriteOptions(), Family(family), key, value).ok());
-  }
-
-  rocksdb::ColumnFamilyHandle* Family(const std::string& name) {
-    REQUIRE(by_name_.count(name) == 1);
-    return by_name_[name];
-  }
-
-  rocksdb::DB* db() { return db_.get(); }
-  std::set<std::string> names() const {
-    std::set<std::string> names;
-    for (const auto& [name, handle] : by_name_) names.insert(name);
-    return names;
-  }
-
- private:
-  std::unique_ptr<rocksdb::DB> db_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
-  std::map<std::string, rocksdb::ColumnFamilyHandle*> by_name_;
-};
 
 std::string TempDir(const std::string& name) { return testing::MakeTempDir(name); }
 
