@@ -131,7 +131,7 @@ absl::StatusOr<double> TestAccuracy(const JobConfig& job, const TensorBundle& ce
 struct Worker {
   std::string name;
   std::string role;  // the --role it was started with: trainer, spare or evaluator
-  std::unique_ptr<ChaosProcess> process;
+  std::unique_ptr<ChildProcess> process;
   int host = -1;             // its NetworkLab host, -1: the harness's namespace
   bool killed = false;       // SIGKILLed by the harness: exit 137 expected
   bool faulted = false;      // stopped or its link faulted right now: left alone by other faults
@@ -213,7 +213,7 @@ class ChaosRun {
   std::string server_host_ = "127.0.0.1";
   int port_ = 0;
   std::string address_;
-  std::unique_ptr<ChaosProcess> server_;
+  std::unique_ptr<ChildProcess> server_;
   bool server_down_ = false;         // SIGKILLed, its restart pending
   bool server_stopped_ = false;      // SIGSTOPped
   bool server_faulted_ = false;      // ever stopped or killed
@@ -355,7 +355,7 @@ absl::Status ChaosRun::StartServer() {
       << "----- chaos: server life " << server_life_ << " -----\n";
   ASSIGN_OR_RETURN(
       server_,
-      ChaosProcess::Start({options_.server_binary, "--config", dir_ + "/server.pbtxt", "--listen",
+      ChildProcess::Start({options_.server_binary, "--config", dir_ + "/server.pbtxt", "--listen",
                            absl::StrCat(server_host_, ":", port_), "--port_file", port_file},
                           dir_ + "/server.log"));
   const absl::Time deadline = absl::Now() + kPortWait;
@@ -414,8 +414,9 @@ absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& r
     argv.push_back("--peer_listen");
     argv.push_back(host.address + ":0");
   }
-  ASSIGN_OR_RETURN(worker->process,
-                   ChaosProcess::Start(argv, dir_ + "/" + name + ".log", netns_fd));
+  ChildProcessOptions child;
+  child.netns_fd = netns_fd;
+  ASSIGN_OR_RETURN(worker->process, ChildProcess::Start(argv, dir_ + "/" + name + ".log", child));
   workers_.push_back(std::move(worker));
   return absl::OkStatus();
 }

@@ -20,6 +20,8 @@ namespace {
 
 constexpr int kMaxHosts = 200;
 constexpr int kFirstHostOctet = 10;
+// `ip` and `tc` answer in milliseconds; a hung one is killed.
+constexpr absl::Duration kToolTimeout = absl::Seconds(10);
 
 std::string HostLink(int index) { return absl::StrCat("h", index); }
 
@@ -82,24 +84,21 @@ void NetworkLab::Release(Namespace& ns) {
 }
 
 absl::Status NetworkLab::Ip(int ns_fd, const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {ip_};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const ToolResult result = RunTool(argv, ns_fd);
-  if (result.exit_code == 0) return absl::OkStatus();
-  std::string command = "ip";
-  for (const std::string& a : args) absl::StrAppend(&command, " ", a);
-  return absl::FailedPreconditionError(
-      absl::StrCat("'", command, "' failed (exit ", result.exit_code,
-                   "): ", absl::StripAsciiWhitespace(result.output)));
+  return RunTool("ip", ip_, ns_fd, args);
 }
 
 absl::Status NetworkLab::Tc(int ns_fd, const std::vector<std::string>& args) const {
   if (tc_.empty()) return absl::FailedPreconditionError("no tc on this machine");
-  std::vector<std::string> argv = {tc_};
+  return RunTool("tc", tc_, ns_fd, args);
+}
+
+absl::Status NetworkLab::RunTool(const std::string& name, const std::string& path, int ns_fd,
+                                 const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {path};
   argv.insert(argv.end(), args.begin(), args.end());
-  const ToolResult result = RunTool(argv, ns_fd);
+  const CompletedCommand result = RunToCompletion(argv, kToolTimeout, ns_fd);
   if (result.exit_code == 0) return absl::OkStatus();
-  std::string command = "tc";
+  std::string command = name;
   for (const std::string& a : args) absl::StrAppend(&command, " ", a);
   return absl::FailedPreconditionError(
       absl::StrCat("'", command, "' failed (exit ", result.exit_code,
@@ -114,8 +113,10 @@ absl::StatusOr<std::unique_ptr<NetworkLab>> NetworkLab::Create() {
     return absl::FailedPreconditionError("no `ip` (iproute2) in /usr/sbin, /sbin, /usr/bin, /bin");
   }
   // A 10.a.b.0/24 that no address or route of this machine uses.
-  const ToolResult addresses = RunTool({lab->ip_, "-o", "-4", "addr", "show"});
-  const ToolResult routes = RunTool({lab->ip_, "-4", "route", "show", "table", "all"});
+  const CompletedCommand addresses =
+      RunToCompletion({lab->ip_, "-o", "-4", "addr", "show"}, kToolTimeout);
+  const CompletedCommand routes =
+      RunToCompletion({lab->ip_, "-4", "route", "show", "table", "all"}, kToolTimeout);
   if (addresses.exit_code != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("`ip addr show` failed: ", absl::StripAsciiWhitespace(addresses.output)));

@@ -9,7 +9,7 @@
 //
 // The server listens on 10.a.b.1 (in the harness's own namespace, so the harness, the evaluator
 // and anything else there reach it as a local address); each worker process runs in a host's
-// namespace (ChaosProcess::Start with the host's netns_fd) and reaches the server and the other
+// namespace (ChildProcess::Start with the host's netns_fd) and reaches the server and the other
 // hosts through the bridge. Nothing leaves the machine: the only addresses are the ones made
 // here, in a 10.a.b.0/24 subnet picked (from the pid) so that it is not in use.
 //
@@ -56,7 +56,7 @@ class NetworkLab {
   struct Host {
     int index = 0;
     std::string address;  // 10.a.b.(10+index)
-    int netns_fd = -1;    // for ChaosProcess::Start
+    int netns_fd = -1;    // for ChildProcessOptions::netns_fd
   };
   // A new namespace joined to the bridge. RESOURCE_EXHAUSTED after 200 hosts.
   absl::StatusOr<Host> AddHost();
@@ -84,6 +84,10 @@ class NetworkLab {
   // Runs `ip`/`tc` with `args` in `ns_fd` (-1: the harness's namespace).
   absl::Status Ip(int ns_fd, const std::vector<std::string>& args) const;
   absl::Status Tc(int ns_fd, const std::vector<std::string>& args) const;
+  // Runs `path` (the tool `name`) with `args` in `ns_fd` (-1: the harness's namespace); the
+  // error names the command and holds its output.
+  static absl::Status RunTool(const std::string& name, const std::string& path, int ns_fd,
+                              const std::vector<std::string>& args);
   // Removes any qdisc on both ends of host `index`'s link.
   void ClearQdiscs(int index);
 

@@ -39,6 +39,13 @@ constexpr int kLogTailLines = 20;
 constexpr int kExitFinished = 0;
 constexpr int kExitFailed = 1;
 
+// Each run of the launcher starts its children's logs afresh.
+ChildProcessOptions FreshLog() {
+  ChildProcessOptions options;
+  options.truncate_log = true;
+  return options;
+}
+
 bool IsExecutableFile(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
@@ -231,7 +238,7 @@ std::optional<int> Launcher::StartServer() {
   unlink(port_file.c_str());  // a port left by an earlier run in the same work dir is stale
   absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
       {binaries_.server, "--config", workdir_ + "/server.pbtxt", "--port_file", port_file},
-      workdir_ + "/server.log");
+      workdir_ + "/server.log", FreshLog());
   if (!started.ok()) {
     Print(absl::StrCat("cannot start rebound_server: ", started.status().message()));
     return kExitFailed;
@@ -267,7 +274,7 @@ std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) 
   absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
       {binaries_.worker, "--config", workdir_ + "/worker.pbtxt", "--server",
        absl::StrCat("127.0.0.1:", port_), "--name", plan.name, "--role", RoleFlag(plan.role)},
-      log);
+      log, FreshLog());
   if (!started.ok()) {
     Print(absl::StrCat("cannot start ", plan.name, ": ", started.status().message()));
     return kExitFailed;

@@ -33,7 +33,7 @@
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
-#include "tools/launch/child_process.h"
+#include "common/child_process.h"
 #include "tools/launch/options.h"
 #include "tools/launch/progress.h"
 
