@@ -13,19 +13,26 @@
 // WAL, MANIFEST, checkpoints). After a warm-up (the first --warmup_s seconds: memtables filling,
 // the first compactions, the allocator reaching its working set), it fits a least-squares line
 // to each series against time and prints both slopes in MiB per minute and as the growth they
-// would give over a day relative to the mean: a leak shows as a steady positive slope; a flat
-// process as a slope whose day's growth is a small fraction of the mean.
+// would give over an hour relative to the mean: a leak shows as a steady positive slope. It also
+// scrapes the server's /metrics for malloc's bytes in use (rebound_process_heap_bytes), the
+// measure of a leak: RSS also holds what malloc keeps free (common/process.cc raises its trim
+// threshold for the large sync buffers), so RSS steps up to the peak working set and stays.
 //
 // Not part of CI (it is meant to run for a long time). Last line:
-//   RESULT soak: minutes=<m> samples=<n> kills=<k> recoveries=<r>
-//       rss_mib=<mean> rss_slope_mib_per_min=<x> store_mib=<mean> store_slope_mib_per_min=<y>
-// Exit code 0 when the run completed (whatever the slopes), 1 when it failed, 2 on bad flags.
+//   RESULT soak: minutes=<m> samples=<n> kills=<k> recoveries=<r> heap_mib=<mean>
+//       heap_slope_mib_per_min=<h> rss_mib=<mean> rss_slope_mib_per_min=<x> store_mib=<mean>
+//       store_slope_mib_per_min=<y> flat=yes|no
+// flat: the heap's and the data directory's lines each grow by less than 10% of their mean (or
+// 8 MiB) per hour. Exit code 0 when the run completed flat, 3 when it completed but grew, 1 when
+// it failed, 2 on bad flags.
 //
 // Flags (--name=value or --name value): --minutes=M (10) --sample_s=S (10) --warmup_s=S (60)
 // --kill_every_s=S (120) --job=PATH --server_binary=PATH --worker_binary=PATH --keep_logs.
 
+#include <httplib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -105,16 +112,39 @@ int64_t DirectoryBytes(const std::string& dir) {
   return total;
 }
 
-struct Sample {
-  double minutes = 0;  // since the first sync of every slot
-  double rss_mib = 0;
-  double store_mib = 0;
-};
-
 struct Line {
   double mean = 0;
   double slope = 0;  // per minute
 };
+
+struct Sample {
+  double minutes = 0;  // since the first sync of every slot
+  double rss_mib = 0;
+  double heap_mib = 0;  // malloc's bytes in use, from the server's /metrics
+  double store_mib = 0;
+};
+
+// The server's rebound_process_heap_bytes{state="in_use"} (common/metrics.h), scraped from its
+// /metrics at `address` (host:port); -1 when it cannot be had.
+double HeapInUseBytes(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
+  httplib::Client client(address.substr(0, colon), port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(5, 0);
+  const httplib::Result response = client.Get("/metrics");
+  if (!response || response->status != 200) return -1;
+  constexpr absl::string_view kSeries = "rebound_process_heap_bytes{state=\"in_use\"} ";
+  for (absl::string_view line : absl::StrSplit(response->body, '\n')) {
+    double value = 0;
+    if (absl::ConsumePrefix(&line, kSeries) && absl::SimpleAtod(line, &value)) return value;
+  }
+  return -1;
+}
+
+// Flat: the fitted line grows by less than 10% of the mean per hour (or 8 MiB, for small means).
+bool IsFlat(const Line& line) { return line.slope * 60 < std::max(0.1 * line.mean, 8.0); }
 
 // Least-squares fit of y against x.
 Line Fit(const std::vector<double>& x, const std::vector<double>& y) {
@@ -135,6 +165,8 @@ Line Fit(const std::vector<double>& x, const std::vector<double>& y) {
 }
 
 int Main(int argc, char** argv) {
+  // A run lasts hours and is usually sent to a file: every line as it is printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Flags flags = ParseFlags(argc, argv);
   absl::StatusOr<JobConfig> base_job = ResolveClusterFlags(&flags.cluster);
   if (!base_job.ok()) ExitWithUsage(std::string(base_job.status().message()), kUsage);
@@ -170,6 +202,12 @@ int Main(int argc, char** argv) {
   if (absl::Status s = cluster.StartSpares({"spare-0"}); !s.ok()) return fail(s);
   if (absl::Status s = cluster.StartEvaluator(); !s.ok()) return fail(s);
   if (absl::Status s = cluster.WaitForFirstSyncs(trainers); !s.ok()) return fail(s);
+  absl::StatusOr<GetStatusResponse> first = cluster.GetStatus();
+  if (!first.ok()) return fail(first.status());
+  if (first->metrics_address().empty()) {
+    return fail(absl::FailedPreconditionError("the server serves no /metrics (metrics.enabled)"));
+  }
+  const std::string metrics_address = first->metrics_address();
 
   const absl::Time start = absl::Now();
   const absl::Time end = start + absl::Minutes(flags.minutes);
@@ -187,10 +225,16 @@ int Main(int argc, char** argv) {
       Sample sample;
       sample.minutes = absl::ToDoubleMinutes(now - start);
       sample.rss_mib = ResidentBytes(cluster.server().pid()) / kMiB;
+      sample.heap_mib = HeapInUseBytes(metrics_address) / kMiB;
       sample.store_mib = DirectoryBytes(data_dir) / kMiB;
+      if (sample.heap_mib < 0) {
+        problem = absl::UnavailableError(absl::StrCat("cannot scrape http://", metrics_address,
+                                                      "/metrics for the server's heap"));
+        return;
+      }
       samples.push_back(sample);
-      std::printf("  %6.2f min: server RSS %8.1f MiB, data dir %8.1f MiB\n", sample.minutes,
-                  sample.rss_mib, sample.store_mib);
+      std::printf("  %6.2f min: server RSS %8.1f MiB, heap in use %8.1f MiB, data dir %8.1f MiB\n",
+                  sample.minutes, sample.rss_mib, sample.heap_mib, sample.store_mib);
       std::fflush(stdout);
     }
     if (now >= next_kill) {
@@ -240,11 +284,12 @@ int Main(int argc, char** argv) {
   dirs->FinishRun(dir, true);
   dirs->Finish();
 
-  std::vector<double> t, rss, store;
+  std::vector<double> t, rss, heap, store;
   for (const Sample& s : samples) {
     if (s.minutes * 60 < flags.warmup_s) continue;
     t.push_back(s.minutes);
     rss.push_back(s.rss_mib);
+    heap.push_back(s.heap_mib);
     store.push_back(s.store_mib);
   }
   if (t.size() < 3) {
@@ -252,23 +297,33 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const Line rss_line = Fit(t, rss);
+  const Line heap_line = Fit(t, heap);
   const Line store_line = Fit(t, store);
-  const double day = 24 * 60;
   std::printf("\nafter the warm-up, %zu samples over %.1f min; %d kills, %d recoveries (%d "
               "verified bit-identical); last test accuracy %.4f (center version %lld)\n",
               t.size(), t.back() - t.front(), kills, recoveries, verified,
               last->last_eval().test_accuracy(),
               static_cast<long long>(last->last_eval().center_version()));
-  std::printf("server RSS: mean %.1f MiB, slope %+.3f MiB/min (%+.1f%% of the mean per day)\n",
-              rss_line.mean, rss_line.slope, 100 * rss_line.slope * day / rss_line.mean);
-  std::printf("data dir:   mean %.1f MiB, slope %+.3f MiB/min (%+.1f%% of the mean per day)\n",
-              store_line.mean, store_line.slope,
-              store_line.mean > 0 ? 100 * store_line.slope * day / store_line.mean : 0.0);
-  std::printf("RESULT soak: minutes=%d samples=%zu kills=%d recoveries=%d rss_mib=%.1f "
-              "rss_slope_mib_per_min=%.4f store_mib=%.1f store_slope_mib_per_min=%.4f\n",
-              flags.minutes, t.size(), kills, recoveries, rss_line.mean, rss_line.slope,
-              store_line.mean, store_line.slope);
-  return 0;
+  auto report = [](const char* what, const Line& line) {
+    std::printf("%-17s mean %7.1f MiB, slope %+.3f MiB/min (%+.1f%% of the mean per hour): %s\n",
+                what, line.mean, line.slope,
+                line.mean > 0 ? 100 * line.slope * 60 / line.mean : 0.0,
+                IsFlat(line) ? "flat" : "GROWS");
+  };
+  report("server heap:", heap_line);
+  report("server RSS:", rss_line);
+  report("data directory:", store_line);
+  std::printf("(flat: less than 10%% of the mean, or 8 MiB, per hour. The verdict is the heap's and "
+              "the data directory's: RSS also holds what malloc keeps free, up to its trim "
+              "threshold, so it steps up to the peak working set and stays there)\n");
+  const bool flat = IsFlat(heap_line) && IsFlat(store_line);
+  std::printf("RESULT soak: minutes=%d samples=%zu kills=%d recoveries=%d heap_mib=%.1f "
+              "heap_slope_mib_per_min=%.4f rss_mib=%.1f rss_slope_mib_per_min=%.4f store_mib=%.1f "
+              "store_slope_mib_per_min=%.4f flat=%s\n",
+              flags.minutes, t.size(), kills, recoveries, heap_line.mean, heap_line.slope,
+              rss_line.mean, rss_line.slope, store_line.mean, store_line.slope,
+              flat ? "yes" : "no");
+  return flat ? 0 : 3;
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 #include "common/metrics.h"
 
 #include <glog/logging.h>
+#include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -218,6 +221,29 @@ std::string MetricsRegistry::Render() const {
   }
   for (const auto& collector : collectors) collector(&writer);
   return writer.Take();
+}
+
+void AddProcessMetrics(MetricsRegistry* registry) {
+  registry->AddCollector([](MetricsWriter* w) {
+    // statm: size resident shared text lib data dt, in pages.
+    int64_t size_pages = 0, resident_pages = 0;
+    std::ifstream statm("/proc/self/statm");
+    if (statm >> size_pages >> resident_pages) {
+      w->Family("rebound_process_resident_bytes",
+                "Resident memory of this process (RSS), as the kernel counts it.", "gauge");
+      w->Sample("rebound_process_resident_bytes", {},
+                static_cast<double>(resident_pages) * static_cast<double>(sysconf(_SC_PAGESIZE)));
+    }
+    const struct mallinfo2 info = mallinfo2();
+    w->Family("rebound_process_heap_bytes",
+              "glibc malloc: bytes in use (allocated, mmap-ed chunks included) and bytes held "
+              "free in its arenas.",
+              "gauge");
+    w->Sample("rebound_process_heap_bytes", {{"state", "in_use"}},
+              static_cast<double>(info.uordblks + info.hblkhd));
+    w->Sample("rebound_process_heap_bytes", {{"state", "free"}},
+              static_cast<double>(info.fordblks));
+  });
 }
 
 }  // namespace rebound

@@ -191,6 +191,7 @@ int Run() {
           return status;
         },
         db);
+    AddProcessMetrics(&metrics);
     auto started = MetricsHttpServer::Start(
         absl::StrCat(config.metrics().bind_address(), ":", config.metrics().port()), &metrics);
     if (!started.ok()) {

@@ -24,6 +24,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "absl/synchronization/notification.h"
 #include "worker/agent.h"
+#include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "worker/replay.h"
 #include "worker/worker_metrics.h"
@@ -168,6 +169,7 @@ int Run() {
   std::unique_ptr<MetricsHttpServer> metrics_http;
   if (config.metrics().enabled()) {
     Metrics();  // registers every series, so the first scrape lists them all
+    AddProcessMetrics(&WorkerRegistry());
     auto started = MetricsHttpServer::Start(
         absl::StrCat(config.metrics().bind_address(), ":", config.metrics().port()),
         &WorkerRegistry());

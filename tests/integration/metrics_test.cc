@@ -90,6 +90,15 @@ TEST_CASE("the server and the workers serve /metrics that agree with the server'
         status.step_log().records_written());
   CHECK(Sample(server, "rebound_test_accuracy") > 0);
   CHECK(server.samples.count("rebound_store_bytes{part=\"steplog\"}") == 1);
+  // The process's memory: the server holds the model's center and snapshots, so megabytes in use.
+  CHECK(server.types.at("rebound_process_resident_bytes") == "gauge");
+  const double resident = Sample(server, "rebound_process_resident_bytes");
+  const double in_use = Sample(server, "rebound_process_heap_bytes{state=\"in_use\"}");
+  CHECK(resident > 4e6);
+  CHECK(resident < 64e9);
+  CHECK(in_use > 1e5);
+  CHECK(in_use < 64e9);
+  CHECK(Sample(server, "rebound_process_heap_bytes{state=\"free\"}") >= 0);
 
   // A trainer: its steps and syncs, at least what the server saw of it.
   const WorkerStatus* a = FindWorker(status, "a", TRAINER);
@@ -104,6 +113,8 @@ TEST_CASE("the server and the workers serve /metrics that agree with the server'
   CHECK(Sample(trainer, "rebound_worker_steplog_records_total") >=
         3 * Sample(trainer, "rebound_worker_steps_total") - 3 * 10);  // M + 1 per step
   CHECK(Sample(trainer, "rebound_worker_loss") > 0);
+  CHECK(Sample(trainer, "rebound_process_resident_bytes") > 4e6);
+  CHECK(Sample(trainer, "rebound_process_heap_bytes{state=\"in_use\"}") > 1e5);
 
   // The evaluator reports what the server shows.
   const WorkerStatus* evaluator = nullptr;
