@@ -222,14 +222,7 @@ absl::Status NetworkLab::Throttle(int index, int kbit_per_second) {
   const std::vector<std::string> shape = {
       "root",  "tbf",    "rate",    absl::StrCat(kbit_per_second, "kbit"),
       "burst", "32kbit", "latency", "2000ms"};
-  std::vector<std::string> lab_side = {"qdisc", "replace", "dev", HostLink(index)};
-  lab_side.insert(lab_side.end(), shape.begin(), shape.end());
-  std::vector<std::string> host_side = {"qdisc", "replace", "dev", "eth0"};
-  host_side.insert(host_side.end(), shape.begin(), shape.end());
-  absl::Status done = Tc(lab_.fd, lab_side);
-  if (done.ok()) done = Tc(hosts_[index].fd, host_side);
-  if (!done.ok()) ClearQdiscs(index);
-  return done;
+  return ShapeBothEnds(index, shape);
 }
 
 absl::Status NetworkLab::Netem(int index, int delay_ms, int jitter_ms, double loss_percent) {
@@ -244,6 +237,10 @@ absl::Status NetworkLab::Netem(int index, int delay_ms, int jitter_ms, double lo
                                           absl::StrCat(jitter_ms, "ms"),
                                           "loss",
                                           absl::StrFormat("%.2f%%", loss_percent)};
+  return ShapeBothEnds(index, shape);
+}
+
+absl::Status NetworkLab::ShapeBothEnds(int index, const std::vector<std::string>& shape) {
   std::vector<std::string> lab_side = {"qdisc", "replace", "dev", HostLink(index)};
   lab_side.insert(lab_side.end(), shape.begin(), shape.end());
   std::vector<std::string> host_side = {"qdisc", "replace", "dev", "eth0"};

@@ -84,6 +84,9 @@ class NetworkLab {
   // Runs `ip`/`tc` with `args` in `ns_fd` (-1: the harness's namespace).
   absl::Status Ip(int ns_fd, const std::vector<std::string>& args) const;
   absl::Status Tc(int ns_fd, const std::vector<std::string>& args) const;
+  // Puts the root qdisc `shape` ("root", kind, parameters...) on both ends of host `index`'s
+  // link; on failure clears both.
+  absl::Status ShapeBothEnds(int index, const std::vector<std::string>& shape);
   // Runs `path` (the tool `name`) with `args` in `ns_fd` (-1: the harness's namespace); the
   // error names the command and holds its output.
   static absl::Status RunTool(const std::string& name, const std::string& path, int ns_fd,
