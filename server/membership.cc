@@ -814,7 +814,8 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   for (auto& [incarnation, worker] : workers_) {
-    if (worker.state != ALIVE) continue;
+    // A restored worker's heartbeat may lie ahead (reconnect grace): never moved back.
+    if (worker.state != ALIVE || worker.last_heartbeat >= now) continue;
     worker.last_heartbeat = std::min(now, worker.last_heartbeat + paused);
   }
   for (Slot& slot : slots_) {

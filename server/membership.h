@@ -151,8 +151,9 @@ class Membership {
 
   // The server itself did not run for `paused` (SIGSTOP, a VM frozen for migration, a machine
   // swapping): no heartbeat could arrive, so that time is not a worker's silence. Moves every
-  // alive worker's last heartbeat (never past now) and every replay task's start forward by it.
-  // Called by the failure detector when it wakes far later than it asked to.
+  // alive worker's last heartbeat and every replay task's start forward by it, never past now
+  // (a restored worker's heartbeat already ahead of now stays). Called by the failure detector
+  // when it wakes far later than it asked to.
   void ExcuseServerPause(absl::Duration paused);
 
   // Fills the membership part of a status reply (slots and workers).
