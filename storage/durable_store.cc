@@ -432,6 +432,18 @@ void WriteBatch::PutServer(const ServerRecord& record) {
   Put(ColumnFamily::kMeta, kServerMetaKey, record);
 }
 
+namespace {
+
+// The key part of a step-log record: 0 for the slot's own records, else the direction of its
+// boundary payload (a boundary record carries exactly one, from the neighbour that sent it).
+int32_t LogPartOf(const LogRecord& record) {
+  if (record.boundaries_size() == 0) return 0;
+  const int direction = record.boundaries(0).direction();
+  return direction == FORWARD || direction == BACKWARD ? direction : 0;
+}
+
+}  // namespace
+
 void WriteBatch::PutLogRecord(const LogRecord& record) {
   if (!status_.ok()) return;
   absl::Status valid = ValidateSlot("PutLogRecord", record.has_slot(), record.slot());
@@ -446,7 +458,8 @@ void WriteBatch::PutLogRecord(const LogRecord& record) {
   if (!valid.ok()) return Reject(std::move(valid));
   Put(ColumnFamily::kStepLog,
       EncodeLogKey(record.slot().replica(), record.slot().stage(),
-                   static_cast<uint64_t>(record.step()), record.micro_batch()),
+                   static_cast<uint64_t>(record.step()), record.micro_batch(),
+                   LogPartOf(record)),
       record);
 }
 
@@ -847,7 +860,7 @@ absl::StatusOr<std::vector<LogRecord>> DurableStore::ReadLog(const SlotId& slot,
                          record.slot().has_stage() && record.has_step() &&
                          record.has_micro_batch() &&
                          LogKeyFields{record.slot().replica(), record.slot().stage(), record.step(),
-                                      record.micro_batch()} == *fields;
+                                      record.micro_batch(), LogPartOf(record)} == *fields;
     if (!matches) {
       return RecordMismatch(
           ColumnFamily::kStepLog, key,

@@ -86,14 +86,16 @@ std::string EncodeSlotKey(int32_t replica, int32_t stage) {
   return key;
 }
 
-std::string EncodeLogKey(int32_t replica, int32_t stage, uint64_t step, int32_t micro_batch) {
-  assert(replica >= 0 && stage >= 0 && micro_batch >= -1);
+std::string EncodeLogKey(int32_t replica, int32_t stage, uint64_t step, int32_t micro_batch,
+                         int32_t part) {
+  assert(replica >= 0 && stage >= 0 && micro_batch >= -1 && part >= 0 && part <= kMaxLogPart);
   std::string key;
-  key.reserve(kLogKeySize);
+  key.reserve(kLogKeySize + 1);
   AppendU32(&key, static_cast<uint32_t>(replica));
   AppendU32(&key, static_cast<uint32_t>(stage));
   AppendU64(&key, step);
   AppendU32(&key, static_cast<uint32_t>(static_cast<int64_t>(micro_batch) + 1));
+  if (part != 0) key.push_back(static_cast<char>(part));
   return key;
 }
 
@@ -117,7 +119,13 @@ std::optional<SlotKeyFields> ParseSlotKey(absl::string_view key) {
 }
 
 std::optional<LogKeyFields> ParseLogKey(absl::string_view key) {
-  if (key.size() != kLogKeySize) return std::nullopt;
+  int32_t part = 0;
+  if (key.size() == kLogKeySize + 1) {
+    part = static_cast<unsigned char>(key.back());
+    if (part < 1 || part > kMaxLogPart) return std::nullopt;
+  } else if (key.size() != kLogKeySize) {
+    return std::nullopt;
+  }
   std::optional<SlotKeyFields> slot = ParseSlotKey(key.substr(0, kSlotKeySize));
   if (!slot.has_value()) return std::nullopt;
   const uint64_t step = ReadU64(key.substr(8, 8));
@@ -125,7 +133,8 @@ std::optional<LogKeyFields> ParseLogKey(absl::string_view key) {
   // micro_batch + 1 lies in [0, INT32_MAX + 1].
   if (step > kMaxInt64 || micro_batch_plus_one > kMaxInt32 + 1u) return std::nullopt;
   return LogKeyFields{slot->replica, slot->stage, static_cast<int64_t>(step),
-                      static_cast<int32_t>(static_cast<int64_t>(micro_batch_plus_one) - 1)};
+                      static_cast<int32_t>(static_cast<int64_t>(micro_batch_plus_one) - 1),
+                      part};
 }
 
 std::optional<SlotKeyFields> ParseSlotMetaKey(absl::string_view key) {
@@ -151,8 +160,11 @@ std::string DescribeKey(ColumnFamily family, absl::string_view key) {
     case ColumnFamily::kStepLog: {
       std::optional<LogKeyFields> log = ParseLogKey(key);
       if (!log.has_value()) return Malformed(family, key);
-      return absl::StrFormat("%s key (r=%d, s=%d, step=%d, mb=%d)", name, log->replica, log->stage,
-                             log->step, log->micro_batch);
+      return absl::StrFormat("%s key (r=%d, s=%d, step=%d, mb=%d%s)", name, log->replica,
+                             log->stage, log->step, log->micro_batch,
+                             log->part == 1   ? ", forward"
+                             : log->part == 2 ? ", backward"
+                                              : "");
     }
     case ColumnFamily::kMeta: {
       if (key == kServerMetaKey) return absl::StrFormat("%s key \"%s\"", name, kServerMetaKey);

@@ -59,10 +59,13 @@ struct LogKeyFields {
   int32_t stage = 0;
   int64_t step = 0;
   int32_t micro_batch = 0;  // -1 = the per-step record
+  // Who wrote the record (pipelines, DESIGN §5.2): 0 the slot itself (sample ids, checksum);
+  // 1 (FORWARD) stage s-1 and 2 (BACKWARD) stage s+1, boundary tensors the slot received.
+  int32_t part = 0;
 
   bool operator==(const LogKeyFields& other) const {
     return replica == other.replica && stage == other.stage && step == other.step &&
-           micro_batch == other.micro_batch;
+           micro_batch == other.micro_batch && part == other.part;
   }
 };
 
@@ -83,9 +86,14 @@ std::string EncodeStageKey(int32_t stage);
 // REQUIRES: replica >= 0, stage >= 0.
 std::string EncodeSlotKey(int32_t replica, int32_t stage);
 
-// Key of the `steplog` family. REQUIRES: replica >= 0, stage >= 0, micro_batch >= -1.
-// `step` is unsigned so that a range bound one past the largest int64 step is expressible.
-std::string EncodeLogKey(int32_t replica, int32_t stage, uint64_t step, int32_t micro_batch);
+// Key of the `steplog` family. REQUIRES: replica >= 0, stage >= 0, micro_batch >= -1,
+// part in [0, kMaxLogPart]. `step` is unsigned so that a range bound one past the largest int64
+// step is expressible. Part 0 (the slot's own records) is kLogKeySize bytes; a boundary record
+// (part 1 or 2) appends one byte, so it sorts right after the slot's own record of the same
+// (step, micro-batch) and every key of a step still sorts before the next step's.
+std::string EncodeLogKey(int32_t replica, int32_t stage, uint64_t step, int32_t micro_batch,
+                         int32_t part = 0);
+inline constexpr int32_t kMaxLogPart = 2;
 
 // Key of a slot's SlotRecord in `meta`: "slot/" + EncodeSlotKey(replica, stage).
 // REQUIRES: replica >= 0, stage >= 0.

@@ -509,6 +509,43 @@ TEST_CASE("DeleteLogRange removes exactly the slot's records of the older steps"
   CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 1), 0, 100))) == ExpectedIds(0, 1, 16, 20, 3));
 }
 
+TEST_CASE("a slot's own records and the pairs its neighbours logged share (step, micro-batch)") {
+  const std::string dir = TempDir("parts");
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  // Slot (0, 1) of a pipeline: stage 0 logs the FORWARD pair it sent, stage 2 the BACKWARD one,
+  // the slot itself its per-step checksum.
+  auto pair = [](int64_t step, int32_t mb, BoundaryDirection direction) {
+    LogRecord record = Log(0, 1, step, mb);
+    record.mutable_boundaries(0)->set_direction(direction);
+    return record;
+  };
+  WriteBatch batch;
+  for (int64_t step = 1; step <= 3; ++step) {
+    batch.PutLogRecord(Log(0, 1, step, -1));
+    for (int32_t mb = 0; mb < 2; ++mb) {
+      batch.PutLogRecord(pair(step, mb, BACKWARD));
+      batch.PutLogRecord(pair(step, mb, FORWARD));
+    }
+  }
+  REQUIRE_OK(store->Commit(batch));
+  const std::vector<LogRecord> records = ValueOrFail(store->ReadLog(Slot(0, 1), 1, 3));
+  REQUIRE(records.size() == 10);  // steps 2 and 3: one checksum and 2 x 2 pairs each
+  std::vector<std::tuple<int64_t, int32_t, int>> order;
+  for (const LogRecord& r : records) {
+    order.emplace_back(r.step(), r.micro_batch(),
+                       r.boundaries_size() == 0 ? 0 : r.boundaries(0).direction());
+  }
+  CHECK(order == std::vector<std::tuple<int64_t, int32_t, int>>{
+                     {2, -1, 0}, {2, 0, FORWARD}, {2, 0, BACKWARD}, {2, 1, FORWARD},
+                     {2, 1, BACKWARD}, {3, -1, 0}, {3, 0, FORWARD}, {3, 0, BACKWARD},
+                     {3, 1, FORWARD}, {3, 1, BACKWARD}});
+  // The GC of a snapshot at step 2 removes every part of steps 1 and 2.
+  batch.Clear();
+  batch.DeleteLogRange(Slot(0, 1), 0, 3);
+  REQUIRE_OK(store->Commit(batch));
+  CHECK(ValueOrFail(store->ReadLog(Slot(0, 1), 0, 100)).size() == 5);
+}
+
 TEST_CASE("a corrupt value is DATA_LOSS naming its key, and reading does not crash") {
   const std::string dir = TempDir("corrupt");
   {
@@ -526,7 +563,8 @@ TEST_CASE("a corrupt value is DATA_LOSS naming its key, and reading does not cra
     }
     REQUIRE_OK(store->Commit(batch));
   }
-  const std::string log_key = EncodeLogKey(0, 1, 17, 3);
+  // Log() records carry a FORWARD pair: their keys have part 1 (storage/keys.h).
+  const std::string log_key = EncodeLogKey(0, 1, 17, 3, /*part=*/1);
 
   SECTION("one flipped byte in a step-log record") {
     {
@@ -539,7 +577,7 @@ TEST_CASE("a corrupt value is DATA_LOSS naming its key, and reading does not cra
     const absl::Status status = store->ReadLog(Slot(0, 1), 16, 18).status();
     CHECK(status.code() == absl::StatusCode::kDataLoss);
     CHECK_THAT(Message(status),
-               Contains("steplog key (r=0, s=1, step=17, mb=3): checksum mismatch"));
+               Contains("steplog key (r=0, s=1, step=17, mb=3, forward): checksum mismatch"));
     // Ranges that avoid the bad record still read, and LoadAll does not read the log.
     CHECK(Ids(ValueOrFail(store->ReadLog(Slot(0, 1), 17, 18))) == ExpectedIds(0, 1, 17, 18, 4));
     CHECK(ValueOrFail(store->LoadAll()).centers.size() == 2);
@@ -552,7 +590,7 @@ TEST_CASE("a corrupt value is DATA_LOSS naming its key, and reading does not cra
     }
     const absl::Status status = OpenOrFail(dir)->ReadLog(Slot(0, 1), 0, 100).status();
     CHECK(status.code() == absl::StatusCode::kDataLoss);
-    CHECK_THAT(Message(status), Contains("steplog key (r=0, s=1, step=17, mb=3): truncated"));
+    CHECK_THAT(Message(status), Contains("steplog key (r=0, s=1, step=17, mb=3, forward): truncated"));
   }
   SECTION("a truncated center") {
     {
@@ -612,11 +650,11 @@ TEST_CASE("a corrupt value is DATA_LOSS naming its key, and reading does not cra
   SECTION("a step-log record stored under another step's key") {
     {
       RawDb raw(dir);
-      raw.Put("steplog", EncodeLogKey(0, 1, 18, 1), raw.Get("steplog", log_key));
+      raw.Put("steplog", EncodeLogKey(0, 1, 18, 1, 1), raw.Get("steplog", log_key));
     }
     const absl::Status status = OpenOrFail(dir)->ReadLog(Slot(0, 1), 0, 100).status();
     CHECK(status.code() == absl::StatusCode::kDataLoss);
-    CHECK_THAT(Message(status), Contains("steplog key (r=0, s=1, step=18, mb=1): the record "
+    CHECK_THAT(Message(status), Contains("steplog key (r=0, s=1, step=18, mb=1, forward): the record "
                                          "does not belong to its key"));
   }
   SECTION("a malformed key") {

@@ -36,6 +36,34 @@ TEST_CASE("keys are fixed-width big-endian integers") {
   CHECK(EncodeSlotMetaKey(1, 2) == std::string("slot/") + Bytes({0, 0, 0, 1, 0, 0, 0, 2}));
 }
 
+TEST_CASE("a pipeline's boundary records get a part byte that sorts after the slot's own record") {
+  // Part 0 (the slot's own record) keeps the 20-byte key; parts 1 (FORWARD) and 2 (BACKWARD)
+  // append one byte.
+  CHECK(EncodeLogKey(0, 1, 17, 3, 0) == EncodeLogKey(0, 1, 17, 3));
+  CHECK(EncodeLogKey(0, 1, 17, 3, 1) == EncodeLogKey(0, 1, 17, 3) + Bytes({1}));
+  CHECK(EncodeLogKey(0, 1, 17, 3, 2) == EncodeLogKey(0, 1, 17, 3) + Bytes({2}));
+  std::vector<std::string> keys;
+  for (int64_t t : {16, 17}) {
+    for (int32_t mb : {-1, 0, 1}) {
+      for (int32_t part : {0, 1, 2}) {
+        if (mb == -1 && part != 0) continue;
+        keys.push_back(EncodeLogKey(0, 1, static_cast<uint64_t>(t), mb, part));
+      }
+    }
+  }
+  keys.push_back(EncodeLogKey(0, 1, 18, -1));  // the next step, and a DeleteRange end bound
+  for (size_t i = 1; i < keys.size(); ++i) {
+    INFO("i = " << i);
+    CHECK(keys[i - 1] < keys[i]);
+  }
+  CHECK(ParseLogKey(EncodeLogKey(1, 2, 17, 3, 2)) == LogKeyFields{1, 2, 17, 3, 2});
+  CHECK(ParseLogKey(EncodeLogKey(1, 2, 17, 3, 1))->part == 1);
+  CHECK_FALSE(ParseLogKey(EncodeLogKey(1, 2, 17, 3) + Bytes({3})).has_value());
+  CHECK_FALSE(ParseLogKey(EncodeLogKey(1, 2, 17, 3) + Bytes({0})).has_value());
+  CHECK(DescribeKey(ColumnFamily::kStepLog, EncodeLogKey(0, 1, 17, 3, 2)) ==
+        "steplog key (r=0, s=1, step=17, mb=3, backward)");
+}
+
 TEST_CASE("step-log keys sort by (replica, stage, step, micro_batch), per-step record first") {
   const std::vector<int32_t> small = {0, 1, 255, 256, 65535, 65536, kMaxInt32};
   const std::vector<int64_t> steps = {0, 1, 2, 255, 256, 65536, int64_t{1} << 32, kMaxInt64};
