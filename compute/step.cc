@@ -1,5 +1,6 @@
 #include "compute/step.h"
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -102,33 +103,55 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(
   RETURN_IF_ERROR(ValidateAdaHessianConfig(options.optimizer));
   ASSIGN_OR_RETURN(std::vector<LayerInfo> layers, ModelLayers(options.model));
   const int num_layers = static_cast<int>(layers.size());
-  std::vector<int> firsts = {0};
+  const int first_layer = options.first_layer;
+  const int end_layer = options.end_layer < 0 ? num_layers : options.end_layer;
+  if (first_layer < 0 || first_layer >= end_layer || end_layer > num_layers) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LocalTrainer: the layers [%d, %d) are not a range of the model's %d", first_layer,
+        end_layer, num_layers));
+  }
+  std::vector<int> firsts = {first_layer};
   for (int boundary : options.stage_boundaries) {
-    if (boundary <= firsts.back() || boundary >= num_layers) {
+    if (boundary <= firsts.back() || boundary >= end_layer) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "LocalTrainer: stage boundaries must increase strictly within (0, %d), got %d",
-          num_layers, boundary));
+          "LocalTrainer: stage boundaries must increase strictly within (%d, %d), got %d",
+          first_layer, end_layer, boundary));
     }
     firsts.push_back(boundary);
   }
   std::unique_ptr<LocalTrainer> trainer(new LocalTrainer(backend, options));
   const int rows = b / m;
   for (size_t s = 0; s < firsts.size(); ++s) {
-    const int end = s + 1 < firsts.size() ? firsts[s + 1] : num_layers;
+    const int end = s + 1 < firsts.size() ? firsts[s + 1] : end_layer;
     ASSIGN_OR_RETURN(std::unique_ptr<MlpStage> stage,
                      MlpStage::Create(backend, options.model, firsts[s], end));
     ASSIGN_OR_RETURN(std::unique_ptr<StageOptimizer> opt,
                      StageOptimizer::Create(backend, stage->layout(), options.optimizer));
-    ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stage->NewWorkspace(rows));
+    std::vector<std::unique_ptr<StageWorkspace>> workspaces;
+    for (int mb = 0; mb < m; ++mb) {
+      ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stage->NewWorkspace(rows));
+      workspaces.push_back(std::move(ws));
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<TreeAccumulator> acc,
                      TreeAccumulator::Create(backend, stage->layout().sums_size()));
     trainer->stages_.push_back(std::move(stage));
     trainer->optimizers_.push_back(std::move(opt));
-    trainer->workspaces_.push_back(std::move(ws));
+    trainer->workspaces_.push_back(std::move(workspaces));
     trainer->accumulators_.push_back(std::move(acc));
   }
-  ASSIGN_OR_RETURN(trainer->images_,
-                   backend->Allocate(static_cast<int64_t>(b) * layers.front().in));
+  const int64_t input_dim = trainer->stages_.front()->layout().input_dim();
+  const int64_t output_dim = trainer->stages_.back()->layout().output_dim();
+  if (first_layer == 0) {
+    ASSIGN_OR_RETURN(trainer->images_, backend->Allocate(static_cast<int64_t>(b) * input_dim));
+  } else {
+    ASSIGN_OR_RETURN(trainer->forward_in_, backend->Allocate(2 * static_cast<int64_t>(b) * input_dim));
+    trainer->forward_in_length_.assign(m, 0);
+  }
+  if (end_layer < num_layers) {
+    ASSIGN_OR_RETURN(trainer->backward_in_,
+                     backend->Allocate(2 * static_cast<int64_t>(b) * output_dim));
+    trainer->backward_in_length_.assign(m, 0);
+  }
   ASSIGN_OR_RETURN(trainer->labels_, backend->Allocate(b, DType::kInt32));
   return trainer;
 }
@@ -141,7 +164,7 @@ absl::Status LocalTrainer::InitParams() {
 absl::Status LocalTrainer::CheckBatch(absl::Span<const float> images,
                                       absl::Span<const int32_t> labels,
                                       int64_t expected_samples) const {
-  const int64_t input_dim = stages_.front()->layout().input_dim();
+  const int64_t input_dim = starts_at_input() ? stages_.front()->layout().input_dim() : 0;
   const int classes = stages_.back()->layout().output_dim();
   if (expected_samples >= 0 && static_cast<int64_t>(labels.size()) != expected_samples) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -152,7 +175,7 @@ absl::Status LocalTrainer::CheckBatch(absl::Span<const float> images,
         "%d images floats for %d samples of %d features", images.size(), labels.size(),
         input_dim));
   }
-  for (size_t i = 0; i < labels.size(); ++i) {
+  for (size_t i = 0; i < labels.size() && ends_at_loss(); ++i) {
     if (labels[i] < 0 || labels[i] >= classes) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "label %d of sample %d is outside [0, %d)", labels[i], i, classes));
@@ -165,7 +188,7 @@ absl::Status LocalTrainer::LoadBatch(absl::Span<const float> images,
                                      absl::Span<const int32_t> labels) {
   loaded_ = TreeNode{};
   RETURN_IF_ERROR(CheckBatch(images, labels, options_.batch_size));
-  RETURN_IF_ERROR(backend_->CopyToDevice(images, images_.span()));
+  if (starts_at_input()) RETURN_IF_ERROR(backend_->CopyToDevice(images, images_.span()));
   RETURN_IF_ERROR(backend_->CopyToDevice(labels, labels_.int_span()));
   loaded_ = TreeNode{0, options_.micro_batches};
   return absl::OkStatus();
@@ -182,8 +205,11 @@ absl::Status LocalTrainer::LoadBlock(TreeNode block, absl::Span<const float> ima
   const int rows = options_.batch_size / options_.micro_batches;
   RETURN_IF_ERROR(CheckBatch(images, labels, static_cast<int64_t>(block.size()) * rows));
   const int64_t input_dim = stages_.front()->layout().input_dim();
-  RETURN_IF_ERROR(backend_->CopyToDevice(
-      images, images_.span().sub(block.begin * rows * input_dim, block.size() * rows * input_dim)));
+  if (starts_at_input()) {
+    RETURN_IF_ERROR(backend_->CopyToDevice(
+        images,
+        images_.span().sub(block.begin * rows * input_dim, block.size() * rows * input_dim)));
+  }
   RETURN_IF_ERROR(backend_->CopyToDevice(
       labels, labels_.int_span().sub(block.begin * rows, block.size() * rows)));
   loaded_ = block;
@@ -214,6 +240,8 @@ absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, Tr
         "ComputeBlock: micro-batches [%d, %d) are not loaded (loaded: [%d, %d))", block.begin,
         block.end, loaded_.begin, loaded_.end));
   }
+  for (int mb = block.begin; mb < block.end; ++mb) RETURN_IF_ERROR(CheckInputs(mb, t));
+  pipelined_step_ = -1;
   const int m_count = options_.micro_batches;
   const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
   if (with_hessian) RETURN_IF_ERROR(EnsureDirection(t));
@@ -221,24 +249,9 @@ absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, Tr
   for (int s = 0; s < num_stages; ++s) {
     RETURN_IF_ERROR(accumulators_[s]->Start(m_count, block, ActiveSumsLength(s, t)));
   }
-  const int rows = options_.batch_size / m_count;
-  const int64_t input_dim = stages_.front()->layout().input_dim();
-  const float inv_batch = static_cast<float>(1.0 / options_.batch_size);
   for (int mb = block.begin; mb < block.end; ++mb) {
-    ConstDSpan x = ConstDSpan(images_.span()).sub(mb * rows * input_dim, rows * input_dim);
-    for (int s = 0; s < num_stages; ++s) {
-      ASSIGN_OR_RETURN(x, stages_[s]->Forward(x, rows, with_hessian, workspaces_[s].get()));
-    }
-    ASSIGN_OR_RETURN(DSpan sums, accumulators_[num_stages - 1]->LeafBuffer(mb));
-    ASSIGN_OR_RETURN(ConstDSpan grad,
-                     stages_[num_stages - 1]->BackwardFromLabels(
-                         ConstDIntSpan(labels_.int_span()).sub(mb * rows, rows), rows, inv_batch,
-                         with_hessian, workspaces_[num_stages - 1].get(), sums));
-    for (int s = num_stages - 2; s >= 0; --s) {
-      ASSIGN_OR_RETURN(sums, accumulators_[s]->LeafBuffer(mb));
-      ASSIGN_OR_RETURN(grad, stages_[s]->Backward(grad, rows, with_hessian,
-                                                  workspaces_[s].get(), sums));
-    }
+    RETURN_IF_ERROR(ForwardOne(mb, with_hessian).status());
+    RETURN_IF_ERROR(BackwardOne(mb, with_hessian).status());
     for (int s = 0; s < num_stages; ++s) {
       RETURN_IF_ERROR(accumulators_[s]->Commit(TreeNode{mb, mb + 1}));
     }
@@ -249,6 +262,182 @@ absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, Tr
     result.push_back(sum);
   }
   return result;
+}
+
+absl::StatusOr<ConstDSpan> LocalTrainer::ForwardOne(int mb, bool with_hessian) {
+  const int rows = options_.batch_size / options_.micro_batches;
+  const int64_t input_dim = stages_.front()->layout().input_dim();
+  ConstDSpan x;
+  if (starts_at_input()) {
+    x = ConstDSpan(images_.span()).sub(mb * rows * input_dim, rows * input_dim);
+  } else {
+    x = ConstDSpan(forward_in_.span())
+            .sub(mb * 2 * rows * input_dim, (with_hessian ? 2 : 1) * rows * input_dim);
+  }
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    ASSIGN_OR_RETURN(x, stages_[s]->Forward(x, rows, with_hessian, workspaces_[s][mb].get()));
+  }
+  return x;
+}
+
+absl::StatusOr<ConstDSpan> LocalTrainer::BackwardOne(int mb, bool with_hessian) {
+  const int rows = options_.batch_size / options_.micro_batches;
+  const int num_stages = static_cast<int>(stages_.size());
+  ASSIGN_OR_RETURN(DSpan sums, accumulators_[num_stages - 1]->LeafBuffer(mb));
+  ConstDSpan grad;
+  if (ends_at_loss()) {
+    const float inv_batch = static_cast<float>(1.0 / options_.batch_size);
+    ASSIGN_OR_RETURN(grad, stages_[num_stages - 1]->BackwardFromLabels(
+                               ConstDIntSpan(labels_.int_span()).sub(mb * rows, rows), rows,
+                               inv_batch, with_hessian, workspaces_[num_stages - 1][mb].get(),
+                               sums));
+  } else {
+    const int64_t output_dim = stages_.back()->layout().output_dim();
+    const ConstDSpan top =
+        ConstDSpan(backward_in_.span())
+            .sub(mb * 2 * rows * output_dim, (with_hessian ? 2 : 1) * rows * output_dim);
+    ASSIGN_OR_RETURN(grad, stages_[num_stages - 1]->Backward(
+                               top, rows, with_hessian, workspaces_[num_stages - 1][mb].get(),
+                               sums));
+  }
+  for (int s = num_stages - 2; s >= 0; --s) {
+    ASSIGN_OR_RETURN(sums, accumulators_[s]->LeafBuffer(mb));
+    ASSIGN_OR_RETURN(grad,
+                     stages_[s]->Backward(grad, rows, with_hessian, workspaces_[s][mb].get(), sums));
+  }
+  return grad;
+}
+
+int64_t LocalTrainer::ForwardInputLength(int64_t t) const {
+  if (starts_at_input()) return 0;
+  const int64_t rows = options_.batch_size / options_.micro_batches;
+  const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
+  return (with_hessian ? 2 : 1) * rows * stages_.front()->layout().input_dim();
+}
+
+int64_t LocalTrainer::BackwardInputLength(int64_t t) const {
+  if (ends_at_loss()) return 0;
+  const int64_t rows = options_.batch_size / options_.micro_batches;
+  const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
+  return (with_hessian ? 2 : 1) * rows * stages_.back()->layout().output_dim();
+}
+
+absl::Status LocalTrainer::CheckInputs(int mb, int64_t t) const {
+  if (!starts_at_input() && forward_in_length_[mb] != ForwardInputLength(t)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "micro-batch %d of step %d: the forward input holds %d floats, the step needs %d", mb, t,
+        forward_in_length_[mb], ForwardInputLength(t)));
+  }
+  if (!ends_at_loss() && backward_in_length_[mb] != BackwardInputLength(t)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "micro-batch %d of step %d: the backward input holds %d floats, the step needs %d", mb,
+        t, backward_in_length_[mb], BackwardInputLength(t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::SetForwardInput(int mb, absl::Span<const float> pair) {
+  if (starts_at_input()) {
+    return absl::FailedPreconditionError("SetForwardInput: this segment starts at the input");
+  }
+  if (mb < 0 || mb >= options_.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrFormat("SetForwardInput: micro-batch %d", mb));
+  }
+  const int64_t plain = static_cast<int64_t>(options_.batch_size / options_.micro_batches) *
+                        stages_.front()->layout().input_dim();
+  const int64_t n = static_cast<int64_t>(pair.size());
+  if (n != plain && n != 2 * plain) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SetForwardInput: %d floats, expected %d (h) or %d (h and R{h})", n, plain, 2 * plain));
+  }
+  forward_in_length_[mb] = 0;
+  RETURN_IF_ERROR(backend_->CopyToDevice(pair, forward_in_.span().sub(mb * 2 * plain, n)));
+  forward_in_length_[mb] = n;
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::SetBackwardInput(int mb, absl::Span<const float> pair) {
+  if (ends_at_loss()) {
+    return absl::FailedPreconditionError("SetBackwardInput: this segment ends at the loss");
+  }
+  if (mb < 0 || mb >= options_.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrFormat("SetBackwardInput: micro-batch %d", mb));
+  }
+  const int64_t plain = static_cast<int64_t>(options_.batch_size / options_.micro_batches) *
+                        stages_.back()->layout().output_dim();
+  const int64_t n = static_cast<int64_t>(pair.size());
+  if (n != plain && n != 2 * plain) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SetBackwardInput: %d floats, expected %d (e) or %d (R{e} and e)", n, plain, 2 * plain));
+  }
+  backward_in_length_[mb] = 0;
+  RETURN_IF_ERROR(backend_->CopyToDevice(pair, backward_in_.span().sub(mb * 2 * plain, n)));
+  backward_in_length_[mb] = n;
+  return absl::OkStatus();
+}
+
+absl::Status LocalTrainer::BeginStep(int64_t t) {
+  if (t < 1) return absl::InvalidArgumentError(absl::StrFormat("step t = %d < 1", t));
+  const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
+  if (with_hessian) RETURN_IF_ERROR(EnsureDirection(t));
+  const TreeNode root{0, options_.micro_batches};
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    RETURN_IF_ERROR(accumulators_[s]->Start(options_.micro_batches, root,
+                                            ActiveSumsLength(static_cast<int>(s), t)));
+  }
+  pipelined_step_ = t;
+  pipelined_committed_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ConstDSpan> LocalTrainer::ForwardMicroBatch(int mb) {
+  if (pipelined_step_ < 1) return absl::FailedPreconditionError("ForwardMicroBatch before BeginStep");
+  if (mb < 0 || mb >= options_.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrFormat("ForwardMicroBatch: micro-batch %d", mb));
+  }
+  if (mb < loaded_.begin || mb >= loaded_.end) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("ForwardMicroBatch: micro-batch %d is not loaded", mb));
+  }
+  if (!starts_at_input() && forward_in_length_[mb] != ForwardInputLength(pipelined_step_)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "micro-batch %d of step %d: the forward input holds %d floats, the step needs %d", mb,
+        pipelined_step_, forward_in_length_[mb], ForwardInputLength(pipelined_step_)));
+  }
+  return ForwardOne(mb, HessianDue(pipelined_step_, options_.optimizer.hessian_every()));
+}
+
+absl::StatusOr<ConstDSpan> LocalTrainer::BackwardMicroBatch(int mb) {
+  if (pipelined_step_ < 1) {
+    return absl::FailedPreconditionError("BackwardMicroBatch before BeginStep");
+  }
+  if (mb < 0 || mb >= options_.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrFormat("BackwardMicroBatch: micro-batch %d", mb));
+  }
+  RETURN_IF_ERROR(CheckInputs(mb, pipelined_step_));
+  ASSIGN_OR_RETURN(ConstDSpan grad,
+                   BackwardOne(mb, HessianDue(pipelined_step_, options_.optimizer.hessian_every())));
+  for (auto& accumulator : accumulators_) RETURN_IF_ERROR(accumulator->Commit(TreeNode{mb, mb + 1}));
+  ++pipelined_committed_;
+  return grad;
+}
+
+absl::StatusOr<float> LocalTrainer::FinishStep() {
+  if (pipelined_step_ < 1 || pipelined_committed_ != options_.micro_batches) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "FinishStep: %d of %d micro-batches committed", pipelined_committed_,
+        options_.micro_batches));
+  }
+  const int64_t t = pipelined_step_;
+  pipelined_step_ = -1;
+  std::vector<ConstDSpan> sums;
+  for (auto& accumulator : accumulators_) {
+    ASSIGN_OR_RETURN(ConstDSpan sum, accumulator->Result());
+    sums.push_back(sum);
+  }
+  RETURN_IF_ERROR(Apply(t, sums));
+  if (!ends_at_loss()) return std::nanf("");
+  return LossOf(sums);
 }
 
 absl::Status LocalTrainer::Apply(int64_t t, absl::Span<const ConstDSpan> sums) {
@@ -266,6 +455,7 @@ absl::Status LocalTrainer::Apply(int64_t t, absl::Span<const ConstDSpan> sums) {
 }
 
 absl::StatusOr<float> LocalTrainer::LossOf(absl::Span<const ConstDSpan> sums) {
+  if (!ends_at_loss()) return std::nanf("");
   float loss = 0.0f;
   const StageLayout& last = stages_.back()->layout();
   RETURN_IF_ERROR(backend_->CopyToHost(sums.back().sub(last.stats_offset() + kStatsLoss, 1),
@@ -326,6 +516,9 @@ absl::StatusOr<EvalResult> LocalTrainer::Evaluate(absl::Span<const float> images
   if (chunk_rows < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("Evaluate: chunk_rows must be >= 1, got %d", chunk_rows));
+  }
+  if (!starts_at_input() || !ends_at_loss()) {
+    return absl::FailedPreconditionError("Evaluate needs the whole model, not a segment of it");
   }
   RETURN_IF_ERROR(CheckBatch(images, labels, -1));
   const int64_t n = static_cast<int64_t>(labels.size());

@@ -97,8 +97,17 @@ struct TrainerOptions {
   int micro_batches = 4;   // M, divides B
   uint64_t seed = 42;      // job seed of the Hutchinson RNG (DataConfig.seed)
   uint32_t replica = 0;
-  // First layers of stages 1..S-1, strictly increasing in (0, layers); empty: one stage.
+  // First layers of stages 1..S-1, strictly increasing in (first_layer, end layer); empty: one
+  // stage.
   std::vector<int> stage_boundaries;
+  // The layers this trainer holds, [first_layer, end_layer) (end_layer -1: through the model's
+  // last layer): a pipeline stage, or a group of stages, of a model split across machines. A
+  // segment past layer 0 takes each micro-batch's input from the previous stage's forward pair
+  // (SetForwardInput) instead of images; one that ends before the last layer takes its top
+  // gradient from the next stage's backward pair (SetBackwardInput) instead of labels, and has
+  // no loss.
+  int first_layer = 0;
+  int end_layer = -1;
 };
 
 struct EvalResult {
@@ -139,11 +148,42 @@ class LocalTrainer {
   // Uploads only the rows of the micro-batches of `block` (block.size() x B/M samples), for a
   // spare that computes that block alone; ComputeBlock then takes that block or a node inside it.
   // INVALID_ARGUMENT on wrong sizes, labels out of range or a block that is not a tree node.
+  // A segment past layer 0 takes no images (pass an empty span; labels only matter if it ends at
+  // the last layer, else pass them anyway or all zero).
   absl::Status LoadBlock(TreeNode block, absl::Span<const float> images,
                          absl::Span<const int32_t> labels);
   // FAILED_PRECONDITION unless the rows of `block` are loaded.
   absl::StatusOr<std::vector<ConstDSpan>> ComputeBlock(int64_t t, TreeNode block);
   absl::Status Apply(int64_t t, absl::Span<const ConstDSpan> sums);
+
+  // Boundary inputs of a segment (see TrainerOptions), per micro-batch mb in [0, M): the forward
+  // pair [h; R{h}] (2 x B/M x input_dim floats on a Hessian step, the plain h of B/M x input_dim
+  // otherwise) and the backward pair [R{e}; e] (same shapes over output_dim), as the
+  // neighbouring stages send them (compute/mlp.h). They stay until replaced. INVALID_ARGUMENT on
+  // a size that fits neither shape; FAILED_PRECONDITION for a segment that takes no such input.
+  absl::Status SetForwardInput(int mb, absl::Span<const float> pair);
+  absl::Status SetBackwardInput(int mb, absl::Span<const float> pair);
+
+  // A step one micro-batch at a time, in any order that runs each micro-batch's Forward before
+  // its Backward (a pipeline's schedule: GPipe runs every forward, then every backward).
+  // BeginStep(t) draws z if due and starts the reduction; ForwardMicroBatch(mb) returns the
+  // segment's output pair for the next stage (valid until the next Forward of mb; for a segment
+  // that ends at the last layer, the logits pair); BackwardMicroBatch(mb) commits mb's sums and
+  // returns the backward pair for the previous stage (empty for a segment at layer 0), valid
+  // until the next Backward of mb; FinishStep applies step t once all M are committed and returns
+  // the loss (NaN unless the segment ends at the last layer). The result is bit-identical to
+  // Step(t) of the whole model on the same batch. FAILED_PRECONDITION when called out of order.
+  absl::Status BeginStep(int64_t t);
+  absl::StatusOr<ConstDSpan> ForwardMicroBatch(int mb);
+  absl::StatusOr<ConstDSpan> BackwardMicroBatch(int mb);
+  absl::StatusOr<float> FinishStep();
+
+  // Floats of the forward pair this segment takes per micro-batch (0 at layer 0) and of the
+  // backward pair it takes (0 at the last layer), on step t.
+  int64_t ForwardInputLength(int64_t t) const;
+  int64_t BackwardInputLength(int64_t t) const;
+  bool starts_at_input() const { return stages_.front()->layout().is_first(); }
+  bool ends_at_loss() const { return stages_.back()->layout().is_last(); }
 
   // Step t without its update, for mode ASYNC_ADAHESSIAN (DESIGN §4.6), where the server applies
   // AdaHessian to the center: runs points 1-3 of a step on the batch as Step does, updates each
@@ -181,6 +221,12 @@ class LocalTrainer {
 
   absl::Status CheckBatch(absl::Span<const float> images, absl::Span<const int32_t> labels,
                           int64_t expected_samples) const;
+  // Forward and backward of micro-batch mb of the current step through every stage; Backward
+  // leaves each stage's sums in its accumulator's leaf mb (not committed).
+  absl::StatusOr<ConstDSpan> ForwardOne(int mb, bool with_hessian);
+  absl::StatusOr<ConstDSpan> BackwardOne(int mb, bool with_hessian);
+  // FAILED_PRECONDITION unless micro-batch mb's inputs for step t are in place.
+  absl::Status CheckInputs(int mb, int64_t t) const;
   absl::Status EnsureDirection(int64_t t);
   // The loss of a step from its per-stage sums reduced over all micro-batches (4 bytes leave the
   // device).
@@ -190,13 +236,22 @@ class LocalTrainer {
   TrainerOptions options_;
   std::vector<std::unique_ptr<MlpStage>> stages_;
   std::vector<std::unique_ptr<StageOptimizer>> optimizers_;
-  std::vector<std::unique_ptr<StageWorkspace>> workspaces_;
+  // Per stage, one workspace per micro-batch (a pipeline keeps all M in flight).
+  std::vector<std::vector<std::unique_ptr<StageWorkspace>>> workspaces_;
   std::vector<std::unique_ptr<TreeAccumulator>> accumulators_;
   std::vector<std::unique_ptr<StageWorkspace>> eval_workspaces_;
   DeviceBuffer images_;
   DeviceBuffer labels_;
   TreeNode loaded_;  // micro-batches whose rows are on the device (empty: none)
   int64_t direction_step_ = -1;  // step whose z the stages hold
+  // Boundary inputs (segments only): M slots of the largest pair each, and the floats set.
+  DeviceBuffer forward_in_;
+  DeviceBuffer backward_in_;
+  std::vector<int64_t> forward_in_length_;
+  std::vector<int64_t> backward_in_length_;
+  // The step BeginStep started (-1: none) and how many micro-batches it has committed.
+  int64_t pipelined_step_ = -1;
+  int pipelined_committed_ = 0;
 };
 
 }  // namespace compute

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "compute/adahessian.h"
@@ -220,6 +221,95 @@ TEST_CASE("1-stage and multi-stage runs of the same model end bit-identical", "[
 
     }
   }
+}
+
+// Copies a device span to the host (what a pipeline stage sends to its neighbour).
+std::vector<float> HostCopy(Backend& backend, ConstDSpan span) {
+  return testing::ToHost(backend, span);
+}
+
+TEST_CASE("segments run in GPipe order across stages end bit-identical to the whole model",
+          "[step]") {
+  auto backend = testing::CpuBackend();
+  TrainerOptions options = DefaultOptions();
+  options.optimizer.set_hessian_every(2);  // steps with and without the R-op
+  auto whole = NewTrainer(backend.get(), options);
+  // Three segments: layers [0, 1), [1, 3) (two stages inside) and [3, 4).
+  std::vector<std::unique_ptr<LocalTrainer>> segments;
+  for (auto [first, end, inner] : std::vector<std::tuple<int, int, std::vector<int>>>{
+           {0, 1, {}}, {1, 3, {2}}, {3, 4, {}}}) {
+    TrainerOptions part = options;
+    part.first_layer = first;
+    part.end_layer = end;
+    part.stage_boundaries = inner;
+    segments.push_back(NewTrainer(backend.get(), part));
+  }
+  CHECK(segments[0]->starts_at_input());
+  CHECK_FALSE(segments[0]->ends_at_loss());
+  CHECK_FALSE(segments[1]->starts_at_input());
+  CHECK(segments[2]->ends_at_loss());
+  const int m = options.micro_batches;
+  for (int t = 1; t <= 4; ++t) {
+    INFO("step " << t);
+    const Batch batch = MakeBatch(options.batch_size, 12, 5, 300 + t);
+    auto whole_loss = whole->Step(t, batch.images, batch.labels);
+    REQUIRE(whole_loss.ok());
+    for (auto& segment : segments) {
+      REQUIRE(segment
+                  ->LoadBatch(segment->starts_at_input() ? absl::Span<const float>(batch.images)
+                                                         : absl::Span<const float>(),
+                              batch.labels)
+                  .ok());
+      REQUIRE(segment->BeginStep(t).ok());
+    }
+    // Every forward first, stage by stage, then every backward in reverse micro-batch order.
+    for (int mb = 0; mb < m; ++mb) {
+      std::vector<float> pair;
+      for (size_t k = 0; k < segments.size(); ++k) {
+        if (k > 0) REQUIRE(segments[k]->SetForwardInput(mb, pair).ok());
+        auto out = segments[k]->ForwardMicroBatch(mb);
+        REQUIRE(out.ok());
+        pair = HostCopy(*backend, *out);
+        if (k + 1 < segments.size()) {
+          CHECK(static_cast<int64_t>(pair.size()) == segments[k + 1]->ForwardInputLength(t));
+        }
+      }
+    }
+    for (int mb = m - 1; mb >= 0; --mb) {
+      std::vector<float> pair;
+      for (size_t k = segments.size(); k-- > 0;) {
+        if (k + 1 < segments.size()) REQUIRE(segments[k]->SetBackwardInput(mb, pair).ok());
+        auto back = segments[k]->BackwardMicroBatch(mb);
+        REQUIRE(back.ok());
+        pair = HostCopy(*backend, *back);
+      }
+      CHECK(pair.empty());  // the first segment returns nothing
+    }
+    float loss = 0;
+    for (size_t k = 0; k < segments.size(); ++k) {
+      auto finished = segments[k]->FinishStep();
+      REQUIRE(finished.ok());
+      if (k + 1 < segments.size()) {
+        CHECK(std::isnan(*finished));
+      } else {
+        loss = *finished;
+      }
+    }
+    CHECK(BitEqual(std::vector<float>{loss}, std::vector<float>{*whole_loss}));
+  }
+  std::vector<float> split;
+  for (auto& segment : segments) {
+    const std::vector<float> part = Params(*segment);
+    split.insert(split.end(), part.begin(), part.end());
+  }
+  CHECK(BitEqual(split, Params(*whole)));
+  // Out of order: a backward before its inputs, a step finished early.
+  REQUIRE(segments[1]->BeginStep(5).ok());
+  CHECK(segments[1]->FinishStep().status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(segments[1]->SetForwardInput(0, std::vector<float>(3)).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(segments[0]->SetForwardInput(0, std::vector<float>(3)).code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("the step loss is the batch mean cross-entropy for any micro-batch count", "[step]") {
