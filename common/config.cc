@@ -330,6 +330,22 @@ void CheckJob(const JobConfig& job, Checker& c) {
     }
     previous = b;
   }
+  if (topology.stages() > 1) {
+    // Pipelines (DESIGN §2, §5.3): every stage of a replica syncs with its stage's center and a
+    // lost stage is rebuilt by replay while its neighbours wait; nothing else keeps the stages of
+    // a replica at one step.
+    if (job.easgd().mode() != EASGD) {
+      c.Fail("easgd.mode", "stages > 1 trains in mode EASGD only (ASYNC_ADAHESSIAN keeps whole "
+                           "models on the trainers)");
+    } else if (ft.policy() != REPLAY) {
+      c.Fail("fault_tolerance.policy",
+             absl::StrCat("stages > 1 needs policy REPLAY (a stage rebuilt any other way would "
+                          "not match the step its live neighbours are at), got ",
+                          RecoveryPolicy_Name(ft.policy())));
+    } else if (!log.enabled()) {
+      c.Fail("step_log.enabled", "stages > 1 under REPLAY needs the step log");
+    }
+  }
   c.AtLeast("step_log.buffer_bytes", log.buffer_bytes(), int64_t{1} << 20);
   c.InRange("step_log.linger_ms", log.linger_ms(), 0, 1000);
   if (log.compression() == COMPRESSION_UNSPECIFIED) {
@@ -455,6 +471,21 @@ RecoveryPolicy EffectiveRecoveryPolicy(const JobConfig& job) {
   const RecoveryPolicy policy = job.fault_tolerance().policy();
   if (policy == REPLAY && job.easgd().mode() == ASYNC_ADAHESSIAN) return RESTART_FROM_CENTER;
   return policy;
+}
+
+std::vector<bool> LoggedBoundaries(const JobConfig& job) {
+  const int stages = std::max(1, job.topology().stages());
+  const StepLogConfig& log = job.step_log();
+  std::vector<bool> logged(stages + 1, false);
+  if (!log.enabled() || log.log_no_boundaries()) return logged;
+  if (log.logged_boundaries_size() == 0) {
+    for (int b = 1; b < stages; ++b) logged[b] = true;
+    return logged;
+  }
+  for (int b : log.logged_boundaries()) {
+    if (b >= 1 && b < stages) logged[b] = true;
+  }
+  return logged;
 }
 
 double EffectiveMovingRate(const JobConfig& job) {

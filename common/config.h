@@ -54,6 +54,12 @@ RecoveryPolicy EffectiveRecoveryPolicy(const JobConfig& job);
 // topology.stage_boundaries, or an even split by layer count. REQUIRES: a validated job.
 std::vector<int> StageLayerStarts(const JobConfig& job);
 
+// Which stage boundaries the step log persists (DESIGN §5.2): entry b in [1, S-1] is true if
+// boundary b (between stages b-1 and b) is logged; entries 0 and S are false. Every boundary
+// unless step_log.logged_boundaries lists some or log_no_boundaries is set; none when the log is
+// disabled. REQUIRES: a validated job.
+std::vector<bool> LoggedBoundaries(const JobConfig& job);
+
 // Splits "host:port" into its parts; INVALID_ARGUMENT unless the port is a number in [0, 65535]
 // and the host is non-empty. `field` names the setting in the message.
 absl::Status ValidateHostPort(const std::string& address, const std::string& field);

@@ -79,8 +79,8 @@ constexpr const char* kJobs[] = {
        easgd { sync_period: 2 }
        fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 2
                          heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
-    // 4: RESTART_FROM_CENTER, two stages.
-    R"(topology { replicas: 2 stages: 2 }
+    // 4: RESTART_FROM_CENTER (one stage: pipelines recover by REPLAY only).
+    R"(topology { replicas: 2 stages: 1 }
        easgd { sync_period: 2 }
        fault_tolerance { policy: RESTART_FROM_CENTER heartbeat_interval_ms: 100
                          failure_timeout_ms: 1000 })",

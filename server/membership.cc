@@ -168,6 +168,10 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   }
   worker.step = request.step();
   if (request.has_loss() && std::isfinite(request.loss())) worker.loss = request.loss();
+  if (request.has_flushes_done()) {
+    worker.flushes_done = std::max(worker.flushes_done, request.flushes_done());
+  }
+  worker.blocked_reason = request.blocked_reason().substr(0, 512);
   HeartbeatResponse response;
   response.set_server_time_ms(absl::ToUnixMillis(now));
   if (worker.role == SPARE) {
@@ -178,6 +182,10 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   for (const Slot& slot : slots_) all_finished = all_finished && slot.state == FINISHED;
   if (all_finished) response.add_commands(STOP);
   if (worker.draining) response.add_commands(DRAIN);
+  if (worker.flushes_done < worker.flushes_requested) {
+    response.add_commands(FLUSH_LOG);
+    response.set_flush_sequence(worker.flushes_requested);
+  }
   if (worker.slot_index >= 0) {
     slots_[worker.slot_index].step = std::max(slots_[worker.slot_index].step, request.step());
     for (Neighbour& n : NeighboursLocked(worker.slot_index)) *response.add_neighbours() = n;
@@ -206,6 +214,15 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
                                  WorkerState_Name(state), ": ", why);
       if (EffectiveRecoveryPolicy(job_) == REPLAY) {
         absl::StrAppend(&slot.detail, "; waiting for a spare to replay it");
+        std::vector<Worker*> neighbours = NeighbourOwnersLocked(worker.slot_index);
+        if (!neighbours.empty()) {
+          // Sender-side logging (DESIGN §5.2): what the lost stage received may still sit in its
+          // neighbours' log buffers. They flush on their next heartbeat; the replay waits for
+          // that, at most one failure_timeout (a neighbour that does not answer is failing too).
+          for (Worker* n : neighbours) ++n->flushes_requested;
+          slot.flush_deadline = clock_->Now() + failure_timeout_;
+          absl::StrAppend(&slot.detail, " once its neighbours have flushed their step logs");
+        }
       } else if (EffectiveRecoveryPolicy(job_) == GLOBAL_CHECKPOINT) {
         absl::StrAppend(&slot.detail, "; every slot rolls back to the last global checkpoint");
         if (state != ROLLED_BACK && !rollback_requested_) {
@@ -355,8 +372,12 @@ absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
   auto claimable = [this, &pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pending() != nullptr) return true;
     if (rollback_requested_) return false;  // GLOBAL_CHECKPOINT: restores wait for the rollback
-    for (const Slot& slot : slots_) {
-      if (slot.state == LOST && !slot.fallback_restart) return true;
+    const absl::Time now = clock_->Now();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].state == LOST && !slots_[i].fallback_restart &&
+          FlushedLocked(static_cast<int>(i), now)) {
+        return true;
+      }
     }
     return false;
   };
@@ -421,8 +442,10 @@ absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
     return std::optional<ReplayClaim>(claim_of(*slot, rank));
   }
   const absl::Time now = clock_->Now();
-  for (Slot& slot : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
     if (slot.state != LOST || slot.fallback_restart || rollback_requested_) continue;
+    if (!FlushedLocked(static_cast<int>(i), now)) continue;
     slot.state = RECOVERING;
     slot.task_id = next_task_id_++;
     slot.task_started = now;
@@ -823,6 +846,29 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
   }
 }
 
+std::vector<Membership::Worker*> Membership::NeighbourOwnersLocked(int slot_index) {
+  std::vector<Worker*> owners;
+  const int stages = job_.topology().stages();
+  const int stage = slot_index % stages;
+  for (int other : {slot_index - 1, slot_index + 1}) {
+    const int other_stage = stage + (other - slot_index);
+    if (other_stage < 0 || other_stage >= stages) continue;
+    auto it = workers_.find(slots_[other].owner);
+    if (slots_[other].owner != 0 && it != workers_.end() && it->second.state == ALIVE) {
+      owners.push_back(&it->second);
+    }
+  }
+  return owners;
+}
+
+bool Membership::FlushedLocked(int slot_index, absl::Time now) {
+  if (now >= slots_[slot_index].flush_deadline) return true;
+  for (Worker* n : NeighbourOwnersLocked(slot_index)) {
+    if (n->flushes_done < n->flushes_requested) return false;
+  }
+  return true;
+}
+
 std::vector<Neighbour> Membership::NeighboursLocked(int slot_index) const {
   std::vector<Neighbour> neighbours;
   const int stages = job_.topology().stages();
@@ -852,6 +898,12 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     out->set_owner_incarnation(slot.owner);
     out->set_step(slot.step);
     if (!slot.detail.empty()) out->set_detail(slot.detail);
+    if (auto it = workers_.find(slot.owner); slot.state == ACTIVE && it != workers_.end() &&
+                                             !it->second.blocked_reason.empty()) {
+      // A pipeline trainer waiting past neighbour_timeout_ms on a neighbour (DESIGN §5.3).
+      out->set_state(BLOCKED);
+      out->set_detail(it->second.blocked_reason);
+    }
   }
   for (const auto& [incarnation, worker] : workers_) {
     WorkerStatus* out = response->add_workers();

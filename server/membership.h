@@ -183,6 +183,11 @@ class Membership {
     // first heartbeat ends the recovery's takeover phase.
     uint64_t takeover_task = 0;
     absl::Time handed_over;
+    // Pipelines: FLUSH_LOG requests made of this trainer (a neighbour of a lost slot) and the
+    // last one it reported done; what it waits for when blocked on a neighbour (heartbeat).
+    int64_t flushes_requested = 0;
+    int64_t flushes_done = 0;
+    std::string blocked_reason;
   };
 
   struct Slot {
@@ -206,12 +211,19 @@ class Membership {
     int64_t task_failed_step = 0;
     absl::Time task_started;
     bool fallback_restart = false;  // a replay of this slot failed its checksum
+    // LOST in a pipeline: no replay task starts before its live neighbours have flushed their
+    // step logs (their buffers hold the boundary tensors it received), or before this time.
+    absl::Time flush_deadline = absl::InfinitePast();
   };
 
   absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int SlotIndex(const SlotId& slot) const;
   std::vector<Neighbour> NeighboursLocked(int slot_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The alive owners of the pipeline neighbours of slot `slot_index` (same replica).
+  std::vector<Worker*> NeighbourOwnersLocked(int slot_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A LOST slot may be replayed: its neighbours have flushed their logs or the wait is over.
+  bool FlushedLocked(int slot_index, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceLocked(Worker& worker, WorkerState state, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/slot.h"
 #include "common/tensor_codec.h"
@@ -54,6 +55,7 @@ StepLogService::StepLogService(const JobConfig& job, Membership* membership,
       micro_batches_(std::max(1, job_.data().micro_batches())),
       samples_per_micro_batch_(job_.data().batch_size() / micro_batches_),
       max_batch_bytes_(job_.step_log().buffer_bytes()),
+      logged_(LoggedBoundaries(job_)),
       slots_(new SlotGuard[static_cast<size_t>(replicas_) * stages_]) {}
 
 int StepLogService::SlotIndex(const SlotId& slot) const {
@@ -109,7 +111,9 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
       return bad(absl::StrCat("sample_ids[", i, "] is negative: ", record.sample_ids(i)));
     }
   }
-  bool seen[3] = {false, false, false};
+  if (record.boundaries_size() > 1) {
+    return bad("a micro-batch record carries at most one boundary payload (one per sender)");
+  }
   for (int i = 0; i < record.boundaries_size(); ++i) {
     const BoundaryPayload& boundary = record.boundaries(i);
     const std::string what = absl::StrCat("boundaries[", i, "]");
@@ -123,10 +127,12 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
     if (direction != FORWARD && direction != BACKWARD) {
       return bad(absl::StrCat(what, ": direction must be FORWARD or BACKWARD"));
     }
-    if (seen[direction]) {
-      return bad(absl::StrCat(what, ": a second ", BoundaryDirection_Name(direction), " payload"));
+    // Boundary b lies between stages b-1 and b.
+    const int b = direction == FORWARD ? record.slot().stage() : record.slot().stage() + 1;
+    if (!logged_[b]) {
+      return bad(absl::StrCat(what, ": boundary ", b,
+                              " is not in step_log.logged_boundaries; nothing is logged there"));
     }
-    seen[direction] = true;
     for (const auto& [tensor, name] :
          {std::pair<const Tensor*, const char*>{&boundary.value(), "value"},
           {&boundary.r_value(), "r_value"}}) {
@@ -137,6 +143,16 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
     }
   }
   return absl::OkStatus();
+}
+
+SlotId StepLogService::WriterOf(const LogRecord& record) {
+  SlotId writer = Normalized(record.slot());
+  if (record.boundaries_size() > 0) {
+    // Sender-side logging (DESIGN §5.2): a boundary record is written by the stage that sent it.
+    writer.set_stage(record.boundaries(0).direction() == FORWARD ? writer.stage() - 1
+                                                                 : writer.stage() + 1);
+  }
+  return writer;
 }
 
 std::shared_ptr<StepLogService::Sender> StepLogService::FindOrAddSender(uint64_t incarnation) {
@@ -192,7 +208,8 @@ StepLogService::BatchResult StepLogService::ProcessBatch(const AppendLogRequest&
                        " bytes here, over step_log.buffer_bytes = ", max_batch_bytes_))};
     }
   }
-  std::set<int> owned;  // slot indexes whose ownership is checked
+  std::set<int> owned;    // slot indexes the batch writes records of
+  std::set<int> checked;  // slot indexes whose ownership by the sender is checked
   uint64_t previous_id = 0;
   for (int i = 0; i < request.records_size(); ++i) {
     const LogRecord& record = request.records(i);
@@ -203,9 +220,11 @@ StepLogService::BatchResult StepLogService::ProcessBatch(const AppendLogRequest&
                        previous_id, ")"))};
     }
     previous_id = record.record_id();
-    const int index = SlotIndex(record.slot());
-    if (owned.count(index) > 0) continue;
-    if (absl::Status owner = membership_->CheckOwner(incarnation, record.slot()); !owner.ok()) {
+    owned.insert(SlotIndex(record.slot()));
+    const SlotId writer = WriterOf(record);
+    const int writer_index = SlotIndex(writer);
+    if (checked.count(writer_index) > 0) continue;
+    if (absl::Status owner = membership_->CheckOwner(incarnation, writer); !owner.ok()) {
       // Fenced in the meantime: that, not the record, ends the stream.
       if (absl::Status alive = membership_->CheckAlive(incarnation); !alive.ok()) {
         if (alive.code() == absl::StatusCode::kFailedPrecondition) ForgetSender(incarnation);
@@ -214,7 +233,7 @@ StepLogService::BatchResult StepLogService::ProcessBatch(const AppendLogRequest&
       return {absl::InvalidArgumentError(
           absl::StrCat(DescribeRecord(record, i), ": ", owner.message()))};
     }
-    owned.insert(index);
+    checked.insert(writer_index);
   }
 
   std::shared_ptr<Sender> sender = FindOrAddSender(incarnation);
@@ -348,25 +367,35 @@ absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot,
   absl::StatusOr<std::vector<LogRecord>> records =
       store_->ReadLog(Normalized(slot), after_step, std::numeric_limits<int64_t>::max());
   if (!records.ok()) return records.status();
+  // What a complete micro-batch holds: the sample ids the slot logged itself (stage 0), the
+  // forward pair its stage s-1 logged and the backward pair its stage s+1 logged (for logged
+  // boundaries only).
+  const int stage = slot.stage();
+  const bool need_part[3] = {stage == 0, stage > 0 && logged_[stage],
+                             stage < stages_ - 1 && logged_[stage + 1]};
   int64_t complete = after_step;
   size_t i = 0;
   while (i < records->size()) {
     const int64_t step = (*records)[i].step();
     if (step != complete + 1) break;
     bool has_checksum = false;
-    std::vector<bool> seen(micro_batches_, false);
-    int seen_count = 0;
+    std::vector<int> seen(micro_batches_, 0);  // bit p: part p present
     for (; i < records->size() && (*records)[i].step() == step; ++i) {
       const LogRecord& record = (*records)[i];
       if (record.micro_batch() == -1) {
         has_checksum = record.has_params_checksum();
-      } else if (record.micro_batch() >= 0 && record.micro_batch() < micro_batches_ &&
-                 !seen[record.micro_batch()]) {
-        seen[record.micro_batch()] = true;
-        ++seen_count;
+      } else if (record.micro_batch() >= 0 && record.micro_batch() < micro_batches_) {
+        const int part = record.boundaries_size() == 0 ? 0 : record.boundaries(0).direction();
+        if (part >= 0 && part <= 2) seen[record.micro_batch()] |= 1 << part;
       }
     }
-    if (!has_checksum || seen_count != micro_batches_) break;
+    bool all = has_checksum;
+    for (int mb = 0; mb < micro_batches_ && all; ++mb) {
+      for (int part = 0; part < 3; ++part) {
+        if (need_part[part] && (seen[mb] & (1 << part)) == 0) all = false;
+      }
+    }
+    if (!all) break;
     complete = step;
   }
   return complete;

@@ -157,6 +157,9 @@ class StepLogService {
   // INVALID_ARGUMENT naming the record, or OK. `index` is its position in the batch.
   absl::Status ValidateRecord(uint64_t incarnation, const LogRecord& record, int index) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
+  // The slot that wrote `record`: its own slot, or for a boundary record the neighbour that
+  // sent the tensor (REQUIRES: a validated record).
+  static SlotId WriterOf(const LogRecord& record);
   int SlotIndex(const SlotId& slot) const;
   std::shared_ptr<Sender> FindOrAddSender(uint64_t incarnation);
   void ForgetSender(uint64_t incarnation);
@@ -172,6 +175,7 @@ class StepLogService {
   const int micro_batches_;
   const int samples_per_micro_batch_;
   const int64_t max_batch_bytes_;
+  const std::vector<bool> logged_;  // LoggedBoundaries(job)
 
   // One per slot, index = replica * S + stage; never resized.
   const std::unique_ptr<SlotGuard[]> slots_;

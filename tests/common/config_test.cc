@@ -173,6 +173,21 @@ TEST_CASE("GLOBAL_CHECKPOINT checkpoints at syncs: its interval is a multiple of
         "barrier is the trainers' sync)");
 }
 
+TEST_CASE("pipeline stages train in mode EASGD and recover by REPLAY from the step log") {
+  const std::string pipeline =
+      "model {\n  layers { width: 32 }\n  layers { width: 10 activation: IDENTITY }\n}\n"
+      "topology { stages: 2 }\n";
+  CHECK(JobError(pipeline + "easgd { mode: ASYNC_ADAHESSIAN }\n") ==
+        "job.pbtxt:6: easgd.mode stages > 1 trains in mode EASGD only (ASYNC_ADAHESSIAN keeps "
+        "whole models on the trainers)");
+  CHECK(JobError(pipeline + "fault_tolerance { policy: RESTART_FROM_CENTER }\n") ==
+        "job.pbtxt:6: fault_tolerance.policy stages > 1 needs policy REPLAY (a stage rebuilt any "
+        "other way would not match the step its live neighbours are at), got "
+        "RESTART_FROM_CENTER");
+  CHECK(JobError(pipeline + "step_log { enabled: false }\n") ==
+        "job.pbtxt:6: step_log.enabled stages > 1 under REPLAY needs the step log");
+}
+
 TEST_CASE("stage boundaries must match the number of stages") {
   CHECK(JobError("model {\n"
                  "  layers { width: 32 }\n"
