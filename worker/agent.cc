@@ -85,8 +85,34 @@ void WorkerAgent::Adopt(const RegisterResponse& granted) {
   registration_.slot = granted.slot();
   if (granted.has_job()) registration_.job = granted.job();
   registration_.start_step = granted.start_step();
+  neighbours_.assign(granted.neighbours().begin(), granted.neighbours().end());
   step_ = granted.start_step();
   beat_now_ = true;
+}
+
+std::optional<Neighbour> WorkerAgent::neighbour(const SlotId& slot) const {
+  absl::MutexLock lock(&mu_);
+  for (const Neighbour& n : neighbours_) {
+    if (n.slot().replica() == slot.replica() && n.slot().stage() == slot.stage()) return n;
+  }
+  return std::nullopt;
+}
+
+void WorkerAgent::RequestHeartbeat() {
+  absl::MutexLock lock(&mu_);
+  beat_now_ = true;
+}
+
+void WorkerAgent::set_blocked(std::string reason) {
+  absl::MutexLock lock(&mu_);
+  if (reason == blocked_reason_) return;
+  blocked_reason_ = std::move(reason);
+  beat_now_ = true;
+}
+
+void WorkerAgent::SetFlushHook(std::function<absl::Status(absl::Duration)> hook) {
+  absl::MutexLock lock(&mu_);
+  flush_hook_ = std::move(hook);
 }
 
 bool WorkerAgent::drain_requested() const {
@@ -110,6 +136,28 @@ void WorkerAgent::Stop() {
     stopping_ = true;
   }
   if (!stop_.HasBeenNotified()) stop_.Notify();
+}
+
+void WorkerAgent::Flush(int64_t sequence) {
+  std::function<absl::Status(absl::Duration)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sequence <= flushes_done_) return;
+    hook = flush_hook_;
+  }
+  // Bounded well below failure_timeout: heartbeats wait meanwhile.
+  const absl::Duration bound = absl::Milliseconds(std::min(config_.rpc_deadline_ms(), 1000));
+  if (hook) {
+    absl::Status flushed = hook(bound);
+    if (!flushed.ok()) {
+      LOG(WARNING) << "FLUSH_LOG " << sequence << ": " << flushed << " (the next heartbeat asks again)";
+      return;
+    }
+  }
+  LOG(INFO) << "flushed the step log for a lost neighbour (request " << sequence << ")";
+  absl::MutexLock lock(&mu_);
+  flushes_done_ = std::max(flushes_done_, sequence);
+  beat_now_ = true;
 }
 
 bool WorkerAgent::SleepUntilBeatDue(absl::Duration d) {
@@ -158,6 +206,7 @@ bool WorkerAgent::RegisterWithRetry() {
       registration_.slot = response.slot();
       registration_.job = response.job();
       registration_.start_step = response.start_step();
+      neighbours_.assign(response.neighbours().begin(), response.neighbours().end());
       LOG(INFO) << "registered as " << WorkerRole_Name(response.role()) << " incarnation "
                 << response.incarnation()
                 << (response.has_slot() ? absl::StrCat(" slot (", response.slot().replica(), ", ",
@@ -216,6 +265,8 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
       absl::MutexLock lock(&mu_);
       request.set_step(step_);
       request.set_loss(loss_);
+      if (!blocked_reason_.empty()) request.set_blocked_reason(blocked_reason_);
+      request.set_flushes_done(flushes_done_);
     }
     HeartbeatResponse response;
     grpc::ClientContext context;
@@ -237,7 +288,14 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
         registration_.slot = takeover.slot();
         registration_.job = takeover.job();
         registration_.start_step = takeover.start_step();
+        neighbours_.assign(takeover.neighbours().begin(), takeover.neighbours().end());
         step_ = takeover.start_step();
+      }
+      if (current.role == TRAINER && !response.has_takeover()) {
+        absl::MutexLock lock(&mu_);
+        if (registration_.incarnation == current.incarnation) {
+          neighbours_.assign(response.neighbours().begin(), response.neighbours().end());
+        }
       }
       for (int command : response.commands()) {
         if (command == DRAIN) {
@@ -249,6 +307,7 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
           job_done = true;
           break;
         }
+        if (command == FLUSH_LOG) Flush(response.flush_sequence());
       }
     } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
                registration().incarnation != current.incarnation) {

@@ -9,10 +9,15 @@
 // Every RPC carries a deadline of rpc_deadline_ms.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <vector>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "absl/synchronization/notification.h"
 #include "proto/config.pb.h"
@@ -85,9 +90,24 @@ class WorkerAgent {
   // becomes the slot's trainer under a new incarnation). Thread-safe.
   void Adopt(const RegisterResponse& granted);
 
+  // Pipelines (DESIGN §2). The neighbour of this trainer at `slot` as the server last described
+  // it (registration, takeover or heartbeat): its incarnation (0 while the slot has no owner)
+  // and WorkerPeer address; nullopt if `slot` is not a neighbour. Thread-safe.
+  std::optional<Neighbour> neighbour(const SlotId& slot) const;
+  // Sends a heartbeat now (e.g. to learn a neighbour's new incarnation at once).
+  void RequestHeartbeat();
+  // What the trainer is blocked on (heartbeats carry it; the server shows the slot BLOCKED);
+  // empty: not blocked.
+  void set_blocked(std::string reason);
+  // The trainer's step log: FLUSH_LOG (a neighbour was lost) calls `hook` with a time bound and
+  // reports the request done once it returns OK. Null: nothing buffered, done at once.
+  void SetFlushHook(std::function<absl::Status(absl::Duration)> hook);
+
  private:
   // Registers with backoff. Returns false if Run() must end (see exit_).
   bool RegisterWithRetry();
+  // Carries out FLUSH_LOG request `sequence` (see SetFlushHook).
+  void Flush(int64_t sequence);
   // Sleeps `d` unless stopped first; returns false if stopped.
   bool SleepUnlessStopped(absl::Duration d);
   // Like SleepUnlessStopped, but also ends early (returning true) when Adopt asks for a heartbeat
@@ -112,6 +132,10 @@ class WorkerAgent {
   bool drain_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Neighbour> neighbours_ ABSL_GUARDED_BY(mu_);
+  std::string blocked_reason_ ABSL_GUARDED_BY(mu_);
+  std::function<absl::Status(absl::Duration)> flush_hook_ ABSL_GUARDED_BY(mu_);
+  int64_t flushes_done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 const char* AgentExitName(AgentExit exit);

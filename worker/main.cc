@@ -119,7 +119,9 @@ int Run() {
   }
   // Replay messages held at most: a few steps' sums of every other spare of a task.
   ReplayMailbox mailbox(/*max_bytes=*/int64_t{1} << 30);
-  WorkerPeerService peer_service(&mailbox);
+  // Pipeline boundary tensors for this worker's stage, while it trains one (S > 1).
+  PipelinePort pipeline_port;
+  WorkerPeerService peer_service(&mailbox, &pipeline_port);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
   // A replay's ~2 MB sums arrive in one go rather than 64 KiB flow-control windows at a time.
@@ -219,7 +221,8 @@ int Run() {
       InjectedFaults faults;
       faults.label_permutation_seed = FLAGS_fault_label_permutation_seed;
       faults.reset_every_steps = FLAGS_fault_reset_every_steps;
-      work = RunTrainer(config, registration, channel, &agent, stop, faults);
+      work = RunTrainer(config, registration, channel, &agent, stop, faults, nullptr,
+                        &pipeline_port);
       if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";
     } else if (registration.role == EVALUATOR) {
       work = RunEvaluator(config, registration, channel, stop);
@@ -230,7 +233,7 @@ int Run() {
       if (rebuilt.ok()) {
         InjectedFaults none;
         work = RunTrainer(config, agent.registration(), channel, &agent, stop, none,
-                          *std::move(rebuilt));
+                          *std::move(rebuilt), &pipeline_port);
         if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";
       } else if (rebuilt.status().code() == absl::StatusCode::kNotFound) {
         continue;  // a new registration: loop with it

@@ -21,24 +21,33 @@
 #include "grpcpp/grpcpp.h"
 #include "common/security.h"
 #include "worker/retry.h"
+#include "worker/pipeline.h"
 #include "worker/shared_sums.h"
 #include "worker/worker_metrics.h"
 
 namespace rebound::worker {
 namespace {
 
-// The logged inputs of one step: its batch's sample ids (micro-batches in order) and the
-// checksum of the parameters after it.
+// The logged inputs of one step: its batch's sample ids (micro-batches in order), the checksum
+// of the parameters after it and, for a pipeline stage, the boundary pairs it received per
+// micro-batch (forward from stage s-1, backward from stage s+1; compute/mlp.h layout).
 struct LoggedStep {
   std::vector<int64_t> ids;
   uint64_t checksum = 0;
+  std::vector<std::vector<float>> forward;
+  std::vector<std::vector<float>> backward;
 };
 
 // Reads the log range (t0, tf] of the task's slot and groups it by step. DATA_LOSS if a step is
-// incomplete or its micro-batches are out of order.
+// incomplete, or its records disagree on a micro-batch's samples.
 absl::StatusOr<std::vector<LoggedStep>> ReadSteps(const WorkerConfig& config,
                                                   const RecoveryTask& task, uint64_t incarnation,
-                                                  int micro_batches, ParameterServer::Stub* stub) {
+                                                  const JobConfig& job,
+                                                  ParameterServer::Stub* stub) {
+  const int micro_batches = job.data().micro_batches();
+  const int stage = task.slot().stage();
+  const bool needs_forward = stage > 0;
+  const bool needs_backward = stage + 1 < job.topology().stages();
   const int64_t t0 = task.snapshot().step();
   const int64_t tf = task.failed_step();
   std::vector<LoggedStep> steps;
@@ -61,21 +70,41 @@ absl::StatusOr<std::vector<LoggedStep>> ReadSteps(const WorkerConfig& config,
   for (int64_t t = t0 + 1; t <= tf; ++t) {
     LoggedStep step;
     bool has_checksum = false;
-    int expected_mb = 0;
+    std::vector<std::vector<int64_t>> ids(micro_batches);
+    step.forward.resize(needs_forward ? micro_batches : 0);
+    step.backward.resize(needs_backward ? micro_batches : 0);
     for (; next < records.size() && records[next].step() == t; ++next) {
       const LogRecord& r = records[next];
       if (r.micro_batch() < 0) {
         step.checksum = r.params_checksum();
         has_checksum = true;
-      } else {
-        if (r.micro_batch() != expected_mb++) {
-          return absl::DataLossError(absl::StrCat("step ", t, ": micro-batch ", r.micro_batch(),
-                                                  " out of order in the log"));
-        }
-        step.ids.insert(step.ids.end(), r.sample_ids().begin(), r.sample_ids().end());
+        continue;
       }
+      if (r.micro_batch() >= micro_batches) {
+        return absl::DataLossError(
+            absl::StrCat("step ", t, ": micro-batch ", r.micro_batch(), " in the log"));
+      }
+      std::vector<int64_t>& mb_ids = ids[r.micro_batch()];
+      const std::vector<int64_t> these(r.sample_ids().begin(), r.sample_ids().end());
+      if (!mb_ids.empty() && mb_ids != these) {
+        return absl::DataLossError(absl::StrCat("step ", t, ", micro-batch ", r.micro_batch(),
+                                                ": the log's records name different samples"));
+      }
+      mb_ids = these;
+      if (r.boundaries_size() == 0) continue;
+      const BoundaryPayload& payload = r.boundaries(0);
+      std::vector<std::vector<float>>& pairs =
+          payload.direction() == FORWARD ? step.forward : step.backward;
+      if (pairs.empty()) continue;  // not an input of this stage
+      RETURN_IF_ERROR(PairFromPayload(payload, &pairs[r.micro_batch()]));
     }
-    if (!has_checksum || expected_mb != micro_batches) {
+    bool complete = has_checksum;
+    for (int mb = 0; mb < micro_batches && complete; ++mb) {
+      complete = !ids[mb].empty() && (!needs_forward || !step.forward[mb].empty()) &&
+                 (!needs_backward || !step.backward[mb].empty());
+      step.ids.insert(step.ids.end(), ids[mb].begin(), ids[mb].end());
+    }
+    if (!complete) {
       return absl::DataLossError(absl::StrCat("step ", t, " is incomplete in the log"));
     }
     steps.push_back(std::move(step));
@@ -399,11 +428,11 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
         ") is not a tree-aligned block of ", micro_batches));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<SlotCompute> compute,
-                   SlotCompute::Create(config, job, slot.replica(), preloaded));
+                   SlotCompute::Create(config, job, slot, preloaded));
   RETURN_IF_ERROR(LoadSnapshot(task.snapshot(), compute.get()));
   const int64_t t0 = task.snapshot().step();
   ASSIGN_OR_RETURN(std::vector<LoggedStep> steps,
-                   ReadSteps(config, task, incarnation, micro_batches, stub));
+                   ReadSteps(config, task, incarnation, job, stub));
   const absl::Time transferred = absl::Now();
 
   compute::LocalTrainer& trainer = *compute->trainer;
@@ -442,16 +471,29 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       return absl::MakeConstSpan(step.ids).subspan(mine.begin * rows_per_mb,
                                                    mine.size() * rows_per_mb);
     };
+    // A pipeline stage past the first takes no images (its input is the logged forward pair).
+    const bool images = trainer.starts_at_input();
     if (k == 1) {
       RETURN_IF_ERROR(compute->LoadBatch(logged.ids, {}));
-      RETURN_IF_ERROR(trainer.LoadBatch(compute->images, compute->labels));
+      RETURN_IF_ERROR(trainer.LoadBatch(
+          images ? absl::Span<const float>(compute->images) : absl::Span<const float>(),
+          compute->labels));
     } else {
       if (!batch_ready) RETURN_IF_ERROR(compute->LoadRows(block_ids(logged)));
       const size_t n = mine.size() * rows_per_mb;
       const size_t features = compute->images.size() / compute->labels.size();
       RETURN_IF_ERROR(trainer.LoadBlock(
-          mine, absl::MakeConstSpan(compute->images).subspan(0, n * features),
+          mine,
+          images ? absl::MakeConstSpan(compute->images).subspan(0, n * features)
+                 : absl::Span<const float>(),
           absl::MakeConstSpan(compute->labels).subspan(0, n)));
+    }
+    const compute::TreeNode computed = k == 1 ? root : mine;
+    for (int mb = computed.begin; mb < computed.end; ++mb) {
+      if (!logged.forward.empty()) RETURN_IF_ERROR(trainer.SetForwardInput(mb, logged.forward[mb]));
+      if (!logged.backward.empty()) {
+        RETURN_IF_ERROR(trainer.SetBackwardInput(mb, logged.backward[mb]));
+      }
     }
     batch_ready = false;
     for (int s = 0; s < num_stages; ++s) active[s] = trainer.ActiveSumsLength(s, t);
@@ -659,6 +701,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
     adopted.set_role(TRAINER);
     *adopted.mutable_slot() = granted.slot();
     adopted.set_start_step(task.failed_step());
+    *adopted.mutable_neighbours() = granted.neighbours();
     agent->Adopt(adopted);
     LOG(WARNING) << "took over slot (" << granted.slot().replica() << ", "
                  << granted.slot().stage() << ") as incarnation " << granted.incarnation()

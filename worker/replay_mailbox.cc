@@ -182,4 +182,32 @@ grpc::Status WorkerPeerService::SendPartialSum(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerPeerService::SendBoundary(grpc::ServerContext* context,
+                                             const BoundaryMessage* request,
+                                             BoundaryAck* response) {
+  if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (port_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker runs no pipeline stages");
+  }
+  absl::StatusOr<BoundaryAck> ack = port_->Put(*request);
+  if (!ack.ok()) return ToGrpcStatus(ack.status());
+  *response = *std::move(ack);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerPeerService::FlushLog(grpc::ServerContext* context,
+                                         const FlushLogRequest* /*request*/,
+                                         FlushLogResponse* /*response*/) {
+  if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (port_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker runs no pipeline stages");
+  }
+  absl::Duration bound = absl::Seconds(10);
+  if (context != nullptr) {
+    const absl::Duration left = absl::FromChrono(context->deadline()) - absl::Now();
+    bound = std::max(absl::ZeroDuration(), std::min(bound, left));
+  }
+  return ToGrpcStatus(port_->Flush(bound));
+}
+
 }  // namespace rebound::worker

@@ -32,6 +32,7 @@
 #include "grpcpp/grpcpp.h"
 #include "common/security.h"
 #include "proto/rebound.grpc.pb.h"
+#include "worker/pipeline_port.h"
 #include "worker/shared_sums.h"
 
 namespace rebound::worker {
@@ -80,20 +81,29 @@ class ReplayMailbox {
   std::map<int, std::shared_ptr<const SharedSumsReader>> regions_ ABSL_GUARDED_BY(mu_);
 };
 
-// The WorkerPeer service of a worker: replay messages go to the mailbox; boundary exchange and
-// log flushing belong to pipelined jobs (issue R5) and answer UNIMPLEMENTED.
+// The WorkerPeer service of a worker: replay messages go to the mailbox, pipeline boundary
+// tensors to the port (worker/pipeline_port.h), FlushLog to the port's flush (the trainer's step
+// log). Without a port, SendBoundary and FlushLog answer UNIMPLEMENTED.
 class WorkerPeerService final : public WorkerPeer::Service {
  public:
-  explicit WorkerPeerService(ReplayMailbox* mailbox) : mailbox_(mailbox) {}
+  explicit WorkerPeerService(ReplayMailbox* mailbox, PipelinePort* port = nullptr)
+      : mailbox_(mailbox), port_(port) {}
 
   // The bearer token every call must carry (none by default). Call before serving.
   void SetTokenChecker(TokenChecker token) { token_ = std::move(token); }
 
   grpc::Status SendPartialSum(grpc::ServerContext* context, const PartialSum* request,
                               PartialSumAck* response) override;
+  grpc::Status SendBoundary(grpc::ServerContext* context, const BoundaryMessage* request,
+                            BoundaryAck* response) override;
+  // Ships every buffered record of the trainer's step log, bounded by the call's deadline (at
+  // most 10 s).
+  grpc::Status FlushLog(grpc::ServerContext* context, const FlushLogRequest* request,
+                        FlushLogResponse* response) override;
 
  private:
   ReplayMailbox* const mailbox_;
+  PipelinePort* const port_;
   TokenChecker token_{""};
 };
 

@@ -23,6 +23,8 @@
 #include "worker/data/dataset.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
+#include "worker/pipeline.h"
+#include "worker/pipeline_port.h"
 #include "worker/retry.h"
 #include "worker/step_logger.h"
 #include "worker/worker_metrics.h"
@@ -30,14 +32,20 @@
 namespace rebound::worker {
 namespace {
 
-compute::TrainerOptions OptionsFor(const JobConfig& job, int replica) {
+// The model of slot `slot`: its stage's layers (the whole model when S = 1).
+compute::TrainerOptions OptionsFor(const JobConfig& job, const SlotId& slot) {
   compute::TrainerOptions options;
   options.model = job.model();
   options.optimizer = job.adahessian();
   options.batch_size = job.data().batch_size();
   options.micro_batches = job.data().micro_batches();
   options.seed = job.data().seed();
-  options.replica = static_cast<uint32_t>(replica);
+  options.replica = static_cast<uint32_t>(slot.replica());
+  if (job.topology().stages() > 1) {
+    const std::vector<int> starts = StageLayerStarts(job);
+    options.first_layer = starts[slot.stage()];
+    options.end_layer = starts[slot.stage() + 1];
+  }
   return options;
 }
 
@@ -262,8 +270,9 @@ absl::StatusOr<FashionMnist> LoadDataSet(const DataConfig& config) {
 
 absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerConfig& config,
                                                                  const JobConfig& job,
-                                                                 int replica,
+                                                                 const SlotId& slot_id,
                                                                  FashionMnist* preloaded) {
+  const int replica = slot_id.replica();
   auto slot = std::make_unique<SlotCompute>();
   if (preloaded != nullptr) {
     slot->data = std::move(*preloaded);
@@ -273,7 +282,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerCon
   RETURN_IF_ERROR(CheckModelFitsData(job.model(), slot->data.train));
   ASSIGN_OR_RETURN(slot->backend, compute::CreateBackend(EffectiveCompute(job, config)));
   ASSIGN_OR_RETURN(slot->trainer, compute::LocalTrainer::Create(slot->backend.get(),
-                                                                OptionsFor(job, replica)));
+                                                                OptionsFor(job, slot_id)));
   RETURN_IF_ERROR(slot->trainer->InitParams());
   ASSIGN_OR_RETURN(ShardSampler sampler,
                    ShardSampler::Create(job.data(), slot->data.train.count,
@@ -329,17 +338,15 @@ absl::Status SlotCompute::SeekAfter(int64_t steps) {
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
                         const absl::Notification& stop, const InjectedFaults& faults,
-                        std::unique_ptr<SlotCompute> resumed) {
+                        std::unique_ptr<SlotCompute> resumed, PipelinePort* port) {
   const JobConfig& job = registration.job;
   RETURN_IF_ERROR(ValidateJobConfig(job));
-  if (job.topology().stages() != 1) {
-    return absl::UnimplementedError("pipeline stages (S > 1) arrive with issue R5");
-  }
   const SlotId slot = registration.slot;
+  const bool pipelined = job.topology().stages() > 1;
   const bool replayed = resumed != nullptr;
   std::unique_ptr<SlotCompute> compute = std::move(resumed);
   if (compute == nullptr) {
-    ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot.replica()));
+    ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot));
   }
   // Whatever ends this role, the next one of this process reuses the data set.
   struct StashOnExit {
@@ -363,10 +370,10 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
   // The step log (DESIGN §5.2): per step, the sample ids of each micro-batch and the checksum of
   // the parameters after the step, shipped asynchronously from a bounded buffer. Only REPLAY reads
   // it: under the other policies nothing is logged.
-  std::unique_ptr<StepLogger> step_logger;
+  std::shared_ptr<StepLogger> step_logger;
   if (job.step_log().enabled() && EffectiveRecoveryPolicy(job) == REPLAY) {
     step_logger =
-        std::make_unique<StepLogger>(channel, registration.incarnation, job.step_log(), config);
+        std::make_shared<StepLogger>(channel, registration.incarnation, job.step_log(), config);
   }
   // Appends a record, waiting out back-pressure (bounded by give_up_after_ms): a record that is
   // skipped would leave a hole that caps what replay can rebuild.
@@ -380,6 +387,33 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
       LOG(WARNING) << "step log buffer full: " << appended.message();
     }
   };
+
+  // Pipelines: the boundary exchange with the neighbouring stages, and a flush of the log on the
+  // server's FLUSH_LOG or a neighbour's FlushLog (a lost neighbour's inputs may sit in it).
+  std::unique_ptr<PipelineExchange> pipeline;
+  struct FlushHooks {
+    WorkerAgent* agent;
+    PipelinePort* port;
+    ~FlushHooks() {
+      agent->SetFlushHook(nullptr);
+      if (port != nullptr) port->SetFlush(nullptr);
+    }
+  } flush_hooks{agent, pipelined ? port : nullptr};
+  if (pipelined) {
+    PipelineExchange::LogFn log_fn;
+    if (step_logger != nullptr) log_fn = log;
+    ASSIGN_OR_RETURN(pipeline, PipelineExchange::Create(config, registration, agent, port, stop,
+                                                        std::move(log_fn)));
+    if (step_logger != nullptr) {
+      std::weak_ptr<StepLogger> weak = step_logger;
+      auto flush = [weak](absl::Duration timeout) -> absl::Status {
+        std::shared_ptr<StepLogger> logger = weak.lock();
+        return logger == nullptr ? absl::OkStatus() : logger->Flush(timeout);
+      };
+      agent->SetFlushHook(flush);
+      port->SetFlush(flush);
+    }
+  }
 
   std::vector<float> x(layout.packed_size()), m(layout.packed_size()), v(layout.packed_size()),
       d(layout.packed_size());
@@ -461,12 +495,19 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     RETURN_IF_ERROR(MaybeResetFromScratch(faults, t, job, slot, &resets, trainer));
     const std::vector<int64_t> ids = sampler.NextBatch();
     const absl::Time step_start = absl::Now();
-    ASSIGN_OR_RETURN(const float loss, compute->Step(t, ids, label_map));
+    float loss = 0;
+    if (pipeline != nullptr) {
+      ASSIGN_OR_RETURN(loss, pipeline->Step(t, ids, label_map, compute.get()));
+    } else {
+      ASSIGN_OR_RETURN(loss, compute->Step(t, ids, label_map));
+    }
     Metrics().step_seconds->ObserveDuration(absl::Now() - step_start);
     Metrics().steps->Increment();
     Metrics().step->Set(static_cast<double>(t));
-    Metrics().loss->Set(loss);
-    if (!std::isfinite(loss)) {
+    // Only the last stage of a pipeline computes the loss; the others report none (NaN).
+    const bool has_loss = pipeline == nullptr || trainer->ends_at_loss();
+    if (has_loss) Metrics().loss->Set(loss);
+    if (has_loss && !std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
     }
     agent->set_progress(t, loss);
@@ -475,7 +516,9 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
       const size_t per = ids.size() / micro_batches;  // micro-batch k = rows [k B/M, (k+1) B/M)
       std::vector<LogRecord> records;
       records.reserve(micro_batches + 1);
-      for (int k = 0; k < micro_batches; ++k) {
+      // The sample ids are stage 0's own input; later stages find them in the boundary records
+      // their neighbours log (DESIGN §5.2).
+      for (int k = 0; k < micro_batches && slot.stage() == 0; ++k) {
         records.push_back(
             MakeMicroBatchRecord(slot, t, k, absl::MakeConstSpan(ids).subspan(k * per, per)));
       }
@@ -485,6 +528,7 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
       RETURN_IF_ERROR(log(records));
       Metrics().log_buffered_bytes->Set(static_cast<double>(step_logger->stats().pending_bytes));
     }
+    if (pipeline != nullptr) pipeline->Complete(t);
     if (t % tau != 0 && t != max_steps) continue;
     RETURN_IF_ERROR(sync_at(t, loss));
     if (agent->drained()) {
@@ -507,31 +551,39 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
                           const absl::Notification& stop) {
   const JobConfig& job = registration.job;
   RETURN_IF_ERROR(ValidateJobConfig(job));
-  if (job.topology().stages() != 1) {
-    return absl::UnimplementedError("evaluating a pipelined model arrives with issue R5");
-  }
   ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(job.data()));
   RETURN_IF_ERROR(CheckModelFitsData(job.model(), data.train));
   ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                    compute::CreateBackend(EffectiveCompute(job, config)));
+  // The whole model, split as the job splits it: stage s takes the center of stage s.
+  compute::TrainerOptions options = OptionsFor(job, SlotId());
+  const std::vector<int> starts = StageLayerStarts(job);
+  options.stage_boundaries.assign(starts.begin() + 1, starts.end() - 1);
   ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> model,
-                   compute::LocalTrainer::Create(backend.get(), OptionsFor(job, 0)));
-  const compute::StageLayout& layout = model->stage(0).layout();
+                   compute::LocalTrainer::Create(backend.get(), options));
   const std::vector<int32_t> labels(data.test.labels.begin(), data.test.labels.end());
   auto stub = ParameterServer::NewStub(channel);
-  int64_t evaluated_version = -1;
+  std::vector<int64_t> evaluated_versions(model->num_stages(), -1);
   const absl::Duration period = absl::Milliseconds(job.training().eval_every_ms());
   do {
-    ASSIGN_OR_RETURN(const PullResponse center,
-                     PullCenter(config, stop, stub.get(), registration.incarnation, 0, layout));
-    if (center.center_version() == evaluated_version) continue;
-    RETURN_IF_ERROR(model->stage(0).SetParams(compute::PackedFromBundle(layout, center.center())));
+    std::vector<int64_t> versions;
+    for (int s = 0; s < model->num_stages(); ++s) {
+      const compute::StageLayout& layout = model->stage(s).layout();
+      ASSIGN_OR_RETURN(const PullResponse center,
+                       PullCenter(config, stop, stub.get(), registration.incarnation, s, layout));
+      RETURN_IF_ERROR(
+          model->stage(s).SetParams(compute::PackedFromBundle(layout, center.center())));
+      versions.push_back(center.center_version());
+    }
+    if (versions == evaluated_versions) continue;
     ASSIGN_OR_RETURN(compute::EvalResult result, model->Evaluate(data.test.images, labels));
-    evaluated_version = center.center_version();
+    evaluated_versions = versions;
+    // Reported as stage 0's version (each stage's center moves at every round alike).
+    const int64_t version = versions[0];
     ReportEvalRequest report;
     report.set_incarnation(registration.incarnation);
     report.set_stage(0);
-    report.set_center_version(center.center_version());
+    report.set_center_version(version);
     report.set_test_loss(result.loss);
     report.set_test_accuracy(result.accuracy);
     ReportEvalResponse ack;
@@ -540,7 +592,7 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     }));
     Metrics().test_accuracy->Set(result.accuracy);
     Metrics().test_loss->Set(result.loss);
-    LOG(INFO) << "center version " << center.center_version() << ": test accuracy "
+    LOG(INFO) << "center version " << version << ": test accuracy "
               << result.accuracy << ", test loss " << result.loss;
   } while (!stop.WaitForNotificationWithTimeout(period));
   return absl::CancelledError("stopped");

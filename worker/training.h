@@ -40,6 +40,8 @@
 
 namespace rebound::worker {
 
+class PipelinePort;
+
 // Faults a trainer can inject into itself, for the weighting benchmark and chaos tests only
 // (docs/operations.md): they model a machine that computes on corrupted data, and a naive
 // supervisor that restarts a trainer from scratch.
@@ -63,9 +65,10 @@ struct SlotCompute {
   std::vector<int32_t> labels;
 
   // Loads the data set (unless `preloaded` is given, which is then moved from) and builds the
-  // model of `replica` from its initialisation.
+  // model of `slot` (its stage's layers when S > 1) from its initialisation.
   static absl::StatusOr<std::unique_ptr<SlotCompute>> Create(const WorkerConfig& config,
-                                                             const JobConfig& job, int replica,
+                                                             const JobConfig& job,
+                                                             const SlotId& slot,
                                                              FashionMnist* preloaded = nullptr);
   // Fills `images` and `labels` with the batch of these sample ids (each label y becomes
   // label_map[y] unless label_map is empty).
@@ -99,7 +102,6 @@ std::optional<FashionMnist> TakeStashedDataSet(const DataConfig& config);
 absl::StatusOr<FashionMnist> LoadDataSet(const DataConfig& config);
 
 // Trains the registered slot to max_steps, in the job's mode (see above). OK when done.
-// UNIMPLEMENTED for a pipelined job (stages > 1, issue R5).
 // Mode EASGD: `resumed` (optional) is the slot's state rebuilt by Replay at
 // registration.start_step; without it the trainer starts from the model's initialisation
 // (start_step 0) or from the center (start_step > 0, RESTART_FROM_CENTER).
@@ -108,10 +110,13 @@ absl::StatusOr<FashionMnist> LoadDataSet(const DataConfig& config);
 // once per step from step 1, so its applied sequence is its last applied step, which a takeover's
 // start_step carries; if start_step lags behind it, the first push is answered applied: false
 // with the applied sequence and the trainer skips ahead to it (with a fresh pull of the center).
+// Stages > 1 (worker/pipeline.h): `port` is this worker's WorkerPeer port (required then); the
+// stage exchanges pairs with its neighbours every step and syncs with its stage's center.
 absl::Status RunTrainer(const WorkerConfig& config, const Registration& registration,
                         const std::shared_ptr<grpc::Channel>& channel, WorkerAgent* agent,
                         const absl::Notification& stop, const InjectedFaults& faults = {},
-                        std::unique_ptr<SlotCompute> resumed = nullptr);
+                        std::unique_ptr<SlotCompute> resumed = nullptr,
+                        PipelinePort* port = nullptr);
 
 // Evaluates the center until `stop`. Returns CANCELLED then.
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
