@@ -488,6 +488,16 @@ std::vector<bool> LoggedBoundaries(const JobConfig& job) {
   return logged;
 }
 
+std::pair<int, int> RecoveryGroup(const JobConfig& job, int stage) {
+  const std::vector<bool> logged = LoggedBoundaries(job);
+  const int stages = static_cast<int>(logged.size()) - 1;
+  int first = stage;
+  while (first > 0 && !logged[first]) --first;
+  int end = stage + 1;
+  while (end < stages && !logged[end]) ++end;
+  return {first, end};
+}
+
 double EffectiveMovingRate(const JobConfig& job) {
   if (job.easgd().moving_rate() != 0.0) return job.easgd().moving_rate();
   return 0.9 / std::max(1, job.topology().replicas());

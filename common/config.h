@@ -11,6 +11,8 @@
 // A file that cannot be read is NOT_FOUND (missing) or INVALID_ARGUMENT (unreadable).
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
@@ -59,6 +61,12 @@ std::vector<int> StageLayerStarts(const JobConfig& job);
 // unless step_log.logged_boundaries lists some or log_no_boundaries is set; none when the log is
 // disabled. REQUIRES: a validated job.
 std::vector<bool> LoggedBoundaries(const JobConfig& job);
+
+// The recovery group of stage `stage` (DESIGN §5.2): the stages [first, end) between the nearest
+// logged boundaries around it (the model's ends count as logged). A lost stage is replayed with
+// its whole group, from the group's snapshots and the pairs logged at the group's edges.
+// REQUIRES: a validated job, 0 <= stage < S.
+std::pair<int, int> RecoveryGroup(const JobConfig& job, int stage);
 
 // Splits "host:port" into its parts; INVALID_ARGUMENT unless the port is a number in [0, 65535]
 // and the host is non-empty. `field` names the setting in the message.

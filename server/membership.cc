@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
@@ -565,7 +566,9 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
     return std::optional<RegisterResponse>();
   }
   Worker& spare = workers_.at(incarnation);
-  const int64_t replayed_to = slot.synced_step + report.steps_replayed();
+  // From the task's snapshot: a recovery group's oldest, which may precede the slot's own.
+  const int64_t replayed_from = slot.task_published ? slot.task_snapshot_step : slot.synced_step;
+  const int64_t replayed_to = replayed_from + report.steps_replayed();
   RegisterResponse takeover = HandOverLocked(
       index, spare, now,
       absl::StrCat("rebuilt by replay of ", report.steps_replayed(), " steps by '", spare.name,
@@ -584,7 +587,10 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
                                       " steps of this slot are trained again"));
     } else {
       record->set_detail(absl::StrCat("rebuilt to step ", replayed_to,
-                                      " from the snapshot at step ", slot.synced_step));
+                                      " from the snapshot at step ", replayed_from));
+      if (absl::StartsWith(report.detail(), "replayed with its recovery group")) {
+        absl::StrAppend(record->mutable_detail(), "; ", report.detail());
+      }
     }
   }
   return std::optional<RegisterResponse>(takeover);
@@ -847,14 +853,20 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
 }
 
 std::vector<Membership::Worker*> Membership::NeighbourOwnersLocked(int slot_index) {
+  // The stages whose logs a replay of the slot's recovery group reads: the group's live members
+  // (stage 0's sample ids, the slot's neighbours' checksums are not needed but cost nothing) and
+  // the stages just outside it, which logged the pairs they sent into it.
   std::vector<Worker*> owners;
   const int stages = job_.topology().stages();
+  if (stages == 1) return owners;
   const int stage = slot_index % stages;
-  for (int other : {slot_index - 1, slot_index + 1}) {
-    const int other_stage = stage + (other - slot_index);
-    if (other_stage < 0 || other_stage >= stages) continue;
-    auto it = workers_.find(slots_[other].owner);
-    if (slots_[other].owner != 0 && it != workers_.end() && it->second.state == ALIVE) {
+  const int first_of_replica = slot_index - stage;
+  const auto [first, end] = RecoveryGroup(job_, stage);
+  for (int s = std::max(0, first - 1); s <= std::min(stages - 1, end); ++s) {
+    if (s == stage) continue;
+    const Slot& slot = slots_[first_of_replica + s];
+    auto it = workers_.find(slot.owner);
+    if (slot.owner != 0 && it != workers_.end() && it->second.state == ALIVE) {
       owners.push_back(&it->second);
     }
   }

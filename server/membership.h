@@ -220,7 +220,8 @@ class Membership {
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int SlotIndex(const SlotId& slot) const;
   std::vector<Neighbour> NeighboursLocked(int slot_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The alive owners of the pipeline neighbours of slot `slot_index` (same replica).
+  // The alive owners of the stages whose step logs a replay of slot `slot_index` reads: its
+  // recovery group's other members and the stages right outside the group (same replica).
   std::vector<Worker*> NeighbourOwnersLocked(int slot_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A LOST slot may be replayed: its neighbours have flushed their logs or the wait is over.
   bool FlushedLocked(int slot_index, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

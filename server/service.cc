@@ -37,9 +37,62 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
   step_log_ = std::make_unique<StepLogService>(
       job_, membership_, store_, [this](const SlotId& slot) {
         absl::MutexLock lock(&book_mu_);
-        auto it = books_.find({slot.replica(), slot.stage()});
-        return it == books_.end() ? int64_t{0} : it->second.last_update_step;
+        return GroupFloorLocked(slot, -1);
       });
+}
+
+int64_t ParameterServerService::GroupFloorLocked(const SlotId& slot, int64_t own_step) const {
+  auto last_step = [this](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(book_mu_) {
+    auto it = books_.find({r, s});
+    return it == books_.end() ? int64_t{0} : it->second.last_update_step;
+  };
+  int64_t floor = own_step >= 0 ? own_step : last_step(slot.replica(), slot.stage());
+  if (job_.topology().stages() == 1) return floor;
+  const auto [first, end] = RecoveryGroup(job_, slot.stage());
+  for (int m = first; m < end; ++m) {
+    if (m != slot.stage()) floor = std::min(floor, last_step(slot.replica(), m));
+  }
+  return floor;
+}
+
+absl::StatusOr<Snapshot> ParameterServerService::SnapshotAt(const SlotId& slot,
+                                                            int64_t step) const {
+  absl::StatusOr<Snapshot> stored = store_->ReadSnapshot(slot);
+  if (stored.ok() && stored->step() == step) return stored;
+  if (!stored.ok() && stored.status().code() != absl::StatusCode::kNotFound) return stored;
+  {
+    absl::MutexLock lock(&previous_mu_);
+    auto it = previous_snapshots_.find({slot.replica(), slot.stage()});
+    if (it != previous_snapshots_.end() && it->second.step() == step) return it->second;
+  }
+  if (step == 0) {
+    Snapshot initial;  // never synced: the model's initialisation
+    *initial.mutable_slot() = slot;
+    initial.set_step(0);
+    return initial;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "slot ", SlotName(slot), " has no snapshot of step ", step, " (stored: step ",
+      stored.ok() ? stored->step() : 0, "; the one before it is kept in memory only and this "
+      "server no longer has it)"));
+}
+
+absl::StatusOr<int64_t> ParameterServerService::GroupSnapshots(const SlotId& slot, int first,
+                                                               int end, int64_t published_t0,
+                                                               RecoveryTask* out) const {
+  int64_t t0 = published_t0;
+  if (t0 < 0) {
+    absl::MutexLock lock(&book_mu_);
+    t0 = GroupFloorLocked(slot, -1);
+  }
+  for (int m = first; m < end; ++m) {
+    SlotId member = slot;
+    member.set_stage(m);
+    ASSIGN_OR_RETURN(Snapshot snapshot, SnapshotAt(member, t0));
+    *snapshot.mutable_slot() = member;
+    *out->add_group_snapshots() = std::move(snapshot);
+  }
+  return t0;
 }
 
 void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>& records) {
@@ -332,17 +385,35 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   // The tensors go to the store without copies: the center and the worker's post-sync
   // parameters from the packed vectors, the optimizer state from the request's own bytes.
   const compute::StageLayout& layout = centers_->layout(stage);
+  const std::pair<int, int> group = RecoveryGroup(job_, slot.stage());
+  const bool grouped = group.second - group.first > 1;
   auto commit = [&](int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after, absl::Span<const float> center_before) {
+    // A member of a multi-stage recovery group keeps its log back to the group's oldest
+    // snapshot, and the snapshot this sync replaces (a group rebuild starts from that step).
+    int64_t gc_step = request->step();
+    std::optional<Snapshot> replaced;
+    if (grouped) {
+      {
+        absl::MutexLock lock(&book_mu_);
+        gc_step = GroupFloorLocked(slot, request->step());
+      }
+      absl::StatusOr<Snapshot> current = store_->ReadSnapshot(slot);
+      if (current.ok()) replaced = *std::move(current);
+    }
     storage::WriteBatch batch;
     AddSyncToBatch(layout, slot, *request, version, center, worker_after,
-                   WeightRecordFor(slot, updated), &batch);
-    RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, request->step(), [&]() -> absl::Status {
+                   WeightRecordFor(slot, updated), &batch, gc_step);
+    RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
       RETURN_IF_ERROR(store_->Commit(batch));
       absl::MutexLock lock(&book_mu_);
       books_[{slot.replica(), slot.stage()}] = updated;
       return absl::OkStatus();
     }));
+    if (replaced.has_value()) {
+      absl::MutexLock lock(&previous_mu_);
+      previous_snapshots_[{slot.replica(), slot.stage()}] = *std::move(replaced);
+    }
     *response->mutable_center_before() = centers_->Bundle(stage, center_before);
     return absl::OkStatus();
   };
@@ -630,17 +701,34 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
   }
 
   // The snapshot to start from; none yet means the slot never synced: the model's init at 0.
-  // The slot is RECOVERING, so no sync changes it while the task's spares read it.
+  // The slot is RECOVERING, so no sync changes it while the task's spares read it. A stage in a
+  // recovery group of several (an unlogged boundary next to it) is replayed with its whole
+  // group, from every member's snapshot at the group's oldest snapshot step.
+  const auto [group_first, group_end] = RecoveryGroup(job_, slot.stage());
+  RecoveryTask group;
   Snapshot snapshot;
-  auto stored = store_->ReadSnapshot(slot);
-  if (stored.ok()) {
-    snapshot = *std::move(stored);
-  } else if (stored.status().code() == absl::StatusCode::kNotFound) {
-    *snapshot.mutable_slot() = slot;
-    snapshot.set_step(0);
+  if (group_end - group_first > 1) {
+    auto t0 = GroupSnapshots(slot, group_first, group_end,
+                             task.rank == 0 ? -1 : task.snapshot_step, &group);
+    if (!t0.ok()) {
+      const std::string why = absl::StrCat("recovery group of stages [", group_first, ", ",
+                                           group_end, "): ", t0.status().message());
+      membership_->AbandonReplay(task.task_id, why);
+      return grpc::Status(grpc::StatusCode::ABORTED, why);
+    }
+    group.set_group_first_stage(group_first);
+    snapshot = group.group_snapshots(slot.stage() - group_first);
   } else {
-    membership_->AbandonReplay(task.task_id, std::string(stored.status().message()));
-    return ToGrpcStatus(stored.status());
+    auto stored = store_->ReadSnapshot(slot);
+    if (stored.ok()) {
+      snapshot = *std::move(stored);
+    } else if (stored.status().code() == absl::StatusCode::kNotFound) {
+      *snapshot.mutable_slot() = slot;
+      snapshot.set_step(0);
+    } else {
+      membership_->AbandonReplay(task.task_id, std::string(stored.status().message()));
+      return ToGrpcStatus(stored.status());
+    }
   }
   int64_t failed_step = task.failed_step;
   if (task.rank == 0) {
@@ -668,6 +756,7 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INTERNAL, why);
   }
   RecoveryTask* out = response->mutable_task();
+  *out = std::move(group);
   out->set_task_id(task.task_id);
   *out->mutable_slot() = slot;
   out->set_policy(REPLAY);
@@ -682,6 +771,11 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
   const compute::TreeNode block = (*blocks)[task.rank];
   out->set_first_micro_batch(block.begin);
   out->set_micro_batch_count(block.size());
+  if (out->group_snapshots_size() > 0) {
+    LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
+                 << " is rebuilt with its recovery group, stages [" << group_first << ", "
+                 << group_end << ")";
+  }
   LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
                << " from its snapshot at step " << out->snapshot().step() << " to step "
                << out->failed_step() << " (the trainer had reached step " << task.reached_step
@@ -702,7 +796,20 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
-  return step_log_->HandleReadLog(context, *request, Normalized(*slot), writer);
+  SlotId read = Normalized(*slot);
+  if (request->has_slot()) {
+    // Another member of the task's recovery group: the pairs logged at the group's edges.
+    const auto [first, end] = RecoveryGroup(job_, read.stage());
+    const SlotId asked = Normalized(request->slot());
+    if (asked.replica() != read.replica() || asked.stage() < first || asked.stage() >= end) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "replay task ", request->task_id(), " of slot ", SlotName(read), " reads the log of ",
+          "its recovery group, stages [", first, ", ", end, ") of replica ", read.replica(),
+          ", not slot ", SlotName(asked))));
+    }
+    read = asked;
+  }
+  return step_log_->HandleReadLog(context, *request, read, writer);
 }
 
 grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context,

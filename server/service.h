@@ -120,6 +120,19 @@ class ParameterServerService final : public ParameterServer::Service {
   // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
   absl::Status WaitForTurn(const SlotId& slot);
   WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
+  // Pipelines (DESIGN §5.2): the oldest last-sync step over the recovery group of `slot`, with
+  // the slot's own taken as `own_step` (< 0: its book's). A group rebuild replays from there, so
+  // the group's logs are kept back to it. The slot's own step when it is alone in its group.
+  int64_t GroupFloorLocked(const SlotId& slot, int64_t own_step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(book_mu_);
+  // The snapshot of group member `slot` at step `step`: its stored one, or the one its last sync
+  // replaced (kept in memory for members of multi-stage groups). NOT_FOUND if neither is at
+  // `step`.
+  absl::StatusOr<Snapshot> SnapshotAt(const SlotId& slot, int64_t step) const;
+  // The snapshots and range of a replay task of a multi-stage recovery group [first, end): fills
+  // out->group_snapshots; returns t0 (the group's oldest snapshot step).
+  absl::StatusOr<int64_t> GroupSnapshots(const SlotId& slot, int first, int end,
+                                         int64_t published_t0, RecoveryTask* out) const;
   // GLOBAL_CHECKPOINT: the checkpoint of a complete cut: every stage's center and every slot's
   // stored snapshot, which the barrier guarantees are all at `step`.
   absl::StatusOr<CheckpointRecord> GatherCheckpoint(int64_t step) const;
@@ -142,6 +155,11 @@ class ParameterServerService final : public ParameterServer::Service {
 
   mutable absl::Mutex book_mu_;
   std::map<SlotKey, SlotBook> books_ ABSL_GUARDED_BY(book_mu_);
+  // Members of multi-stage recovery groups: the snapshot each one's last sync replaced (memory
+  // only: after a server restart a group whose members' snapshots differ waits for its next
+  // common round; docs/recovery.md).
+  mutable absl::Mutex previous_mu_;
+  std::map<SlotKey, Snapshot> previous_snapshots_ ABSL_GUARDED_BY(previous_mu_);
 
   mutable absl::Mutex eval_mu_;
   bool has_eval_ ABSL_GUARDED_BY(eval_mu_) = false;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -364,37 +365,48 @@ absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot,
     return absl::InvalidArgumentError(
         absl::StrCat("after_step must not be negative, got ", after_step));
   }
-  absl::StatusOr<std::vector<LogRecord>> records =
-      store_->ReadLog(Normalized(slot), after_step, std::numeric_limits<int64_t>::max());
-  if (!records.ok()) return records.status();
-  // What a complete micro-batch holds: the sample ids the slot logged itself (stage 0), the
-  // forward pair its stage s-1 logged and the backward pair its stage s+1 logged (for logged
-  // boundaries only).
-  const int stage = slot.stage();
-  const bool need_part[3] = {stage == 0, stage > 0 && logged_[stage],
-                             stage < stages_ - 1 && logged_[stage + 1]};
-  int64_t complete = after_step;
-  size_t i = 0;
-  while (i < records->size()) {
-    const int64_t step = (*records)[i].step();
-    if (step != complete + 1) break;
-    bool has_checksum = false;
-    std::vector<int> seen(micro_batches_, 0);  // bit p: part p present
-    for (; i < records->size() && (*records)[i].step() == step; ++i) {
-      const LogRecord& record = (*records)[i];
+  // What a replay of the slot's recovery group [first, end) reads (a single stage when the
+  // boundaries around it are logged): the slot's own per-step checksums; per micro-batch the
+  // sample ids stage 0 logged itself (first = 0) or the forward pair stage first-1 logged for
+  // stage first; and the backward pair stage end logged for stage end-1 (end < S).
+  const auto [first, end] = RecoveryGroup(job_, slot.stage());
+  struct StepParts {
+    bool checksum = false;
+    std::vector<int> parts;  // per micro-batch, bit p: part p present
+  };
+  std::map<int64_t, StepParts> steps;
+  auto read = [&](int stage) -> absl::Status {
+    SlotId member = Normalized(slot);
+    member.set_stage(stage);
+    absl::StatusOr<std::vector<LogRecord>> records =
+        store_->ReadLog(member, after_step, std::numeric_limits<int64_t>::max());
+    if (!records.ok()) return records.status();
+    for (const LogRecord& record : *records) {
+      StepParts& step = steps[record.step()];
+      if (step.parts.empty()) step.parts.assign(micro_batches_, 0);
       if (record.micro_batch() == -1) {
-        has_checksum = record.has_params_checksum();
+        if (stage == slot.stage() && record.has_params_checksum()) step.checksum = true;
       } else if (record.micro_batch() >= 0 && record.micro_batch() < micro_batches_) {
         const int part = record.boundaries_size() == 0 ? 0 : record.boundaries(0).direction();
-        if (part >= 0 && part <= 2) seen[record.micro_batch()] |= 1 << part;
+        // Bits 0, 1: stage `first`'s ids or forward pair; bit 2: stage end-1's backward pair.
+        if (stage == first && part == (first == 0 ? 0 : FORWARD)) {
+          step.parts[record.micro_batch()] |= 1;
+        }
+        if (stage == end - 1 && part == BACKWARD) step.parts[record.micro_batch()] |= 4;
       }
     }
-    bool all = has_checksum;
-    for (int mb = 0; mb < micro_batches_ && all; ++mb) {
-      for (int part = 0; part < 3; ++part) {
-        if (need_part[part] && (seen[mb] & (1 << part)) == 0) all = false;
-      }
-    }
+    return absl::OkStatus();
+  };
+  std::set<int> stages = {slot.stage(), first, end - 1};
+  for (int stage : stages) {
+    if (absl::Status status = read(stage); !status.ok()) return status;
+  }
+  const int need = 1 | (end < stages_ ? 4 : 0);
+  int64_t complete = after_step;
+  for (const auto& [step, parts] : steps) {
+    if (step != complete + 1 || !parts.checksum) break;
+    bool all = true;
+    for (int mb = 0; mb < micro_batches_ && all; ++mb) all = (parts.parts[mb] & need) == need;
     if (!all) break;
     complete = step;
   }

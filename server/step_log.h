@@ -116,10 +116,13 @@ class StepLogService {
                              const SlotId& slot, grpc::ServerWriterInterface<LogRecord>* writer);
 
   // t_f of DESIGN.md §5.3: the highest step t > after_step such that every step in
-  // (after_step, t] has its per-step record (micro_batch = -1, with params_checksum) and all M
-  // micro-batch records; after_step itself if step after_step + 1 is incomplete.
-  // INVALID_ARGUMENT for a slot outside the topology or a negative after_step; DATA_LOSS from
-  // storage passed through.
+  // (after_step, t] has what a replay of the slot's recovery group [first, end) (common/config.h
+  // RecoveryGroup; the slot alone when the boundaries around it are logged) reads: the slot's
+  // per-step record (micro_batch = -1, with params_checksum) and, per micro-batch, stage 0's own
+  // sample-id record (first = 0) or the FORWARD pair logged for stage `first`, and the BACKWARD
+  // pair logged for stage end-1 (end < S); after_step itself if step after_step + 1 is
+  // incomplete. INVALID_ARGUMENT for a slot outside the topology or a negative after_step;
+  // DATA_LOSS from storage passed through.
   absl::StatusOr<int64_t> LastCompleteStep(const SlotId& slot, int64_t after_step) const;
 
   // Runs `commit` (the write batch of a sync that snapshots `slot` at `snapshot_step` and deletes

@@ -17,10 +17,12 @@ namespace rebound::server {
 // Adds the sync's records to `batch`. The tensors are referenced, not copied (the store writes
 // them to tensor files from where they are): `center`, `worker_after` and `request` must stay
 // valid and unchanged until the batch's last Commit returns. `slot` is the normalized slot of
-// the request; `center` the stage's center after the move, at `version`.
+// the request; `center` the stage's center after the move, at `version`. The GC deletes the
+// slot's step log through `log_gc_step` (-1: the request's step; a pipeline slot in a recovery
+// group of several stages keeps its log back to the group's oldest snapshot, DESIGN §5.2).
 void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
                     const SyncRequest& request, int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after, const WeightRecord& weight,
-                    storage::WriteBatch* batch);
+                    storage::WriteBatch* batch, int64_t log_gc_step = -1);
 
 }  // namespace rebound::server

@@ -3,7 +3,9 @@
 #include <glog/logging.h>
 
 #include <chrono>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <memory>
 #include <cstring>
 #include <string>
@@ -20,6 +22,7 @@
 #include "compute/tensor_bundle.h"
 #include "grpcpp/grpcpp.h"
 #include "common/security.h"
+#include "common/slot.h"
 #include "worker/retry.h"
 #include "worker/pipeline.h"
 #include "worker/shared_sums.h"
@@ -42,29 +45,47 @@ struct LoggedStep {
 // incomplete, or its records disagree on a micro-batch's samples.
 absl::StatusOr<std::vector<LoggedStep>> ReadSteps(const WorkerConfig& config,
                                                   const RecoveryTask& task, uint64_t incarnation,
-                                                  const JobConfig& job,
+                                                  const JobConfig& job, int first, int end,
                                                   ParameterServer::Stub* stub) {
   const int micro_batches = job.data().micro_batches();
   const int stage = task.slot().stage();
-  const bool needs_forward = stage > 0;
-  const bool needs_backward = stage + 1 < job.topology().stages();
+  // The replayed stages [first, end) (the slot alone, or its recovery group) take the forward
+  // pairs logged for stage `first` and the backward pairs logged for stage end-1.
+  const bool needs_forward = first > 0;
+  const bool needs_backward = end < job.topology().stages();
   const int64_t t0 = task.snapshot().step();
   const int64_t tf = task.failed_step();
   std::vector<LoggedStep> steps;
   if (tf <= t0) return steps;
   std::vector<LogRecord> records;
-  ReadLogRequest request;
-  request.set_incarnation(incarnation);
-  request.set_task_id(task.task_id());
-  request.set_from_step(t0);
-  request.set_to_step(tf);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(config.rpc_deadline_ms()) * 6);
-  auto reader = stub->ReadLog(&context, request);
-  LogRecord record;
-  while (reader->Read(&record)) records.push_back(std::move(record));
-  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  for (int member : std::set<int>{stage, first, end - 1}) {
+    ReadLogRequest request;
+    request.set_incarnation(incarnation);
+    request.set_task_id(task.task_id());
+    request.set_from_step(t0);
+    request.set_to_step(tf);
+    if (member != stage) {
+      *request.mutable_slot() = task.slot();
+      request.mutable_slot()->set_stage(member);
+    }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(config.rpc_deadline_ms()) * 6);
+    auto reader = stub->ReadLog(&context, request);
+    LogRecord record;
+    while (reader->Read(&record)) {
+      const int part = record.boundaries_size() == 0 ? 0 : record.boundaries(0).direction();
+      const bool wanted = (member == stage && record.micro_batch() == -1) ||
+                          (member == first && record.micro_batch() >= 0 &&
+                           part == (first == 0 ? 0 : FORWARD)) ||
+                          (member == end - 1 && record.micro_batch() >= 0 && part == BACKWARD);
+      if (wanted) records.push_back(std::move(record));
+    }
+    RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  }
+  std::stable_sort(records.begin(), records.end(), [](const LogRecord& a, const LogRecord& b) {
+    return a.step() < b.step();
+  });
 
   size_t next = 0;
   for (int64_t t = t0 + 1; t <= tf; ++t) {
@@ -114,9 +135,9 @@ absl::StatusOr<std::vector<LoggedStep>> ReadSteps(const WorkerConfig& config,
 
 // Loads the task's snapshot into `compute` (nothing to do if the slot never synced: its state
 // at step 0 is the model's initialisation).
-absl::Status LoadSnapshot(const Snapshot& snapshot, SlotCompute* compute) {
+absl::Status LoadSnapshot(const Snapshot& snapshot, SlotCompute* compute, int index = 0) {
   if (snapshot.params().tensors_size() == 0) return absl::OkStatus();
-  compute::MlpStage& stage = compute->trainer->stage(0);
+  compute::MlpStage& stage = compute->trainer->stage(index);
   const compute::StageLayout& layout = stage.layout();
   RETURN_IF_ERROR(compute::ValidateBundle(layout, snapshot.params(), "snapshot.params"));
   RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, snapshot.params())));
@@ -124,7 +145,7 @@ absl::Status LoadSnapshot(const Snapshot& snapshot, SlotCompute* compute) {
   RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.m(), "snapshot.optimizer.m"));
   RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.v(), "snapshot.optimizer.v"));
   RETURN_IF_ERROR(compute::ValidateBundle(layout, opt.last_hdiag(), "snapshot.optimizer.last_hdiag"));
-  return compute->trainer->optimizer(0).SetState(compute::PackedFromBundle(layout, opt.m()),
+  return compute->trainer->optimizer(index).SetState(compute::PackedFromBundle(layout, opt.m()),
                                                  compute::PackedFromBundle(layout, opt.v()),
                                                  compute::PackedFromBundle(layout, opt.last_hdiag()));
 }
@@ -427,12 +448,33 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
         task.first_micro_batch(), ", +", task.micro_batch_count(),
         ") is not a tree-aligned block of ", micro_batches));
   }
+  // A stage in a recovery group of several is replayed with the whole group (DESIGN §5.2).
+  const bool grouped = task.group_snapshots_size() > 0;
+  const int first = grouped ? task.group_first_stage() : slot.stage();
+  const int end = grouped ? first + task.group_snapshots_size() : slot.stage() + 1;
+  const int lost = slot.stage() - first;  // the lost stage's index in the replayed segment
+  if (first < 0 || lost < 0 || end <= slot.stage() || end > job.topology().stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("replay task ", task.task_id(),
+                                                   ": a recovery group [", first, ", ", end,
+                                                   ") without slot ", SlotName(slot)));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<SlotCompute> compute,
-                   SlotCompute::Create(config, job, slot, preloaded));
-  RETURN_IF_ERROR(LoadSnapshot(task.snapshot(), compute.get()));
+                   SlotCompute::Create(config, job, slot, preloaded, first, end));
+  if (grouped) {
+    for (int i = 0; i < task.group_snapshots_size(); ++i) {
+      if (task.group_snapshots(i).step() != task.snapshot().step()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "replay task ", task.task_id(), ": the group's snapshots are of steps ",
+            task.group_snapshots(i).step(), " and ", task.snapshot().step()));
+      }
+      RETURN_IF_ERROR(LoadSnapshot(task.group_snapshots(i), compute.get(), i));
+    }
+  } else {
+    RETURN_IF_ERROR(LoadSnapshot(task.snapshot(), compute.get()));
+  }
   const int64_t t0 = task.snapshot().step();
   ASSIGN_OR_RETURN(std::vector<LoggedStep> steps,
-                   ReadSteps(config, task, incarnation, job, stub));
+                   ReadSteps(config, task, incarnation, job, first, end, stub));
   const absl::Time transferred = absl::Now();
 
   compute::LocalTrainer& trainer = *compute->trainer;
@@ -562,7 +604,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
     }
     RETURN_IF_ERROR(trainer.Apply(t, sums));
     Metrics().replayed_steps->Increment();
-    ASSIGN_OR_RETURN(const uint64_t checksum, compute->ParamsChecksum());
+    ASSIGN_OR_RETURN(const uint64_t checksum, trainer.stage(lost).ParamsChecksum());
     if (checksum != logged.checksum) {
       report->set_outcome(CHECKSUM_MISMATCH);
       report->set_steps_replayed(replayed);
@@ -572,6 +614,21 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
       return absl::DataLossError(report->detail());
     }
     ++replayed;
+  }
+  if (grouped) {
+    // The lost stage alone goes on as the slot's trainer; the group's other members are alive.
+    const compute::StageLayout& layout = trainer.stage(lost).layout();
+    std::vector<float> params(layout.packed_size()), m(layout.packed_size()),
+        v(layout.packed_size()), d(layout.packed_size());
+    RETURN_IF_ERROR(trainer.stage(lost).GetParams(absl::MakeSpan(params)));
+    RETURN_IF_ERROR(trainer.optimizer(lost).GetState(absl::MakeSpan(m), absl::MakeSpan(v),
+                                                     absl::MakeSpan(d)));
+    FashionMnist data = std::move(compute->data);
+    ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot, &data));
+    RETURN_IF_ERROR(compute->trainer->stage(0).SetParams(params));
+    RETURN_IF_ERROR(compute->trainer->optimizer(0).SetState(m, v, d));
+    report->set_detail(absl::StrCat("replayed with its recovery group, stages [", first, ", ",
+                                    end, ")"));
   }
   RETURN_IF_ERROR(compute->SeekAfter(task.failed_step()));
   report->set_outcome(RECOVERED);

@@ -32,8 +32,10 @@
 namespace rebound::worker {
 namespace {
 
-// The model of slot `slot`: its stage's layers (the whole model when S = 1).
-compute::TrainerOptions OptionsFor(const JobConfig& job, const SlotId& slot) {
+// The model of slot `slot`: its stage's layers (the whole model when S = 1), or those of stages
+// [first_stage, end_stage) of its replica, split as the job splits them.
+compute::TrainerOptions OptionsFor(const JobConfig& job, const SlotId& slot, int first_stage = -1,
+                                   int end_stage = -1) {
   compute::TrainerOptions options;
   options.model = job.model();
   options.optimizer = job.adahessian();
@@ -43,8 +45,13 @@ compute::TrainerOptions OptionsFor(const JobConfig& job, const SlotId& slot) {
   options.replica = static_cast<uint32_t>(slot.replica());
   if (job.topology().stages() > 1) {
     const std::vector<int> starts = StageLayerStarts(job);
-    options.first_layer = starts[slot.stage()];
-    options.end_layer = starts[slot.stage() + 1];
+    if (first_stage < 0) {
+      first_stage = slot.stage();
+      end_stage = slot.stage() + 1;
+    }
+    options.first_layer = starts[first_stage];
+    options.end_layer = starts[end_stage];
+    options.stage_boundaries.assign(starts.begin() + first_stage + 1, starts.begin() + end_stage);
   }
   return options;
 }
@@ -271,7 +278,8 @@ absl::StatusOr<FashionMnist> LoadDataSet(const DataConfig& config) {
 absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerConfig& config,
                                                                  const JobConfig& job,
                                                                  const SlotId& slot_id,
-                                                                 FashionMnist* preloaded) {
+                                                                 FashionMnist* preloaded,
+                                                                 int first_stage, int end_stage) {
   const int replica = slot_id.replica();
   auto slot = std::make_unique<SlotCompute>();
   if (preloaded != nullptr) {
@@ -282,7 +290,8 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerCon
   RETURN_IF_ERROR(CheckModelFitsData(job.model(), slot->data.train));
   ASSIGN_OR_RETURN(slot->backend, compute::CreateBackend(EffectiveCompute(job, config)));
   ASSIGN_OR_RETURN(slot->trainer, compute::LocalTrainer::Create(slot->backend.get(),
-                                                                OptionsFor(job, slot_id)));
+                                                                OptionsFor(job, slot_id, first_stage,
+                                                                           end_stage)));
   RETURN_IF_ERROR(slot->trainer->InitParams());
   ASSIGN_OR_RETURN(ShardSampler sampler,
                    ShardSampler::Create(job.data(), slot->data.train.count,

@@ -66,10 +66,14 @@ struct SlotCompute {
 
   // Loads the data set (unless `preloaded` is given, which is then moved from) and builds the
   // model of `slot` (its stage's layers when S > 1) from its initialisation.
+  // With first_stage >= 0 the model holds stages [first_stage, end_stage) of the slot's replica
+  // instead (a replay of a recovery group).
   static absl::StatusOr<std::unique_ptr<SlotCompute>> Create(const WorkerConfig& config,
                                                              const JobConfig& job,
                                                              const SlotId& slot,
-                                                             FashionMnist* preloaded = nullptr);
+                                                             FashionMnist* preloaded = nullptr,
+                                                             int first_stage = -1,
+                                                             int end_stage = -1);
   // Fills `images` and `labels` with the batch of these sample ids (each label y becomes
   // label_map[y] unless label_map is empty).
   absl::Status LoadBatch(absl::Span<const int64_t> ids, const std::vector<int32_t>& label_map);
