@@ -624,6 +624,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
     RETURN_IF_ERROR(trainer.optimizer(lost).GetState(absl::MakeSpan(m), absl::MakeSpan(v),
                                                      absl::MakeSpan(d)));
     FashionMnist data = std::move(compute->data);
+    accumulators.clear();  // they hold buffers of the group's backend, which goes now
     ASSIGN_OR_RETURN(compute, SlotCompute::Create(config, job, slot, &data));
     RETURN_IF_ERROR(compute->trainer->stage(0).SetParams(params));
     RETURN_IF_ERROR(compute->trainer->optimizer(0).SetState(m, v, d));

@@ -11,12 +11,15 @@
 #include <signal.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <random>
 #include <iostream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/rebound.grpc.pb.h"
@@ -35,6 +38,7 @@ struct PipelineSpec {
   int64_t max_steps = 60;
   int neighbour_timeout_ms = 10000;
   std::string logged_boundaries;  // e.g. "logged_boundaries: [1]"; empty: all
+  int recovery_parallelism = 1;
 };
 
 // 784 -> 12 -> 10 -> 10 (three layers: S up to 3), Hessian every other step so that pairs travel
@@ -47,7 +51,8 @@ std::string JobText(const PipelineSpec& spec) {
       "  topology { replicas: ", spec.replicas, " stages: ", spec.stages, " }\n",
       "  weighting { policy: UNIFORM }\n  scheduling: DETERMINISTIC\n",
       "  fault_tolerance { policy: REPLAY heartbeat_interval_ms: 200 failure_timeout_ms: 2000",
-      " neighbour_timeout_ms: ", spec.neighbour_timeout_ms, " }\n",
+      " neighbour_timeout_ms: ", spec.neighbour_timeout_ms,
+      " recovery_parallelism: ", spec.recovery_parallelism, " }\n",
       "  data { batch_size: 32 micro_batches: 4 train_limit: 2000 test_limit: 100 }\n",
       "  adahessian { lr: 0.01 hessian_every: 2 }\n",
       "  easgd { sync_period: ", spec.sync_period, " }\n",
@@ -130,95 +135,111 @@ TEST_CASE("a model split into 2 and 3 pipeline stages trains bit-identical to on
   }
 }
 
-// Kills the middle stage of a 3-stage replica once its neighbours' log holds a few of its steps
-// past its snapshot; a spare rebuilds it.
-TEST_CASE("a middle stage killed mid-round is rebuilt by replay and the run ends bit-identical") {
-  PipelineSpec spec;
-  spec.stages = 3;
-  spec.sync_period = 20;
-  spec.max_steps = 100;
-  const std::map<uint32_t, std::string> clean = RunClean(spec);
+// Where a kill lands: stage `stage` of replica 0, once the store holds its log through step
+// snapshot + `offset` (offset in [1, tau - 1]: anywhere in a round, up to its sync), with
+// `spares` spares waiting (recovery_parallelism = spares).
+struct KillPoint {
+  int stage = 1;
+  int offset = 3;
+  int spares = 1;
+  std::string logged_boundaries;  // of the killed run; empty: all
+  std::string group;              // the recovery group the detail must name; empty: none
+};
 
+// A 3-stage DETERMINISTIC run with one stage killed at `kill` and rebuilt by replay; checks the
+// recovery and returns the final centers.
+std::map<uint32_t, std::string> RunKilled(PipelineSpec spec, const KillPoint& kill) {
+  spec.logged_boundaries = kill.logged_boundaries;
+  spec.recovery_parallelism = kill.spares;
   Cluster cluster(spec);
   cluster.StartTrainers(spec);
-  cluster.StartWorker("spare", SPARE);
-  // Past the first sync, and at least 3 logged steps beyond the snapshot.
+  for (int i = 0; i < kill.spares; ++i) cluster.StartWorker(absl::StrCat("spare", i), SPARE);
   const GetStatusResponse before = cluster.WaitFor(
-      "slot (0, 1) logged steps past its first snapshot",
+      absl::StrCat("slot (0, ", kill.stage, ") logged ", kill.offset, " steps past a snapshot"),
       [&](const GetStatusResponse& s) {
-        const SlotStatus& slot = SlotAt(s, 0, 1);
+        const SlotStatus& slot = SlotAt(s, 0, kill.stage);
         return slot.snapshot_step() >= spec.sync_period &&
-               slot.logged_step() >= slot.snapshot_step() + 3 &&
+               slot.logged_step() >= slot.snapshot_step() + kill.offset &&
                slot.logged_step() < spec.max_steps - spec.sync_period;
       },
       absl::Seconds(60), absl::Milliseconds(1));
-  cluster.Kill(Cluster::Name(0, 1));
-  const int64_t t0_at_kill = SlotAt(before, 0, 1).snapshot_step();
+  const std::string victim = Cluster::Name(0, kill.stage);
+  cluster.Kill(victim);
   const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
   INFO(done.DebugString());
   REQUIRE(done.recoveries_size() == 1);
   const RecoveryStatus& r = done.recoveries(0);
   CHECK(r.outcome() == RECOVERED);
   CHECK(r.verified());
-  CHECK(r.slot().stage() == 1);
-  CHECK(r.steps_replayed() >= 1);
-  CHECK(r.failed_step() >= t0_at_kill);
+  CHECK(r.slot().stage() == kill.stage);
+  CHECK(r.spares_size() == kill.spares);
+  CHECK(r.failed_step() >= SlotAt(before, 0, kill.stage).snapshot_step());
+  if (kill.group.empty()) {
+    CHECK_FALSE(absl::StrContains(r.detail(), "recovery group"));
+  } else {
+    CHECK(absl::StrContains(r.detail(), "replayed with its recovery group, stages " + kill.group));
+  }
   CheckEverySyncAppliedOnce(done, spec);
-  CHECK(cluster.ExitCode(Cluster::Name(0, 0)) == 0);
-  CHECK(cluster.ExitCode(Cluster::Name(0, 2)) == 0);
-  CHECK(cluster.ExitCode("spare") == 0);
-  // The neighbours flushed their logs for the replay.
-  CHECK(absl::StrContains(cluster.WorkerLog(Cluster::Name(0, 0)), "flushed the step log"));
-  CHECK(absl::StrContains(cluster.WorkerLog(Cluster::Name(0, 2)), "flushed the step log"));
-  std::cout << "pipeline_test: middle stage killed at logged step "
-            << SlotAt(before, 0, 1).logged_step() << ": " << r.detail() << std::endl;
-  CHECK(cluster.Centers(spec.stages) == clean);
+  // The stages whose logs the replay reads: the killed stage's recovery group and the stages
+  // right around it.
+  int first = kill.stage;
+  int end = kill.stage + 1;
+  if (!kill.group.empty()) {
+    first = kill.group[1] - '0';
+    end = kill.group[4] - '0';
+  }
+  for (int s = 0; s < spec.stages; ++s) {
+    if (s == kill.stage) continue;
+    INFO("stage " << s);
+    // The others stayed alive through the rebuild, under their first incarnation; those the
+    // replay reads from flushed their logs first, when asked.
+    const WorkerStatus* live = FindWorker(done, Cluster::Name(0, s), TRAINER);
+    REQUIRE(live != nullptr);
+    CHECK(live->incarnation() == SlotAt(before, 0, s).owner_incarnation());
+    CHECK(cluster.ExitCode(Cluster::Name(0, s)) == 0);
+    CHECK(absl::StrContains(cluster.WorkerLog(Cluster::Name(0, s)), "flushed the step log") ==
+          (s >= first - 1 && s <= end));
+  }
+  for (int i = 0; i < kill.spares; ++i) CHECK(cluster.ExitCode(absl::StrCat("spare", i)) == 0);
+  std::cout << "pipeline_test: stage " << kill.stage << " killed at logged step "
+            << SlotAt(before, 0, kill.stage).logged_step() << " (" << kill.spares
+            << " spare(s)): " << r.detail() << std::endl;
+  return cluster.Centers(spec.stages);
 }
 
-// Boundary 1 unlogged: stages 0 and 1 form one recovery group, rebuilt together from their
-// snapshots and the pairs logged at boundary 2, while stage 0 itself stays alive.
-TEST_CASE("with a boundary unlogged, a killed stage is rebuilt with its recovery group, "
-          "bit-identical") {
+TEST_CASE("a killed stage is rebuilt by replay, alone or with its recovery group, by one spare or "
+          "two, and the run ends bit-identical") {
   PipelineSpec spec;
   spec.stages = 3;
   spec.sync_period = 20;
   spec.max_steps = 100;
   const std::map<uint32_t, std::string> clean = RunClean(spec);
-
-  spec.logged_boundaries = "logged_boundaries: [2]";
-  Cluster cluster(spec);
-  cluster.StartTrainers(spec);
-  cluster.StartWorker("spare", SPARE);
-  const GetStatusResponse before = cluster.WaitFor(
-      "slot (0, 1) logged steps past its first snapshot",
-      [&](const GetStatusResponse& s) {
-        const SlotStatus& slot = SlotAt(s, 0, 1);
-        return slot.snapshot_step() >= spec.sync_period &&
-               slot.logged_step() >= slot.snapshot_step() + 3 &&
-               slot.logged_step() < spec.max_steps - spec.sync_period;
-      },
-      absl::Seconds(60), absl::Milliseconds(1));
-  cluster.Kill(Cluster::Name(0, 1));
-  const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
-  INFO(done.DebugString());
-  REQUIRE(done.recoveries_size() == 1);
-  const RecoveryStatus& r = done.recoveries(0);
-  CHECK(r.outcome() == RECOVERED);
-  CHECK(r.verified());
-  CHECK(r.slot().stage() == 1);
-  CHECK(r.steps_replayed() >= 1);
-  CHECK(absl::StrContains(r.detail(), "replayed with its recovery group, stages [0, 2)"));
-  CheckEverySyncAppliedOnce(done, spec);
-  // Stage 0 stayed alive through the rebuild, under its first incarnation.
-  const WorkerStatus* t00 = FindWorker(done, Cluster::Name(0, 0), TRAINER);
-  REQUIRE(t00 != nullptr);
-  CHECK(t00->incarnation() == SlotAt(before, 0, 0).owner_incarnation());
-  CHECK(cluster.ExitCode(Cluster::Name(0, 0)) == 0);
-  CHECK(cluster.ExitCode(Cluster::Name(0, 2)) == 0);
-  CHECK(cluster.ExitCode("spare") == 0);
-  std::cout << "pipeline_test: group member killed at logged step "
-            << SlotAt(before, 0, 1).logged_step() << ": " << r.detail() << std::endl;
-  CHECK(cluster.Centers(spec.stages) == clean);
+  // A fixed seed, printed; REBOUND_TEST_SEED replaces it to explore other kill points.
+  uint32_t seed = 20261203;
+  if (const char* text = std::getenv("REBOUND_TEST_SEED"); text != nullptr) {
+    REQUIRE(absl::SimpleAtoi(text, &seed));
+  }
+  std::mt19937 random(seed);
+  std::uniform_int_distribution<int> offset(1, spec.sync_period - 1);
+  std::vector<KillPoint> kills(4);
+  kills[0].stage = 1;  // the middle stage, every boundary logged
+  kills[1].stage = 0;  // the first stage, by two spares in parallel
+  kills[1].spares = 2;
+  kills[2].stage = 1;  // boundary 1 unlogged: group [0, 2), stage 0 stays alive
+  kills[2].logged_boundaries = "logged_boundaries: [2]";
+  kills[2].group = "[0, 2)";
+  kills[3].stage = 2;  // boundary 2 unlogged: group [1, 3), by two spares
+  kills[3].logged_boundaries = "logged_boundaries: [1]";
+  kills[3].group = "[1, 3)";
+  kills[3].spares = 2;
+  for (KillPoint& kill : kills) kill.offset = offset(random);
+  std::cout << "pipeline_test: seed " << seed << std::endl;
+  for (const KillPoint& kill : kills) {
+    INFO("seed " << seed << ": stage " << kill.stage << " killed " << kill.offset
+                 << " steps past a snapshot, " << kill.spares << " spare(s), "
+                 << (kill.logged_boundaries.empty() ? "all logged" : kill.logged_boundaries));
+    CHECK(RunKilled(spec, kill) == clean);
+  }
 }
 
 TEST_CASE("a stage whose neighbour stays dead shows BLOCKED in status, then resumes when a spare "
