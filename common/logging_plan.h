@@ -9,13 +9,15 @@
 //
 // The model of expected recovery time used to rank boundaries: a failure hits each stage with
 // equal probability 1/S; rebuilding group g replays on average tau/2 steps of its stages, each
-// step costing the group's share of the model's compute (proportional to the multiply-adds of
-// its layers). Starting from every boundary logged, the plan repeatedly drops the boundary whose
-// removal adds the least expected recovery time per byte of log storage saved, until the log fits
-// the budget.
+// step costing the sum of its stages' step times. A stage's step time is measured when the caller
+// gives one (MeasuredCosts::stage_ms, e.g. from //bench:selective_logging), else estimated as the
+// stage's share of the model's multiply-adds. Starting from every boundary logged, the plan
+// repeatedly drops the boundary whose removal adds the least expected recovery time per byte of
+// log storage saved, until the log fits the budget.
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +32,16 @@ struct BoundaryCost {
   int64_t stored_bytes = 0;    // bytes_per_step x tau: what the log holds at most
 };
 
+// Measured costs that replace the estimates above; each is optional (empty: estimate).
+struct MeasuredCosts {
+  // Milliseconds per training step of each stage s = 0..S-1 (forward and backward with the R-op
+  // of its M micro-batches and its AdaHessian apply): S finite values > 0.
+  std::vector<double> stage_ms;
+  // Bytes that logging boundary b = 1..S-1 ships per step (e.g. the serialized LogRecords of its
+  // forward and backward pairs): S-1 values > 0, replacing 4 x batch x width floats.
+  std::vector<int64_t> boundary_bytes_per_step;
+};
+
 struct LoggingPlan {
   std::vector<BoundaryCost> boundaries;  // all, ascending
   std::vector<int> logged;               // the boundaries kept, ascending
@@ -41,9 +53,21 @@ struct LoggingPlan {
   // The order in which boundaries were dropped, with the expected recovery after each.
   std::vector<std::pair<int, double>> dropped;
   bool fits = false;  // stored_bytes <= budget (false only if even no logging... never: 0 fits)
+  bool bytes_measured = false;  // boundary bytes came from MeasuredCosts
+  // With measured stage times (else empty and zeros): the times, one step of the whole model
+  // (their sum), and the expected recovery of one failure in ms (expected_recovery_* x
+  // model_step_ms).
+  std::vector<double> stage_ms;
+  double model_step_ms = 0.0;
+  double expected_recovery_ms_all = 0.0;
+  double expected_recovery_ms_plan = 0.0;
 };
 
-// INVALID_ARGUMENT for a job that does not validate or a negative budget.
+// INVALID_ARGUMENT for a job that does not validate, a negative budget, or measured costs of the
+// wrong count or out of range (the message names stage_ms or boundary_bytes_per_step).
+absl::StatusOr<LoggingPlan> PlanLogging(const JobConfig& job, int64_t budget_bytes,
+                                        const MeasuredCosts& measured);
+// PlanLogging with nothing measured: stage times from multiply-adds, bytes from widths.
 absl::StatusOr<LoggingPlan> PlanLogging(const JobConfig& job, int64_t budget_bytes);
 
 // The plan as the text reboundctl prints.

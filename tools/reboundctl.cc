@@ -13,8 +13,12 @@
 //   watch    status, redrawn every --interval_ms until interrupted (or --count times)
 //   drain R,S  asks the trainer of slot (R, S) to leave after its next sync; a spare takes the
 //            slot over from that sync's snapshot, with nothing to replay
-//   plan-logging --job FILE --budget_bytes N  (offline, no server) which stage boundaries to log
-//            within a log budget, by SWIFT's greedy rule (common/logging_plan.h)
+//   plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]
+//            (offline, no server) which stage boundaries to log within a log budget of N bytes, by
+//            SWIFT's greedy rule (common/logging_plan.h); --stage_ms gives each stage's measured
+//            step time (S values; else multiply-adds estimate it), --boundary_bytes each
+//            boundary's measured log bytes per step (S-1 values); --budget_bytes is an alias of
+//            --budget
 //
 // Security (docs/operations.md#security): --token_file sends the server's bearer token; --tls,
 // --ca_file (verify the server) and --cert_file/--key_file (mutual TLS) turn TLS on.
@@ -25,15 +29,19 @@
 #include <gflags/gflags.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
@@ -54,7 +62,12 @@ DEFINE_string(cert_file, "", "TLS: this client's PEM certificate (mutual TLS)");
 DEFINE_string(key_file, "", "TLS: this client's PEM private key (mutual TLS)");
 DEFINE_bool(tls, false, "TLS with the system's CA roots (or --ca_file)");
 DEFINE_string(job, "", "plan-logging: the job config file");
-DEFINE_int64(budget_bytes, -1, "plan-logging: bytes the step log may hold at most");
+DEFINE_int64(budget, -1, "plan-logging: bytes the step log may hold at most");
+DEFINE_int64(budget_bytes, -1, "plan-logging: alias of --budget");
+DEFINE_string(stage_ms, "",
+              "plan-logging: measured ms per step of each stage, S comma-separated numbers > 0");
+DEFINE_string(boundary_bytes, "",
+              "plan-logging: measured log bytes per step of boundaries 1..S-1, comma-separated");
 DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
 namespace rebound::ctl {
@@ -343,9 +356,38 @@ int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot
   return kExitOk;
 }
 
+// Parses the comma-separated list of `flag` into *values: `count` numbers that `parse` accepts.
+// On a wrong count or a bad number prints a usage error naming the flag and returns false.
+template <typename T, typename Parse>
+bool ParseList(const std::string& flag, const std::string& text, int count, const char* what,
+               Parse parse, std::vector<T>* values) {
+  values->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    T value{};
+    if (!parse(absl::StripAsciiWhitespace(part), &value)) {
+      std::cerr << "reboundctl: --" << flag << ": '" << part << "' is not " << what << "\n";
+      return false;
+    }
+    values->push_back(value);
+  }
+  if (static_cast<int>(values->size()) != count) {
+    std::cerr << "reboundctl: --" << flag << " needs " << count << " comma-separated values, got "
+              << values->size() << "\n";
+    return false;
+  }
+  return true;
+}
+
 int PlanLoggingCommand() {
-  if (FLAGS_job.empty() || FLAGS_budget_bytes < 0) {
-    std::cerr << "reboundctl: plan-logging needs --job FILE and --budget_bytes N (>= 0)\n";
+  const bool budget_set = !gflags::GetCommandLineFlagInfoOrDie("budget").is_default;
+  const bool alias_set = !gflags::GetCommandLineFlagInfoOrDie("budget_bytes").is_default;
+  if (budget_set && alias_set && FLAGS_budget != FLAGS_budget_bytes) {
+    std::cerr << "reboundctl: --budget and --budget_bytes (its alias) disagree\n";
+    return kExitUsage;
+  }
+  const int64_t budget = budget_set ? FLAGS_budget : FLAGS_budget_bytes;
+  if (FLAGS_job.empty() || !(budget_set || alias_set) || budget < 0) {
+    std::cerr << "reboundctl: plan-logging needs --job FILE and --budget N (bytes, >= 0)\n";
     return kExitUsage;
   }
   auto job = LoadJobConfig(FLAGS_job);
@@ -353,12 +395,30 @@ int PlanLoggingCommand() {
     std::cerr << "reboundctl: " << job.status().message() << "\n";
     return kExitUsage;
   }
-  auto plan = PlanLogging(*job, FLAGS_budget_bytes);
+  const int stages = static_cast<int>(StageLayerStarts(*job).size()) - 1;
+  MeasuredCosts measured;
+  const auto positive_ms = [](absl::string_view text, double* ms) {
+    return absl::SimpleAtod(text, ms) && std::isfinite(*ms) && *ms > 0;
+  };
+  const auto positive_bytes = [](absl::string_view text, int64_t* bytes) {
+    return absl::SimpleAtoi(text, bytes) && *bytes > 0;
+  };
+  if (!FLAGS_stage_ms.empty() &&
+      !ParseList("stage_ms", FLAGS_stage_ms, stages, "a finite number > 0 (ms)", positive_ms,
+                 &measured.stage_ms)) {
+    return kExitUsage;
+  }
+  if (!FLAGS_boundary_bytes.empty() &&
+      !ParseList("boundary_bytes", FLAGS_boundary_bytes, stages - 1, "a whole number of bytes > 0",
+                 positive_bytes, &measured.boundary_bytes_per_step)) {
+    return kExitUsage;
+  }
+  auto plan = PlanLogging(*job, budget, measured);
   if (!plan.ok()) {
     std::cerr << "reboundctl: " << plan.status().message() << "\n";
     return kExitUsage;
   }
-  std::cout << FormatLoggingPlan(*job, FLAGS_budget_bytes, *plan);
+  std::cout << FormatLoggingPlan(*job, budget, *plan);
   return kExitOk;
 }
 
@@ -366,7 +426,8 @@ constexpr char kUsage[] =
     "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N]\n"
     "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F] COMMAND\n"
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
-    "  plan-logging --job FILE --budget_bytes N   (offline)\n";
+    "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
+    "   (offline)\n";
 
 int Main(int argc, char** argv) {
   if (argc < 2) {
@@ -433,7 +494,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "
-      "health|status|workers|recoveries|watch|drain R,S");
+      "health|status|workers|recoveries|watch|drain R,S|plan-logging");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }
