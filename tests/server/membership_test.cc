@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -507,14 +508,16 @@ TEST_CASE("a helper that dies mid-replay ends the task; the slot goes to a new t
     const absl::Time limit = absl::Now() + absl::Seconds(20);
     while (!p1.done() && !p2.done() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
     REQUIRE((p1.done() || p2.done()));
-    leader = p1.done() ? s1->incarnation() : s2->incarnation();
-    helper = p1.done() ? s2->incarnation() : s1->incarnation();
-    std::optional<Membership::ReplayClaim> led = (p1.done() ? p1 : p2).Wait();
+    // Decided once, before the publication lets the helper's poll end too.
+    const bool s1_leads = p1.done();
+    leader = s1_leads ? s1->incarnation() : s2->incarnation();
+    helper = s1_leads ? s2->incarnation() : s1->incarnation();
+    std::optional<Membership::ReplayClaim> led = (s1_leads ? p1 : p2).Wait();
     REQUIRE(led.has_value());
     REQUIRE(led->spares.size() == 2);
     task = led->task_id;
     membership.PublishReplay(task, 0, 5);
-    std::optional<Membership::ReplayClaim> helped = (p1.done() ? p2 : p1).Wait();
+    std::optional<Membership::ReplayClaim> helped = (s1_leads ? p2 : p1).Wait();
     REQUIRE(helped.has_value());
     CHECK(helped->rank == 1);
   }
@@ -648,6 +651,297 @@ TEST_CASE("after a restart the slots' owners go on and every other old incarnati
   CHECK(fresh->incarnation() > spare);
   REQUIRE(second.Deregister(fresh->incarnation()).ok());
   CHECK(second.CheckAlive(fresh->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace rebound::server
+
+namespace rebound::server {
+namespace {
+
+// Pipelines (S > 1) under REPLAY: a lost stage's neighbours flush their step logs first, and a
+// trainer waiting on a neighbour shows as BLOCKED.
+
+JobConfig PipelineJob(int replicas) {
+  auto job =
+      ParseJobConfig(absl::StrCat("job_id: \"j\"\n"
+                                  "model { layers { width: 8 } layers { width: 6 } "
+                                  "layers { width: 4 activation: IDENTITY } }\n"
+                                  "topology { replicas: ",
+                                  replicas,
+                                  " stages: 3 }\n"
+                                  "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
+                                  "failure_timeout_ms: 1000 }\n"),
+                     "job.pbtxt");
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  return *job;
+}
+
+// Registers a trainer on every slot, in slot order (index replica * 3 + stage).
+std::vector<uint64_t> RegisterTrainers(Membership& membership, int slots) {
+  std::vector<uint64_t> trainers;
+  for (int i = 0; i < slots; ++i) {
+    auto trainer = membership.Register(Request(absl::StrCat("t", i), TRAINER));
+    REQUIRE(trainer.ok());
+    REQUIRE(trainer->slot().replica() * 3 + trainer->slot().stage() == i);
+    trainers.push_back(trainer->incarnation());
+  }
+  return trainers;
+}
+
+bool HasCommand(const HeartbeatResponse& response, Command command) {
+  for (int c : response.commands()) {
+    if (c == command) return true;
+  }
+  return false;
+}
+
+HeartbeatResponse BeatOk(Membership& membership, const HeartbeatRequest& request) {
+  auto response = membership.Heartbeat(request);
+  INFO(response.status().ToString());
+  REQUIRE(response.ok());
+  return *response;
+}
+
+HeartbeatRequest Flushed(uint64_t incarnation, int64_t flushes_done) {
+  HeartbeatRequest request = Beat(incarnation);
+  request.set_flushes_done(flushes_done);
+  return request;
+}
+
+HeartbeatRequest Blocked(uint64_t incarnation, const std::string& reason) {
+  HeartbeatRequest request = Beat(incarnation);
+  request.set_blocked_reason(reason);
+  return request;
+}
+
+// `trainers` except `silent` heartbeat 900 ms in; 200 ms later `silent` is declared failed.
+void FailOne(FakeClock& clock, Membership& membership, const std::vector<uint64_t>& trainers,
+             uint64_t silent, std::vector<uint64_t> others_alive = {}) {
+  clock.Advance(absl::Milliseconds(900));
+  for (uint64_t t : trainers) {
+    if (t != silent) BeatOk(membership, Beat(t));
+  }
+  for (uint64_t t : others_alive) BeatOk(membership, Beat(t));
+  clock.Advance(absl::Milliseconds(200));
+  const std::vector<FailedWorker> failed = membership.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  REQUIRE(failed[0].incarnation == silent);
+}
+
+TEST_CASE(
+    "when a pipeline stage fails, only its alive neighbours are asked to flush, until they "
+    "report it") {
+  FakeClock clock;
+  Membership membership(PipelineJob(2), &clock);
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 6);
+  // Nothing to flush before a loss.
+  for (uint64_t trainer : t) {
+    HeartbeatResponse beat = BeatOk(membership, Beat(trainer));
+    CHECK_FALSE(HasCommand(beat, FLUSH_LOG));
+    CHECK_FALSE(beat.has_flush_sequence());
+  }
+
+  FailOne(clock, membership, t, t[1]);  // slot (0, 1)
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(1).state() == LOST);
+  CHECK(absl::StrContains(status.slots(1).detail(),
+                          "once its neighbours have flushed their step logs"));
+
+  for (uint64_t neighbour : {t[0], t[2]}) {
+    HeartbeatResponse beat = BeatOk(membership, Beat(neighbour));
+    CHECK(HasCommand(beat, FLUSH_LOG));
+    CHECK(beat.flush_sequence() == 1);
+    // Asked again on every heartbeat that does not report it, or reports less.
+    beat = BeatOk(membership, Flushed(neighbour, 0));
+    CHECK(HasCommand(beat, FLUSH_LOG));
+    CHECK(beat.flush_sequence() == 1);
+  }
+  // The other replica's stages are no neighbours of (0, 1).
+  for (uint64_t other : {t[3], t[4], t[5]}) {
+    HeartbeatResponse beat = BeatOk(membership, Beat(other));
+    CHECK_FALSE(HasCommand(beat, FLUSH_LOG));
+    CHECK_FALSE(beat.has_flush_sequence());
+  }
+
+  // The heartbeat that reports the flush carries no FLUSH_LOG, nor do later ones.
+  HeartbeatResponse done = BeatOk(membership, Flushed(t[0], 1));
+  CHECK_FALSE(HasCommand(done, FLUSH_LOG));
+  CHECK_FALSE(done.has_flush_sequence());
+  CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[0])), FLUSH_LOG));
+  CHECK(HasCommand(BeatOk(membership, Beat(t[2])), FLUSH_LOG));
+
+  // A clean exit is a loss too: (1, 0) leaves, its one neighbour (1, 1) is asked; then (1, 2)
+  // leaves and (1, 1) is asked again, under the next sequence number.
+  REQUIRE(membership.Deregister(t[3]).ok());
+  HeartbeatResponse first = BeatOk(membership, Beat(t[4]));
+  CHECK(HasCommand(first, FLUSH_LOG));
+  CHECK(first.flush_sequence() == 1);
+  CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[5])), FLUSH_LOG));
+  REQUIRE(membership.Deregister(t[5]).ok());
+  HeartbeatResponse second = BeatOk(membership, Flushed(t[4], 1));
+  CHECK(HasCommand(second, FLUSH_LOG));
+  CHECK(second.flush_sequence() == 2);
+  CHECK_FALSE(HasCommand(BeatOk(membership, Flushed(t[4], 2)), FLUSH_LOG));
+  // Replica 0's stages were not involved.
+  CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[0])), FLUSH_LOG));
+}
+
+TEST_CASE("the first stage's loss asks only stage 1 to flush") {
+  FakeClock clock;
+  Membership membership(PipelineJob(1), &clock);
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  FailOne(clock, membership, t, t[0]);
+  HeartbeatResponse beat = BeatOk(membership, Beat(t[1]));
+  CHECK(HasCommand(beat, FLUSH_LOG));
+  CHECK(beat.flush_sequence() == 1);
+  CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[2])), FLUSH_LOG));
+}
+
+TEST_CASE("a single-stage job never asks for FLUSH_LOG and replays a lost slot at once") {
+  FakeClock clock;
+  Membership membership(JobWithPolicy("REPLAY"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  auto spare = membership.Register(Request("s", SPARE));
+  REQUIRE(spare->role() == SPARE);
+  FailOne(clock, membership, {a->incarnation(), b->incarnation()}, a->incarnation(),
+          {spare->incarnation()});
+  HeartbeatResponse beat = BeatOk(membership, Beat(b->incarnation()));
+  CHECK_FALSE(HasCommand(beat, FLUSH_LOG));
+  CHECK_FALSE(beat.has_flush_sequence());
+  auto claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 0);
+}
+
+TEST_CASE("a lost pipeline stage is not handed out for replay before both neighbours flushed") {
+  FakeClock clock;
+  Membership membership(PipelineJob(1), &clock);
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  auto spare = membership.Register(Request("s", SPARE));
+  REQUIRE(spare->role() == SPARE);
+  FailOne(clock, membership, t, t[1], {spare->incarnation()});
+
+  auto claim = membership.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
+  REQUIRE(claim.ok());
+  CHECK_FALSE(claim->has_value());
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(1).state() == LOST);
+
+  BeatOk(membership, Flushed(t[0], 1));
+  claim = membership.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
+  REQUIRE(claim.ok());
+  CHECK_FALSE(claim->has_value());  // stage 2 has not flushed
+
+  BeatOk(membership, Flushed(t[2], 1));
+  claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 0);
+  CHECK((*claim)->slot.stage() == 1);
+  CHECK((*claim)->rank == 0);
+  status.Clear();
+  membership.FillStatus(&status);
+  CHECK(status.slots(1).state() == RECOVERING);
+}
+
+TEST_CASE("a spare waiting in ClaimReplay gets the lost stage as soon as its neighbours flushed") {
+  FakeClock clock;
+  Membership membership(PipelineJob(1), &clock);
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  auto spare = membership.Register(Request("s", SPARE));
+  FailOne(clock, membership, t, t[1], {spare->incarnation()});
+
+  Poll poll(&membership, spare->incarnation());
+  WaitUntilPolling(membership, {spare->incarnation()});
+  BeatOk(membership, Flushed(t[2], 1));
+  absl::SleepFor(absl::Milliseconds(20));
+  CHECK_FALSE(poll.done());  // stage 0 has not flushed
+  BeatOk(membership, Flushed(t[0], 1));
+  std::optional<Membership::ReplayClaim> claim = poll.Wait();
+  REQUIRE(claim.has_value());
+  CHECK(claim->slot.stage() == 1);
+}
+
+TEST_CASE(
+    "a lost pipeline stage is handed out after failure_timeout even if a neighbour never "
+    "flushes") {
+  FakeClock clock;
+  Membership membership(PipelineJob(1), &clock);
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  auto spare = membership.Register(Request("s", SPARE));
+  FailOne(clock, membership, t, t[1], {spare->incarnation()});  // lost now, at T
+  BeatOk(membership, Flushed(t[0], 1));
+
+  SECTION("the silent neighbour keeps heartbeating") {
+    clock.Advance(absl::Milliseconds(999));
+    CHECK(HasCommand(BeatOk(membership, Beat(t[2])), FLUSH_LOG));
+    BeatOk(membership, Beat(t[0]));
+    BeatOk(membership, Beat(spare->incarnation()));
+    auto claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+    REQUIRE(claim.ok());
+    CHECK_FALSE(claim->has_value());  // T + 999 ms
+    clock.Advance(absl::Milliseconds(1));
+    claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());  // T + 1000 ms
+    REQUIRE(claim.ok());
+    REQUIRE(claim->has_value());
+    CHECK(claim->value().slot.stage() == 1);
+  }
+  SECTION("a neighbour that leaves is not waited for") {
+    REQUIRE(membership.Deregister(t[2]).ok());
+    auto claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+    REQUIRE(claim.ok());
+    REQUIRE(claim->has_value());
+    CHECK(claim->value().slot.stage() == 1);
+  }
+}
+
+TEST_CASE(
+    "a trainer blocked on a neighbour shows its slot BLOCKED with the reason until it "
+    "reports none") {
+  FakeClock clock;
+  Membership membership(PipelineJob(1), &clock);
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  const std::string reason =
+      "waiting 10000 ms for the BACKWARD pair of step 7, micro-batch 2 from slot (0, 2)";
+  BeatOk(membership, Blocked(t[1], reason));
+
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  REQUIRE(status.slots_size() == 3);
+  CHECK(status.slots(1).state() == BLOCKED);
+  CHECK(status.slots(1).detail() == reason);
+  CHECK(status.slots(1).owner_incarnation() == t[1]);
+  CHECK(status.slots(0).state() == ACTIVE);
+  CHECK(status.slots(2).state() == ACTIVE);
+
+  SECTION("an empty reason clears it") {
+    BeatOk(membership, Blocked(t[1], ""));
+    status.Clear();
+    membership.FillStatus(&status);
+    CHECK(status.slots(1).state() == ACTIVE);
+    CHECK(status.slots(1).detail().empty());
+  }
+  SECTION("a heartbeat without a reason clears it") {
+    BeatOk(membership, Beat(t[1]));
+    status.Clear();
+    membership.FillStatus(&status);
+    CHECK(status.slots(1).state() == ACTIVE);
+    CHECK(status.slots(1).detail().empty());
+  }
+  SECTION("a blocked trainer that fails leaves its slot LOST, not BLOCKED") {
+    FailOne(clock, membership, t, t[1]);
+    status.Clear();
+    membership.FillStatus(&status);
+    CHECK(status.slots(1).state() == LOST);
+    CHECK(absl::StrContains(status.slots(1).detail(),
+                            absl::StrCat("owner incarnation ", t[1], " FAILED")));
+  }
 }
 
 }  // namespace

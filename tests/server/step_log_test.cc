@@ -14,12 +14,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/slot.h"
+#include "common/tensor_codec.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -61,10 +64,10 @@ RegisterRequest Request(const std::string& name, WorkerRole role) {
   return request;
 }
 
-SlotId Slot(int replica) {
+SlotId Slot(int replica, int stage = 0) {
   SlotId slot;
   slot.set_replica(replica);
-  slot.set_stage(0);
+  slot.set_stage(stage);
   return slot;
 }
 
@@ -122,10 +125,11 @@ std::vector<std::pair<int64_t, int>> ExpectedKeys(std::vector<int64_t> steps) {
   return keys;
 }
 
-// ParameterServer with only the step-log calls, forwarded; ReadLog's task_id is the replica.
+// ParameterServer with only the step-log calls, forwarded; ReadLog's task_id is the slot's index
+// replica * S + stage (the replica when S = 1).
 class StepLogOnlyService final : public ParameterServer::Service {
  public:
-  explicit StepLogOnlyService(StepLogService* log) : log_(log) {}
+  StepLogOnlyService(StepLogService* log, int stages) : log_(log), stages_(stages) {}
 
   grpc::Status AppendLog(
       grpc::ServerContext* context,
@@ -135,12 +139,13 @@ class StepLogOnlyService final : public ParameterServer::Service {
 
   grpc::Status ReadLog(grpc::ServerContext* context, const ReadLogRequest* request,
                        grpc::ServerWriter<LogRecord>* writer) override {
-    return log_->HandleReadLog(context, *request, Slot(static_cast<int>(request->task_id())),
-                               writer);
+    const int task = static_cast<int>(request->task_id());
+    return log_->HandleReadLog(context, *request, Slot(task / stages_, task % stages_), writer);
   }
 
  private:
   StepLogService* const log_;
+  const int stages_;
 };
 
 std::unique_ptr<storage::DurableStore> OpenStore(const std::string& data_dir) {
@@ -159,11 +164,14 @@ std::string MakeTempDir() {
   return pattern;
 }
 
-// A server with two trainers (slots (0, 0) and (1, 0)) and a spare, serving the step log.
+// A server serving the step log, with a trainer on every slot of `job` (registered in slot order)
+// and a spare; by default the two-replica job: trainers of slots (0, 0) and (1, 0).
 class Harness {
  public:
-  explicit Harness(const std::string& data_dir = "")
-      : job_(TwoReplicaJob()),
+  explicit Harness(const std::string& data_dir = "") : Harness(TwoReplicaJob(), data_dir) {}
+
+  explicit Harness(const JobConfig& job, const std::string& data_dir = "")
+      : job_(job),
         membership_(job_, &clock_),
         store_(OpenStore(data_dir)),
         log_(job_, &membership_, store_.get(),
@@ -172,18 +180,18 @@ class Harness {
                auto it = snapshot_steps_.find(slot.replica());
                return it == snapshot_steps_.end() ? int64_t{0} : it->second;
              }),
-        service_(&log_) {
-    auto a = membership_.Register(Request("a", TRAINER));
-    auto b = membership_.Register(Request("b", TRAINER));
-    auto c = membership_.Register(Request("c", SPARE));
-    REQUIRE(a.ok());
-    REQUIRE(b.ok());
-    REQUIRE(c.ok());
-    REQUIRE(a->slot().replica() == 0);
-    REQUIRE(b->slot().replica() == 1);
-    trainer0_ = a->incarnation();
-    trainer1_ = b->incarnation();
-    spare_ = c->incarnation();
+        service_(&log_, job_.topology().stages()) {
+    const int stages = job_.topology().stages();
+    for (int index = 0; index < job_.topology().replicas() * stages; ++index) {
+      auto trainer = membership_.Register(Request(absl::StrCat("t", index), TRAINER));
+      REQUIRE(trainer.ok());
+      REQUIRE(trainer->slot().replica() == index / stages);
+      REQUIRE(trainer->slot().stage() == index % stages);
+      trainers_.push_back(trainer->incarnation());
+    }
+    auto spare = membership_.Register(Request("spare", SPARE));
+    REQUIRE(spare.ok());
+    spare_ = spare->incarnation();
 
     grpc::ServerBuilder builder;
     int port = 0;
@@ -231,9 +239,13 @@ class Harness {
   };
 
   ReadResult Read(uint64_t incarnation, int replica, int64_t from_step, int64_t to_step) {
+    return Read(incarnation, Slot(replica), from_step, to_step);
+  }
+
+  ReadResult Read(uint64_t incarnation, const SlotId& slot, int64_t from_step, int64_t to_step) {
     ReadLogRequest request;
     request.set_incarnation(incarnation);
-    request.set_task_id(replica);
+    request.set_task_id(slot.replica() * job_.topology().stages() + slot.stage());
     request.set_from_step(from_step);
     request.set_to_step(to_step);
     grpc::ClientContext context;
@@ -247,8 +259,10 @@ class Harness {
   }
 
   // Everything stored for `replica`, read by the spare.
-  std::vector<LogRecord> Stored(int replica) {
-    ReadResult read = Read(spare_, replica, 0, 1000000);
+  std::vector<LogRecord> Stored(int replica) { return Stored(Slot(replica)); }
+
+  std::vector<LogRecord> Stored(const SlotId& slot) {
+    ReadResult read = Read(spare_, slot, 0, 1000000);
     INFO(read.status.error_message());
     REQUIRE(read.status.ok());
     return read.records;
@@ -262,8 +276,12 @@ class Harness {
   Membership& membership() { return membership_; }
   StepLogService& log() { return log_; }
   storage::DurableStore& store() { return *store_; }
-  uint64_t trainer0() const { return trainer0_; }
-  uint64_t trainer1() const { return trainer1_; }
+  uint64_t trainer0() const { return trainers_.at(0); }
+  uint64_t trainer1() const { return trainers_.at(1); }
+  // The trainer of slot (replica, stage).
+  uint64_t trainer(int replica, int stage) const {
+    return trainers_.at(replica * job_.topology().stages() + stage);
+  }
   uint64_t spare() const { return spare_; }
 
  private:
@@ -277,8 +295,7 @@ class Harness {
   StepLogOnlyService service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ParameterServer::Stub> stub_;
-  uint64_t trainer0_ = 0;
-  uint64_t trainer1_ = 0;
+  std::vector<uint64_t> trainers_;  // by slot index
   uint64_t spare_ = 0;
 };
 
@@ -586,6 +603,398 @@ TEST_CASE("ReadLog passes DATA_LOSS through, naming the damaged key") {
   CHECK(h.log().LastCompleteStep(Slot(0), 0).status().code() == absl::StatusCode::kDataLoss);
   // The undamaged range still reads.
   CHECK(Keys(h.Read(h.spare(), 0, 0, 1).records) == ExpectedKeys({1}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelines: a 1 x 3 job. Stage s receives FORWARD pairs over boundary s from stage s-1 and
+// BACKWARD pairs over boundary s+1 from stage s+1; the sender of each logs it (DESIGN §5.2).
+
+constexpr int kPipeMicroBatches = 2;
+constexpr int kPipeBatchSize = 8;
+constexpr int kPipeRows = kPipeBatchSize / kPipeMicroBatches;
+// Features of boundary 1 (stage 0 -> 1) and boundary 2 (stage 1 -> 2).
+constexpr int64_t kBoundaryWidth[3] = {0, 8, 6};
+
+// `step_log_extra`: more step_log fields, e.g. "logged_boundaries: 1".
+JobConfig PipelineJob(const std::string& step_log_extra = "") {
+  auto job = ParseJobConfig(absl::StrCat("job_id: \"j\"\n"
+                                         "model { layers { width: 8 } layers { width: 6 } "
+                                         "layers { width: 4 activation: IDENTITY } }\n"
+                                         "topology { replicas: 1 stages: 3 }\n"
+                                         "data { batch_size: ",
+                                         kPipeBatchSize, " micro_batches: ", kPipeMicroBatches,
+                                         " }\n"
+                                         "step_log { buffer_bytes: 1048576 ",
+                                         step_log_extra, " }\n"),
+                            "job.pbtxt");
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  return *job;
+}
+
+void AddSampleIds(int64_t step, int micro_batch, LogRecord* record) {
+  for (int k = 0; k < kPipeRows; ++k) {
+    record->add_sample_ids(step * 100 + micro_batch * kPipeRows + k);
+  }
+}
+
+// Stage `stage`'s own record of (step, micro_batch): its sample ids, no boundary payload.
+LogRecord OwnRecord(uint64_t id, int stage, int64_t step, int micro_batch) {
+  LogRecord record;
+  *record.mutable_slot() = Slot(0, stage);
+  record.set_step(step);
+  record.set_micro_batch(micro_batch);
+  AddSampleIds(step, micro_batch, &record);
+  record.set_record_id(id);
+  return record;
+}
+
+// The per-step checksum record of slot (0, stage).
+LogRecord PipeStepRecord(uint64_t id, int stage, int64_t step) {
+  LogRecord record;
+  *record.mutable_slot() = Slot(0, stage);
+  record.set_step(step);
+  record.set_micro_batch(-1);
+  record.set_params_checksum(0xAB000000u + stage * 1000 + step);
+  record.set_record_id(id);
+  return record;
+}
+
+// The boundary record of slot (0, stage) that its neighbour logs when it sends `direction`'s
+// pair of (step, micro_batch): FORWARD (from stage - 1, with R{h}) or BACKWARD (from stage + 1,
+// without R{delta}: a step without Hessian).
+LogRecord BoundaryRecord(uint64_t id, int stage, int64_t step, int micro_batch,
+                         BoundaryDirection direction) {
+  LogRecord record = OwnRecord(id, stage, step, micro_batch);
+  const int boundary = direction == BACKWARD ? stage + 1 : stage;
+  const int64_t width = boundary >= 1 && boundary <= 2 ? kBoundaryWidth[boundary] : 4;
+  std::vector<float> value(kPipeRows * width);
+  for (size_t i = 0; i < value.size(); ++i) {
+    value[i] = static_cast<float>(direction * 100000 + step * 1000 + micro_batch * 100 + i);
+  }
+  BoundaryPayload* payload = record.add_boundaries();
+  payload->set_direction(direction);
+  *payload->mutable_value() = MakeFloatTensor(0, "value", {kPipeRows, width}, value);
+  if (direction == FORWARD) {
+    *payload->mutable_r_value() = MakeFloatTensor(1, "r_value", {kPipeRows, width}, value);
+  } else {
+    *payload->mutable_r_value() = MakeFloatTensor(1, "r_value", {0, width}, {});
+  }
+  return record;
+}
+
+// (step, micro_batch, part) of each record: part 0 own, 1 FORWARD, 2 BACKWARD.
+std::vector<std::tuple<int64_t, int, int>> PartKeys(const std::vector<LogRecord>& records) {
+  std::vector<std::tuple<int64_t, int, int>> keys;
+  for (const LogRecord& record : records) {
+    const int part = record.boundaries_size() == 0 ? 0 : record.boundaries(0).direction();
+    keys.emplace_back(record.step(), record.micro_batch(), part);
+  }
+  return keys;
+}
+
+int64_t LastComplete(Harness& h, int stage, int64_t after = 0) {
+  absl::StatusOr<int64_t> step = h.log().LastCompleteStep(Slot(0, stage), after);
+  INFO(step.status().ToString());
+  REQUIRE(step.ok());
+  return *step;
+}
+
+// One AppendLog stream of one batch from `incarnation`, which must be acknowledged.
+void AppendOk(Harness& h, uint64_t incarnation, const std::vector<LogRecord>& records) {
+  Harness::AppendResult result = h.Append({Batch(incarnation, records)});
+  INFO(result.status.error_message());
+  REQUIRE(result.status.ok());
+  REQUIRE(result.acks.size() == 1);
+  CHECK(result.acks[0] == records.back().record_id());
+}
+
+TEST_CASE(
+    "pipeline neighbours log the boundary tensors they send; ReadLog returns each "
+    "(step, micro-batch)'s own, FORWARD and BACKWARD records in that order") {
+  Harness h(PipelineJob());
+  const uint64_t t0 = h.trainer(0, 0);
+  const uint64_t t1 = h.trainer(0, 1);
+  const uint64_t t2 = h.trainer(0, 2);
+  // Every sender's batch in an order of its own; the store orders by key.
+  AppendOk(h, t2,
+           {BoundaryRecord(1, 1, 1, 1, BACKWARD), BoundaryRecord(2, 1, 1, 0, BACKWARD),
+            PipeStepRecord(3, 2, 1)});
+  AppendOk(h, t1,
+           {PipeStepRecord(1, 1, 1), BoundaryRecord(2, 0, 1, 1, BACKWARD),
+            BoundaryRecord(3, 2, 1, 1, FORWARD), BoundaryRecord(4, 0, 1, 0, BACKWARD),
+            BoundaryRecord(5, 2, 1, 0, FORWARD)});
+  AppendOk(h, t0,
+           {BoundaryRecord(1, 1, 1, 1, FORWARD), OwnRecord(2, 0, 1, 1), OwnRecord(3, 0, 1, 0),
+            BoundaryRecord(4, 1, 1, 0, FORWARD), PipeStepRecord(5, 0, 1)});
+  CHECK(h.log().stats().records_written == 13);
+
+  using Key = std::tuple<int64_t, int, int>;
+  const std::vector<LogRecord> middle = h.Stored(Slot(0, 1));
+  CHECK(PartKeys(middle) ==
+        std::vector<Key>{{1, -1, 0}, {1, 0, 1}, {1, 0, 2}, {1, 1, 1}, {1, 1, 2}});
+  REQUIRE(middle.size() == 5);
+  CHECK(middle[0].sender_incarnation() == t1);
+  CHECK(middle[0].params_checksum() == 0xAB000000u + 1000 + 1);
+  CHECK(middle[1].sender_incarnation() == t0);
+  CHECK(middle[1].record_id() == 4);
+  CHECK(middle[2].sender_incarnation() == t2);
+  CHECK(middle[2].record_id() == 2);
+  CHECK(middle[3].sender_incarnation() == t0);
+  CHECK(middle[4].sender_incarnation() == t2);
+  // The payload comes back as it was sent.
+  CHECK(middle[3].SerializeAsString() == [&] {
+    LogRecord sent = BoundaryRecord(1, 1, 1, 1, FORWARD);
+    sent.set_sender_incarnation(t0);
+    return sent.SerializeAsString();
+  }());
+  REQUIRE(middle[4].boundaries_size() == 1);
+  CHECK(middle[4].boundaries(0).value().shape(1) == kBoundaryWidth[2]);
+  CHECK(middle[4].boundaries(0).r_value().shape(0) == 0);
+  CHECK(middle[4].sample_ids(0) == 100 + kPipeRows);
+
+  CHECK(PartKeys(h.Stored(Slot(0, 0))) ==
+        std::vector<Key>{{1, -1, 0}, {1, 0, 0}, {1, 0, 2}, {1, 1, 0}, {1, 1, 2}});
+  CHECK(PartKeys(h.Stored(Slot(0, 2))) == std::vector<Key>{{1, -1, 0}, {1, 0, 1}, {1, 1, 1}});
+  for (int stage = 0; stage < 3; ++stage) CHECK(LastComplete(h, stage) == 1);
+}
+
+TEST_CASE(
+    "a boundary record from anyone but the sending neighbour is refused with "
+    "INVALID_ARGUMENT and none of its batch is stored") {
+  Harness h(PipelineJob());
+  uint64_t sender = 0;
+  int own_stage = 0;
+  LogRecord bad;
+  std::string why;
+  SECTION("stage 0 logging a FORWARD pair for stage 2, which it does not send to") {
+    sender = h.trainer(0, 0);
+    own_stage = 0;
+    bad = BoundaryRecord(2, 2, 1, 0, FORWARD);
+    why = "does not own slot (0, 1)";
+  }
+  SECTION("stage 0 logging a BACKWARD pair for stage 1: that comes from stage 2") {
+    sender = h.trainer(0, 0);
+    own_stage = 0;
+    bad = BoundaryRecord(2, 1, 1, 0, BACKWARD);
+    why = "does not own slot (0, 2)";
+  }
+  SECTION("stage 2 logging a FORWARD pair for stage 1: that comes from stage 0") {
+    sender = h.trainer(0, 2);
+    own_stage = 2;
+    bad = BoundaryRecord(2, 1, 1, 1, FORWARD);
+    why = "does not own slot (0, 0)";
+  }
+  SECTION("stage 1 logging a boundary payload in its own record") {
+    sender = h.trainer(0, 1);
+    own_stage = 1;
+    bad = BoundaryRecord(2, 1, 1, 0, FORWARD);
+    why = "does not own slot (0, 0)";
+  }
+  SECTION("stage 1 logging a FORWARD pair for stage 0") {
+    sender = h.trainer(0, 1);
+    own_stage = 1;
+    bad = BoundaryRecord(2, 0, 1, 0, FORWARD);
+    why = "stage 0 receives no FORWARD boundary";
+  }
+  SECTION("stage 1 logging a BACKWARD pair for the last stage") {
+    sender = h.trainer(0, 1);
+    own_stage = 1;
+    bad = BoundaryRecord(2, 2, 1, 0, BACKWARD);
+    why = "the last stage receives no BACKWARD boundary";
+  }
+  SECTION("two payloads in one record") {
+    sender = h.trainer(0, 0);
+    own_stage = 0;
+    bad = BoundaryRecord(2, 1, 1, 0, FORWARD);
+    *bad.add_boundaries() = bad.boundaries(0);
+    why = "at most one boundary payload";
+  }
+  SECTION("a payload without direction") {
+    sender = h.trainer(0, 0);
+    own_stage = 0;
+    bad = BoundaryRecord(2, 1, 1, 0, FORWARD);
+    bad.mutable_boundaries(0)->clear_direction();
+    why = "direction must be FORWARD or BACKWARD";
+  }
+  SECTION("a payload value that is not a valid FLOAT32 tensor") {
+    sender = h.trainer(0, 0);
+    own_stage = 0;
+    bad = BoundaryRecord(2, 1, 1, 0, FORWARD);
+    bad.mutable_boundaries(0)->mutable_value()->mutable_data()->pop_back();
+    why = "boundaries[0].value";
+  }
+  const std::vector<LogRecord> records = {PipeStepRecord(1, own_stage, 1), bad};
+  Harness::AppendResult result = h.Append({Batch(sender, records)});
+  CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(result.status.error_message(),
+             Contains(absl::StrCat("record 1 of the batch (record_id 2, slot ",
+                                   SlotName(bad.slot()), ", step 1")));
+  CHECK_THAT(result.status.error_message(), Contains(why));
+  CHECK(result.acks.empty());
+  for (int stage = 0; stage < 3; ++stage) CHECK(h.Stored(Slot(0, stage)).empty());
+  CHECK(h.log().stats().batches_rejected == 1);
+  CHECK(h.log().stats().records_written == 0);
+}
+
+TEST_CASE(
+    "a boundary outside step_log.logged_boundaries is not logged: its records are "
+    "INVALID_ARGUMENT") {
+  SECTION("logged_boundaries: [1], BACKWARD over boundary 2") {
+    Harness h(PipelineJob("logged_boundaries: 1"));
+    Harness::AppendResult result = h.Append(
+        {Batch(h.trainer(0, 2), {PipeStepRecord(1, 2, 1), BoundaryRecord(2, 1, 1, 0, BACKWARD)})});
+    CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(result.status.error_message(),
+               Contains("boundary 2 is not in step_log.logged_boundaries"));
+    CHECK(h.Stored(Slot(0, 1)).empty());
+    CHECK(h.Stored(Slot(0, 2)).empty());
+  }
+  SECTION("logged_boundaries: [1], FORWARD over boundary 2") {
+    Harness h(PipelineJob("logged_boundaries: 1"));
+    Harness::AppendResult result =
+        h.Append({Batch(h.trainer(0, 1), {BoundaryRecord(1, 0, 1, 0, BACKWARD),
+                                          BoundaryRecord(2, 2, 1, 0, FORWARD)})});
+    CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(result.status.error_message(), Contains("record 1 of the batch"));
+    CHECK_THAT(result.status.error_message(),
+               Contains("boundary 2 is not in step_log.logged_boundaries"));
+    CHECK(h.Stored(Slot(0, 0)).empty());
+    CHECK(h.Stored(Slot(0, 2)).empty());
+  }
+  SECTION("logged_boundaries: [2], FORWARD over boundary 1") {
+    Harness h(PipelineJob("logged_boundaries: 2"));
+    Harness::AppendResult result =
+        h.Append({Batch(h.trainer(0, 0), {BoundaryRecord(1, 1, 1, 0, FORWARD)})});
+    CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(result.status.error_message(),
+               Contains("boundary 1 is not in step_log.logged_boundaries"));
+    // Boundary 2 is logged.
+    AppendOk(h, h.trainer(0, 1), {BoundaryRecord(1, 2, 1, 0, FORWARD)});
+    CHECK(h.Stored(Slot(0, 1)).empty());
+    CHECK(h.Stored(Slot(0, 2)).size() == 1);
+  }
+  SECTION("log_no_boundaries: stage 0 still logs its sample ids") {
+    Harness h(PipelineJob("log_no_boundaries: true"));
+    Harness::AppendResult result =
+        h.Append({Batch(h.trainer(0, 1), {BoundaryRecord(1, 0, 1, 0, BACKWARD)})});
+    CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(result.status.error_message(),
+               Contains("boundary 1 is not in step_log.logged_boundaries"));
+    AppendOk(h, h.trainer(0, 0),
+             {OwnRecord(1, 0, 1, 0), OwnRecord(2, 0, 1, 1), PipeStepRecord(3, 0, 1)});
+    AppendOk(h, h.trainer(0, 1), {PipeStepRecord(1, 1, 1)});
+    // Nothing but checksums and stage 0's sample ids makes a complete step.
+    CHECK(LastComplete(h, 0) == 1);
+    CHECK(LastComplete(h, 1) == 1);
+    CHECK(LastComplete(h, 2) == 0);
+  }
+}
+
+TEST_CASE("a pipeline slot's step is complete only once every part of it is logged") {
+  Harness h(PipelineJob());
+  const uint64_t t0 = h.trainer(0, 0);
+  const uint64_t t1 = h.trainer(0, 1);
+  const uint64_t t2 = h.trainer(0, 2);
+  uint64_t id0 = 1, id1 = 1, id2 = 1;
+
+  // Each stage's own checksum of step 1; stage 0 its sample ids as well.
+  AppendOk(h, t0,
+           {OwnRecord(id0++, 0, 1, 0), OwnRecord(id0++, 0, 1, 1), PipeStepRecord(id0++, 0, 1)});
+  AppendOk(h, t1, {PipeStepRecord(id1++, 1, 1)});
+  AppendOk(h, t2, {PipeStepRecord(id2++, 2, 1)});
+  for (int stage = 0; stage < 3; ++stage) CHECK(LastComplete(h, stage) == 0);
+
+  // The middle stage: both FORWARD records are not enough, nor is one BACKWARD record.
+  AppendOk(h, t0,
+           {BoundaryRecord(id0++, 1, 1, 0, FORWARD), BoundaryRecord(id0++, 1, 1, 1, FORWARD)});
+  CHECK(LastComplete(h, 1) == 0);
+  AppendOk(h, t2, {BoundaryRecord(id2++, 1, 1, 1, BACKWARD)});
+  CHECK(LastComplete(h, 1) == 0);
+  AppendOk(h, t2, {BoundaryRecord(id2++, 1, 1, 0, BACKWARD)});
+  CHECK(LastComplete(h, 1) == 1);
+
+  // Stage 0 needs stage 1's BACKWARD records, stage 2 its FORWARD records.
+  CHECK(LastComplete(h, 0) == 0);
+  CHECK(LastComplete(h, 2) == 0);
+  AppendOk(h, t1,
+           {BoundaryRecord(id1++, 0, 1, 0, BACKWARD), BoundaryRecord(id1++, 2, 1, 0, FORWARD)});
+  CHECK(LastComplete(h, 0) == 0);
+  CHECK(LastComplete(h, 2) == 0);
+  AppendOk(h, t1,
+           {BoundaryRecord(id1++, 0, 1, 1, BACKWARD), BoundaryRecord(id1++, 2, 1, 1, FORWARD)});
+  CHECK(LastComplete(h, 0) == 1);
+  CHECK(LastComplete(h, 2) == 1);
+
+  // Step 2 of the middle stage: every boundary record but no checksum yet.
+  AppendOk(h, t0,
+           {BoundaryRecord(id0++, 1, 2, 0, FORWARD), BoundaryRecord(id0++, 1, 2, 1, FORWARD)});
+  AppendOk(h, t2,
+           {BoundaryRecord(id2++, 1, 2, 0, BACKWARD), BoundaryRecord(id2++, 1, 2, 1, BACKWARD)});
+  CHECK(LastComplete(h, 1) == 1);
+  AppendOk(h, t1, {PipeStepRecord(id1++, 1, 2)});
+  CHECK(LastComplete(h, 1) == 2);
+  CHECK(LastComplete(h, 1, /*after=*/1) == 2);
+  CHECK(LastComplete(h, 1, /*after=*/2) == 2);
+  // Stage 0's own sample ids of step 2 stand in for nothing else: it still lacks BACKWARD.
+  AppendOk(h, t0,
+           {OwnRecord(id0++, 0, 2, 0), OwnRecord(id0++, 0, 2, 1), PipeStepRecord(id0++, 0, 2)});
+  CHECK(LastComplete(h, 0) == 1);
+  CHECK(h.log().LoggedStep(Slot(0, 1)) == 2);
+  CHECK(h.log().LoggedStep(Slot(0, 2)) == 1);
+}
+
+TEST_CASE("with logged_boundaries [1] the middle stage needs only its FORWARD records") {
+  Harness h(PipelineJob("logged_boundaries: 1"));
+  const uint64_t t0 = h.trainer(0, 0);
+  const uint64_t t1 = h.trainer(0, 1);
+  const uint64_t t2 = h.trainer(0, 2);
+
+  AppendOk(h, t1, {PipeStepRecord(1, 1, 1)});
+  CHECK(LastComplete(h, 1) == 0);
+  AppendOk(h, t0, {BoundaryRecord(1, 1, 1, 0, FORWARD)});
+  CHECK(LastComplete(h, 1) == 0);
+  AppendOk(h, t0, {BoundaryRecord(2, 1, 1, 1, FORWARD)});
+  CHECK(LastComplete(h, 1) == 1);
+
+  // Stage 2 receives over boundary 2 only, which is not logged: its checksum is its step.
+  CHECK(LastComplete(h, 2) == 0);
+  AppendOk(h, t2, {PipeStepRecord(1, 2, 1)});
+  CHECK(LastComplete(h, 2) == 1);
+
+  // Stage 0 still needs stage 1's BACKWARD records over boundary 1.
+  AppendOk(h, t0, {OwnRecord(3, 0, 1, 0), OwnRecord(4, 0, 1, 1), PipeStepRecord(5, 0, 1)});
+  CHECK(LastComplete(h, 0) == 0);
+  AppendOk(h, t1, {BoundaryRecord(2, 0, 1, 0, BACKWARD), BoundaryRecord(3, 0, 1, 1, BACKWARD)});
+  CHECK(LastComplete(h, 0) == 1);
+}
+
+TEST_CASE("a fenced neighbour's boundary records are refused with FAILED_PRECONDITION") {
+  Harness h(PipelineJob());
+  const uint64_t t0 = h.trainer(0, 0);
+  SECTION("fenced before its stream") {
+    REQUIRE(h.membership().Deregister(t0).ok());
+    Harness::AppendResult result = h.Append({Batch(t0, {BoundaryRecord(1, 1, 1, 0, FORWARD)})});
+    CHECK(result.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK_THAT(result.status.error_message(), Contains("is fenced"));
+    CHECK(result.acks.empty());
+    CHECK(h.Stored(Slot(0, 1)).empty());
+  }
+  SECTION("fenced while its stream is open") {
+    Harness::AppendResult result = h.Append({Batch(t0, {BoundaryRecord(1, 1, 1, 0, FORWARD)}),
+                                             Batch(t0, {BoundaryRecord(2, 1, 1, 1, FORWARD)})},
+                                            [&](size_t batch) {
+                                              if (batch == 1)
+                                                REQUIRE(h.membership().Deregister(t0).ok());
+                                            });
+    CHECK(result.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(result.acks == std::vector<uint64_t>{1});
+    using Key = std::tuple<int64_t, int, int>;
+    CHECK(PartKeys(h.Stored(Slot(0, 1))) == std::vector<Key>{{1, 0, 1}});
+  }
+  // The other neighbour still logs for the middle stage.
+  AppendOk(h, h.trainer(0, 2), {BoundaryRecord(1, 1, 1, 0, BACKWARD)});
+  CHECK(PartKeys(h.Stored(Slot(0, 1))).back() == std::make_tuple(int64_t{1}, 0, 2));
 }
 
 }  // namespace
