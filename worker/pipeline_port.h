@@ -7,12 +7,12 @@
 // A port is open while a pipeline trainer runs (Open/Close); closed, every message is answered
 // UNAVAILABLE (a neighbour resends until this worker trains its slot, or its deadline ends).
 // Put checks, in order, and answers:
+//   * FAILED_PRECONDITION: the message is for another slot (the sender's view of who trains
+//     which slot is stale: it asks the server again);
 //   * INVALID_ARGUMENT: no payload, a direction other than FORWARD (from stage s-1) or BACKWARD
 //     (from stage s+1), a micro-batch outside [0, M), sample ids other than B/M, a value that is
 //     not FLOAT32 with B/M x width elements (width: the boundary's features), an r_value that is
 //     neither empty nor the value's shape, or a from_slot that is not that neighbour;
-//   * FAILED_PRECONDITION: the message is for another slot (the sender's view of who trains
-//     which slot is stale: it asks the server again);
 //   * UNAVAILABLE: the sender is not the neighbour incarnation this trainer knows (it has just
 //     taken its slot over and this trainer's next heartbeat will tell; a fenced worker stays
 //     refused), the step is more than kAheadSteps past the last completed one, or the port holds
