@@ -149,6 +149,29 @@ absl::StatusOr<LoggingPlan> PlanLogging(const JobConfig& job, int64_t budget_byt
     plan.expected_recovery_ms_plan = ExpectedRecovery(plan.logged, plan.stage_ms, tau);
   }
   plan.fits = plan.stored_bytes <= budget_bytes;
+  const int boundaries = static_cast<int>(plan.boundaries.size());
+  if (boundaries <= kMaxExhaustiveBoundaries) {
+    plan.exhaustive = true;
+    double best = std::numeric_limits<double>::infinity();
+    for (uint32_t mask = 0; mask < (uint32_t{1} << boundaries); ++mask) {
+      std::vector<int> logged;
+      int64_t stored = 0;
+      for (int b = 1; b <= boundaries; ++b) {
+        if ((mask >> (b - 1)) & 1) {
+          logged.push_back(b);
+          stored += plan.boundaries[b - 1].stored_bytes;
+        }
+      }
+      if (stored > budget_bytes) continue;
+      const double expected = ExpectedRecovery(logged, stage_cost, tau);
+      if (expected < best || (expected == best && stored < plan.best_stored_bytes)) {
+        best = expected;
+        plan.best_logged = logged;
+        plan.best_stored_bytes = stored;
+      }
+    }
+    plan.expected_recovery_best = ExpectedRecovery(plan.best_logged, stage_share, tau);
+  }
   return plan;
 }
 
@@ -200,8 +223,25 @@ std::string FormatLoggingPlan(const JobConfig& job, int64_t budget_bytes, const 
     }
     absl::StrAppend(&out, "\n");
   }
-  absl::StrAppend(&out, "step_log { logged_boundaries: [", absl::StrJoin(plan.logged, ", "),
-                  "] }\n");
+  if (plan.exhaustive && plan.best_logged != plan.logged) {
+    absl::StrAppend(
+        &out, absl::StrFormat("note: logging [%s] also fits (%d bytes) with expected recovery "
+                              "%.2f model-steps",
+                              absl::StrJoin(plan.best_logged, ", "), plan.best_stored_bytes,
+                              plan.expected_recovery_best));
+    if (timed) {
+      absl::StrAppend(&out, absl::StrFormat(" (%.1f ms)",
+                                            plan.expected_recovery_best * plan.model_step_ms));
+    }
+    absl::StrAppend(&out, ": every choice priced, the greedy rule's drops overshot\n");
+  }
+  // An empty logged_boundaries list means every boundary: no boundary at all is spelled apart.
+  if (plan.logged.empty()) {
+    absl::StrAppend(&out, "step_log { log_no_boundaries: true }\n");
+  } else {
+    absl::StrAppend(&out, "step_log { logged_boundaries: [", absl::StrJoin(plan.logged, ", "),
+                    "] }\n");
+  }
   return out;
 }
 

@@ -61,7 +61,17 @@ struct LoggingPlan {
   double model_step_ms = 0.0;
   double expected_recovery_ms_all = 0.0;
   double expected_recovery_ms_plan = 0.0;
+  // For up to kMaxExhaustiveBoundaries boundaries, every choice is also priced: the one within
+  // the budget with the least expected recovery (fewest stored bytes on a tie). The greedy rule
+  // can miss it (its first drops may be near ties that a later drop overshoots); the plan stays
+  // the greedy one (DESIGN §5.2) and FormatLoggingPlan names the better choice when it differs.
+  bool exhaustive = false;
+  std::vector<int> best_logged;
+  double expected_recovery_best = 0.0;  // model-steps
+  int64_t best_stored_bytes = 0;
 };
+
+inline constexpr int kMaxExhaustiveBoundaries = 20;
 
 // INVALID_ARGUMENT for a job that does not validate, a negative budget, or measured costs of the
 // wrong count or out of range (the message names stage_ms or boundary_bytes_per_step).

@@ -186,6 +186,48 @@ TEST_CASE("measured costs of the wrong count or out of range are refused") {
   CHECK(std::fabs(single->expected_recovery_ms_plan - 15.0) < 1e-12);
 }
 
+TEST_CASE("when the greedy drops overshoot, the plan names the better choice that fits") {
+  // Equal stage times (1 ms) and boundary bytes 100, 200, 200 per step (stored x 10: 1000, 2000,
+  // 2000), budget 2000. Added recovery per byte saved (formula above, a = n = 1 first):
+  // b1 2.5 / 1000, b2 and b3 2.5 / 2000: b2 goes first (the lowest of the tie). Then [1, 3]
+  // (groups {0}, {1, 2}, {3}) still stores 3000: dropping b1 adds (5/4)(1 x 2 + 2 x 1) = 5 per
+  // 1000 bytes, dropping b3 adds (5/4)(2 x 1 + 1 x 2) = 5 per 2000: b3 goes, leaving [1] (1000
+  // bytes): groups {0} and {1, 2, 3}, (1/4)(5)(1) + (3/4)(5)(3) = 12.5 ms. Logging [2] alone
+  // also fits (2000 bytes): groups {0, 1} and {2, 3}, 2 x (2/4)(5)(2) = 10 ms.
+  MeasuredCosts measured;
+  measured.stage_ms = {1, 1, 1, 1};
+  measured.boundary_bytes_per_step = {100, 200, 200};
+  auto plan = PlanLogging(Job(4), 2000, measured);
+  REQUIRE(plan.ok());
+  CHECK(plan->logged == std::vector<int>{1});
+  CHECK(plan->stored_bytes == 1000);
+  CHECK(std::fabs(plan->expected_recovery_ms_plan - 12.5) < 1e-9);
+  REQUIRE(plan->exhaustive);
+  CHECK(plan->best_logged == std::vector<int>{2});
+  CHECK(plan->best_stored_bytes == 2000);
+  CHECK(std::fabs(plan->expected_recovery_best * plan->model_step_ms - 10.0) < 1e-9);
+  const std::string text = FormatLoggingPlan(Job(4), 2000, *plan);
+  INFO(text);
+  CHECK(text.find("step_log { logged_boundaries: [1] }") != std::string::npos);
+  CHECK(text.find("note: logging [2] also fits (2000 bytes) with expected recovery 2.50 "
+                  "model-steps (10.0 ms)") != std::string::npos);
+  // The greedy plan is the best one here: no note.
+  auto all = PlanLogging(Job(4), 1 << 20, measured);
+  REQUIRE(all.ok());
+  CHECK(all->best_logged == all->logged);
+  CHECK(FormatLoggingPlan(Job(4), 1 << 20, *all).find("note:") == std::string::npos);
+}
+
+TEST_CASE("a plan that logs no boundary says so with log_no_boundaries, not an empty list") {
+  // An empty logged_boundaries list means every boundary (config.md).
+  auto plan = PlanLogging(Job(4), 0);
+  REQUIRE(plan.ok());
+  CHECK(plan->logged.empty());
+  const std::string text = FormatLoggingPlan(Job(4), 0, *plan);
+  CHECK(text.find("step_log { log_no_boundaries: true }") != std::string::npos);
+  CHECK(text.find("logged_boundaries: []") == std::string::npos);
+}
+
 TEST_CASE("a one-stage job has nothing to plan; bad input is refused") {
   auto plan = PlanLogging(Job(1), 0);
   REQUIRE(plan.ok());
