@@ -555,7 +555,19 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
     record->mutable_phases()->set_detection_ms(detection);
   }
   if (report.outcome() != RECOVERED) {
-    if (report.outcome() == CHECKSUM_MISMATCH) {
+    if (report.outcome() == CHECKSUM_MISMATCH && job_.topology().stages() > 1) {
+      // A pipeline stage restarted from the center would not match the step its live
+      // neighbours are at: there is no fallback. Another spare (another machine, maybe the
+      // right backend and threads) replays it again.
+      LOG(ERROR) << "REPLAY of pipeline slot (" << slot.id.replica() << ", " << slot.id.stage()
+                 << ") did not reproduce the logged checksums (" << report.detail()
+                 << "): DATA_LOSS; it waits for another replay";
+      ReleaseTaskLocked(slot, CHECKSUM_MISMATCH,
+                        absl::StrCat("DATA_LOSS: ", report.detail(),
+                                     "; a pipeline stage has no fallback: the next spare replays "
+                                     "it again (same backend, hardware and compute.threads as "
+                                     "the lost trainer needed, DESIGN §5.6)"));
+    } else if (report.outcome() == CHECKSUM_MISMATCH) {
       LOG(ERROR) << "REPLAY of slot (" << slot.id.replica() << ", " << slot.id.stage()
                  << ") did not reproduce the logged checksums (" << report.detail()
                  << "): DATA_LOSS; falling back to RESTART_FROM_CENTER for this slot";
