@@ -24,6 +24,10 @@ Membership::Membership(const JobConfig& job, const Clock* clock, PersistFn persi
       persist_(std::move(persist)),
       failure_timeout_(absl::Milliseconds(job.fault_tolerance().failure_timeout_ms())),
       epoch_(static_cast<uint64_t>(absl::ToUnixSeconds(clock->Now())) & 0xFFFFFFFFu) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_flush_sequence_ = std::max<int64_t>(0, absl::ToUnixMicros(clock->Now()));
+  }
   const int replicas = job.topology().replicas();
   const int stages = job.topology().stages();
   for (int r = 0; r < replicas; ++r) {
@@ -220,7 +224,8 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
           // Sender-side logging (DESIGN §5.2): what the lost stage received may still sit in its
           // neighbours' log buffers. They flush on their next heartbeat; the replay waits for
           // that, at most one failure_timeout (a neighbour that does not answer is failing too).
-          for (Worker* n : neighbours) ++n->flushes_requested;
+          const int64_t sequence = ++last_flush_sequence_;
+          for (Worker* n : neighbours) n->flushes_requested = sequence;
           slot.flush_deadline = clock_->Now() + failure_timeout_;
           absl::StrAppend(&slot.detail, " once its neighbours have flushed their step logs");
         }

@@ -242,6 +242,10 @@ class Membership {
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage
   std::vector<RecoveryStatus> recoveries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last FLUSH_LOG sequence number given out. It starts at this server life's start time in
+  // microseconds, so that it exceeds every sequence a worker may still report from an earlier
+  // life of the server (flushes_done survives in the worker across a restart).
+  int64_t last_flush_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   // A trainer was lost: set until RollBackAll; no restore task starts meanwhile.
   bool rollback_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool rollback_taken_ ABSL_GUARDED_BY(mu_) = false;  // TakeRollbackRequest said so

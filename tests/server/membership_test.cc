@@ -710,6 +710,17 @@ HeartbeatRequest Flushed(uint64_t incarnation, int64_t flushes_done) {
   return request;
 }
 
+// Heartbeats as a trainer that carries out the FLUSH_LOG its heartbeat asks for (the sequence
+// numbers are the server's: above any of an earlier server life, so not 1, 2, ...).
+// Returns the sequence it reported.
+int64_t FlushWhenAsked(Membership& membership, uint64_t incarnation) {
+  const HeartbeatResponse beat = BeatOk(membership, Beat(incarnation));
+  REQUIRE(HasCommand(beat, FLUSH_LOG));
+  REQUIRE(beat.flush_sequence() > 0);
+  BeatOk(membership, Flushed(incarnation, beat.flush_sequence()));
+  return beat.flush_sequence();
+}
+
 HeartbeatRequest Blocked(uint64_t incarnation, const std::string& reason) {
   HeartbeatRequest request = Beat(incarnation);
   request.set_blocked_reason(reason);
@@ -750,14 +761,17 @@ TEST_CASE(
   CHECK(absl::StrContains(status.slots(1).detail(),
                           "once its neighbours have flushed their step logs"));
 
+  int64_t sequence = 0;
   for (uint64_t neighbour : {t[0], t[2]}) {
     HeartbeatResponse beat = BeatOk(membership, Beat(neighbour));
     CHECK(HasCommand(beat, FLUSH_LOG));
-    CHECK(beat.flush_sequence() == 1);
+    CHECK(beat.flush_sequence() > 0);
+    if (sequence == 0) sequence = beat.flush_sequence();
+    CHECK(beat.flush_sequence() == sequence);  // one request per loss
     // Asked again on every heartbeat that does not report it, or reports less.
-    beat = BeatOk(membership, Flushed(neighbour, 0));
+    beat = BeatOk(membership, Flushed(neighbour, sequence - 1));
     CHECK(HasCommand(beat, FLUSH_LOG));
-    CHECK(beat.flush_sequence() == 1);
+    CHECK(beat.flush_sequence() == sequence);
   }
   // The other replica's stages are no neighbours of (0, 1).
   for (uint64_t other : {t[3], t[4], t[5]}) {
@@ -767,7 +781,7 @@ TEST_CASE(
   }
 
   // The heartbeat that reports the flush carries no FLUSH_LOG, nor do later ones.
-  HeartbeatResponse done = BeatOk(membership, Flushed(t[0], 1));
+  HeartbeatResponse done = BeatOk(membership, Flushed(t[0], sequence));
   CHECK_FALSE(HasCommand(done, FLUSH_LOG));
   CHECK_FALSE(done.has_flush_sequence());
   CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[0])), FLUSH_LOG));
@@ -778,15 +792,50 @@ TEST_CASE(
   REQUIRE(membership.Deregister(t[3]).ok());
   HeartbeatResponse first = BeatOk(membership, Beat(t[4]));
   CHECK(HasCommand(first, FLUSH_LOG));
-  CHECK(first.flush_sequence() == 1);
+  CHECK(first.flush_sequence() > sequence);
   CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[5])), FLUSH_LOG));
   REQUIRE(membership.Deregister(t[5]).ok());
-  HeartbeatResponse second = BeatOk(membership, Flushed(t[4], 1));
+  HeartbeatResponse second = BeatOk(membership, Flushed(t[4], first.flush_sequence()));
   CHECK(HasCommand(second, FLUSH_LOG));
-  CHECK(second.flush_sequence() == 2);
-  CHECK_FALSE(HasCommand(BeatOk(membership, Flushed(t[4], 2)), FLUSH_LOG));
+  CHECK(second.flush_sequence() > first.flush_sequence());
+  CHECK_FALSE(
+      HasCommand(BeatOk(membership, Flushed(t[4], second.flush_sequence())), FLUSH_LOG));
   // Replica 0's stages were not involved.
   CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[0])), FLUSH_LOG));
+}
+
+TEST_CASE("after a server restart, a flush a neighbour did for the previous life does not count") {
+  FakeClock clock;
+  ServerRecord server;
+  std::vector<SlotRecord> slots;
+  std::vector<uint64_t> t;
+  int64_t old_sequence = 0;
+  {
+    Membership first(PipelineJob(1), &clock,
+                     [&](const ServerRecord& record, const std::vector<SlotRecord>& records) {
+                       server = record;
+                       slots = records;
+                       return absl::OkStatus();
+                     });
+    t = RegisterTrainers(first, 3);
+    FailOne(clock, first, t, t[2]);  // (0, 2) lost: (0, 1) flushes
+    old_sequence = FlushWhenAsked(first, t[1]);
+  }
+  // The next life restores (0, 0) and (0, 1); t[1]'s agent still reports its last flush.
+  clock.Advance(absl::Seconds(5));
+  Membership second(PipelineJob(1), &clock);
+  REQUIRE(second.Restore(server, slots, absl::ZeroDuration()).ok());
+  CHECK_FALSE(HasCommand(BeatOk(second, Flushed(t[1], old_sequence)), FLUSH_LOG));
+  // (0, 0) fails in this life: t[1] must flush again, whatever it reported before.
+  clock.Advance(absl::Milliseconds(900));
+  BeatOk(second, Flushed(t[1], old_sequence));
+  clock.Advance(absl::Milliseconds(200));
+  const std::vector<FailedWorker> failed = second.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == t[0]);
+  const HeartbeatResponse asked = BeatOk(second, Flushed(t[1], old_sequence));
+  CHECK(HasCommand(asked, FLUSH_LOG));
+  CHECK(asked.flush_sequence() > old_sequence);
 }
 
 TEST_CASE("the first stage's loss asks only stage 1 to flush") {
@@ -796,7 +845,7 @@ TEST_CASE("the first stage's loss asks only stage 1 to flush") {
   FailOne(clock, membership, t, t[0]);
   HeartbeatResponse beat = BeatOk(membership, Beat(t[1]));
   CHECK(HasCommand(beat, FLUSH_LOG));
-  CHECK(beat.flush_sequence() == 1);
+  CHECK(beat.flush_sequence() > 0);
   CHECK_FALSE(HasCommand(BeatOk(membership, Beat(t[2])), FLUSH_LOG));
 }
 
@@ -833,12 +882,12 @@ TEST_CASE("a lost pipeline stage is not handed out for replay before both neighb
   membership.FillStatus(&status);
   CHECK(status.slots(1).state() == LOST);
 
-  BeatOk(membership, Flushed(t[0], 1));
+  FlushWhenAsked(membership, t[0]);
   claim = membership.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
   REQUIRE(claim.ok());
   CHECK_FALSE(claim->has_value());  // stage 2 has not flushed
 
-  BeatOk(membership, Flushed(t[2], 1));
+  FlushWhenAsked(membership, t[2]);
   claim = membership.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
   REQUIRE(claim.ok());
   REQUIRE(claim->has_value());
@@ -859,10 +908,10 @@ TEST_CASE("a spare waiting in ClaimReplay gets the lost stage as soon as its nei
 
   Poll poll(&membership, spare->incarnation());
   WaitUntilPolling(membership, {spare->incarnation()});
-  BeatOk(membership, Flushed(t[2], 1));
+  FlushWhenAsked(membership, t[2]);
   absl::SleepFor(absl::Milliseconds(20));
   CHECK_FALSE(poll.done());  // stage 0 has not flushed
-  BeatOk(membership, Flushed(t[0], 1));
+  FlushWhenAsked(membership, t[0]);
   std::optional<Membership::ReplayClaim> claim = poll.Wait();
   REQUIRE(claim.has_value());
   CHECK(claim->slot.stage() == 1);
@@ -876,7 +925,7 @@ TEST_CASE(
   const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
   auto spare = membership.Register(Request("s", SPARE));
   FailOne(clock, membership, t, t[1], {spare->incarnation()});  // lost now, at T
-  BeatOk(membership, Flushed(t[0], 1));
+  FlushWhenAsked(membership, t[0]);
 
   SECTION("the silent neighbour keeps heartbeating") {
     clock.Advance(absl::Milliseconds(999));
