@@ -869,6 +869,13 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
   }
 }
 
+bool Membership::SlotDown(const SlotId& slot) const {
+  const int index = SlotIndex(slot);
+  if (index < 0) return false;
+  absl::MutexLock lock(&mu_);
+  return slots_[index].state == LOST || slots_[index].state == RECOVERING;
+}
+
 std::vector<Membership::Worker*> Membership::NeighbourOwnersLocked(int slot_index) {
   // The stages whose logs a replay of the slot's recovery group reads: the group's live members
   // (stage 0's sample ids, the slot's neighbours' checksums are not needed but cost nothing) and

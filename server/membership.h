@@ -86,6 +86,10 @@ class Membership {
   // OK iff `incarnation` is alive and owns `slot`; FAILED_PRECONDITION otherwise.
   absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const;
 
+  // True while `slot` has no trainer to train it: LOST or RECOVERING (a recovery group's logs must
+  // not be GC'd past what its replay reads meanwhile).
+  bool SlotDown(const SlotId& slot) const;
+
   // Records a slot's progress; at `max_steps` the slot becomes FINISHED (for good: its owner
   // may then leave without the slot becoming LOST). Returns true if it just finished.
   bool RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps);

@@ -37,7 +37,11 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
   step_log_ = std::make_unique<StepLogService>(
       job_, membership_, store_, [this](const SlotId& slot) {
         absl::MutexLock lock(&book_mu_);
-        return GroupFloorLocked(slot, -1);
+        auto it = books_.find({slot.replica(), slot.stage()});
+        if (it == books_.end()) return int64_t{0};
+        // A member of a multi-stage recovery group keeps its log back to its last GC.
+        const auto [first, end] = RecoveryGroup(job_, slot.stage());
+        return end - first > 1 ? it->second.log_floor : it->second.last_update_step;
       });
 }
 
@@ -394,13 +398,23 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     int64_t gc_step = request->step();
     std::optional<Snapshot> replaced;
     if (grouped) {
+      // While another member is LOST or RECOVERING a replay may be reading the group's logs
+      // from the group's floor of that time: nothing more is GC'd until it is back.
+      bool member_down = false;
+      for (int m = group.first; m < group.second; ++m) {
+        SlotId member = slot;
+        member.set_stage(m);
+        if (m != slot.stage() && membership_->SlotDown(member)) member_down = true;
+      }
       {
         absl::MutexLock lock(&book_mu_);
-        gc_step = GroupFloorLocked(slot, request->step());
+        gc_step = member_down ? books_[{slot.replica(), slot.stage()}].log_floor
+                              : GroupFloorLocked(slot, request->step());
       }
       absl::StatusOr<Snapshot> current = store_->ReadSnapshot(slot);
       if (current.ok()) replaced = *std::move(current);
     }
+    updated.log_floor = gc_step;
     storage::WriteBatch batch;
     AddSyncToBatch(layout, slot, *request, version, center, worker_after,
                    WeightRecordFor(slot, updated), &batch, gc_step);

@@ -105,6 +105,9 @@ class ParameterServerService final : public ParameterServer::Service {
   // Per-slot bookkeeping of applied updates, written with every update under its stage lock.
   struct SlotBook {
     int64_t last_update_step = 0;
+    // The step through which the slot's last sync GC'd its log (memory only): its snapshot's step,
+    // or for a member of a multi-stage recovery group the group's floor then.
+    int64_t log_floor = 0;
     int64_t update_count = 0;
     uint64_t applied_sequence = 0;
   };

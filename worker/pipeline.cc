@@ -185,14 +185,17 @@ absl::Status PipelineExchange::Send(Link& link, BoundaryMessage message) {
       BoundaryAck ack;
       status = SendOnce(link, *n, message, &ack);
       if (status.ok()) {
-        if (link.acked_by != ack.receiver_incarnation() && link.acked_by != 0 &&
-            !link.window.empty()) {
-          // A new owner acknowledged first: it needs the window too.
+        const bool replaced = link.acked_by != 0 && link.acked_by != ack.receiver_incarnation();
+        link.window.push_back(std::move(message));
+        if (replaced) {
+          // A new owner acknowledged this one first (it took over between the check above and
+          // this send): it needs the rest of the window too; until that went through,
+          // ResendIfReplaced tries again at every send and wait.
           link.acked_by = 0;
           ResendIfReplaced(link);
+        } else {
+          link.acked_by = ack.receiver_incarnation();
         }
-        link.acked_by = ack.receiver_incarnation();
-        link.window.push_back(std::move(message));
         if (blocked_) {
           blocked_ = false;
           agent_->set_blocked("");

@@ -688,14 +688,10 @@ TEST_CASE("with boundary 1 logged the same records leave stage 1's t_f at 0: it 
   CHECK(*last == 1);
 }
 
-// Known product bug: the Sync commit (server/service.cc) GCs a member's log down to
-// GroupFloorLocked, which reads only the members' last sync steps, not the range (t0, t_f] of a
-// replay task already running for the group. Here the lost (0, 1) had synced step 4 and (0, 0)
-// step 2, so the task replays from t0 = 2; (0, 0)'s step-4 sync, which its trainer may still
-// send while (0, 1) is RECOVERING, then deletes the sample ids of steps 3-4 the task reads.
-// [!shouldfail]: the test passes while the bug is there; remove the tag with the fix.
-TEST_CASE("a live member's sync during a group replay keeps the log the replay reads",
-          "[!shouldfail]") {
+// The lost (0, 1) had synced step 4 and (0, 0) step 2, so the task replays from t0 = 2; (0, 0)'s
+// step-4 sync, which its trainer may still send while (0, 1) is RECOVERING, must not delete the
+// sample ids of steps 3-4 the task reads: while a member is down the group's GC stops.
+TEST_CASE("a live member's sync during a group replay keeps the log the replay reads") {
   GroupServer server(kNoBoundaries);
   const Workers w = RegisterWorkers(server);
   for (int64_t step = 1; step <= 4; ++step) {
