@@ -336,44 +336,40 @@ absl::Status LocalTrainer::CheckInputs(int mb, int64_t t) const {
   return absl::OkStatus();
 }
 
-absl::Status LocalTrainer::SetForwardInput(int mb, absl::Span<const float> pair) {
-  if (starts_at_input()) {
-    return absl::FailedPreconditionError("SetForwardInput: this segment starts at the input");
+absl::Status LocalTrainer::SetBoundaryInput(bool forward, int mb, absl::Span<const float> pair) {
+  const char* what = forward ? "SetForwardInput" : "SetBackwardInput";
+  if (forward ? starts_at_input() : ends_at_loss()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s: this segment %s", what,
+                        forward ? "starts at the input" : "ends at the loss"));
   }
   if (mb < 0 || mb >= options_.micro_batches) {
-    return absl::InvalidArgumentError(absl::StrFormat("SetForwardInput: micro-batch %d", mb));
+    return absl::InvalidArgumentError(absl::StrFormat("%s: micro-batch %d", what, mb));
   }
-  const int64_t plain = static_cast<int64_t>(options_.batch_size / options_.micro_batches) *
-                        stages_.front()->layout().input_dim();
+  const int64_t width = forward ? stages_.front()->layout().input_dim()
+                                : stages_.back()->layout().output_dim();
+  const int64_t plain =
+      static_cast<int64_t>(options_.batch_size / options_.micro_batches) * width;
   const int64_t n = static_cast<int64_t>(pair.size());
   if (n != plain && n != 2 * plain) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "SetForwardInput: %d floats, expected %d (h) or %d (h and R{h})", n, plain, 2 * plain));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %d floats, expected %d (%s) or %d (with its R-op half)", what, n,
+                        plain, forward ? "h" : "e", 2 * plain));
   }
-  forward_in_length_[mb] = 0;
-  RETURN_IF_ERROR(backend_->CopyToDevice(pair, forward_in_.span().sub(mb * 2 * plain, n)));
-  forward_in_length_[mb] = n;
+  std::vector<int64_t>& lengths = forward ? forward_in_length_ : backward_in_length_;
+  DeviceBuffer& buffer = forward ? forward_in_ : backward_in_;
+  lengths[mb] = 0;
+  RETURN_IF_ERROR(backend_->CopyToDevice(pair, buffer.span().sub(mb * 2 * plain, n)));
+  lengths[mb] = n;
   return absl::OkStatus();
 }
 
+absl::Status LocalTrainer::SetForwardInput(int mb, absl::Span<const float> pair) {
+  return SetBoundaryInput(/*forward=*/true, mb, pair);
+}
+
 absl::Status LocalTrainer::SetBackwardInput(int mb, absl::Span<const float> pair) {
-  if (ends_at_loss()) {
-    return absl::FailedPreconditionError("SetBackwardInput: this segment ends at the loss");
-  }
-  if (mb < 0 || mb >= options_.micro_batches) {
-    return absl::InvalidArgumentError(absl::StrFormat("SetBackwardInput: micro-batch %d", mb));
-  }
-  const int64_t plain = static_cast<int64_t>(options_.batch_size / options_.micro_batches) *
-                        stages_.back()->layout().output_dim();
-  const int64_t n = static_cast<int64_t>(pair.size());
-  if (n != plain && n != 2 * plain) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "SetBackwardInput: %d floats, expected %d (e) or %d (R{e} and e)", n, plain, 2 * plain));
-  }
-  backward_in_length_[mb] = 0;
-  RETURN_IF_ERROR(backend_->CopyToDevice(pair, backward_in_.span().sub(mb * 2 * plain, n)));
-  backward_in_length_[mb] = n;
-  return absl::OkStatus();
+  return SetBoundaryInput(/*forward=*/false, mb, pair);
 }
 
 absl::Status LocalTrainer::BeginStep(int64_t t) {

@@ -225,6 +225,8 @@ class LocalTrainer {
   // leaves each stage's sums in its accumulator's leaf mb (not committed).
   absl::StatusOr<ConstDSpan> ForwardOne(int mb, bool with_hessian);
   absl::StatusOr<ConstDSpan> BackwardOne(int mb, bool with_hessian);
+  // SetForwardInput (forward) or SetBackwardInput.
+  absl::Status SetBoundaryInput(bool forward, int mb, absl::Span<const float> pair);
   // FAILED_PRECONDITION unless micro-batch mb's inputs for step t are in place.
   absl::Status CheckInputs(int mb, int64_t t) const;
   absl::Status EnsureDirection(int64_t t);
