@@ -119,6 +119,15 @@ void PipelineExchange::Complete(int64_t t) {
   }
 }
 
+void PipelineExchange::Linger(const absl::Notification& done) {
+  const absl::Time give_up = absl::Now() + give_up_;
+  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(100)) &&
+         absl::Now() < give_up) {
+    if (up_.has_value()) ResendIfReplaced(*up_);
+    if (down_.has_value()) ResendIfReplaced(*down_);
+  }
+}
+
 absl::Status PipelineExchange::CheckWait(absl::Duration waited, const std::string& what,
                                          const SlotId& from) {
   if (waited > give_up_) {

@@ -76,6 +76,11 @@ class PipelineExchange {
   // Step t is done: later copies of its pairs are duplicates.
   void Complete(int64_t t);
 
+  // After the last step: keeps the port open and sends the windows again to neighbours that get
+  // a new owner (one rebuilt near the end redoes its last steps with this stage's pairs) until
+  // `done` (the job's end) or give_up_after_ms.
+  void Linger(const absl::Notification& done);
+
  private:
   struct Link {
     SlotId to;

@@ -551,6 +551,12 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     absl::Status flushed = step_logger->Flush(absl::Milliseconds(config.rpc_deadline_ms()));
     if (!flushed.ok()) LOG(WARNING) << "step log not flushed at the end: " << flushed;
   }
+  if (pipeline != nullptr) {
+    // The other stages may still need this one's last pairs (a neighbour rebuilt near the end):
+    // stay until the job ends (every slot FINISHED) or give_up_after_ms.
+    LOG(INFO) << "finished " << max_steps << " steps; serving the last pairs until the job ends";
+    pipeline->Linger(stop);
+  }
   LOG(INFO) << "finished " << max_steps << " steps";
   return absl::OkStatus();
 }
