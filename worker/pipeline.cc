@@ -107,7 +107,10 @@ PipelineExchange::PipelineExchange(const WorkerConfig& config, const Registratio
 
 PipelineExchange::~PipelineExchange() {
   port_->Close();
-  if (blocked_) agent_->set_blocked("");
+  if (blocked_) {
+    Metrics().blocked->Set(0);
+    agent_->set_blocked("");
+  }
 }
 
 void PipelineExchange::Complete(int64_t t) {
@@ -137,6 +140,7 @@ absl::Status PipelineExchange::CheckWait(absl::Duration waited, const std::strin
   }
   if (waited > neighbour_timeout_) {
     blocked_ = true;
+    Metrics().blocked->Set(1);
     agent_->set_blocked(absl::StrCat("BLOCKED ", absl::ToInt64Milliseconds(waited), " ms ", what,
                                      " (slot ", SlotName(from), ": ",
                                      OwnerText(agent_->neighbour(from)), ")"));
@@ -170,6 +174,7 @@ void PipelineExchange::ResendIfReplaced(Link& link) {
     const grpc::Status status = SendOnce(link, *n, message, &ack);
     if (!status.ok()) return;  // again on the next call
     if (ack.receiver_incarnation() != n->incarnation()) return;
+    Metrics().boundary_pairs_sent->Increment();
   }
   LOG(WARNING) << "sent the " << link.window.size() << " " << PairName(link.direction)
                << "s of steps " << link.window.front().step() << ".."
@@ -205,8 +210,10 @@ absl::Status PipelineExchange::Send(Link& link, BoundaryMessage message) {
         } else {
           link.acked_by = ack.receiver_incarnation();
         }
+        Metrics().boundary_pairs_sent->Increment();
         if (blocked_) {
           blocked_ = false;
+          Metrics().blocked->Set(0);
           agent_->set_blocked("");
         }
         return absl::OkStatus();
@@ -239,8 +246,10 @@ absl::StatusOr<BoundaryMessage> PipelineExchange::Await(BoundaryDirection direct
     absl::StatusOr<BoundaryMessage> message =
         port_->Take(direction, t, mb, absl::Milliseconds(100));
     if (message.ok()) {
+      Metrics().boundary_wait_seconds->ObserveDuration(absl::Now() - start);
       if (blocked_) {
         blocked_ = false;
+        Metrics().blocked->Set(0);
         agent_->set_blocked("");
       }
       return message;

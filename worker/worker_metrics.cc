@@ -39,6 +39,14 @@ const WorkerMetrics& Metrics() {
                                   "Step-log records handed to the step logger.");
     m->log_buffered_bytes = r.GetGauge("rebound_worker_steplog_buffered_bytes",
                                        "Step-log bytes held until the server acknowledges them.");
+    m->boundary_pairs_sent =
+        r.GetCounter("rebound_worker_boundary_pairs_sent_total",
+                     "Pipeline boundary pairs a neighbour acknowledged (resends included).");
+    m->boundary_wait_seconds =
+        r.GetHistogram("rebound_worker_boundary_wait_seconds",
+                       "Wait of a pipeline stage for one pair from a neighbour.", LatencyBuckets());
+    m->blocked = r.GetGauge("rebound_worker_blocked",
+                            "1 while the pipeline stage waits past neighbour_timeout_ms (BLOCKED).");
     return m;
   }();
   return *metrics;

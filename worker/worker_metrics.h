@@ -23,6 +23,9 @@ struct WorkerMetrics {
   Gauge* test_loss;             // the evaluator's last test loss
   Counter* log_records;         // step-log records handed to the logger
   Gauge* log_buffered_bytes;    // step-log bytes not yet acknowledged by the server
+  Counter* boundary_pairs_sent;  // pipeline pairs acknowledged by a neighbour (resends too)
+  Histogram* boundary_wait_seconds;  // a pipeline stage's wait for one pair from a neighbour
+  Gauge* blocked;                // 1 while the stage is BLOCKED on a neighbour, else 0
 };
 
 MetricsRegistry& WorkerRegistry();
