@@ -52,10 +52,12 @@ WeightInputs ReliabilityTracker::OnSync(const SlotId& slot, absl::Time now, int6
   state.last_divergence = divergence_norm;
   state.has_divergence = true;
 
+  // Compared with the live slots of the same stage (the other replicas): in a pipeline each stage
+  // has its own center, parameter count and pace.
   std::vector<double> intervals;
   std::vector<double> divergences;
   for (const auto& [key, other] : slots_) {
-    if (!other.live) continue;
+    if (!other.live || key.second != slot.stage()) continue;
     if (other.has_interval) intervals.push_back(absl::ToDoubleSeconds(other.last_interval));
     if (other.has_divergence) divergences.push_back(other.last_divergence);
   }

@@ -571,11 +571,9 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
   ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                    compute::CreateBackend(EffectiveCompute(job, config)));
   // The whole model, split as the job splits it: stage s takes the center of stage s.
-  compute::TrainerOptions options = OptionsFor(job, SlotId());
-  const std::vector<int> starts = StageLayerStarts(job);
-  options.stage_boundaries.assign(starts.begin() + 1, starts.end() - 1);
   ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> model,
-                   compute::LocalTrainer::Create(backend.get(), options));
+                   compute::LocalTrainer::Create(
+                       backend.get(), OptionsFor(job, SlotId(), 0, job.topology().stages())));
   const std::vector<int32_t> labels(data.test.labels.begin(), data.test.labels.end());
   auto stub = ParameterServer::NewStub(channel);
   std::vector<int64_t> evaluated_versions(model->num_stages(), -1);

@@ -60,7 +60,7 @@ std::string JobText(const PipelineSpec& spec) {
       "  adahessian { lr: 0.01 hessian_every: 2 }\n",
       "  easgd { sync_period: ", spec.sync_period, " }\n",
       "  step_log { linger_ms: 5 ", spec.logged_boundaries, " }\n",
-      "  training { max_steps: ", spec.max_steps, " }\n");
+      "  training { max_steps: ", spec.max_steps, " eval_every_ms: 300 }\n");
 }
 
 class Cluster : public LocalCluster {
@@ -289,6 +289,8 @@ TEST_CASE("a stage whose neighbour stays dead shows BLOCKED in status, then resu
   spec.neighbour_timeout_ms = 500;
   Cluster cluster(spec);
   cluster.StartTrainers(spec);
+  // The evaluator chains the stages' centers into the whole model.
+  cluster.StartWorker("eval", EVALUATOR);
   cluster.WaitFor("slot (0, 1) past its first sync", [&](const GetStatusResponse& s) {
     return SlotAt(s, 0, 1).snapshot_step() >= spec.sync_period;
   });
@@ -338,6 +340,11 @@ TEST_CASE("a stage whose neighbour stays dead shows BLOCKED in status, then resu
   CheckEverySyncAppliedOnce(done, spec);
   CHECK(cluster.ExitCode(Cluster::Name(0, 0)) == 0);
   CHECK(cluster.ExitCode("spare") == 0);
+  // It evaluated the chained centers: better than chance (0.1) on the 100 test samples.
+  REQUIRE(done.has_last_eval());
+  CHECK(done.last_eval().test_accuracy() > 0.3);
+  CHECK(done.last_eval().test_accuracy() <= 1.0);
+  CHECK(cluster.ExitCode("eval") == 0);
 }
 
 }  // namespace

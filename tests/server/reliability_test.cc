@@ -121,6 +121,40 @@ TEST_CASE("dead slots leave the medians") {
   CHECK(w.divergence() == Approx(2.0 / 1.5));
 }
 
+TEST_CASE("a pipeline's stages are judged against the same stage of the other replicas") {
+  // Two replicas x two stages at one pace; stage 1's parameters are 100 times farther from its
+  // center than stage 0's (another shape, another scale). Medians over every slot would make
+  // stage 1 look divergent (100 / 50.5) and stage 0 close; per stage both are at 1.
+  ReliabilityTracker tracker(Dynamic(), 2);
+  auto slot = [](int r, int s) {
+    SlotId id;
+    id.set_replica(r);
+    id.set_stage(s);
+    return id;
+  };
+  int64_t version[2] = {0, 0};
+  WeightInputs w[2][2];
+  for (int round = 0; round < 4; ++round) {
+    for (int r = 0; r < 2; ++r) {
+      for (int s = 0; s < 2; ++s) {
+        w[r][s] = tracker.OnSync(slot(r, s), At(round * 1.0 + r * 0.01 + s * 0.001),
+                                 version[s]++, s == 0 ? 1.0 : 100.0);
+      }
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    for (int s = 0; s < 2; ++s) {
+      INFO("slot (" << r << ", " << s << ")");
+      CHECK(w[r][s].divergence() == Approx(1.0));
+      CHECK(w[r][s].lateness() == Approx(1.0).epsilon(0.05));
+      CHECK(w[r][s].weight() == Approx(1.0).epsilon(0.05));
+    }
+  }
+  // A divergent stage-1 slot is judged against stage 1 only: 300 / median(100, 300) = 1.5.
+  const WeightInputs divergent = tracker.OnSync(slot(0, 1), At(4.0), version[1]++, 300.0);
+  CHECK(divergent.divergence() == Approx(300.0 / 200.0));
+}
+
 TEST_CASE("weights and fault scores survive export and import") {
   ReliabilityTracker tracker(Dynamic(), 2);
   tracker.OnSync(Slot(0), At(0), 0, 1.0);

@@ -91,8 +91,10 @@ std::vector<ProgressEvent> ProgressTracker::Update(const GetStatusResponse& stat
     if (s.has_weight() && s.weight().has_weight()) now.weight = s.weight().weight();
     const auto key = std::make_pair(now.slot.replica, now.slot.stage);
     // A worker reports a loss only once it has taken a step; before that its 0 means nothing.
+    // Only a pipeline's last stage has a loss: the others' 0 means nothing either ("-").
     const WorkerStatus* owner = FindWorkerByIncarnation(status, now.owner);
-    if (owner != nullptr && owner->step() > 0) last_loss_[key] = owner->loss();
+    const bool has_loss = status.stages() <= 1 || now.slot.stage == status.stages() - 1;
+    if (owner != nullptr && owner->step() > 0 && has_loss) last_loss_[key] = owner->loss();
     if (auto it = last_loss_.find(key); it != last_loss_.end()) now.loss = it->second;
 
     const SlotProgress* before = FindSlot(now.slot);
