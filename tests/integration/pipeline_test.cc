@@ -11,7 +11,9 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <cstdlib>
 #include <random>
 #include <iostream>
@@ -24,6 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/tensor_codec.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "tests/common/prometheus_text.h"
 #include "tests/integration/local_cluster.h"
@@ -154,6 +158,82 @@ TEST_CASE("a model split into 2 and 3 pipeline stages trains bit-identical to on
     const std::map<uint32_t, std::string> split = RunClean(spec);
     CHECK(split == whole);
   }
+}
+
+// A WorkerPeer client of `address` (a worker's peer service, plaintext as in these tests).
+std::unique_ptr<WorkerPeer::Stub> PeerStub(const std::string& address) {
+  return WorkerPeer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+grpc::Status SendBoundary(WorkerPeer::Stub& stub, const BoundaryMessage& message) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  BoundaryAck ack;
+  return stub.SendBoundary(&context, message, &ack);
+}
+
+TEST_CASE("malformed, foreign and misaddressed boundary pairs are refused and change nothing") {
+  PipelineSpec spec;
+  spec.stages = 2;
+  spec.max_steps = 100;
+  const std::map<uint32_t, std::string> clean = RunClean(spec);
+
+  Cluster cluster(spec);
+  cluster.StartTrainers(spec);
+  const GetStatusResponse running =
+      cluster.WaitFor("slot (0, 1) past step 5", [](const GetStatusResponse& s) {
+        return SlotAt(s, 0, 1).step() >= 5;
+      });
+  const WorkerStatus* t01 = FindWorker(running, Cluster::Name(0, 1), TRAINER);
+  const WorkerStatus* t00 = FindWorker(running, Cluster::Name(0, 0), TRAINER);
+  REQUIRE(t01 != nullptr);
+  REQUIRE(t00 != nullptr);
+  auto stub = PeerStub(t01->peer_address());
+  // A well-formed forward pair of a step ahead, as stage 0 would send it: 8 rows of 12 features.
+  BoundaryMessage message;
+  message.set_sender_incarnation(t00->incarnation() + 1000);  // nobody's
+  message.mutable_from_slot()->set_replica(0);
+  message.mutable_from_slot()->set_stage(0);
+  message.mutable_to_slot()->set_replica(0);
+  message.mutable_to_slot()->set_stage(1);
+  message.set_step(SlotAt(running, 0, 1).step() + 1);
+  message.set_micro_batch(0);
+  for (int i = 0; i < 8; ++i) message.add_sample_ids(i);
+  BoundaryPayload* payload = message.mutable_payload();
+  payload->set_direction(FORWARD);
+  const std::vector<float> garbage(8 * 12, 1e30f);
+  *payload->mutable_value() = MakeFloatTensor(0, "value", {8, 12}, garbage);
+  *payload->mutable_r_value() = MakeFloatTensor(1, "r_value", {8, 12}, garbage);
+
+  // An incarnation that does not own stage 0: refused, to be resent by a real owner.
+  grpc::Status status = SendBoundary(*stub, message);
+  CHECK(status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(absl::StrContains(status.error_message(), "does not own slot (0, 0)"));
+  // For another slot: the sender's view is stale.
+  BoundaryMessage misaddressed = message;
+  misaddressed.mutable_to_slot()->set_stage(0);
+  status = SendBoundary(*stub, misaddressed);
+  CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(absl::StrContains(status.error_message(), "trains slot (0, 1), not (0, 0)"));
+  // Malformed: the wrong shape, then the wrong direction for stage 1 of 2.
+  BoundaryMessage misshapen = message;
+  *misshapen.mutable_payload()->mutable_value() =
+      MakeFloatTensor(0, "value", {8, 11}, std::vector<float>(8 * 11));
+  status = SendBoundary(*stub, misshapen);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "the value must be 8 x 12"));
+  BoundaryMessage backwards = message;
+  backwards.mutable_payload()->set_direction(BACKWARD);
+  status = SendBoundary(*stub, backwards);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "receives no backward pairs"));
+
+  const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
+  CHECK(done.recoveries_size() == 0);
+  CHECK(cluster.ExitCode(Cluster::Name(0, 0)) == 0);
+  CHECK(cluster.ExitCode(Cluster::Name(0, 1)) == 0);
+  // None of it was used: the run ends with the clean run's center.
+  CHECK(cluster.Centers(spec.stages) == clean);
 }
 
 // Where a kill lands: stage `stage` of replica 0, once the store holds its log through step
