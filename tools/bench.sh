@@ -6,7 +6,8 @@
 #   tools/bench.sh --from DIR [--page FILE] [--no-docs]
 #
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
-# failures selective_logging chaos (about 35 minutes on 2 cores, weighting 18 of them). soak
+# failures selective_logging convergence chaos (about 48 minutes on 2 cores, weighting 18 of
+# them, convergence 13). soak
 # (DESIGN.md §9's "server memory over a long run") runs only when --only names it.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`), then
@@ -48,7 +49,7 @@
 set -euo pipefail
 
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
-  selective_logging chaos)
+  selective_logging convergence chaos)
 readonly kKnown=("${kSuite[@]}" soak)
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
@@ -67,6 +68,7 @@ declare -rA kWhat=(
   [logging_overhead]="failure-free training throughput with the step log on"
   [failures]="time to 0.87 test accuracy with 3 trainers killed, REPLAY"
   [selective_logging]="log bytes and recovery time of plan-logging's choice, 4-stage MLP"
+  [convergence]="test accuracy, DYNAMIC weights against UNIFORM and synchronous averaging (Xu & Carr's study, simulated time)"
   [chaos]="seeded runs under process, server and network faults"
   [soak]="server heap and data directory over a long run with trainers killed"
 )
@@ -80,6 +82,7 @@ declare -rA kTarget=(
   [logging_overhead]=">= 0.95x logging off"
   [failures]=">= 1.2x faster than GLOBAL_CHECKPOINT"
   [selective_logging]="none: a trade-off (DESIGN.md §5.2)"
+  [convergence]="DYNAMIC >= UNIFORM with a trainer killed; never > 0.5 pt worse otherwise (docs/convergence.md)"
   [chaos]="0 violations (docs/chaos.md; not in §9)"
   [soak]="flat: no growth with steps"
 )
@@ -88,10 +91,10 @@ declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
   [logging_overhead]=0.95 [failures]=1.2)
 # Expected wall time in seconds on the 2-core development machine, with the defaults ...
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
-  [logging_overhead]=270 [failures]=300 [selective_logging]=20 [chaos]=180 [soak]=660)
+  [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
-  [logging_overhead]=50 [failures]=150 [selective_logging]=5 [chaos]=75 [soak]=150)
+  [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -101,6 +104,7 @@ declare -rA kQuickFlags=(
   [logging_overhead]="--reps=1 --seconds=5 --warmup_seconds=2"
   [failures]="--reps=1 --calibration_seconds=3 --max_seconds=60"
   [selective_logging]="--reps=3 --stage_steps=2"
+  [convergence]="--quick"
   [chaos]="--runs=1 --faults=3 --steps=2000"
   [soak]="--minutes=2 --warmup_s=30 --kill_every_s=40 --sample_s=5"
 )
@@ -290,6 +294,16 @@ END {
         "plan " v["plan"] ": bytes x" v["plan_bytes_ratio"] ", recovery x" \
           v["plan_recovery_ratio"],
         "bytes " v["plan_bytes_ratio"] ", recovery " v["plan_recovery_ratio"], "n/a")
+  } else if (name == "convergence") {
+    if (!need("kill_d_minus_u_pts straggler_d_minus_u_pts none_d_minus_u_pts " \
+              "sync_minus_uniform_pts runs minutes")) exit
+    row("UNIFORM weights (plain EASGD), same runs",
+        "DYNAMIC - UNIFORM: kill " v["kill_d_minus_u_pts"] " pt, straggler " \
+          v["straggler_d_minus_u_pts"] " pt, none " v["none_d_minus_u_pts"] " pt; SYNC - " \
+          "UNIFORM " v["sync_minus_uniform_pts"] " pt (" v["runs"] " runs, " v["minutes"] " min)",
+        "—", verdict_of(v["kill_d_minus_u_pts"] + 0 >= 0 && \
+                        v["straggler_d_minus_u_pts"] + 0 >= -0.5 && \
+                        v["none_d_minus_u_pts"] + 0 >= -0.5))
   } else if (name == "chaos") {
     if (!need("runs faults recoveries violations")) exit
     row("a fault-free run of the same job, per seed",

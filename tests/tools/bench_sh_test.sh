@@ -188,6 +188,9 @@ EOF
 canned "$other" compute 0 0 full <<'EOF'
 RESULT compute: step_gflops=75.20 ratio=0.803
 EOF
+canned "$other" convergence 0 0 full <<'EOF'
+RESULT convergence: kill_d_minus_u_pts=+0.74 straggler_d_minus_u_pts=+0.05 none_d_minus_u_pts=+0.00 kill_late_d_minus_u_pts=+1.39 straggler_late_d_minus_u_pts=+0.07 sync_minus_uniform_pts=-0.12 runs=81 minutes=12.8
+EOF
 canned "$other" recovery 0 0 full </dev/null
 rm "$other/recovery.log"
 bench --from "$other" --no-docs
@@ -196,6 +199,12 @@ expect_eq "recovery (its log is gone)" "| \`recovery\` | REPLAY rebuild of one s
 spares | — | — | — | >= 1.6x faster than k = 1 | **failed**: no log (exit 0; log \
 \`/tmp/bench/recovery.log\`) | \`bazel-out/k8-opt/bin/bench/recovery --flag=1\` | $kRunCell |" \
   "$(row_of recovery "$out")"
+expect_eq "convergence (its pts)" "| \`convergence\` | test accuracy, DYNAMIC weights against \
+UNIFORM and synchronous averaging (Xu & Carr's study, simulated time) | UNIFORM weights (plain \
+EASGD), same runs | DYNAMIC - UNIFORM: kill +0.74 pt, straggler +0.05 pt, none +0.00 pt; SYNC - \
+UNIFORM -0.12 pt (81 runs, 12.8 min) | — | DYNAMIC >= UNIFORM with a trainer killed; never > 0.5 \
+pt worse otherwise (docs/convergence.md) | **met** | \
+\`bazel-out/k8-opt/bin/bench/convergence --flag=1\` | $kRunCell |" "$(row_of convergence "$out")"
 expect_eq "selective_logging (quick)" "| \`selective_logging\` | log bytes and recovery time of \
 plan-logging's choice, 4-stage MLP | all boundaries logged: 1314218 bytes/step, mean recovery \
 11.90 ms (none logged: 53.50 ms) | plan [2,3]: bytes x0.500, recovery x1.750 | bytes 0.500, \
@@ -266,7 +275,7 @@ expect_eq "a suite benchmark without a row" "| \`chaos\` | seeded runs under pro
 and network faults | — | — | — | 0 violations (docs/chaos.md; not in §9) | not run by \
 tools/bench.sh yet | — | — |" "$(row_of chaos "$section")"
 expect_eq "rows, in order" "compute transport apply weighting recovery logging_overhead \
-failures selective_logging chaos soak" \
+failures selective_logging convergence chaos soak" \
   "$(printf '%s\n' "$section" | grep '^| `' | sed 's/^| `\([a-z_]*\)` |.*/\1/' | tr '\n' ' ' |
     sed 's/ $//')"
 expect_eq "the summary" "$kSummary Rows of benchmarks that did not run then are kept from \
@@ -315,19 +324,20 @@ tools/bench.sh" "$err"
 scenario "--dry-run --quick prints each benchmark's quick flags and the expected duration"
 bench --dry-run --quick --out "$dir/planned"
 expect_eq "exit status" 0 "$rc"
-expect_contains "plan" "9 benchmark(s), quick settings, one at a time on" "$out"
-expect_contains "plan" "expected about 7 min after the build; logs in $dir/planned" "$out"
+expect_contains "plan" "10 benchmark(s), quick settings, one at a time on" "$out"
+expect_contains "plan" "expected about 8 min after the build; logs in $dir/planned" "$out"
 expect_contains "plan" "weighting          ~2 min   timeout 5 min   bench/weighting --seconds=10 \
 --seeds=1 --scenarios=b" "$out"
 expect_contains "plan" "chaos              ~75 s    timeout 5 min   bench/chaos --runs=1 \
 --faults=3 --steps=2000" "$out"
 expect_contains "plan" "bench.sh: dry run: would build with 'bazel build --jobs=2 -c opt \
 //bench:compute //bench:transport //bench:apply //bench:weighting //bench:recovery \
-//bench:logging_overhead //bench:failures //bench:selective_logging //bench:chaos'" "$out"
+//bench:logging_overhead //bench:failures //bench:selective_logging //bench:convergence \
+//bench:chaos'" "$out"
 expect_lacks "plan" "soak" "$out"
 [ ! -e "$dir/planned" ] || fail "a dry run created $dir/planned"
 
-scenario "--dry-run with the defaults: each benchmark's own flags, about 35 minutes"
+scenario "--dry-run with the defaults: each benchmark's own flags, about 48 minutes"
 bench --dry-run --only soak,compute
 expect_eq "exit status" 0 "$rc"
 expect_contains "plan" "2 benchmark(s), full settings" "$out"
@@ -337,7 +347,7 @@ expect_contains "plan" "soak               ~11 min  timeout 24 min  bench/soak
 " "$out
 "
 bench --dry-run
-expect_contains "plan" "expected about 35 min after the build" "$out"
+expect_contains "plan" "expected about 48 min after the build" "$out"
 
 scenario "usage errors exit 64 and name the problem"
 bench --only compute,nope --dry-run
