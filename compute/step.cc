@@ -127,11 +127,11 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(
                      MlpStage::Create(backend, options.model, firsts[s], end));
     ASSIGN_OR_RETURN(std::unique_ptr<StageOptimizer> opt,
                      StageOptimizer::Create(backend, stage->layout(), options.optimizer));
+    // One workspace, reused micro-batch after micro-batch (hot in cache); BeginStep adds one
+    // per micro-batch in flight for a pipelined step.
     std::vector<std::unique_ptr<StageWorkspace>> workspaces;
-    for (int mb = 0; mb < m; ++mb) {
-      ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stage->NewWorkspace(rows));
-      workspaces.push_back(std::move(ws));
-    }
+    ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stage->NewWorkspace(rows));
+    workspaces.push_back(std::move(ws));
     ASSIGN_OR_RETURN(std::unique_ptr<TreeAccumulator> acc,
                      TreeAccumulator::Create(backend, stage->layout().sums_size()));
     trainer->stages_.push_back(std::move(stage));
@@ -250,8 +250,8 @@ absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, Tr
     RETURN_IF_ERROR(accumulators_[s]->Start(m_count, block, ActiveSumsLength(s, t)));
   }
   for (int mb = block.begin; mb < block.end; ++mb) {
-    RETURN_IF_ERROR(ForwardOne(mb, with_hessian).status());
-    RETURN_IF_ERROR(BackwardOne(mb, with_hessian).status());
+    RETURN_IF_ERROR(ForwardOne(mb, with_hessian, /*ws=*/0).status());
+    RETURN_IF_ERROR(BackwardOne(mb, with_hessian, /*ws=*/0).status());
     for (int s = 0; s < num_stages; ++s) {
       RETURN_IF_ERROR(accumulators_[s]->Commit(TreeNode{mb, mb + 1}));
     }
@@ -264,7 +264,7 @@ absl::StatusOr<std::vector<ConstDSpan>> LocalTrainer::ComputeBlock(int64_t t, Tr
   return result;
 }
 
-absl::StatusOr<ConstDSpan> LocalTrainer::ForwardOne(int mb, bool with_hessian) {
+absl::StatusOr<ConstDSpan> LocalTrainer::ForwardOne(int mb, bool with_hessian, int ws) {
   const int rows = options_.batch_size / options_.micro_batches;
   const int64_t input_dim = stages_.front()->layout().input_dim();
   ConstDSpan x;
@@ -275,12 +275,12 @@ absl::StatusOr<ConstDSpan> LocalTrainer::ForwardOne(int mb, bool with_hessian) {
             .sub(mb * 2 * rows * input_dim, (with_hessian ? 2 : 1) * rows * input_dim);
   }
   for (size_t s = 0; s < stages_.size(); ++s) {
-    ASSIGN_OR_RETURN(x, stages_[s]->Forward(x, rows, with_hessian, workspaces_[s][mb].get()));
+    ASSIGN_OR_RETURN(x, stages_[s]->Forward(x, rows, with_hessian, workspaces_[s][ws].get()));
   }
   return x;
 }
 
-absl::StatusOr<ConstDSpan> LocalTrainer::BackwardOne(int mb, bool with_hessian) {
+absl::StatusOr<ConstDSpan> LocalTrainer::BackwardOne(int mb, bool with_hessian, int ws) {
   const int rows = options_.batch_size / options_.micro_batches;
   const int num_stages = static_cast<int>(stages_.size());
   ASSIGN_OR_RETURN(DSpan sums, accumulators_[num_stages - 1]->LeafBuffer(mb));
@@ -289,7 +289,7 @@ absl::StatusOr<ConstDSpan> LocalTrainer::BackwardOne(int mb, bool with_hessian) 
     const float inv_batch = static_cast<float>(1.0 / options_.batch_size);
     ASSIGN_OR_RETURN(grad, stages_[num_stages - 1]->BackwardFromLabels(
                                ConstDIntSpan(labels_.int_span()).sub(mb * rows, rows), rows,
-                               inv_batch, with_hessian, workspaces_[num_stages - 1][mb].get(),
+                               inv_batch, with_hessian, workspaces_[num_stages - 1][ws].get(),
                                sums));
   } else {
     const int64_t output_dim = stages_.back()->layout().output_dim();
@@ -297,13 +297,13 @@ absl::StatusOr<ConstDSpan> LocalTrainer::BackwardOne(int mb, bool with_hessian) 
         ConstDSpan(backward_in_.span())
             .sub(mb * 2 * rows * output_dim, (with_hessian ? 2 : 1) * rows * output_dim);
     ASSIGN_OR_RETURN(grad, stages_[num_stages - 1]->Backward(
-                               top, rows, with_hessian, workspaces_[num_stages - 1][mb].get(),
+                               top, rows, with_hessian, workspaces_[num_stages - 1][ws].get(),
                                sums));
   }
   for (int s = num_stages - 2; s >= 0; --s) {
     ASSIGN_OR_RETURN(sums, accumulators_[s]->LeafBuffer(mb));
     ASSIGN_OR_RETURN(grad,
-                     stages_[s]->Backward(grad, rows, with_hessian, workspaces_[s][mb].get(), sums));
+                     stages_[s]->Backward(grad, rows, with_hessian, workspaces_[s][ws].get(), sums));
   }
   return grad;
 }
@@ -377,7 +377,12 @@ absl::Status LocalTrainer::BeginStep(int64_t t) {
   const bool with_hessian = HessianDue(t, options_.optimizer.hessian_every());
   if (with_hessian) RETURN_IF_ERROR(EnsureDirection(t));
   const TreeNode root{0, options_.micro_batches};
+  const int rows = options_.batch_size / options_.micro_batches;
   for (size_t s = 0; s < stages_.size(); ++s) {
+    while (static_cast<int>(workspaces_[s].size()) < options_.micro_batches) {
+      ASSIGN_OR_RETURN(std::unique_ptr<StageWorkspace> ws, stages_[s]->NewWorkspace(rows));
+      workspaces_[s].push_back(std::move(ws));
+    }
     RETURN_IF_ERROR(accumulators_[s]->Start(options_.micro_batches, root,
                                             ActiveSumsLength(static_cast<int>(s), t)));
   }
@@ -400,7 +405,7 @@ absl::StatusOr<ConstDSpan> LocalTrainer::ForwardMicroBatch(int mb) {
         "micro-batch %d of step %d: the forward input holds %d floats, the step needs %d", mb,
         pipelined_step_, forward_in_length_[mb], ForwardInputLength(pipelined_step_)));
   }
-  return ForwardOne(mb, HessianDue(pipelined_step_, options_.optimizer.hessian_every()));
+  return ForwardOne(mb, HessianDue(pipelined_step_, options_.optimizer.hessian_every()), mb);
 }
 
 absl::StatusOr<ConstDSpan> LocalTrainer::BackwardMicroBatch(int mb) {
@@ -412,7 +417,8 @@ absl::StatusOr<ConstDSpan> LocalTrainer::BackwardMicroBatch(int mb) {
   }
   RETURN_IF_ERROR(CheckInputs(mb, pipelined_step_));
   ASSIGN_OR_RETURN(ConstDSpan grad,
-                   BackwardOne(mb, HessianDue(pipelined_step_, options_.optimizer.hessian_every())));
+                   BackwardOne(mb, HessianDue(pipelined_step_, options_.optimizer.hessian_every()),
+                               mb));
   for (auto& accumulator : accumulators_) RETURN_IF_ERROR(accumulator->Commit(TreeNode{mb, mb + 1}));
   ++pipelined_committed_;
   return grad;

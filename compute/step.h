@@ -221,10 +221,11 @@ class LocalTrainer {
 
   absl::Status CheckBatch(absl::Span<const float> images, absl::Span<const int32_t> labels,
                           int64_t expected_samples) const;
-  // Forward and backward of micro-batch mb of the current step through every stage; Backward
-  // leaves each stage's sums in its accumulator's leaf mb (not committed).
-  absl::StatusOr<ConstDSpan> ForwardOne(int mb, bool with_hessian);
-  absl::StatusOr<ConstDSpan> BackwardOne(int mb, bool with_hessian);
+  // Forward and backward of micro-batch mb of the current step through every stage, in each
+  // stage's workspace `ws`; Backward leaves each stage's sums in its accumulator's leaf mb (not
+  // committed).
+  absl::StatusOr<ConstDSpan> ForwardOne(int mb, bool with_hessian, int ws);
+  absl::StatusOr<ConstDSpan> BackwardOne(int mb, bool with_hessian, int ws);
   // SetForwardInput (forward) or SetBackwardInput.
   absl::Status SetBoundaryInput(bool forward, int mb, absl::Span<const float> pair);
   // FAILED_PRECONDITION unless micro-batch mb's inputs for step t are in place.
@@ -238,7 +239,8 @@ class LocalTrainer {
   TrainerOptions options_;
   std::vector<std::unique_ptr<MlpStage>> stages_;
   std::vector<std::unique_ptr<StageOptimizer>> optimizers_;
-  // Per stage, one workspace per micro-batch (a pipeline keeps all M in flight).
+  // Per stage: workspace 0 for whole blocks; one per micro-batch once BeginStep ran (a pipeline
+  // keeps all M in flight).
   std::vector<std::vector<std::unique_ptr<StageWorkspace>>> workspaces_;
   std::vector<std::unique_ptr<TreeAccumulator>> accumulators_;
   std::vector<std::unique_ptr<StageWorkspace>> eval_workspaces_;
