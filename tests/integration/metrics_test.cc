@@ -3,7 +3,6 @@
 // parses as the text format and its values agree with the server's status taken just before.
 
 #include <catch2/catch.hpp>
-#include <httplib.h>
 
 #include <string>
 
@@ -13,29 +12,16 @@
 #include "proto/rebound.grpc.pb.h"
 #include "tests/common/prometheus_text.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 
 namespace rebound::testing {
 namespace {
 
-// GET http://address/metrics, parsed.
+// GET http://address/metrics, parsed; the server and workers serve it locally by default.
 Exposition Scrape(const std::string& address) {
-  const std::vector<std::string> parts = absl::StrSplit(address, ':');
-  REQUIRE(parts.size() == 2);
-  CHECK(parts[0] == "127.0.0.1");  // local unless configured
-  int port = 0;
-  REQUIRE(absl::SimpleAtoi(parts[1], &port));
-  httplib::Client client(parts[0], port);
-  client.set_connection_timeout(5, 0);
-  client.set_read_timeout(5, 0);
-  auto response = client.Get("/metrics");
-  REQUIRE(response);
-  REQUIRE(response->status == 200);
-  absl::StatusOr<Exposition> parsed = ParseExposition(response->body);
-  INFO(response->body);
-  INFO(parsed.status());
-  REQUIRE(parsed.ok());
-  return *parsed;
+  CHECK(address.rfind("127.0.0.1:", 0) == 0);  // local unless configured
+  return ScrapeMetrics(address);
 }
 
 double Sample(const Exposition& e, const std::string& series) {

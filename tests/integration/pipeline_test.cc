@@ -8,7 +8,6 @@
 // center of the same run with one stage.
 
 #include <catch2/catch.hpp>
-#include <httplib.h>
 #include <signal.h>
 
 #include <chrono>
@@ -24,13 +23,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "tests/common/prometheus_text.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 
 namespace rebound::testing {
@@ -99,24 +98,6 @@ class Cluster : public LocalCluster {
     return tensors;
   }
 };
-
-// GET http://address/metrics of a worker, parsed (the worker serves it on 127.0.0.1).
-Exposition Scrape(const std::string& address) {
-  const std::vector<std::string> parts = absl::StrSplit(address, ':');
-  REQUIRE(parts.size() == 2);
-  int port = 0;
-  REQUIRE(absl::SimpleAtoi(parts[1], &port));
-  httplib::Client client(parts[0], port);
-  client.set_connection_timeout(5, 0);
-  client.set_read_timeout(5, 0);
-  auto response = client.Get("/metrics");
-  REQUIRE(response);
-  REQUIRE(response->status == 200);
-  absl::StatusOr<Exposition> parsed = ParseExposition(response->body);
-  INFO(parsed.status());
-  REQUIRE(parsed.ok());
-  return *parsed;
-}
 
 const SlotStatus& SlotAt(const GetStatusResponse& s, int r, int stage) {
   for (const SlotStatus& slot : s.slots()) {
@@ -394,7 +375,7 @@ TEST_CASE("a stage whose neighbour stays dead shows BLOCKED in status, then resu
   CHECK(t00->state() == ALIVE);
   CHECK(t00->last_heartbeat_ms_ago() < 1500);
   REQUIRE(t00->has_metrics_address());
-  const Exposition blocked_metrics = Scrape(t00->metrics_address());
+  const Exposition blocked_metrics = ScrapeMetrics(t00->metrics_address());
   CHECK(blocked_metrics.samples.at("rebound_worker_blocked") == 1);
   // Stage 0 sent every forward pair of its steps so far, and backward pairs came back for all
   // but the last step.
@@ -411,7 +392,7 @@ TEST_CASE("a stage whose neighbour stays dead shows BLOCKED in status, then resu
     const GetStatusResponse resumed = cluster.Status();
     const WorkerStatus* trainer = FindWorker(resumed, Cluster::Name(0, 0), TRAINER);
     REQUIRE(trainer != nullptr);
-    CHECK(Scrape(trainer->metrics_address()).samples.at("rebound_worker_blocked") == 0);
+    CHECK(ScrapeMetrics(trainer->metrics_address()).samples.at("rebound_worker_blocked") == 0);
   }
   const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
   REQUIRE(done.recoveries_size() == 1);
