@@ -12,8 +12,8 @@
 #include <sstream>
 #include <system_error>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -36,7 +36,8 @@ int64_t StepOfFile(const std::string& name) {
 
 absl::Status WriteAndSync(const std::string& path, const std::string& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -98,9 +99,9 @@ absl::Status GlobalCheckpoint::Load() {
     return absl::DataLossError(absl::StrCat(newest_path, " is not a checkpoint record"));
   }
   if (record.job_id() != job_id_ || record.step() != newest) {
-    return absl::DataLossError(absl::StrCat(newest_path, " holds step ", record.step(), " of job \"",
-                                            record.job_id(), "\", not this job's (\"", job_id_,
-                                            "\") step ", newest));
+    return absl::DataLossError(absl::StrCat(newest_path, " holds step ", record.step(),
+                                            " of job \"", record.job_id(), "\", not this job's (\"",
+                                            job_id_, "\") step ", newest));
   }
   absl::MutexLock lock(&mu_);
   current_ = std::move(record);
@@ -117,7 +118,8 @@ absl::Status GlobalCheckpoint::Persist(const CheckpointRecord& record) const {
   if (dir_.empty()) return absl::OkStatus();
   std::error_code error;
   std::filesystem::create_directories(dir_, error);
-  if (error) return absl::UnavailableError(absl::StrCat("cannot create ", dir_, ": ", error.message()));
+  if (error)
+    return absl::UnavailableError(absl::StrCat("cannot create ", dir_, ": ", error.message()));
   const std::string name = absl::StrCat(kPrefix, record.step(), kSuffix);
   const std::string path = absl::StrCat(dir_, "/", name);
   const std::string temp = absl::StrCat(path, ".tmp");
@@ -158,9 +160,14 @@ absl::Status GlobalCheckpoint::Arrive(int slot_index, int64_t step, uint64_t epo
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   if (epoch != epoch_) {
+    return absl::AbortedError(
+        absl::StrCat("GLOBAL_CHECKPOINT: every slot was rolled back to the checkpoint of step ",
+                     current_.step(), " after this sync of step ", step, " was applied"));
+  }
+  if (frozen_) {
     return absl::AbortedError(absl::StrCat(
-        "GLOBAL_CHECKPOINT: every slot was rolled back to the checkpoint of step ",
-        current_.step(), " after this sync of step ", step, " was applied"));
+        "GLOBAL_CHECKPOINT: every slot is being rolled back to the checkpoint of step ",
+        current_.step(), "; this sync of step ", step, " is undone"));
   }
   if (step <= completed_step_) return absl::OkStatus();
   if (pending_step_ == 0) pending_step_ = step;
@@ -196,27 +203,34 @@ absl::Status GlobalCheckpoint::Arrive(int slot_index, int64_t step, uint64_t epo
     return absl::OkStatus();
   }
   auto released = [this, step, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return completed_step_ >= step || epoch_ != epoch;
+    return completed_step_ >= step || epoch_ != epoch || frozen_;
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&released), timeout)) {
     std::vector<int> missing;
     for (int s = 0; s < num_slots_; ++s) {
       if (arrived_.count(s) == 0) missing.push_back(s);
     }
-    return absl::UnavailableError(absl::StrCat(
-        "GLOBAL_CHECKPOINT: waiting at the barrier of step ", step, " for slot(s) ",
-        absl::StrJoin(missing, ", "), "; retry"));
+    return absl::UnavailableError(absl::StrCat("GLOBAL_CHECKPOINT: waiting at the barrier of step ",
+                                               step, " for slot(s) ", absl::StrJoin(missing, ", "),
+                                               "; retry"));
   }
-  if (epoch_ != epoch) {
-    return absl::AbortedError(absl::StrCat(
-        "GLOBAL_CHECKPOINT: every slot was rolled back to the checkpoint of step ",
-        current_.step(), " while this sync waited at the barrier of step ", step));
+  if (epoch_ != epoch || (frozen_ && completed_step_ < step)) {
+    return absl::AbortedError(
+        absl::StrCat("GLOBAL_CHECKPOINT: every slot was rolled back to the checkpoint of step ",
+                     current_.step(), " while this sync waited at the barrier of step ", step));
   }
   return absl::OkStatus();
 }
 
+CheckpointRecord GlobalCheckpoint::Freeze() {
+  absl::MutexLock lock(&mu_);
+  frozen_ = true;
+  return current_;
+}
+
 CheckpointRecord GlobalCheckpoint::BeginRollback() {
   absl::MutexLock lock(&mu_);
+  frozen_ = false;
   ++epoch_;
   pending_step_ = 0;
   arrived_.clear();

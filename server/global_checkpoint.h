@@ -18,8 +18,11 @@
 // <data_dir>/checkpoints/checkpoint-<step>.pb (written to a temporary file, fsynced, renamed; the
 // older one removed), and Load finds the newest at start. Without one it is kept in memory.
 //
-// Rollback. BeginRollback releases every waiter with ABORTED and returns the checkpoint to go back
-// to; the caller restores the center and the slots from it (server/service.cc).
+// Rollback. Freeze fixes the checkpoint to go back to: from then on no cut completes (an arrival
+// gets ABORTED), so the step the caller fences the trainers at is the step it restores. The
+// caller then fences every trainer, and BeginRollback releases every waiter with ABORTED and
+// returns that same checkpoint; the caller restores the center and the slots from it
+// (server/service.cc).
 //
 // Thread-safe.
 
@@ -72,8 +75,12 @@ class GlobalCheckpoint {
   absl::Status Arrive(int slot_index, int64_t step, uint64_t epoch, absl::Duration timeout,
                       const TakeFn& take);
 
+  // Fixes the checkpoint a rollback goes back to and returns it: until BeginRollback no cut
+  // completes, and an arrival gets ABORTED.
+  CheckpointRecord Freeze();
+
   // Starts a rollback: waiters get ABORTED, the barrier is reset; returns the checkpoint to
-  // restore.
+  // restore (the one Freeze returned, if it was called).
   CheckpointRecord BeginRollback();
 
   // The current checkpoint (the last taken or loaded).
@@ -96,6 +103,7 @@ class GlobalCheckpoint {
   int64_t pending_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, absl::Time> arrived_ ABSL_GUARDED_BY(mu_);  // slot -> first arrival
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;                 // rollbacks
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;                // a rollback is under way
   int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration barrier_wait_ ABSL_GUARDED_BY(mu_);
   absl::Duration write_ ABSL_GUARDED_BY(mu_);

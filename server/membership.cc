@@ -625,8 +625,8 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
   absl::MutexLock lock(&mu_);
   const std::string reason =
       absl::StrCat("rolled back to the global checkpoint of step ", step, ": ", why);
-  rollback_requested_ = false;
-  rollback_taken_ = false;
+  // rollback_requested_ stays set until FinishRollback: ClaimReplay hands out no restore while
+  // the center and the books are still those of before the rollback.
   std::vector<int64_t> reached(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) reached[i] = slots_[i].step;
   for (auto& [incarnation, worker] : workers_) {
@@ -653,6 +653,12 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
   }
   absl::Status persisted = PersistLocked();
   if (!persisted.ok()) LOG(ERROR) << "cannot persist a rollback: " << persisted;
+}
+
+void Membership::FinishRollback() {
+  absl::MutexLock lock(&mu_);
+  rollback_requested_ = false;
+  rollback_taken_ = false;
 }
 
 std::vector<RecoveryStatus> Membership::Recoveries() const {

@@ -146,8 +146,12 @@ class Membership {
   // last call: the caller rolls everything back (ParameterServerService::MaybeRollBack).
   bool TakeRollbackRequest(std::string* why);
   // Fences every alive trainer as ROLLED_BACK (its calls get ABORTED: it registers again) and
-  // makes every slot LOST at `step`, the checkpoint's, for a spare to restore (ClaimReplay).
+  // makes every slot LOST at `step`, the checkpoint's. No spare is given a slot to restore until
+  // FinishRollback: the caller first puts the center and the slots' bookkeeping back.
   void RollBackAll(int64_t step, const std::string& why);
+  // The server's state is back at the checkpoint: spares may restore the slots (ClaimReplay),
+  // and the next loss of a trainer requests the next rollback.
+  void FinishRollback();
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.

@@ -230,14 +230,20 @@ void ParameterServerService::MaybeRollBack() {
   if (checkpoint_ == nullptr) return;
   std::string why;
   if (!membership_->TakeRollbackRequest(&why)) return;
-  // 1. No trainer writes again: every one is fenced as ROLLED_BACK and every slot is LOST. A sync
+  // 1. The checkpoint to go back to is fixed first: a cut completing between here and the fence
+  //    would otherwise restore a later checkpoint than the one the slots restart from.
+  const CheckpointRecord checkpoint = checkpoint_->Freeze();
+  // 2. No trainer writes again: every one is fenced as ROLLED_BACK and every slot is LOST. A sync
   //    applied before this point can no longer arrive at a barrier (its epoch is over).
-  const CheckpointRecord checkpoint = checkpoint_->Current();
   membership_->RollBackAll(checkpoint.step(), why);
   const CheckpointRecord restored = checkpoint_->BeginRollback();
+  if (restored.step() != checkpoint.step()) {
+    LOG(ERROR) << "GLOBAL_CHECKPOINT: the frozen checkpoint moved from step " << checkpoint.step()
+                << " to " << restored.step();
+  }
   LOG(WARNING) << "GLOBAL_CHECKPOINT: " << why << "; rolling every slot and the center back to "
                << "the checkpoint of step " << restored.step();
-  // 2. The centers go back to the checkpoint (their versions keep increasing), and the store holds
+  // 3. The centers go back to the checkpoint (their versions keep increasing), and the store holds
   //    what was restored: the centers and every slot's checkpointed snapshot.
   storage::WriteBatch batch;
   for (CenterRecord center : restored.centers()) {
@@ -271,6 +277,9 @@ void ParameterServerService::MaybeRollBack() {
       tracker_->SetLive(slot, false);
     }
   }
+  // 4. Only now may spares restore the slots: a restore handed out earlier would sync against
+  //    the center and bookkeeping of before the rollback.
+  membership_->FinishRollback();
 }
 
 grpc::Status ParameterServerService::Register(grpc::ServerContext* context,

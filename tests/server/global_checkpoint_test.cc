@@ -1,8 +1,9 @@
 // GlobalCheckpoint (server/global_checkpoint.h): the barrier at each cut, who takes the
 // checkpoint, what a rollback does to waiters, and the checkpoint file a restarted server loads.
 
-#include <catch2/catch.hpp>
+#include "server/global_checkpoint.h"
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -12,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
-#include "server/global_checkpoint.h"
 
 namespace rebound::server {
 namespace {
@@ -52,8 +52,8 @@ GlobalCheckpoint::TakeFn Taker(int* calls) {
 
 std::string TempDir() {
   const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/gc-",
-                                       absl::ToUnixNanos(absl::Now()));
+  const std::string dir =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/gc-", absl::ToUnixNanos(absl::Now()));
   std::filesystem::create_directories(dir);
   return dir;
 }
@@ -84,9 +84,7 @@ TEST_CASE("the last slot to arrive takes the checkpoint and releases the others"
   CHECK(calls == 0);
   // Its retry waits again; slot 1 arrives and takes the checkpoint; both are released.
   std::optional<absl::Status> first;
-  std::thread retry([&] {
-    first = checkpoint.Arrive(0, 20, 0, absl::Seconds(20), Taker(&calls));
-  });
+  std::thread retry([&] { first = checkpoint.Arrive(0, 20, 0, absl::Seconds(20), Taker(&calls)); });
   absl::SleepFor(absl::Milliseconds(20));
   CHECK(checkpoint.Arrive(1, 20, 0, absl::Seconds(20), Taker(&calls)).ok());
   retry.join();
@@ -123,9 +121,8 @@ TEST_CASE("a rollback releases the waiters with ABORTED and fences syncs of the 
   GlobalCheckpoint checkpoint(Job(), "", Initial());
   int calls = 0;
   std::optional<absl::Status> waiting;
-  std::thread waiter([&] {
-    waiting = checkpoint.Arrive(0, 20, 0, absl::Seconds(20), Taker(&calls));
-  });
+  std::thread waiter(
+      [&] { waiting = checkpoint.Arrive(0, 20, 0, absl::Seconds(20), Taker(&calls)); });
   absl::SleepFor(absl::Milliseconds(20));
   const CheckpointRecord restored = checkpoint.BeginRollback();
   waiter.join();
@@ -141,6 +138,48 @@ TEST_CASE("a rollback releases the waiters with ABORTED and fences syncs of the 
   CHECK(status.rollbacks() == 1);
   CHECK(status.pending_step() == 0);
   CHECK(calls == 0);
+}
+
+TEST_CASE(
+    "no cut completes between Freeze and BeginRollback: the rollback restores the frozen one") {
+  // The race this closes: the last slot arrived at cut 40 while the server, rolling back, had
+  // already fenced the trainers at the checkpoint of step 20; the cut completed, and the slots'
+  // bookkeeping was restored from step 40 while their spares restarted from step 20.
+  GlobalCheckpoint checkpoint(Job(), "", Initial());
+  int calls = 0;
+  CHECK(checkpoint.Arrive(0, 20, 0, absl::Milliseconds(1), Taker(&calls)).code() ==
+        absl::StatusCode::kUnavailable);
+  REQUIRE(checkpoint.Arrive(1, 20, 0, absl::Seconds(1), Taker(&calls)).ok());
+  REQUIRE(calls == 1);
+  std::optional<absl::Status> waiting;
+  std::thread waiter(
+      [&] { waiting = checkpoint.Arrive(0, 40, 0, absl::Seconds(20), Taker(&calls)); });
+  absl::SleepFor(absl::Milliseconds(20));
+  const CheckpointRecord frozen = checkpoint.Freeze();
+  CHECK(frozen.step() == 20);
+  waiter.join();  // released at once, not after 20 s
+  REQUIRE(waiting.has_value());
+  CHECK(waiting->code() == absl::StatusCode::kAborted);
+  // The last slot arrives at cut 40 now: no checkpoint is taken.
+  absl::Status last = checkpoint.Arrive(1, 40, 0, absl::Seconds(1), Taker(&calls));
+  CHECK(last.code() == absl::StatusCode::kAborted);
+  CHECK(last.message() ==
+        "GLOBAL_CHECKPOINT: every slot is being rolled back to the checkpoint of step 20; "
+        "this sync of step 40 is undone");
+  CHECK(calls == 1);
+  CHECK(checkpoint.Current().step() == 20);
+  // Even the retry of a cut completed before the freeze is ABORTED: its trainer is being fenced.
+  CHECK(checkpoint.Arrive(0, 20, 0, absl::ZeroDuration(), Taker(&calls)).code() ==
+        absl::StatusCode::kAborted);
+  const CheckpointRecord restored = checkpoint.BeginRollback();
+  CHECK(restored.step() == 20);
+  CHECK(checkpoint.epoch() == 1);
+  // After the rollback the barrier works again in the new epoch.
+  CHECK(checkpoint.Arrive(0, 40, 1, absl::Milliseconds(1), Taker(&calls)).code() ==
+        absl::StatusCode::kUnavailable);
+  CHECK(checkpoint.Arrive(1, 40, 1, absl::Seconds(1), Taker(&calls)).ok());
+  CHECK(calls == 2);
+  CHECK(checkpoint.Current().step() == 40);
 }
 
 TEST_CASE("a checkpoint file of another job is DATA_LOSS") {
@@ -161,7 +200,8 @@ TEST_CASE("a checkpoint file of another job is DATA_LOSS") {
   GlobalCheckpoint checkpoint(Job(), dir, Initial());
   absl::Status loaded = checkpoint.Load();
   CHECK(loaded.code() == absl::StatusCode::kDataLoss);
-  CHECK(loaded.message() == absl::StrCat(dir, "/checkpoint-20.pb holds step 20 of job \"other\", "
+  CHECK(loaded.message() == absl::StrCat(dir,
+                                         "/checkpoint-20.pb holds step 20 of job \"other\", "
                                          "not this job's (\"g\") step 20"));
 }
 

@@ -304,6 +304,54 @@ TEST_CASE("RESTART_FROM_CENTER hands a lost slot to a spare under a new incarnat
   CHECK(recoveries[0].slot().replica() == 0);
 }
 
+TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback is finished") {
+  // The server restores the center and the slots' bookkeeping between RollBackAll and
+  // FinishRollback; a spare handed a slot before then synced against the state of before the
+  // rollback (its first sync was refused as stale, and the spare exited).
+  FakeClock clock;
+  Membership membership(JobWithPolicy("GLOBAL_CHECKPOINT checkpoint_every_steps: 16"), &clock);
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  auto spare = membership.Register(Request("s", SPARE));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(spare.ok());
+  membership.RecordProgress(a->slot(), 32, 1000);
+  clock.Advance(absl::Milliseconds(900));
+  REQUIRE(membership.Heartbeat(Beat(b->incarnation(), 32)).ok());
+  REQUIRE(membership.Heartbeat(Beat(spare->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(200));
+  REQUIRE(membership.DetectFailures().size() == 1);  // a
+  std::string why;
+  REQUIRE(membership.TakeRollbackRequest(&why));
+  CHECK(absl::StrContains(why, "lost its trainer 'a'"));
+  CHECK_FALSE(membership.TakeRollbackRequest(&why));  // once per loss
+
+  membership.RollBackAll(16, why);
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(status.slots(1).state() == LOST);
+  CHECK(membership.CheckOwner(b->incarnation(), b->slot()).code() == absl::StatusCode::kAborted);
+  // Rolled back but not yet restored: nothing to claim, even after a wait.
+  auto early = membership.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
+  REQUIRE(early.ok());
+  CHECK_FALSE(early->has_value());
+  // A spare already waiting is woken by FinishRollback.
+  std::optional<absl::StatusOr<std::optional<Membership::ReplayClaim>>> waited;
+  std::thread waiter(
+      [&] { waited = membership.ClaimReplay(spare->incarnation(), absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(20));
+  CHECK_FALSE(waited.has_value());
+  membership.FinishRollback();
+  waiter.join();
+  REQUIRE(waited.has_value());
+  REQUIRE(waited->ok());
+  REQUIRE((*waited)->has_value());
+  CHECK((**waited)->slot.replica() == 0);
+  CHECK((**waited)->reached_step == 16);
+}
+
 TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
   FakeClock clock;
   Membership membership(JobWithPolicy("REPLAY"), &clock);
