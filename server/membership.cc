@@ -231,6 +231,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
         }
       } else if (EffectiveRecoveryPolicy(job_) == GLOBAL_CHECKPOINT) {
         absl::StrAppend(&slot.detail, "; every slot rolls back to the last global checkpoint");
+        if (state != ROLLED_BACK) slot.failed_since_restore = true;
         if (state != ROLLED_BACK && !rollback_requested_) {
           rollback_requested_ = true;
           rollback_why_ = absl::StrCat("slot (", slot.id.replica(), ", ", slot.id.stage(),
@@ -653,6 +654,16 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
   }
   absl::Status persisted = PersistLocked();
   if (!persisted.ok()) LOG(ERROR) << "cannot persist a rollback: " << persisted;
+}
+
+bool Membership::TakeRecoveryCharge(const SlotId& slot) {
+  const int index = SlotIndex(slot);
+  if (index < 0) return false;
+  absl::MutexLock lock(&mu_);
+  Slot& s = slots_[index];
+  if (s.state != ACTIVE || !s.failed_since_restore) return false;
+  s.failed_since_restore = false;
+  return true;
 }
 
 void Membership::FinishRollback() {

@@ -152,6 +152,10 @@ class Membership {
   // The server's state is back at the checkpoint: spares may restore the slots (ClaimReplay),
   // and the next loss of a trainer requests the next rollback.
   void FinishRollback();
+  // GLOBAL_CHECKPOINT: true, once, for a slot just restored whose trainer had been lost (declared
+  // failed or gone), not merely rolled back with the others: its restore is a recovery that
+  // counts against it, as a replay or a restart does under the other policies (DESIGN §4.5).
+  bool TakeRecoveryCharge(const SlotId& slot);
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.
@@ -208,6 +212,9 @@ class Membership {
     absl::Time lost_at;       // when the slot became LOST
     int64_t detection_ms = 0;  // how long its owner had been silent when declared failed
     int64_t rolled_back_from = 0;  // GLOBAL_CHECKPOINT: the step it had reached at the rollback
+    // GLOBAL_CHECKPOINT: its trainer was lost (not merely rolled back) since its last restore;
+    // its next restore is a recovery that counts against it (DESIGN §4.5).
+    bool failed_since_restore = false;
     // RECOVERING: the replay task and its spares in rank order (the leader first). A helper
     // stays in task_spares for the record and leaves task_active when it has asked for work again.
     uint64_t task_id = 0;

@@ -848,9 +848,11 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
   }
   const RegisterResponse& takeover = **finished;
   tracker_->SetLive(takeover.slot(), true);
-  // A recovery counts against the slot (DESIGN §4.5); a GLOBAL_CHECKPOINT restore does not: it
-  // rolls back every slot, healthy ones included, and the failed one was counted at its failure.
-  if (checkpoint_ == nullptr) tracker_->OnFault(takeover.slot(), clock_->Now());
+  // A recovery counts against the slot (DESIGN §4.5). A GLOBAL_CHECKPOINT restore counts only for
+  // the slot whose trainer was lost: the rollback restores every slot, healthy ones included.
+  if (checkpoint_ == nullptr || membership_->TakeRecoveryCharge(takeover.slot())) {
+    tracker_->OnFault(takeover.slot(), clock_->Now());
+  }
   response->set_incarnation(takeover.incarnation());
   *response->mutable_slot() = takeover.slot();
   *response->mutable_neighbours() = takeover.neighbours();

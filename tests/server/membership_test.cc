@@ -350,6 +350,32 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   REQUIRE((*waited)->has_value());
   CHECK((**waited)->slot.replica() == 0);
   CHECK((**waited)->reached_step == 16);
+
+  // Slot 0's restore is a recovery that counts against it (its trainer failed), once; slot 1's
+  // does not (it was only rolled back with the others).
+  CHECK_FALSE(membership.TakeRecoveryCharge(a->slot()));  // not restored yet
+  ReportRecoveryRequest report;
+  report.set_incarnation(spare->incarnation());
+  report.set_task_id((**waited)->task_id);
+  report.set_outcome(RECOVERED);
+  auto restored = membership.FinishReplay(spare->incarnation(), report);
+  REQUIRE(restored.ok());
+  REQUIRE(restored->has_value());
+  CHECK((*restored)->slot().replica() == 0);
+  CHECK(membership.TakeRecoveryCharge(a->slot()));
+  CHECK_FALSE(membership.TakeRecoveryCharge(a->slot()));
+  auto b2 = membership.Register(Request("b2", SPARE));
+  REQUIRE(b2.ok());
+  auto claim = membership.ClaimReplay(b2->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 1);
+  report.set_incarnation(b2->incarnation());
+  report.set_task_id((*claim)->task_id);
+  restored = membership.FinishReplay(b2->incarnation(), report);
+  REQUIRE(restored.ok());
+  REQUIRE(restored->has_value());
+  CHECK_FALSE(membership.TakeRecoveryCharge(b->slot()));
 }
 
 TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
