@@ -122,6 +122,37 @@ void PutDuplicate(PipelinePort& port, const BoundaryMessage& message) {
   CHECK(ack->receiver_incarnation() == kIncarnation);
 }
 
+// A Take of (direction, step, mb) with a 30 s timeout, blocked on a thread of its own from
+// construction; Join() waits for it to return.
+class BlockedTake {
+ public:
+  BlockedTake(PipelinePort& port, BoundaryDirection direction, int64_t step, int mb)
+      : thread_([this, &port, direction, step, mb] {
+          started_.Notify();
+          const absl::Time start = absl::Now();
+          taken_ = port.Take(direction, step, mb, absl::Seconds(30));
+          waited_ = absl::Now() - start;
+        }) {
+    started_.WaitForNotification();
+  }
+  ~BlockedTake() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // What the Take returned, and how long it waited.
+  const absl::StatusOr<BoundaryMessage>& Join() {
+    if (thread_.joinable()) thread_.join();
+    return taken_;
+  }
+  absl::Duration waited() const { return waited_; }
+
+ private:
+  absl::Notification started_;
+  absl::StatusOr<BoundaryMessage> taken_ = absl::UnknownError("not run");
+  absl::Duration waited_;
+  std::thread thread_;  // last: it starts once the members it writes exist
+};
+
 TEST_CASE("a closed port answers UNAVAILABLE to senders and FAILED_PRECONDITION to Take") {
   PipelinePort port;
   CHECK(CodeOf(port.Put(Forward(1, 0))) == absl::StatusCode::kUnavailable);
@@ -444,46 +475,28 @@ TEST_CASE("Take hands out exactly the message asked for, once") {
 TEST_CASE("a Take blocked in another thread is woken by the Put it waits for") {
   PipelinePort port;
   port.Open(MiddleShape(), 0, Owner, nullptr);
-  absl::StatusOr<BoundaryMessage> taken = absl::UnknownError("not run");
-  absl::Duration waited;
-  absl::Notification started;
-  std::thread taker([&] {
-    started.Notify();
-    const absl::Time start = absl::Now();
-    taken = port.Take(FORWARD, 1, 1, absl::Seconds(30));
-    waited = absl::Now() - start;
-  });
-  started.WaitForNotification();
+  BlockedTake taker(port, FORWARD, 1, 1);
   absl::SleepFor(absl::Milliseconds(50));
   PutNew(port, Forward(1, 0));  // another key: the taker keeps waiting
   absl::SleepFor(absl::Milliseconds(20));
   PutNew(port, Forward(1, 1));
-  taker.join();
+  const absl::StatusOr<BoundaryMessage>& taken = taker.Join();
   REQUIRE(taken.ok());
   CHECK(taken->SerializeAsString() == Forward(1, 1).SerializeAsString());
-  CHECK(waited < absl::Seconds(10));
+  CHECK(taker.waited() < absl::Seconds(10));
   CHECK(port.held_bytes() == kForwardBytes);  // (1, 0) is still held
 }
 
 TEST_CASE("a Take blocked in another thread is woken by Close with FAILED_PRECONDITION") {
   PipelinePort port;
   port.Open(MiddleShape(), 0, Owner, nullptr);
-  absl::StatusOr<BoundaryMessage> taken = absl::UnknownError("not run");
-  absl::Duration waited;
-  absl::Notification started;
-  std::thread taker([&] {
-    started.Notify();
-    const absl::Time start = absl::Now();
-    taken = port.Take(BACKWARD, 1, 0, absl::Seconds(30));
-    waited = absl::Now() - start;
-  });
-  started.WaitForNotification();
+  BlockedTake taker(port, BACKWARD, 1, 0);
   absl::SleepFor(absl::Milliseconds(50));
   port.Close();
-  taker.join();
+  const absl::StatusOr<BoundaryMessage>& taken = taker.Join();
   CHECK(taken.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(taken.status().message()), Contains("closed"));
-  CHECK(waited < absl::Seconds(10));
+  CHECK(taker.waited() < absl::Seconds(10));
 }
 
 TEST_CASE("Complete drops the held messages of completed steps and makes them duplicates") {
