@@ -14,33 +14,9 @@ script=${TEST_SRCDIR:+$TEST_SRCDIR/${TEST_WORKSPACE:-rebound}/}tools/bench.sh
 dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/bench_sh_test.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
-failures=0
-current=""
-fail() {
-  echo "  FAIL ($current): $*"
-  failures=$((failures + 1))
-}
-expect_eq() {  # what, expected, actual
-  [ "$2" = "$3" ] || fail "$1:
-    expected '$2'
-    got      '$3'"
-}
-expect_contains() {  # what, needle, haystack
-  case $3 in
-    *"$2"*) ;;
-    *) fail "$1: expected to contain '$2', got '$3'" ;;
-  esac
-}
-expect_lacks() {  # what, needle, haystack
-  case $3 in
-    *"$2"*) fail "$1: expected not to contain '$2', got '$3'" ;;
-    *) ;;
-  esac
-}
-scenario() {
-  current=$1
-  echo "-- $current"
-}
+testlib=${TEST_SRCDIR:+$TEST_SRCDIR/${TEST_WORKSPACE:-rebound}/}tests/tools/testlib.sh
+# shellcheck source=tests/tools/testlib.sh
+source "$testlib" || { echo "FAIL: cannot read $testlib"; exit 1; }
 
 # Runs the script; sets rc, out (stdout) and err (stderr).
 bench() {
@@ -366,8 +342,4 @@ bench --out
 expect_eq "exit status" 64 "$rc"
 expect_contains "stderr" "--out needs a value" "$err"
 
-if [ "$failures" -ne 0 ]; then
-  echo "bench_sh_test: $failures check(s) failed"
-  exit 1
-fi
-echo "bench_sh_test: all checks passed"
+finish bench_sh_test

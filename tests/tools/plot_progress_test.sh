@@ -16,25 +16,9 @@ if ! command -v gnuplot >/dev/null 2>&1; then
   exit 1
 fi
 
-failures=0
-current=""
-fail() {
-  echo "  FAIL ($current): $*"
-  failures=$((failures + 1))
-}
-expect_eq() {  # what, expected, actual
-  [ "$2" = "$3" ] || fail "$1: expected '$2', got '$3'"
-}
-expect_contains() {  # what, needle, haystack
-  case $3 in
-    *"$2"*) ;;
-    *) fail "$1: expected to contain '$2', got '$3'" ;;
-  esac
-}
-scenario() {
-  current=$1
-  echo "-- $current"
-}
+testlib=${TEST_SRCDIR:+$TEST_SRCDIR/${TEST_WORKSPACE:-rebound}/}tests/tools/testlib.sh
+# shellcheck source=tests/tools/testlib.sh
+source "$testlib" || { echo "FAIL: cannot read $testlib"; exit 1; }
 
 # Runs the script; sets rc, out (stdout) and err (stderr).
 plot() {
@@ -179,8 +163,4 @@ plot "$dir/run.csv"
 expect_eq "exit status" 64 "$rc"
 expect_eq "stderr" "usage: tools/plot_progress.sh PROGRESS_CSV OUTPUT_PNG" "$err"
 
-if [ "$failures" -ne 0 ]; then
-  echo "plot_progress_test: $failures check(s) failed"
-  exit 1
-fi
-echo "plot_progress_test: all checks passed"
+finish plot_progress_test

@@ -27,16 +27,9 @@ data { batch_size: 2 micro_batches: 1 }
 easgd { sync_period: 10 }
 JOB
 
-failures=0
-current=""
-fail() {
-  echo "  FAIL ($current): $*"
-  failures=$((failures + 1))
-}
-scenario() {
-  current=$1
-  echo "- $1"
-}
+testlib=${TEST_SRCDIR:+$TEST_SRCDIR/${TEST_WORKSPACE:-rebound}/}tests/tools/testlib.sh
+# shellcheck source=tests/tools/testlib.sh
+source "$testlib" || { echo "FAIL: cannot read $testlib"; exit 1; }
 # run ARGS...: sets $out, $err and $rc.
 run() {
   out=$("$ctl" plan-logging --job "$dir/job.pbtxt" "$@" 2>"$dir/err")
@@ -45,18 +38,6 @@ run() {
 }
 expect_rc() {
   [ "$rc" = "$1" ] || fail "exit code: expected $1, got $rc (stderr: $err)"
-}
-expect_contains() {  # what, needle, haystack
-  case $3 in
-    *"$2"*) ;;
-    *) fail "$1 lacks '$2': $3" ;;
-  esac
-}
-expect_lacks() {  # what, needle, haystack
-  case $3 in
-    *"$2"*) fail "$1 has '$2': $3" ;;
-    *) ;;
-  esac
 }
 
 scenario "--budget plans by multiply-adds when no time is measured"
@@ -110,8 +91,4 @@ expect_contains "stderr" "--budget N" "$err"
 run --budget -1
 expect_rc 64
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all passed"
+finish reboundctl_plan_logging_test
