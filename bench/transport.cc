@@ -68,6 +68,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/process.h"
+#include "common/security.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -423,7 +424,17 @@ int Run(const Flags& flags) {
   };
 
   // ---- the trainer client -------------------------------------------------------------------
-  std::unique_ptr<ParameterServer::Stub> stub = ParameterServer::NewStub(WorkerChannel(sync_port));
+  // The trainer's channel carries its worker credential, as rebound_worker's does.
+  auto credential = std::make_shared<WorkerCredential>();
+  grpc::ChannelArguments worker_args;
+  worker_args.SetMaxReceiveMessageSize(-1);
+  auto worker_channel = MakeChannel(absl::StrCat("127.0.0.1:", sync_port), SecurityConfig(),
+                                    worker_args, credential);
+  if (!worker_channel.ok()) {
+    std::fprintf(stderr, "channel: %s\n", worker_channel.status().ToString().c_str());
+    return finish(1);
+  }
+  std::unique_ptr<ParameterServer::Stub> stub = ParameterServer::NewStub(*worker_channel);
   std::unique_ptr<Echo::Stub> echo_stub = Echo::NewStub(WorkerChannel(echo_port));
 
   RegisterRequest reg;
@@ -439,6 +450,7 @@ int Run(const Flags& flags) {
       std::fprintf(stderr, "register: %s\n", s.error_message().c_str());
       return finish(1);
     }
+    credential->Set(trainer.credential());
   }
   std::atomic<int64_t> last_step{0};
   std::atomic<int> heartbeat_errors{0};

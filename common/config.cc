@@ -367,14 +367,16 @@ bool FileReadable(const std::string& path) {
 }
 
 void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
-  if (!security.token_file().empty()) {
-    std::ifstream in(security.token_file());
+  for (const auto& [name, path] :
+       {std::pair<std::string, std::string>{"token_file", security.token_file()},
+        {"operator_token_file", security.operator_token_file()}}) {
+    if (path.empty()) continue;
+    std::ifstream in(path);
     std::string token;
     if (!in.good()) {
-      c.Fail("security.token_file", absl::StrCat("cannot be read: ", security.token_file()));
+      c.Fail("security." + name, absl::StrCat("cannot be read: ", path));
     } else if (!std::getline(in, token) || token.empty()) {
-      c.Fail("security.token_file",
-             absl::StrCat("must hold the token on its first line: ", security.token_file()));
+      c.Fail("security." + name, absl::StrCat("must hold the token on its first line: ", path));
     }
   }
   if (!security.has_tls()) return;
@@ -444,6 +446,9 @@ absl::Status ErrorsToStatus(const std::vector<std::string>& errors) {
 void ResolveSecurityPaths(SecurityConfig* security, const std::string& base_dir) {
   if (!security->token_file().empty()) {
     security->set_token_file(Resolve(base_dir, security->token_file()));
+  }
+  if (!security->operator_token_file().empty()) {
+    security->set_operator_token_file(Resolve(base_dir, security->operator_token_file()));
   }
   if (security->has_tls()) {
     TlsConfig* tls = security->mutable_tls();

@@ -4,7 +4,14 @@
 #include <sstream>
 #include <vector>
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -21,37 +28,83 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   return bytes.str();
 }
 
-// Adds the bearer token to every call of a channel.
-class TokenInterceptor final : public grpc::experimental::Interceptor {
+// Adds the bearer token and the worker credential (each when there is one) to every call.
+class CallMetadataInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  CallMetadataInterceptor(const std::string* bearer, std::string credential)
+      : bearer_(bearer), credential_(std::move(credential)) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+      auto* metadata = methods->GetSendInitialMetadata();
+      if (!bearer_->empty()) metadata->insert({"authorization", *bearer_});
+      if (!credential_.empty()) metadata->insert({kWorkerCredentialKey, credential_});
     }
     methods->Proceed();
   }
 
  private:
-  const std::string* header_;
+  const std::string* bearer_;
+  const std::string credential_;  // the worker's, read when the call started
 };
 
-class TokenInterceptorFactory final
+class CallMetadataInterceptorFactory final
     : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit TokenInterceptorFactory(std::string token)
-      : header_(absl::StrCat("Bearer ", token)) {}
+  CallMetadataInterceptorFactory(std::string token, std::shared_ptr<const WorkerCredential> worker)
+      : bearer_(token.empty() ? std::string() : absl::StrCat("Bearer ", token)),
+        worker_(std::move(worker)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo*) override {
-    return new TokenInterceptor(&header_);
+    return new CallMetadataInterceptor(&bearer_,
+                                       worker_ == nullptr ? std::string() : worker_->Get());
   }
 
  private:
-  const std::string header_;  // lives as long as the channel
+  const std::string bearer_;  // lives as long as the channel
+  const std::shared_ptr<const WorkerCredential> worker_;
 };
 
 }  // namespace
+
+absl::StatusOr<std::string> NewWorkerCredential() {
+  unsigned char bytes[32];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t got = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
+    }
+    filled += static_cast<size_t>(got);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+std::string MetadataValue(const grpc::ServerContext* context, absl::string_view key) {
+  if (context == nullptr) return std::string();
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return std::string();
+  return std::string(it->second.data(), it->second.size());
+}
+
+bool FromLoopback(const grpc::ServerContext* context) {
+  if (context == nullptr) return true;
+  const std::string peer = context->peer();
+  return absl::StartsWith(peer, "ipv4:127.") || absl::StartsWith(peer, "ipv6:[::1]") ||
+         absl::StartsWith(peer, "ipv6:%5B::1%5D") || absl::StartsWith(peer, "unix:");
+}
 
 absl::StatusOr<std::string> ReadBearerToken(const std::string& path) {
   std::ifstream in(path);
@@ -96,7 +149,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const SecurityConfig& security,
-                                                           const grpc::ChannelArguments& args) {
+                                                           const grpc::ChannelArguments& args,
+                                                           std::shared_ptr<const WorkerCredential> worker) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (security.has_tls()) {
     const TlsConfig& tls = security.tls();
@@ -116,13 +170,17 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
     }
     credentials = grpc::SslCredentials(options);
   }
-  if (security.token_file().empty()) {
+  if (security.token_file().empty() && worker == nullptr) {
     return grpc::CreateCustomChannel(address, credentials, args);
   }
-  auto token = ReadBearerToken(security.token_file());
-  if (!token.ok()) return token.status();
+  std::string token;
+  if (!security.token_file().empty()) {
+    auto read = ReadBearerToken(security.token_file());
+    if (!read.ok()) return read.status();
+    token = *std::move(read);
+  }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-  factories.push_back(std::make_unique<TokenInterceptorFactory>(*token));
+  factories.push_back(std::make_unique<CallMetadataInterceptorFactory>(std::move(token), std::move(worker)));
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
                                                                  std::move(factories));
 }
@@ -140,13 +198,9 @@ absl::Status TokenChecker::Check(const grpc::ServerContext* context) const {
   const std::string expected = absl::StrCat("Bearer ", token_);
   for (auto it = metadata.find("authorization"); it != metadata.end() && it->first == "authorization";
        ++it) {
-    const grpc::string_ref& value = it->second;
-    if (value.size() != expected.size()) continue;
-    unsigned char diff = 0;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      diff |= static_cast<unsigned char>(value.data()[i] ^ expected[i]);
+    if (ConstantTimeEquals(absl::string_view(it->second.data(), it->second.size()), expected)) {
+      return absl::OkStatus();
     }
-    if (diff == 0) return absl::OkStatus();
   }
   return absl::UnauthenticatedError(
       "this server requires a bearer token (authorization: Bearer <token>); the call has none "

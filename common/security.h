@@ -16,10 +16,50 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/config.pb.h"
 
 namespace rebound {
+
+// Worker credentials (docs/operations.md#security): the server gives every registration a secret
+// (RegisterResponse.credential); the worker sends it as metadata kWorkerCredentialKey on every call
+// that acts as that worker. Operator calls that change the job (Drain) carry the operator token
+// as metadata kOperatorTokenKey.
+inline constexpr char kWorkerCredentialKey[] = "rebound-worker-credential";
+inline constexpr char kOperatorTokenKey[] = "rebound-operator-token";
+
+// A fresh worker credential: 256 bits from the kernel's CSPRNG (getrandom), as 64 hex digits.
+// INTERNAL if the kernel gives no random bytes.
+absl::StatusOr<std::string> NewWorkerCredential();
+
+// a == b, in time that depends only on the lengths (for secrets).
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// The value of metadata `key` of the call (the first one), empty if absent or if `context` is null.
+std::string MetadataValue(const grpc::ServerContext* context, absl::string_view key);
+
+// True iff the call's peer is on this host (loopback or a Unix socket).
+bool FromLoopback(const grpc::ServerContext* context);
+
+// The credential a worker process currently holds, shared by the channel that sends it and the
+// code that learns it (Register). Thread-safe.
+class WorkerCredential {
+ public:
+  void Set(std::string credential) {
+    absl::MutexLock lock(&mu_);
+    credential_ = std::move(credential);
+  }
+  std::string Get() const {
+    absl::MutexLock lock(&mu_);
+    return credential_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string credential_ ABSL_GUARDED_BY(mu_);
+};
 
 // The token: the first line of `path`, without surrounding white space. INVALID_ARGUMENT if
 // empty, UNAVAILABLE if unreadable.
@@ -34,10 +74,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 bool ServesTls(const SecurityConfig& security);
 
 // A channel to `address` with `security`'s credentials; with a token file, every call carries
-// the token. `args` as for grpc::CreateCustomChannel.
+// the token; with `worker`, every call carries the worker credential it holds at the call's start
+// (none while it is empty). `args` as for grpc::CreateCustomChannel.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const SecurityConfig& security,
-                                                           const grpc::ChannelArguments& args);
+                                                           const grpc::ChannelArguments& args,
+                                                           std::shared_ptr<const WorkerCredential> worker = nullptr);
 
 // The server side of the token: OK for every call when no token is configured; otherwise OK
 // iff the call's metadata carries "authorization: Bearer <token>" (compared in constant time).

@@ -139,8 +139,17 @@ int Run() {
     LOG(ERROR) << credentials.status();
     return 2;
   }
+  std::string operator_token;
+  if (!config.security().operator_token_file().empty()) {
+    auto read = ReadBearerToken(config.security().operator_token_file());
+    if (!read.ok()) {
+      LOG(ERROR) << "security.operator_token_file: " << read.status();
+      return 2;
+    }
+    operator_token = *std::move(read);
+  }
   ParameterServerService service(config, &membership, centers->get(), &tracker, db, &clock,
-                                 *std::move(token));
+                                 *std::move(token), std::move(operator_token));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

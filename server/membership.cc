@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 
 namespace rebound::server {
@@ -59,6 +60,9 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
     return absl::InvalidArgumentError(absl::StrCat("unknown requested_role ", requested));
   }
 
+  absl::StatusOr<std::string> credential = NewWorkerCredential();
+  if (!credential.ok()) return credential.status();
+
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   int slot_index = -1;
@@ -86,9 +90,11 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   worker.registered = now;
   worker.last_heartbeat = now;
   worker.slot_index = slot_index;
+  worker.credential = *credential;
 
   RegisterResponse response;
   response.set_incarnation(worker.incarnation);
+  response.set_credential(*std::move(credential));
   response.set_role(role);
   *response.mutable_job() = job_;
   if (slot_index >= 0) {
@@ -145,9 +151,53 @@ absl::Status Membership::CheckAliveLocked(uint64_t incarnation) const {
   return absl::OkStatus();
 }
 
+absl::Status Membership::Authenticate(uint64_t incarnation,
+                                      absl::string_view credential) const {
+  absl::MutexLock lock(&mu_);
+  // Unknown or fenced: the call can do nothing as that worker, whoever sends it; say why.
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  const Worker& worker = workers_.at(incarnation);
+  if (worker.credential.empty()) {
+    return absl::AbortedError(absl::StrCat(
+        "incarnation ", incarnation, " was restored from a data directory that holds no worker "
+        "credential for it; register again"));
+  }
+  if (!ConstantTimeEquals(credential, worker.credential)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the call acts as incarnation ", incarnation, " but does not carry its worker credential "
+        "(metadata ", kWorkerCredentialKey, ", from the reply to its Register)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Membership::CheckAlive(uint64_t incarnation) const {
   absl::MutexLock lock(&mu_);
   return CheckAliveLocked(incarnation);
+}
+
+absl::Status Membership::CheckRole(uint64_t incarnation, WorkerRole role) const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  const Worker& worker = workers_.at(incarnation);
+  if (worker.role != role) {
+    return absl::PermissionDeniedError(absl::StrCat("incarnation ", incarnation, " is a ",
+                                                    WorkerRole_Name(worker.role), ", not a ",
+                                                    WorkerRole_Name(role)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> Membership::PublishedRange(
+    uint64_t task_id, uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    if (slot.state == RECOVERING && slot.task_id == task_id &&
+        ActiveRank(slot, incarnation) == 0 && slot.task_published) {
+      return std::make_pair(slot.task_snapshot_step, slot.task_failed_step);
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "incarnation ", incarnation, " leads no published replay task ", task_id));
 }
 
 absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& request) {
@@ -302,6 +352,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   trainer.last_heartbeat = now;
   trainer.slot_index = index;
   trainer.step = slot.synced_step;
+  trainer.credential = spare.credential;
 
   slot.state = ACTIVE;
   slot.owner = trainer.incarnation;
@@ -690,7 +741,11 @@ absl::Status Membership::PersistLocked() {
     record.set_state(slot.state);
     record.set_owner_incarnation(slot.owner);
     record.set_step(slot.synced_step);
-    if (slot.owner != 0) record.set_owner_name(workers_.at(slot.owner).name);
+    if (slot.owner != 0) {
+      const Worker& owner = workers_.at(slot.owner);
+      record.set_owner_name(owner.name);
+      record.set_owner_credential(owner.credential);
+    }
     slots.push_back(record);
   }
   return persist_(server, slots);
@@ -728,6 +783,7 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
       Worker worker;
       worker.incarnation = record.owner_incarnation();
       worker.name = record.owner_name();
+      worker.credential = record.owner_credential();
       worker.role = TRAINER;
       worker.registered = now;
       worker.last_heartbeat = now + grace;

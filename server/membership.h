@@ -18,10 +18,12 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -80,8 +82,25 @@ class Membership {
   // FAILED_PRECONDITION unless the slot is ACTIVE with an owner.
   absl::StatusOr<uint64_t> Drain(const SlotId& slot);
 
+  // Proves that a call naming `incarnation` comes from that worker: OK iff the incarnation is
+  // alive and `credential` is its RegisterResponse.credential (compared in constant time).
+  // UNAUTHENTICATED for an alive incarnation and another credential or none; the errors of
+  // CheckAlive (ABORTED, FAILED_PRECONDITION) for an unknown or fenced one, which can do nothing
+  // whoever names it; ABORTED for an owner restored from a data directory written before
+  // credentials existed (it must register again). Every worker RPC calls this first.
+  absl::Status Authenticate(uint64_t incarnation, absl::string_view credential) const;
+
   // OK iff `incarnation` is alive; the errors of Heartbeat otherwise. For every worker RPC.
   absl::Status CheckAlive(uint64_t incarnation) const;
+
+  // OK iff `incarnation` is alive in role `role`; PERMISSION_DENIED naming its role otherwise
+  // (the errors of CheckAlive first).
+  absl::Status CheckRole(uint64_t incarnation, WorkerRole role) const;
+
+  // The range a replay task's leader published (PublishReplay): its snapshot step t0 and failed
+  // step t_f. FAILED_PRECONDITION unless `incarnation` leads task `task_id` and has published it.
+  absl::StatusOr<std::pair<int64_t, int64_t>> PublishedRange(uint64_t task_id,
+                                                             uint64_t incarnation) const;
 
   // OK iff `incarnation` is alive and owns `slot`; FAILED_PRECONDITION otherwise.
   absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const;
@@ -200,6 +219,8 @@ class Membership {
     int64_t flushes_requested = 0;
     int64_t flushes_done = 0;
     std::string blocked_reason;
+    // The secret of RegisterResponse.credential, kept through takeovers (the same process).
+    std::string credential;
   };
 
   struct Slot {

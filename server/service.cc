@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/checksum.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
 #include "compute/reduction_tree.h"
@@ -24,7 +26,7 @@ const char kServerVersion[] = "rebound 0.2.0";
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,
                                                CenterTable* centers, ReliabilityTracker* tracker,
                                                storage::DurableStore* store, const Clock* clock,
-                                               TokenChecker token)
+                                               TokenChecker token, std::string operator_token)
     : config_(config),
       job_(config_.job()),
       membership_(membership),
@@ -33,6 +35,7 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       store_(store),
       clock_(clock),
       token_(std::move(token)),
+      operator_token_(std::move(operator_token)),
       started_(clock->Now()) {
   step_log_ = std::make_unique<StepLogService>(
       job_, membership_, store_, [this](const SlotId& slot) {
@@ -112,6 +115,30 @@ void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>&
 absl::Status ParameterServerService::CheckCall(const grpc::ServerContext* context) const {
   RETURN_IF_ERROR(token_.Check(context));
   return CheckReady();
+}
+
+absl::Status ParameterServerService::CheckWorker(const grpc::ServerContext* context,
+                                                 uint64_t incarnation) const {
+  RETURN_IF_ERROR(CheckCall(context));
+  if (context == nullptr) return absl::OkStatus();
+  return membership_->Authenticate(incarnation, MetadataValue(context, kWorkerCredentialKey));
+}
+
+absl::Status ParameterServerService::CheckOperator(const grpc::ServerContext* context) const {
+  RETURN_IF_ERROR(CheckCall(context));
+  if (context == nullptr) return absl::OkStatus();
+  if (operator_token_.empty()) {
+    if (FromLoopback(context)) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        "operator calls come from the server's own host unless the server has "
+        "security.operator_token_file; this one comes from ", context->peer()));
+  }
+  if (!ConstantTimeEquals(MetadataValue(context, kOperatorTokenKey), operator_token_)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "operator calls need the operator token (metadata ", kOperatorTokenKey,
+        "; reboundctl --operator_token_file); the call has none or another one"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterServerService::CheckReady() const {
@@ -303,7 +330,9 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
                                                const HeartbeatRequest* request,
                                                HeartbeatResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   auto reply = membership_->Heartbeat(*request);
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
@@ -322,7 +351,9 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
                                                 const DeregisterRequest* request,
                                                 DeregisterResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   absl::Status status = membership_->Deregister(request->incarnation(), request->drained());
   if (status.ok()) {
     LOG(INFO) << "incarnation " << request->incarnation()
@@ -333,7 +364,9 @@ grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
 
 grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const SyncRequest* request,
                                           SyncResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   if (job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
@@ -487,7 +520,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
 
 grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const PushRequest* request,
                                           PushResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
@@ -583,7 +618,9 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
 
 grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const PullRequest* request,
                                           PullResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
@@ -607,9 +644,12 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
 grpc::Status ParameterServerService::ReportEval(grpc::ServerContext* context,
                                                 const ReportEvalRequest* request,
                                                 ReportEvalResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
-  if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
-    return ToGrpcStatus(alive);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
+  if (absl::Status evaluator = membership_->CheckRole(request->incarnation(), EVALUATOR);
+      !evaluator.ok()) {
+    return ToGrpcStatus(evaluator);
   }
   if (!(request->test_accuracy() >= 0.0 && request->test_accuracy() <= 1.0) ||
       !std::isfinite(request->test_loss())) {
@@ -689,7 +729,9 @@ grpc::Status ParameterServerService::ServeAppendLog(
 grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
                                                  const WaitForTaskRequest* request,
                                                  WaitForTaskResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   const absl::Duration wait =
       absl::Milliseconds(std::clamp(request->wait_ms(), 0, config_.max_wait_ms()));
   auto claim = membership_->ClaimReplay(request->incarnation(), wait);
@@ -816,7 +858,9 @@ grpc::Status ParameterServerService::ReadLog(grpc::ServerContext* context,
 grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
                                                   const ReadLogRequest* request,
                                                   grpc::ServerWriterInterface<LogRecord>* writer) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
   auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   SlotId read = Normalized(*slot);
@@ -835,10 +879,47 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
   return step_log_->HandleReadLog(context, *request, read, writer);
 }
 
+absl::Status ParameterServerService::CheckReplayProof(const ReportRecoveryRequest& report) const {
+  ASSIGN_OR_RETURN(const auto range,
+                   membership_->PublishedRange(report.task_id(), report.incarnation()));
+  const auto [t0, tf] = range;
+  if (!report.verified() || report.steps_replayed() != tf - t0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a RECOVERED report must replay and verify every step of (", t0, ", ", tf,
+        "]: it says ", report.steps_replayed(), " steps, ",
+        report.verified() ? "verified" : "not verified"));
+  }
+  if (tf == t0) return absl::OkStatus();  // nothing replayed: the slot is its stored snapshot
+  ASSIGN_OR_RETURN(const SlotId slot,
+                   membership_->TaskSlot(report.task_id(), report.incarnation()));
+  ASSIGN_OR_RETURN(const std::vector<LogRecord> records, store_->ReadLog(slot, tf - 1, tf));
+  for (const LogRecord& record : records) {
+    if (record.step() != tf || record.micro_batch() != -1) continue;
+    if (record.params_checksum() != report.final_checksum()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the replayed parameters of step %d hash to %016x, the log says %016x", tf,
+          report.final_checksum(), record.params_checksum()));
+    }
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the log holds no checksum of step ", tf, " to verify the replay against"));
+}
+
 grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context,
                                                     const ReportRecoveryRequest* request,
                                                     ReportRecoveryResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
+  if (request->outcome() == RECOVERED && checkpoint_ == nullptr &&
+      EffectiveRecoveryPolicy(job_) == REPLAY) {
+    if (absl::Status proven = CheckReplayProof(*request); !proven.ok()) {
+      LOG(WARNING) << "refused the RECOVERED report of incarnation " << request->incarnation()
+                   << " for replay task " << request->task_id() << ": " << proven;
+      return ToGrpcStatus(proven);
+    }
+  }
   auto finished = membership_->FinishReplay(request->incarnation(), *request);
   if (!finished.ok()) return ToGrpcStatus(finished.status());
   if (!finished->has_value()) {
@@ -872,7 +953,7 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
 
 grpc::Status ParameterServerService::Drain(grpc::ServerContext* context, const DrainRequest* request,
                                            DrainResponse* response) {
-  if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status allowed = CheckOperator(context); !allowed.ok()) return ToGrpcStatus(allowed);
   auto drained = membership_->Drain(Normalized(request->slot()));
   if (!drained.ok()) return ToGrpcStatus(drained.status());
   response->set_incarnation(*drained);

@@ -3,11 +3,14 @@
 // The ParameterServer gRPC service.
 //
 // Membership calls (Register, Heartbeat, Deregister), the EASGD exchange (Sync), the server-side
-// AdaHessian (Push, Pull), evaluation reports and GetStatus are served here. Every handler
-// validates its input first (INVALID_ARGUMENT, never a crash), checks that the caller's
-// incarnation is alive and owns the slot it names (FAILED_PRECONDITION when fenced), and
-// acknowledges an update only after its RocksDB write batch has committed. Recovery (R4) and
-// drain (R6) answer UNIMPLEMENTED until they land.
+// AdaHessian (Push, Pull), the step log, replay tasks, evaluation reports, Drain and GetStatus
+// are served here. Every call that acts as a worker first proves it is that worker (the worker
+// credential of its incarnation in the call's metadata: UNAUTHENTICATED otherwise); Drain needs
+// the operator token (or a caller on this host when none is configured); ReportEval comes only
+// from an evaluator (PERMISSION_DENIED). Every handler then validates its input
+// (INVALID_ARGUMENT, never a crash), checks that the caller's incarnation is alive and owns the
+// slot it names (FAILED_PRECONDITION when fenced), and acknowledges an update only after its
+// RocksDB write batch has committed.
 //
 // Until MarkReady() every call but GetStatus answers UNAVAILABLE (the server is loading its
 // durable state; health says NOT_SERVING meanwhile).
@@ -39,7 +42,8 @@ class ParameterServerService final : public ParameterServer::Service {
   // persist function.
   ParameterServerService(const ServerConfig& config, Membership* membership, CenterTable* centers,
                          ReliabilityTracker* tracker, storage::DurableStore* store,
-                         const Clock* clock, TokenChecker token = TokenChecker(""));
+                         const Clock* clock, TokenChecker token = TokenChecker(""),
+                         std::string operator_token = "");
 
   // Restores the service's own per-slot bookkeeping (applied sequences, last update steps) from
   // the weight records of a previous server life.
@@ -116,6 +120,15 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Status CheckReady() const;
   // The bearer token (if one is configured), then CheckReady.
   absl::Status CheckCall(const grpc::ServerContext* context) const;
+  // CheckCall, then the call's worker credential for `incarnation` (Membership::Authenticate).
+  absl::Status CheckWorker(const grpc::ServerContext* context, uint64_t incarnation) const;
+  // CheckCall, then the operator token (or, without one configured, a peer on this host):
+  // UNAUTHENTICATED / PERMISSION_DENIED.
+  absl::Status CheckOperator(const grpc::ServerContext* context) const;
+  // REPLAY: a RECOVERED report proves its replay: it covers the whole published range, says
+  // every step was verified, and its final checksum is the log's for failed_step.
+  // FAILED_PRECONDITION otherwise.
+  absl::Status CheckReplayProof(const ReportRecoveryRequest& report) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
   // INVALID_ARGUMENT for a Sync or Push step beyond training.max_steps.
   absl::Status CheckStepInJob(int64_t step) const;
@@ -150,6 +163,7 @@ class ParameterServerService final : public ParameterServer::Service {
   storage::DurableStore* const store_;
   const Clock* const clock_;
   const TokenChecker token_;
+  const std::string operator_token_;  // empty: operator calls from this host only
   const absl::Time started_;
   std::atomic<bool> ready_{false};
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "common/slot.h"
 #include "common/tensor_codec.h"
 #include "server/membership.h"
@@ -301,6 +302,14 @@ grpc::Status StepLogService::HandleAppendLog(
     if (first) {
       stream_incarnation = request.incarnation();
       first = false;
+      if (context != nullptr) {
+        absl::Status authentic = membership_->Authenticate(
+            stream_incarnation, MetadataValue(context, kWorkerCredentialKey));
+        if (!authentic.ok()) {
+          CountRejected();
+          return ToGrpcStatus(authentic);
+        }
+      }
     } else if (request.incarnation() != stream_incarnation) {
       CountRejected();
       return ToGrpcStatus(absl::InvalidArgumentError(

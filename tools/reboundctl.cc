@@ -21,7 +21,8 @@
 //            --budget
 //
 // Security (docs/operations.md#security): --token_file sends the server's bearer token; --tls,
-// --ca_file (verify the server) and --cert_file/--key_file (mutual TLS) turn TLS on.
+// --ca_file (verify the server) and --cert_file/--key_file (mutual TLS) turn TLS on;
+// --operator_token_file sends the operator token that drain needs when the server has one.
 //
 // Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
 // serving or refused the call, 2 the server could not be reached in time, 64 usage error.
@@ -57,6 +58,8 @@ DEFINE_string(output, "table", "table|json");
 DEFINE_int32(timeout_ms, 5000, "deadline of each call, ms");
 DEFINE_int32(interval_ms, 1000, "watch: time between refreshes, ms");
 DEFINE_string(token_file, "", "file whose first line is the server's bearer token");
+DEFINE_string(operator_token_file, "",
+              "file whose first line is the server's operator token (for drain)");
 DEFINE_string(ca_file, "", "TLS: PEM CA bundle to verify the server (turns TLS on)");
 DEFINE_string(cert_file, "", "TLS: this client's PEM certificate (mutual TLS)");
 DEFINE_string(key_file, "", "TLS: this client's PEM private key (mutual TLS)");
@@ -344,6 +347,14 @@ int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot
   DrainResponse response;
   grpc::ClientContext context;
   SetDeadline(&context);
+  if (!FLAGS_operator_token_file.empty()) {
+    auto token = ReadBearerToken(FLAGS_operator_token_file);
+    if (!token.ok()) {
+      std::cerr << "reboundctl: --operator_token_file: " << token.status().message() << "\n";
+      return kExitUsage;
+    }
+    context.AddMetadata(kOperatorTokenKey, *token);
+  }
   const grpc::Status status = stub->Drain(&context, request, &response);
   if (!status.ok()) return ReportError(status);
   if (FLAGS_output == "json") {
@@ -424,7 +435,8 @@ int PlanLoggingCommand() {
 
 constexpr char kUsage[] =
     "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N]\n"
-    "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F] COMMAND\n"
+    "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F]\n"
+    "                  [--operator_token_file F] COMMAND\n"
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
     "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
     "   (offline)\n";

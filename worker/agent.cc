@@ -45,13 +45,15 @@ const char* AgentExitName(AgentExit exit) {
 
 WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
                          std::string job_id, std::string name, std::string peer_address,
-                         std::string metrics_address)
+                         std::string metrics_address,
+                         std::shared_ptr<WorkerCredential> credential)
     : config_(config),
       stub_(ParameterServer::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
       name_(std::move(name)),
       peer_address_(std::move(peer_address)),
-      metrics_address_(std::move(metrics_address)) {}
+      metrics_address_(std::move(metrics_address)),
+      credential_(std::move(credential)) {}
 
 Registration WorkerAgent::registration() const {
   absl::MutexLock lock(&mu_);
@@ -199,6 +201,8 @@ bool WorkerAgent::RegisterWithRetry() {
     SetDeadline(&context, config_.rpc_deadline_ms());
     const grpc::Status status = stub_->Register(&context, request, &response);
     if (status.ok()) {
+      // Before the registration is published: every call that names it must carry it.
+      if (credential_ != nullptr) credential_->Set(response.credential());
       absl::MutexLock lock(&mu_);
       registration_.incarnation = response.incarnation();
       registration_.role = response.role();

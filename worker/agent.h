@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "absl/synchronization/notification.h"
+#include "common/security.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 
@@ -47,9 +48,12 @@ class WorkerAgent {
  public:
   // `job_id` must match the server's job. `peer_address` is this worker's WorkerPeer endpoint,
   // `metrics_address` where it serves /metrics (empty: nowhere).
+  // Each registration's credential is stored in `credential` (if not null), which the channel's
+  // calls carry (common/security.h MakeChannel).
   WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
               std::string job_id, std::string name, std::string peer_address,
-              std::string metrics_address = "");
+              std::string metrics_address = "",
+              std::shared_ptr<WorkerCredential> credential = nullptr);
 
   WorkerAgent(const WorkerAgent&) = delete;
   WorkerAgent& operator=(const WorkerAgent&) = delete;
@@ -120,6 +124,7 @@ class WorkerAgent {
   const std::string name_;
   const std::string peer_address_;
   const std::string metrics_address_;
+  const std::shared_ptr<WorkerCredential> credential_;
   absl::Notification stop_;
 
   mutable absl::Mutex mu_;

@@ -161,7 +161,9 @@ int Run() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, config.backoff_max_ms());
-  auto made = MakeChannel(config.server_address(), config.security(), args);
+  // The registration's secret, carried by every call of the channel (docs/operations.md#security).
+  auto credential = std::make_shared<WorkerCredential>();
+  auto made = MakeChannel(config.server_address(), config.security(), args, credential);
   if (!made.ok()) {
     LOG(ERROR) << made.status();
     return 2;
@@ -190,7 +192,7 @@ int Run() {
                                    ":", metrics_http->port());
   }
   WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address,
-                    metrics_address);
+                    metrics_address, credential);
   LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
             << config.server_address();
 

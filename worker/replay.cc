@@ -605,6 +605,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const WorkerConfig& config,
     RETURN_IF_ERROR(trainer.Apply(t, sums));
     Metrics().replayed_steps->Increment();
     ASSIGN_OR_RETURN(const uint64_t checksum, trainer.stage(lost).ParamsChecksum());
+    report->set_final_checksum(checksum);
     if (checksum != logged.checksum) {
       report->set_outcome(CHECKSUM_MISMATCH);
       report->set_steps_replayed(replayed);

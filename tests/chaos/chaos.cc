@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "compute/cpu/cpu_backend.h"
 #include "compute/step.h"
@@ -1022,6 +1023,7 @@ void ChaosRun::FinishAndCheck() {
     pull.set_stage(0);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    context.AddMetadata(kWorkerCredentialKey, registered.credential());
     const grpc::Status s = stub_->Pull(&context, pull, &pulled);
     if (!s.ok()) {
       Error(absl::StrCat("cannot pull the final center: ", s.error_message()));

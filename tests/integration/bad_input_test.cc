@@ -607,8 +607,13 @@ TEST_CASE("unknown, fenced, foreign and non-owning incarnations are refused with
                 "this job runs mode EASGD");
     ReportEvalRequest eval;
     eval.set_incarnation(a.incarnation());
-    eval.set_test_accuracy(1.5);
+    eval.set_test_accuracy(0.5);
     ReportEvalResponse evaluated;
+    CheckStatus(cluster.Call(&ParameterServer::Stub::ReportEval, eval, &evaluated),
+                Code::PERMISSION_DENIED,
+                absl::StrCat("incarnation ", a.incarnation(), " is a TRAINER, not a EVALUATOR"));
+    eval.set_incarnation(cluster.Register("judge", EVALUATOR).incarnation());
+    eval.set_test_accuracy(1.5);
     CheckStatus(cluster.Call(&ParameterServer::Stub::ReportEval, eval, &evaluated),
                 Code::INVALID_ARGUMENT, "test_accuracy must be in [0, 1] and test_loss finite");
     eval.set_test_accuracy(0.5);
@@ -818,6 +823,7 @@ TEST_CASE("a server whose data directory holds a corrupt value refuses to start,
     PullResponse center;
     grpc::ClientContext pull_context;
     pull_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    WorkerCredentials::AddTo(&pull_context, registered.credential());
     REQUIRE(stub->Pull(&pull_context, pull, &center).ok());
     const bool same_center = center.center().SerializeAsString() == center_before_stop;
     CHECK(same_center);

@@ -95,6 +95,8 @@ RegisterResponse LocalCluster::Register(const std::string& name, WorkerRole role
   request.set_requested_role(role);
   RegisterResponse response;
   REQUIRE(Call(&ParameterServer::Stub::Register, request, &response).ok());
+  REQUIRE(response.credential().size() == 64);
+  credentials_.Remember(response);
   return response;
 }
 

@@ -16,6 +16,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/subprocess.h"
+#include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
 
@@ -64,17 +65,33 @@ class LocalCluster {
 
   GetStatusResponse Status();
 
-  // Calls `method` on the server as a test client, with a deadline.
+  // Calls `method` on the server as a test client, with a deadline. A request that names an
+  // incarnation this test registered carries that incarnation's worker credential, as the
+  // worker's own calls do (proto/rebound.proto, Identity).
   template <typename Request, typename Response>
   grpc::Status Call(grpc::Status (ParameterServer::Stub::*method)(grpc::ClientContext*,
                                                                    const Request&, Response*),
                     const Request& request, Response* response,
                     absl::Duration deadline = absl::Seconds(10)) {
+    return CallWithCredential(credentials_.For(request), method, request, response, deadline);
+  }
+
+  // Call, with `credential` as the worker credential (none if empty): to act as another worker.
+  template <typename Request, typename Response>
+  grpc::Status CallWithCredential(
+      const std::string& credential,
+      grpc::Status (ParameterServer::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                    Response*),
+      const Request& request, Response* response, absl::Duration deadline = absl::Seconds(10)) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+    WorkerCredentials::AddTo(&context, credential);
     return ((*stub_).*method)(&context, request, response);
   }
+
+  // The worker credentials of this test's registrations.
+  WorkerCredentials& credentials() { return credentials_; }
 
   // Registers this test as a worker (a test client, not a process).
   RegisterResponse Register(const std::string& name, WorkerRole role);
@@ -111,6 +128,7 @@ class LocalCluster {
   JobConfig job_;
   std::string address_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  WorkerCredentials credentials_;
   std::unique_ptr<Subprocess> server_;
   std::map<std::string, std::unique_ptr<Subprocess>> workers_;
 };

@@ -21,6 +21,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
+#include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
 namespace {
@@ -84,6 +85,7 @@ class Server {
                     const Request& request, Response* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    WorkerCredentials::AddTo(&context, credentials_.For(request));
     return ((*stub_).*method)(&context, request, response);
   }
 
@@ -95,6 +97,7 @@ class Server {
     RegisterResponse response;
     const grpc::Status status = Call(&ParameterServer::Stub::Register, request, &response);
     REQUIRE(status.ok());
+    credentials_.Remember(response);
     return response;
   }
 
@@ -134,6 +137,7 @@ class Server {
   int port_ = 0;
   std::unique_ptr<Subprocess> process_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  WorkerCredentials credentials_;
 };
 
 std::vector<float> Floats(const Tensor& tensor) {

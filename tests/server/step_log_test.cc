@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/slot.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/create_channel.h"
@@ -188,10 +190,12 @@ class Harness {
       REQUIRE(trainer->slot().replica() == index / stages);
       REQUIRE(trainer->slot().stage() == index % stages);
       trainers_.push_back(trainer->incarnation());
+      credentials_[trainer->incarnation()] = trainer->credential();
     }
     auto spare = membership_.Register(Request("spare", SPARE));
     REQUIRE(spare.ok());
     spare_ = spare->incarnation();
+    credentials_[spare_] = spare->credential();
 
     grpc::ServerBuilder builder;
     int port = 0;
@@ -213,10 +217,19 @@ class Harness {
 
   // One AppendLog stream: each batch is written and its ack awaited; then half-close.
   // `before_batch(i)`, if given, runs before batch i is written.
+  // The stream carries the worker credential of the first batch's incarnation, or `credential`
+  // when given.
   AppendResult Append(const std::vector<AppendLogRequest>& batches,
-                      const std::function<void(size_t)>& before_batch = nullptr) {
+                      const std::function<void(size_t)>& before_batch = nullptr,
+                      std::optional<std::string> credential = std::nullopt) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!credential.has_value() && !batches.empty()) {
+      credential = CredentialOf(batches[0].incarnation());
+    }
+    if (credential.has_value() && !credential->empty()) {
+      context.AddMetadata(kWorkerCredentialKey, *credential);
+    }
     auto stream = stub_->AppendLog(&context);
     AppendResult result;
     for (size_t i = 0; i < batches.size(); ++i) {
@@ -250,6 +263,7 @@ class Harness {
     request.set_to_step(to_step);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    context.AddMetadata(kWorkerCredentialKey, CredentialOf(incarnation));
     auto reader = stub_->ReadLog(&context, request);
     ReadResult result;
     LogRecord record;
@@ -283,6 +297,11 @@ class Harness {
     return trainers_.at(replica * job_.topology().stages() + stage);
   }
   uint64_t spare() const { return spare_; }
+  // The credential Register gave `incarnation` (empty for one this harness did not register).
+  std::string CredentialOf(uint64_t incarnation) const {
+    auto it = credentials_.find(incarnation);
+    return it == credentials_.end() ? std::string() : it->second;
+  }
 
  private:
   const JobConfig job_;
@@ -297,6 +316,7 @@ class Harness {
   std::unique_ptr<ParameterServer::Stub> stub_;
   std::vector<uint64_t> trainers_;  // by slot index
   uint64_t spare_ = 0;
+  std::map<uint64_t, std::string> credentials_;  // by incarnation
 };
 
 TEST_CASE("appended records are acknowledged after the commit and read back in step order") {
@@ -384,6 +404,32 @@ TEST_CASE("a fenced incarnation's stream ends with FAILED_PRECONDITION and write
   uint64_t other_id = 1;
   CHECK(h.Append({Batch(h.trainer1(), WholeStep(&other_id, 1, 1))}).status.ok());
   CHECK(Keys(h.Stored(1)) == ExpectedKeys({1}));
+}
+
+TEST_CASE(
+    "a stream that names another worker's incarnation without its credential is refused with "
+    "UNAUTHENTICATED and writes nothing") {
+  Harness h;
+  uint64_t id = 1;
+  SECTION("no credential") {
+    Harness::AppendResult result =
+        h.Append({Batch(h.trainer0(), WholeStep(&id, 0, 1))}, nullptr, std::string());
+    CHECK(result.status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(result.status.error_message(),
+               Contains(absl::StrCat("acts as incarnation ", h.trainer0())));
+    CHECK(result.acks.empty());
+  }
+  SECTION("another live worker's credential") {
+    Harness::AppendResult result = h.Append({Batch(h.trainer0(), WholeStep(&id, 0, 1))}, nullptr,
+                                            h.CredentialOf(h.trainer1()));
+    CHECK(result.status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(result.acks.empty());
+  }
+  CHECK(h.Stored(0).empty());
+  // The victim's own stream still goes through.
+  uint64_t own_id = 1;
+  CHECK(h.Append({Batch(h.trainer0(), WholeStep(&own_id, 0, 1))}).status.ok());
+  CHECK(Keys(h.Stored(0)) == ExpectedKeys({1}));
 }
 
 TEST_CASE(
