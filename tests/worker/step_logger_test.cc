@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -130,6 +131,7 @@ class Cluster {
     auto registered = membership_.Register(request);
     REQUIRE(registered.ok());
     trainer_ = registered->incarnation();
+    credential_->Set(registered->credential());
     slot_ = registered->slot();
   }
 
@@ -162,8 +164,11 @@ class Cluster {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-    return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
-                                     grpc::InsecureChannelCredentials(), args);
+    // The trainer's channel carries its worker credential, as rebound_worker's does.
+    auto channel = MakeChannel(absl::StrCat("127.0.0.1:", port_), SecurityConfig(), args,
+                               credential_);
+    REQUIRE(channel.ok());
+    return *channel;
   }
 
   std::vector<LogRecord> Stored() const {
@@ -189,6 +194,7 @@ class Cluster {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   uint64_t trainer_ = 0;
+  std::shared_ptr<WorkerCredential> credential_ = std::make_shared<WorkerCredential>();
   SlotId slot_;
 };
 
