@@ -36,6 +36,10 @@ DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
 DEFINE_string(port_file, "", "write the bound port to this file once serving");
 DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_dir");
+DEFINE_bool(accept_wal_loss, false,
+            "start even if RocksDB's write-ahead log is damaged, dropping every write after the "
+            "damage (acknowledged ones included) and logging what was dropped; for the operator, "
+            "once, after reading docs/troubleshooting.md");
 
 namespace rebound::server {
 namespace {
@@ -109,8 +113,10 @@ int Run() {
 
   RealClock clock;
   const JobConfig& job = config.job();
-  auto store = storage::DurableStore::Open(
-      storage::DurableStoreOptions::FromConfig(config.durability(), job.step_log()));
+  storage::DurableStoreOptions store_options =
+      storage::DurableStoreOptions::FromConfig(config.durability(), job.step_log());
+  store_options.accept_wal_loss = FLAGS_accept_wal_loss;
+  auto store = storage::DurableStore::Open(store_options);
   if (!store.ok()) {
     LOG(ERROR) << "cannot open the data directory: " << store.status();
     return 1;
@@ -240,9 +246,13 @@ int Run() {
                      << " ms (stopped or starved); that time is not counted as workers' silence";
         membership.ExcuseServerPause(late);
       }
-      if (absl::Status health = (*centers)->Health(); healthy && !health.ok()) {
-        // The in-memory state is ahead of the durable one: stop serving so the supervisor (or
-        // the operator) restarts the server, which reloads what was acknowledged.
+      absl::Status health = (*centers)->Health();
+      // A RocksDB background error: every write fails until the operator repairs the store.
+      if (health.ok()) health = db->BackgroundError();
+      if (healthy && !health.ok()) {
+        // The in-memory state is ahead of the durable one, or the store refuses writes: stop
+        // serving so the supervisor (or the operator) restarts the server, which reloads what
+        // was acknowledged.
         healthy = false;
         LOG(ERROR) << "health: NOT_SERVING: " << health;
         server->GetHealthCheckService()->SetServingStatus(false);

@@ -667,6 +667,11 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
   }
   if (checkpoint_ != nullptr) checkpoint_->FillStatus(response->mutable_checkpoint());
+  if (store_ != nullptr) {
+    if (absl::Status storage = store_->BackgroundError(); !storage.ok()) {
+      response->set_storage_error(storage.ToString());
+    }
+  }
   {
     absl::MutexLock lock(&metrics_mu_);
     if (!metrics_address_.empty()) response->set_metrics_address(metrics_address_);

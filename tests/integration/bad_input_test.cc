@@ -28,8 +28,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "storage/durable_store.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 #include "tests/storage/raw_db.h"
@@ -741,16 +744,19 @@ TEST_CASE("the binaries refuse a bad config with exit code 2, naming file, line 
 // its exit code if it exits before serving, or -1 once it serves (then `*address` holds its
 // address).
 int StartServerOn(const std::string& data_dir, const JobSpec& spec, const std::string& dir,
-                  std::unique_ptr<Subprocess>* server, std::string* address) {
+                  std::unique_ptr<Subprocess>* server, std::string* address,
+                  const std::vector<std::string>& extra_args = {},
+                  const std::string& config_extra = "") {
   WriteFileOrDie(dir + "/server.pbtxt",
                  absl::StrCat("job {\n", JobText(spec), "}\ndurability { data_dir: \"", data_dir,
-                              "\" }\n"));
+                              "\" }\n", config_extra));
   const std::string port_file = dir + "/port";
   fs::remove(port_file);
-  auto started = Subprocess::Start({Runfile("server/rebound_server"), "--config",
-                                    dir + "/server.pbtxt", "--listen", "127.0.0.1:0",
-                                    "--port_file", port_file},
-                                   dir + "/server.log");
+  std::vector<std::string> argv = {Runfile("server/rebound_server"), "--config",
+                                   dir + "/server.pbtxt", "--listen", "127.0.0.1:0",
+                                   "--port_file", port_file};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  auto started = Subprocess::Start(argv, dir + "/server.log");
   REQUIRE(started.ok());
   *server = *std::move(started);
   auto port = WaitForPortFile(port_file, **server, absl::Seconds(30));
@@ -849,6 +855,152 @@ TEST_CASE("a server whose data directory holds a corrupt value refuses to start,
     CHECK_THAT(log, Contains("center key (s=0): tensor file " + data_dir + "/tensors/center-s0-"));
     CHECK_THAT(log, Contains("holds 100 bytes, the record says 25480"));
   }
+}
+
+// The newest write-ahead log file of a RocksDB directory.
+std::string NewestWal(const std::string& dir) {
+  std::string newest;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".log" && entry.path().string() > newest) {
+      newest = entry.path().string();
+    }
+  }
+  REQUIRE_FALSE(newest.empty());
+  return newest;
+}
+
+void FlipByte(const std::string& path, uint64_t offset) {
+  std::string bytes = ReadFileOrEmpty(path);
+  REQUIRE(offset < bytes.size());
+  bytes[offset] ^= 0x5a;
+  WriteFileOrDie(path, bytes);
+}
+
+GetStatusResponse StatusOf(const std::string& address) {
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  GetStatusResponse status;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const grpc::Status called = stub->GetStatus(&context, GetStatusRequest(), &status);
+  INFO(called.error_message());
+  REQUIRE(called.ok());
+  return status;
+}
+
+TEST_CASE("a server killed with SIGKILL whose WAL tail is damaged exits 1 naming the WAL, and "
+          "starts with --accept_wal_loss, logging what it dropped") {
+  const JobSpec spec;
+  std::string data_dir;
+  {
+    BadInputCluster cluster(spec, Options(/*durable=*/true));
+    const RegisterResponse a = cluster.RegisterTrainer("a");
+    REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, cluster.ValidParams())).ok());
+    REQUIRE(cluster.Sync(cluster.MakeSync(a, 16, cluster.ValidParams())).ok());
+    CHECK(cluster.Status().slots(0).snapshot_step() == 16);
+    data_dir = cluster.data_dir();
+    cluster.KillServer();
+  }
+  // The last record of the WAL is the acknowledged sync of step 16.
+  const std::string wal = NewestWal(data_dir);
+  const uint64_t size = fs::file_size(wal);
+  REQUIRE(size > 64);
+  FlipByte(wal, size - 16);
+  const std::string dir = MakeTempDir("bad-input-wal");
+  std::unique_ptr<Subprocess> server;
+  std::string address;
+
+  CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+  std::string log = ReadFileOrEmpty(dir + "/server.log");
+  {
+    INFO(log);
+    CHECK_THAT(log, Contains("cannot open the data directory: DATA_LOSS: data_dir " + data_dir +
+                             ": the write-ahead log is damaged"));
+    CHECK_THAT(log, Contains(wal + ": dropping "));
+    CHECK_THAT(log, Contains("--accept_wal_loss"));
+  }
+  // Refusing changed nothing: the WAL is still damaged and refused again.
+  CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+
+  REQUIRE(StartServerOn(data_dir, spec, dir, &server, &address, {"--accept_wal_loss"}) == -1);
+  log = ReadFileOrEmpty(dir + "/server.log");
+  INFO(log);
+  CHECK_THAT(log, Contains("DROPPING everything after it"));
+  CHECK_THAT(log, Contains("wal-damaged-"));
+  // The operator sees what was lost: the sync of step 16.
+  const GetStatusResponse status = StatusOf(address);
+  CHECK(status.slots(0).snapshot_step() == 8);
+  CHECK(status.centers(0).version() == 1);
+  server->Signal(SIGTERM);
+  CHECK(server->WaitFor(absl::Seconds(20)) == 0);
+}
+
+TEST_CASE("a corrupt SST met by a background compaction turns health NOT_SERVING with the reason "
+          "in GetStatus and the metrics") {
+  const std::string data_dir = MakeTempDir("bad-input-sst") + "/data";
+  {
+    // Three flushed step-log SSTs and a fourth batch in the WAL only: the server's open flushes
+    // it into a fourth level-0 file, which starts a compaction of all four.
+    storage::DurableStoreOptions options;
+    options.data_dir = data_dir;
+    auto store = storage::DurableStore::Open(options);
+    REQUIRE(store.ok());
+    for (int round = 0; round < 4; ++round) {
+      storage::WriteBatch batch;
+      for (int step = 1; step <= 50; ++step) {
+        LogRecord record;
+        record.mutable_slot()->set_replica(1);
+        record.mutable_slot()->set_stage(0);
+        record.set_step(round * 50 + step);
+        record.set_micro_batch(0);
+        record.add_sample_ids(step);
+        batch.PutLogRecord(record);
+      }
+      REQUIRE((*store)->Commit(batch).ok());
+      if (round < 3) REQUIRE((*store)->Flush().ok());
+    }
+  }
+  std::string sst;
+  for (const auto& entry : fs::directory_iterator(data_dir)) {
+    if (entry.path().extension() == ".sst") sst = entry.path().string();
+  }
+  REQUIRE_FALSE(sst.empty());
+  FlipByte(sst, fs::file_size(sst) / 4);
+
+  const std::string dir = MakeTempDir("bad-input-sst-server");
+  std::unique_ptr<Subprocess> server;
+  std::string address;
+  REQUIRE(StartServerOn(data_dir, JobSpec(), dir, &server, &address, {},
+                        "metrics { enabled: true port: 0 }\n") == -1);
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::health::v1::HealthCheckResponse::ServingStatus serving =
+      grpc::health::v1::HealthCheckResponse::SERVING;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckResponse response;
+    REQUIRE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+    serving = response.status();
+    if (serving == grpc::health::v1::HealthCheckResponse::NOT_SERVING) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string log = ReadFileOrEmpty(dir + "/server.log");
+  INFO(log);
+  CHECK(serving == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  CHECK_THAT(log, Contains("health: NOT_SERVING: DATA_LOSS: data_dir " + data_dir +
+                           ": RocksDB compaction failed"));
+  const GetStatusResponse status = StatusOf(address);
+  CHECK_THAT(status.storage_error(), Contains("DATA_LOSS"));
+  CHECK_THAT(status.storage_error(), Contains("compaction"));
+  CHECK_THAT(status.storage_error(), Contains("checksum mismatch"));
+  REQUIRE(status.has_metrics_address());
+  const Exposition metrics = ScrapeMetrics(status.metrics_address());
+  CHECK(metrics.samples.at("rebound_store_writable") == 0);
+  CHECK(metrics.samples.at("rebound_store_background_errors_total") >= 1);
+  server->Signal(SIGTERM);
+  CHECK(server->WaitFor(absl::Seconds(20)) == 0);
 }
 
 // ---- a truncated data set -------------------------------------------------------------------

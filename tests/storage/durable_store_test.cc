@@ -922,6 +922,23 @@ TEST_CASE("a corrupt SST found by a compaction turns into a background error and
       REQUIRE_OK(store->Commit(batch));
       REQUIRE_OK(store->Flush());
     }
+    REQUIRE_OK(store->CompactAll());  // undamaged, it compacts cleanly
+    REQUIRE_OK(store->BackgroundError());
+    CHECK(store->background_errors() == 0);
+    // Two level-0 files again, for the compaction to come.
+    for (int round = 2; round < 4; ++round) {
+      WriteBatch batch;
+      for (int step = 0; step < 200; ++step) {
+        LogRecord record;
+        *record.mutable_slot() = Slot(0, 0);
+        record.set_step(round * 1000 + step);
+        record.set_micro_batch(0);
+        record.add_sample_ids(step);
+        batch.PutLogRecord(record);
+      }
+      REQUIRE_OK(store->Commit(batch));
+      REQUIRE_OK(store->Flush());
+    }
   }
   // Damage the middle of the steplog family's largest SST (a data block; the footer and index
   // that Open reads stay intact).
@@ -937,10 +954,9 @@ TEST_CASE("a corrupt SST found by a compaction turns into a background error and
   FlipByte(sst, sst_size / 4);
 
   std::unique_ptr<DurableStore> store = OpenOrFail(dir);
-  REQUIRE_OK(store->BackgroundError());
-  CHECK(store->background_errors() == 0);
+  // RocksDB may start the compaction on its own right after Open; else this one meets the SST.
   const absl::Status compacted = store->CompactAll();
-  CHECK(compacted.code() == absl::StatusCode::kDataLoss);
+  CHECK_FALSE(compacted.ok());
   const absl::Status error = store->BackgroundError();
   INFO(error.ToString());
   CHECK(error.code() == absl::StatusCode::kDataLoss);
