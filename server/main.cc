@@ -27,6 +27,7 @@
 #include "common/status_macros.h"
 #include "server/center_table.h"
 #include "server/membership.h"
+#include "server/parse_status.h"
 #include "server/reliability.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
@@ -158,11 +159,10 @@ int Run() {
   builder.RegisterService(&service);
   // Metrics (docs/operations.md#metrics): every RPC counted and timed, the status at each scrape.
   MetricsRegistry metrics;
-  if (config.metrics().enabled()) {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(NewRpcMetricsFactory(&metrics));
-    builder.experimental().SetInterceptorCreators(std::move(creators));
-  }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(NewParseStatusFactory());
+  if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics));
+  builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     LOG(ERROR) << "cannot listen on " << config.listen_address();

@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include "common/request_fields.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -137,6 +139,27 @@ absl::Status ParameterServerService::CheckStepInJob(int64_t step) const {
   if (step > job_.training().max_steps()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step must be <= training.max_steps = ", job_.training().max_steps(), ", got ", step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64_t step) {
+  int64_t last = 0;
+  {
+    absl::MutexLock lock(&book_mu_);
+    last = books_[{slot.replica(), slot.stage()}].last_update_step;
+  }
+  // A step at or below the last applied one is a retry or stale: the sync path answers it.
+  if (step <= last) return absl::OkStatus();
+  // Trainers sync after every sync_period-th step and at max_steps (worker/training.cc), one
+  // sync point at a time: a jump would finish the slot without its training.
+  const int64_t tau = job_.easgd().sync_period();
+  const int64_t max_steps = job_.training().max_steps();
+  if ((step % tau != 0 && step != max_steps) || step > last + tau) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step must be the slot's next sync point: a multiple of easgd.sync_period = ", tau,
+        " (or training.max_steps = ", max_steps, ") at most ", last + tau,
+        " (slot ", SlotName(slot), " last synced step ", last, "), got ", step));
   }
   return absl::OkStatus();
 }
@@ -286,6 +309,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const RegisterRequest* request,
                                               RegisterResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto registered = membership_->Register(*request);
   if (!registered.ok()) {
     LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
@@ -304,6 +328,7 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
                                                const HeartbeatRequest* request,
                                                HeartbeatResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto reply = membership_->Heartbeat(*request);
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
@@ -323,6 +348,7 @@ grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
                                                 const DeregisterRequest* request,
                                                 DeregisterResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   absl::Status status = membership_->Deregister(request->incarnation(), request->drained());
   if (status.ok()) {
     LOG(INFO) << "incarnation " << request->incarnation()
@@ -334,6 +360,7 @@ grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const SyncRequest* request,
                                           SyncResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
@@ -348,6 +375,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
         absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", request->step())));
   }
   if (absl::Status valid = CheckStepInJob(request->step()); !valid.ok()) {
+    return ToGrpcStatus(valid);
+  }
+  if (absl::Status valid = CheckNextSyncStep(slot, request->step()); !valid.ok()) {
     return ToGrpcStatus(valid);
   }
   const int stage = slot.stage();
@@ -488,6 +518,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
 grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const PushRequest* request,
                                           PushResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
@@ -584,6 +615,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
 grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const PullRequest* request,
                                           PullResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
@@ -604,18 +636,37 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
   return grpc::Status::OK;
 }
 
+absl::Status ParameterServerService::ValidateEval(const ReportEvalRequest& request) const {
+  if (request.stage() < 0 || request.stage() >= centers_->num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("stage must be in [0, ", centers_->num_stages(),
+                                                   "), got ", request.stage()));
+  }
+  const int64_t current = centers_->version(request.stage());
+  if (request.center_version() < 0 || request.center_version() > current) {
+    return absl::InvalidArgumentError(absl::StrCat("center_version must be in [0, ", current,
+                                                   "] (the stage's current version), got ",
+                                                   request.center_version()));
+  }
+  if (!std::isfinite(request.test_loss())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("test_loss must be finite, got ", request.test_loss()));
+  }
+  if (!(request.test_accuracy() >= 0.0 && request.test_accuracy() <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("test_accuracy must be in [0, 1], got ", request.test_accuracy()));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status ParameterServerService::ReportEval(grpc::ServerContext* context,
                                                 const ReportEvalRequest* request,
                                                 ReportEvalResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
-  if (!(request->test_accuracy() >= 0.0 && request->test_accuracy() <= 1.0) ||
-      !std::isfinite(request->test_loss())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        "test_accuracy must be in [0, 1] and test_loss finite"));
-  }
+  if (absl::Status valid = ValidateEval(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::MutexLock lock(&eval_mu_);
   has_eval_ = true;
   last_eval_ = *request;
@@ -695,6 +746,7 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
                                                  const WaitForTaskRequest* request,
                                                  WaitForTaskResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   const absl::Duration wait =
       absl::Milliseconds(std::clamp(request->wait_ms(), 0, config_.max_wait_ms()));
   auto claim = membership_->ClaimReplay(request->incarnation(), wait);
@@ -822,6 +874,7 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
                                                   const ReadLogRequest* request,
                                                   grpc::ServerWriterInterface<LogRecord>* writer) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   SlotId read = Normalized(*slot);
@@ -844,6 +897,7 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
                                                     const ReportRecoveryRequest* request,
                                                     ReportRecoveryResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto finished = membership_->FinishReplay(request->incarnation(), *request);
   if (!finished.ok()) return ToGrpcStatus(finished.status());
   if (!finished->has_value()) {
@@ -878,6 +932,7 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
 grpc::Status ParameterServerService::Drain(grpc::ServerContext* context, const DrainRequest* request,
                                            DrainResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto drained = membership_->Drain(Normalized(request->slot()));
   if (!drained.ok()) return ToGrpcStatus(drained.status());
   response->set_incarnation(*drained);
