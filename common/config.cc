@@ -364,13 +364,20 @@ void CheckMetrics(const MetricsConfig& metrics, Checker& c) {
   c.InRange("metrics.port", metrics.port(), 0, 65535);
 }
 
+// The path alone when it cannot be opened, else ReadBoundedFile's reason (it names the path).
+std::string UnreadableWhy(const absl::Status& status, const std::string& path) {
+  if (status.code() == absl::StatusCode::kNotFound) return path;
+  return std::string(status.message());
+}
+
 void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
   if (!security.token_file().empty()) {
     absl::StatusOr<std::string> text = ReadBoundedFile(security.token_file(), "token file");
     std::istringstream in(text.ok() ? *text : std::string());
     std::string token;
     if (!text.ok()) {
-      c.Fail("security.token_file", absl::StrCat("cannot be read: ", text.status().message()));
+      c.Fail("security.token_file", absl::StrCat("cannot be read: ", UnreadableWhy(text.status(),
+                                                                            security.token_file())));
     } else if (!std::getline(in, token) || token.empty()) {
       c.Fail("security.token_file",
              absl::StrCat("must hold the token on its first line: ", security.token_file()));
@@ -395,7 +402,8 @@ void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
     if (path.empty()) continue;
     absl::StatusOr<std::string> text = ReadBoundedFile(path, "security.tls." + name);
     if (!text.ok()) {
-      c.Fail("security.tls." + name, absl::StrCat("cannot be read: ", text.status().message()));
+      c.Fail("security.tls." + name,
+             absl::StrCat("cannot be read: ", UnreadableWhy(text.status(), path)));
     } else if (absl::Status pem = CheckPem(*text, label, "security.tls." + name, path);
                !pem.ok()) {
       c.Fail("security.tls." + name, std::string(pem.message()));
