@@ -1,10 +1,13 @@
 #include "common/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -361,9 +364,10 @@ void CheckMetrics(const MetricsConfig& metrics, Checker& c) {
   c.InRange("metrics.port", metrics.port(), 0, 65535);
 }
 
-bool FileReadable(const std::string& path) {
-  std::ifstream in(path);
-  return in.good();
+// The path alone when it cannot be opened, else ReadBoundedFile's reason (it names the path).
+std::string UnreadableWhy(const absl::Status& status, const std::string& path) {
+  if (status.code() == absl::StatusCode::kNotFound) return path;
+  return std::string(status.message());
 }
 
 void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
@@ -371,10 +375,12 @@ void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
        {std::pair<std::string, std::string>{"token_file", security.token_file()},
         {"operator_token_file", security.operator_token_file()}}) {
     if (path.empty()) continue;
-    std::ifstream in(path);
+    absl::StatusOr<std::string> text = ReadBoundedFile(path, "token file");
+    std::istringstream in(text.ok() ? *text : std::string());
     std::string token;
-    if (!in.good()) {
-      c.Fail("security." + name, absl::StrCat("cannot be read: ", path));
+    if (!text.ok()) {
+      c.Fail("security." + name,
+             absl::StrCat("cannot be read: ", UnreadableWhy(text.status(), path)));
     } else if (!std::getline(in, token) || token.empty()) {
       c.Fail("security." + name, absl::StrCat("must hold the token on its first line: ", path));
     }
@@ -390,11 +396,19 @@ void CheckSecurity(const SecurityConfig& security, bool server, Checker& c) {
   if (tls.require_client_cert() && tls.ca_file().empty()) {
     c.Fail("security.tls.require_client_cert", "needs security.tls.ca_file to verify clients");
   }
-  for (const auto& [name, path] : {std::pair<std::string, std::string>{"cert_file", tls.cert_file()},
-                                   {"key_file", tls.key_file()},
-                                   {"ca_file", tls.ca_file()}}) {
-    if (!path.empty() && !FileReadable(path)) {
-      c.Fail("security.tls." + name, absl::StrCat("cannot be read: ", path));
+  for (const auto& [name, path, label] :
+       {std::tuple<std::string, std::string, std::string>{"cert_file", tls.cert_file(),
+                                                          "CERTIFICATE"},
+        {"key_file", tls.key_file(), "PRIVATE KEY"},
+        {"ca_file", tls.ca_file(), "CERTIFICATE"}}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> text = ReadBoundedFile(path, "security.tls." + name);
+    if (!text.ok()) {
+      c.Fail("security.tls." + name,
+             absl::StrCat("cannot be read: ", UnreadableWhy(text.status(), path)));
+    } else if (absl::Status pem = CheckPem(*text, label, "security.tls." + name, path);
+               !pem.ok()) {
+      c.Fail("security.tls." + name, std::string(pem.message()));
     }
   }
 }
@@ -412,14 +426,7 @@ std::string DirName(const std::string& path) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open config file"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": read error"));
-  return buffer.str();
+  return ReadBoundedFile(path, "config file");
 }
 
 // Parses `text` into `message`, recording locations into `tree`.
@@ -459,6 +466,64 @@ void ResolveSecurityPaths(SecurityConfig* security, const std::string& base_dir)
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, const std::string& what) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status)) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    const char* kind = std::filesystem::is_directory(status)          ? "a directory"
+                       : std::filesystem::is_character_file(status) ? "a character device"
+                       : std::filesystem::is_block_file(status)     ? "a block device"
+                       : std::filesystem::is_fifo(status)           ? "a FIFO"
+                                                                    : "not a regular file";
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the ", what, " must be a regular file, this is ", kind));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
+  std::string bytes;
+  char buffer[65536];
+  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+    bytes.append(buffer, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(bytes.size()) > kMaxConfigFileBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the ", what, " is over the limit of ",
+                                                     kMaxConfigFileBytes >> 20, " MiB"));
+    }
+  }
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": read error"));
+  return bytes;
+}
+
+absl::Status CheckPem(const std::string& text, const std::string& label, const std::string& what,
+                      const std::string& path) {
+  auto fail = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, " is not a PEM ", label, ": ", why));
+  };
+  std::vector<std::string> labels = {label};
+  if (label == "PRIVATE KEY") labels = {"PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"};
+  for (const std::string& l : labels) {
+    const std::string begin = absl::StrCat("-----BEGIN ", l, "-----");
+    const std::string end = absl::StrCat("-----END ", l, "-----");
+    const size_t at = text.find(begin);
+    if (at == std::string::npos) continue;
+    const size_t stop = text.find(end, at + begin.size());
+    if (stop == std::string::npos) return fail(absl::StrCat("no \"", end, "\" line"));
+    std::string body;
+    for (char c : text.substr(at + begin.size(), stop - at - begin.size())) {
+      if (c != '\n' && c != '\r' && c != ' ' && c != '\t') body.push_back(c);
+    }
+    std::string decoded;
+    if (body.empty() || !absl::Base64Unescape(body, &decoded) || decoded.empty()) {
+      return fail("its body is not base64");
+    }
+    return absl::OkStatus();
+  }
+  return fail(absl::StrCat("no \"-----BEGIN ", label, "-----\" line"));
+}
 
 absl::Status ValidateHostPort(const std::string& address, const std::string& field) {
   const std::string prefix = field.empty() ? "" : field + " ";

@@ -72,4 +72,21 @@ std::pair<int, int> RecoveryGroup(const JobConfig& job, int stage);
 // and the host is non-empty. `field` names the setting in the message.
 absl::Status ValidateHostPort(const std::string& address, const std::string& field);
 
+// Files the binaries read whole (configs, job files, token files, TLS material) are at most
+// this large.
+inline constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
+
+// The contents of `path`, a regular file of at most kMaxConfigFileBytes (checked before and
+// while reading, so /dev/zero or a growing file cannot make it read without end). `what` names
+// the file's role in messages ("config file", "security.tls.cert_file"). NOT_FOUND if it cannot
+// be opened; INVALID_ARGUMENT naming the path if it is a directory, a device or a FIFO, or too
+// large.
+absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, const std::string& what);
+
+// INVALID_ARGUMENT naming `what` and `path` unless `text` holds a PEM block labelled `label`
+// ("CERTIFICATE"; "PRIVATE KEY" also accepts "RSA PRIVATE KEY", "EC PRIVATE KEY") with a
+// non-empty base64 body.
+absl::Status CheckPem(const std::string& text, const std::string& label, const std::string& what,
+                      const std::string& path);
+
 }  // namespace rebound

@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/support/client_interceptor.h"
@@ -21,11 +22,12 @@ namespace rebound {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " ", path));
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
+  absl::StatusOr<std::string> bytes = ReadBoundedFile(path, what);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", what, " ", path, ": ", bytes.status().message()));
+  }
+  return bytes;
 }
 
 // Adds the bearer token and the worker credential (each when there is one) to every call.
@@ -107,8 +109,12 @@ bool FromLoopback(const grpc::ServerContext* context) {
 }
 
 absl::StatusOr<std::string> ReadBearerToken(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::UnavailableError(absl::StrCat("cannot read the token file ", path));
+  absl::StatusOr<std::string> text = ReadBoundedFile(path, "token file");
+  if (!text.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot read the token file ", path, ": ", text.status().message()));
+  }
+  std::istringstream in(*text);
   std::string line;
   std::getline(in, line);
   const std::string token(absl::StripAsciiWhitespace(line));

@@ -27,6 +27,7 @@
 #include "common/status_macros.h"
 #include "server/center_table.h"
 #include "server/membership.h"
+#include "server/parse_status.h"
 #include "server/reliability.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
@@ -36,6 +37,10 @@ DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
 DEFINE_string(port_file, "", "write the bound port to this file once serving");
 DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_dir");
+DEFINE_bool(accept_wal_loss, false,
+            "start even if RocksDB's write-ahead log is damaged, dropping every write after the "
+            "damage (acknowledged ones included) and logging what was dropped; for the operator, "
+            "once, after reading docs/troubleshooting.md");
 
 namespace rebound::server {
 namespace {
@@ -109,8 +114,10 @@ int Run() {
 
   RealClock clock;
   const JobConfig& job = config.job();
-  auto store = storage::DurableStore::Open(
-      storage::DurableStoreOptions::FromConfig(config.durability(), job.step_log()));
+  storage::DurableStoreOptions store_options =
+      storage::DurableStoreOptions::FromConfig(config.durability(), job.step_log());
+  store_options.accept_wal_loss = FLAGS_accept_wal_loss;
+  auto store = storage::DurableStore::Open(store_options);
   if (!store.ok()) {
     LOG(ERROR) << "cannot open the data directory: " << store.status();
     return 1;
@@ -161,11 +168,10 @@ int Run() {
   builder.RegisterService(&service);
   // Metrics (docs/operations.md#metrics): every RPC counted and timed, the status at each scrape.
   MetricsRegistry metrics;
-  if (config.metrics().enabled()) {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(NewRpcMetricsFactory(&metrics));
-    builder.experimental().SetInterceptorCreators(std::move(creators));
-  }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(NewParseStatusFactory());
+  if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics));
+  builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     LOG(ERROR) << "cannot listen on " << config.listen_address();
@@ -249,9 +255,13 @@ int Run() {
                      << " ms (stopped or starved); that time is not counted as workers' silence";
         membership.ExcuseServerPause(late);
       }
-      if (absl::Status health = (*centers)->Health(); healthy && !health.ok()) {
-        // The in-memory state is ahead of the durable one: stop serving so the supervisor (or
-        // the operator) restarts the server, which reloads what was acknowledged.
+      absl::Status health = (*centers)->Health();
+      // A RocksDB background error: every write fails until the operator repairs the store.
+      if (health.ok()) health = db->BackgroundError();
+      if (healthy && !health.ok()) {
+        // The in-memory state is ahead of the durable one, or the store refuses writes: stop
+        // serving so the supervisor (or the operator) restarts the server, which reloads what
+        // was acknowledged.
         healthy = false;
         LOG(ERROR) << "health: NOT_SERVING: " << health;
         server->GetHealthCheckService()->SetServingStatus(false);

@@ -1,5 +1,7 @@
 #include "server/membership.h"
 
+#include "common/request_fields.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -46,9 +48,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
     return absl::FailedPreconditionError(absl::StrCat("this server runs job \"", job_.job_id(),
                                                       "\", not \"", request.job_id(), "\""));
   }
-  if (request.worker_name().empty() || request.worker_name().size() > 256) {
-    return absl::InvalidArgumentError("worker_name must have 1 to 256 characters");
-  }
+  RETURN_IF_ERROR(ValidateWorkerName(request.worker_name()));
   if (request.peer_address().size() > 256) {
     return absl::InvalidArgumentError("peer_address is longer than 256 characters");
   }

@@ -227,6 +227,17 @@ void AddStatusMetrics(MetricsRegistry* registry, std::function<GetStatusResponse
   registry->AddCollector([status = std::move(status), store](MetricsWriter* w) {
     WriteStatus(status(), w);
     if (store == nullptr) return;
+    w->Family("rebound_store_background_errors_total",
+              "RocksDB background errors (corrupt SST met by a compaction, I/O errors) since the "
+              "server started.",
+              "counter");
+    w->Sample("rebound_store_background_errors_total", {},
+              static_cast<double>(store->background_errors()));
+    w->Family("rebound_store_writable",
+              "1 while RocksDB accepts writes, 0 after a background error (health NOT_SERVING; "
+              "GetStatus storage_error says why).",
+              "gauge");
+    w->Sample("rebound_store_writable", {}, store->BackgroundError().ok() ? 1.0 : 0.0);
     absl::StatusOr<storage::StoreStats> stats = store->Stats();
     if (!stats.ok()) return;
     w->Family("rebound_store_bytes",

@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include "common/request_fields.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -168,6 +170,27 @@ absl::Status ParameterServerService::CheckStepInJob(int64_t step) const {
   return absl::OkStatus();
 }
 
+absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64_t step) {
+  int64_t last = 0;
+  {
+    absl::MutexLock lock(&book_mu_);
+    last = books_[{slot.replica(), slot.stage()}].last_update_step;
+  }
+  // A step at or below the last applied one is a retry or stale: the sync path answers it.
+  if (step <= last) return absl::OkStatus();
+  // Trainers sync after every sync_period-th step and at max_steps (worker/training.cc), one
+  // sync point at a time: a jump would finish the slot without its training.
+  const int64_t tau = job_.easgd().sync_period();
+  const int64_t max_steps = job_.training().max_steps();
+  if ((step % tau != 0 && step != max_steps) || step > last + tau) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step must be the slot's next sync point: a multiple of easgd.sync_period = ", tau,
+        " (or training.max_steps = ", max_steps, ") at most ", last + tau,
+        " (slot ", SlotName(slot), " last synced step ", last, "), got ", step));
+  }
+  return absl::OkStatus();
+}
+
 WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
                                                      const SlotBook& book) const {
   WeightRecord record = tracker_->ExportSlot(slot, clock_->Now());
@@ -313,6 +336,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const RegisterRequest* request,
                                               RegisterResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto registered = membership_->Register(*request);
   if (!registered.ok()) {
     LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
@@ -333,6 +357,7 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto reply = membership_->Heartbeat(*request);
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
@@ -354,6 +379,7 @@ grpc::Status ParameterServerService::Deregister(grpc::ServerContext* context,
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   absl::Status status = membership_->Deregister(request->incarnation(), request->drained());
   if (status.ok()) {
     LOG(INFO) << "incarnation " << request->incarnation()
@@ -367,6 +393,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
@@ -381,6 +408,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
         absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", request->step())));
   }
   if (absl::Status valid = CheckStepInJob(request->step()); !valid.ok()) {
+    return ToGrpcStatus(valid);
+  }
+  if (absl::Status valid = CheckNextSyncStep(slot, request->step()); !valid.ok()) {
     return ToGrpcStatus(valid);
   }
   const int stage = slot.stage();
@@ -523,6 +553,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
@@ -621,6 +652,7 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
@@ -641,21 +673,40 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
   return grpc::Status::OK;
 }
 
+absl::Status ParameterServerService::ValidateEval(const ReportEvalRequest& request) const {
+  if (request.stage() < 0 || request.stage() >= centers_->num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("stage must be in [0, ", centers_->num_stages(),
+                                                   "), got ", request.stage()));
+  }
+  const int64_t current = centers_->version(request.stage());
+  if (request.center_version() < 0 || request.center_version() > current) {
+    return absl::InvalidArgumentError(absl::StrCat("center_version must be in [0, ", current,
+                                                   "] (the stage's current version), got ",
+                                                   request.center_version()));
+  }
+  if (!std::isfinite(request.test_loss())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("test_loss must be finite, got ", request.test_loss()));
+  }
+  if (!(request.test_accuracy() >= 0.0 && request.test_accuracy() <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("test_accuracy must be in [0, 1], got ", request.test_accuracy()));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status ParameterServerService::ReportEval(grpc::ServerContext* context,
                                                 const ReportEvalRequest* request,
                                                 ReportEvalResponse* response) {
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (absl::Status evaluator = membership_->CheckRole(request->incarnation(), EVALUATOR);
       !evaluator.ok()) {
     return ToGrpcStatus(evaluator);
   }
-  if (!(request->test_accuracy() >= 0.0 && request->test_accuracy() <= 1.0) ||
-      !std::isfinite(request->test_loss())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        "test_accuracy must be in [0, 1] and test_loss finite"));
-  }
+  if (absl::Status valid = ValidateEval(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::MutexLock lock(&eval_mu_);
   has_eval_ = true;
   last_eval_ = *request;
@@ -707,6 +758,11 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
   }
   if (checkpoint_ != nullptr) checkpoint_->FillStatus(response->mutable_checkpoint());
+  if (store_ != nullptr) {
+    if (absl::Status storage = store_->BackgroundError(); !storage.ok()) {
+      response->set_storage_error(storage.ToString());
+    }
+  }
   {
     absl::MutexLock lock(&metrics_mu_);
     if (!metrics_address_.empty()) response->set_metrics_address(metrics_address_);
@@ -732,6 +788,7 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   const absl::Duration wait =
       absl::Milliseconds(std::clamp(request->wait_ms(), 0, config_.max_wait_ms()));
   auto claim = membership_->ClaimReplay(request->incarnation(), wait);
@@ -861,6 +918,7 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   SlotId read = Normalized(*slot);
@@ -912,6 +970,7 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
   if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   if (request->outcome() == RECOVERED && checkpoint_ == nullptr &&
       EffectiveRecoveryPolicy(job_) == REPLAY) {
     if (absl::Status proven = CheckReplayProof(*request); !proven.ok()) {
@@ -954,6 +1013,7 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
 grpc::Status ParameterServerService::Drain(grpc::ServerContext* context, const DrainRequest* request,
                                            DrainResponse* response) {
   if (absl::Status allowed = CheckOperator(context); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   auto drained = membership_->Drain(Normalized(request->slot()));
   if (!drained.ok()) return ToGrpcStatus(drained.status());
   response->set_incarnation(*drained);

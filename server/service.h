@@ -132,6 +132,12 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Status ValidateSlot(const SlotId& slot) const;
   // INVALID_ARGUMENT for a Sync or Push step beyond training.max_steps.
   absl::Status CheckStepInJob(int64_t step) const;
+  // INVALID_ARGUMENT unless a Sync step above the slot's last applied step is its next sync
+  // point: a multiple of easgd.sync_period (or max_steps), at most last + sync_period.
+  absl::Status CheckNextSyncStep(const SlotId& slot, int64_t step);
+  // ReportEval's fields: stage in range, center_version in [0, current], loss finite,
+  // accuracy in [0, 1].
+  absl::Status ValidateEval(const ReportEvalRequest& request) const;
   // DETERMINISTIC scheduling: waits until `slot` holds the smallest (update count, replica) of
   // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
   absl::Status WaitForTurn(const SlotId& slot);

@@ -1,5 +1,7 @@
 #include "server/step_log.h"
 
+#include "common/request_fields.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -85,6 +87,19 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
     return bad(std::string(slot.message()));
   }
   if (!record.has_step() || record.step() < 1) return bad("step must be >= 1");
+  if (record.step() > job_.training().max_steps()) {
+    return bad(absl::StrCat("step must be <= training.max_steps = ", job_.training().max_steps(),
+                            ", got ", record.step()));
+  }
+  // A log serves the replay from the slot's snapshot to its next sync: a record more than two
+  // sync periods past the snapshot can never be replayed (docs/bad_input.md).
+  if (snapshot_step_) {
+    const int64_t limit = snapshot_step_(record.slot()) + 2 * int64_t{job_.easgd().sync_period()};
+    if (record.step() > limit) {
+      return bad(absl::StrCat("step must be <= the slot's snapshot step + 2 x easgd.sync_period = ",
+                              limit, ", got ", record.step()));
+    }
+  }
   if (!record.has_micro_batch() || record.micro_batch() < -1 ||
       record.micro_batch() >= micro_batches_) {
     return bad(absl::StrCat("micro_batch must be in [-1, ", micro_batches_, ")"));
@@ -111,6 +126,16 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
   for (int i = 0; i < record.sample_ids_size(); ++i) {
     if (record.sample_ids(i) < 0) {
       return bad(absl::StrCat("sample_ids[", i, "] is negative: ", record.sample_ids(i)));
+    }
+    // Sample ids index the training set: the first data.train_limit samples, or (limit 0) at
+    // most 2^31 - 1 (an IDX file's count; the server does not read the data set itself).
+    const int64_t samples = job_.data().train_limit() > 0 ? job_.data().train_limit()
+                                                          : int64_t{0x7fffffff};
+    if (record.sample_ids(i) >= samples) {
+      return bad(absl::StrCat("sample_ids[", i, "] must be < ",
+                              job_.data().train_limit() > 0 ? "data.train_limit = "
+                                                            : "2^31 - 1 = ",
+                              samples, ", got ", record.sample_ids(i)));
     }
   }
   if (record.boundaries_size() > 1) {
@@ -315,6 +340,10 @@ grpc::Status StepLogService::HandleAppendLog(
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("this AppendLog stream belongs to incarnation ", stream_incarnation,
                        ", got a batch of incarnation ", request.incarnation())));
+    }
+    if (absl::Status enums = CheckEnumValues(request); !enums.ok()) {
+      CountRejected();
+      return ToGrpcStatus(enums);
     }
     BatchResult result = ProcessBatch(request);
     if (!result.status.ok()) {

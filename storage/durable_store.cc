@@ -4,11 +4,15 @@
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/iterator.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -21,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "storage/envelope.h"
 
@@ -92,6 +97,72 @@ rocksdb::CompressionType ChooseStepLogCompression(Compression wanted) {
                << "; the steplog column family uses "
                << Compression_Name(ToConfigCompression(chosen)) << " instead";
   return chosen;
+}
+
+
+// RocksDB's info log, passed through, keeping the lines in which WAL recovery reports a damaged
+// write-ahead log ("<dir>/000012.log: dropping 93 bytes; Corruption: checksum mismatch"):
+// RocksDB's Open status does not name the file, these lines do.
+class WalDropRecorder : public rocksdb::LoggerWrapper {
+ public:
+  explicit WalDropRecorder(std::shared_ptr<rocksdb::Logger> target)
+      : rocksdb::LoggerWrapper(target.get()), target_(std::move(target)) {}
+
+  using rocksdb::LoggerWrapper::Logv;
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    va_list copy;
+    va_copy(copy, ap);
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, copy);
+    va_end(copy);
+    const absl::string_view text(line);
+    if (absl::StrContains(text, ": dropping ") && absl::StrContains(text, ".log")) {
+      absl::MutexLock lock(&mu_);
+      drops_.emplace_back(text);
+    }
+    rocksdb::LoggerWrapper::Logv(level, format, ap);
+  }
+
+  std::vector<std::string> TakeDrops() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(drops_, {});
+  }
+
+ private:
+  std::shared_ptr<rocksdb::Logger> target_;  // keeps the wrapped logger alive
+  absl::Mutex mu_;
+  std::vector<std::string> drops_ ABSL_GUARDED_BY(mu_);
+};
+
+const char* BackgroundErrorReasonName(rocksdb::BackgroundErrorReason reason) {
+  switch (reason) {
+    case rocksdb::BackgroundErrorReason::kFlush:
+    case rocksdb::BackgroundErrorReason::kFlushNoWAL:
+      return "flush";
+    case rocksdb::BackgroundErrorReason::kCompaction:
+      return "compaction";
+    case rocksdb::BackgroundErrorReason::kWriteCallback:
+      return "write";
+    case rocksdb::BackgroundErrorReason::kMemTable:
+      return "memtable";
+    case rocksdb::BackgroundErrorReason::kManifestWrite:
+    case rocksdb::BackgroundErrorReason::kManifestWriteNoWAL:
+      return "MANIFEST write";
+  }
+  return "background work";
+}
+
+// The write-ahead log files of a RocksDB directory (NNNNNN.log).
+std::vector<std::filesystem::path> WalFiles(const std::string& dir) {
+  std::vector<std::filesystem::path> files;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    if (entry.path().extension() == ".log" && entry.is_regular_file(error)) {
+      files.push_back(entry.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 std::string SlotText(int32_t replica, int32_t stage) {
@@ -487,7 +558,8 @@ void WriteBatch::Clear() {
 // ---------------------------------------------------------------------------------------------
 // DurableStore
 
-DurableStore::DurableStore(const DurableStoreOptions& options) : options_(options) {}
+DurableStore::DurableStore(const DurableStoreOptions& options)
+    : options_(options), background_errors_(std::make_shared<BackgroundErrors>()) {}
 
 DurableStore::~DurableStore() {
   if (db_ != nullptr) {
@@ -515,6 +587,47 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
 
 rocksdb::ColumnFamilyHandle* DurableStore::Handle(ColumnFamily family) const {
   return handles_[static_cast<int>(family)];
+}
+
+// Keeps RocksDB's background errors for DurableStore::BackgroundError and Health.
+class DurableStore::ErrorListener : public rocksdb::EventListener {
+ public:
+  ErrorListener(std::shared_ptr<BackgroundErrors> errors, std::string where)
+      : errors_(std::move(errors)), where_(std::move(where)) {}
+
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason,
+                         rocksdb::Status* bg_error) override {
+    if (bg_error == nullptr || bg_error->ok()) return;
+    const absl::Status error = FromRocksDb(
+        *bg_error, absl::StrCat(where_, ": RocksDB ", BackgroundErrorReasonName(reason),
+                                " failed, the store refuses writes"));
+    LOG(ERROR) << error;
+    absl::MutexLock lock(&errors_->mu);
+    ++errors_->count;
+    if (errors_->error.ok()) errors_->error = error;
+  }
+
+  void OnErrorRecoveryEnd(const rocksdb::BackgroundErrorRecoveryInfo& info) override {
+    if (!info.new_bg_error.ok()) return;
+    LOG(WARNING) << where_ << ": RocksDB recovered from its background error ("
+                 << info.old_bg_error.ToString() << "); writes are accepted again";
+    absl::MutexLock lock(&errors_->mu);
+    errors_->error = absl::OkStatus();
+  }
+
+ private:
+  const std::shared_ptr<BackgroundErrors> errors_;
+  const std::string where_;
+};
+
+absl::Status DurableStore::BackgroundError() const {
+  absl::MutexLock lock(&background_errors_->mu);
+  return background_errors_->error;
+}
+
+int64_t DurableStore::background_errors() const {
+  absl::MutexLock lock(&background_errors_->mu);
+  return background_errors_->count;
 }
 
 absl::Status DurableStore::OpenDb() {
@@ -579,9 +692,69 @@ absl::Status DurableStore::OpenDb() {
     }
   }
 
+  db_options.listeners.push_back(std::make_shared<ErrorListener>(background_errors_, where));
+  // Absolute consistency: any damage in the write-ahead log, even at its tail, fails the open.
+  // RocksDB's default (point-in-time recovery) would stop replaying at the damage and open
+  // without the writes after it, acknowledged ones included, and say so only in its LOG file.
+  // kTolerateCorruptedTailRecords is no better: it drops a last record whose length byte is
+  // damaged as silently as a torn one. See docs/storage.md#a-damaged-write-ahead-log.
+  db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  std::shared_ptr<WalDropRecorder> recorder;
+  if (!in_memory()) {
+    std::shared_ptr<rocksdb::Logger> info_log;
+    if (rocksdb::CreateLoggerFromOptions(path, db_options, &info_log).ok()) {
+      recorder = std::make_shared<WalDropRecorder>(std::move(info_log));
+      db_options.info_log = recorder;
+    }
+  }
+
   rocksdb::DB* db = nullptr;
-  const rocksdb::Status status =
-      rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
+  rocksdb::Status status = rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
+  std::vector<std::string> drops = recorder != nullptr ? recorder->TakeDrops() : std::vector<std::string>();
+  if (status.IsCorruption() && !drops.empty()) {
+    const std::string damage = absl::StrJoin(drops, "; ");
+    if (!options_.accept_wal_loss) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": the write-ahead log is damaged (", damage,
+          "). Acknowledged writes may be in or after the damaged part, so the server refuses "
+          "to start rather than lose them silently. To start from the last intact write, "
+          "dropping the rest, restart once with --accept_wal_loss (docs/troubleshooting.md)"));
+    }
+    // The operator accepts the loss: keep a copy of the damaged log, recover to the last
+    // intact write, and say loudly what was dropped.
+    const std::string copy_dir =
+        absl::StrCat(path, "/wal-damaged-", static_cast<int64_t>(std::time(nullptr)));
+    std::error_code error;
+    std::filesystem::create_directories(copy_dir, error);
+    for (const std::filesystem::path& wal : WalFiles(path)) {
+      if (!error) {
+        std::filesystem::copy_file(wal, std::filesystem::path(copy_dir) / wal.filename(),
+                                   std::filesystem::copy_options::overwrite_existing, error);
+      }
+    }
+    if (error) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": --accept_wal_loss: cannot keep a copy of the damaged write-ahead log in ",
+          copy_dir, ": ", error.message()));
+    }
+    LOG(ERROR) << "--accept_wal_loss: " << where << ": the write-ahead log is damaged ("
+               << damage << "); recovering to the last intact write and DROPPING everything "
+               << "after it, acknowledged writes included. A copy of the log as found is in "
+               << copy_dir;
+    for (rocksdb::ColumnFamilyHandle* handle : all_handles_) delete handle;
+    all_handles_.clear();
+    db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+    status = rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
+    drops = recorder->TakeDrops();
+    if (status.ok()) {
+      LOG(ERROR) << "--accept_wal_loss: " << where << " recovered up to sequence number "
+                 << db->GetLatestSequenceNumber() << "; dropped: " << absl::StrJoin(drops, "; ");
+      wal_loss_accepted_ = true;
+    }
+  } else if (options_.accept_wal_loss && status.ok()) {
+    LOG(WARNING) << "--accept_wal_loss: " << where
+                 << ": the write-ahead log is intact, nothing was dropped; do not keep the flag";
+  }
   if (!status.ok()) {
     if (status.IsIOError() && absl::StrContains(status.ToString(), "/LOCK")) {
       return absl::FailedPreconditionError(
@@ -923,6 +1096,15 @@ absl::StatusOr<StoreStats> DurableStore::Stats() const {
   ASSIGN_OR_RETURN(stats.tensor_file_bytes, tensor_files_->TotalBytes());
   stats.total_bytes += stats.tensor_file_bytes;
   return stats;
+}
+
+absl::Status DurableStore::CompactAll() {
+  rocksdb::CompactRangeOptions compact_options;
+  for (ColumnFamily family : kAllFamilies) {
+    RETURN_IF_ERROR(FromRocksDb(db_->CompactRange(compact_options, Handle(family), nullptr, nullptr),
+                                absl::StrCat("compacting ", ColumnFamilyName(family))));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DurableStore::Flush() {

@@ -59,6 +59,10 @@
 //                        message carries RocksDB's.
 //   INTERNAL             anything else RocksDB reports.
 //
+// A damaged write-ahead log (a flipped byte, a torn tail) fails Open with DATA_LOSS naming the
+// WAL file: RocksDB runs in absolute-consistency recovery, never dropping a write silently;
+// DurableStoreOptions::accept_wal_loss is the operator's way past it (docs/storage.md).
+//
 // Durability: Commit returns OK only after RocksDB has applied the batch and written it to its
 // write-ahead log; with `fsync` the WAL and the batch's tensor files are also synced (fdatasync)
 // before Commit returns, so the batch survives power loss; without it, it survives a process
@@ -109,6 +113,12 @@ struct DurableStoreOptions {
   std::string data_dir;
   // true: every Commit syncs RocksDB's write-ahead log before returning (power-loss safe).
   bool fsync = false;
+  // Damage in RocksDB's write-ahead log fails Open with DATA_LOSS naming the WAL file, since
+  // acknowledged writes may be in the damaged part (docs/storage.md). true (the server's
+  // --accept_wal_loss, for an operator who accepts the loss): Open keeps a copy of the WAL files
+  // in <data_dir>/wal-damaged-<unix time>/, recovers to the last intact write, logs (ERROR) what
+  // it dropped, and succeeds. No effect on an intact log.
+  bool accept_wal_loss = false;
   // Compression of the `steplog` family. COMPRESSION_UNSPECIFIED means ZSTD.
   Compression steplog_compression = ZSTD;
 
@@ -276,6 +286,22 @@ class DurableStore {
   // provides it); for operations and tests.
   absl::Status Flush();
 
+  // Compacts every family's SST files (all keys) and waits. For operations and tests: reading
+  // every SST, it turns a corrupt one into an error here and a background error.
+  absl::Status CompactAll();
+
+  // OK while RocksDB accepts writes. After a background error (a flush or compaction that met a
+  // corrupt SST or an I/O error, a failed write-ahead-log write) RocksDB refuses every write
+  // until it recovers (it retries some I/O errors itself; corruption needs the operator): that
+  // error, coded as in the table above (DATA_LOSS for corruption, RESOURCE_EXHAUSTED, else
+  // UNAVAILABLE), its message naming data_dir, what failed and RocksDB's reason. OK again once
+  // RocksDB reports a successful recovery. Thread-safe.
+  absl::Status BackgroundError() const;
+  // Background errors RocksDB reported since Open.
+  int64_t background_errors() const;
+  // Open found a damaged write-ahead log and accept_wal_loss let it drop the damaged part.
+  bool wal_loss_accepted() const { return wal_loss_accepted_; }
+
   // The directory given at Open; empty in memory.
   const std::string& data_dir() const { return options_.data_dir; }
   bool in_memory() const { return options_.data_dir.empty(); }
@@ -294,7 +320,17 @@ class DurableStore {
   template <typename Record>
   absl::Status LoadTensors(ColumnFamily family, absl::string_view key, Record* record) const;
 
+  class ErrorListener;
+  struct BackgroundErrors {
+    absl::Mutex mu;
+    absl::Status error ABSL_GUARDED_BY(mu);
+    int64_t count ABSL_GUARDED_BY(mu) = 0;
+  };
+
   const DurableStoreOptions options_;
+  // Shared with the listener RocksDB holds, which may outlive neither but is owned by RocksDB.
+  const std::shared_ptr<BackgroundErrors> background_errors_;
+  bool wal_loss_accepted_ = false;
   Compression steplog_compression_ = NO_COMPRESSION;
   // Declared before db_: RocksDB must close before its Env goes away.
   std::unique_ptr<rocksdb::Env> memory_env_;  // in-memory mode only

@@ -178,6 +178,10 @@ void PrintStatusTable(const GetStatusResponse& s) {
                                            .c_str()
                                      : "");
   }
+  if (s.has_storage_error()) {
+    std::printf("STORAGE ERROR (writes refused, health NOT_SERVING): %s\n",
+                s.storage_error().c_str());
+  }
   std::printf("\n%-8s %-11s %-22s %8s %8s %8s  %6s %6s %6s %6s %6s  %s\n", "SLOT", "STATE",
               "OWNER", "STEP", "SYNCED", "LOGGED", "WEIGHT", "STALE", "LATE", "DIV", "FAULT",
               "DETAIL");

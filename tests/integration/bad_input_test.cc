@@ -28,8 +28,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "storage/durable_store.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
 #include "tests/storage/raw_db.h"
@@ -461,10 +466,11 @@ TEST_CASE("a replayed sync is applied once, an older one is stale, and steps out
   // The slot did not finish on a step it never reached.
   CHECK(cluster.Status().slots(0).state() == ACTIVE);
 
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params)).ok());
   SyncResponse first;
   REQUIRE(cluster.Sync(cluster.MakeSync(a, 16, params), &first).ok());
   CHECK(first.has_center_before());
-  CHECK(first.center_version() == 1);
+  CHECK(first.center_version() == 2);
   const Observed after_first = cluster.Observe();
 
   // The same step again, even with other parameters: acknowledged with the stored post-sync
@@ -474,7 +480,7 @@ TEST_CASE("a replayed sync is applied once, an older one is stale, and steps out
   CHECK_FALSE(again.has_center_before());
   REQUIRE(again.has_worker_params_after());
   CHECK(again.worker_params_after().tensors_size() == 4);
-  CHECK(again.center_version() == 1);
+  CHECK(again.center_version() == 2);
   cluster.CheckUnchanged(after_first);
 
   CheckStatus(cluster.Sync(cluster.MakeSync(a, 8, params)), Code::FAILED_PRECONDITION,
@@ -496,7 +502,177 @@ TEST_CASE("a replayed sync is applied once, an older one is stale, and steps out
   CHECK(cluster.Status().slots(0).step() == 16);
 
   REQUIRE(cluster.Sync(cluster.MakeSync(a, 24, params)).ok());
-  CHECK(cluster.Status().slots(0).update_count() == 2);
+  CHECK(cluster.Status().slots(0).update_count() == 3);
+}
+
+TEST_CASE("a sync must be the slot's next sync point: a jump or an off-period step is "
+          "INVALID_ARGUMENT, and a retried sync is still answered") {
+  BadInputCluster cluster{JobSpec()};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const TensorBundle params = cluster.ValidParams();
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params)).ok());
+  const Observed before = cluster.Observe();
+  // tau = 8: after step 8 the only next sync point is 16 (max_steps = 80).
+  for (int64_t step : {int64_t{24}, int64_t{kMaxSteps}, int64_t{12}, int64_t{9}}) {
+    CheckStatus(cluster.Sync(cluster.MakeSync(a, step, params)), Code::INVALID_ARGUMENT,
+                absl::StrCat("step must be the slot's next sync point: a multiple of "
+                             "easgd.sync_period = 8 (or training.max_steps = ", kMaxSteps,
+                             ") at most 16 (slot (0, 0) last synced step 8), got ", step));
+  }
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.Status().slots(0).state() == ACTIVE);
+  // The retry of the applied sync is recognised (its reply carries the stored state).
+  SyncResponse again;
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params), &again).ok());
+  CHECK(again.has_worker_params_after());
+  cluster.CheckUnchanged(before);
+  REQUIRE(cluster.Sync(cluster.MakeSync(a, 16, params)).ok());
+  CHECK(cluster.Status().slots(0).snapshot_step() == 16);
+}
+
+TEST_CASE("a request body that is not a protobuf message is INVALID_ARGUMENT with a message, "
+          "and changes nothing") {
+  BadInputCluster cluster{JobSpec()};
+  const Observed before = cluster.Observe();
+  const int workers_before = cluster.Status().workers_size();
+  auto channel = grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials());
+  for (const char* method : {"/rebound.ParameterServer/Register", "/rebound.ParameterServer/Sync",
+                             "/rebound.ParameterServer/GetStatus"}) {
+    // An unterminated varint tag; a length-delimited field 2 that claims 100 bytes and has 2.
+    for (const std::string& garbage : {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
+                                       std::string("\x12\x64xy", 4)}) {
+      grpc::Slice slice(garbage);
+      grpc::ByteBuffer request(&slice, 1);
+      grpc::ByteBuffer response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      const grpc::internal::RpcMethod rpc(method, grpc::internal::RpcMethod::NORMAL_RPC);
+      const grpc::Status status =
+          grpc::internal::BlockingUnaryCall(channel.get(), rpc, &context, request, &response);
+      INFO(method);
+      CheckStatus(status, Code::INVALID_ARGUMENT,
+                  absl::StrCat(method, ": the request is not a valid protobuf message of this "
+                                       "method (it does not parse)"));
+    }
+  }
+  cluster.CheckUnchanged(before);
+  CHECK(cluster.Status().workers_size() == workers_before);
+}
+
+// One AppendLog batch of `records` on a fresh stream; the stream's final status.
+grpc::Status AppendLogOnce(BadInputCluster& cluster, uint64_t incarnation,
+                           const std::vector<LogRecord>& records) {
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->AppendLog(&context);
+  AppendLogRequest request;
+  request.set_incarnation(incarnation);
+  for (const LogRecord& record : records) *request.add_records() = record;
+  stream->Write(request);
+  stream->WritesDone();
+  AppendLogAck ack;
+  while (stream->Read(&ack)) {
+  }
+  return stream->Finish();
+}
+
+TEST_CASE("AppendLog steps beyond max_steps or far past the snapshot and sample ids beyond the "
+          "data set are INVALID_ARGUMENT, and nothing is logged") {
+  BadInputCluster cluster{JobSpec()};
+  const RegisterResponse a = cluster.RegisterTrainer("a");
+  const Observed before = cluster.Observe();
+  auto record = [&](int64_t step, int64_t sample) {
+    LogRecord r;
+    *r.mutable_slot() = a.slot();
+    r.set_step(step);
+    r.set_micro_batch(0);
+    r.set_record_id(1);
+    r.set_sender_incarnation(a.incarnation());
+    for (int i = 0; i < 4; ++i) r.add_sample_ids(sample + i);  // batch 16 / M 4
+    return r;
+  };
+  const int64_t huge = int64_t{1} << 62;
+  CheckStatus(AppendLogOnce(cluster, a.incarnation(), {record(huge, 0)}), Code::INVALID_ARGUMENT,
+              absl::StrCat("step must be <= training.max_steps = ", kMaxSteps, ", got ", huge));
+  // The snapshot is at 0, tau = 8: records up to step 16 can be replayed, not 17.
+  CheckStatus(AppendLogOnce(cluster, a.incarnation(), {record(17, 0)}), Code::INVALID_ARGUMENT,
+              "step must be <= the slot's snapshot step + 2 x easgd.sync_period = 16, got 17");
+  CheckStatus(AppendLogOnce(cluster, a.incarnation(), {record(1, huge)}), Code::INVALID_ARGUMENT,
+              absl::StrCat("sample_ids[0] must be < data.train_limit = 1000, got ", huge));
+  CheckStatus(AppendLogOnce(cluster, a.incarnation(), {record(1, 998)}), Code::INVALID_ARGUMENT,
+              "sample_ids[2] must be < data.train_limit = 1000, got 1000");
+  CHECK(cluster.Status().slots(0).logged_step() == 0);
+  CHECK(cluster.Status().step_log().records_written() == 0);
+  cluster.CheckUnchanged(before);
+  // A valid record goes through.
+  REQUIRE(AppendLogOnce(cluster, a.incarnation(), {record(1, 996)}).ok());
+  CHECK(cluster.Status().step_log().records_written() == 1);
+}
+
+TEST_CASE("ReportEval with a stage or center_version out of range, or a non-finite loss, is "
+          "INVALID_ARGUMENT and not recorded") {
+  BadInputCluster cluster{JobSpec()};
+  const uint64_t evaluator = cluster.Register("eval", EVALUATOR).incarnation();
+  auto eval = [&](int32_t stage, int64_t version, double loss, double accuracy) {
+    ReportEvalRequest request;
+    request.set_incarnation(evaluator);
+    request.set_stage(stage);
+    request.set_center_version(version);
+    request.set_test_loss(loss);
+    request.set_test_accuracy(accuracy);
+    ReportEvalResponse response;
+    return cluster.Call(&ParameterServer::Stub::ReportEval, request, &response);
+  };
+  CheckStatus(eval(99, 0, 0.5, 0.5), Code::INVALID_ARGUMENT, "stage must be in [0, 1), got 99");
+  CheckStatus(eval(-1, 0, 0.5, 0.5), Code::INVALID_ARGUMENT, "stage must be in [0, 1), got -1");
+  CheckStatus(eval(0, -1, 0.5, 0.5), Code::INVALID_ARGUMENT,
+              "center_version must be in [0, 0] (the stage's current version), got -1");
+  CheckStatus(eval(0, 5, 0.5, 0.5), Code::INVALID_ARGUMENT,
+              "center_version must be in [0, 0] (the stage's current version), got 5");
+  CheckStatus(eval(0, 0, std::numeric_limits<double>::infinity(), 0.5), Code::INVALID_ARGUMENT,
+              "test_loss must be finite, got inf");
+  CheckStatus(eval(0, 0, 0.5, std::numeric_limits<double>::quiet_NaN()), Code::INVALID_ARGUMENT,
+              "test_accuracy must be in [0, 1], got nan");
+  CHECK_FALSE(cluster.Status().has_last_eval());
+  REQUIRE(eval(0, 0, 0.5, 0.25).ok());
+  CHECK(cluster.Status().last_eval().test_accuracy() == 0.25);
+}
+
+TEST_CASE("a worker name outside [A-Za-z0-9._:@+-] and an unknown enum value are "
+          "INVALID_ARGUMENT naming the field, and register nobody") {
+  BadInputCluster cluster{JobSpec()};
+  const int workers_before = cluster.Status().workers_size();
+  RegisterResponse response;
+  for (const std::string& name : {std::string("a\x1b[31mred"), std::string("two\nlines"),
+                                  std::string("bad\xff\xfeutf8"), std::string("sp ace")}) {
+    RegisterRequest request;
+    request.set_worker_name(name);
+    const grpc::Status status = cluster.Call(&ParameterServer::Stub::Register, request, &response);
+    CheckStatus(status, Code::INVALID_ARGUMENT,
+                "worker_name may hold only the characters [A-Za-z0-9._:@+-], got byte 0x");
+    // The message shows the byte as hex, never raw.
+    CHECK(status.error_message().find_first_of("\x1b\n\xff") == std::string::npos);
+  }
+  // requested_role 77 and backend 77: proto2 parsers keep them as unknown fields, and the
+  // getters would read ROLE_UNSPECIFIED (auto) and BACKEND_UNSPECIFIED.
+  RegisterRequest valid;
+  valid.set_worker_name("w-1");
+  for (const auto& [bytes, message] :
+       {std::pair<std::string, std::string>{"\x18\x4d",
+                                            "requested_role: unknown enum value 77 "
+                                            "(rebound.WorkerRole)"},
+        {"\x28\x4d", "backend: unknown enum value 77 (rebound.BackendKind)"}}) {
+    RegisterRequest request;
+    REQUIRE(request.ParseFromString(valid.SerializeAsString() + bytes));
+    CHECK(request.requested_role() == ROLE_UNSPECIFIED);
+    CheckStatus(cluster.Call(&ParameterServer::Stub::Register, request, &response),
+                Code::INVALID_ARGUMENT, message);
+  }
+  CHECK(cluster.Status().workers_size() == workers_before);
+  REQUIRE(cluster.Call(&ParameterServer::Stub::Register, valid, &response).ok());
+  CHECK(cluster.Status().workers_size() == workers_before + 1);
 }
 
 // ---- identities ----------------------------------------------------------------------------
@@ -615,11 +791,11 @@ TEST_CASE("unknown, fenced, foreign and non-owning incarnations are refused with
     eval.set_incarnation(cluster.Register("judge", EVALUATOR).incarnation());
     eval.set_test_accuracy(1.5);
     CheckStatus(cluster.Call(&ParameterServer::Stub::ReportEval, eval, &evaluated),
-                Code::INVALID_ARGUMENT, "test_accuracy must be in [0, 1] and test_loss finite");
+                Code::INVALID_ARGUMENT, "test_accuracy must be in [0, 1], got 1.5");
     eval.set_test_accuracy(0.5);
     eval.set_test_loss(std::numeric_limits<double>::quiet_NaN());
     CheckStatus(cluster.Call(&ParameterServer::Stub::ReportEval, eval, &evaluated),
-                Code::INVALID_ARGUMENT, "test_accuracy must be in [0, 1] and test_loss finite");
+                Code::INVALID_ARGUMENT, "test_loss must be finite, got nan");
     CHECK_FALSE(cluster.Status().has_last_eval());
   }
   cluster.CheckUnchanged(before);
@@ -712,6 +888,25 @@ TEST_CASE("the binaries refuse a bad config with exit code 2, naming file, line 
        "worker.pbtxt:1:10: Expected \"{\", found \"4\"."},
       {"worker: no such file", "worker/rebound_worker", "", "",
        "missing.pbtxt: cannot open config file"},
+      {"server: job_file is /dev/zero", "server/rebound_server", "server.pbtxt",
+       "job_file: \"/dev/zero\"\n",
+       "/dev/zero: the config file must be a regular file, this is a character device"},
+      {"server: job_file is a directory", "server/rebound_server", "server.pbtxt",
+       absl::StrCat("job_file: \"", dir, "\"\n"),
+       absl::StrCat(dir, ": the config file must be a regular file, this is a directory")},
+      {"server: job_file over 16 MiB", "server/rebound_server", "server.pbtxt",
+       "job_file: \"big.pbtxt\"\n", "big.pbtxt: the config file is over the limit of 16 MiB"},
+      {"server: a TLS certificate that is not PEM", "server/rebound_server", "server.pbtxt",
+       absl::StrCat("job {\n", job, "}\nsecurity { tls { cert_file: \"", dir,
+                    "/bad.pem\" key_file: \"", dir, "/bad.pem\" } }\n"),
+       absl::StrCat("security.tls.cert_file ", dir, "/bad.pem is not a PEM CERTIFICATE: no "
+                    "\"-----BEGIN CERTIFICATE-----\" line")},
+      {"worker: a CA file that is not PEM", "worker/rebound_worker", "worker.pbtxt",
+       absl::StrCat("security { tls { ca_file: \"", dir, "/bad.pem\" } }\n"),
+       absl::StrCat("security.tls.ca_file ", dir, "/bad.pem is not a PEM CERTIFICATE")},
+      {"worker: a token file that is a directory", "worker/rebound_worker", "worker.pbtxt",
+       absl::StrCat("security { token_file: \"", dir, "\" }\n"),
+       absl::StrCat(dir, ": the token file must be a regular file, this is a directory")},
   };
   for (const ConfigCase& c : cases) {
     SECTION(c.what) {
@@ -720,6 +915,10 @@ TEST_CASE("the binaries refuse a bad config with exit code 2, naming file, line 
                      absl::StrCat("job_id: \"j\"\n",
                                   "model { layers { width: 10 activation: IDENTITY } }\n",
                                   "topology { replicas: \"two\" }\n"));
+      WriteFileOrDie(dir + "/bad.pem", "not a certificate\n");
+      if (absl::StrContains(c.what, "16 MiB")) {
+        WriteFileOrDie(dir + "/big.pbtxt", std::string((size_t{16} << 20) + 1, ' '));
+      }
       std::string path = dir + "/missing.pbtxt";
       if (!c.file.empty()) {
         path = dir + "/" + c.file;
@@ -746,16 +945,19 @@ TEST_CASE("the binaries refuse a bad config with exit code 2, naming file, line 
 // its exit code if it exits before serving, or -1 once it serves (then `*address` holds its
 // address).
 int StartServerOn(const std::string& data_dir, const JobSpec& spec, const std::string& dir,
-                  std::unique_ptr<Subprocess>* server, std::string* address) {
+                  std::unique_ptr<Subprocess>* server, std::string* address,
+                  const std::vector<std::string>& extra_args = {},
+                  const std::string& config_extra = "") {
   WriteFileOrDie(dir + "/server.pbtxt",
                  absl::StrCat("job {\n", JobText(spec), "}\ndurability { data_dir: \"", data_dir,
-                              "\" }\n"));
+                              "\" }\n", config_extra));
   const std::string port_file = dir + "/port";
   fs::remove(port_file);
-  auto started = Subprocess::Start({Runfile("server/rebound_server"), "--config",
-                                    dir + "/server.pbtxt", "--listen", "127.0.0.1:0",
-                                    "--port_file", port_file},
-                                   dir + "/server.log");
+  std::vector<std::string> argv = {Runfile("server/rebound_server"), "--config",
+                                   dir + "/server.pbtxt", "--listen", "127.0.0.1:0",
+                                   "--port_file", port_file};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  auto started = Subprocess::Start(argv, dir + "/server.log");
   REQUIRE(started.ok());
   *server = *std::move(started);
   auto port = WaitForPortFile(port_file, **server, absl::Seconds(30));
@@ -855,6 +1057,152 @@ TEST_CASE("a server whose data directory holds a corrupt value refuses to start,
     CHECK_THAT(log, Contains("center key (s=0): tensor file " + data_dir + "/tensors/center-s0-"));
     CHECK_THAT(log, Contains("holds 100 bytes, the record says 25480"));
   }
+}
+
+// The newest write-ahead log file of a RocksDB directory.
+std::string NewestWal(const std::string& dir) {
+  std::string newest;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".log" && entry.path().string() > newest) {
+      newest = entry.path().string();
+    }
+  }
+  REQUIRE_FALSE(newest.empty());
+  return newest;
+}
+
+void FlipByte(const std::string& path, uint64_t offset) {
+  std::string bytes = ReadFileOrEmpty(path);
+  REQUIRE(offset < bytes.size());
+  bytes[offset] ^= 0x5a;
+  WriteFileOrDie(path, bytes);
+}
+
+GetStatusResponse StatusOf(const std::string& address) {
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  GetStatusResponse status;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const grpc::Status called = stub->GetStatus(&context, GetStatusRequest(), &status);
+  INFO(called.error_message());
+  REQUIRE(called.ok());
+  return status;
+}
+
+TEST_CASE("a server killed with SIGKILL whose WAL tail is damaged exits 1 naming the WAL, and "
+          "starts with --accept_wal_loss, logging what it dropped") {
+  const JobSpec spec;
+  std::string data_dir;
+  {
+    BadInputCluster cluster(spec, Options(/*durable=*/true));
+    const RegisterResponse a = cluster.RegisterTrainer("a");
+    REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, cluster.ValidParams())).ok());
+    REQUIRE(cluster.Sync(cluster.MakeSync(a, 16, cluster.ValidParams())).ok());
+    CHECK(cluster.Status().slots(0).snapshot_step() == 16);
+    data_dir = cluster.data_dir();
+    cluster.KillServer();
+  }
+  // The last record of the WAL is the acknowledged sync of step 16.
+  const std::string wal = NewestWal(data_dir);
+  const uint64_t size = fs::file_size(wal);
+  REQUIRE(size > 64);
+  FlipByte(wal, size - 16);
+  const std::string dir = MakeTempDir("bad-input-wal");
+  std::unique_ptr<Subprocess> server;
+  std::string address;
+
+  CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+  std::string log = ReadFileOrEmpty(dir + "/server.log");
+  {
+    INFO(log);
+    CHECK_THAT(log, Contains("cannot open the data directory: DATA_LOSS: data_dir " + data_dir +
+                             ": the write-ahead log is damaged"));
+    CHECK_THAT(log, Contains(wal + ": dropping "));
+    CHECK_THAT(log, Contains("--accept_wal_loss"));
+  }
+  // Refusing changed nothing: the WAL is still damaged and refused again.
+  CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+
+  REQUIRE(StartServerOn(data_dir, spec, dir, &server, &address, {"--accept_wal_loss"}) == -1);
+  log = ReadFileOrEmpty(dir + "/server.log");
+  INFO(log);
+  CHECK_THAT(log, Contains("DROPPING everything after it"));
+  CHECK_THAT(log, Contains("wal-damaged-"));
+  // The operator sees what was lost: the sync of step 16.
+  const GetStatusResponse status = StatusOf(address);
+  CHECK(status.slots(0).snapshot_step() == 8);
+  CHECK(status.centers(0).version() == 1);
+  server->Signal(SIGTERM);
+  CHECK(server->WaitFor(absl::Seconds(20)) == 0);
+}
+
+TEST_CASE("a corrupt SST met by a background compaction turns health NOT_SERVING with the reason "
+          "in GetStatus and the metrics") {
+  const std::string data_dir = MakeTempDir("bad-input-sst") + "/data";
+  {
+    // Three flushed step-log SSTs and a fourth batch in the WAL only: the server's open flushes
+    // it into a fourth level-0 file, which starts a compaction of all four.
+    storage::DurableStoreOptions options;
+    options.data_dir = data_dir;
+    auto store = storage::DurableStore::Open(options);
+    REQUIRE(store.ok());
+    for (int round = 0; round < 4; ++round) {
+      storage::WriteBatch batch;
+      for (int step = 1; step <= 200; ++step) {
+        LogRecord record;
+        record.mutable_slot()->set_replica(1);
+        record.mutable_slot()->set_stage(0);
+        record.set_step(round * 200 + step);
+        record.set_micro_batch(0);
+        record.add_sample_ids(step);
+        batch.PutLogRecord(record);
+      }
+      REQUIRE((*store)->Commit(batch).ok());
+      if (round < 3) REQUIRE((*store)->Flush().ok());
+    }
+  }
+  std::string sst;
+  for (const auto& entry : fs::directory_iterator(data_dir)) {
+    if (entry.path().extension() == ".sst") sst = entry.path().string();
+  }
+  REQUIRE_FALSE(sst.empty());
+  FlipByte(sst, 100);  // inside the first data block (footer, index and properties come last)
+
+  const std::string dir = MakeTempDir("bad-input-sst-server");
+  std::unique_ptr<Subprocess> server;
+  std::string address;
+  REQUIRE(StartServerOn(data_dir, JobSpec(), dir, &server, &address, {},
+                        "metrics { enabled: true port: 0 }\n") == -1);
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::health::v1::HealthCheckResponse::ServingStatus serving =
+      grpc::health::v1::HealthCheckResponse::SERVING;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckResponse response;
+    REQUIRE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+    serving = response.status();
+    if (serving == grpc::health::v1::HealthCheckResponse::NOT_SERVING) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string log = ReadFileOrEmpty(dir + "/server.log");
+  INFO(log);
+  CHECK(serving == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  CHECK_THAT(log, Contains("health: NOT_SERVING: DATA_LOSS: data_dir " + data_dir +
+                           ": RocksDB compaction failed"));
+  const GetStatusResponse status = StatusOf(address);
+  CHECK_THAT(status.storage_error(), Contains("DATA_LOSS"));
+  CHECK_THAT(status.storage_error(), Contains("compaction"));
+  CHECK_THAT(status.storage_error(), Contains("checksum mismatch"));
+  REQUIRE(status.has_metrics_address());
+  const Exposition metrics = ScrapeMetrics(status.metrics_address());
+  CHECK(metrics.samples.at("rebound_store_writable") == 0);
+  CHECK(metrics.samples.at("rebound_store_background_errors_total") >= 1);
+  server->Signal(SIGTERM);
+  CHECK(server->WaitFor(absl::Seconds(20)) == 0);
 }
 
 // ---- a truncated data set -------------------------------------------------------------------

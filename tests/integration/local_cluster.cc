@@ -80,6 +80,11 @@ void LocalCluster::StopServer() {
   REQUIRE(server_->WaitFor(absl::Seconds(20)).value_or(-1) == 0);
 }
 
+void LocalCluster::KillServer() {
+  server_->Signal(SIGKILL);
+  REQUIRE(server_->WaitFor(absl::Seconds(20)).has_value());
+}
+
 GetStatusResponse LocalCluster::Status() {
   GetStatusResponse response;
   const grpc::Status status =

@@ -62,6 +62,8 @@ class LocalCluster {
 
   // SIGTERM: the server stops cleanly (exit 0) and releases its data directory.
   void StopServer();
+  // SIGKILL: the server dies without flushing anything (its RocksDB WAL ends mid-stream).
+  void KillServer();
 
   GetStatusResponse Status();
 

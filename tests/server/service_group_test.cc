@@ -664,7 +664,7 @@ TEST_CASE(
   CHECK(t_f(0, 3) == 4);
 
   // Boundary 1 is not logged: its pairs are refused, naming it.
-  const grpc::Status pair = server.TryAppend(w.stage0, {PairRecord(FORWARD, 5, 0)});
+  const grpc::Status pair = server.TryAppend(w.stage0, {PairRecord(FORWARD, 4, 0)});
   CHECK(pair.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK_THAT(pair.error_message(), Contains("boundary 1 is not in step_log.logged_boundaries"));
 }

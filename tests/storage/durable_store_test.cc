@@ -27,6 +27,7 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "storage/envelope.h"
@@ -794,6 +795,178 @@ TEST_CASE("after a process crash every batch is whole and no acknowledged batch 
   CHECK(version >= acknowledged);
   CHECK(state.centers.at(1).version() == version);
   CHECK(state.weights.at({0, 0}).center_version_at_last_sync() == version);
+}
+
+// Runs store_process commit_forever in `dir` until it has acknowledged at least `at_least`
+// batches, kills it with SIGKILL and returns the last acknowledged batch.
+// Batches of weight records only: a batch dropped from the WAL leaves no tensor file behind
+// (docs/storage.md: what --accept_wal_loss cannot bring back).
+int64_t CommitThenKill(const std::string& dir, const std::string& log_path, int64_t at_least) {
+  auto process = testing::Subprocess::Start(
+      {testing::Runfile("tests/storage/store_process"), "commit_weights_forever", dir}, log_path);
+  REQUIRE(process.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (LastCommitted(testing::ReadFileOrEmpty(log_path)) < at_least && absl::Now() < deadline) {
+    REQUIRE_FALSE((*process)->WaitFor(absl::Milliseconds(5)).has_value());
+  }
+  (*process)->Signal(SIGKILL);
+  REQUIRE((*process)->WaitFor(absl::Seconds(10)).has_value());
+  const int64_t acknowledged = LastCommitted(testing::ReadFileOrEmpty(log_path));
+  REQUIRE(acknowledged >= at_least);
+  return acknowledged;
+}
+
+// The newest write-ahead log file of a RocksDB directory.
+std::string NewestWal(const std::string& dir) {
+  std::string newest;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".log" && entry.path().string() > newest) {
+      newest = entry.path().string();
+    }
+  }
+  REQUIRE_FALSE(newest.empty());
+  return newest;
+}
+
+void FlipByte(const std::string& path, uint64_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(file.good());
+  file.seekg(static_cast<std::streamoff>(offset));
+  char byte = 0;
+  file.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x5a);
+  file.seekp(static_cast<std::streamoff>(offset));
+  file.write(&byte, 1);
+  REQUIRE(file.good());
+}
+
+TEST_CASE("a byte flipped in the WAL tail after kill -9 fails Open with DATA_LOSS naming the WAL") {
+  const std::string dir = TempDir("wal-flip");
+  const int64_t acknowledged =
+      CommitThenKill(dir, TempDir("wal-flip-log") + "/store_process.log", 100);
+  // Undamaged, the killed store opens with every acknowledged batch (absolute consistency
+  // does not refuse a clean kill -9).
+  {
+    std::string output;
+    REQUIRE(testing::RunCommand({testing::Runfile("tests/storage/store_process"), "open", dir},
+                                &output, absl::Seconds(30)) == 0);
+  }
+  // That open replayed the WAL into a new one: kill again for a WAL that ends mid-stream.
+  const int64_t acknowledged_again =
+      CommitThenKill(dir, TempDir("wal-flip-log2") + "/store_process.log", acknowledged + 50);
+  const std::string wal = NewestWal(dir);
+  const uint64_t size = fs::file_size(wal);
+  REQUIRE(size > 64);
+  FlipByte(wal, size - 16);  // inside the last record: the last acknowledged batch
+
+  DurableStoreOptions options;
+  options.data_dir = dir;
+  const absl::Status refused = DurableStore::Open(options).status();
+  CHECK(refused.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(Message(refused), Contains(wal));
+  CHECK_THAT(Message(refused), Contains("checksum mismatch"));
+  CHECK_THAT(Message(refused), Contains("--accept_wal_loss"));
+  // Refusing changed nothing: it refuses again, from another process too.
+  std::string output;
+  CHECK(testing::RunCommand({testing::Runfile("tests/storage/store_process"), "open", dir}, &output,
+                            absl::Seconds(30)) == 1);
+  CHECK_THAT(output, Contains("DATA_LOSS"));
+  CHECK_THAT(output, Contains(wal));
+
+  // The operator accepts the loss: the store opens at the last intact batch, says what it
+  // dropped, and keeps a copy of the damaged log.
+  const int exit_code = testing::RunCommand(
+      {testing::Runfile("tests/storage/store_process"), "open_accepting_wal_loss", dir}, &output,
+      absl::Seconds(30));
+  INFO(output);
+  REQUIRE(exit_code == 0);
+  CHECK_THAT(output, Contains("--accept_wal_loss"));
+  CHECK_THAT(output, Contains("DROPPING"));
+  CHECK_THAT(output, Contains(wal));
+  CHECK_THAT(output, Contains("checksum mismatch"));
+  const size_t at = output.find("OK version=");
+  REQUIRE(at != std::string::npos);
+  const int64_t recovered = std::stoll(output.substr(at + std::strlen("OK version=")));
+  // The damaged last batch (the last acknowledged one, or one written but not yet reported) is
+  // the one lost; everything before it is there.
+  CHECK(recovered <= acknowledged_again);
+  CHECK(recovered >= acknowledged);
+  bool copied = false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (absl::StartsWith(entry.path().filename().string(), "wal-damaged-")) {
+      copied = fs::exists(entry.path() / fs::path(wal).filename());
+    }
+  }
+  CHECK(copied);
+  // After the accepted recovery the directory opens normally.
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  CHECK(ValueOrFail(store->LoadAll()).weights.at({0, 0}).center_version_at_last_sync() ==
+        recovered);
+  CHECK_FALSE(store->wal_loss_accepted());
+}
+
+TEST_CASE("a corrupt SST found by a compaction turns into a background error and refuses writes") {
+  const std::string dir = TempDir("bad-sst");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    for (int round = 0; round < 2; ++round) {
+      WriteBatch batch;
+      for (int step = 0; step < 200; ++step) {
+        LogRecord record;
+        *record.mutable_slot() = Slot(0, 0);
+        record.set_step(round * 1000 + step);
+        record.set_micro_batch(0);
+        record.add_sample_ids(step);
+        batch.PutLogRecord(record);
+      }
+      REQUIRE_OK(store->Commit(batch));
+      REQUIRE_OK(store->Flush());
+    }
+    REQUIRE_OK(store->CompactAll());  // undamaged, it compacts cleanly
+    REQUIRE_OK(store->BackgroundError());
+    CHECK(store->background_errors() == 0);
+    // Two level-0 files again, for the compaction to come.
+    for (int round = 2; round < 4; ++round) {
+      WriteBatch batch;
+      for (int step = 0; step < 200; ++step) {
+        LogRecord record;
+        *record.mutable_slot() = Slot(0, 0);
+        record.set_step(round * 1000 + step);
+        record.set_micro_batch(0);
+        record.add_sample_ids(step);
+        batch.PutLogRecord(record);
+      }
+      REQUIRE_OK(store->Commit(batch));
+      REQUIRE_OK(store->Flush());
+    }
+  }
+  // Damage the middle of the steplog family's largest SST (a data block; the footer and index
+  // that Open reads stay intact).
+  std::string sst;
+  uint64_t sst_size = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".sst" && entry.file_size() > sst_size) {
+      sst = entry.path().string();
+      sst_size = entry.file_size();
+    }
+  }
+  REQUIRE_FALSE(sst.empty());
+  FlipByte(sst, sst_size / 4);
+
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  // RocksDB may start the compaction on its own right after Open; else this one meets the SST.
+  const absl::Status compacted = store->CompactAll();
+  CHECK_FALSE(compacted.ok());
+  const absl::Status error = store->BackgroundError();
+  INFO(error.ToString());
+  CHECK(error.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(Message(error), Contains("data_dir " + dir));
+  CHECK_THAT(Message(error), Contains("compaction"));
+  CHECK(store->background_errors() >= 1);
+  // RocksDB now refuses writes; the store says why.
+  WriteBatch batch;
+  batch.PutCenter(Center(0, 5));
+  CHECK_FALSE(store->Commit(batch).ok());
 }
 
 TEST_CASE("a data_dir that cannot be created is FAILED_PRECONDITION naming it") {

@@ -8,6 +8,12 @@
 //     version i (64 KiB of parameters each) and the weight of slot (0, 0) with
 //     center_version_at_last_sync = i; after each acknowledged Commit it prints "committed i"
 //     (the crash test kills it with SIGKILL mid-stream).
+//   store_process commit_weights_forever DATA_DIR
+//     As commit_forever with batches of the weight record only (no tensor files).
+//   store_process open_accepting_wal_loss DATA_DIR
+//     As `open` with accept_wal_loss (the server's --accept_wal_loss); on success prints
+//     "OK version=V" with V the center_version_at_last_sync of slot (0, 0)'s weight record (0
+//     if none). The store's log goes to stderr.
 
 #include <cstring>
 #include <iostream>
@@ -30,11 +36,13 @@ rebound::CenterRecord Center(int32_t stage, int64_t version) {
   return record;
 }
 
-int CommitForever(rebound::storage::DurableStore& store) {
+int CommitForever(rebound::storage::DurableStore& store, bool with_centers) {
   for (int64_t i = 1;; ++i) {
     rebound::storage::WriteBatch batch;
-    batch.PutCenter(Center(0, i));
-    batch.PutCenter(Center(1, i));
+    if (with_centers) {
+      batch.PutCenter(Center(0, i));
+      batch.PutCenter(Center(1, i));
+    }
     rebound::WeightRecord weight;
     weight.mutable_slot()->set_replica(0);
     weight.mutable_slot()->set_stage(0);
@@ -52,13 +60,17 @@ int CommitForever(rebound::storage::DurableStore& store) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 ||
-      (std::strcmp(argv[1], "open") != 0 && std::strcmp(argv[1], "commit_forever") != 0)) {
-    std::cerr << "usage: store_process open|commit_forever DATA_DIR\n";
+  const bool accepting = argc == 3 && std::strcmp(argv[1], "open_accepting_wal_loss") == 0;
+  const bool weights_only = argc == 3 && std::strcmp(argv[1], "commit_weights_forever") == 0;
+  if (argc != 3 || (std::strcmp(argv[1], "open") != 0 &&
+                    std::strcmp(argv[1], "commit_forever") != 0 && !accepting && !weights_only)) {
+    std::cerr << "usage: store_process "
+                 "open|commit_forever|commit_weights_forever|open_accepting_wal_loss DATA_DIR\n";
     return 64;
   }
   rebound::storage::DurableStoreOptions options;
   options.data_dir = argv[2];
+  options.accept_wal_loss = accepting;
   absl::StatusOr<std::unique_ptr<rebound::storage::DurableStore>> store =
       rebound::storage::DurableStore::Open(options);
   if (!store.ok()) {
@@ -66,7 +78,21 @@ int main(int argc, char** argv) {
               << std::endl;
     return 1;
   }
-  if (std::strcmp(argv[1], "commit_forever") == 0) return CommitForever(**store);
+  if (std::strcmp(argv[1], "commit_forever") == 0) return CommitForever(**store, true);
+  if (weights_only) return CommitForever(**store, false);
+  if (accepting) {
+    absl::StatusOr<rebound::storage::LoadedState> state = (*store)->LoadAll();
+    if (!state.ok()) {
+      std::cout << state.status().ToString() << std::endl;
+      return 1;
+    }
+    const auto weight = state->weights.find({0, 0});
+    std::cout << "OK version="
+              << (weight == state->weights.end() ? 0
+                                                 : weight->second.center_version_at_last_sync())
+              << std::endl;
+    return 0;
+  }
   std::cout << "OK" << std::endl;
   return 0;
 }
