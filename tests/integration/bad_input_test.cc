@@ -566,6 +566,7 @@ grpc::Status AppendLogOnce(BadInputCluster& cluster, uint64_t incarnation,
       grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  WorkerCredentials::AddTo(&context, cluster.credentials().Of(incarnation));
   auto stream = stub->AppendLog(&context);
   AppendLogRequest request;
   request.set_incarnation(incarnation);

@@ -350,7 +350,7 @@ TEST_CASE("a full buffer blocks Append, which gives up with UNAVAILABLE after ma
   CHECK(stats.acked_through == 0);
 
   const absl::Time start = absl::Now();
-  status = logger.Append(MakeMicroBatchRecord(cluster.slot(), 2000, 0, SampleIds(2000, 0)),
+  status = logger.Append(MakeMicroBatchRecord(cluster.slot(), 900, 0, SampleIds(900, 0)),
                          absl::Milliseconds(300));
   const absl::Duration blocked = absl::Now() - start;
   CHECK(status.code() == absl::StatusCode::kUnavailable);
@@ -366,7 +366,7 @@ TEST_CASE("a full buffer blocks Append, which gives up with UNAVAILABLE after ma
       cluster.release_acks();
     });
     const absl::Status unblocked = logger.Append(
-        MakeMicroBatchRecord(cluster.slot(), 3000, 0, SampleIds(3000, 0)), absl::Seconds(10));
+        MakeMicroBatchRecord(cluster.slot(), 950, 0, SampleIds(950, 0)), absl::Seconds(10));
     release.join();
     CHECK(unblocked.ok());
     REQUIRE(logger.Flush(absl::Seconds(10)).ok());
@@ -376,7 +376,7 @@ TEST_CASE("a full buffer blocks Append, which gives up with UNAVAILABLE after ma
   SECTION("Stop unblocks a waiting Append, and later calls report CANCELLED") {
     absl::Status waited;
     std::thread appender([&] {
-      waited = logger.Append(MakeMicroBatchRecord(cluster.slot(), 3000, 0, SampleIds(3000, 0)),
+      waited = logger.Append(MakeMicroBatchRecord(cluster.slot(), 950, 0, SampleIds(950, 0)),
                              absl::Seconds(10));
     });
     absl::SleepFor(absl::Milliseconds(100));
