@@ -84,7 +84,7 @@ TEST_CASE("the center-integrity bounds default on, may be off (0), and are valid
           "file and line") {
   auto job = ParseJobConfig(kBase, "job.pbtxt");
   REQUIRE(job.ok());
-  CHECK(job->weighting().max_divergence_ratio() == 1000.0);
+  CHECK(job->weighting().max_divergence_ratio() == 10000.0);
   CHECK(job->weighting().max_abs_value() == 1e6);
   CHECK(ParseJobConfig(std::string(kBase) +
                            "weighting { max_divergence_ratio: 0 max_abs_value: 0 }\n",
