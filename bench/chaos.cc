@@ -17,8 +17,9 @@
 //   --runs=N (3)  --seed=S (1)  --faults=F (6 per run)
 //   --kinds=LIST  the fault kinds the schedules may use (default all: kill_trainer, stop_trainer,
 //                 kill_spare, stop_spare, kill_evaluator, stop_evaluator, kill_server,
-//                 stop_server, partition, throttle, delay, loss), e.g. --kinds=stop_server;
-//                 each schedule holds a kill_trainer, a kill_server and a partition when allowed
+//                 stop_server, partition, throttle, delay, loss, byzantine), e.g.
+//                 --kinds=stop_server; each schedule holds a kill_trainer, a kill_server, a
+//                 partition and a byzantine trainer when allowed
 //   --spares=K (2)  --steps=T (6000: each trainer's max_steps, a multiple of the sync period 100)
 //   --async       ASYNC scheduling (the shipped job's choice) instead of DETERMINISTIC
 //   --dynamic     DYNAMIC weights (the shipped job's choice) instead of UNIFORM; with --async
@@ -141,7 +142,7 @@ chaos::ChaosOptions Options(const Flags& flags, uint64_t seed, int faults) {
   // Every run kills a trainer and the server and cuts a link, where --kinds and the machine
   // allow; the rest of the schedule is drawn.
   options.must_include = {chaos::FaultKind::kKillTrainer, chaos::FaultKind::kKillServer,
-                          chaos::FaultKind::kPartition};
+                          chaos::FaultKind::kPartition, chaos::FaultKind::kByzantine};
   options.spares = flags.spares;
   options.network = !flags.no_network;
   options.time_limit = absl::Seconds(flags.time_limit_s);
@@ -203,6 +204,7 @@ int Main(int argc, char** argv) {
   int interrupted = 0;
   int restarts = 0;
   int fenced_by_server_stop = 0;
+  int byzantine_refused = 0;
   int64_t steps_replayed = 0;
   int runs_passed = 0;
   std::map<std::string, int> by_kind;
@@ -220,6 +222,7 @@ int Main(int argc, char** argv) {
     interrupted += r.interrupted_recoveries;
     restarts += r.server_restarts;
     fenced_by_server_stop += r.fenced_by_server_stop;
+    byzantine_refused += r.byzantine_refused;
     steps_replayed += r.steps_replayed;
     violations += static_cast<int>(r.violations.size());
     errors += static_cast<int>(r.errors.size());
@@ -236,11 +239,11 @@ int Main(int argc, char** argv) {
   std::printf(
       "totals over %d run(s) in %.1f min: %d passed; faults injected %d (%s); recoveries "
       "%d (REPLAY, verified, %lld steps replayed) + %d interrupted by a fault; server "
-      "restarts %d; workers fenced by a server stop %d; violations %d; harness errors "
-      "%d\n",
+      "restarts %d; workers fenced by a server stop %d; byzantine trainers refused and "
+      "exited %d; violations %d; harness errors %d\n",
       flags.runs, absl::ToDoubleMinutes(absl::Now() - started), runs_passed, faults,
       absl::StrJoin(kinds, " ").c_str(), recoveries, static_cast<long long>(steps_replayed),
-      interrupted, restarts, fenced_by_server_stop, violations, errors);
+      interrupted, restarts, fenced_by_server_stop, byzantine_refused, violations, errors);
   for (const std::string& note : network_notes) std::printf("%s\n", note.c_str());
   std::printf("RESULT chaos: runs=%d faults=%d recoveries=%d violations=%d\n", flags.runs, faults,
               recoveries, violations);

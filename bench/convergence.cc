@@ -366,6 +366,13 @@ struct RunResult {
   // Mean weight applied to the faulty trainer's syncs and to the others' (async policies).
   double faulty_weight = NAN;
   double healthy_weight = NAN;
+  // Center integrity (issue R9): the largest ||x - c|| of a sync over the median of the other
+  // live trainers' latest (what weighting.max_divergence_ratio bounds), for the faulty trainer
+  // and for the others; and the largest |value| of the center and snapshots (what
+  // weighting.max_abs_value bounds).
+  double max_ratio_faulty = 0;
+  double max_ratio_healthy = 0;
+  double max_abs = 0;
   double real_seconds = 0;
 };
 
@@ -417,6 +424,9 @@ class Run {
     result->kills = kills_;
     if (faulty_syncs_ > 0) result->faulty_weight = faulty_weight_sum_ / faulty_syncs_;
     if (healthy_syncs_ > 0) result->healthy_weight = healthy_weight_sum_ / healthy_syncs_;
+    result->max_ratio_faulty = max_ratio_faulty_;
+    result->max_ratio_healthy = max_ratio_healthy_;
+    if (centers_ != nullptr) result->max_abs = centers_->max_abs_seen(0);
     result->ok = true;
     return absl::OkStatus();
   }
@@ -592,6 +602,10 @@ class Run {
         RETURN_IF_ERROR(tr.model->stage(0).GetParams(absl::MakeSpan(x)));
         double applied = 1.0;
         auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+          if (const auto median = tracker_->PeerDivergenceMedian(slots_[r]); median.has_value()) {
+            double& max_ratio = r == faulty() ? max_ratio_faulty_ : max_ratio_healthy_;
+            max_ratio = std::max(max_ratio, norm / *median);
+          }
           const WeightInputs inputs = tracker_->OnSync(slots_[r], SimTime(now), version, norm);
           applied = inputs.weight();
           return applied;
@@ -696,6 +710,7 @@ class Run {
   int64_t syncs_ = 0;
   int64_t kills_ = 0;
   double faulty_weight_sum_ = 0, healthy_weight_sum_ = 0;
+  double max_ratio_faulty_ = 0, max_ratio_healthy_ = 0;
   int64_t faulty_syncs_ = 0, healthy_syncs_ = 0;
 };
 
@@ -887,12 +902,12 @@ int Main(int argc, char** argv) {
     std::printf(
         "%-34s final acc %.4f (2nd half %.4f)  to %.2f: %s s, %s steps  syncs %lld kills %lld  w "
         "faulty "
-        "%s others %s  (%.1f s real)\n",
+        "%s others %s  max ratio faulty %.2f others %.2f max |c| %.3g  (%.1f s real)\n",
         RunName(spec).c_str(), result.final_accuracy, result.late_accuracy, flags.target_value,
         Maybe(result.time_to_target, "%.2f").c_str(), Maybe(result.steps_to_target, "%.0f").c_str(),
         static_cast<long long>(result.syncs), static_cast<long long>(result.kills),
         Maybe(result.faulty_weight, "%.3f").c_str(), Maybe(result.healthy_weight, "%.3f").c_str(),
-        result.real_seconds);
+        result.max_ratio_faulty, result.max_ratio_healthy, result.max_abs, result.real_seconds);
     std::fflush(stdout);
     absl::StrAppendFormat(&runs_csv, "%d,%d,%s,%s,%d,%.5f,%.5f,%s,%s,%d,%d,%s,%s,%.2f\n",
                           spec.replicas, spec.tau, ScheduleName(spec.schedule),

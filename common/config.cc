@@ -287,6 +287,21 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.InOpenClosed("weighting.min_weight", weighting.min_weight(), 0.0, 1.0);
   c.Positive("weighting.fault_half_life_s", weighting.fault_half_life_s());
   c.InOpenClosed("weighting.fault_increment", weighting.fault_increment(), 0.0, 1.0);
+  // Center integrity bounds (issue R9): 0 turns a bound off; a ratio below 2 would refuse the
+  // ordinary spread of healthy trainers around their median.
+  if (weighting.max_divergence_ratio() != 0.0 &&
+      !(weighting.max_divergence_ratio() >= 2.0 &&
+        std::isfinite(weighting.max_divergence_ratio()))) {
+    c.Fail("weighting.max_divergence_ratio",
+           absl::StrCat("must be 0 (off) or a finite value >= 2, got ",
+                        weighting.max_divergence_ratio()));
+  }
+  if (weighting.max_abs_value() != 0.0 &&
+      !(weighting.max_abs_value() > 0.0 && weighting.max_abs_value() <= 3.4e38)) {
+    c.Fail("weighting.max_abs_value",
+           absl::StrCat("must be 0 (finite only) or in (0, 3.4e38], got ",
+                        weighting.max_abs_value()));
+  }
 
   if (job.scheduling() == SCHEDULING_UNSPECIFIED) {
     c.Fail("scheduling", "must be ASYNC or DETERMINISTIC");

@@ -32,6 +32,26 @@ void AdaHessianLoop(const AdaHessianScalars& scalars, const float* __restrict g,
   }
 }
 
+// The out-of-place loop of AdaHessianUpdateInto: the same per-element expression.
+template <int kPowerMode>
+void AdaHessianLoopInto(const AdaHessianScalars& scalars, const float* __restrict g,
+                        const float* __restrict d, const float* __restrict m_in,
+                        const float* __restrict v_in, const float* __restrict theta_in,
+                        float* __restrict m_out, float* __restrict v_out,
+                        float* __restrict theta_out, int64_t n) {
+  AdaHessianScalars s = scalars;
+  s.power_mode = kPowerMode;
+  for (int64_t i = 0; i < n; ++i) {
+    float mi = m_in[i];
+    float vi = v_in[i];
+    float ti = theta_in[i];
+    AdaHessianElement(s, g[i], d[i], &mi, &vi, &ti);
+    m_out[i] = mi;
+    v_out[i] = vi;
+    theta_out[i] = ti;
+  }
+}
+
 }  // namespace
 
 absl::Status ValidateAdaHessianConfig(const AdaHessianConfig& c) {
@@ -94,6 +114,37 @@ absl::Status AdaHessianUpdate(const AdaHessianScalars& s, absl::Span<const float
       break;
     default:
       AdaHessianLoop<2>(s, g.data(), d.data(), m.data(), v.data(), theta.data(), count);
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AdaHessianUpdateInto(const AdaHessianScalars& s, absl::Span<const float> g,
+                                  absl::Span<const float> d, absl::Span<const float> m_in,
+                                  absl::Span<const float> v_in, absl::Span<const float> theta_in,
+                                  absl::Span<float> m_out, absl::Span<float> v_out,
+                                  absl::Span<float> theta_out) {
+  const size_t n = theta_in.size();
+  if (g.size() != n || d.size() != n || m_in.size() != n || v_in.size() != n ||
+      m_out.size() != n || v_out.size() != n || theta_out.size() != n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AdaHessianUpdateInto: sizes differ (g %d, d %d, m %d/%d, v %d/%d, theta %d/%d)",
+        g.size(), d.size(), m_in.size(), m_out.size(), v_in.size(), v_out.size(), n,
+        theta_out.size()));
+  }
+  const int64_t count = static_cast<int64_t>(n);
+  switch (s.power_mode) {
+    case 0:
+      AdaHessianLoopInto<0>(s, g.data(), d.data(), m_in.data(), v_in.data(), theta_in.data(),
+                            m_out.data(), v_out.data(), theta_out.data(), count);
+      break;
+    case 1:
+      AdaHessianLoopInto<1>(s, g.data(), d.data(), m_in.data(), v_in.data(), theta_in.data(),
+                            m_out.data(), v_out.data(), theta_out.data(), count);
+      break;
+    default:
+      AdaHessianLoopInto<2>(s, g.data(), d.data(), m_in.data(), v_in.data(), theta_in.data(),
+                            m_out.data(), v_out.data(), theta_out.data(), count);
       break;
   }
   return absl::OkStatus();

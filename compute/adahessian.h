@@ -47,6 +47,17 @@ absl::Status AdaHessianUpdate(const AdaHessianScalars& s, absl::Span<const float
                               absl::Span<const float> d, absl::Span<float> m,
                               absl::Span<float> v, absl::Span<float> theta);
 
+// As AdaHessianUpdate, but out of place: reads m, v and theta from the *_in spans and writes the
+// results to the *_out spans, bit-identical to the in-place update. The inputs stay as they
+// were, so a caller can check the results before it keeps them (the server's center, issue R9).
+// REQUIRES: all spans have the same size (else INVALID_ARGUMENT and nothing changes); no output
+// overlaps another span.
+absl::Status AdaHessianUpdateInto(const AdaHessianScalars& s, absl::Span<const float> g,
+                                  absl::Span<const float> d, absl::Span<const float> m_in,
+                                  absl::Span<const float> v_in, absl::Span<const float> theta_in,
+                                  absl::Span<float> m_out, absl::Span<float> v_out,
+                                  absl::Span<float> theta_out);
+
 // A trainer's local AdaHessian step t on one tensor (§4.3), with gradient g and Hessian
 // diagonal estimate d (already block-averaged if configured; see BlockAverageRows):
 //   m <- beta1 m + (1 - beta1) g;   v <- beta2 v + (1 - beta2) d*d

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <tuple>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -21,6 +23,9 @@ namespace {
 // Elements per block of the fused update loop: a block of each array (64 KiB) stays in the
 // L2 cache between the block's steps.
 constexpr size_t kBlock = 16384;
+
+// The bound of values that need only be finite.
+constexpr float kFiniteOnly = std::numeric_limits<float>::max();
 
 // Sums of squares in a fixed order, so deterministic on a machine: float sums in 16 lanes over
 // blocks of kNormBlock elements, each block's sum added in double. The relative error stays
@@ -56,6 +61,69 @@ double SumOfSquares(const float* a, const float* b, size_t n) {
   return total;
 }
 
+// The first element of values[0, n) that is not finite or whose magnitude exceeds `limit`, or
+// -1. Raises *max_abs to the largest magnitude of the others. One branch-free pass (the values
+// are in cache: the caller just wrote them), a second only to find a refused element.
+int64_t FirstOutOfBounds(const float* values, size_t n, float limit, float* max_abs) {
+  float largest = *max_abs;
+  int bad = 0;
+  size_t i = 0;
+#if defined(__SSE2__)
+  // Explicit lanes: without -ffast-math the compiler keeps a float max reduction scalar, which
+  // made this check cost 8x the elastic kernel it follows. 4 x 4 lanes break the dependency.
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  const __m128 bound = _mm_set1_ps(limit);
+  __m128 top[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  __m128 out = _mm_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    for (int k = 0; k < 4; ++k) {
+      const __m128 a = _mm_and_ps(_mm_loadu_ps(values + i + 4 * k), abs_mask);
+      top[k] = _mm_max_ps(top[k], a);
+      out = _mm_or_ps(out, _mm_cmpnle_ps(a, bound));  // !(a <= bound): also NaN
+    }
+  }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, _mm_max_ps(_mm_max_ps(top[0], top[1]), _mm_max_ps(top[2], top[3])));
+  for (float lane : lanes) largest = lane > largest ? lane : largest;
+  bad |= _mm_movemask_ps(out);
+#endif
+  for (; i < n; ++i) {
+    const float a = std::fabs(values[i]);
+    largest = a > largest ? a : largest;
+    bad |= !(a <= limit);
+  }
+  *max_abs = largest;
+  if (bad == 0) return -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(std::fabs(values[i]) <= limit)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// INVALID_ARGUMENT for an update whose result `what` would hold `value` at packed index `index`:
+// names the tensor (id and name), the element within it, the value, the inputs there and the
+// bound.
+absl::Status RefusedResult(const compute::StageLayout& layout, int stage, const char* what,
+                           int64_t index, float value, float limit, const std::string& inputs) {
+  std::string tensor = "?";
+  int64_t element = index;
+  for (const compute::TensorInfo& info : layout.tensors()) {
+    if (index >= info.packed_offset && index < info.packed_offset + info.size()) {
+      tensor = absl::StrCat(info.id, " (", info.name, ")");
+      element = index - info.packed_offset;
+      break;
+    }
+  }
+  const std::string bound =
+      limit >= std::numeric_limits<float>::max()
+          ? std::string("finite")
+          : absl::StrCat("finite with |value| <= ", limit, " (weighting.max_abs_value)");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "refused: the update would make ", what, " of stage ", stage, " hold ", value,
+      " at tensor id ", tensor, " element ", element, " (", inputs, "); every value must be ",
+      bound, "; nothing was changed"));
+}
+
 }  // namespace
 
 double Distance(absl::Span<const float> a, absl::Span<const float> b) {
@@ -68,6 +136,10 @@ double Norm(absl::Span<const float> a) {
 
 absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig& job) {
   std::unique_ptr<CenterTable> table(new CenterTable());
+  const double max_abs = job.weighting().max_abs_value();
+  table->max_abs_value_ = max_abs > 0.0 && max_abs < std::numeric_limits<float>::max()
+                              ? static_cast<float>(max_abs)
+                              : std::numeric_limits<float>::max();
   const std::vector<int> starts = StageLayerStarts(job);
   for (size_t s = 0; s + 1 < starts.size(); ++s) {
     ASSIGN_OR_RETURN(compute::StageLayout layout,
@@ -143,6 +215,9 @@ absl::StatusOr<int64_t> CenterTable::ElasticSync(int stage, absl::Span<const flo
   s.spare.resize(n);
   // One pass in cache-sized blocks: the worker's pull toward c_before and the center's move.
   // The kernels are element-wise, so blocks give the same bits as whole-vector calls.
+  // Each block's results are checked while in cache; a refused one returns before the commit,
+  // with the center as it was (the spare buffer is scratch).
+  float max_abs = s.max_abs_seen;
   for (size_t begin = 0; begin < n; begin += kBlock) {
     const size_t len = std::min(kBlock, n - begin);
     const absl::Span<const float> before = absl::MakeConstSpan(s.center).subspan(begin, len);
@@ -152,9 +227,21 @@ absl::StatusOr<int64_t> CenterTable::ElasticSync(int stage, absl::Span<const flo
     RETURN_IF_ERROR(compute::ElasticPullWorker(alpha, before, after));
     std::memcpy(moved.data(), before.data(), len * sizeof(float));
     RETURN_IF_ERROR(compute::ElasticMoveCenter(alpha, w, x.subspan(begin, len), moved));
+    for (const auto& [values, what] : {std::pair<const float*, const char*>{moved.data(),
+                                                                            "the center"},
+                                       {after.data(), "the worker's post-sync snapshot"}}) {
+      const int64_t bad = FirstOutOfBounds(values, len, max_abs_value_, &max_abs);
+      if (bad >= 0) {
+        const size_t i = begin + static_cast<size_t>(bad);
+        return RefusedResult(s.layout, stage, what, static_cast<int64_t>(i), values[bad],
+                             max_abs_value_,
+                             absl::StrCat("x = ", x[i], ", c = ", s.center[i], ", weight ", w));
+      }
+    }
   }
   RETURN_IF_ERROR(commit(s.version + 1, s.spare, worker_after, s.center));
   s.center.swap(s.spare);
+  s.max_abs_seen = max_abs;
   return ++s.version;
 }
 
@@ -180,19 +267,52 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
     return absl::InvalidArgumentError(absl::StrCat("weight must be in [0, 1], got ", w));
   }
   const int64_t t = s.opt_step + 1;
-  // In place, at the kernel's speed: no copy of c, m and v is kept to roll back to. Should the
-  // commit fail, the stage no longer matches its durable state and refuses all work until the
-  // server restarts and reloads that state (a commit failure means the store is failing).
-  RETURN_IF_ERROR(compute::ServerAdaHessianApply(config, w, t, g, d, absl::MakeSpan(s.m),
-                                                 absl::MakeSpan(s.v), absl::MakeSpan(s.center)));
-  absl::Status committed = commit(s.version + 1, s.center, t, s.m, s.v);
+  if (t < 1) return absl::InvalidArgumentError(absl::StrCat("optimizer step ", t, " < 1"));
+  const compute::AdaHessianScalars scalars = compute::MakeAdaHessianScalars(config, t, w);
+  // Out of place into the spare buffers, in cache-sized blocks, each block's results checked
+  // while in cache: a refused push returns with c, m and v as they were.
+  s.spare.resize(n);
+  s.spare_m.resize(n);
+  s.spare_v.resize(n);
+  float max_abs = s.max_abs_seen;
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t len = std::min(kBlock, n - begin);
+    RETURN_IF_ERROR(compute::AdaHessianUpdateInto(
+        scalars, g.subspan(begin, len), d.subspan(begin, len),
+        absl::MakeConstSpan(s.m).subspan(begin, len), absl::MakeConstSpan(s.v).subspan(begin, len),
+        absl::MakeConstSpan(s.center).subspan(begin, len),
+        absl::MakeSpan(s.spare_m).subspan(begin, len),
+        absl::MakeSpan(s.spare_v).subspan(begin, len),
+        absl::MakeSpan(s.spare).subspan(begin, len)));
+    float unbounded = 0.0f;  // m and v need only be finite
+    for (const auto& [values, what, limit, seen] :
+         {std::tuple<const float*, const char*, float, float*>{
+              s.spare.data() + begin, "the center", max_abs_value_, &max_abs},
+          {s.spare_m.data() + begin, "the center's AdaHessian m", kFiniteOnly, &unbounded},
+          {s.spare_v.data() + begin, "the center's AdaHessian v", kFiniteOnly, &unbounded}}) {
+      const int64_t bad = FirstOutOfBounds(values, len, limit, seen);
+      if (bad >= 0) {
+        const size_t i = begin + static_cast<size_t>(bad);
+        return RefusedResult(
+            s.layout, stage, what, static_cast<int64_t>(i), values[bad], limit,
+            absl::StrCat("g = ", g[i], ", D = ", d[i], ", c = ", s.center[i], ", m = ", s.m[i],
+                         ", v = ", s.v[i], ", weight ", w));
+      }
+    }
+  }
+  absl::Status committed = commit(s.version + 1, s.spare, t, s.spare_m, s.spare_v);
   if (!committed.ok()) {
+    // The store is failing (its batch is atomic, so memory still matches it), which needs the
+    // operator: the stage refuses work until the server restarts and reloads its durable state.
     s.lost = absl::UnavailableError(absl::StrCat(
-        "stage ", stage, " applied a push in memory whose durable commit failed (",
-        committed.message(), "); it refuses work until the server restarts and reloads its "
-        "durable state"));
+        "stage ", stage, " could not commit a push (", committed.message(),
+        "); it refuses work until the server restarts and reloads its durable state"));
     return committed;
   }
+  s.center.swap(s.spare);
+  s.m.swap(s.spare_m);
+  s.v.swap(s.spare_v);
+  s.max_abs_seen = max_abs;
   s.opt_step = t;
   return ++s.version;
 }
@@ -202,6 +322,12 @@ absl::StatusOr<std::pair<std::vector<float>, int64_t>> CenterTable::Read(int sta
   absl::MutexLock lock(&s.mu);
   RETURN_IF_ERROR(s.lost);
   return std::make_pair(s.center, s.version);
+}
+
+float CenterTable::max_abs_seen(int stage) const {
+  const Stage& s = *stages_[stage];
+  absl::MutexLock lock(&s.mu);
+  return s.max_abs_seen;
 }
 
 int64_t CenterTable::version(int stage) const {

@@ -9,6 +9,13 @@
 // commit's error, so an update is acknowledged only once durable: an elastic move is rolled
 // back; an AdaHessian apply (in place) leaves the stage refusing work until Restore.
 //
+// Integrity (issue R9). Every value an update would produce is checked before anything is
+// committed or swapped in: the new center and the worker's post-sync snapshot (ElasticSync), and
+// the new center with its m and v (ApplyAdaHessian). A value that is not finite, or (center and
+// snapshot) whose magnitude exceeds the job's weighting.max_abs_value, makes the call return
+// INVALID_ARGUMENT naming the tensor, the element and the value, with the stage exactly as it
+// was (center, version, m, v; the commit is not called).
+//
 // Parameters travel as TensorBundles with one FLOAT32 tensor per model tensor, in ascending
 // global tensor id order (compute/model_layout.h), exactly the shapes of the stage's layout.
 
@@ -67,18 +74,19 @@ class CenterTable {
 
   // §4.4: c <- c + alpha w (x - c). Writes the worker's post-sync parameters
   // x - alpha (x - c_before) to `worker_after` (its snapshot; a caller-owned buffer of the
-  // stage's packed size), commits, and returns the new version. On a weight or commit error
-  // the center is unchanged. REQUIRES: x validated for `stage`.
+  // stage's packed size), checks the results (see Integrity above), commits, and returns the
+  // new version. On a weight, integrity or commit error the center is unchanged.
+  // REQUIRES: x validated for `stage`.
   absl::StatusOr<int64_t> ElasticSync(int stage, absl::Span<const float> x, double alpha,
                                       const WeightFn& weight, const CommitFn& commit,
                                       absl::Span<float> worker_after);
 
-  // §4.6: the weighted AdaHessian apply of (g, D) on the center, in place; returns the new
-  // version. If `commit` fails, the in-memory stage no longer matches its durable state: the
-  // call returns the commit's error and the stage refuses every later call (UNAVAILABLE, "...
-  // refuses work until the server restarts ...") until Restore. No copies are kept to roll
-  // back to: this runs once per push of every trainer, and a failing commit means a failing
-  // store, which needs the operator anyway. REQUIRES: validated inputs.
+  // §4.6: the weighted AdaHessian apply of (g, D) on the center; returns the new version. The
+  // results are computed into spare buffers and checked (see Integrity above) before they are
+  // committed and swapped in, so a refused push changes nothing. If `commit` fails, the call
+  // returns the commit's error and the stage refuses every later call (UNAVAILABLE, "...
+  // refuses work until the server restarts ...") until Restore: a failing commit means a
+  // failing store, which needs the operator. REQUIRES: validated inputs.
   using OptCommitFn = std::function<absl::Status(
       int64_t version, absl::Span<const float> center, int64_t opt_step,
       absl::Span<const float> m, absl::Span<const float> v)>;
@@ -89,6 +97,13 @@ class CenterTable {
   // The center of `stage` and its version; the stage's UNAVAILABLE if it was lost.
   absl::StatusOr<std::pair<std::vector<float>, int64_t>> Read(int stage) const;
   int64_t version(int stage) const;
+
+  // The largest |value| of the center and snapshots that the stage's accepted updates produced
+  // (0 before the first), to compare with weighting.max_abs_value.
+  float max_abs_seen(int stage) const;
+  // The bound the integrity check applies to center and snapshot values (FLT_MAX when
+  // weighting.max_abs_value is 0: finite only).
+  float max_abs_value() const { return max_abs_value_; }
 
   // OK, or the status of the first stage that refuses work after a failed commit (the server
   // then reports NOT_SERVING so that its supervisor restarts it).
@@ -111,6 +126,11 @@ class CenterTable {
     // Center AdaHessian state (mode ASYNC_ADAHESSIAN), packed layout; empty until first push.
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
+    // Where ApplyAdaHessian writes the new m and v (the new center goes to `spare`), so that
+    // they are checked before they are swapped in; allocated at the first push.
+    std::vector<float> spare_m ABSL_GUARDED_BY(mu);
+    std::vector<float> spare_v ABSL_GUARDED_BY(mu);
+    float max_abs_seen ABSL_GUARDED_BY(mu) = 0.0f;
     int64_t opt_step ABSL_GUARDED_BY(mu) = 0;
     // Not OK once an in-place update could not be committed (ApplyAdaHessian): the stage
     // refuses all work with this status until Restore.
@@ -119,6 +139,7 @@ class CenterTable {
 
   CenterTable() = default;
 
+  float max_abs_value_ = 0.0f;
   std::vector<std::unique_ptr<Stage>> stages_;
 };
 

@@ -33,37 +33,54 @@ double ReliabilityTracker::Weight(double fault, double staleness, double latenes
   return std::clamp(w, config_.min_weight(), 1.0);
 }
 
-WeightInputs ReliabilityTracker::OnSync(const SlotId& slot, absl::Time now, int64_t center_version,
-                                        double divergence_norm) {
-  absl::MutexLock lock(&mu_);
-  SlotState& state = slots_[KeyOf(slot)];
+ReliabilityTracker::SlotState ReliabilityTracker::AfterSync(SlotState state, absl::Time now,
+                                                           int64_t center_version,
+                                                           double divergence_norm) {
   state.live = true;
-
-  double staleness = 1.0;
-  double lateness = 1.0;
   if (state.synced) {
-    if (replicas_ > 1) {
-      const int64_t by_others = std::max<int64_t>(0, center_version - state.version_after_last_sync);
-      staleness = static_cast<double>(by_others) / (replicas_ - 1);
-    }
     state.last_interval = now - state.last_sync;
     state.has_interval = true;
   }
   state.last_divergence = divergence_norm;
   state.has_divergence = true;
+  state.synced = true;
+  state.last_sync = now;
+  state.version_after_last_sync = center_version + 1;
+  return state;
+}
 
-  // Compared with the live slots of the same stage (the other replicas): in a pipeline each stage
-  // has its own center, parameter count and pace.
+WeightInputs ReliabilityTracker::MeasureLocked(const SlotId& slot, absl::Time now,
+                                               int64_t center_version,
+                                               double divergence_norm) const {
+  const Key key = KeyOf(slot);
+  auto found = slots_.find(key);
+  const SlotState before = found == slots_.end() ? SlotState() : found->second;
+  const SlotState after = AfterSync(before, now, center_version, divergence_norm);
+
+  double staleness = 1.0;
+  double lateness = 1.0;
+  if (before.synced && replicas_ > 1) {
+    const int64_t by_others = std::max<int64_t>(0, center_version - before.version_after_last_sync);
+    staleness = static_cast<double>(by_others) / (replicas_ - 1);
+  }
+
+  // Compared with the live slots of the same stage (the other replicas), this one as it is after
+  // the sync: in a pipeline each stage has its own center, parameter count and pace.
   std::vector<double> intervals;
   std::vector<double> divergences;
-  for (const auto& [key, other] : slots_) {
-    if (!other.live || key.second != slot.stage()) continue;
+  auto add = [&](const SlotState& other) {
+    if (!other.live) return;
     if (other.has_interval) intervals.push_back(absl::ToDoubleSeconds(other.last_interval));
     if (other.has_divergence) divergences.push_back(other.last_divergence);
+  };
+  for (const auto& [other_key, other] : slots_) {
+    if (other_key.second != slot.stage() || other_key == key) continue;
+    add(other);
   }
-  if (state.has_interval && !intervals.empty()) {
+  add(after);
+  if (after.has_interval && !intervals.empty()) {
     const double median = Median(intervals);
-    if (median > 0.0) lateness = absl::ToDoubleSeconds(state.last_interval) / median;
+    if (median > 0.0) lateness = absl::ToDoubleSeconds(after.last_interval) / median;
   }
   double divergence = 1.0;
   const double median_divergence = Median(divergences);
@@ -71,19 +88,52 @@ WeightInputs ReliabilityTracker::OnSync(const SlotId& slot, absl::Time now, int6
     divergence = divergence_norm / median_divergence;
   }
 
-  state.synced = true;
-  state.last_sync = now;
-  state.version_after_last_sync = center_version + 1;
-
-  const double fault = DecayedFault(state, now);
+  const double fault = DecayedFault(before, now);
   WeightInputs inputs;
   inputs.set_staleness(staleness);
   inputs.set_lateness(lateness);
   inputs.set_divergence(divergence);
   inputs.set_fault_score(fault);
   inputs.set_weight(Weight(fault, staleness, lateness, divergence));
+  return inputs;
+}
+
+WeightInputs ReliabilityTracker::Measure(const SlotId& slot, absl::Time now,
+                                         int64_t center_version, double divergence_norm) const {
+  absl::MutexLock lock(&mu_);
+  return MeasureLocked(slot, now, center_version, divergence_norm);
+}
+
+void ReliabilityTracker::Record(const SlotId& slot, absl::Time now, int64_t center_version,
+                                double divergence_norm, const WeightInputs& inputs) {
+  absl::MutexLock lock(&mu_);
+  SlotState& state = slots_[KeyOf(slot)];
+  state = AfterSync(state, now, center_version, divergence_norm);
+  state.inputs = inputs;
+}
+
+WeightInputs ReliabilityTracker::OnSync(const SlotId& slot, absl::Time now, int64_t center_version,
+                                        double divergence_norm) {
+  absl::MutexLock lock(&mu_);
+  const WeightInputs inputs = MeasureLocked(slot, now, center_version, divergence_norm);
+  SlotState& state = slots_[KeyOf(slot)];
+  state = AfterSync(state, now, center_version, divergence_norm);
   state.inputs = inputs;
   return inputs;
+}
+
+std::optional<double> ReliabilityTracker::PeerDivergenceMedian(const SlotId& slot) const {
+  absl::MutexLock lock(&mu_);
+  const Key key = KeyOf(slot);
+  std::vector<double> divergences;
+  for (const auto& [other_key, other] : slots_) {
+    if (other_key.second != slot.stage() || other_key == key) continue;
+    if (other.live && other.has_divergence) divergences.push_back(other.last_divergence);
+  }
+  if (divergences.empty()) return std::nullopt;
+  const double median = Median(divergences);
+  if (!(median > 0.0)) return std::nullopt;
+  return median;
 }
 
 void ReliabilityTracker::OnFault(const SlotId& slot, absl::Time now) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
@@ -42,6 +43,21 @@ class ReliabilityTracker {
   // weight to apply with its inputs.
   WeightInputs OnSync(const SlotId& slot, absl::Time now, int64_t center_version,
                       double divergence_norm);
+
+  // OnSync in two halves, for a caller that may still refuse the sync after its weight is known
+  // (the server's integrity checks, issue R9): Measure returns what OnSync would return and
+  // changes nothing; Record then stores that measurement. Measure + Record with the same
+  // arguments (and no other sync of the stage in between) is OnSync.
+  WeightInputs Measure(const SlotId& slot, absl::Time now, int64_t center_version,
+                       double divergence_norm) const;
+  void Record(const SlotId& slot, absl::Time now, int64_t center_version,
+              double divergence_norm, const WeightInputs& inputs);
+
+  // The median of the latest divergence norms of the stage's other live trainers (`slot` itself
+  // left out, so that a sender cannot raise its own reference); nullopt when no other live
+  // trainer of the stage has one, or their median is 0. The center-integrity bound
+  // weighting.max_divergence_ratio applies to a norm over it. Changes nothing.
+  std::optional<double> PeerDivergenceMedian(const SlotId& slot) const;
 
   // A failure, recovery or missed deadline of `slot`: raises its fault score.
   void OnFault(const SlotId& slot, absl::Time now);
@@ -75,6 +91,11 @@ class ReliabilityTracker {
 
   static Key KeyOf(const SlotId& slot) { return {slot.replica(), slot.stage()}; }
   double DecayedFault(const SlotState& state, absl::Time now) const;
+  // The slot's state after a sync measured at `now` (OnSync's changes, without the inputs).
+  static SlotState AfterSync(SlotState state, absl::Time now, int64_t center_version,
+                             double divergence_norm);
+  WeightInputs MeasureLocked(const SlotId& slot, absl::Time now, int64_t center_version,
+                             double divergence_norm) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Weight(double fault, double staleness, double lateness, double divergence) const;
   WeightRecord RecordLocked(const Key& key, const SlotState& state, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -89,6 +89,10 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
        [](const SlotStatus& x) { return static_cast<double>(x.logged_step()); }},
       {"rebound_slot_updates", "Syncs or pushes of the slot applied to the center.",
        [](const SlotStatus& x) { return static_cast<double>(x.update_count()); }},
+      {"rebound_slot_refused_updates",
+       "Syncs or pushes of the slot refused as its sender's fault (malformed, non-finite, or "
+       "breaking the center's integrity) since the server started.",
+       [](const SlotStatus& x) { return static_cast<double>(x.refused_updates()); }},
       {"rebound_slot_weight", "The slot's reliability weight (DESIGN §4.5).",
        [](const SlotStatus& x) { return x.weight().weight(); }},
       {"rebound_slot_staleness", "Weight input: normalized staleness at the last update.",
@@ -135,6 +139,23 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
   for (const CenterStatus& c : s.centers()) {
     w->Sample("rebound_center_version", {{"stage", absl::StrCat(c.stage())}},
               static_cast<double>(c.version()));
+  }
+  w->Family("rebound_center_max_abs_value",
+            "The largest |value| of the center and snapshots that accepted updates produced since "
+            "the server started (bound: weighting.max_abs_value).",
+            "gauge");
+  for (const CenterStatus& c : s.centers()) {
+    w->Sample("rebound_center_max_abs_value", {{"stage", absl::StrCat(c.stage())}},
+              c.max_abs_value());
+  }
+  w->Family("rebound_center_max_divergence_ratio",
+            "The largest ||x - c|| (||g||) of an accepted update over the median of the stage's "
+            "other live trainers' since the server started (bound: "
+            "weighting.max_divergence_ratio).",
+            "gauge");
+  for (const CenterStatus& c : s.centers()) {
+    w->Sample("rebound_center_max_divergence_ratio", {{"stage", absl::StrCat(c.stage())}},
+              c.max_divergence_ratio());
   }
 
   std::map<std::pair<std::string, std::string>, int> recoveries;

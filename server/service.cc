@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +190,52 @@ absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64
         " (slot ", SlotName(slot), " last synced step ", last, "), got ", step));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> ParameterServerService::DivergenceRatio(const SlotId& slot, double norm,
+                                                               const char* what) const {
+  const std::optional<double> median = tracker_->PeerDivergenceMedian(slot);
+  if (!median.has_value()) return 0.0;  // no other live trainer measured yet: nothing to compare
+  const double ratio = norm / *median;
+  const double bound = job_.weighting().max_divergence_ratio();
+  if (bound > 0.0 && !(ratio <= bound)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refused: slot ", SlotName(slot), " sent ", what, " = ", norm, ", ", ratio,
+        " times the median of the stage's other live trainers (", *median,
+        "); the bound is weighting.max_divergence_ratio = ", bound, "; nothing was changed"));
+  }
+  return ratio;
+}
+
+std::string ParameterServerService::IntegritySummary(int stage) const {
+  double max_ratio = 0;
+  {
+    absl::MutexLock lock(&book_mu_);
+    auto found = max_divergence_ratio_.find(stage);
+    if (found != max_divergence_ratio_.end()) max_ratio = found->second;
+  }
+  const double ratio_bound = job_.weighting().max_divergence_ratio();
+  const double abs_bound = job_.weighting().max_abs_value();
+  return absl::StrCat(
+      "center integrity of stage ", stage, " so far: max |value| ", centers_->max_abs_seen(stage),
+      abs_bound > 0 ? absl::StrCat(" (", centers_->max_abs_seen(stage) / abs_bound,
+                                   " of weighting.max_abs_value ", abs_bound, ")")
+                    : std::string(" (weighting.max_abs_value off)"),
+      ", max divergence ratio ", max_ratio,
+      ratio_bound > 0 ? absl::StrCat(" (", max_ratio / ratio_bound,
+                                     " of weighting.max_divergence_ratio ", ratio_bound, ")")
+                      : std::string(" (weighting.max_divergence_ratio off)"));
+}
+
+void ParameterServerService::OnRefused(const SlotId& slot, const char* what,
+                                       const absl::Status& status) {
+  tracker_->OnFault(slot, clock_->Now());
+  {
+    absl::MutexLock lock(&book_mu_);
+    ++refused_[{slot.replica(), slot.stage()}];
+  }
+  LOG(WARNING) << "refused " << what << " of slot " << SlotName(slot)
+               << " (a fault of its worker): " << status;
 }
 
 WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
@@ -417,8 +464,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   absl::Status valid = centers_->ValidateBundle(stage, request->params(), "params");
   if (!valid.ok()) {
     // Non-finite or malformed parameters are the sender's fault: they count against it.
-    tracker_->OnFault(slot, clock_->Now());
-    LOG(WARNING) << "rejected sync of slot " << SlotName(slot) << ": " << valid;
+    OnRefused(slot, "sync", valid);
     return ToGrpcStatus(valid);
   }
   const OptimizerState& optimizer = request->optimizer();
@@ -429,8 +475,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     if (bundle->tensors_size() == 0) continue;
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
       // So is a malformed or non-finite optimizer state (it becomes the slot's snapshot).
-      tracker_->OnFault(slot, clock_->Now());
-      LOG(WARNING) << "rejected sync of slot " << SlotName(slot) << ": " << ok;
+      OnRefused(slot, "sync", ok);
       return ToGrpcStatus(ok);
     }
   }
@@ -443,6 +488,12 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   const double alpha = EffectiveMovingRate(job_);
   WeightInputs inputs;
   SlotBook updated;
+  // The measurement is recorded in the tracker only when the sync commits (a refused sync
+  // leaves no trace but its fault).
+  absl::Time measured_at;
+  int64_t measured_version = 0;
+  double measured_norm = 0;
+  double ratio = 0;
   auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
     // Checked again under the stage lock: the sync may have waited (its DETERMINISTIC turn, the
     // lock) while its sender was declared failed; a fenced worker never writes again.
@@ -452,7 +503,11 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     if (request->step() <= book.last_update_step) {
       return absl::AlreadyExistsError(absl::StrCat(book.last_update_step));
     }
-    inputs = tracker_->OnSync(slot, clock_->Now(), version, norm);
+    ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||x - c||"));
+    measured_at = clock_->Now();
+    measured_version = version;
+    measured_norm = norm;
+    inputs = tracker_->Measure(slot, measured_at, version, norm);
     updated = book;
     updated.last_update_step = request->step();
     updated.update_count = book.update_count + 1;
@@ -487,6 +542,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
       if (current.ok()) replaced = *std::move(current);
     }
     updated.log_floor = gc_step;
+    tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     storage::WriteBatch batch;
     AddSyncToBatch(layout, slot, *request, version, center, worker_after,
                    WeightRecordFor(slot, updated), &batch, gc_step);
@@ -494,6 +550,8 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
       RETURN_IF_ERROR(store_->Commit(batch));
       absl::MutexLock lock(&book_mu_);
       books_[{slot.replica(), slot.stage()}] = updated;
+      double& max_ratio = max_divergence_ratio_[slot.stage()];
+      max_ratio = std::max(max_ratio, ratio);
       return absl::OkStatus();
     }));
     if (replaced.has_value()) {
@@ -531,12 +589,19 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     response->set_weight(tracker_->Current(slot, clock_->Now()).weight());
     return grpc::Status::OK;
   }
+  if (!result.ok() && result.status().code() == absl::StatusCode::kInvalidArgument) {
+    // Refused by the integrity checks (its result, or its distance from the center): nothing
+    // was changed, and the sender is charged with a fault.
+    OnRefused(slot, "sync", result.status());
+    return ToGrpcStatus(result.status());
+  }
   if (!result.ok()) {
     LOG(ERROR) << "sync of slot " << SlotName(slot) << " failed: " << result.status();
     return ToGrpcStatus(result.status());
   }
   if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
-    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step();
+    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step() << "; "
+              << IntegritySummary(stage);
   }
   if (absl::Status barrier = WaitAtBarrier(slot, request->step(), checkpoint_epoch);
       !barrier.ok()) {
@@ -574,8 +639,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
        {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
         {&request->hessian_diag(), "hessian_diag"}}) {
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      tracker_->OnFault(slot, clock_->Now());
-      LOG(WARNING) << "rejected push of slot " << SlotName(slot) << ": " << ok;
+      OnRefused(slot, "push", ok);
       return ToGrpcStatus(ok);
     }
   }
@@ -584,6 +648,10 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   WeightInputs inputs;
   SlotBook updated;
   uint64_t applied = 0;
+  absl::Time measured_at;
+  int64_t measured_version = 0;
+  double measured_norm = 0;
+  double ratio = 0;
   auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     absl::MutexLock lock(&book_mu_);
@@ -597,7 +665,11 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
           absl::StrCat("push sequence ", request->sequence(), " of slot ", SlotName(slot),
                        " skips ahead: the next one is ", book.applied_sequence + 1));
     }
-    inputs = tracker_->OnSync(slot, clock_->Now(), version, norm);
+    ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||g||"));
+    measured_at = clock_->Now();
+    measured_version = version;
+    measured_norm = norm;
+    inputs = tracker_->Measure(slot, measured_at, version, norm);
     updated = book;
     updated.applied_sequence = request->sequence();
     updated.last_update_step = request->step();
@@ -624,10 +696,13 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     compute::AppendTensorViews(layout, m, &opt_data);
     compute::AppendTensorViews(layout, v, &opt_data);
     batch.PutCenterOpt(opt, std::move(opt_data));
+    tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     batch.PutWeight(WeightRecordFor(slot, updated));
     RETURN_IF_ERROR(store_->Commit(batch));
     absl::MutexLock lock(&book_mu_);
     books_[{slot.replica(), slot.stage()}] = updated;
+    double& max_ratio = max_divergence_ratio_[slot.stage()];
+    max_ratio = std::max(max_ratio, ratio);
     return absl::OkStatus();
   };
   auto version = centers_->ApplyAdaHessian(stage, g, d, job_.adahessian(), weight, commit);
@@ -638,8 +713,15 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     response->set_weight(tracker_->Current(slot, clock_->Now()).weight());
     return grpc::Status::OK;
   }
+  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
+    OnRefused(slot, "push", version.status());
+    return ToGrpcStatus(version.status());
+  }
   if (!version.ok()) return ToGrpcStatus(version.status());
-  membership_->RecordProgress(slot, request->step(), job_.training().max_steps());
+  if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
+    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step() << "; "
+              << IntegritySummary(stage);
+  }
   response->set_applied(true);
   response->set_applied_sequence(request->sequence());
   response->set_center_version(*version);
@@ -733,6 +815,8 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     const SlotBook& book = books_[{slot.slot().replica(), slot.slot().stage()}];
     slot.set_snapshot_step(book.last_update_step);
     slot.set_update_count(book.update_count);
+    auto refused = refused_.find({slot.slot().replica(), slot.slot().stage()});
+    slot.set_refused_updates(refused != refused_.end() ? refused->second : 0);
     slot.set_logged_step(step_log_->LoggedStep(slot.slot()));
   }
   const StepLogStats log = step_log_->stats();
@@ -748,6 +832,10 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     center->set_stage(s);
     center->set_version(centers_->version(s));
     center->set_parameter_count(centers_->layout(s).packed_size());
+    center->set_max_abs_value(centers_->max_abs_seen(s));
+    absl::MutexLock lock(&book_mu_);
+    auto ratio = max_divergence_ratio_.find(s);
+    center->set_max_divergence_ratio(ratio != max_divergence_ratio_.end() ? ratio->second : 0.0);
   }
   absl::MutexLock lock(&eval_mu_);
   if (has_eval_) {

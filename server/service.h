@@ -142,6 +142,16 @@ class ParameterServerService final : public ParameterServer::Service {
   // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
   absl::Status WaitForTurn(const SlotId& slot);
   WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
+  // Center integrity (issue R9): `norm` (||x - c|| of a sync, ||g|| of a push: `what`) over the
+  // median of the stage's other live trainers' latest ones (0 when there are none to compare
+  // with); INVALID_ARGUMENT when it exceeds weighting.max_divergence_ratio. Changes nothing.
+  absl::StatusOr<double> DivergenceRatio(const SlotId& slot, double norm, const char* what) const;
+  // A sync or push refused as the sender's fault (malformed, non-finite, or one whose result
+  // would break the center's integrity): a fault of its worker, counted per slot for status.
+  void OnRefused(const SlotId& slot, const char* what, const absl::Status& status);
+  // "center integrity of stage s so far: max |value| ... (r of the bound), max divergence ratio
+  // ... (r of the bound)", for the log line of a finished slot.
+  std::string IntegritySummary(int stage) const;
   // Pipelines (DESIGN §5.2): the oldest last-sync step over the recovery group of `slot`, with
   // the slot's own taken as `own_step` (< 0: its book's). A group rebuild replays from there, so
   // the group's logs are kept back to it. The slot's own step when it is alone in its group.
@@ -178,6 +188,10 @@ class ParameterServerService final : public ParameterServer::Service {
 
   mutable absl::Mutex book_mu_;
   std::map<SlotKey, SlotBook> books_ ABSL_GUARDED_BY(book_mu_);
+  // Center integrity (memory only, since the server started): syncs and pushes refused per
+  // slot, and per stage the largest divergence ratio (DivergenceRatio) an accepted one had.
+  std::map<SlotKey, int64_t> refused_ ABSL_GUARDED_BY(book_mu_);
+  std::map<int, double> max_divergence_ratio_ ABSL_GUARDED_BY(book_mu_);
   // Members of multi-stage recovery groups: the snapshot each one's last sync replaced (memory
   // only: after a server restart a group whose members' snapshots differ waits for its next
   // common round; docs/recovery.md).

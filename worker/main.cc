@@ -45,6 +45,10 @@ DEFINE_uint64(fault_label_permutation_seed, 0,
               "testing only: permute this trainer's labels with a permutation from this seed");
 DEFINE_int64(fault_reset_every_steps, 0,
              "testing only: restart this trainer from fresh random parameters every N steps");
+DEFINE_int64(fault_poison_from_step, 0,
+             "testing only: a byzantine trainer; its syncs (pushes) from this step on carry "
+             "+-fault_poison_value in every element");
+DEFINE_double(fault_poison_value, 3.4e38, "testing only: see fault_poison_from_step");
 
 namespace rebound::worker {
 namespace {
@@ -223,6 +227,8 @@ int Run() {
       InjectedFaults faults;
       faults.label_permutation_seed = FLAGS_fault_label_permutation_seed;
       faults.reset_every_steps = FLAGS_fault_reset_every_steps;
+      faults.poison_from_step = FLAGS_fault_poison_from_step;
+      faults.poison_value = static_cast<float>(FLAGS_fault_poison_value);
       work = RunTrainer(config, registration, channel, &agent, stop, faults, nullptr,
                         &pipeline_port);
       if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";

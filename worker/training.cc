@@ -32,6 +32,28 @@
 namespace rebound::worker {
 namespace {
 
+// Fault injection, a byzantine trainer: from step faults.poison_from_step on, `values` become
+// +value, -value, +value, ... (returns whether it did).
+bool MaybePoison(const InjectedFaults& faults, int64_t t, std::vector<float>* values) {
+  if (faults.poison_from_step <= 0 || t < faults.poison_from_step) return false;
+  for (size_t i = 0; i < values->size(); ++i) {
+    (*values)[i] = i % 2 == 0 ? faults.poison_value : -faults.poison_value;
+  }
+  LOG(WARNING) << "FAULT INJECTION: poisoned update at step " << t << " (every value +-"
+               << faults.poison_value << ")";
+  return true;
+}
+
+// The trainer's end when the server refuses its update as invalid (malformed, non-finite, or
+// breaking the center's integrity): retrying would send the same state again, so it stops.
+absl::Status RefusedUpdate(const char* what, int64_t t, const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+  LOG(ERROR) << "the server refused this trainer's " << what << " of step " << t
+             << " as invalid; this trainer cannot go on and exits: " << status.message();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " of step ", t, " refused: ", status.message()));
+}
+
 // The model of slot `slot`: its stage's layers (the whole model when S = 1), or those of stages
 // [first_stage, end_stage) of its replica, split as the job splits them.
 compute::TrainerOptions OptionsFor(const JobConfig& job, const SlotId& slot, int first_stage = -1,
@@ -170,6 +192,7 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
     *request.mutable_slot() = slot;
     request.set_sequence(static_cast<uint64_t>(t));
     request.set_step(t);
+    if (MaybePoison(faults, t, &g)) MaybePoison(faults, t, &d);
     *request.mutable_gradient() = compute::BundleFromPacked(layout, g);
     *request.mutable_hessian_diag() = compute::BundleFromPacked(layout, d);
     request.set_loss(loss);
@@ -178,10 +201,11 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
     // applied: false.
     {
       ScopedLatency timed(Metrics().sync_seconds);
-      RETURN_IF_ERROR(CallWithRetry(config, stop, "push", [&](grpc::ClientContext* context) {
-        response.Clear();
-        return stub->Push(context, request, &response);
-      }));
+      RETURN_IF_ERROR(RefusedUpdate(
+          "push", t, CallWithRetry(config, stop, "push", [&](grpc::ClientContext* context) {
+            response.Clear();
+            return stub->Push(context, request, &response);
+          })));
     }
     Metrics().syncs->Increment();
     Metrics().weight->Set(response.weight());
@@ -460,7 +484,12 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     request.set_incarnation(registration.incarnation);
     *request.mutable_slot() = slot;
     request.set_step(t);
-    *request.mutable_params() = compute::BundleFromPacked(layout, x);
+    std::vector<float> poisoned;
+    if (faults.poison_from_step > 0 && t >= faults.poison_from_step) {
+      poisoned = x;
+      MaybePoison(faults, t, &poisoned);
+    }
+    *request.mutable_params() = compute::BundleFromPacked(layout, poisoned.empty() ? x : poisoned);
     request.mutable_optimizer()->set_step(t);
     *request.mutable_optimizer()->mutable_m() = compute::BundleFromPacked(layout, m);
     *request.mutable_optimizer()->mutable_v() = compute::BundleFromPacked(layout, v);
@@ -471,10 +500,11 @@ absl::Status RunTrainer(const WorkerConfig& config, const Registration& registra
     SyncResponse response;
     {
       ScopedLatency timed(Metrics().sync_seconds);
-      RETURN_IF_ERROR(CallWithRetry(config, stop, "sync", [&](grpc::ClientContext* context) {
-        response.Clear();
-        return stub->Sync(context, request, &response);
-      }));
+      RETURN_IF_ERROR(RefusedUpdate(
+          "sync", t, CallWithRetry(config, stop, "sync", [&](grpc::ClientContext* context) {
+            response.Clear();
+            return stub->Sync(context, request, &response);
+          })));
     }
     Metrics().syncs->Increment();
     Metrics().weight->Set(response.weight());

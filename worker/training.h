@@ -52,6 +52,11 @@ struct InjectedFaults {
   // Non-zero: every this many steps the trainer drops its parameters and optimizer state and
   // starts again from fresh random parameters.
   int64_t reset_every_steps = 0;
+  // Non-zero: a byzantine trainer (issue R9). Every sync (push) from this step on carries
+  // `poison_value` with alternating signs (+, -, +, ...) in place of every parameter (of every
+  // g and D element); the server must refuse it, and the trainer then exits.
+  int64_t poison_from_step = 0;
+  float poison_value = 3.4e38f;
 };
 
 // The compute state of one slot's trainer: its data, backend, model, optimizer and data cursor.

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -18,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -76,6 +79,7 @@ constexpr KindInfo kKinds[] = {
     {FaultKind::kThrottle, "throttle", 1},
     {FaultKind::kDelay, "delay", 1},
     {FaultKind::kLoss, "loss", 1},
+    {FaultKind::kByzantine, "byzantine", 1},
 };
 
 const KindInfo& Info(FaultKind kind) {
@@ -137,6 +141,7 @@ struct Worker {
   bool killed = false;       // SIGKILLed by the harness: exit 137 expected
   bool faulted = false;      // stopped or its link faulted right now: left alone by other faults
   bool was_faulted = false;  // ever stopped or its link cut (a fenced exit is then expected)
+  int64_t poison_from_step = 0;  // a byzantine trainer: it poisons its syncs from this step
   std::optional<int> exit_code;
 };
 
@@ -175,7 +180,8 @@ class ChaosRun {
   absl::Status Setup();
   absl::Status WriteConfigs();
   absl::Status StartServer();
-  absl::Status StartWorker(const std::string& name, const std::string& role);
+  absl::Status StartWorker(const std::string& name, const std::string& role,
+                           int64_t poison_from_step = 0);
   absl::Status Replace(const Worker& gone);
   void Loop();
   void RunDuePending(bool all);
@@ -235,6 +241,7 @@ class ChaosRun {
   std::map<uint64_t, Awaited> awaiting_reconnect_;
 
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::set<int> byzantine_announced_;  // trainers whose byzantine fault has fired
   int next_spare_ = 0;
   int next_evaluator_ = 0;
   int replacement_budget_ = 0;
@@ -394,10 +401,12 @@ absl::Status ChaosRun::StartServer() {
   return absl::OkStatus();
 }
 
-absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& role) {
+absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& role,
+                                   int64_t poison_from_step) {
   auto worker = std::make_unique<Worker>();
   worker->name = name;
   worker->role = role;
+  worker->poison_from_step = poison_from_step;
   std::vector<std::string> argv = {options_.worker_binary,
                                    "--config",
                                    dir_ + "/worker.pbtxt",
@@ -407,6 +416,9 @@ absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& r
                                    name,
                                    "--role",
                                    role};
+  if (poison_from_step > 0) {
+    argv.push_back(absl::StrCat("--fault_poison_from_step=", poison_from_step));
+  }
   int netns_fd = -1;
   if (lab_ != nullptr && role != "evaluator") {
     ASSIGN_OR_RETURN(NetworkLab::Host host, lab_->AddHost());
@@ -493,8 +505,22 @@ absl::Status ChaosRun::Setup() {
   for (int i = 0; i < options_.spares; ++i) {
     RETURN_IF_ERROR(StartWorker(absl::StrCat("spare-", next_spare_++), "spare"));
   }
+  // A byzantine fault turns trainer (pick % replicas) byzantine from the first sync step at or
+  // after its progress point; a second one drawn for the same trainer changes nothing (it is
+  // skipped when its turn comes).
+  std::map<int, int64_t> poison_from;
+  for (const PlannedFault& f : report_.schedule) {
+    if (f.kind != FaultKind::kByzantine) continue;
+    const int trainer = static_cast<int>(f.pick % static_cast<uint32_t>(spec_.replicas));
+    const int64_t tau = spec_.sync_period;
+    const int64_t step = std::max<int64_t>(
+        tau, static_cast<int64_t>(std::ceil(f.at_progress * spec_.max_steps / tau)) * tau);
+    poison_from.emplace(trainer, step);
+  }
   for (int i = 0; i < spec_.replicas; ++i) {
-    RETURN_IF_ERROR(StartWorker(absl::StrCat("trainer-", i), "trainer"));
+    auto poison = poison_from.find(i);
+    RETURN_IF_ERROR(StartWorker(absl::StrCat("trainer-", i), "trainer",
+                                poison != poison_from.end() ? poison->second : 0));
   }
   const absl::Time until = absl::Now() + kStartWait;
   while (true) {
@@ -550,6 +576,16 @@ void ChaosRun::ReapWorkers() {
     w.exit_code = code;
     bool replace = false;
     if (w.killed && *code == kKilledBySigkill) {
+      replace = true;
+    } else if (w.poison_from_step > 0 && *code == 1) {
+      // A byzantine trainer must have been refused, and must have said so.
+      const std::string tail = LastLines(w.process->log_path(), 30);
+      if (absl::StrContains(tail, "the server refused this trainer's sync of step")) {
+        ++report_.byzantine_refused;
+        Log(absl::StrCat(w.name, " (byzantine) exited 1: its poisoned sync was refused"));
+      } else {
+        Violation(absl::StrCat(w.name, " (byzantine) exited 1 without a refused sync:\n", tail));
+      }
       replace = true;
     } else if (*code == 0) {
       if (!job_finished_ && w.role != "evaluator") {
@@ -688,6 +724,20 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
   const std::string at = absl::StrFormat("progress %.2f: ", Progress(status));
 
   switch (fault.kind) {
+    case FaultKind::kByzantine: {
+      // Armed when the trainer started (its --fault_poison_from_step): now only said, unless
+      // another fault ended that trainer first or an earlier byzantine fault already took it.
+      const int trainer = static_cast<int>(fault.pick % static_cast<uint32_t>(spec_.replicas));
+      Worker* w = FindByName(absl::StrCat("trainer-", trainer));
+      if (w == nullptr || w->poison_from_step == 0 || w->killed ||
+          (w->exit_code.has_value() && *w->exit_code != 1) ||
+          !byzantine_announced_.insert(trainer).second) {
+        return Fired::kNoTarget;
+      }
+      Log(absl::StrCat(at, kind, ": ", w->name, slot_of(*w), " poisons its syncs from step ",
+                       w->poison_from_step));
+      break;
+    }
     case FaultKind::kKillTrainer:
     case FaultKind::kKillSpare:
     case FaultKind::kKillEvaluator: {
@@ -1041,6 +1091,26 @@ void ChaosRun::FinishAndCheck() {
                              rounds_, " (snapshot at step ", spec_.max_steps, ")"));
     }
   }
+  // Center integrity (issue R9): a finite center, and no sync refused but the byzantine ones.
+  {
+    int64_t non_finite = 0;
+    for (const Tensor& tensor : report_.center.tensors()) {
+      for (size_t i = 0; i + sizeof(float) <= tensor.data().size(); i += sizeof(float)) {
+        float value;
+        std::memcpy(&value, tensor.data().data() + i, sizeof(float));
+        if (!std::isfinite(value)) ++non_finite;
+      }
+    }
+    if (non_finite > 0) {
+      Violation(absl::StrCat("the final center holds ", non_finite, " non-finite values"));
+    }
+    int64_t refused = 0;
+    for (const SlotStatus& slot : status->slots()) refused += slot.refused_updates();
+    if (refused > report_.byzantine_refused) {
+      Violation(absl::StrCat("the server refused ", refused, " syncs (GetStatus), but only ",
+                             report_.byzantine_refused, " came from byzantine trainers"));
+    }
+  }
   if (report_.center_version != rounds_ * spec_.replicas) {
     Violation(absl::StrCat("the center moved ", report_.center_version, " times, not ",
                            rounds_ * spec_.replicas, " (", spec_.replicas, " slots x ", rounds_,
@@ -1196,6 +1266,7 @@ std::string PlannedFault::ToString() const {
     case FaultKind::kKillTrainer:
     case FaultKind::kKillSpare:
     case FaultKind::kKillEvaluator:
+    case FaultKind::kByzantine:
       break;
     case FaultKind::kKillServer:
       absl::StrAppend(&out, ", restarted after ", Seconds(duration));
@@ -1315,6 +1386,9 @@ std::string RunReport::Summary() const {
                        : ""),
       recoveries, steps_replayed, interrupted_recoveries, server_restarts, reconnected_trainers,
       replacements);
+  if (byzantine_refused > 0) {
+    absl::StrAppend(&out, "  byzantine trainers refused and exited: ", byzantine_refused, "\n");
+  }
   if (fenced_by_server_stop > 0) {
     absl::StrAppend(&out, "  ", fenced_by_server_stop,
                     " worker(s) left alone were fenced as the server resumed from a SIGSTOP "

@@ -33,6 +33,9 @@
 //     center must be the one the server served); across a server restart no slot's update count
 //     and no center version went back, and every trainer left alone kept its slot (reconnected
 //     under its incarnation within the grace period);
+//   * center integrity (issue R9): the final center is finite; a byzantine trainer exits 1
+//     only because the server refused a poisoned sync (its log says so), and no more syncs were
+//     refused than byzantine trainers sent (an honest sync is never refused);
 //   * against a fault-free run of the same job (RunReport* reference): the final center's test
 //     accuracy (computed as the evaluator does) within 1 point; with DETERMINISTIC scheduling
 //     and UNIFORM weights (the default) the final center bit-identical (DESIGN.md §5.6).
@@ -90,11 +93,16 @@ enum class FaultKind {
   kThrottle,   // network: tbf rate limit on a trainer's link
   kDelay,      // network: netem delay
   kLoss,       // network: netem loss
+  // A byzantine trainer (issue R9): one of the job's trainers is started with
+  // --fault_poison_from_step, so that from the first sync at or after the fault's progress
+  // point every sync it sends carries +-3.4e38; the server must refuse it (INVALID_ARGUMENT),
+  // the trainer exits 1 saying so, and a spare replays its slot from the last accepted sync.
+  kByzantine,
 };
 
 // Every kind, in the order above.
 const std::vector<FaultKind>& AllFaultKinds();
-// "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss".
+// "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss", "byzantine".
 const char* FaultKindName(FaultKind kind);
 bool IsNetworkFault(FaultKind kind);
 
@@ -153,6 +161,7 @@ struct RunReport {
   int server_restarts = 0;
   int reconnected_trainers = 0;  // trainers that kept their slot across a server restart
   int replacements = 0;          // fresh spares and evaluators started for workers gone
+  int byzantine_refused = 0;     // byzantine trainers that exited after a refused sync
   // Workers no fault was aimed at that the server fenced as soon as it resumed from a SIGSTOP
   // (its failure detector counts its own stop as their silence).
   int fenced_by_server_stop = 0;

@@ -80,6 +80,25 @@ TEST_CASE("an out-of-range moving rate names file, line, field and value") {
         "job.pbtxt:6: easgd.moving_rate must be in (0, 1], got 1.5");
 }
 
+TEST_CASE("the center-integrity bounds default on, may be off (0), and are validated with "
+          "file and line") {
+  auto job = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->weighting().max_divergence_ratio() == 10000.0);
+  CHECK(job->weighting().max_abs_value() == 1e6);
+  CHECK(ParseJobConfig(std::string(kBase) +
+                           "weighting { max_divergence_ratio: 0 max_abs_value: 0 }\n",
+                       "job.pbtxt")
+            .ok());
+  CHECK(JobError(std::string(kBase) + "weighting {\n  max_divergence_ratio: 1.5\n}\n") ==
+        "job.pbtxt:6: weighting.max_divergence_ratio must be 0 (off) or a finite value >= 2, "
+        "got 1.5");
+  CHECK(JobError(std::string(kBase) + "weighting {\n\n  max_abs_value: -1\n}\n") ==
+        "job.pbtxt:7: weighting.max_abs_value must be 0 (finite only) or in (0, 3.4e38], got -1");
+  CHECK(JobError(std::string(kBase) + "weighting { max_abs_value: inf }\n") ==
+        "job.pbtxt:5: weighting.max_abs_value must be 0 (finite only) or in (0, 3.4e38], got inf");
+}
+
 TEST_CASE("micro-batches must divide the batch") {
   CHECK(JobError(std::string(kBase) + "data {\n  batch_size: 64\n  micro_batches: 5\n}\n") ==
         "job.pbtxt:7: data.micro_batches must divide data.batch_size = 64, got 5");

@@ -38,7 +38,8 @@ LocalCluster::LocalCluster(const std::string& job_text, const LocalClusterOption
 }
 
 Subprocess& LocalCluster::StartWorker(const std::string& name, WorkerRole role,
-                                      const std::string& config_extra) {
+                                      const std::string& config_extra,
+                                      const std::vector<std::string>& extra_args) {
   REQUIRE((role == TRAINER || role == SPARE || role == EVALUATOR));
   REQUIRE(workers_.count(name) == 0);
   std::string config = dir_ + "/worker.pbtxt";
@@ -46,11 +47,11 @@ Subprocess& LocalCluster::StartWorker(const std::string& name, WorkerRole role,
     config = dir_ + "/worker-" + name + ".pbtxt";
     WriteFileOrDie(config, ReadFileOrEmpty(dir_ + "/worker.pbtxt") + config_extra);
   }
-  auto worker = Subprocess::Start(
-      {Runfile("worker/rebound_worker"), "--config", config, "--server",
-       address_, "--name", name, "--role",
-       role == TRAINER ? "trainer" : role == SPARE ? "spare" : "evaluator"},
-      dir_ + "/" + name + ".log");
+  std::vector<std::string> args = {
+      Runfile("worker/rebound_worker"), "--config", config, "--server", address_, "--name", name,
+      "--role", role == TRAINER ? "trainer" : role == SPARE ? "spare" : "evaluator"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  auto worker = Subprocess::Start(args, dir_ + "/" + name + ".log");
   REQUIRE(worker.ok());
   Subprocess& started = *(workers_[name] = *std::move(worker));
   WaitFor(absl::StrCat(name, " registered"), [&](const GetStatusResponse& s) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -46,9 +47,10 @@ class LocalCluster {
 
   // Starts worker `name` with --role trainer, spare or evaluator and waits until the server lists it ALIVE
   // in that role (so trainers started one after the other own slots 0, 1, ... in order).
-  // `config_extra` is appended to this worker's config only.
+  // `config_extra` is appended to this worker's config only; `extra_args` to its command line.
   Subprocess& StartWorker(const std::string& name, WorkerRole role,
-                          const std::string& config_extra = "");
+                          const std::string& config_extra = "",
+                          const std::vector<std::string>& extra_args = {});
 
   Subprocess& worker(const std::string& name);
   void Signal(const std::string& name, int signal_number) { worker(name).Signal(signal_number); }

@@ -159,7 +159,7 @@ TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences
                     absl::Span<const float>) { return absl::ResourceExhaustedError("disk full"); };
   CHECK(table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), failing).status().code() ==
         absl::StatusCode::kResourceExhausted);
-  // The update happened in memory but is not durable: the stage refuses everything.
+  // The store failed: the stage refuses everything until its durable state is reloaded.
   std::vector<float> after(n);
   auto ok = [](int64_t, absl::Span<const float>, absl::Span<const float>,
                absl::Span<const float>) { return absl::OkStatus(); };
@@ -183,6 +183,152 @@ TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences
   CHECK(SameBits(theta, Center(*table)));
   CHECK(table->Health().ok());
   CHECK(table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), commit).ok());
+}
+
+// Issue R9, center integrity: the poisoned updates of a byzantine or diverged trainer.
+
+constexpr char kUnboundedJob[] = R"pb(
+  model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: IDENTITY } }
+  topology { replicas: 2 stages: 1 }
+  weighting { max_abs_value: 0 }
+)pb";
+
+// +v, -v, +v, ... over n elements.
+std::vector<float> Alternating(size_t n, float v) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = i % 2 == 0 ? v : -v;
+  return x;
+}
+
+struct CommitCounter {
+  int calls = 0;
+  CenterTable::CommitFn Fn() {
+    return [this](int64_t, absl::Span<const float>, absl::Span<const float>,
+                  absl::Span<const float>) {
+      ++calls;
+      return absl::OkStatus();
+    };
+  }
+};
+
+TEST_CASE("a sync of +-3.4e38 is refused by the default bound, naming tensor and element") {
+  std::unique_ptr<CenterTable> table = MakeTable(kJob);
+  const std::vector<float> c0 = Center(*table);
+  const std::vector<float> x = Alternating(c0.size(), 3.4e38f);
+  std::vector<float> after(c0.size(), 7.0f);
+  CommitCounter commits;
+  auto result = table->ElasticSync(0, x, 0.45, Weight(1.0), commits.Fn(), absl::MakeSpan(after));
+  REQUIRE(result.status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string message(result.status().message());
+  CHECK_THAT(message, Catch::Contains("the center of stage 0 hold 1.53e+38"));
+  CHECK_THAT(message, Catch::Contains("at tensor id 0 (layer0.weight) element 0"));
+  CHECK_THAT(message, Catch::Contains("x = 3.4e+38"));
+  CHECK_THAT(message, Catch::Contains("|value| <= 1e+06 (weighting.max_abs_value)"));
+  CHECK(commits.calls == 0);
+  CHECK(table->version(0) == 0);
+  CHECK(SameBits(c0, Center(*table)));
+  CHECK(table->max_abs_seen(0) == 0.0f);
+}
+
+TEST_CASE("alternating huge syncs that would overflow the center are refused before the commit") {
+  // Finite-only (max_abs_value 0): the first +-3.4e38 sync is finite and accepted; the next
+  // with the signs swapped would make x - c overflow to infinity and is refused.
+  std::unique_ptr<CenterTable> table = MakeTable(kUnboundedJob);
+  const size_t n = Center(*table).size();
+  std::vector<float> after(n);
+  CommitCounter commits;
+  auto first = table->ElasticSync(0, Alternating(n, 3.4e38f), 0.45, Weight(1.0), commits.Fn(),
+                                  absl::MakeSpan(after));
+  REQUIRE(first.ok());
+  CHECK(*first == 1);
+  CHECK(table->max_abs_seen(0) > 1.0e38f);
+  const std::vector<float> c1 = Center(*table);
+  auto second = table->ElasticSync(0, Alternating(n, -3.4e38f), 0.45, Weight(1.0), commits.Fn(),
+                                   absl::MakeSpan(after));
+  REQUIRE(second.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(second.status().message()),
+             Catch::Contains("hold -inf at tensor id 0 (layer0.weight) element 0"));
+  CHECK_THAT(std::string(second.status().message()), Catch::Contains("must be finite;"));
+  CHECK(commits.calls == 1);
+  CHECK(table->version(0) == 1);
+  CHECK(SameBits(c1, Center(*table)));
+}
+
+TEST_CASE("a sync whose snapshot would be just over max_abs_value is refused, just under accepted") {
+  // alpha 0.5, w 1: the snapshot is x - 0.5 (x - c) and the center c + 0.5 (x - c), both near
+  // x / 2 for a large x; the bound is 1e6.
+  std::unique_ptr<CenterTable> table = MakeTable(kJob);
+  const std::vector<float> c0 = Center(*table);
+  const size_t n = c0.size();
+  std::vector<float> after(n);
+  CommitCounter commits;
+  std::vector<float> over = c0;
+  over[n - 1] = 2.0e6f + 100.0f;  // the last bias: tensor id 3, element 1
+  auto refused = table->ElasticSync(0, over, 0.5, Weight(1.0), commits.Fn(), absl::MakeSpan(after));
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("at tensor id 3 (layer1.bias) element 1"));
+  CHECK(commits.calls == 0);
+  CHECK(SameBits(c0, Center(*table)));
+
+  std::vector<float> under = c0;
+  under[n - 1] = 2.0e6f - 100.0f;
+  auto accepted = table->ElasticSync(0, under, 0.5, Weight(1.0), commits.Fn(), absl::MakeSpan(after));
+  REQUIRE(accepted.ok());
+  CHECK(commits.calls == 1);
+  CHECK(table->max_abs_seen(0) > 0.99e6f);
+  CHECK(table->max_abs_seen(0) <= 1.0e6f);
+}
+
+TEST_CASE("a push whose result would overflow m, v or the center is refused and changes nothing") {
+  std::unique_ptr<CenterTable> table = MakeTable(kBigJob);
+  auto job = ParseJobConfig(kBigJob, "job.pbtxt");
+  REQUIRE(job.ok());
+  const AdaHessianConfig& ada = job->adahessian();
+  const std::vector<float> c0 = Center(*table);
+  const size_t n = c0.size();
+  std::vector<float> g(n, 0.01f), d(n, 0.002f);
+  int commits = 0;
+  auto commit = [&](int64_t, absl::Span<const float>, int64_t, absl::Span<const float>,
+                    absl::Span<const float>) {
+    ++commits;
+    return absl::OkStatus();
+  };
+  SECTION("a huge D overflows v = beta2 v + (1 - beta2) w D^2") {
+    std::vector<float> huge_d = d;
+    // layer0.weight holds 60000 elements, then layer0.bias (tensor id 1) 200: 60005 is its
+    // element 5, the first refused; 61000 lies in layer1.weight.
+    huge_d[61000] = 3.0e38f;
+    huge_d[60005] = 3.0e38f;
+    auto result = table->ApplyAdaHessian(0, g, huge_d, ada, Weight(1.0), commit);
+    REQUIRE(result.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(result.status().message()),
+               Catch::Contains("the center's AdaHessian v of stage 0 hold inf at tensor id 1 "
+                               "(layer0.bias) element 5"));
+  }
+  SECTION("a huge g moves the center beyond max_abs_value") {
+    std::vector<float> huge_g = Alternating(n, 3.0e38f);
+    auto result = table->ApplyAdaHessian(0, huge_g, d, ada, Weight(1.0), commit);
+    REQUIRE(result.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(result.status().message()),
+               Catch::Contains("the center of stage 0 hold"));
+    CHECK_THAT(std::string(result.status().message()),
+               Catch::Contains("at tensor id 0 (layer0.weight) element 0 (g = 3e+38"));
+  }
+  CHECK(commits == 0);
+  CHECK(table->version(0) == 0);
+  CHECK(SameBits(c0, Center(*table)));
+  CHECK(table->Health().ok());
+  // m, v and the optimizer step are untouched too: the next honest push is step t = 1 on zero
+  // state, bit for bit.
+  auto version = table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), commit);
+  REQUIRE(version.ok());
+  CHECK(*version == 1);
+  std::vector<float> theta = c0, m(n, 0.0f), v(n, 0.0f);
+  REQUIRE(compute::ServerAdaHessianApply(ada, 1.0, 1, g, d, absl::MakeSpan(m), absl::MakeSpan(v),
+                                         absl::MakeSpan(theta))
+              .ok());
+  CHECK(SameBits(theta, Center(*table)));
 }
 
 }  // namespace

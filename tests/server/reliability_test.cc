@@ -170,5 +170,49 @@ TEST_CASE("weights and fault scores survive export and import") {
   CHECK(w.staleness() == Approx(3.0));
 }
 
+TEST_CASE("Measure changes nothing, and Measure then Record is exactly OnSync") {
+  ReliabilityTracker split(Dynamic(), 3);
+  ReliabilityTracker whole(Dynamic(), 3);
+  // The same history in both; in `split` every sync goes through Measure + Record, and a third
+  // measurement is taken and dropped (a refused sync) before each.
+  int64_t version = 0;
+  for (int round = 0; round < 4; ++round) {
+    for (int r = 0; r < 3; ++r) {
+      const absl::Time now = At(round * 1.0 + r * 0.3);
+      const double norm = 1.0 + 0.5 * r + 0.1 * round;
+      split.Measure(Slot(r), now, version, 1e30);  // dropped: leaves no trace
+      const WeightInputs measured = split.Measure(Slot(r), now, version, norm);
+      split.Record(Slot(r), now, version, norm, measured);
+      const WeightInputs expected = whole.OnSync(Slot(r), now, version, norm);
+      CHECK(measured.SerializeAsString() == expected.SerializeAsString());
+      ++version;
+    }
+  }
+  for (int r = 0; r < 3; ++r) {
+    CHECK(split.ExportSlot(Slot(r), At(9)).SerializeAsString() ==
+          whole.ExportSlot(Slot(r), At(9)).SerializeAsString());
+  }
+}
+
+TEST_CASE("the peer divergence median leaves the sender and dead trainers out") {
+  ReliabilityTracker tracker(Dynamic(), 4);
+  CHECK_FALSE(tracker.PeerDivergenceMedian(Slot(0)).has_value());  // nobody measured yet
+  tracker.OnSync(Slot(0), At(0), 0, 1000.0);
+  CHECK_FALSE(tracker.PeerDivergenceMedian(Slot(0)).has_value());  // only itself
+  CHECK(*tracker.PeerDivergenceMedian(Slot(1)) == 1000.0);
+  tracker.OnSync(Slot(1), At(0), 1, 2.0);
+  tracker.OnSync(Slot(2), At(0), 2, 4.0);
+  // Slot 0's own huge measurement does not raise its reference: the median of 2 and 4.
+  CHECK(*tracker.PeerDivergenceMedian(Slot(0)) == 3.0);
+  CHECK(*tracker.PeerDivergenceMedian(Slot(3)) == 4.0);  // of 1000, 2 and 4
+  tracker.SetLive(Slot(0), false);
+  CHECK(*tracker.PeerDivergenceMedian(Slot(3)) == 3.0);
+  // Another stage's trainers never count.
+  SlotId other;
+  other.set_replica(0);
+  other.set_stage(1);
+  CHECK_FALSE(tracker.PeerDivergenceMedian(other).has_value());
+}
+
 }  // namespace
 }  // namespace rebound::server
