@@ -24,6 +24,13 @@ void BlockTerminationSignals();
 // Writes `content` to `path` atomically (temp file + rename), so a reader never sees half of it.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
+// Why a TCP listener on `host_port` ("host:port", "[v6]:port") cannot be opened, for the log
+// line of a daemon whose gRPC server did not start (gRPC itself only says that it failed):
+// binds a socket there as gRPC does (SO_REUSEADDR, no SO_REUSEPORT) and returns "address in
+// use", the system's error text, or "the address does not resolve"; if the bind succeeds now,
+// says so.
+std::string WhyCannotListen(const std::string& host_port);
+
 // Initialises glog to log to stderr, as daemons under a supervisor should.
 void InitLogging(const char* argv0);
 

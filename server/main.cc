@@ -24,6 +24,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
 #include "server/center_table.h"
 #include "server/membership.h"
@@ -147,6 +148,15 @@ int Run() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(config.listen_address(), *credentials, &port);
+  // gRPC sets SO_REUSEPORT by default, and a second server on this port would then share it
+  // with the first (clients alternating between two servers that both hand out slot 0).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC's buffers of received requests and its threads are bounded (server/call_gate.h); the
+  // service bounds the parked long polls and the bytes of requests it handles.
+  grpc::ResourceQuota quota("rebound_server");
+  quota.Resize(static_cast<size_t>(service.admission().inflight_bytes));
+  quota.SetMaxThreads(service.admission().threads);
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(config.max_message_bytes());
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   builder.RegisterService(&service);
@@ -159,7 +169,8 @@ int Run() {
   }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << config.listen_address();
+    LOG(ERROR) << "cannot listen on " << config.listen_address() << ": "
+               << WhyCannotListen(config.listen_address());
     return 1;
   }
   // Health says NOT_SERVING (and the service UNAVAILABLE) until the durable state is loaded.
@@ -205,6 +216,9 @@ int Run() {
   }
   service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);
+  LOG(INFO) << "admission bounds: " << service.admission().parked_calls
+            << " parked long polls, " << service.admission().inflight_bytes
+            << " request bytes in flight, " << service.admission().threads << " threads";
   LOG(INFO) << kServerVersion << " serving job '" << config.job().job_id() << "' on port " << port
             << " (" << config.job().topology().replicas() << " x "
             << config.job().topology().stages() << " slots)"
