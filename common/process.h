@@ -39,7 +39,8 @@ void InitLogging(const char* argv0);
 // page-faulting in) fresh zeroed memory each time, and do not return freed memory to the
 // system below 256 MiB; and use at most kMaxMallocArenas malloc arenas (unless MALLOC_ARENA_MAX
 // is set), so that the memory kept does not multiply with the threads. Call first thing in
-// main().
+// main(). Only glibc's malloc reads these settings: in a binary linked with tcmalloc (the
+// server) they change nothing, and tcmalloc's own page heap keeps and returns memory.
 void TuneAllocatorForLargeBuffers();
 inline constexpr int kMaxMallocArenas = 4;
 
