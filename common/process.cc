@@ -18,6 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 
+// gperftools' C API, present when tcmalloc is linked (the server); weak, so that binaries on
+// glibc's malloc link without it.
+extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value)
+    __attribute__((weak));
+extern "C" void MallocExtension_ReleaseToSystem(size_t num_bytes) __attribute__((weak));
+
 namespace rebound {
 
 namespace {
@@ -119,6 +125,21 @@ std::string WhyCannotListen(const std::string& host_port) {
   }
   freeaddrinfo(found);
   return reason;
+}
+
+size_t ReleaseFreeHeapAbove(size_t keep_bytes) {
+  if (MallocExtension_GetNumericProperty == nullptr || MallocExtension_ReleaseToSystem == nullptr) {
+    return 0;
+  }
+  size_t free_bytes = 0;
+  if (!MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes) ||
+      free_bytes <= keep_bytes) {
+    return 0;
+  }
+  MallocExtension_ReleaseToSystem(free_bytes - keep_bytes);
+  size_t left = free_bytes;
+  MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &left);
+  return free_bytes > left ? free_bytes - left : 0;
 }
 
 void InitLogging(const char* argv0) {

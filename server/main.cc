@@ -41,6 +41,11 @@ DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_
 namespace rebound::server {
 namespace {
 
+// How often the failure detector returns tcmalloc's free pages above kKeepFreeHeapBytes to the
+// system (common/process.h): a few syncs' buffers stay for reuse, a burst's do not.
+constexpr absl::Duration kReleaseFreeHeapEvery = absl::Seconds(5);
+constexpr size_t kKeepFreeHeapBytes = size_t{32} << 20;
+
 // Restores centers, weights, bookkeeping and membership from a previous server life.
 absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membership* membership,
                        CenterTable* centers, ReliabilityTracker* tracker,
@@ -243,7 +248,13 @@ int Run() {
   std::thread detector([&] {
     bool healthy = true;
     absl::Time last_pass = clock.Now();
+    absl::Time last_release = last_pass;
     while (!stop.WaitForNotificationWithTimeout(period)) {
+      // tcmalloc keeps what a burst of large requests freed until later frees; give it back.
+      if (clock.Now() - last_release >= kReleaseFreeHeapEvery) {
+        last_release = clock.Now();
+        ReleaseFreeHeapAbove(kKeepFreeHeapBytes);
+      }
       // Woken far later than asked: the whole server was stopped or starved, and no heartbeat
       // could arrive meanwhile. Without this, every worker would be fenced on resume.
       const absl::Time now = clock.Now();
