@@ -1,5 +1,7 @@
 #include "common/security.h"
 
+#include <glog/logging.h>
+
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -114,8 +116,12 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
   CoreServerCredentials(const CoreServerCredentials&) = delete;
   CoreServerCredentials& operator=(const CoreServerCredentials&) = delete;
 
-  // The token check is installed by MakeServerCredentials; a C++ processor is not supported.
-  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {}
+  // The token check is installed by MakeServerCredentials as a core processor; a C++ processor
+  // would replace it, so a call is a programming error, not a silent no-op.
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    LOG(FATAL) << "MakeServerCredentials' credentials check the bearer token themselves; extend "
+                  "ProcessTokenMetadata (common/security.cc) instead of adding a processor";
+  }
 
  private:
   int AddPortToServer(const std::string& addr, grpc_server* server) override {
