@@ -1,7 +1,8 @@
 // What the server admits before it spends memory or threads on a call (docs/operations.md#bounds),
-// against the real rebound_server on loopback: one server per port (no SO_REUSEPORT), the bearer
-// token checked before a request's body is read, reflection behind the token and health open,
-// bounds on request bytes in flight and on parked long polls.
+// against the real rebound_server and rebound_worker on loopback: one server, and one worker's
+// WorkerPeer service, per port (no SO_REUSEPORT); the bearer token checked before a request's
+// body is read; reflection behind the token and health open; bounds on request bytes in flight
+// and on parked long polls.
 
 #include <catch2/catch.hpp>
 #include <sys/types.h>
@@ -145,6 +146,32 @@ TEST_CASE("a second server on a bound port exits 1 saying the address is in use,
   CHECK(next.slot().replica() == 1);
   const GetStatusResponse status = cluster.Status();
   CHECK(status.workers_size() == 2);
+}
+
+TEST_CASE("a second worker on a bound WorkerPeer port exits 1 saying the address is in use") {
+  LocalCluster cluster(kJob, LocalClusterOptions{"second-peer"});
+  cluster.StartWorker("s1", SPARE);
+  const GetStatusResponse before = cluster.Status();
+  const WorkerStatus* first = FindWorker(before, "s1", SPARE);
+  REQUIRE(first != nullptr);
+  const std::string peer = first->peer_address();
+  REQUIRE(absl::StartsWith(peer, "127.0.0.1:"));
+  const std::string dir = MakeTempDir("second-peer-config");
+  WriteFileOrDie(dir + "/worker.pbtxt", absl::StrCat("peer_listen_address: \"", peer, "\"\n"));
+  auto second = Subprocess::Start({Runfile("worker/rebound_worker"), "--config",
+                                   dir + "/worker.pbtxt", "--server", cluster.address(), "--name",
+                                   "s2", "--role", "spare"},
+                                  dir + "/worker.log");
+  REQUIRE(second.ok());
+  const int code = (*second)->WaitFor(absl::Seconds(30)).value_or(-1);
+  const std::string log = ReadFileOrEmpty(dir + "/worker.log");
+  INFO(log);
+  CHECK(code == 1);
+  CHECK(absl::StrContains(log, absl::StrCat("cannot listen on ", peer, ": address in use")));
+  // The first still serves as the only worker; the second never registered.
+  const GetStatusResponse status = cluster.Status();
+  CHECK(status.workers_size() == 1);
+  CHECK(FindWorker(status, "s2", SPARE) == nullptr);
 }
 
 TEST_CASE("with a token, a 200 MiB call without it is refused before its body is read") {
