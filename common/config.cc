@@ -480,6 +480,28 @@ void ResolveSecurityPaths(SecurityConfig* security, const std::string& base_dir)
   }
 }
 
+// ServerConfig's admission bounds (0 = sized from the job, server/call_gate.h).
+void CheckAdmissionBounds(const ServerConfig& config, Checker& c) {
+  c.InRange("max_parked_calls", config.max_parked_calls(), 0, 100000);
+  if (config.max_inflight_bytes() != 0 && config.max_inflight_bytes() < (int64_t{1} << 20)) {
+    c.Fail("max_inflight_bytes",
+           absl::StrCat("must be 0 (sized from the job) or >= 1048576, got ",
+                        config.max_inflight_bytes()));
+  }
+  c.InRange("max_threads", config.max_threads(), 0, 1000000);
+  if (config.max_threads() > 0 && config.max_parked_calls() > 0 &&
+      config.max_threads() < config.max_parked_calls() + 16) {
+    c.Fail("max_threads",
+           absl::StrCat("must leave at least 16 threads beyond max_parked_calls = ",
+                        config.max_parked_calls(), " for other calls, got ",
+                        config.max_threads()));
+  }
+  if (config.max_threads() > 0 && config.max_threads() < 16) {
+    c.Fail("max_threads", absl::StrCat("must be 0 (sized from the job) or >= 16, got ",
+                                       config.max_threads()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, const std::string& what) {
@@ -658,6 +680,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
                  absl::StrCat("must be in [1048576, 2147483647), got ", config.max_message_bytes()));
   }
   checker.AtLeast("max_wait_ms", config.max_wait_ms(), 100);
+  CheckAdmissionBounds(config, checker);
   absl::Status valid = ErrorsToStatus(checker.errors());
   if (!valid.ok()) return valid;
 

@@ -12,8 +12,35 @@
 
 #include "absl/strings/str_cat.h"
 
+// gperftools' C API, present when tcmalloc is linked (the server): weak, so that binaries on
+// glibc's malloc link without it.
+extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value)
+    __attribute__((weak));
+
 namespace rebound {
 namespace {
+
+struct HeapBytes {
+  size_t in_use = 0;
+  size_t free = 0;
+};
+
+HeapBytes ReadHeapBytes() {
+  HeapBytes heap;
+  size_t allocated = 0, size = 0, unmapped = 0;
+  if (MallocExtension_GetNumericProperty != nullptr &&
+      MallocExtension_GetNumericProperty("generic.current_allocated_bytes", &allocated) &&
+      MallocExtension_GetNumericProperty("generic.heap_size", &size) &&
+      MallocExtension_GetNumericProperty("tcmalloc.pageheap_unmapped_bytes", &unmapped)) {
+    heap.in_use = allocated;
+    heap.free = size > allocated + unmapped ? size - allocated - unmapped : 0;
+    return heap;
+  }
+  const struct mallinfo2 info = mallinfo2();
+  heap.in_use = info.uordblks + info.hblkhd;
+  heap.free = info.fordblks;
+  return heap;
+}
 
 void AtomicAdd(std::atomic<double>* target, double by) {
   double seen = target->load(std::memory_order_relaxed);
@@ -234,15 +261,14 @@ void AddProcessMetrics(MetricsRegistry* registry) {
       w->Sample("rebound_process_resident_bytes", {},
                 static_cast<double>(resident_pages) * static_cast<double>(sysconf(_SC_PAGESIZE)));
     }
-    const struct mallinfo2 info = mallinfo2();
+    const HeapBytes heap = ReadHeapBytes();
     w->Family("rebound_process_heap_bytes",
-              "glibc malloc: bytes in use (allocated, mmap-ed chunks included) and bytes held "
-              "free in its arenas.",
+              "malloc (tcmalloc where linked, else glibc): bytes in use (allocated) and bytes "
+              "held free for reuse, not returned to the system.",
               "gauge");
     w->Sample("rebound_process_heap_bytes", {{"state", "in_use"}},
-              static_cast<double>(info.uordblks + info.hblkhd));
-    w->Sample("rebound_process_heap_bytes", {{"state", "free"}},
-              static_cast<double>(info.fordblks));
+              static_cast<double>(heap.in_use));
+    w->Sample("rebound_process_heap_bytes", {{"state", "free"}}, static_cast<double>(heap.free));
   });
 }
 

@@ -143,8 +143,9 @@ class ScopedLatency {
 };
 
 // Registers a collector of the process's own memory: rebound_process_resident_bytes (what the
-// kernel counts, /proc/self/statm) and rebound_process_heap_bytes{state="in_use"|"free"} (glibc
-// malloc: bytes handed out, and bytes it holds free without returning them to the kernel). A
+// kernel counts, /proc/self/statm) and rebound_process_heap_bytes{state="in_use"|"free"} (malloc:
+// bytes handed out, and bytes it holds free without returning them to the kernel; tcmalloc's
+// figures where it is linked, as in the server, else glibc's). A
 // leak shows as in_use growing; RSS alone also moves with the allocator's retention.
 void AddProcessMetrics(MetricsRegistry* registry);
 

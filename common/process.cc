@@ -3,16 +3,26 @@
 #include <glog/logging.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+
+// gperftools' C API, present when tcmalloc is linked (the server); weak, so that binaries on
+// glibc's malloc link without it.
+extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value)
+    __attribute__((weak));
+extern "C" void MallocExtension_ReleaseToSystem(size_t num_bytes) __attribute__((weak));
 
 namespace rebound {
 
@@ -76,6 +86,60 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
     return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+std::string WhyCannotListen(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return "the address has no port";
+  std::string host = host_port.substr(0, colon);
+  const std::string port = host_port.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  struct addrinfo* found = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0 ||
+      found == nullptr) {
+    return "the address does not resolve";
+  }
+  std::string reason;
+  for (struct addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      reason = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const int bound = bind(fd, a->ai_addr, a->ai_addrlen);
+    const int error = errno;
+    close(fd);
+    if (bound == 0) {
+      reason = "gRPC could not bind it, though a plain bind succeeds now";
+      break;
+    }
+    reason = error == EADDRINUSE ? "address in use" : std::strerror(error);
+  }
+  freeaddrinfo(found);
+  return reason;
+}
+
+size_t ReleaseFreeHeapAbove(size_t keep_bytes) {
+  if (MallocExtension_GetNumericProperty == nullptr || MallocExtension_ReleaseToSystem == nullptr) {
+    return 0;
+  }
+  size_t free_bytes = 0;
+  if (!MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes) ||
+      free_bytes <= keep_bytes) {
+    return 0;
+  }
+  MallocExtension_ReleaseToSystem(free_bytes - keep_bytes);
+  size_t left = free_bytes;
+  MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &left);
+  return free_bytes > left ? free_bytes - left : 0;
 }
 
 void InitLogging(const char* argv0) {

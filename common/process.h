@@ -24,6 +24,13 @@ void BlockTerminationSignals();
 // Writes `content` to `path` atomically (temp file + rename), so a reader never sees half of it.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
+// Why a TCP listener on `host_port` ("host:port", "[v6]:port") cannot be opened, for the log
+// line of a daemon whose gRPC server did not start (gRPC itself only says that it failed):
+// binds a socket there as gRPC does (SO_REUSEADDR, no SO_REUSEPORT) and returns "address in
+// use", the system's error text, or "the address does not resolve"; if the bind succeeds now,
+// says so.
+std::string WhyCannotListen(const std::string& host_port);
+
 // Initialises glog to log to stderr, as daemons under a supervisor should.
 void InitLogging(const char* argv0);
 
@@ -32,8 +39,16 @@ void InitLogging(const char* argv0);
 // page-faulting in) fresh zeroed memory each time, and do not return freed memory to the
 // system below 256 MiB; and use at most kMaxMallocArenas malloc arenas (unless MALLOC_ARENA_MAX
 // is set), so that the memory kept does not multiply with the threads. Call first thing in
-// main().
+// main(). Only glibc's malloc reads these settings: in a binary linked with tcmalloc (the
+// server) they change nothing, and tcmalloc's own page heap keeps and returns memory.
 void TuneAllocatorForLargeBuffers();
 inline constexpr int kMaxMallocArenas = 4;
+
+// tcmalloc upkeep for a long-running server: returns the free memory tcmalloc's page heap holds
+// beyond `keep_bytes` to the system, and returns how many bytes that was (0 under glibc malloc,
+// which trims by itself). tcmalloc hands freed pages back only a little at each later free, so
+// an idle server would otherwise keep a burst's worth for good (four concurrent 200 MiB
+// requests: 886 MB resident after they were refused). Call it every few seconds.
+size_t ReleaseFreeHeapAbove(size_t keep_bytes);
 
 }  // namespace rebound

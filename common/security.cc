@@ -1,5 +1,7 @@
 #include "common/security.h"
 
+#include <glog/logging.h>
+
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -13,7 +15,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/config.h"
+#include "grpc/grpc.h"
+#include "grpc/grpc_security.h"
+#include "grpc/slice.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/support/client_interceptor.h"
@@ -65,6 +71,79 @@ class CallMetadataInterceptorFactory final
  private:
   const std::string bearer_;  // lives as long as the channel
   const std::shared_ptr<const WorkerCredential> worker_;
+};
+
+constexpr char kNoTokenMessage[] =
+    "this server requires a bearer token (authorization: Bearer <token>); the call has none "
+    "or another one";
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+absl::string_view View(const grpc_slice& slice) {
+  return absl::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(slice)),
+                           GRPC_SLICE_LENGTH(slice));
+}
+
+// gRPC core's auth metadata processor: it runs on a call's initial metadata, before the call is
+// matched to a method and before its message is received, so a call refused here never has its
+// body buffered or parsed. Health checks pass without the token (probes).
+struct TokenProcessorState {
+  std::string expected;  // "Bearer <token>"
+};
+
+void ProcessTokenMetadata(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
+                          size_t num_md, grpc_process_auth_metadata_done_cb done,
+                          void* user_data) {
+  const std::string& expected = static_cast<const TokenProcessorState*>(state)->expected;
+  bool allowed = false;
+  for (size_t i = 0; i < num_md && !allowed; ++i) {
+    const absl::string_view key = View(md[i].key);
+    if (key == "authorization") {
+      allowed = ConstantTimeEquals(View(md[i].value), expected);
+    } else if (key == ":path") {
+      allowed = absl::StartsWith(View(md[i].value), "/grpc.health.v1.Health/");
+    }
+  }
+  if (allowed) {
+    done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+  } else {
+    done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, kNoTokenMessage);
+  }
+}
+
+void DestroyTokenProcessor(void* state) { delete static_cast<TokenProcessorState*>(state); }
+
+// C++ ServerCredentials over gRPC core's, because grpc::InsecureServerCredentials() cannot take
+// a metadata processor (it asserts); core's insecure credentials can.
+class CoreServerCredentials final : public grpc::ServerCredentials {
+ public:
+  // Takes ownership of `credentials`.
+  explicit CoreServerCredentials(grpc_server_credentials* credentials)
+      : credentials_(credentials) {}
+  ~CoreServerCredentials() override { grpc_server_credentials_release(credentials_); }
+  CoreServerCredentials(const CoreServerCredentials&) = delete;
+  CoreServerCredentials& operator=(const CoreServerCredentials&) = delete;
+
+  // The token check is installed by MakeServerCredentials as a core processor; a C++ processor
+  // would replace it, so a call is a programming error, not a silent no-op.
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    LOG(FATAL) << "MakeServerCredentials' credentials check the bearer token themselves; extend "
+                  "ProcessTokenMetadata (common/security.cc) instead of adding a processor";
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, addr.c_str(), credentials_);
+  }
+
+  grpc_server_credentials* const credentials_;
 };
 
 }  // namespace
@@ -132,25 +211,47 @@ bool ServesTls(const SecurityConfig& security) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityConfig& security) {
-  if (!ServesTls(security)) return grpc::InsecureServerCredentials();
-  const TlsConfig& tls = security.tls();
-  grpc::SslServerCredentialsOptions options(
-      tls.require_client_cert() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  auto key = ReadPem(tls.key_file(), "security.tls.key_file");
-  if (!key.ok()) return key.status();
-  auto cert = ReadPem(tls.cert_file(), "security.tls.cert_file");
-  if (!cert.ok()) return cert.status();
-  pair.private_key = *key;
-  pair.cert_chain = *cert;
-  options.pem_key_cert_pairs.push_back(pair);
-  if (!tls.ca_file().empty()) {
-    auto ca = ReadPem(tls.ca_file(), "security.tls.ca_file");
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+  std::string token;
+  if (!security.token_file().empty()) {
+    auto read = ReadBearerToken(security.token_file());
+    if (!read.ok()) return read.status();
+    token = *std::move(read);
   }
-  return grpc::SslServerCredentials(options);
+  grpc_server_credentials* credentials = nullptr;
+  if (!ServesTls(security)) {
+    credentials = grpc_insecure_server_credentials_create();
+  } else {
+    const TlsConfig& tls = security.tls();
+    auto key = ReadPem(tls.key_file(), "security.tls.key_file");
+    if (!key.ok()) return key.status();
+    auto cert = ReadPem(tls.cert_file(), "security.tls.cert_file");
+    if (!cert.ok()) return cert.status();
+    std::string ca;
+    if (!tls.ca_file().empty()) {
+      auto read = ReadPem(tls.ca_file(), "security.tls.ca_file");
+      if (!read.ok()) return read.status();
+      ca = *std::move(read);
+    }
+    grpc_ssl_pem_key_cert_pair pair = {key->c_str(), cert->c_str()};
+    credentials = grpc_ssl_server_credentials_create_ex(
+        ca.empty() ? nullptr : ca.c_str(), &pair, 1,
+        tls.require_client_cert() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                  : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        nullptr);
+    if (credentials == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "security.tls: gRPC refused the certificate ", tls.cert_file(), " with the key ",
+          tls.key_file()));
+    }
+  }
+  if (!token.empty()) {
+    grpc_auth_metadata_processor processor;
+    processor.process = ProcessTokenMetadata;
+    processor.destroy = DestroyTokenProcessor;
+    processor.state = new TokenProcessorState{absl::StrCat("Bearer ", token)};
+    grpc_server_credentials_set_auth_metadata_processor(credentials, processor);
+  }
+  return std::make_shared<CoreServerCredentials>(credentials);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
@@ -208,9 +309,7 @@ absl::Status TokenChecker::Check(const grpc::ServerContext* context) const {
       return absl::OkStatus();
     }
   }
-  return absl::UnauthenticatedError(
-      "this server requires a bearer token (authorization: Bearer <token>); the call has none "
-      "or another one");
+  return absl::UnauthenticatedError(kNoTokenMessage);
 }
 
 }  // namespace rebound

@@ -6,8 +6,9 @@
 //    (the system roots when empty) and present their own cert_file/key_file when given.
 //  * A bearer token: the first line of token_file. Clients send "authorization: Bearer <token>"
 //    on every call; the server answers UNAUTHENTICATED to a call without it or with another
-//    token. gRPC's health service is not checked, so probes work without the token (over TLS
-//    when TLS is on); /metrics is separate plain HTTP, bound to 127.0.0.1 by default.
+//    token, on the call's headers (before its body is read). gRPC's health service is not
+//    checked, so probes work without the token (over TLS when TLS is on); reflection is;
+//    /metrics is separate plain HTTP, bound to 127.0.0.1 by default.
 // Every worker of a job uses the same block: with a certificate in it, a worker's WorkerPeer
 // service serves TLS too, and spares connect to each other with the same credentials and token.
 
@@ -65,8 +66,11 @@ class WorkerCredential {
 // empty, UNAVAILABLE if unreadable.
 absl::StatusOr<std::string> ReadBearerToken(const std::string& path);
 
-// TLS (or insecure) server credentials for `security`. INVALID_ARGUMENT naming an unreadable
-// file.
+// TLS (or insecure) server credentials for `security`. With a token file they also check the
+// token on each call's initial metadata, before its message is received (gRPC core's auth
+// metadata processor): a call without it is refused UNAUTHENTICATED unless it is to
+// grpc.health.v1.Health, and costs no memory of its size. INVALID_ARGUMENT naming an
+// unreadable file; UNAVAILABLE/INVALID_ARGUMENT as ReadBearerToken for the token file.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityConfig& security);
 

@@ -24,6 +24,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
 #include "server/center_table.h"
 #include "server/membership.h"
@@ -44,6 +45,11 @@ DEFINE_bool(accept_wal_loss, false,
 
 namespace rebound::server {
 namespace {
+
+// How often the failure detector returns tcmalloc's free pages above kKeepFreeHeapBytes to the
+// system (common/process.h): a few syncs' buffers stay for reuse, a burst's do not.
+constexpr absl::Duration kReleaseFreeHeapEvery = absl::Seconds(5);
+constexpr size_t kKeepFreeHeapBytes = size_t{32} << 20;
 
 // Restores centers, weights, bookkeeping and membership from a previous server life.
 absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membership* membership,
@@ -163,6 +169,15 @@ int Run() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(config.listen_address(), *credentials, &port);
+  // gRPC sets SO_REUSEPORT by default, and a second server on this port would then share it
+  // with the first (clients alternating between two servers that both hand out slot 0).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC's buffers of received requests and its threads are bounded (server/call_gate.h); the
+  // service bounds the parked long polls and the bytes of requests it handles.
+  grpc::ResourceQuota quota("rebound_server");
+  quota.Resize(static_cast<size_t>(service.admission().inflight_bytes));
+  quota.SetMaxThreads(service.admission().threads);
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(config.max_message_bytes());
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   builder.RegisterService(&service);
@@ -174,7 +189,8 @@ int Run() {
   builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << config.listen_address();
+    LOG(ERROR) << "cannot listen on " << config.listen_address() << ": "
+               << WhyCannotListen(config.listen_address());
     return 1;
   }
   // Health says NOT_SERVING (and the service UNAVAILABLE) until the durable state is loaded.
@@ -220,6 +236,9 @@ int Run() {
   }
   service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);
+  LOG(INFO) << "admission bounds: " << service.admission().parked_calls
+            << " parked long polls, " << service.admission().inflight_bytes
+            << " request bytes in flight, " << service.admission().threads << " threads";
   LOG(INFO) << kServerVersion << " serving job '" << config.job().job_id() << "' on port " << port
             << " (" << config.job().topology().replicas() << " x "
             << config.job().topology().stages() << " slots)"
@@ -244,7 +263,13 @@ int Run() {
   std::thread detector([&] {
     bool healthy = true;
     absl::Time last_pass = clock.Now();
+    absl::Time last_release = last_pass;
     while (!stop.WaitForNotificationWithTimeout(period)) {
+      // tcmalloc keeps what a burst of large requests freed until later frees; give it back.
+      if (clock.Now() - last_release >= kReleaseFreeHeapEvery) {
+        last_release = clock.Now();
+        ReleaseFreeHeapAbove(kKeepFreeHeapBytes);
+      }
       // Woken far later than asked: the whole server was stopped or starved, and no heartbeat
       // could arrive meanwhile. Without this, every worker would be fenced on resume.
       const absl::Time now = clock.Now();

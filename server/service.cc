@@ -26,6 +26,21 @@ namespace rebound::server {
 
 const char kServerVersion[] = "rebound 0.2.0";
 
+namespace {
+
+int64_t ModelFloats(const CenterTable& centers) {
+  int64_t floats = 0;
+  for (int s = 0; s < centers.num_stages(); ++s) floats += centers.layout(s).packed_size();
+  return floats;
+}
+
+// The highest center version any job can reach above `version`: every replica's every step.
+int64_t ReachableVersion(const JobConfig& job, int64_t version) {
+  return version + int64_t{job.topology().replicas()} * std::max<int64_t>(1, job.training().max_steps());
+}
+
+}  // namespace
+
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,
                                                CenterTable* centers, ReliabilityTracker* tracker,
                                                storage::DurableStore* store, const Clock* clock,
@@ -39,6 +54,10 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       clock_(clock),
       token_(std::move(token)),
       operator_token_(std::move(operator_token)),
+      admission_(EffectiveAdmissionBounds(config_, ModelFloats(*centers))),
+      parked_("parked long polls (max_parked_calls)", "calls", admission_.parked_calls),
+      inflight_("request bytes in flight (max_inflight_bytes)", "bytes",
+                admission_.inflight_bytes),
       started_(clock->Now()) {
   step_log_ = std::make_unique<StepLogService>(
       job_, membership_, store_, [this](const SlotId& slot) {
@@ -441,6 +460,8 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     return ToGrpcStatus(ready);
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  auto admitted = inflight_.Enter(static_cast<int64_t>(request->ByteSizeLong()));
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
@@ -619,6 +640,8 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     return ToGrpcStatus(ready);
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  auto admitted = inflight_.Enter(static_cast<int64_t>(request->ByteSizeLong()));
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
@@ -744,8 +767,20 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
         absl::StrCat("stage ", stage, " is outside [0, ", centers_->num_stages(), ")")));
   }
   if (request->min_version() > 0) {
-    centers_->WaitForVersion(stage, request->min_version(),
-                             absl::Milliseconds(config_.max_wait_ms()));
+    // A version no job can reach would park a thread for max_wait_ms for nothing.
+    const int64_t version = centers_->version(stage);
+    if (request->min_version() > ReachableVersion(job_, version)) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "min_version ", request->min_version(), " is beyond any version this job can reach (",
+          ReachableVersion(job_, version), " = the center's version ", version,
+          " + replicas x max_steps)")));
+    }
+    if (request->min_version() > version) {
+      auto parked = parked_.Enter();
+      if (!parked.ok()) return ToGrpcStatus(parked.status());
+      centers_->WaitForVersion(stage, request->min_version(),
+                               absl::Milliseconds(config_.max_wait_ms()));
+    }
   }
   auto read = centers_->Read(stage);
   if (!read.ok()) return ToGrpcStatus(read.status());
@@ -879,6 +914,12 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   const absl::Duration wait =
       absl::Milliseconds(std::clamp(request->wait_ms(), 0, config_.max_wait_ms()));
+  std::optional<CallGate::Pass> parked;
+  if (wait > absl::ZeroDuration()) {
+    auto entered = parked_.Enter();
+    if (!entered.ok()) return ToGrpcStatus(entered.status());
+    parked.emplace(*std::move(entered));
+  }
   auto claim = membership_->ClaimReplay(request->incarnation(), wait);
   if (!claim.ok()) return ToGrpcStatus(claim.status());
   if (!claim->has_value()) return grpc::Status::OK;

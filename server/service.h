@@ -30,6 +30,7 @@
 #include "server/center_table.h"
 #include "server/global_checkpoint.h"
 #include "server/membership.h"
+#include "server/call_gate.h"
 #include "server/reliability.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
@@ -59,6 +60,10 @@ class ParameterServerService final : public ParameterServer::Service {
   // again, as a spare), every slot is restored by a spare from its checkpointed snapshot. Called
   // by the server's failure detector after each check.
   void MaybeRollBack();
+
+  // The admission bounds this service enforces (server/call_gate.h); the server's main gives
+  // the same bytes and threads to gRPC's resource quota.
+  const AdmissionBounds& admission() const { return admission_; }
 
   // Where this server serves /metrics (shown in GetStatus); empty when it does not.
   void SetMetricsAddress(const std::string& address) {
@@ -180,6 +185,11 @@ class ParameterServerService final : public ParameterServer::Service {
   const Clock* const clock_;
   const TokenChecker token_;
   const std::string operator_token_;  // empty: operator calls from this host only
+  const AdmissionBounds admission_;
+  // Long polls parked at once (Pull with min_version, WaitForTask), and Sync/Push request bytes
+  // held at once: RESOURCE_EXHAUSTED beyond either.
+  CallGate parked_;
+  CallGate inflight_;
   const absl::Time started_;
   std::atomic<bool> ready_{false};
 

@@ -12,6 +12,8 @@ PACKAGES=(
   # gRPC, protobuf, Abseil, RocksDB.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev
+  # The server's allocator: gperftools' tcmalloc (docs/operations.md#memory).
+  libgoogle-perftools-dev
   # Compute, logging, metrics, checksums, compression, data.
   libopenblas-dev libgoogle-glog-dev libgflags-dev libcpp-httplib-dev
   libxxhash-dev libzstd-dev zlib1g-dev

@@ -142,10 +142,13 @@ int Run() {
   peer_service.SetTokenChecker(*token);
   builder.AddListeningPort(config.peer_listen_address(), *peer_credentials,
                            &peer_port);
+  // No SO_REUSEPORT (gRPC's default): two workers on one fixed peer port would share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&peer_service);
   std::unique_ptr<grpc::Server> peer_server = builder.BuildAndStart();
   if (peer_server == nullptr || peer_port == 0) {
-    LOG(ERROR) << "cannot listen on " << config.peer_listen_address();
+    LOG(ERROR) << "cannot listen on " << config.peer_listen_address() << ": "
+               << WhyCannotListen(config.peer_listen_address());
     return 1;
   }
   std::string host = config.peer_listen_address().substr(0, config.peer_listen_address().rfind(':'));

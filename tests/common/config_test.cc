@@ -347,6 +347,31 @@ TEST_CASE("server configs: syntax error, unknown field, wrong type, out of range
   CHECK(error("") == "server.pbtxt: job must be set inline, or job_file must name the job config");
 }
 
+TEST_CASE("server admission bounds: 0 means sized from the job, others are range-checked") {
+  const std::string job = "job { model { layers { width: 10 activation: IDENTITY } } }\n";
+  auto error = [](const std::string& text) {
+    auto config = ParseServerConfig(text, "server.pbtxt", ".");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(config.status().message());
+  };
+  CHECK(ParseServerConfig(job + "max_parked_calls: 0\nmax_inflight_bytes: 0\nmax_threads: 0\n",
+                          "server.pbtxt", ".")
+            .ok());
+  CHECK(ParseServerConfig(job + "max_parked_calls: 8\nmax_threads: 24\n", "server.pbtxt", ".")
+            .ok());
+  CHECK(error(job + "max_parked_calls: -1\n") ==
+        "server.pbtxt:2: max_parked_calls must be in [0, 100000], got -1");
+  CHECK(error(job + "max_inflight_bytes: 1000\n") ==
+        "server.pbtxt:2: max_inflight_bytes must be 0 (sized from the job) or >= 1048576, got "
+        "1000");
+  CHECK(error(job + "max_threads: 8\n") ==
+        "server.pbtxt:2: max_threads must be 0 (sized from the job) or >= 16, got 8");
+  CHECK(error(job + "max_parked_calls: 20\nmax_threads: 30\n") ==
+        "server.pbtxt:3: max_threads must leave at least 16 threads beyond max_parked_calls = 20 "
+        "for other calls, got 30");
+}
+
 TEST_CASE("worker configs: syntax error, unknown field, wrong type, out of range") {
   auto error = [](const std::string& text) {
     auto config = ParseWorkerConfig(text, "worker.pbtxt", ".");

@@ -125,6 +125,8 @@ class LocalCluster {
   std::string data_dir() const { return dir_ + "/data"; }
   // The server's host:port.
   const std::string& address() const { return address_; }
+  // The server process (e.g. to read its /proc/<pid>/status).
+  pid_t server_pid() const { return server_->pid(); }
 
  private:
   const std::string dir_;
