@@ -77,15 +77,6 @@ constexpr char kNoTokenMessage[] =
     "this server requires a bearer token (authorization: Bearer <token>); the call has none "
     "or another one";
 
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  }
-  return diff == 0;
-}
-
 absl::string_view View(const grpc_slice& slice) {
   return absl::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(slice)),
                            GRPC_SLICE_LENGTH(slice));
