@@ -27,6 +27,7 @@
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
 #include "tests/integration/subprocess.h"
+#include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
 namespace {
@@ -243,6 +244,7 @@ TEST_CASE("a sync beyond max_inflight_bytes gets RESOURCE_EXHAUSTED and changes 
   auto stub = ParameterServer::NewStub(Channel(cluster.address(), ""));
   grpc::ClientContext context;
   context.set_deadline(In(absl::Seconds(60)));
+  WorkerCredentials::AddTo(&context, cluster.credentials().Of(trainer.incarnation()));
   SyncResponse response;
   const grpc::Status refused = stub->Sync(&context, big, &response);
   CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -274,6 +276,7 @@ TEST_CASE("200 parked Pulls: those beyond max_parked_calls get RESOURCE_EXHAUSTE
     PullResponse response;
     grpc::ClientContext context;
     context.set_deadline(In(absl::Seconds(2)));
+    WorkerCredentials::AddTo(&context, cluster.credentials().Of(observer));
     const grpc::Status refused = stub->Pull(&context, absurd, &response);
     CHECK(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(absl::StrContains(refused.error_message(), "min_version"));
@@ -293,6 +296,7 @@ TEST_CASE("200 parked Pulls: those beyond max_parked_calls get RESOURCE_EXHAUSTE
   wait.set_min_version(1);  // the next version: nobody syncs, so each waits max_wait_ms
   for (int i = 0; i < kPulls; ++i) {
     calls[i].context.set_deadline(In(absl::Seconds(30)));
+    WorkerCredentials::AddTo(&calls[i].context, cluster.credentials().Of(observer));
     calls[i].reader = stub->AsyncPull(&calls[i].context, wait, &queue);
     calls[i].reader->Finish(&calls[i].response, &calls[i].status, &calls[i]);
   }
@@ -328,6 +332,7 @@ TEST_CASE("200 parked Pulls: those beyond max_parked_calls get RESOURCE_EXHAUSTE
     PullResponse pulled;
     grpc::ClientContext pull_context;
     pull_context.set_deadline(In(absl::Seconds(2)));
+    WorkerCredentials::AddTo(&pull_context, cluster.credentials().Of(observer));
     REQUIRE(stub->Pull(&pull_context, now, &pulled).ok());
     CHECK(pulled.center_version() == 0);
   }
