@@ -194,12 +194,6 @@ class BadInputCluster : public LocalCluster {
   const uint64_t observer_;
 };
 
-void CheckStatus(const grpc::Status& status, Code code, const std::string& part) {
-  INFO("got code " << status.error_code() << ": " << status.error_message());
-  CHECK(status.error_code() == code);
-  CHECK_THAT(status.error_message(), Contains(part));
-}
-
 // ---- tensors --------------------------------------------------------------------------------
 
 Tensor* Param(SyncRequest* request, int index) {

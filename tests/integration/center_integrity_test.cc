@@ -165,12 +165,6 @@ class IntegrityCluster : public LocalCluster {
   const uint64_t observer_;
 };
 
-void CheckStatus(const grpc::Status& status, Code code, const std::string& part) {
-  INFO("got code " << status.error_code() << ": " << status.error_message());
-  CHECK(status.error_code() == code);
-  CHECK_THAT(status.error_message(), Contains(part));
-}
-
 TEST_CASE("a sync of +-3.4e38 is INVALID_ARGUMENT naming tensor and element, changes nothing, "
           "and counts against its sender") {
   IntegrityCluster cluster(JobText("EASGD", ""));

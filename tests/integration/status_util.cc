@@ -1,5 +1,7 @@
 #include "tests/integration/status_util.h"
 
+#include <catch2/catch.hpp>
+
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +48,12 @@ bool SameBytes(const TensorBundle& a, const TensorBundle& b) {
     if (a.tensors(i).data() != b.tensors(i).data()) return false;
   }
   return true;
+}
+
+void CheckStatus(const grpc::Status& status, grpc::StatusCode code, const std::string& part) {
+  INFO("got code " << status.error_code() << ": " << status.error_message());
+  CHECK(status.error_code() == code);
+  CHECK_THAT(status.error_message(), Catch::Contains(part));
 }
 
 }  // namespace rebound::testing

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "grpcpp/support/status.h"
 #include "proto/rebound.pb.h"
 
 namespace rebound::testing {
@@ -26,5 +27,9 @@ const WorkerStatus* FindIncarnation(const GetStatusResponse& s, uint64_t incarna
 
 // True iff both bundles hold the same number of tensors with byte-identical data.
 bool SameBytes(const TensorBundle& a, const TensorBundle& b);
+
+// Catch2 checks that `status` has `code` and a message containing `part` (the message is shown
+// when it does not).
+void CheckStatus(const grpc::Status& status, grpc::StatusCode code, const std::string& part);
 
 }  // namespace rebound::testing

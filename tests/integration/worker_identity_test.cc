@@ -58,12 +58,6 @@ LocalClusterOptions Options(const std::string& server_extra = "") {
   return options;
 }
 
-void CheckStatus(const grpc::Status& status, Code code, const std::string& part) {
-  INFO("got code " << status.error_code() << ": " << status.error_message());
-  CHECK(status.error_code() == code);
-  CHECK_THAT(status.error_message(), Contains(part));
-}
-
 // The center moved by `delta`: valid parameters for a sync.
 TensorBundle Shifted(TensorBundle bundle, float delta) {
   for (Tensor& tensor : *bundle.mutable_tensors()) {
