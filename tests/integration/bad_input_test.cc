@@ -90,25 +90,6 @@ void SetFloat(Tensor* tensor, size_t index, float value) {
   std::memcpy(&(*tensor->mutable_data())[index * sizeof(float)], &value, sizeof(float));
 }
 
-// Every value of `bundle` replaced by f(value).
-TensorBundle Mapped(TensorBundle bundle, const std::function<float(float)>& f) {
-  for (Tensor& tensor : *bundle.mutable_tensors()) {
-    char* data = tensor.mutable_data()->data();
-    for (size_t i = 0; i < tensor.data().size() / sizeof(float); ++i) {
-      float value;
-      std::memcpy(&value, data + i * sizeof(float), sizeof(float));
-      value = f(value);
-      std::memcpy(data + i * sizeof(float), &value, sizeof(float));
-    }
-  }
-  return bundle;
-}
-
-// `bundle` with every value moved by `delta`.
-TensorBundle Shifted(TensorBundle bundle, float delta) {
-  return Mapped(std::move(bundle), [delta](float v) { return v + delta; });
-}
-
 // What a bad request must not change: the center, its version and every slot's applied updates.
 struct Observed {
   int64_t version = 0;
@@ -156,8 +137,8 @@ class BadInputCluster : public LocalCluster {
     request.set_sequence(sequence);
     request.set_step(static_cast<int64_t>(sequence));
     const TensorBundle center = Center().center();
-    *request.mutable_gradient() = Mapped(center, [](float) { return 0.01f; });
-    *request.mutable_hessian_diag() = Mapped(center, [](float) { return 1.0f; });
+    *request.mutable_gradient() = Mapped(center, [](size_t, float) { return 0.01f; });
+    *request.mutable_hessian_diag() = Mapped(center, [](size_t, float) { return 1.0f; });
     return request;
   }
 

@@ -52,20 +52,6 @@ LocalClusterOptions Options() {
   return options;
 }
 
-// Every value of `bundle` replaced by f(index within its tensor, value).
-TensorBundle Mapped(TensorBundle bundle, const std::function<float(size_t, float)>& f) {
-  for (Tensor& tensor : *bundle.mutable_tensors()) {
-    char* data = tensor.mutable_data()->data();
-    for (size_t i = 0; i < tensor.data().size() / sizeof(float); ++i) {
-      float value;
-      std::memcpy(&value, data + i * sizeof(float), sizeof(float));
-      value = f(i, value);
-      std::memcpy(data + i * sizeof(float), &value, sizeof(float));
-    }
-  }
-  return bundle;
-}
-
 // +v, -v, +v, ... in every tensor.
 TensorBundle Alternating(const TensorBundle& like, float v) {
   return Mapped(like, [v](size_t i, float) { return i % 2 == 0 ? v : -v; });

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +50,23 @@ bool SameBytes(const TensorBundle& a, const TensorBundle& b) {
     if (a.tensors(i).data() != b.tensors(i).data()) return false;
   }
   return true;
+}
+
+TensorBundle Mapped(TensorBundle bundle, const std::function<float(size_t, float)>& f) {
+  for (Tensor& tensor : *bundle.mutable_tensors()) {
+    char* data = tensor.mutable_data()->data();
+    for (size_t i = 0; i < tensor.data().size() / sizeof(float); ++i) {
+      float value;
+      std::memcpy(&value, data + i * sizeof(float), sizeof(float));
+      value = f(i, value);
+      std::memcpy(data + i * sizeof(float), &value, sizeof(float));
+    }
+  }
+  return bundle;
+}
+
+TensorBundle Shifted(TensorBundle bundle, float delta) {
+  return Mapped(std::move(bundle), [delta](size_t, float v) { return v + delta; });
 }
 
 void CheckStatus(const grpc::Status& status, grpc::StatusCode code, const std::string& part) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "grpcpp/support/status.h"
@@ -27,6 +28,12 @@ const WorkerStatus* FindIncarnation(const GetStatusResponse& s, uint64_t incarna
 
 // True iff both bundles hold the same number of tensors with byte-identical data.
 bool SameBytes(const TensorBundle& a, const TensorBundle& b);
+
+// `bundle` with every FLOAT32 value v at index i of its tensor replaced by f(i, v).
+TensorBundle Mapped(TensorBundle bundle, const std::function<float(size_t, float)>& f);
+
+// `bundle` with every value moved by `delta`.
+TensorBundle Shifted(TensorBundle bundle, float delta);
 
 // Catch2 checks that `status` has `code` and a message containing `part` (the message is shown
 // when it does not).

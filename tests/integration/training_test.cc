@@ -151,17 +151,6 @@ Tensor WithFloats(Tensor tensor, const std::vector<float>& values) {
   return tensor;
 }
 
-// The bundle with every value shifted by `delta`.
-TensorBundle Shifted(const TensorBundle& bundle, float delta) {
-  TensorBundle out;
-  for (const Tensor& t : bundle.tensors()) {
-    std::vector<float> values = Floats(t);
-    for (float& v : values) v += delta;
-    *out.add_tensors() = WithFloats(t, values);
-  }
-  return out;
-}
-
 SyncRequest MakeSync(const RegisterResponse& trainer, int64_t step, const TensorBundle& params) {
   SyncRequest request;
   request.set_incarnation(trainer.incarnation());

@@ -58,20 +58,6 @@ LocalClusterOptions Options(const std::string& server_extra = "") {
   return options;
 }
 
-// The center moved by `delta`: valid parameters for a sync.
-TensorBundle Shifted(TensorBundle bundle, float delta) {
-  for (Tensor& tensor : *bundle.mutable_tensors()) {
-    char* data = tensor.mutable_data()->data();
-    for (size_t i = 0; i < tensor.data().size() / sizeof(float); ++i) {
-      float value;
-      std::memcpy(&value, data + i * sizeof(float), sizeof(float));
-      value += delta;
-      std::memcpy(data + i * sizeof(float), &value, sizeof(float));
-    }
-  }
-  return bundle;
-}
-
 SyncRequest MakeSync(const RegisterResponse& trainer, int64_t step, TensorBundle params) {
   SyncRequest request;
   request.set_incarnation(trainer.incarnation());
