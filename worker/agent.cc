@@ -330,6 +330,14 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
       exit_ = AgentExit::kFenced;
       exit_reason_ = status.error_message();
       return exit_;
+    } else if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+               status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      // The server does not take this worker for itself (wrong bearer token, or a credential it
+      // does not know): retrying the same call cannot help.
+      absl::MutexLock lock(&mu_);
+      exit_ = AgentExit::kRejected;
+      exit_reason_ = absl::StrCat("the server refuses this worker's heartbeat: ", Describe(status));
+      return exit_;
     } else if (status.error_code() == grpc::StatusCode::ABORTED) {
       LOG(WARNING) << "server lost this registration (" << status.error_message()
                    << "); registering again";
