@@ -19,7 +19,7 @@
 #include "worker/data/dataset.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
-#include "worker/training.h"
+#include "worker/slot_compute.h"
 
 DEFINE_string(config, "", "job config (.pbtxt); required");
 DEFINE_int32(epochs, 10, "epochs to train, >= 1");
