@@ -57,7 +57,8 @@ absl::Status EasgdTrainer::Open() {
   // it: under the other policies nothing is logged.
   if (job_.step_log().enabled() && EffectiveRecoveryPolicy(job_) == REPLAY) {
     step_logger_ =
-        std::make_shared<StepLogger>(channel_, registration_.incarnation, job_.step_log(), config_);
+        std::make_shared<StepLogger>(channel_, registration_.incarnation, job_.step_log(),
+                                                config_, clock_);
   }
   if (job_.topology().stages() <= 1) return absl::OkStatus();
   // Pipelines: the boundary exchange with the neighbouring stages, and a flush of the log on the

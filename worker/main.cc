@@ -22,6 +22,7 @@
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "worker/agent.h"
 #include "common/metrics.h"
@@ -65,6 +66,17 @@ bool ParseRole(const std::string& text, WorkerRole* role) {
   else return false;
   return true;
 }
+
+// The stop of the worker's work, notified by whichever thread comes first.
+struct StopSignal {
+  absl::Notification stop;
+  absl::Mutex mu;
+
+  void Notify() {
+    absl::MutexLock lock(&mu);
+    if (!stop.HasBeenNotified()) stop.Notify();
+  }
+};
 
 std::string DefaultName() {
   char host[256] = {0};
@@ -209,15 +221,16 @@ int Run() {
   LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
             << config.server_address();
 
-  // `stop` ends the role's work: a signal, or the agent's end (fenced, unreachable, job done).
-  auto stop_holder = std::make_shared<absl::Notification>();
-  absl::Notification& stop = *stop_holder;
+  // `stop` ends the role's work: a signal, the job's end, or the agent's end (fenced,
+  // unreachable). Those come from two threads; a Notification must be notified once.
+  auto stop_signal = std::make_shared<StopSignal>();
+  const absl::Notification& stop = stop_signal->stop;
   auto signalled = std::make_shared<std::atomic<bool>>(false);
-  std::thread([agent, stop_holder, signalled] {
+  std::thread([agent, stop_signal, signalled] {
     const int signal_number = WaitForTerminationSignal();
     LOG(INFO) << "signal " << signal_number << ": stopping";
     signalled->store(true);
-    if (!stop_holder->HasBeenNotified()) stop_holder->Notify();
+    stop_signal->Notify();
     agent->Stop();
   }).detach();
 
@@ -227,8 +240,8 @@ int Run() {
   absl::Notification registered;
   AgentExit exit = AgentExit::kStopped;
   std::thread membership([&] {
-    exit = agent->Run(&registered, &stop);
-    if (!stop.HasBeenNotified()) stop.Notify();
+    exit = agent->Run(&registered, [stop_signal] { stop_signal->Notify(); });
+    stop_signal->Notify();
   });
   registered.WaitForNotification();
   absl::Status work = absl::OkStatus();

@@ -24,6 +24,14 @@
 // fault_tolerance.neighbour_timeout_ms reports the trainer BLOCKED (status shows what it waits
 // for, from whom); one that lasts longer than give_up_after_ms ends the trainer with
 // DEADLINE_EXCEEDED naming the neighbour. Nothing waits without a bound.
+//
+// Thread-safety: a PipelineExchange belongs to its trainer's thread. Ownership: it borrows the
+// agent, the port, `stop` and the clock (they outlive it), opens the port on Create and closes it
+// when destroyed; it owns its channels to the neighbours and the windows of sent pairs.
+// Status codes (Step): CANCELLED when stopped; DEADLINE_EXCEEDED when a neighbour stays silent
+// or unreachable past give_up_after_ms; INTERNAL when a neighbour refuses a pair as malformed;
+// INVALID_ARGUMENT for a received pair that is not valid FLOAT32; the log function's errors
+// (logged boundaries); the compute layer's errors.
 
 #include <cstdint>
 #include <deque>
