@@ -12,6 +12,7 @@
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "worker/peer_service.h"
+#include "worker/retry.h"
 
 namespace rebound::worker {
 
@@ -110,12 +111,8 @@ template <typename Call>
 absl::Status PartialSumExchange::SendToPeer(const char* what, absl::Time deadline, int r,
                                             Call call) {
   // The peer's own deadline ends the loop (DEADLINE_EXCEEDED); the policy only paces it.
-  RetryPolicy policy;
-  policy.initial_backoff = absl::Milliseconds(2);
-  policy.max_backoff = absl::Milliseconds(100);
-  policy.give_up_after = absl::InfiniteDuration();
-  policy.log_retries = false;
-  RetryLoop retry(policy, clock_, &stop_, what);
+  RetryLoop retry(PacingPolicy(absl::Milliseconds(2), absl::Milliseconds(100)), clock_, &stop_,
+                  what);
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));

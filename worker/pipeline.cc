@@ -20,6 +20,7 @@
 #include "compute/model_layout.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/peer_service.h"
+#include "worker/retry.h"
 #include "worker/worker_metrics.h"
 
 namespace rebound::worker {
@@ -188,12 +189,8 @@ absl::Status PipelineExchange::Send(Link& link, BoundaryMessage message) {
       absl::StrCat("sending the ", PairName(link.direction), " of step ", message.step(),
                    ", micro-batch ", message.micro_batch());
   // Retried until acknowledged: the give-up time is CheckWait's (it also reports BLOCKED).
-  RetryPolicy policy;
-  policy.initial_backoff = absl::Milliseconds(20);
-  policy.max_backoff = absl::Milliseconds(500);
-  policy.give_up_after = absl::InfiniteDuration();
-  policy.log_retries = false;
-  RetryLoop retry(policy, clock_, &stop_, what);
+  RetryLoop retry(PacingPolicy(absl::Milliseconds(20), absl::Milliseconds(500)), clock_, &stop_,
+                  what);
   const absl::Time start = clock_->Now();
   while (true) {
     if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");

@@ -36,6 +36,17 @@ inline RetryPolicy WorkerRetryPolicy(const WorkerConfig& config) {
   return policy;
 }
 
+// A policy that only paces a loop whose caller decides when it ends (a deadline of its own, a
+// neighbour's give-up): backoff `initial` .. `max`, no give-up time, no log lines.
+inline RetryPolicy PacingPolicy(absl::Duration initial, absl::Duration max) {
+  RetryPolicy policy;
+  policy.initial_backoff = initial;
+  policy.max_backoff = max;
+  policy.give_up_after = absl::InfiniteDuration();
+  policy.log_retries = false;
+  return policy;
+}
+
 // Calls `rpc(grpc::ClientContext*)` (one attempt; returns grpc::Status) until the policy ends.
 template <typename Rpc>
 absl::Status CallWithRetry(const WorkerConfig& config, const Clock* clock,
