@@ -26,10 +26,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "compute/backend.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "worker/data/fashion_mnist.h"
@@ -58,6 +60,28 @@ class ReplayEngine {
                                                       ReportRecoveryRequest* report);
 
  private:
+  struct TaskReplay;  // one task's state (replay_engine.cc)
+
+  // Checks the task, builds the compute of the replayed stages, loads their snapshots, reads
+  // the logged steps and, for k >= 2, sets up the exchange and the accumulators.
+  absl::StatusOr<std::unique_ptr<TaskReplay>> Prepare(const JobConfig& job,
+                                                      const RecoveryTask& task,
+                                                      uint64_t incarnation,
+                                                      FashionMnist* preloaded);
+  // Logged step i (the `replayed`-th): loads its batch, computes this spare's sums, combines
+  // them with the others' (k >= 2), applies the step and compares the checksum with the log.
+  absl::Status ReplayStep(TaskReplay& r, size_t i, int64_t replayed,
+                          ReportRecoveryRequest* report);
+  // Loads step i's batch (k >= 2: this spare's block, unless prefetched) and its logged
+  // boundary inputs.
+  absl::Status LoadStep(TaskReplay& r, size_t i);
+  // k >= 2: publishes and sends this spare's sums of step t (on the sender thread), prefetches
+  // the next step's block, gathers the others' sums and replaces `sums` by the combined ones.
+  absl::Status ExchangeSums(TaskReplay& r, size_t i, int64_t t, bool first,
+                            std::vector<compute::ConstDSpan>* sums);
+  // A recovery group's replay: the lost stage's state alone, as the slot's compute.
+  absl::Status KeepLostStage(TaskReplay& r, ReportRecoveryRequest* report);
+
   const WorkerConfig& config_;
   ParameterServer::Stub* const stub_;
   ReplayMailbox* const mailbox_;
