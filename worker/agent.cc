@@ -5,16 +5,19 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "common/backoff.h"
+#include "common/retry.h"
+#include "common/slot.h"
+#include "worker/retry.h"
 
 namespace rebound::worker {
 namespace {
 
-bool Retryable(grpc::StatusCode code) {
+// The codes a registration is tried again after: the retry policy's (UNAVAILABLE,
+// DEADLINE_EXCEEDED) and UNKNOWN and INTERNAL, which a server that crashed during the call
+// answers. (RESOURCE_EXHAUSTED, no slot free, is a refusal.)
+bool RegistrationRetryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
-         code == grpc::StatusCode::RESOURCE_EXHAUSTED || code == grpc::StatusCode::UNKNOWN ||
-         code == grpc::StatusCode::INTERNAL;
+         code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::INTERNAL;
 }
 
 void SetDeadline(grpc::ClientContext* context, int deadline_ms) {
@@ -46,14 +49,15 @@ const char* AgentExitName(AgentExit exit) {
 WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
                          std::string job_id, std::string name, std::string peer_address,
                          std::string metrics_address,
-                         std::shared_ptr<WorkerCredential> credential)
+                         std::shared_ptr<WorkerCredential> credential, const Clock* clock)
     : config_(config),
       stub_(ParameterServer::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
       name_(std::move(name)),
       peer_address_(std::move(peer_address)),
       metrics_address_(std::move(metrics_address)),
-      credential_(std::move(credential)) {}
+      credential_(std::move(credential)),
+      clock_(clock != nullptr ? clock : DefaultClock()) {}
 
 Registration WorkerAgent::registration() const {
   absl::MutexLock lock(&mu_);
@@ -133,11 +137,12 @@ bool WorkerAgent::drained() const {
 }
 
 void WorkerAgent::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (!stop_.HasBeenNotified()) stop_.Notify();
+  // Under the lock: Stop() may be called by several threads at once (a signal's and the main
+  // one), and a Notification must be notified once.
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  stop_.Notify();
 }
 
 void WorkerAgent::Flush(int64_t sequence) {
@@ -171,13 +176,11 @@ bool WorkerAgent::SleepUntilBeatDue(absl::Duration d) {
 }
 
 bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
-  return !stop_.WaitForNotificationWithTimeout(d);
+  return !clock_->WaitFor(d, &stop_);
 }
 
 bool WorkerAgent::RegisterWithRetry() {
-  Backoff backoff(absl::Milliseconds(config_.backoff_initial_ms()),
-                  absl::Milliseconds(config_.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
-  const absl::Time give_up = absl::Now() + absl::Milliseconds(config_.give_up_after_ms());
+  RetryLoop retry(WorkerRetryPolicy(config_), clock_, &stop_, "register");
   uint64_t previous = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -213,37 +216,32 @@ bool WorkerAgent::RegisterWithRetry() {
       neighbours_.assign(response.neighbours().begin(), response.neighbours().end());
       LOG(INFO) << "registered as " << WorkerRole_Name(response.role()) << " incarnation "
                 << response.incarnation()
-                << (response.has_slot() ? absl::StrCat(" slot (", response.slot().replica(), ", ",
-                                                       response.slot().stage(), ")")
+                << (response.has_slot() ? absl::StrCat(" slot ", SlotName(response.slot()))
                                         : std::string())
                 << " in job '" << response.job().job_id() << "'";
       return true;
     }
-    if (!Retryable(status.error_code()) ||
-        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    if (!RegistrationRetryable(status.error_code())) {
       absl::MutexLock lock(&mu_);
       exit_ = AgentExit::kRejected;
       exit_reason_ = absl::StrCat("registration refused: ", Describe(status));
       return false;
     }
-    if (absl::Now() >= give_up) {
-      absl::MutexLock lock(&mu_);
-      exit_ = AgentExit::kUnreachable;
-      exit_reason_ = absl::StrCat("server unreachable for ", config_.give_up_after_ms(),
-                                  " ms: ", Describe(status));
-      return false;
-    }
-    const absl::Duration delay = backoff.Next();
-    LOG(WARNING) << "register failed (" << Describe(status) << "); retrying in "
-                 << absl::ToInt64Milliseconds(delay) << " ms";
-    if (!SleepUnlessStopped(delay)) break;
+    absl::Status retried = absl::UnavailableError(Describe(status));
+    if (retry.ShouldRetry(&retried)) continue;
+    if (retried.code() == absl::StatusCode::kCancelled) break;
+    absl::MutexLock lock(&mu_);
+    exit_ = AgentExit::kUnreachable;
+    exit_reason_ = absl::StrCat("server unreachable for ", config_.give_up_after_ms(),
+                                " ms: ", Describe(status));
+    return false;
   }
   absl::MutexLock lock(&mu_);
   exit_ = AgentExit::kStopped;
   return false;
 }
 
-AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* job_done_out) {
+AgentExit WorkerAgent::Run(absl::Notification* registered, std::function<void()> job_done_out) {
   struct NotifyOnExit {
     absl::Notification* n;
     ~NotifyOnExit() {
@@ -255,9 +253,9 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
     return exit_;
   }
   if (registered != nullptr) registered->Notify();
-  Backoff backoff(absl::Milliseconds(config_.backoff_initial_ms()),
-                  absl::Milliseconds(config_.backoff_max_ms()), absl::ToUnixNanos(absl::Now()));
-  absl::Time last_contact = absl::Now();
+  // Contact with the server: a heartbeat acknowledged starts the backoff and the give-up time
+  // over; failed ones wait the backoff until give_up_after_ms pass without contact.
+  RetryLoop contact(WorkerRetryPolicy(config_), clock_, &stop_, "heartbeat");
   bool job_done = false;
   while (true) {
     const Registration current = registration();
@@ -276,14 +274,12 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
     grpc::ClientContext context;
     SetDeadline(&context, config_.rpc_deadline_ms());
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
-    absl::Duration wait = interval;
     if (status.ok()) {
-      last_contact = absl::Now();
-      backoff.Reset();
+      contact.Reset();
       if (response.has_takeover()) {
         const RegisterResponse& takeover = response.takeover();
-        LOG(WARNING) << "taking over slot (" << takeover.slot().replica() << ", "
-                     << takeover.slot().stage() << ") as incarnation " << takeover.incarnation()
+        LOG(WARNING) << "taking over slot " << SlotName(takeover.slot()) << " as incarnation "
+                     << takeover.incarnation()
                      << " from step " << takeover.start_step();
         absl::MutexLock lock(&mu_);
         registration_.incarnation = takeover.incarnation();
@@ -345,24 +341,23 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, absl::Notification* j
         absl::MutexLock lock(&mu_);
         return exit_;
       }
-      last_contact = absl::Now();
+      contact.Reset();
       continue;
     } else {
-      if (absl::Now() - last_contact > absl::Milliseconds(config_.give_up_after_ms())) {
-        absl::MutexLock lock(&mu_);
-        exit_ = AgentExit::kUnreachable;
-        exit_reason_ = absl::StrCat("no heartbeat acknowledged for ", config_.give_up_after_ms(),
-                                    " ms: ", Describe(status));
-        return exit_;
-      }
-      wait = backoff.Next();
-      LOG(WARNING) << "heartbeat failed (" << Describe(status) << "); retrying in "
-                   << absl::ToInt64Milliseconds(wait) << " ms";
+      // Every other error is taken for unavailability: waited out, up to give_up_after_ms.
+      absl::Status retried = absl::UnavailableError(Describe(status));
+      if (contact.ShouldRetry(&retried)) continue;
+      if (retried.code() == absl::StatusCode::kCancelled) break;  // stopped
+      absl::MutexLock lock(&mu_);
+      exit_ = AgentExit::kUnreachable;
+      exit_reason_ = absl::StrCat("no heartbeat acknowledged for ", config_.give_up_after_ms(),
+                                  " ms: ", Describe(status));
+      return exit_;
     }
-    if (job_done || !SleepUntilBeatDue(wait)) break;
+    if (job_done || !SleepUntilBeatDue(interval)) break;
   }
   if (job_done && job_done_out != nullptr) {
-    job_done_out->Notify();
+    job_done_out();
     // Bounded: a worker whose work hangs still leaves.
     SleepUnlessStopped(absl::Milliseconds(2 * config_.rpc_deadline_ms()));
   }

@@ -1,12 +1,20 @@
 #pragma once
 
 // WorkerAgent: a worker's membership in the job. It registers with the server, heartbeats every
-// heartbeat_interval and keeps doing so across server unavailability with capped exponential
-// backoff (giving up after give_up_after_ms without contact). If the server no longer knows the
-// incarnation (ABORTED: restarted without state) it registers again. If the incarnation is
-// fenced (FAILED_PRECONDITION) it stops for good: a fenced worker never writes again.
+// heartbeat_interval and keeps doing so across server unavailability under the worker's retry
+// policy (worker/retry.h: capped exponential backoff, giving up after give_up_after_ms without
+// contact). If the server no longer knows the incarnation (ABORTED: restarted without state) it
+// registers again. If the incarnation is fenced (FAILED_PRECONDITION) it stops for good: a fenced
+// worker never writes again. Registration retries UNAVAILABLE, DEADLINE_EXCEEDED, UNKNOWN and
+// INTERNAL and takes any other error as a refusal; heartbeats take every error but
+// FAILED_PRECONDITION, ABORTED, UNAUTHENTICATED and PERMISSION_DENIED for unavailability.
 //
 // Every RPC carries a deadline of rpc_deadline_ms.
+//
+// Thread-safety: Run() is called once, on one thread; every other method is thread-safe.
+// Ownership: the agent shares the channel and the credential; the clock is borrowed. The flush
+// hook is called on Run()'s thread and must stay callable until it is replaced or cleared.
+// Results: Run() returns an AgentExit (not a status); exit_reason() says why.
 
 #include <cstdint>
 #include <functional>
@@ -20,6 +28,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "common/security.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
@@ -49,11 +58,13 @@ class WorkerAgent {
   // `job_id` must match the server's job. `peer_address` is this worker's WorkerPeer endpoint,
   // `metrics_address` where it serves /metrics (empty: nowhere).
   // Each registration's credential is stored in `credential` (if not null), which the channel's
-  // calls carry (common/security.h MakeChannel).
+  // calls carry (common/security.h MakeChannel). `clock` (null: DefaultClock()) paces the
+  // retries and must outlive the agent.
   WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Channel> channel,
               std::string job_id, std::string name, std::string peer_address,
               std::string metrics_address = "",
-              std::shared_ptr<WorkerCredential> credential = nullptr);
+              std::shared_ptr<WorkerCredential> credential = nullptr,
+              const Clock* clock = nullptr);
 
   WorkerAgent(const WorkerAgent&) = delete;
   WorkerAgent& operator=(const WorkerAgent&) = delete;
@@ -61,11 +72,11 @@ class WorkerAgent {
   // Registers and heartbeats until Stop(), fencing, rejection, give-up or the job's end. Call
   // once. `registered` (if not null) is notified after the first successful registration or
   // when Run() returns, whichever comes first. At the job's end (the server's STOP) `job_done`
-  // (if not null) is notified, and the worker stays registered until Stop() (at most
+  // (if set) is called on Run()'s thread, and the worker stays registered until Stop() (at most
   // 2 x rpc_deadline_ms), so that its work can finish what it owes the server (the step log's
   // last batches) before the deregistration fences it.
   AgentExit Run(absl::Notification* registered = nullptr,
-                absl::Notification* job_done = nullptr);
+                std::function<void()> job_done = nullptr);
 
   // Asks Run() to return (deregistering first, best effort). Thread-safe.
   void Stop();
@@ -125,7 +136,8 @@ class WorkerAgent {
   const std::string peer_address_;
   const std::string metrics_address_;
   const std::shared_ptr<WorkerCredential> credential_;
-  absl::Notification stop_;
+  const Clock* const clock_;
+  absl::Notification stop_;  // notified once, by Stop(), under mu_
 
   mutable absl::Mutex mu_;
   Registration registration_ ABSL_GUARDED_BY(mu_);

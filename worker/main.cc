@@ -22,15 +22,20 @@
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "worker/agent.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "common/clock.h"
+#include "worker/evaluator.h"
+#include "worker/peer_service.h"
 #include "worker/replay.h"
-#include "worker/worker_metrics.h"
 #include "worker/replay_mailbox.h"
 #include "worker/shared_sums.h"
+#include "worker/slot_compute.h"
 #include "worker/training.h"
+#include "worker/worker_metrics.h"
 
 DEFINE_string(config, "", "worker config file (.pbtxt); required");
 DEFINE_string(server, "", "server host:port; overrides server_address");
@@ -61,6 +66,17 @@ bool ParseRole(const std::string& text, WorkerRole* role) {
   else return false;
   return true;
 }
+
+// The stop of the worker's work, notified by whichever thread comes first.
+struct StopSignal {
+  absl::Notification stop;
+  absl::Mutex mu;
+
+  void Notify() {
+    absl::MutexLock lock(&mu);
+    if (!stop.HasBeenNotified()) stop.Notify();
+  }
+};
 
 std::string DefaultName() {
   char host[256] = {0};
@@ -198,33 +214,39 @@ int Run() {
     metrics_address = absl::StrCat(bind == "0.0.0.0" || bind == "[::]" || bind == "::" ? host : bind,
                                    ":", metrics_http->port());
   }
-  WorkerAgent agent(config, channel, config.job_id(), config.name(), peer_address,
-                    metrics_address, credential);
+  // The agent and the stop are shared with the signal thread, which waits for a signal that may
+  // never come and so is detached: it must hold nothing of this frame.
+  auto agent = std::make_shared<WorkerAgent>(config, channel, config.job_id(), config.name(),
+                                             peer_address, metrics_address, credential);
   LOG(INFO) << "worker '" << config.name() << "' (peer " << peer_address << ") joining "
             << config.server_address();
 
-  // `stop` ends the role's work: a signal, or the agent's end (fenced, unreachable, job done).
-  absl::Notification stop;
-  std::atomic<bool> signalled{false};
-  std::thread signals([&agent, &stop, &signalled] {
+  // `stop` ends the role's work: a signal, the job's end, or the agent's end (fenced,
+  // unreachable). Those come from two threads; a Notification must be notified once.
+  auto stop_signal = std::make_shared<StopSignal>();
+  const absl::Notification& stop = stop_signal->stop;
+  auto signalled = std::make_shared<std::atomic<bool>>(false);
+  std::thread([agent, stop_signal, signalled] {
     const int signal_number = WaitForTerminationSignal();
     LOG(INFO) << "signal " << signal_number << ": stopping";
-    signalled.store(true);
-    if (!stop.HasBeenNotified()) stop.Notify();
-    agent.Stop();
-  });
-  signals.detach();
+    signalled->store(true);
+    stop_signal->Notify();
+    agent->Stop();
+  }).detach();
 
+  // What the roles of this process share: the clock and the data set one role leaves the next.
+  const Clock* const clock = DefaultClock();
+  DataSetCache data_sets;
   absl::Notification registered;
   AgentExit exit = AgentExit::kStopped;
   std::thread membership([&] {
-    exit = agent.Run(&registered, &stop);
-    if (!stop.HasBeenNotified()) stop.Notify();
+    exit = agent->Run(&registered, [stop_signal] { stop_signal->Notify(); });
+    stop_signal->Notify();
   });
   registered.WaitForNotification();
   absl::Status work = absl::OkStatus();
   while (!stop.HasBeenNotified()) {
-    const Registration registration = agent.registration();
+    const Registration registration = agent->registration();
     if (registration.incarnation == 0) break;
     if (registration.role == TRAINER) {
       InjectedFaults faults;
@@ -232,20 +254,21 @@ int Run() {
       faults.reset_every_steps = FLAGS_fault_reset_every_steps;
       faults.poison_from_step = FLAGS_fault_poison_from_step;
       faults.poison_value = static_cast<float>(FLAGS_fault_poison_value);
-      work = RunTrainer(config, registration, channel, &agent, stop, faults, nullptr,
-                        &pipeline_port);
-      if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";
+      work = RunTrainer(config, registration, channel, agent.get(), stop, clock, &data_sets,
+                        faults, nullptr, &pipeline_port);
+      if (work.ok() && !agent->drained()) LOG(INFO) << "slot trained to max_steps; leaving";
     } else if (registration.role == EVALUATOR) {
-      work = RunEvaluator(config, registration, channel, stop);
+      work = RunEvaluator(config, registration, channel, stop, clock);
     } else {
       // A spare: it replays lost slots (REPLAY) or is handed one by a heartbeat
       // (RESTART_FROM_CENTER); either way it comes back here as a trainer.
-      auto rebuilt = RunSpare(config, registration, channel, &agent, &mailbox, stop);
+      auto rebuilt =
+          RunSpare(config, registration, channel, agent.get(), &mailbox, stop, clock, &data_sets);
       if (rebuilt.ok()) {
         InjectedFaults none;
-        work = RunTrainer(config, agent.registration(), channel, &agent, stop, none,
-                          *std::move(rebuilt), &pipeline_port);
-        if (work.ok() && !agent.drained()) LOG(INFO) << "slot trained to max_steps; leaving";
+        work = RunTrainer(config, agent->registration(), channel, agent.get(), stop, clock,
+                          &data_sets, none, *std::move(rebuilt), &pipeline_port);
+        if (work.ok() && !agent->drained()) LOG(INFO) << "slot trained to max_steps; leaving";
       } else if (rebuilt.status().code() == absl::StatusCode::kNotFound) {
         continue;  // a new registration: loop with it
       } else {
@@ -258,14 +281,14 @@ int Run() {
     LOG(WARNING) << "the server no longer knows this registration (" << work
                  << "); waiting for the new one";
     while (!stop.HasBeenNotified() &&
-           !agent.WaitForNewRegistration(registration.incarnation, absl::Milliseconds(200))) {
+           !agent->WaitForNewRegistration(registration.incarnation, absl::Milliseconds(200))) {
     }
     work = absl::OkStatus();
   }
-  agent.Stop();
+  agent->Stop();
   membership.join();
   peer_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (!work.ok() && signalled.load()) {
+  if (!work.ok() && signalled->load()) {
     // Stopping deregisters this worker while its work may still be talking to the server; the
     // errors that follow (FAILED_PRECONDITION: departed) are the stop's, not a failure.
     LOG(INFO) << "work ended by the stop: " << work;
@@ -286,13 +309,13 @@ int Run() {
       LOG(INFO) << "stopped";
       return 0;
     case AgentExit::kFenced:
-      LOG(ERROR) << "fenced by the server, exiting: " << agent.exit_reason();
+      LOG(ERROR) << "fenced by the server, exiting: " << agent->exit_reason();
       return 3;
     case AgentExit::kUnreachable:
-      LOG(ERROR) << "giving up: " << agent.exit_reason();
+      LOG(ERROR) << "giving up: " << agent->exit_reason();
       return 4;
     case AgentExit::kRejected:
-      LOG(ERROR) << agent.exit_reason();
+      LOG(ERROR) << agent->exit_reason();
       return 5;
   }
   return 1;

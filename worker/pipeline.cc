@@ -9,10 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "common/backoff.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/retry.h"
 #include "common/security.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
@@ -20,7 +19,8 @@
 #include "compute/adahessian.h"
 #include "compute/model_layout.h"
 #include "grpcpp/grpcpp.h"
-#include "worker/replay_mailbox.h"
+#include "worker/peer_service.h"
+#include "worker/retry.h"
 #include "worker/worker_metrics.h"
 
 namespace rebound::worker {
@@ -39,12 +39,12 @@ std::string OwnerText(const std::optional<Neighbour>& n) {
 
 absl::StatusOr<std::unique_ptr<PipelineExchange>> PipelineExchange::Create(
     const WorkerConfig& config, const Registration& registration, WorkerAgent* agent,
-    PipelinePort* port, const absl::Notification& stop, LogFn log) {
+    PipelinePort* port, const absl::Notification& stop, const Clock* clock, LogFn log) {
   if (port == nullptr) {
     return absl::FailedPreconditionError("a pipeline stage needs the worker's WorkerPeer port");
   }
   std::unique_ptr<PipelineExchange> exchange(
-      new PipelineExchange(config, registration, agent, port, stop, std::move(log)));
+      new PipelineExchange(config, registration, agent, port, stop, clock, std::move(log)));
   const JobConfig& job = registration.job;
   const int s = registration.slot.stage();
   const int stages = job.topology().stages();
@@ -92,7 +92,8 @@ absl::StatusOr<std::unique_ptr<PipelineExchange>> PipelineExchange::Create(
 
 PipelineExchange::PipelineExchange(const WorkerConfig& config, const Registration& registration,
                                    WorkerAgent* agent, PipelinePort* port,
-                                   const absl::Notification& stop, LogFn log)
+                                   const absl::Notification& stop, const Clock* clock,
+                                   LogFn log)
     : config_(config),
       job_(registration.job),
       slot_(registration.slot),
@@ -100,6 +101,7 @@ PipelineExchange::PipelineExchange(const WorkerConfig& config, const Registratio
       agent_(agent),
       port_(port),
       stop_(stop),
+      clock_(clock),
       log_(std::move(log)),
       neighbour_timeout_(
           absl::Milliseconds(registration.job.fault_tolerance().neighbour_timeout_ms())),
@@ -123,9 +125,8 @@ void PipelineExchange::Complete(int64_t t) {
 }
 
 void PipelineExchange::Linger(const absl::Notification& done) {
-  const absl::Time give_up = absl::Now() + give_up_;
-  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(100)) &&
-         absl::Now() < give_up) {
+  const absl::Time give_up = clock_->Now() + give_up_;
+  while (!clock_->WaitFor(absl::Milliseconds(100), &done) && clock_->Now() < give_up) {
     if (up_.has_value()) ResendIfReplaced(*up_);
     if (down_.has_value()) ResendIfReplaced(*down_);
   }
@@ -187,9 +188,10 @@ absl::Status PipelineExchange::Send(Link& link, BoundaryMessage message) {
   const std::string what =
       absl::StrCat("sending the ", PairName(link.direction), " of step ", message.step(),
                    ", micro-batch ", message.micro_batch());
-  Backoff backoff(absl::Milliseconds(20), absl::Milliseconds(500),
-                  absl::ToUnixNanos(absl::Now()));
-  const absl::Time start = absl::Now();
+  // Retried until acknowledged: the give-up time is CheckWait's (it also reports BLOCKED).
+  RetryLoop retry(PacingPolicy(absl::Milliseconds(20), absl::Milliseconds(500)), clock_, &stop_,
+                  what);
+  const absl::Time start = clock_->Now();
   while (true) {
     if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");
     ResendIfReplaced(link);
@@ -227,11 +229,12 @@ absl::Status PipelineExchange::Send(Link& link, BoundaryMessage message) {
         agent_->RequestHeartbeat();  // the owner changed: learn the new one
       }
     }
-    RETURN_IF_ERROR(CheckWait(absl::Now() - start, what, link.to));
+    RETURN_IF_ERROR(CheckWait(clock_->Now() - start, what, link.to));
     VLOG(1) << what << " to slot " << SlotName(link.to) << ": " << status.error_message();
-    if (stop_.WaitForNotificationWithTimeout(backoff.Next())) {
-      return absl::CancelledError("stopped");
-    }
+    // Every other refusal (no owner now, an owner that changed, a connection error) is tried
+    // again.
+    absl::Status again = absl::UnavailableError(status.error_message());
+    if (!retry.ShouldRetry(&again)) return again;
   }
 }
 
@@ -241,12 +244,12 @@ absl::StatusOr<BoundaryMessage> PipelineExchange::Await(BoundaryDirection direct
   from.set_stage(direction == FORWARD ? slot_.stage() - 1 : slot_.stage() + 1);
   const std::string what =
       absl::StrCat("waiting for the ", PairName(direction), " of step ", t, ", micro-batch ", mb);
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock_->Now();
   while (true) {
     absl::StatusOr<BoundaryMessage> message =
         port_->Take(direction, t, mb, absl::Milliseconds(100));
     if (message.ok()) {
-      Metrics().boundary_wait_seconds->ObserveDuration(absl::Now() - start);
+      Metrics().boundary_wait_seconds->ObserveDuration(clock_->Now() - start);
       if (blocked_) {
         blocked_ = false;
         Metrics().blocked->Set(0);
@@ -258,7 +261,7 @@ absl::StatusOr<BoundaryMessage> PipelineExchange::Await(BoundaryDirection direct
     if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");
     if (up_.has_value()) ResendIfReplaced(*up_);
     if (down_.has_value()) ResendIfReplaced(*down_);
-    RETURN_IF_ERROR(CheckWait(absl::Now() - start, what, from));
+    RETURN_IF_ERROR(CheckWait(clock_->Now() - start, what, from));
   }
 }
 

@@ -24,6 +24,14 @@
 // fault_tolerance.neighbour_timeout_ms reports the trainer BLOCKED (status shows what it waits
 // for, from whom); one that lasts longer than give_up_after_ms ends the trainer with
 // DEADLINE_EXCEEDED naming the neighbour. Nothing waits without a bound.
+//
+// Thread-safety: a PipelineExchange belongs to its trainer's thread. Ownership: it borrows the
+// agent, the port, `stop` and the clock (they outlive it), opens the port on Create and closes it
+// when destroyed; it owns its channels to the neighbours and the windows of sent pairs.
+// Status codes (Step): CANCELLED when stopped; DEADLINE_EXCEEDED when a neighbour stays silent
+// or unreachable past give_up_after_ms; INTERNAL when a neighbour refuses a pair as malformed;
+// INVALID_ARGUMENT for a received pair that is not valid FLOAT32; the log function's errors
+// (logged boundaries); the compute layer's errors.
 
 #include <cstdint>
 #include <deque>
@@ -37,11 +45,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "worker/agent.h"
 #include "worker/pipeline_port.h"
-#include "worker/training.h"
+#include "worker/slot_compute.h"
 
 namespace rebound::worker {
 
@@ -59,10 +68,12 @@ class PipelineExchange {
   using LogFn = std::function<absl::Status(const std::vector<LogRecord>& records)>;
 
   // Opens `port` for the registered slot, whose steps through registration.start_step are done.
-  // `log` is null when nothing is logged. `agent`, `port` and `stop` must outlive the exchange.
+  // `log` is null when nothing is logged. `agent`, `port`, `stop` and `clock` must outlive the
+  // exchange. FAILED_PRECONDITION without a port; INVALID_ARGUMENT for a model the job cannot
+  // split.
   static absl::StatusOr<std::unique_ptr<PipelineExchange>> Create(
       const WorkerConfig& config, const Registration& registration, WorkerAgent* agent,
-      PipelinePort* port, const absl::Notification& stop, LogFn log);
+      PipelinePort* port, const absl::Notification& stop, const Clock* clock, LogFn log);
   // Closes the port.
   ~PipelineExchange();
 
@@ -94,7 +105,7 @@ class PipelineExchange {
 
   PipelineExchange(const WorkerConfig& config, const Registration& registration,
                    WorkerAgent* agent, PipelinePort* port, const absl::Notification& stop,
-                   LogFn log);
+                   const Clock* clock, LogFn log);
 
   absl::Status Send(Link& link, BoundaryMessage message);
   // One attempt to `neighbour`; the RPC's status.
@@ -116,6 +127,7 @@ class PipelineExchange {
   WorkerAgent* const agent_;
   PipelinePort* const port_;
   const absl::Notification& stop_;
+  const Clock* const clock_;
   const LogFn log_;
   const absl::Duration neighbour_timeout_;
   const absl::Duration give_up_;

@@ -24,7 +24,11 @@
 // Every acknowledgement names this trainer's incarnation, so that a sender can tell when a
 // replaced neighbour needs the messages again.
 //
-// Thread-safe.
+// Thread-safety: thread-safe (the WorkerPeer service's handlers put, the trainer takes).
+// Ownership: the port is owned by the composition root (worker/main.cc) and outlives the
+// service and the trainers; it owns the messages it holds. The functions given to Open and
+// SetFlush are called on the callers' threads (Put's, Flush's) and must stay valid until Close
+// or until they are replaced.
 
 #include <cstdint>
 #include <functional>

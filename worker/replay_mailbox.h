@@ -5,8 +5,8 @@
 // block's reduced sums to every other spare (PartialSum); each combines the k blocks along the
 // top of the reduction tree, in the same order, and applies the same AdaHessian step.
 //
-// ReplayMailbox holds the messages that reach this worker's WorkerPeer service until the replay
-// loop takes them. It serves one task at a time:
+// ReplayMailbox holds the messages that reach this worker's WorkerPeer service
+// (worker/peer_service.h) until the replay loop takes them. It serves one task at a time:
 //   * a message for a task newer than the open one (or when none is open) is refused with
 //     UNAVAILABLE: the sender is ahead of us (we are still reading the snapshot) and retries;
 //   * a message for an older task, or for a step the loop has already passed, is refused with
@@ -18,7 +18,9 @@
 // task) has the region mapped and compared here; equal bytes make the mailbox keep the mapping
 // and the service acknowledge shm_mapped. A reference-only message from a rank without a mapping
 // of that name is FAILED_PRECONDITION.
-// Thread-safe.
+// Thread-safety: thread-safe (the peer service's handlers put, the replay takes).
+// Ownership: the mailbox owns the messages it holds and its region mappings; Region() shares a
+// mapping with the caller, which may keep it past the next Open or Close.
 
 #include <cstdint>
 #include <map>
@@ -29,10 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "grpcpp/grpcpp.h"
-#include "common/security.h"
 #include "proto/rebound.grpc.pb.h"
-#include "worker/pipeline_port.h"
 #include "worker/shared_sums.h"
 
 namespace rebound::worker {
@@ -80,42 +79,5 @@ class ReplayMailbox {
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<const SharedSumsReader>> regions_ ABSL_GUARDED_BY(mu_);
 };
-
-// The WorkerPeer service of a worker: replay messages go to the mailbox, pipeline boundary
-// tensors to the port (worker/pipeline_port.h), FlushLog to the port's flush (the trainer's step
-// log). Without a port, SendBoundary and FlushLog answer UNIMPLEMENTED.
-class WorkerPeerService final : public WorkerPeer::Service {
- public:
-  explicit WorkerPeerService(ReplayMailbox* mailbox, PipelinePort* port = nullptr)
-      : mailbox_(mailbox), port_(port) {}
-
-  // The bearer token every call must carry (none by default). Call before serving.
-  void SetTokenChecker(TokenChecker token) { token_ = std::move(token); }
-
-  grpc::Status SendPartialSum(grpc::ServerContext* context, const PartialSum* request,
-                              PartialSumAck* response) override;
-  grpc::Status SendBoundary(grpc::ServerContext* context, const BoundaryMessage* request,
-                            BoundaryAck* response) override;
-  // Ships every buffered record of the trainer's step log, bounded by the call's deadline (at
-  // most 10 s).
-  grpc::Status FlushLog(grpc::ServerContext* context, const FlushLogRequest* request,
-                        FlushLogResponse* response) override;
-
- private:
-  ReplayMailbox* const mailbox_;
-  PipelinePort* const port_;
-  TokenChecker token_{""};
-};
-
-// The largest message the WorkerPeer service accepts (a step's sums are about 2 x 4 bytes per
-// parameter: 8 MiB for a million parameters).
-inline constexpr int kMaxPeerMessageBytes = 1 << 30;
-// HTTP/2 flow-control window of WorkerPeer connections (both ends), so that a step's sums travel
-// without waiting for window updates.
-inline constexpr int kPeerWindowBytes = 16 << 20;
-// Larger HTTP/2 frames and socket reads for the same messages (HTTP/2 allows frames up to
-// 2^24 - 1 bytes).
-inline constexpr int kPeerFrameBytes = (1 << 24) - 1;
-inline constexpr int kPeerReadChunkBytes = 4 << 20;
 
 }  // namespace rebound::worker

@@ -25,6 +25,13 @@
 // soon as every receiver has answered the first step (the mappings stay valid),
 // so a killed process leaves no file behind past its first replayed step;
 // SweepStaleRegions removes what dead processes left in that window.
+//
+// Thread-safety: a SharedSumsWriter belongs to one spare's replay; a SharedSumsReader is
+// immutable after Open and may be read from any thread. Ownership: each owns its mapping
+// (unmapped when destroyed); readers are shared (std::shared_ptr) by the mailbox and the replay.
+// Status codes: Create UNAVAILABLE when shared memory cannot be had; Open NOT_FOUND,
+// PERMISSION_DENIED or UNAVAILABLE as the system says; Read DATA_LOSS for a reference outside
+// the region or a slot whose header does not match it.
 
 #include <cstdint>
 #include <memory>

@@ -72,13 +72,19 @@ StepLogger::StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnat
         sane.backoff_initial = std::max(sane.backoff_initial, absl::Milliseconds(1));
         sane.backoff_max = std::max(sane.backoff_max, sane.backoff_initial);
         return sane;
-      }()) {
+      }()),
+      clock_(options.clock != nullptr ? options.clock : DefaultClock()) {
   thread_ = std::thread([this] { Run(); });
 }
 
 StepLogger::StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation,
-                       const StepLogConfig& step_log, const WorkerConfig& config)
-    : StepLogger(std::move(channel), incarnation, StepLoggerOptions::FromConfig(config, step_log)) {}
+                       const StepLogConfig& step_log, const WorkerConfig& config,
+                       const Clock* clock)
+    : StepLogger(std::move(channel), incarnation, [&] {
+        StepLoggerOptions options = StepLoggerOptions::FromConfig(config, step_log);
+        options.clock = clock;
+        return options;
+      }()) {}
 
 StepLogger::~StepLogger() { Stop(); }
 
@@ -195,7 +201,7 @@ void StepLogger::OnAck(uint64_t acked_through) {
     buffer_.pop_front();
   }
   acked_through_ = through;
-  waiting_since_ = absl::Now();
+  waiting_since_ = clock_->Now();
 }
 
 void StepLogger::Run() {
@@ -238,7 +244,7 @@ absl::Status StepLogger::RunStream(bool* acked_any) {
     if (stopping_) stream->context.TryCancel();
     sent_through_ = acked_through_;
     acked_at_start = acked_through_;
-    waiting_since_ = absl::Now();
+    waiting_since_ = clock_->Now();
     ++streams_opened_;
   }
   stream->rw = stub_->AppendLog(&stream->context);
@@ -253,7 +259,7 @@ absl::Status StepLogger::RunStream(bool* acked_any) {
     absl::MutexLock lock(&mu_);
     auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stream->done || stopping_; };
     while (!ended()) {
-      if (sent_through_ > acked_through_ && absl::Now() - waiting_since_ >= options_.ack_timeout) {
+      if (sent_through_ > acked_through_ && clock_->Now() - waiting_since_ >= options_.ack_timeout) {
         hung = true;
         break;
       }
@@ -317,7 +323,7 @@ void StepLogger::WriteLoop(Stream* stream) {
         *request.add_records() = entry.record;
         bytes += entry.bytes;
       }
-      if (sent_through_ <= acked_through_) waiting_since_ = absl::Now();  // nothing was in flight
+      if (sent_through_ <= acked_through_) waiting_since_ = clock_->Now();  // nothing was in flight
       sent_through_ = request.records(request.records_size() - 1).record_id();
       // Counted before the write: its ack may arrive before Write returns.
       bytes_shipped_ += static_cast<int64_t>(request.ByteSizeLong());

@@ -30,6 +30,8 @@
 // CANCELLED stream) is retried. After Stop(), Append and Flush return CANCELLED.
 //
 // Thread safety: every method may be called from any thread. The destructor calls Stop().
+// Ownership: the logger shares the channel, owns its buffer and threads (joined by Stop()), and
+// borrows options.clock.
 
 #include <cstdint>
 #include <deque>
@@ -41,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "grpcpp/channel.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
@@ -66,6 +69,8 @@ struct StepLoggerOptions {
   // Delay before reopening a broken stream: initial, doubling up to max, with jitter.
   absl::Duration backoff_initial = absl::Milliseconds(100);
   absl::Duration backoff_max = absl::Seconds(5);
+  // What the ack timeout is measured with (null: DefaultClock()); must outlive the logger.
+  const Clock* clock = nullptr;
 
   // buffer_bytes and linger from the job's step_log; max_batch_bytes = min(512 KiB,
   // buffer_bytes); ack_timeout = rpc_deadline_ms; backoff from backoff_initial_ms and
@@ -89,9 +94,10 @@ class StepLogger {
   // REQUIRES: `incarnation` is this worker's current one.
   StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation,
              const StepLoggerOptions& options);
-  // The same with StepLoggerOptions::FromConfig(config, step_log).
+  // The same with StepLoggerOptions::FromConfig(config, step_log) and `clock`.
   StepLogger(std::shared_ptr<grpc::Channel> channel, uint64_t incarnation,
-             const StepLogConfig& step_log, const WorkerConfig& config);
+             const StepLogConfig& step_log, const WorkerConfig& config,
+             const Clock* clock = nullptr);
   ~StepLogger();
 
   StepLogger(const StepLogger&) = delete;
@@ -136,6 +142,7 @@ class StepLogger {
   const std::unique_ptr<ParameterServer::Stub> stub_;
   const uint64_t incarnation_;
   const StepLoggerOptions options_;
+  const Clock* const clock_;
 
   mutable absl::Mutex mu_;
   std::deque<Entry> buffer_ ABSL_GUARDED_BY(mu_);  // record_ids acked_through_+1 .. last_id_

@@ -11,7 +11,7 @@
 
 #include <cstdio>
 
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/process.h"
 #include "compute/backend_factory.h"
@@ -19,7 +19,7 @@
 #include "worker/data/dataset.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
-#include "worker/training.h"
+#include "worker/slot_compute.h"
 
 DEFINE_string(config, "", "job config (.pbtxt); required");
 DEFINE_int32(epochs, 10, "epochs to train, >= 1");
@@ -82,7 +82,8 @@ int Run() {
               static_cast<long long>(sampler->batches_per_epoch()));
   int64_t t = 0;
   for (int epoch = 1; epoch <= FLAGS_epochs; ++epoch) {
-    const absl::Time start = absl::Now();
+    const Clock* const clock = DefaultClock();
+    const absl::Time start = clock->Now();
     double loss_sum = 0.0;
     const int64_t steps = sampler->batches_per_epoch();
     for (int64_t i = 0; i < steps; ++i) {
@@ -100,7 +101,7 @@ int Run() {
       }
       loss_sum += *loss;
     }
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const double seconds = absl::ToDoubleSeconds(clock->Now() - start);
     auto eval = (*trainer)->Evaluate(data->test.images, test_labels);
     if (!eval.ok()) {
       LOG(ERROR) << eval.status();

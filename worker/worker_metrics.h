@@ -3,6 +3,9 @@
 // The worker's Prometheus metrics (docs/operations.md#metrics), in one process-wide registry
 // that rebound_worker serves at /metrics. The training, evaluation, replay and step-log code
 // updates these series; each is looked up once.
+//
+// Thread-safety: Metrics() and every series are safe from any thread. Ownership: the registry
+// and the series live for the process. No function returns a status.
 
 #include "common/metrics.h"
 

@@ -14,6 +14,9 @@
 // Errors are those of worker/data/idx_reader.h (NOT_FOUND, DATA_LOSS, INVALID_ARGUMENT, each
 // naming the file), plus INVALID_ARGUMENT for: image and label files with different counts, train
 // and test images of different shapes, a limit < 0 or above the file's count.
+//
+// Thread-safety: LoadFashionMnist is stateless and may run on any thread. Ownership: the result
+// owns its samples (the worker moves it between roles: worker/slot_compute.h DataSetCache).
 
 #include <cstdint>
 #include <string>

@@ -17,6 +17,9 @@
 //                      kIdxMaxFileBytes decompressed, a label outside [0, num_classes).
 // The whole gzip stream is decompressed and verified (CRC-32 and length of every member) before
 // the IDX structure is looked at, so a damaged file always reports DATA_LOSS.
+//
+// Thread-safety: the readers are stateless and may run on any thread. Ownership: results own
+// their bytes.
 
 #include <cstdint>
 #include <string>

@@ -29,6 +29,10 @@
 //    of epoch `epoch`'s order. It always satisfies 0 <= offset <= L - batch_size: taking the last
 //    batch of an epoch moves it to (epoch + 1, 0). Snapshots store its two int64s; Seek restores
 //    it.
+//
+// Thread-safety: the functions are stateless; a ShardSampler is not thread-safe (each trainer
+// owns one). Status codes: see each function (INVALID_ARGUMENT for a configuration or cursor
+// out of range).
 
 #include <cstdint>
 #include <vector>

@@ -1,0 +1,252 @@
+#include "worker/easgd_trainer.h"
+
+#include <glog/logging.h>
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/retry.h"
+#include "common/slot.h"
+#include "common/status_macros.h"
+#include "compute/adahessian.h"
+#include "compute/tensor_bundle.h"
+#include "worker/center_rpc.h"
+#include "worker/retry.h"
+#include "worker/worker_metrics.h"
+
+namespace rebound::worker {
+
+EasgdTrainer::EasgdTrainer(const WorkerConfig& config, const Registration& registration,
+                           std::shared_ptr<grpc::Channel> channel, WorkerAgent* agent,
+                           const absl::Notification& stop, const Clock* clock,
+                           const InjectedFaults& faults, SlotCompute* compute, bool replayed,
+                           PipelinePort* port)
+    : config_(config),
+      registration_(registration),
+      job_(registration.job),
+      slot_(registration.slot),
+      channel_(std::move(channel)),
+      agent_(agent),
+      stop_(stop),
+      clock_(clock),
+      faults_(faults),
+      compute_(compute),
+      replayed_(replayed),
+      port_(port),
+      max_steps_(registration.job.training().max_steps()),
+      tau_(registration.job.easgd().sync_period()),
+      stub_(ParameterServer::NewStub(channel_)) {
+  const size_t n = compute_->trainer->stage(0).layout().packed_size();
+  x_.resize(n);
+  m_.resize(n);
+  v_.resize(n);
+  d_.resize(n);
+}
+
+EasgdTrainer::~EasgdTrainer() {
+  if (!hooks_set_) return;
+  agent_->SetFlushHook(nullptr);
+  if (port_ != nullptr) port_->SetFlush(nullptr);
+}
+
+absl::Status EasgdTrainer::Open() {
+  // The step log (DESIGN §5.2): per step, the sample ids of each micro-batch and the checksum of
+  // the parameters after the step, shipped asynchronously from a bounded buffer. Only REPLAY reads
+  // it: under the other policies nothing is logged.
+  if (job_.step_log().enabled() && EffectiveRecoveryPolicy(job_) == REPLAY) {
+    step_logger_ =
+        std::make_shared<StepLogger>(channel_, registration_.incarnation, job_.step_log(),
+                                                config_, clock_);
+  }
+  if (job_.topology().stages() <= 1) return absl::OkStatus();
+  // Pipelines: the boundary exchange with the neighbouring stages, and a flush of the log on the
+  // server's FLUSH_LOG or a neighbour's FlushLog (a lost neighbour's inputs may sit in it).
+  hooks_set_ = true;
+  PipelineExchange::LogFn log_fn;
+  if (step_logger_ != nullptr) {
+    log_fn = [this](const std::vector<LogRecord>& records) { return AppendToLog(records); };
+  }
+  ASSIGN_OR_RETURN(pipeline_, PipelineExchange::Create(config_, registration_, agent_, port_,
+                                                       stop_, clock_, std::move(log_fn)));
+  if (step_logger_ != nullptr) {
+    std::weak_ptr<StepLogger> weak = step_logger_;
+    auto flush = [weak](absl::Duration timeout) -> absl::Status {
+      std::shared_ptr<StepLogger> logger = weak.lock();
+      return logger == nullptr ? absl::OkStatus() : logger->Flush(timeout);
+    };
+    agent_->SetFlushHook(flush);
+    port_->SetFlush(flush);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EasgdTrainer::Start() {
+  const int64_t start = registration_.start_step;
+  if (start > 0 && !replayed_) {
+    compute::MlpStage& stage = compute_->trainer->stage(0);
+    const compute::StageLayout& layout = stage.layout();
+    ASSIGN_OR_RETURN(const PullResponse center,
+                     PullCenter(config_, clock_, stop_, stub_.get(), registration_.incarnation,
+                                slot_.stage(), layout));
+    RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
+    RETURN_IF_ERROR(compute_->SeekAfter(start));
+    LOG(INFO) << "restarting slot " << SlotName(slot_) << " from the center (version "
+              << center.center_version() << ") at step " << start;
+  }
+  LOG(INFO) << "training slot " << SlotName(slot_) << " on "
+            << compute_->sampler->shard().size() << " samples for steps " << start + 1 << ".."
+            << max_steps_ << ", sync every " << tau_;
+  label_map_ = InjectedLabelMap(faults_);
+  if (replayed_ && start > 0 && (start % tau_ == 0 || start == max_steps_)) {
+    // The lost trainer had done step `start` but its sync was not applied: do it now.
+    RETURN_IF_ERROR(Sync(start, std::nanf("")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> EasgdTrainer::TrainStep(int64_t t, absl::Span<const int64_t> ids) {
+  const absl::Time step_start = clock_->Now();
+  float loss = 0;
+  if (pipeline_ != nullptr) {
+    ASSIGN_OR_RETURN(loss, pipeline_->Step(t, ids, label_map_, compute_));
+  } else {
+    ASSIGN_OR_RETURN(loss, compute_->Step(t, ids, label_map_));
+  }
+  Metrics().step_seconds->ObserveDuration(clock_->Now() - step_start);
+  Metrics().steps->Increment();
+  Metrics().step->Set(static_cast<double>(t));
+  // Only the last stage of a pipeline computes the loss; the others report none (NaN).
+  const bool has_loss = pipeline_ == nullptr || compute_->trainer->ends_at_loss();
+  if (has_loss) Metrics().loss->Set(loss);
+  if (has_loss && !std::isfinite(loss)) {
+    return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
+  }
+  return loss;
+}
+
+absl::Status EasgdTrainer::LogStep(int64_t t, absl::Span<const int64_t> ids) {
+  if (step_logger_ == nullptr) return absl::OkStatus();
+  const int micro_batches = job_.data().micro_batches();
+  const size_t per = ids.size() / micro_batches;  // micro-batch k = rows [k B/M, (k+1) B/M)
+  std::vector<LogRecord> records;
+  records.reserve(micro_batches + 1);
+  // The sample ids are stage 0's own input; later stages find them in the boundary records
+  // their neighbours log (DESIGN §5.2).
+  for (int k = 0; k < micro_batches && slot_.stage() == 0; ++k) {
+    records.push_back(MakeMicroBatchRecord(slot_, t, k, ids.subspan(k * per, per)));
+  }
+  ASSIGN_OR_RETURN(const uint64_t checksum, compute_->trainer->stage(0).ParamsChecksum());
+  records.push_back(MakeStepRecord(slot_, t, checksum));
+  Metrics().log_records->Increment(static_cast<double>(records.size()));
+  RETURN_IF_ERROR(AppendToLog(records));
+  Metrics().log_buffered_bytes->Set(static_cast<double>(step_logger_->stats().pending_bytes));
+  return absl::OkStatus();
+}
+
+absl::Status EasgdTrainer::AppendToLog(const std::vector<LogRecord>& records) {
+  // AppendAll itself waits up to a second for room; between attempts there is no backoff to
+  // speak of.
+  RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(1);
+  policy.max_backoff = absl::Milliseconds(1);
+  policy.give_up_after = absl::Milliseconds(config_.give_up_after_ms());
+  // A full buffer is UNAVAILABLE, which is retried; the logger's other errors are final.
+  return Retry(policy, clock_, &stop_, "append to the step log (buffer full)",
+               [&] { return step_logger_->AppendAll(records, absl::Seconds(1)); });
+}
+
+absl::Status EasgdTrainer::Sync(int64_t t, float loss) {
+  compute::MlpStage& stage = compute_->trainer->stage(0);
+  const compute::StageLayout& layout = stage.layout();
+  RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x_)));
+  RETURN_IF_ERROR(compute_->trainer->optimizer(0).GetState(
+      absl::MakeSpan(m_), absl::MakeSpan(v_), absl::MakeSpan(d_)));
+  SyncRequest request;
+  // This role's incarnation, not the agent's current one: once the agent has registered again
+  // (a rollback, a server restart), this trainer's syncs must be refused as its own, not be
+  // sent under the new spare's name.
+  request.set_incarnation(registration_.incarnation);
+  *request.mutable_slot() = slot_;
+  request.set_step(t);
+  std::vector<float> poisoned;
+  if (faults_.poison_from_step > 0 && t >= faults_.poison_from_step) {
+    poisoned = x_;
+    MaybePoison(faults_, t, &poisoned);
+  }
+  *request.mutable_params() = compute::BundleFromPacked(layout, poisoned.empty() ? x_ : poisoned);
+  request.mutable_optimizer()->set_step(t);
+  *request.mutable_optimizer()->mutable_m() = compute::BundleFromPacked(layout, m_);
+  *request.mutable_optimizer()->mutable_v() = compute::BundleFromPacked(layout, v_);
+  *request.mutable_optimizer()->mutable_last_hdiag() = compute::BundleFromPacked(layout, d_);
+  if (std::isfinite(loss)) request.set_loss(loss);
+  request.set_data_epoch(compute_->sampler->cursor().epoch);
+  request.set_data_offset(compute_->sampler->cursor().offset);
+  SyncResponse response;
+  {
+    ScopedLatency timed(Metrics().sync_seconds);
+    RETURN_IF_ERROR(RefusedUpdate(
+        "sync", t, CallWithRetry(config_, clock_, stop_, "sync", [&](grpc::ClientContext* context) {
+          response.Clear();
+          return stub_->Sync(context, request, &response);
+        })));
+  }
+  Metrics().syncs->Increment();
+  Metrics().weight->Set(response.weight());
+  if (response.has_worker_params_after()) {
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, response.worker_params_after(),
+                                            "worker_params_after"));
+    x_ = compute::PackedFromBundle(layout, response.worker_params_after());
+  } else {
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, response.center_before(), "center_before"));
+    const std::vector<float> c_before = compute::PackedFromBundle(layout, response.center_before());
+    RETURN_IF_ERROR(
+        compute::ElasticPullWorker(response.moving_rate(), c_before, absl::MakeSpan(x_)));
+  }
+  RETURN_IF_ERROR(stage.SetParams(x_));
+  if (agent_->drain_requested()) agent_->MarkDrained();
+  VLOG(1) << "synced step " << t << " loss " << loss << " weight " << response.weight()
+          << " center version " << response.center_version();
+  return absl::OkStatus();
+}
+
+void EasgdTrainer::Finish() {
+  if (step_logger_ != nullptr) {
+    absl::Status flushed = step_logger_->Flush(absl::Milliseconds(config_.rpc_deadline_ms()));
+    if (!flushed.ok()) LOG(WARNING) << "step log not flushed at the end: " << flushed;
+  }
+  if (pipeline_ != nullptr) {
+    // The other stages may still need this one's last pairs (a neighbour rebuilt near the end):
+    // stay until the job ends (every slot FINISHED) or give_up_after_ms.
+    LOG(INFO) << "finished " << max_steps_ << " steps; serving the last pairs until the job ends";
+    pipeline_->Linger(stop_);
+  }
+  LOG(INFO) << "finished " << max_steps_ << " steps";
+}
+
+absl::Status EasgdTrainer::Run() {
+  RETURN_IF_ERROR(Open());
+  RETURN_IF_ERROR(Start());
+  for (int64_t t = registration_.start_step + 1; t <= max_steps_; ++t) {
+    if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");
+    RETURN_IF_ERROR(MaybeResetFromScratch(faults_, t, job_, slot_, &resets_,
+                                          compute_->trainer.get()));
+    const std::vector<int64_t> ids = compute_->sampler->NextBatch();
+    ASSIGN_OR_RETURN(const float loss, TrainStep(t, ids));
+    agent_->set_progress(t, loss);
+    RETURN_IF_ERROR(LogStep(t, ids));
+    if (pipeline_ != nullptr) pipeline_->Complete(t);
+    if (t % tau_ != 0 && t != max_steps_) continue;
+    RETURN_IF_ERROR(Sync(t, loss));
+    if (agent_->drained()) {
+      // DRAIN: the slot's state is the snapshot of this sync; a spare takes it from there.
+      LOG(WARNING) << "drained: synced step " << t << "; leaving slot " << SlotName(slot_);
+      return absl::OkStatus();
+    }
+  }
+  Finish();
+  return absl::OkStatus();
+}
+
+}  // namespace rebound::worker

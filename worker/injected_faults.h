@@ -1,0 +1,49 @@
+#pragma once
+
+// Faults a trainer can inject into itself, for the weighting benchmark and chaos tests only
+// (docs/operations.md): they model a machine that computes on corrupted data, a naive
+// supervisor that restarts a trainer from scratch, and a byzantine trainer (issue R9).
+//
+// Thread-safety: InjectedFaults is a value; the functions touch only their arguments.
+// Ownership: nothing is kept. Status codes: MaybeResetFromScratch returns the compute layer's
+// errors (INVALID_ARGUMENT for a layout mismatch), OK otherwise.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "compute/step.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+
+namespace rebound::worker {
+
+struct InjectedFaults {
+  // Non-zero: every label y of the trainer's batches becomes perm[y], perm a fixed random
+  // permutation of the classes drawn from this seed (silent data corruption).
+  uint64_t label_permutation_seed = 0;
+  // Non-zero: every this many steps the trainer drops its parameters and optimizer state and
+  // starts again from fresh random parameters.
+  int64_t reset_every_steps = 0;
+  // Non-zero: a byzantine trainer (issue R9). Every sync (push) from this step on carries
+  // `poison_value` with alternating signs (+, -, +, ...) in place of every parameter (of every
+  // g and D element); the server must refuse it, and the trainer then exits.
+  int64_t poison_from_step = 0;
+  float poison_value = 3.4e38f;
+};
+
+// From step faults.poison_from_step on, `values` become +value, -value, +value, ...; returns
+// whether it did.
+bool MaybePoison(const InjectedFaults& faults, int64_t t, std::vector<float>* values);
+
+// The labels a trainer sees: perm[y] for a fixed random permutation of the classes under
+// label_permutation_seed; empty (labels unchanged) without it.
+std::vector<int32_t> InjectedLabelMap(const InjectedFaults& faults);
+
+// A naive supervisor's restart before step t (when one is due): fresh random parameters (the
+// `resets`-th draw of this replica), zero optimizer state.
+absl::Status MaybeResetFromScratch(const InjectedFaults& faults, int64_t t, const JobConfig& job,
+                                   const SlotId& slot, int64_t* resets,
+                                   compute::LocalTrainer* trainer);
+
+}  // namespace rebound::worker
