@@ -25,6 +25,7 @@
 #include "fuzz/sessions.pb.h"
 #include "grpcpp/server_context.h"
 #include "proto/rebound.pb.h"
+#include "worker/peer_service.h"
 #include "worker/replay_mailbox.h"
 #include "worker/shared_sums.h"
 
