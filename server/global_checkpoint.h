@@ -24,7 +24,13 @@
 // returns that same checkpoint; the caller restores the center and the slots from it
 // (server/service.cc).
 //
-// Thread-safe.
+// Thread-safety: thread-safe; Arrive blocks the calling thread at the barrier (at most its
+// timeout). Ownership: the Clock is borrowed and must outlive the object; times of arrivals, writes
+// and waits are read from it (the barrier's timeout itself is a wait on the object's mutex).
+//
+// Status codes: Load gives DATA_LOSS for a file that does not parse or belongs to another job;
+// Arrive gives ABORTED (a rollback), UNAVAILABLE (the barrier's wait timed out), INTERNAL (an
+// arrival at another cut than the pending one).
 
 #include <cstdint>
 #include <functional>
@@ -36,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/storage.pb.h"
@@ -46,8 +53,9 @@ class GlobalCheckpoint {
  public:
   // `dir`: where checkpoint files live; empty keeps them in memory. `initial`: the checkpoint of
   // the job's start (step 0: the initial centers, no snapshots: every slot starts from the
-  // model's initialisation), used until a newer one is taken or loaded.
-  GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial);
+  // model's initialisation), used until a newer one is taken or loaded. `clock` outlives this.
+  GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial,
+                   const Clock* clock);
 
   GlobalCheckpoint(const GlobalCheckpoint&) = delete;
   GlobalCheckpoint& operator=(const GlobalCheckpoint&) = delete;
@@ -96,6 +104,7 @@ class GlobalCheckpoint {
   const int64_t every_;
   const int64_t max_steps_;
   const std::string dir_;
+  const Clock* const clock_;
 
   mutable absl::Mutex mu_;
   CheckpointRecord current_ ABSL_GUARDED_BY(mu_);

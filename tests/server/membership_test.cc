@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
+
 #include <optional>
 #include <string>
 #include <thread>
@@ -8,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 #include "common/clock.h"
@@ -337,14 +340,37 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   auto early = membership.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
   REQUIRE(early.ok());
   CHECK_FALSE(early->has_value());
-  // A spare already waiting is woken by FinishRollback.
+  // A spare already waiting is woken by FinishRollback. `waited` is written by the waiter and
+  // read here only after join(); `returned` and `finish_called` tell, without a data race,
+  // whether the claim returned and whether FinishRollback had been called by then.
   std::optional<absl::StatusOr<std::optional<Membership::ReplayClaim>>> waited;
-  std::thread waiter(
-      [&] { waited = membership.ClaimReplay(spare->incarnation(), absl::Seconds(20)); });
-  absl::SleepFor(absl::Milliseconds(20));
-  CHECK_FALSE(waited.has_value());
+  absl::Notification returned;
+  std::atomic<bool> finish_called{false};
+  std::atomic<bool> returned_after_finish{false};
+  std::thread waiter([&] {
+    waited = membership.ClaimReplay(spare->incarnation(), absl::Seconds(20));
+    returned_after_finish.store(finish_called.load());
+    returned.Notify();
+  });
+  // The spare is parked in ClaimReplay once status shows it waiting for a task.
+  auto spare_waiting = [&] {
+    GetStatusResponse now;
+    membership.FillStatus(&now);
+    for (const WorkerStatus& worker : now.workers()) {
+      if (worker.incarnation() == spare->incarnation()) return worker.waiting_for_task();
+    }
+    return false;
+  };
+  for (int i = 0; i < 2000 && !spare_waiting() && !returned.HasBeenNotified(); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK(spare_waiting());
+  // Parked, and it stays parked: the claim blocks until the rollback is finished.
+  CHECK_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)));
+  finish_called.store(true);
   membership.FinishRollback();
   waiter.join();
+  CHECK(returned_after_finish.load());
   REQUIRE(waited.has_value());
   REQUIRE(waited->ok());
   REQUIRE((*waited)->has_value());
