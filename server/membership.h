@@ -11,7 +11,21 @@
 // Records of fenced workers are kept up to kMaxFencedRecords; older ones are pruned, and an
 // incarnation of this epoch below the counter is still recognised as fenced.
 //
-// Thread-safe. Time comes from the injected Clock.
+// Replay tasks. The claim of a task (ClaimReplay), its published range, its finish and its
+// release are still kept here, with the slots' task fields, under the membership's lock; their
+// only caller is the RecoveryCoordinator (server/recovery_coordinator.h), which assembles the
+// tasks and decides what a finish means under the job's policy.
+//
+// Thread-safety: thread-safe; one mutex (mu_), which is taken after the stage and step-log locks
+// and before SlotBooks' and the persist function's (server/recovery_coordinator.h has the
+// server's lock order). ClaimReplay blocks the caller up to its timeout. The persist function is
+// called under mu_ and must take no lock that is held while calling Membership.
+// Ownership: `clock` is borrowed and must outlive the membership; the persist function is copied.
+// Status codes: each function says which it returns; in general INVALID_ARGUMENT for a malformed
+// request, ABORTED for an unknown incarnation (register again), FAILED_PRECONDITION for a fenced
+// one or one that does not hold what it names, UNAUTHENTICATED / PERMISSION_DENIED from
+// Authenticate and CheckRole, RESOURCE_EXHAUSTED when every trainer slot is owned.
+// Time comes from the injected Clock.
 
 #include <cstdint>
 #include <functional>

@@ -8,6 +8,10 @@
 //    inputs, workers by role and state, center versions, recoveries (by policy and outcome,
 //    steps replayed, phase durations), the step log, global checkpoints, test accuracy and loss,
 //    and RocksDB sizes.
+//
+// Thread-safety: the interceptors run on gRPC's threads and the scrape families on the metrics
+// server's; both are thread-safe as long as `status` is. Ownership: `registry` and `store` are
+// borrowed and must outlive the server. Status codes: none.
 
 #include <functional>
 #include <memory>
