@@ -187,7 +187,7 @@ int Run() {
   MetricsRegistry metrics;
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
   creators.push_back(NewParseStatusFactory());
-  if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics));
+  if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics, &clock));
   builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

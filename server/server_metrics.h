@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "proto/rebound.pb.h"
@@ -23,9 +24,10 @@
 
 namespace rebound::server {
 
-// Counts and times every RPC into `registry` (not owned; outlives the server).
+// Counts and times every RPC into `registry`, timed by `clock` (both not owned; they outlive the
+// server).
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewRpcMetricsFactory(
-    MetricsRegistry* registry);
+    MetricsRegistry* registry, const Clock* clock);
 
 // Adds the scrape-time families. `status` returns the server's current status; `store` (may be
 // null) gives the storage sizes.
