@@ -392,6 +392,11 @@ absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::Finish(
   return takeover;
 }
 
+absl::StatusOr<SlotId> RecoveryCoordinator::TaskSlot(uint64_t task_id,
+                                                     uint64_t incarnation) const {
+  return units_.membership->TaskSlot(task_id, incarnation);
+}
+
 void RecoveryCoordinator::OnRestartedFromCenter(uint64_t spare_incarnation,
                                                 const RegisterResponse& takeover) {
   const SlotId& slot = takeover.slot();

@@ -139,6 +139,10 @@ class RecoveryCoordinator {
   // nothing (the task ended otherwise; the slot is LOST again or falls back).
   absl::StatusOr<std::optional<RegisterResponse>> Finish(const ReportRecoveryRequest& report);
 
+  // ReadLog: the slot of task `task_id`, in which `incarnation` takes part; FAILED_PRECONDITION
+  // otherwise (the errors of CheckAlive first).
+  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const;
+
   // A spare's heartbeat took a LOST slot over from the center (RESTART_FROM_CENTER, or the
   // fallback of a failed replay): the slot is live again and charged with the recovery.
   void OnRestartedFromCenter(uint64_t spare_incarnation, const RegisterResponse& takeover);

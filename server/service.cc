@@ -715,7 +715,7 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
     return ToGrpcStatus(ready);
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
-  auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
+  auto slot = recovery_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   SlotId read = Normalized(*slot);
   if (request->has_slot()) {

@@ -11,6 +11,7 @@
 //   Pull                                     -> CenterTable
 //   AppendLog, ReadLog                       -> StepLogService
 //   WaitForTask, ReportRecovery              -> RecoveryCoordinator (server/recovery_coordinator.h)
+//                                               (ReadLog asks it for the task's slot)
 //   ReportEval, GetStatus                    -> the service's own last evaluation; every unit's
 //                                               status
 //

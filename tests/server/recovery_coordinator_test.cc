@@ -138,6 +138,11 @@ TEST_CASE("REPLAY: a spare gets a replay task for a lost slot and must prove its
   REQUIRE(t.spares_size() == 1);
   CHECK(t.spares(0).incarnation() == spare.incarnation());
   CHECK(StateOf(*u.membership, 0) == RECOVERING);
+  auto read = u.coordinator->TaskSlot(t.task_id(), spare.incarnation());
+  REQUIRE(read.ok());
+  CHECK(read->replica() == 0);
+  CHECK(u.coordinator->TaskSlot(t.task_id() + 1, spare.incarnation()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
 
   // A RECOVERED report that does not cover the published range is refused; the task goes on.
   ReportRecoveryRequest report;
