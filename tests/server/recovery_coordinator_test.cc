@@ -4,9 +4,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -248,6 +250,29 @@ TEST_CASE("GLOBAL_CHECKPOINT: a lost trainer rolls every slot back; spares resto
   REQUIRE(finished.ok());
   REQUIRE(finished->has_value());
   CHECK(StateOf(*u.membership, 0) == ACTIVE);
+}
+
+TEST_CASE("a status read while the global checkpoint is enabled sees one policy or the other") {
+  // server/main.cc serves GetStatus (and /metrics scrapes it) before it enables the checkpoint:
+  // the policy's swap must not race with FillStatus (a data race under TSan when the service
+  // held the checkpoint in a plain unique_ptr).
+  Units u("GLOBAL_CHECKPOINT checkpoint_every_steps: 4");
+  std::atomic<bool> done{false};
+  std::atomic<int> with_checkpoint{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      GetStatusResponse status;
+      u.coordinator->FillStatus(&status);
+      if (status.has_checkpoint()) with_checkpoint.fetch_add(1);
+    }
+  });
+  REQUIRE(u.coordinator->EnableGlobalCheckpoint("").ok());
+  while (with_checkpoint.load() == 0) std::this_thread::yield();
+  done.store(true);
+  reader.join();
+  GetStatusResponse status;
+  u.coordinator->FillStatus(&status);
+  CHECK(status.checkpoint().every_steps() == 4);
 }
 
 }  // namespace
