@@ -62,7 +62,7 @@ class GlobalCheckpoint {
 
   // Loads the newest checkpoint file of `dir`, if any (a server restart). DATA_LOSS if it does
   // not parse or belongs to another job.
-  absl::Status Load();
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
 
   // True iff a sync at `step` must wait at a barrier.
   bool IsCut(int64_t step) const;
@@ -72,7 +72,7 @@ class GlobalCheckpoint {
 
   // The number of rollbacks so far. A sync reads it before it is applied and passes it to
   // Arrive, so that a sync applied just before a rollback never arrives at a barrier after it.
-  uint64_t epoch() const;
+  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Slot `slot_index` has synced at cut `step` (in `epoch`: ABORTED if a rollback has happened
   // since). Waits up to `timeout` for every slot to arrive;
@@ -81,20 +81,20 @@ class GlobalCheckpoint {
   // ABORTED when a rollback ends the wait. A failing `take` or write is logged and the older
   // checkpoint kept: training goes on and the next cut tries again.
   absl::Status Arrive(int slot_index, int64_t step, uint64_t epoch, absl::Duration timeout,
-                      const TakeFn& take);
+                      const TakeFn& take) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fixes the checkpoint a rollback goes back to and returns it: until BeginRollback no cut
   // completes, and an arrival gets ABORTED.
-  CheckpointRecord Freeze();
+  CheckpointRecord Freeze() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts a rollback: waiters get ABORTED, the barrier is reset; returns the checkpoint to
   // restore (the one Freeze returned, if it was called).
-  CheckpointRecord BeginRollback();
+  CheckpointRecord BeginRollback() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current checkpoint (the last taken or loaded).
-  CheckpointRecord Current() const;
+  CheckpointRecord Current() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  void FillStatus(CheckpointStatus* out) const;
+  void FillStatus(CheckpointStatus* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Status Persist(const CheckpointRecord& record) const;

@@ -763,8 +763,9 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
   for (const SlotRecord& record : slots) {
     const int index = SlotIndex(record.slot());
     if (index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the data directory holds slot ", SlotName(record.slot()), ", outside this job's topology"));
+      return absl::InvalidArgumentError(absl::StrCat("the data directory holds slot ",
+                                                     SlotName(record.slot()),
+                                                     ", outside this job's topology"));
     }
   }
   epoch_ = server.incarnation_epoch();
@@ -875,12 +876,13 @@ absl::StatusOr<uint64_t> Membership::Drain(const SlotId& slot) {
   absl::MutexLock lock(&mu_);
   const int index = SlotIndex(slot);
   if (index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("slot ", SlotName(slot), " is outside the job's topology"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", SlotName(slot), " is outside the job's topology"));
   }
   Slot& s = slots_[index];
   if (s.state != ACTIVE || s.owner == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("slot ", SlotName(slot), " is ", SlotState_Name(s.state),
-                                                      ": no trainer to drain"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slot ", SlotName(slot), " is ", SlotState_Name(s.state), ": no trainer to drain"));
   }
   Worker& worker = workers_.at(s.owner);
   worker.draining = true;

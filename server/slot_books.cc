@@ -83,8 +83,9 @@ absl::Status SlotBooks::WaitForTurn(const SlotId& slot, absl::Duration timeout) 
     return true;
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&my_turn), timeout)) {
-    return absl::UnavailableError(absl::StrCat("DETERMINISTIC scheduling: slot ", SlotName(slot),
-                                               " waits for the other replicas of its round; retry"));
+    return absl::UnavailableError(
+        absl::StrCat("DETERMINISTIC scheduling: slot ", SlotName(slot),
+                     " waits for the other replicas of its round; retry"));
   }
   return absl::OkStatus();
 }
