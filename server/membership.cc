@@ -582,7 +582,7 @@ void Membership::AbandonReplay(uint64_t task_id, const std::string& why) {
 }
 
 absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
-    uint64_t incarnation, const ReportRecoveryRequest& report) {
+    uint64_t incarnation, const ReportRecoveryRequest& report, const ReplayEnd& end) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckAliveLocked(incarnation));
@@ -607,31 +607,8 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
     record->mutable_phases()->set_detection_ms(detection);
   }
   if (report.outcome() != RECOVERED) {
-    if (report.outcome() == CHECKSUM_MISMATCH && job_.topology().stages() > 1) {
-      // A pipeline stage restarted from the center would not match the step its live
-      // neighbours are at: there is no fallback. Another spare (another machine, maybe the
-      // right backend and threads) replays it again.
-      LOG(ERROR) << "REPLAY of pipeline slot " << SlotName(slot.id)
-                 << " did not reproduce the logged checksums (" << report.detail()
-                 << "): DATA_LOSS; it waits for another replay";
-      ReleaseTaskLocked(slot, CHECKSUM_MISMATCH,
-                        absl::StrCat("DATA_LOSS: ", report.detail(),
-                                     "; a pipeline stage has no fallback: the next spare replays "
-                                     "it again (same backend, hardware and compute.threads as "
-                                     "the lost trainer needed, DESIGN §5.6)"));
-    } else if (report.outcome() == CHECKSUM_MISMATCH) {
-      LOG(ERROR) << "REPLAY of slot " << SlotName(slot.id)
-                 << " did not reproduce the logged checksums (" << report.detail()
-                 << "): DATA_LOSS; falling back to RESTART_FROM_CENTER for this slot";
-      ReleaseTaskLocked(slot, CHECKSUM_MISMATCH,
-                        absl::StrCat("DATA_LOSS: ", report.detail(),
-                                     "; falling back to RESTART_FROM_CENTER"));
-      slot.fallback_restart = true;
-    } else {
-      ReleaseTaskLocked(slot, report.outcome() == RECOVERY_OUTCOME_UNSPECIFIED ? ABANDONED
-                                                                               : report.outcome(),
-                        report.detail());
-    }
+    ReleaseTaskLocked(slot, end.outcome, end.why);
+    if (end.fallback_restart) slot.fallback_restart = true;
     return std::optional<RegisterResponse>();
   }
   Worker& spare = workers_.at(incarnation);

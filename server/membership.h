@@ -174,13 +174,24 @@ class Membership {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Gives up a claimed task (e.g. its snapshot cannot be read): the slot is LOST again.
   void AbandonReplay(uint64_t task_id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // How a task that did not rebuild its slot ends, as the recovery policy decided it
+  // (RecoveryPolicy::EndOf): the recovery record's outcome and detail, and whether the slot falls
+  // back to RESTART_FROM_CENTER (the next spare heartbeat takes it over) instead of waiting for
+  // another replay.
+  struct ReplayEnd {
+    RecoveryOutcome outcome = ABANDONED;
+    std::string why;
+    bool fallback_restart = false;
+  };
   // The end of a replay, reported by its leader. RECOVERED: the leader becomes the slot's
   // trainer under a new incarnation, returned (its spare incarnation is fenced as REPLACED); the
-  // helpers are spares again. Any other outcome: the slot is LOST again; after
-  // CHECKSUM_MISMATCH it falls back to RESTART_FROM_CENTER (the next spare heartbeat takes it
-  // over), loudly. The recovery's record in status gets `report`'s figures.
-  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(
-      uint64_t incarnation, const ReportRecoveryRequest& report) ABSL_LOCKS_EXCLUDED(mu_);
+  // helpers are spares again. Any other outcome: the slot is LOST again and `end` applies
+  // (ignored for RECOVERED). The recovery's record in status gets `report`'s figures.
+  // FAILED_PRECONDITION unless `incarnation` leads task report.task_id().
+  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(uint64_t incarnation,
+                                                               const ReportRecoveryRequest& report,
+                                                               const ReplayEnd& end)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Policy GLOBAL_CHECKPOINT. True (with the reason) once per loss of a slot's trainer since the
   // last call: the caller rolls everything back (ParameterServerService::MaybeRollBack).

@@ -16,6 +16,30 @@
 namespace rebound::server {
 namespace {
 
+// The end of a task that did not rebuild its slot, under every policy (see RecoveryPolicy::EndOf).
+Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecoveryRequest& report) {
+  Membership::ReplayEnd end;
+  if (report.outcome() == CHECKSUM_MISMATCH && job.topology().stages() > 1) {
+    // A pipeline stage restarted from the center would not match the step its live neighbours
+    // are at: there is no fallback. Another spare (another machine, maybe the right backend and
+    // threads) replays it again.
+    end.outcome = CHECKSUM_MISMATCH;
+    end.why = absl::StrCat("DATA_LOSS: ", report.detail(),
+                           "; a pipeline stage has no fallback: the next spare replays it again "
+                           "(same backend, hardware and compute.threads as the lost trainer "
+                           "needed, DESIGN §5.6)");
+  } else if (report.outcome() == CHECKSUM_MISMATCH) {
+    end.outcome = CHECKSUM_MISMATCH;
+    end.why = absl::StrCat("DATA_LOSS: ", report.detail(), "; falling back to RESTART_FROM_CENTER");
+    end.fallback_restart = true;
+  } else {
+    end.outcome =
+        report.outcome() == RECOVERY_OUTCOME_UNSPECIFIED ? ABANDONED : report.outcome();
+    end.why = report.detail();
+  }
+  return end;
+}
+
 // Policy REPLAY (DESIGN §5.3); also a GLOBAL_CHECKPOINT job's until EnableGlobalCheckpoint.
 class ReplayPolicy : public RecoveryPolicy {
  public:
@@ -131,6 +155,10 @@ class ReplayPolicy : public RecoveryPolicy {
         absl::StrCat("the log holds no checksum of step ", tf, " to verify the replay against"));
   }
 
+  Membership::ReplayEnd EndOf(const ReportRecoveryRequest& report) const override {
+    return EndOfFailedTask(job_, report);
+  }
+
   void OnRecovered(const ReportRecoveryRequest& report,
                    const RegisterResponse& takeover) override {
     // A recovery counts against the slot (DESIGN §4.5).
@@ -208,6 +236,10 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
 
   absl::Status CheckRecovered(const ReportRecoveryRequest&) const override {
     return absl::OkStatus();
+  }
+
+  Membership::ReplayEnd EndOf(const ReportRecoveryRequest& report) const override {
+    return EndOfFailedTask(job_, report);
   }
 
   void OnRecovered(const ReportRecoveryRequest&, const RegisterResponse& takeover) override {
@@ -380,9 +412,20 @@ absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::Finish(
       return proven;
     }
   }
+  // The task's slot, for the log line of a failed replay (gone once the task has ended).
+  const absl::StatusOr<SlotId> slot =
+      units_.membership->TaskSlot(report.task_id(), report.incarnation());
+  const Membership::ReplayEnd end = p->EndOf(report);
   ASSIGN_OR_RETURN(std::optional<RegisterResponse> takeover,
-                   units_.membership->FinishReplay(report.incarnation(), report));
+                   units_.membership->FinishReplay(report.incarnation(), report, end));
   if (!takeover.has_value()) {
+    if (report.outcome() == CHECKSUM_MISMATCH && slot.ok()) {
+      const bool pipeline = units_.config->job().topology().stages() > 1;
+      LOG(ERROR) << "REPLAY of " << (pipeline ? "pipeline " : "") << "slot " << SlotName(*slot) << " did not reproduce the logged checksums ("
+                 << report.detail() << "): DATA_LOSS; "
+                 << (end.fallback_restart ? "falling back to RESTART_FROM_CENTER for this slot"
+                                          : "it waits for another replay");
+    }
     LOG(WARNING) << "replay task " << report.task_id() << " ended "
                  << RecoveryOutcome_Name(report.outcome()) << ": " << report.detail();
     return takeover;

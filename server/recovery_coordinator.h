@@ -20,7 +20,8 @@
 //
 // Membership keeps who is who (incarnations, roles, leases, slot owners and slot states, and
 // today still the claim's bookkeeping: ClaimReplay, PublishReplay, FinishReplay, the task fields
-// of its slots); the coordinator is the only caller of those replay-task functions.
+// of its slots); the coordinator is the only caller of those replay-task functions, and its
+// policy decides what a task's end means (RecoveryPolicy::EndOf: the fallback).
 //
 // Thread-safety: thread-safe; every method may be called from any gRPC handler thread.
 // NextTask blocks up to its wait, and AfterSync up to the server's max_wait_ms (the barrier).
@@ -97,6 +98,11 @@ class RecoveryPolicy {
 
   // A RECOVERED report is acceptable (before the takeover); FAILED_PRECONDITION otherwise.
   virtual absl::Status CheckRecovered(const ReportRecoveryRequest& report) const = 0;
+
+  // How a task whose report is not RECOVERED ends: the slot is LOST again, and after a
+  // CHECKSUM_MISMATCH falls back to RESTART_FROM_CENTER (a single stage) or waits for another
+  // replay (a pipeline stage: restarted from the center it would not match its neighbours).
+  virtual Membership::ReplayEnd EndOf(const ReportRecoveryRequest& report) const = 0;
 
   // The slot of `takeover` was taken over after `report`: charges it (DESIGN §4.5) and logs it.
   virtual void OnRecovered(const ReportRecoveryRequest& report,

@@ -384,7 +384,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   report.set_incarnation(spare->incarnation());
   report.set_task_id((**waited)->task_id);
   report.set_outcome(RECOVERED);
-  auto restored = membership.FinishReplay(spare->incarnation(), report);
+  auto restored = membership.FinishReplay(spare->incarnation(), report, {});
   REQUIRE(restored.ok());
   REQUIRE(restored->has_value());
   CHECK((*restored)->slot().replica() == 0);
@@ -398,7 +398,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   CHECK((*claim)->slot.replica() == 1);
   report.set_incarnation(b2->incarnation());
   report.set_task_id((*claim)->task_id);
-  restored = membership.FinishReplay(b2->incarnation(), report);
+  restored = membership.FinishReplay(b2->incarnation(), report, {});
   REQUIRE(restored.ok());
   REQUIRE(restored->has_value());
   CHECK_FALSE(membership.TakeRecoveryCharge(b->slot()));
@@ -443,7 +443,7 @@ TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
   report.set_outcome(RECOVERED);
   report.set_steps_replayed(3);
   report.set_verified(true);
-  auto finished = membership.FinishReplay(spare->incarnation(), report);
+  auto finished = membership.FinishReplay(spare->incarnation(), report, {});
   REQUIRE(finished.ok());
   REQUIRE(finished->has_value());
   const RegisterResponse& trainer = **finished;
@@ -572,9 +572,9 @@ TEST_CASE("with recovery_parallelism 2 one waiting spare leads a replay and anot
   report.set_outcome(RECOVERED);
   report.set_steps_replayed(3);
   report.set_verified(true);
-  CHECK(membership.FinishReplay(helper, report).status().code() ==
+  CHECK(membership.FinishReplay(helper, report, {}).status().code() ==
         absl::StatusCode::kFailedPrecondition);
-  auto finished = membership.FinishReplay(leader, report);
+  auto finished = membership.FinishReplay(leader, report, {});
   REQUIRE(finished.ok());
   REQUIRE(finished->has_value());
   CHECK((*finished)->start_step() == 19);
@@ -632,7 +632,7 @@ TEST_CASE("a helper that dies mid-replay ends the task; the slot goes to a new t
   ReportRecoveryRequest report;
   report.set_task_id(task);
   report.set_outcome(RECOVERED);
-  CHECK(membership.FinishReplay(leader, report).status().code() ==
+  CHECK(membership.FinishReplay(leader, report, {}).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   // The leader claims the slot again, alone now.
   auto again = membership.ClaimReplay(leader, absl::ZeroDuration());
@@ -668,6 +668,8 @@ TEST_CASE("a spare that dies mid-replay releases the task to another spare") {
   CHECK((*again)->task_id != (*claim)->task_id);
 }
 
+// The decision to fall back is the recovery policy's (RecoveryPolicy::EndOf, tested in
+// recovery_coordinator_test); Membership carries it out.
 TEST_CASE("a replay that fails its checksum falls back to RESTART_FROM_CENTER, loudly") {
   FakeClock clock;
   Membership membership(JobWithPolicy("REPLAY"), &clock);
@@ -682,7 +684,11 @@ TEST_CASE("a replay that fails its checksum falls back to RESTART_FROM_CENTER, l
   report.set_task_id((*claim)->task_id);
   report.set_outcome(CHECKSUM_MISMATCH);
   report.set_detail("step 5: checksum 0x1 != logged 0x2");
-  auto finished = membership.FinishReplay(s1->incarnation(), report);
+  Membership::ReplayEnd end;
+  end.outcome = CHECKSUM_MISMATCH;
+  end.why = "DATA_LOSS: step 5: checksum 0x1 != logged 0x2; falling back to RESTART_FROM_CENTER";
+  end.fallback_restart = true;
+  auto finished = membership.FinishReplay(s1->incarnation(), report, end);
   REQUIRE(finished.ok());
   CHECK_FALSE(finished->has_value());
   CHECK(membership.Recoveries()[0].outcome() == CHECKSUM_MISMATCH);

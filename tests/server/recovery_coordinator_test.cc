@@ -29,13 +29,15 @@
 namespace rebound::server {
 namespace {
 
-// 2 replicas x 1 stage under `policy`.
-JobConfig Job(const std::string& policy) {
+// `stages` = 1: 2 replicas x 1 stage; 2: 1 replica x 2 stages (each its own recovery group),
+// under `policy`.
+JobConfig Job(const std::string& policy, int stages) {
   auto job = ParseJobConfig(
       absl::StrCat("job_id: \"j\"\n"
                    "model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: "
                    "IDENTITY } }\n"
-                   "topology { replicas: 2 stages: 1 }\n"
+                   "topology { replicas: ", 3 - stages, " stages: ", stages, " }\n"
+                   "data { batch_size: 4 micro_batches: 2 }\n"
                    "easgd { sync_period: 2 }\n"
                    "training { max_steps: 16 }\n"
                    "fault_tolerance { policy: ",
@@ -56,7 +58,7 @@ RegisterRequest Request(const std::string& name, WorkerRole role) {
 
 // The units server/main.cc and the service make, in memory.
 struct Units {
-  explicit Units(const std::string& policy) : job(Job(policy)) {
+  explicit Units(const std::string& policy, int stages = 1) : job(Job(policy, stages)) {
     config.set_max_wait_ms(0);
     *config.mutable_job() = job;
     auto opened = storage::DurableStore::Open(
@@ -199,6 +201,43 @@ TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch f
   const double fault_before = u.tracker.Current(reply->takeover().slot(), u.clock.Now()).fault_score();
   u.coordinator->OnRestartedFromCenter(spare.incarnation(), reply->takeover());
   CHECK(u.tracker.Current(reply->takeover().slot(), u.clock.Now()).fault_score() > fault_before);
+}
+
+TEST_CASE("REPLAY: a pipeline stage whose replay mismatches waits for another replay") {
+  Units u("REPLAY", /*stages=*/2);
+  u.Register("a", TRAINER);
+  const RegisterResponse b = u.Register("b", TRAINER);
+  const RegisterResponse spare = u.Register("s", SPARE);
+  REQUIRE(u.membership->Deregister(b.incarnation()).ok());
+  // Its live neighbour does not flush: the replay starts once failure_timeout has passed.
+  u.clock.Advance(absl::Milliseconds(1001));
+  auto task = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(task.ok());
+  REQUIRE(task->has_value());
+  CHECK((*task)->slot().stage() == 1);
+  ReportRecoveryRequest report;
+  report.set_incarnation(spare.incarnation());
+  report.set_task_id((*task)->task_id());
+  report.set_outcome(CHECKSUM_MISMATCH);
+  report.set_detail("step 2 hashes differently");
+  auto finished = u.coordinator->Finish(report);
+  REQUIRE(finished.ok());
+  CHECK_FALSE(finished->has_value());
+  const std::vector<RecoveryStatus> recoveries = u.membership->Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].outcome() == CHECKSUM_MISMATCH);
+  CHECK_THAT(recoveries[0].detail(), Catch::Matchers::Contains("no fallback"));
+  // No restart from the center: the next claim is another replay of the stage.
+  HeartbeatRequest beat;
+  beat.set_incarnation(spare.incarnation());
+  auto reply = u.membership->Heartbeat(beat);
+  REQUIRE(reply.ok());
+  CHECK_FALSE(reply->has_takeover());
+  auto again = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(again.ok());
+  REQUIRE(again->has_value());
+  CHECK((*again)->slot().stage() == 1);
+  CHECK((*again)->task_id() != (*task)->task_id());
 }
 
 TEST_CASE("RESTART_FROM_CENTER: no tasks; the coordinator starts with that policy") {
