@@ -4,7 +4,11 @@
 // thread in a long poll (Pull with min_version, WaitForTask), or how many request bytes may be
 // held at once. A call Enter()s with its units and holds a Pass until it returns; when the units
 // would exceed the capacity it is refused with RESOURCE_EXHAUSTED (retry later) at once, so an
-// attacker's calls cost no parked thread and no memory beyond the bound. Thread-safe.
+// attacker's calls cost no parked thread and no memory beyond the bound.
+//
+// Thread-safety: thread-safe (one internal mutex, a leaf). Ownership: a Pass points at its gate,
+// which must outlive it. Status codes: Enter gives RESOURCE_EXHAUSTED naming the resource when
+// the units would exceed the capacity.
 
 #include <cstdint>
 #include <string>

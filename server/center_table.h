@@ -18,6 +18,13 @@
 //
 // Parameters travel as TensorBundles with one FLOAT32 tensor per model tensor, in ascending
 // global tensor id order (compute/model_layout.h), exactly the shapes of the stage's layout.
+//
+// Thread-safety: thread-safe; one lock per stage. The weight and commit functions are called
+// under the stage's lock and may take the locks to its right in the server's lock order
+// (server/recovery_coordinator.h) but never a stage lock. Ownership: owns the centers; the
+// functions passed to an update are borrowed for the call. Status codes: INVALID_ARGUMENT
+// (malformed input, integrity), the weight or commit function's own error, UNAVAILABLE from a
+// stage that refuses work after a failed commit; Restore also DATA_LOSS.
 
 #include <cstdint>
 #include <functional>

@@ -16,7 +16,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 
 namespace rebound::server {
 namespace {
@@ -60,12 +59,14 @@ absl::Status WriteAndSync(const std::string& path, const std::string& bytes) {
 
 }  // namespace
 
-GlobalCheckpoint::GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial)
+GlobalCheckpoint::GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial,
+                                   const Clock* clock)
     : job_id_(job.job_id()),
       num_slots_(job.topology().replicas() * job.topology().stages()),
       every_(job.fault_tolerance().checkpoint_every_steps()),
       max_steps_(job.training().max_steps()),
-      dir_(std::move(dir)) {
+      dir_(std::move(dir)),
+      clock_(clock) {
   initial.set_job_id(job_id_);
   initial.set_step(0);
   current_ = std::move(initial);
@@ -157,7 +158,7 @@ uint64_t GlobalCheckpoint::epoch() const {
 
 absl::Status GlobalCheckpoint::Arrive(int slot_index, int64_t step, uint64_t epoch,
                                       absl::Duration timeout, const TakeFn& take) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (epoch != epoch_) {
     return absl::AbortedError(
@@ -177,14 +178,14 @@ absl::Status GlobalCheckpoint::Arrive(int slot_index, int64_t step, uint64_t epo
   }
   arrived_.emplace(slot_index, now);  // a retry keeps its first arrival
   if (static_cast<int>(arrived_.size()) == num_slots_) {
-    const absl::Time started = absl::Now();
+    const absl::Time started = clock_->Now();
     absl::StatusOr<CheckpointRecord> record = take(step);
     if (record.ok()) {
       record->set_job_id(job_id_);
       record->set_step(step);
     }
     absl::Status persisted = record.ok() ? Persist(*record) : record.status();
-    const absl::Time released = absl::Now();
+    const absl::Time released = clock_->Now();
     write_ += released - started;
     for (const auto& [slot, arrived_at] : arrived_) barrier_wait_ += released - arrived_at;
     if (persisted.ok()) {

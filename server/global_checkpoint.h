@@ -24,7 +24,13 @@
 // returns that same checkpoint; the caller restores the center and the slots from it
 // (server/service.cc).
 //
-// Thread-safe.
+// Thread-safety: thread-safe; Arrive blocks the calling thread at the barrier (at most its
+// timeout). Ownership: the Clock is borrowed and must outlive the object; times of arrivals, writes
+// and waits are read from it (the barrier's timeout itself is a wait on the object's mutex).
+//
+// Status codes: Load gives DATA_LOSS for a file that does not parse or belongs to another job;
+// Arrive gives ABORTED (a rollback), UNAVAILABLE (the barrier's wait timed out), INTERNAL (an
+// arrival at another cut than the pending one).
 
 #include <cstdint>
 #include <functional>
@@ -36,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/storage.pb.h"
@@ -46,15 +53,16 @@ class GlobalCheckpoint {
  public:
   // `dir`: where checkpoint files live; empty keeps them in memory. `initial`: the checkpoint of
   // the job's start (step 0: the initial centers, no snapshots: every slot starts from the
-  // model's initialisation), used until a newer one is taken or loaded.
-  GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial);
+  // model's initialisation), used until a newer one is taken or loaded. `clock` outlives this.
+  GlobalCheckpoint(const JobConfig& job, std::string dir, CheckpointRecord initial,
+                   const Clock* clock);
 
   GlobalCheckpoint(const GlobalCheckpoint&) = delete;
   GlobalCheckpoint& operator=(const GlobalCheckpoint&) = delete;
 
   // Loads the newest checkpoint file of `dir`, if any (a server restart). DATA_LOSS if it does
   // not parse or belongs to another job.
-  absl::Status Load();
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
 
   // True iff a sync at `step` must wait at a barrier.
   bool IsCut(int64_t step) const;
@@ -64,7 +72,7 @@ class GlobalCheckpoint {
 
   // The number of rollbacks so far. A sync reads it before it is applied and passes it to
   // Arrive, so that a sync applied just before a rollback never arrives at a barrier after it.
-  uint64_t epoch() const;
+  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Slot `slot_index` has synced at cut `step` (in `epoch`: ABORTED if a rollback has happened
   // since). Waits up to `timeout` for every slot to arrive;
@@ -73,20 +81,20 @@ class GlobalCheckpoint {
   // ABORTED when a rollback ends the wait. A failing `take` or write is logged and the older
   // checkpoint kept: training goes on and the next cut tries again.
   absl::Status Arrive(int slot_index, int64_t step, uint64_t epoch, absl::Duration timeout,
-                      const TakeFn& take);
+                      const TakeFn& take) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fixes the checkpoint a rollback goes back to and returns it: until BeginRollback no cut
   // completes, and an arrival gets ABORTED.
-  CheckpointRecord Freeze();
+  CheckpointRecord Freeze() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts a rollback: waiters get ABORTED, the barrier is reset; returns the checkpoint to
   // restore (the one Freeze returned, if it was called).
-  CheckpointRecord BeginRollback();
+  CheckpointRecord BeginRollback() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current checkpoint (the last taken or loaded).
-  CheckpointRecord Current() const;
+  CheckpointRecord Current() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  void FillStatus(CheckpointStatus* out) const;
+  void FillStatus(CheckpointStatus* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Status Persist(const CheckpointRecord& record) const;
@@ -96,6 +104,7 @@ class GlobalCheckpoint {
   const int64_t every_;
   const int64_t max_steps_;
   const std::string dir_;
+  const Clock* const clock_;
 
   mutable absl::Mutex mu_;
   CheckpointRecord current_ ABSL_GUARDED_BY(mu_);

@@ -21,12 +21,14 @@
 #include "common/metrics_http.h"
 #include "common/process.h"
 #include "common/security.h"
+#include "common/slot.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
 #include "server/center_table.h"
+#include "server/failure_detector.h"
 #include "server/membership.h"
 #include "server/parse_status.h"
 #include "server/reliability.h"
@@ -185,7 +187,7 @@ int Run() {
   MetricsRegistry metrics;
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
   creators.push_back(NewParseStatusFactory());
-  if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics));
+  if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics, &clock));
   builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -255,63 +257,38 @@ int Run() {
     }
   }
 
-  // The failure detector checks several times per heartbeat interval, so a silent worker is
-  // declared failed at most failure_timeout + one check period after its last heartbeat.
-  const absl::Duration period = absl::Milliseconds(
-      std::max(10, std::min(100, config.job().fault_tolerance().heartbeat_interval_ms() / 4)));
-  absl::Notification stop;
-  std::thread detector([&] {
-    bool healthy = true;
-    absl::Time last_pass = clock.Now();
-    absl::Time last_release = last_pass;
-    while (!stop.WaitForNotificationWithTimeout(period)) {
-      // tcmalloc keeps what a burst of large requests freed until later frees; give it back.
-      if (clock.Now() - last_release >= kReleaseFreeHeapEvery) {
-        last_release = clock.Now();
-        ReleaseFreeHeapAbove(kKeepFreeHeapBytes);
-      }
-      // Woken far later than asked: the whole server was stopped or starved, and no heartbeat
-      // could arrive meanwhile. Without this, every worker would be fenced on resume.
-      const absl::Time now = clock.Now();
-      const absl::Duration late = now - last_pass - period;
-      last_pass = now;
-      if (late > std::max(4 * period, absl::Milliseconds(200))) {
-        LOG(WARNING) << "the server did not run for " << absl::ToInt64Milliseconds(late)
-                     << " ms (stopped or starved); that time is not counted as workers' silence";
-        membership.ExcuseServerPause(late);
-      }
-      absl::Status health = (*centers)->Health();
-      // A RocksDB background error: every write fails until the operator repairs the store.
-      if (health.ok()) health = db->BackgroundError();
-      if (healthy && !health.ok()) {
-        // The in-memory state is ahead of the durable one, or the store refuses writes: stop
-        // serving so the supervisor (or the operator) restarts the server, which reloads what
-        // was acknowledged.
-        healthy = false;
-        LOG(ERROR) << "health: NOT_SERVING: " << health;
-        server->GetHealthCheckService()->SetServingStatus(false);
-      }
-      for (const FailedWorker& failed : membership.DetectFailures()) {
-        if (failed.had_slot) {
-          tracker.OnFault(failed.slot, clock.Now());
-          tracker.SetLive(failed.slot, false);
-        }
-        LOG(WARNING) << "declared '" << failed.name << "' (incarnation " << failed.incarnation
-                     << ") failed after " << absl::ToInt64Milliseconds(failed.silent_for)
-                     << " ms of silence"
-                     << (failed.had_slot ? absl::StrCat("; slot (", failed.slot.replica(), ", ",
-                                                        failed.slot.stage(), ") is LOST")
-                                         : std::string());
-      }
-      service.MaybeRollBack();
+  // The failure detector (server/failure_detector.h) on a thread of its own; it also returns
+  // tcmalloc's free pages and runs the GLOBAL_CHECKPOINT rollback after each pass.
+  absl::Time last_release = clock.Now();
+  FailureDetector::Hooks hooks;
+  hooks.health = [&centers, db] {
+    absl::Status health = (*centers)->Health();
+    // A RocksDB background error: every write fails until the operator repairs the store.
+    if (health.ok()) health = db->BackgroundError();
+    return health;
+  };
+  // The in-memory state is ahead of the durable one, or the store refuses writes: stop serving
+  // so the supervisor (or the operator) restarts the server, which reloads what was acknowledged.
+  hooks.on_unhealthy = [&server](const absl::Status&) {
+    server->GetHealthCheckService()->SetServingStatus(false);
+  };
+  hooks.after_pass = [&] {
+    // tcmalloc keeps what a burst of large requests freed until later frees; give it back.
+    if (clock.Now() - last_release >= kReleaseFreeHeapEvery) {
+      last_release = clock.Now();
+      ReleaseFreeHeapAbove(kKeepFreeHeapBytes);
     }
-  });
+    service.MaybeRollBack();
+  };
+  FailureDetector detector(job, &membership, &tracker, &clock, std::move(hooks));
+  absl::Notification stop;
+  std::thread detector_thread([&] { detector.Run(&stop); });
 
   const int signal_number = WaitForTerminationSignal();
   LOG(INFO) << "signal " << signal_number << ": shutting down";
   server->GetHealthCheckService()->SetServingStatus(false);
   stop.Notify();
-  detector.join();
+  detector_thread.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   LOG(INFO) << "stopped";

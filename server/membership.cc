@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/security.h"
+#include "common/slot.h"
 #include "common/status_macros.h"
 
 namespace rebound::server {
@@ -284,8 +285,8 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
         if (state != ROLLED_BACK) slot.failed_since_restore = true;
         if (state != ROLLED_BACK && !rollback_requested_) {
           rollback_requested_ = true;
-          rollback_why_ = absl::StrCat("slot (", slot.id.replica(), ", ", slot.id.stage(),
-                                       ") lost its trainer '", worker.name, "' (",
+          rollback_why_ = absl::StrCat("slot ", SlotName(slot.id),
+                                       " lost its trainer '", worker.name, "' (",
                                        WorkerState_Name(state), ": ", why, ")");
         }
       } else {
@@ -363,8 +364,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   Worker& replaced = spare;  // fenced below; the reference stays valid (std::map)
   replaced.state = REPLACED;
   replaced.state_reason =
-      absl::StrCat("took over slot (", slot.id.replica(), ", ", slot.id.stage(),
-                   ") as incarnation ", trainer.incarnation);
+      absl::StrCat("took over slot ", SlotName(slot.id), " as incarnation ", trainer.incarnation);
   absl::Status persisted = PersistLocked();
   if (!persisted.ok()) LOG(ERROR) << "cannot persist a takeover: " << persisted;
 
@@ -390,8 +390,8 @@ void Membership::ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const st
     r->set_outcome(outcome);
     r->set_detail(why);
   }
-  LOG(WARNING) << "replay task " << slot.task_id << " of slot (" << slot.id.replica() << ", "
-               << slot.id.stage() << ") ended without a takeover: " << why;
+  LOG(WARNING) << "replay task " << slot.task_id << " of slot " << SlotName(slot.id)
+               << " ended without a takeover: " << why;
   slot.state = LOST;
   ClearTask(slot);
   slot.detail = absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
@@ -582,7 +582,7 @@ void Membership::AbandonReplay(uint64_t task_id, const std::string& why) {
 }
 
 absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
-    uint64_t incarnation, const ReportRecoveryRequest& report) {
+    uint64_t incarnation, const ReportRecoveryRequest& report, const ReplayEnd& end) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckAliveLocked(incarnation));
@@ -607,31 +607,8 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
     record->mutable_phases()->set_detection_ms(detection);
   }
   if (report.outcome() != RECOVERED) {
-    if (report.outcome() == CHECKSUM_MISMATCH && job_.topology().stages() > 1) {
-      // A pipeline stage restarted from the center would not match the step its live
-      // neighbours are at: there is no fallback. Another spare (another machine, maybe the
-      // right backend and threads) replays it again.
-      LOG(ERROR) << "REPLAY of pipeline slot (" << slot.id.replica() << ", " << slot.id.stage()
-                 << ") did not reproduce the logged checksums (" << report.detail()
-                 << "): DATA_LOSS; it waits for another replay";
-      ReleaseTaskLocked(slot, CHECKSUM_MISMATCH,
-                        absl::StrCat("DATA_LOSS: ", report.detail(),
-                                     "; a pipeline stage has no fallback: the next spare replays "
-                                     "it again (same backend, hardware and compute.threads as "
-                                     "the lost trainer needed, DESIGN §5.6)"));
-    } else if (report.outcome() == CHECKSUM_MISMATCH) {
-      LOG(ERROR) << "REPLAY of slot (" << slot.id.replica() << ", " << slot.id.stage()
-                 << ") did not reproduce the logged checksums (" << report.detail()
-                 << "): DATA_LOSS; falling back to RESTART_FROM_CENTER for this slot";
-      ReleaseTaskLocked(slot, CHECKSUM_MISMATCH,
-                        absl::StrCat("DATA_LOSS: ", report.detail(),
-                                     "; falling back to RESTART_FROM_CENTER"));
-      slot.fallback_restart = true;
-    } else {
-      ReleaseTaskLocked(slot, report.outcome() == RECOVERY_OUTCOME_UNSPECIFIED ? ABANDONED
-                                                                               : report.outcome(),
-                        report.detail());
-    }
+    ReleaseTaskLocked(slot, end.outcome, end.why);
+    if (end.fallback_restart) slot.fallback_restart = true;
     return std::optional<RegisterResponse>();
   }
   Worker& spare = workers_.at(incarnation);
@@ -763,9 +740,9 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
   for (const SlotRecord& record : slots) {
     const int index = SlotIndex(record.slot());
     if (index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the data directory holds slot (", record.slot().replica(), ", ",
-          record.slot().stage(), "), outside this job's topology"));
+      return absl::InvalidArgumentError(absl::StrCat("the data directory holds slot ",
+                                                     SlotName(record.slot()),
+                                                     ", outside this job's topology"));
     }
   }
   epoch_ = server.incarnation_epoch();
@@ -813,8 +790,7 @@ absl::Status Membership::CheckOwner(uint64_t incarnation, const SlotId& slot) co
   const int index = SlotIndex(slot);
   if (index < 0 || slots_[index].owner != incarnation) {
     return absl::FailedPreconditionError(absl::StrCat("incarnation ", incarnation,
-                                                      " does not own slot (", slot.replica(), ", ",
-                                                      slot.stage(), ")"));
+                                                      " does not own slot ", SlotName(slot)));
   }
   return absl::OkStatus();
 }
@@ -877,14 +853,13 @@ absl::StatusOr<uint64_t> Membership::Drain(const SlotId& slot) {
   absl::MutexLock lock(&mu_);
   const int index = SlotIndex(slot);
   if (index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("slot (", slot.replica(), ", ", slot.stage(),
-                                                   ") is outside the job's topology"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", SlotName(slot), " is outside the job's topology"));
   }
   Slot& s = slots_[index];
   if (s.state != ACTIVE || s.owner == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("slot (", slot.replica(), ", ", slot.stage(),
-                                                      ") is ", SlotState_Name(s.state),
-                                                      ": no trainer to drain"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slot ", SlotName(slot), " is ", SlotState_Name(s.state), ": no trainer to drain"));
   }
   Worker& worker = workers_.at(s.owner);
   worker.draining = true;

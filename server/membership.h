@@ -11,7 +11,21 @@
 // Records of fenced workers are kept up to kMaxFencedRecords; older ones are pruned, and an
 // incarnation of this epoch below the counter is still recognised as fenced.
 //
-// Thread-safe. Time comes from the injected Clock.
+// Replay tasks. The claim of a task (ClaimReplay), its published range, its finish and its
+// release are still kept here, with the slots' task fields, under the membership's lock; their
+// only caller is the RecoveryCoordinator (server/recovery_coordinator.h), which assembles the
+// tasks and decides what a finish means under the job's policy.
+//
+// Thread-safety: thread-safe; one mutex (mu_), which is taken after the stage and step-log locks
+// and before SlotBooks' and the persist function's (server/recovery_coordinator.h has the
+// server's lock order). ClaimReplay blocks the caller up to its timeout. The persist function is
+// called under mu_ and must take no lock that is held while calling Membership.
+// Ownership: `clock` is borrowed and must outlive the membership; the persist function is copied.
+// Status codes: each function says which it returns; in general INVALID_ARGUMENT for a malformed
+// request, ABORTED for an unknown incarnation (register again), FAILED_PRECONDITION for a fenced
+// one or one that does not hold what it names, UNAUTHENTICATED / PERMISSION_DENIED from
+// Authenticate and CheckRole, RESOURCE_EXHAUSTED when every trainer slot is owned.
+// Time comes from the injected Clock.
 
 #include <cstdint>
 #include <functional>
@@ -58,7 +72,7 @@ class Membership {
   // so a trainer that reconnects within reconnect_grace + failure_timeout just goes on.
   // INVALID_ARGUMENT if the records belong to another job or topology.
   absl::Status Restore(const ServerRecord& server, const std::vector<SlotRecord>& slots,
-                       absl::Duration grace);
+                       absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
 
   static constexpr size_t kMaxFencedRecords = 4096;
 
@@ -67,20 +81,22 @@ class Membership {
 
   // Admits a worker. FAILED_PRECONDITION if the job id differs; RESOURCE_EXHAUSTED if it asks
   // to be a trainer and every slot is owned; INVALID_ARGUMENT for a malformed request.
-  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records liveness and progress. FAILED_PRECONDITION if fenced, ABORTED if unknown.
-  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A clean exit: the incarnation is fenced as DEPARTED (DRAINED if `drained`); a slot it owned
   // becomes LOST (recovered by the job's policy: under REPLAY from its snapshot, which a drained
   // trainer's last sync made current, so nothing is replayed).
-  absl::Status Deregister(uint64_t incarnation, bool drained = false);
+  absl::Status Deregister(uint64_t incarnation, bool drained = false) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Asks the trainer of `slot` to drain: its heartbeats carry DRAIN until it leaves (after its
   // next sync). Returns its incarnation. INVALID_ARGUMENT for a slot outside the topology,
   // FAILED_PRECONDITION unless the slot is ACTIVE with an owner.
-  absl::StatusOr<uint64_t> Drain(const SlotId& slot);
+  absl::StatusOr<uint64_t> Drain(const SlotId& slot) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Proves that a call naming `incarnation` comes from that worker: OK iff the incarnation is
   // alive and `credential` is its RegisterResponse.credential (compared in constant time).
@@ -88,36 +104,38 @@ class Membership {
   // CheckAlive (ABORTED, FAILED_PRECONDITION) for an unknown or fenced one, which can do nothing
   // whoever names it; ABORTED for an owner restored from a data directory written before
   // credentials existed (it must register again). Every worker RPC calls this first.
-  absl::Status Authenticate(uint64_t incarnation, absl::string_view credential) const;
+  absl::Status Authenticate(uint64_t incarnation, absl::string_view credential) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK iff `incarnation` is alive; the errors of Heartbeat otherwise. For every worker RPC.
-  absl::Status CheckAlive(uint64_t incarnation) const;
+  absl::Status CheckAlive(uint64_t incarnation) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK iff `incarnation` is alive in role `role`; PERMISSION_DENIED naming its role otherwise
   // (the errors of CheckAlive first).
-  absl::Status CheckRole(uint64_t incarnation, WorkerRole role) const;
+  absl::Status CheckRole(uint64_t incarnation, WorkerRole role) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The range a replay task's leader published (PublishReplay): its snapshot step t0 and failed
   // step t_f. FAILED_PRECONDITION unless `incarnation` leads task `task_id` and has published it.
   absl::StatusOr<std::pair<int64_t, int64_t>> PublishedRange(uint64_t task_id,
-                                                             uint64_t incarnation) const;
+                                                             uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK iff `incarnation` is alive and owns `slot`; FAILED_PRECONDITION otherwise.
-  absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const;
+  absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // True while `slot` has no trainer to train it: LOST or RECOVERING (a recovery group's logs must
   // not be GC'd past what its replay reads meanwhile).
-  bool SlotDown(const SlotId& slot) const;
+  bool SlotDown(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records a slot's progress; at `max_steps` the slot becomes FINISHED (for good: its owner
   // may then leave without the slot becoming LOST). Returns true if it just finished.
-  bool RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps);
+  bool RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps) ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once every slot is FINISHED: heartbeats then carry STOP.
-  bool AllFinished() const;
+  bool AllFinished() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The recoveries so far (newest last, at most kMaxRecoveries), for status.
-  std::vector<RecoveryStatus> Recoveries() const;
+  std::vector<RecoveryStatus> Recoveries() const ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMaxRecoveries = 256;
 
   // Policy REPLAY (DESIGN §5.3). A replay task as one of its spares receives it.
@@ -146,52 +164,66 @@ class Membership {
   // or gave up; the leader decides the task's outcome). FAILED_PRECONDITION if `incarnation` is
   // not an alive spare or leads a task.
   absl::StatusOr<std::optional<ReplayClaim>> ClaimReplay(uint64_t incarnation,
-                                                         absl::Duration timeout);
+                                                         absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The leader's range of task `task_id`: the snapshot's step t0 and t_f. Wakes the helpers.
-  void PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step);
+  void PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The slot of a task `incarnation` takes part in; FAILED_PRECONDITION otherwise.
-  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const;
+  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Gives up a claimed task (e.g. its snapshot cannot be read): the slot is LOST again.
-  void AbandonReplay(uint64_t task_id, const std::string& why);
+  void AbandonReplay(uint64_t task_id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // How a task that did not rebuild its slot ends, as the recovery policy decided it
+  // (RecoveryPolicy::EndOf): the recovery record's outcome and detail, and whether the slot falls
+  // back to RESTART_FROM_CENTER (the next spare heartbeat takes it over) instead of waiting for
+  // another replay.
+  struct ReplayEnd {
+    RecoveryOutcome outcome = ABANDONED;
+    std::string why;
+    bool fallback_restart = false;
+  };
   // The end of a replay, reported by its leader. RECOVERED: the leader becomes the slot's
   // trainer under a new incarnation, returned (its spare incarnation is fenced as REPLACED); the
-  // helpers are spares again. Any other outcome: the slot is LOST again; after
-  // CHECKSUM_MISMATCH it falls back to RESTART_FROM_CENTER (the next spare heartbeat takes it
-  // over), loudly. The recovery's record in status gets `report`'s figures.
-  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(
-      uint64_t incarnation, const ReportRecoveryRequest& report);
+  // helpers are spares again. Any other outcome: the slot is LOST again and `end` applies
+  // (ignored for RECOVERED). The recovery's record in status gets `report`'s figures.
+  // FAILED_PRECONDITION unless `incarnation` leads task report.task_id().
+  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(uint64_t incarnation,
+                                                               const ReportRecoveryRequest& report,
+                                                               const ReplayEnd& end)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Policy GLOBAL_CHECKPOINT. True (with the reason) once per loss of a slot's trainer since the
   // last call: the caller rolls everything back (ParameterServerService::MaybeRollBack).
-  bool TakeRollbackRequest(std::string* why);
+  bool TakeRollbackRequest(std::string* why) ABSL_LOCKS_EXCLUDED(mu_);
   // Fences every alive trainer as ROLLED_BACK (its calls get ABORTED: it registers again) and
   // makes every slot LOST at `step`, the checkpoint's. No spare is given a slot to restore until
   // FinishRollback: the caller first puts the center and the slots' bookkeeping back.
-  void RollBackAll(int64_t step, const std::string& why);
+  void RollBackAll(int64_t step, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   // The server's state is back at the checkpoint: spares may restore the slots (ClaimReplay),
   // and the next loss of a trainer requests the next rollback.
-  void FinishRollback();
+  void FinishRollback() ABSL_LOCKS_EXCLUDED(mu_);
   // GLOBAL_CHECKPOINT: true, once, for a slot just restored whose trainer had been lost (declared
   // failed or gone), not merely rolled back with the others: its restore is a recovery that
   // counts against it, as a replay or a restart does under the other policies (DESIGN §4.5).
-  bool TakeRecoveryCharge(const SlotId& slot);
+  bool TakeRecoveryCharge(const SlotId& slot) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST. Returns the newly failed workers.
-  std::vector<FailedWorker> DetectFailures();
+  std::vector<FailedWorker> DetectFailures() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The server itself did not run for `paused` (SIGSTOP, a VM frozen for migration, a machine
   // swapping): no heartbeat could arrive, so that time is not a worker's silence. Moves every
   // alive worker's last heartbeat and every replay task's start forward by it, never past now
   // (a restored worker's heartbeat already ahead of now stays). Called by the failure detector
   // when it wakes far later than it asked to.
-  void ExcuseServerPause(absl::Duration paused);
+  void ExcuseServerPause(absl::Duration paused) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fills the membership part of a status reply (slots and workers).
-  void FillStatus(GetStatusResponse* response) const;
+  void FillStatus(GetStatusResponse* response) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Number of workers in each state (for tests and metrics).
-  int CountInState(WorkerState state) const;
+  int CountInState(WorkerState state) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Worker {

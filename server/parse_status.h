@@ -7,6 +7,9 @@
 // status, at PRE_SEND_STATUS, to INVALID_ARGUMENT "<method>: the request is not a valid
 // <method>'s protobuf message (it does not parse)" (docs/bad_input.md). It touches no other
 // status: the service's own INTERNAL errors always carry a message.
+//
+// Thread-safety: the factory and its interceptors are thread-safe (stateless). Ownership: the
+// caller owns the returned factory (gRPC's ServerBuilder takes it).
 
 #include <memory>
 

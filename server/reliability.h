@@ -15,7 +15,9 @@
 // Inputs that cannot be measured yet (a first sync, a single trainer, a zero median) are 1:
 // neutral.
 //
-// Thread-safe. Time is passed in, never read from a clock.
+// Thread-safety: thread-safe (one internal mutex, a leaf of the server's lock order). Time is
+// passed in, never read from a clock. Ownership: borrows nothing. Status codes: none (nothing
+// fails; unknown slots read as neutral).
 
 #include <cstdint>
 #include <map>

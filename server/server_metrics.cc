@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/grpc_status.h"
 
 namespace rebound::server {
@@ -20,8 +20,8 @@ std::string ShortMethod(const char* method) {
 
 class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
-  RpcMetricsInterceptor(MetricsRegistry* registry, std::string method)
-      : registry_(registry), method_(std::move(method)), start_(absl::Now()) {}
+  RpcMetricsInterceptor(MetricsRegistry* registry, const Clock* clock, std::string method)
+      : registry_(registry), clock_(clock), method_(std::move(method)), start_(clock->Now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
@@ -37,7 +37,7 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
           ->GetHistogram("rebound_rpc_duration_seconds",
                          "Time from an RPC's start to its status, by method.", LatencyBuckets(),
                          {{"method", method_}})
-          ->ObserveDuration(absl::Now() - start_);
+          ->ObserveDuration(clock_->Now() - start_);
       answered->Increment();
     }
     methods->Proceed();
@@ -49,20 +49,23 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
   }
 
   MetricsRegistry* const registry_;
+  const Clock* const clock_;
   const std::string method_;
   const absl::Time start_;
 };
 
 class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit RpcMetricsFactory(MetricsRegistry* registry) : registry_(registry) {}
+  RpcMetricsFactory(MetricsRegistry* registry, const Clock* clock)
+      : registry_(registry), clock_(clock) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new RpcMetricsInterceptor(registry_, ShortMethod(info->method()));
+    return new RpcMetricsInterceptor(registry_, clock_, ShortMethod(info->method()));
   }
 
  private:
   MetricsRegistry* const registry_;
+  const Clock* const clock_;
 };
 
 std::string SlotLabel(const SlotId& slot) { return absl::StrCat(slot.replica(), ",", slot.stage()); }
@@ -239,8 +242,8 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
 }  // namespace
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewRpcMetricsFactory(
-    MetricsRegistry* registry) {
-  return std::make_unique<RpcMetricsFactory>(registry);
+    MetricsRegistry* registry, const Clock* clock) {
+  return std::make_unique<RpcMetricsFactory>(registry, clock);
 }
 
 void AddStatusMetrics(MetricsRegistry* registry, std::function<GetStatusResponse()> status,

@@ -18,7 +18,6 @@
 #include "common/security.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
-#include "compute/reduction_tree.h"
 #include "compute/tensor_bundle.h"
 #include "server/sync_batch.h"
 
@@ -39,6 +38,16 @@ int64_t ReachableVersion(const JobConfig& job, int64_t version) {
   return version + int64_t{job.topology().replicas()} * std::max<int64_t>(1, job.training().max_steps());
 }
 
+// What the weight step of a sync or push decided under the stage lock.
+enum class UpdateOutcome {
+  kApplied,    // applied (or refused: the status says so)
+  kDuplicate,  // already applied (a retry whose reply was lost): nothing changes
+};
+
+// What a weight function returns to make CenterTable decline an update it need not apply; the
+// caller reads its own UpdateOutcome, never this status.
+absl::Status DeclinedUpdate() { return absl::CancelledError("update declined: already applied"); }
+
 }  // namespace
 
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,
@@ -58,80 +67,27 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       parked_("parked long polls (max_parked_calls)", "calls", admission_.parked_calls),
       inflight_("request bytes in flight (max_inflight_bytes)", "bytes",
                 admission_.inflight_bytes),
-      started_(clock->Now()) {
-  step_log_ = std::make_unique<StepLogService>(
-      job_, membership_, store_, [this](const SlotId& slot) {
-        absl::MutexLock lock(&book_mu_);
-        auto it = books_.find({slot.replica(), slot.stage()});
-        if (it == books_.end()) return int64_t{0};
-        // A member of a multi-stage recovery group keeps its log back to its last GC.
-        const auto [first, end] = RecoveryGroup(job_, slot.stage());
-        return end - first > 1 ? it->second.log_floor : it->second.last_update_step;
-      });
-}
-
-int64_t ParameterServerService::GroupFloorLocked(const SlotId& slot, int64_t own_step) const {
-  auto last_step = [this](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(book_mu_) {
-    auto it = books_.find({r, s});
-    return it == books_.end() ? int64_t{0} : it->second.last_update_step;
-  };
-  int64_t floor = own_step >= 0 ? own_step : last_step(slot.replica(), slot.stage());
-  if (job_.topology().stages() == 1) return floor;
-  const auto [first, end] = RecoveryGroup(job_, slot.stage());
-  for (int m = first; m < end; ++m) {
-    if (m != slot.stage()) floor = std::min(floor, last_step(slot.replica(), m));
-  }
-  return floor;
-}
-
-absl::StatusOr<Snapshot> ParameterServerService::SnapshotAt(const SlotId& slot,
-                                                            int64_t step) const {
-  absl::StatusOr<Snapshot> stored = store_->ReadSnapshot(slot);
-  if (stored.ok() && stored->step() == step) return stored;
-  if (!stored.ok() && stored.status().code() != absl::StatusCode::kNotFound) return stored;
-  {
-    absl::MutexLock lock(&previous_mu_);
-    auto it = previous_snapshots_.find({slot.replica(), slot.stage()});
-    if (it != previous_snapshots_.end() && it->second.step() == step) return it->second;
-  }
-  if (step == 0) {
-    Snapshot initial;  // never synced: the model's initialisation
-    *initial.mutable_slot() = slot;
-    initial.set_step(0);
-    return initial;
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "slot ", SlotName(slot), " has no snapshot of step ", step, " (stored: step ",
-      stored.ok() ? stored->step() : 0, "; the one before it is kept in memory only and this "
-      "server no longer has it)"));
-}
-
-absl::StatusOr<int64_t> ParameterServerService::GroupSnapshots(const SlotId& slot, int first,
-                                                               int end, int64_t published_t0,
-                                                               RecoveryTask* out) const {
-  int64_t t0 = published_t0;
-  if (t0 < 0) {
-    absl::MutexLock lock(&book_mu_);
-    t0 = GroupFloorLocked(slot, -1);
-  }
-  for (int m = first; m < end; ++m) {
-    SlotId member = slot;
-    member.set_stage(m);
-    ASSIGN_OR_RETURN(Snapshot snapshot, SnapshotAt(member, t0));
-    *snapshot.mutable_slot() = member;
-    *out->add_group_snapshots() = std::move(snapshot);
-  }
-  return t0;
+      started_(clock->Now()),
+      books_(job_),
+      step_log_(std::make_unique<StepLogService>(
+          job_, membership_, store_,
+          [this](const SlotId& slot) { return books_.StepLogFloor(slot); })),
+      retention_(job_, membership_, store_, &books_) {
+  RecoveryUnits units;
+  units.config = &config_;
+  units.membership = membership_;
+  units.centers = centers_;
+  units.tracker = tracker_;
+  units.store = store_;
+  units.step_log = step_log_.get();
+  units.books = &books_;
+  units.retention = &retention_;
+  units.clock = clock_;
+  recovery_ = std::make_unique<RecoveryCoordinator>(units);
 }
 
 void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>& records) {
-  absl::MutexLock lock(&book_mu_);
-  for (const WeightRecord& record : records) {
-    SlotBook& book = books_[{record.slot().replica(), record.slot().stage()}];
-    book.last_update_step = record.last_update_step();
-    book.update_count = record.update_count();
-    book.applied_sequence = record.applied_sequence();
-  }
+  books_.Restore(records);
 }
 
 absl::Status ParameterServerService::CheckCall(const grpc::ServerContext* context) const {
@@ -191,11 +147,7 @@ absl::Status ParameterServerService::CheckStepInJob(int64_t step) const {
 }
 
 absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64_t step) {
-  int64_t last = 0;
-  {
-    absl::MutexLock lock(&book_mu_);
-    last = books_[{slot.replica(), slot.stage()}].last_update_step;
-  }
+  const int64_t last = books_.Get(slot).last_update_step;
   // A step at or below the last applied one is a retry or stale: the sync path answers it.
   if (step <= last) return absl::OkStatus();
   // Trainers sync after every sync_period-th step and at max_steps (worker/training.cc), one
@@ -227,12 +179,7 @@ absl::StatusOr<double> ParameterServerService::DivergenceRatio(const SlotId& slo
 }
 
 std::string ParameterServerService::IntegritySummary(int stage) const {
-  double max_ratio = 0;
-  {
-    absl::MutexLock lock(&book_mu_);
-    auto found = max_divergence_ratio_.find(stage);
-    if (found != max_divergence_ratio_.end()) max_ratio = found->second;
-  }
+  const double max_ratio = books_.MaxDivergenceRatio(stage);
   const double ratio_bound = job_.weighting().max_divergence_ratio();
   const double abs_bound = job_.weighting().max_abs_value();
   return absl::StrCat(
@@ -249,154 +196,21 @@ std::string ParameterServerService::IntegritySummary(int stage) const {
 void ParameterServerService::OnRefused(const SlotId& slot, const char* what,
                                        const absl::Status& status) {
   tracker_->OnFault(slot, clock_->Now());
-  {
-    absl::MutexLock lock(&book_mu_);
-    ++refused_[{slot.replica(), slot.stage()}];
-  }
+  books_.CountRefused(slot);
   LOG(WARNING) << "refused " << what << " of slot " << SlotName(slot)
                << " (a fault of its worker): " << status;
 }
 
 WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
                                                      const SlotBook& book) const {
-  WeightRecord record = tracker_->ExportSlot(slot, clock_->Now());
-  *record.mutable_slot() = Normalized(slot);
-  record.set_last_update_step(book.last_update_step);
-  record.set_update_count(book.update_count);
-  record.set_applied_sequence(book.applied_sequence);
-  return record;
-}
-
-absl::Status ParameterServerService::WaitForTurn(const SlotId& slot) {
-  const int replicas = job_.topology().replicas();
-  absl::MutexLock lock(&book_mu_);
-  auto my_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(book_mu_) {
-    const auto mine = std::make_pair(books_[{slot.replica(), slot.stage()}].update_count,
-                                     slot.replica());
-    for (int r = 0; r < replicas; ++r) {
-      if (r == slot.replica()) continue;
-      const auto other = std::make_pair(books_[{r, slot.stage()}].update_count, r);
-      if (other < mine) return false;
-    }
-    return true;
-  };
-  if (!book_mu_.AwaitWithTimeout(absl::Condition(&my_turn),
-                                 absl::Milliseconds(config_.max_wait_ms()))) {
-    return absl::UnavailableError(absl::StrCat(
-        "DETERMINISTIC scheduling: slot ", SlotName(slot),
-        " waits for the other replicas of its round; retry"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ParameterServerService::WaitAtBarrier(const SlotId& slot, int64_t step,
-                                                   uint64_t epoch) {
-  if (checkpoint_ == nullptr || !checkpoint_->IsCut(step)) return absl::OkStatus();
-  const int index = slot.replica() * job_.topology().stages() + slot.stage();
-  return checkpoint_->Arrive(index, step, epoch, absl::Milliseconds(config_.max_wait_ms()),
-                             [this](int64_t cut) { return GatherCheckpoint(cut); });
-}
-
-absl::StatusOr<CheckpointRecord> ParameterServerService::GatherCheckpoint(int64_t step) const {
-  CheckpointRecord record;
-  record.set_step(step);
-  record.set_taken_unix_ms(absl::ToUnixMillis(clock_->Now()));
-  for (int stage = 0; stage < centers_->num_stages(); ++stage) {
-    ASSIGN_OR_RETURN(auto center, centers_->Read(stage));
-    CenterRecord* out = record.add_centers();
-    out->set_stage(stage);
-    out->set_version(center.second);
-    *out->mutable_params() = centers_->Bundle(stage, center.first);
-  }
-  for (int r = 0; r < job_.topology().replicas(); ++r) {
-    for (int s = 0; s < job_.topology().stages(); ++s) {
-      SlotId slot;
-      slot.set_replica(r);
-      slot.set_stage(s);
-      ASSIGN_OR_RETURN(Snapshot snapshot, store_->ReadSnapshot(slot));
-      if (snapshot.step() != step) {
-        return absl::InternalError(absl::StrCat("the snapshot of slot ", SlotName(slot),
-                                                " is at step ", snapshot.step(),
-                                                ", not at the cut ", step));
-      }
-      snapshot.clear_stored_tensors();
-      *record.add_snapshots() = std::move(snapshot);
-      absl::MutexLock lock(&book_mu_);
-      auto book = books_.find({r, s});
-      *record.add_books() = WeightRecordFor(slot, book != books_.end() ? book->second : SlotBook());
-    }
-  }
-  return record;
+  return WithBook(tracker_->ExportSlot(slot, clock_->Now()), slot, book);
 }
 
 absl::Status ParameterServerService::EnableGlobalCheckpoint(const std::string& dir) {
-  CheckpointRecord initial;
-  for (int stage = 0; stage < centers_->num_stages(); ++stage) {
-    ASSIGN_OR_RETURN(auto center, centers_->Read(stage));
-    CenterRecord* out = initial.add_centers();
-    out->set_stage(stage);
-    out->set_version(center.second);
-    *out->mutable_params() = centers_->Bundle(stage, center.first);
-  }
-  checkpoint_ = std::make_unique<GlobalCheckpoint>(job_, dir, std::move(initial));
-  return checkpoint_->Load();
+  return recovery_->EnableGlobalCheckpoint(dir);
 }
 
-void ParameterServerService::MaybeRollBack() {
-  if (checkpoint_ == nullptr) return;
-  std::string why;
-  if (!membership_->TakeRollbackRequest(&why)) return;
-  // 1. The checkpoint to go back to is fixed first: a cut completing between here and the fence
-  //    would otherwise restore a later checkpoint than the one the slots restart from.
-  const CheckpointRecord checkpoint = checkpoint_->Freeze();
-  // 2. No trainer writes again: every one is fenced as ROLLED_BACK and every slot is LOST. A sync
-  //    applied before this point can no longer arrive at a barrier (its epoch is over).
-  membership_->RollBackAll(checkpoint.step(), why);
-  const CheckpointRecord restored = checkpoint_->BeginRollback();
-  if (restored.step() != checkpoint.step()) {
-    LOG(ERROR) << "GLOBAL_CHECKPOINT: the frozen checkpoint moved from step " << checkpoint.step()
-                << " to " << restored.step();
-  }
-  LOG(WARNING) << "GLOBAL_CHECKPOINT: " << why << "; rolling every slot and the center back to "
-               << "the checkpoint of step " << restored.step();
-  // 3. The centers go back to the checkpoint (their versions keep increasing), and the store holds
-  //    what was restored: the centers and every slot's checkpointed snapshot.
-  storage::WriteBatch batch;
-  for (CenterRecord center : restored.centers()) {
-    center.set_version(centers_->version(center.stage()) + 1);
-    if (absl::Status ok = centers_->Restore(center, nullptr); !ok.ok()) {
-      LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot restore the center of stage " << center.stage()
-                 << ": " << ok;
-      continue;
-    }
-    batch.PutCenter(center);
-  }
-  for (const Snapshot& snapshot : restored.snapshots()) batch.PutSnapshot(snapshot);
-  {
-    // The slots' bookkeeping as it was at the cut (nothing applied yet at the job's start).
-    absl::MutexLock lock(&book_mu_);
-    for (auto& [key, book] : books_) book = SlotBook();
-  }
-  RestoreBookkeeping({restored.books().begin(), restored.books().end()});
-  for (const WeightRecord& book : restored.books()) {
-    absl::MutexLock lock(&book_mu_);
-    batch.PutWeight(WeightRecordFor(book.slot(), books_[{book.slot().replica(), book.slot().stage()}]));
-  }
-  if (absl::Status committed = store_->Commit(batch); !committed.ok()) {
-    LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot store the restored state: " << committed;
-  }
-  for (int r = 0; r < job_.topology().replicas(); ++r) {
-    for (int s = 0; s < job_.topology().stages(); ++s) {
-      SlotId slot;
-      slot.set_replica(r);
-      slot.set_stage(s);
-      tracker_->SetLive(slot, false);
-    }
-  }
-  // 4. Only now may spares restore the slots: a restore handed out earlier would sync against
-  //    the center and bookkeeping of before the rollback.
-  membership_->FinishRollback();
-}
+void ParameterServerService::MaybeRollBack() { recovery_->AfterDetection(); }
 
 grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const RegisterRequest* request,
@@ -428,13 +242,7 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   *response = *std::move(reply);
   if (response->has_takeover()) {
-    const SlotId& slot = response->takeover().slot();
-    tracker_->SetLive(slot, true);
-    tracker_->OnFault(slot, clock_->Now());  // a recovery counts against the slot (§4.5)
-    LOG(WARNING) << "slot " << SlotName(slot) << " restarted from the center by incarnation "
-                 << request->incarnation() << ", now incarnation "
-                 << response->takeover().incarnation() << " from step "
-                 << response->takeover().start_step();
+    recovery_->OnRestartedFromCenter(request->incarnation(), response->takeover());
   }
   return grpc::Status::OK;
 }
@@ -501,9 +309,10 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     }
   }
   if (job_.scheduling() == DETERMINISTIC) {
-    if (absl::Status turn = WaitForTurn(slot); !turn.ok()) return ToGrpcStatus(turn);
+    absl::Status turn = books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms()));
+    if (!turn.ok()) return ToGrpcStatus(turn);
   }
-  const uint64_t checkpoint_epoch = checkpoint_ != nullptr ? checkpoint_->epoch() : 0;
+  const uint64_t checkpoint_epoch = recovery_->SyncEpoch();
 
   const std::vector<float> x = centers_->Unbundle(stage, request->params());
   const double alpha = EffectiveMovingRate(job_);
@@ -515,14 +324,17 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   int64_t measured_version = 0;
   double measured_norm = 0;
   double ratio = 0;
+  // What the weight step decided under the stage lock; a duplicate declines the update (the
+  // weight function's error then only stops CenterTable, the outcome says why).
+  UpdateOutcome outcome = UpdateOutcome::kApplied;
   auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
     // Checked again under the stage lock: the sync may have waited (its DETERMINISTIC turn, the
     // lock) while its sender was declared failed; a fenced worker never writes again.
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
-    absl::MutexLock lock(&book_mu_);
-    const SlotBook& book = books_[{slot.replica(), slot.stage()}];
+    const SlotBook book = books_.Get(slot);
     if (request->step() <= book.last_update_step) {
-      return absl::AlreadyExistsError(absl::StrCat(book.last_update_step));
+      outcome = UpdateOutcome::kDuplicate;
+      return DeclinedUpdate();
     }
     ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||x - c||"));
     measured_at = clock_->Now();
@@ -537,31 +349,11 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   // The tensors go to the store without copies: the center and the worker's post-sync
   // parameters from the packed vectors, the optimizer state from the request's own bytes.
   const compute::StageLayout& layout = centers_->layout(stage);
-  const std::pair<int, int> group = RecoveryGroup(job_, slot.stage());
-  const bool grouped = group.second - group.first > 1;
   auto commit = [&](int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after, absl::Span<const float> center_before) {
-    // A member of a multi-stage recovery group keeps its log back to the group's oldest
-    // snapshot, and the snapshot this sync replaces (a group rebuild starts from that step).
-    int64_t gc_step = request->step();
-    std::optional<Snapshot> replaced;
-    if (grouped) {
-      // While another member is LOST or RECOVERING a replay may be reading the group's logs
-      // from the group's floor of that time: nothing more is GC'd until it is back.
-      bool member_down = false;
-      for (int m = group.first; m < group.second; ++m) {
-        SlotId member = slot;
-        member.set_stage(m);
-        if (m != slot.stage() && membership_->SlotDown(member)) member_down = true;
-      }
-      {
-        absl::MutexLock lock(&book_mu_);
-        gc_step = member_down ? books_[{slot.replica(), slot.stage()}].log_floor
-                              : GroupFloorLocked(slot, request->step());
-      }
-      absl::StatusOr<Snapshot> current = store_->ReadSnapshot(slot);
-      if (current.ok()) replaced = *std::move(current);
-    }
+    // The log is GC'd through the new snapshot's step, or less for a recovery group's member.
+    LogRetention::SyncFloor floor = retention_.ForSync(slot, request->step());
+    const int64_t gc_step = floor.gc_step;
     updated.log_floor = gc_step;
     tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     storage::WriteBatch batch;
@@ -569,16 +361,10 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
                    WeightRecordFor(slot, updated), &batch, gc_step);
     RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
       RETURN_IF_ERROR(store_->Commit(batch));
-      absl::MutexLock lock(&book_mu_);
-      books_[{slot.replica(), slot.stage()}] = updated;
-      double& max_ratio = max_divergence_ratio_[slot.stage()];
-      max_ratio = std::max(max_ratio, ratio);
+      books_.Set(slot, updated, ratio);
       return absl::OkStatus();
     }));
-    if (replaced.has_value()) {
-      absl::MutexLock lock(&previous_mu_);
-      previous_snapshots_[{slot.replica(), slot.stage()}] = *std::move(replaced);
-    }
+    retention_.Committed(slot, std::move(floor));
     *response->mutable_center_before() = centers_->Bundle(stage, center_before);
     return absl::OkStatus();
   };
@@ -586,19 +372,15 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   std::unique_ptr<float[]> worker_after(new float[n]);  // uninitialised: written in full
   auto result = centers_->ElasticSync(stage, x, alpha, weight, commit,
                                       absl::MakeSpan(worker_after.get(), n));
-  if (!result.ok() && result.status().code() == absl::StatusCode::kAlreadyExists) {
+  if (outcome == UpdateOutcome::kDuplicate) {
     // The same sync again (its reply was lost): answer with the stored post-sync state.
-    int64_t last = 0;
-    {
-      absl::MutexLock lock(&book_mu_);
-      last = books_[{slot.replica(), slot.stage()}].last_update_step;
-    }
+    const int64_t last = books_.Get(slot).last_update_step;
     if (request->step() < last) {
       return ToGrpcStatus(absl::FailedPreconditionError(
           absl::StrCat("stale sync: slot ", SlotName(slot), " already synced step ", last,
                        ", got step ", request->step())));
     }
-    if (absl::Status barrier = WaitAtBarrier(slot, request->step(), checkpoint_epoch);
+    if (absl::Status barrier = recovery_->AfterSync(slot, request->step(), checkpoint_epoch);
         !barrier.ok()) {
       return ToGrpcStatus(barrier);
     }
@@ -624,7 +406,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step() << "; "
               << IntegritySummary(stage);
   }
-  if (absl::Status barrier = WaitAtBarrier(slot, request->step(), checkpoint_epoch);
+  if (absl::Status barrier = recovery_->AfterSync(slot, request->step(), checkpoint_epoch);
       !barrier.ok()) {
     return ToGrpcStatus(barrier);
   }
@@ -675,13 +457,14 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   int64_t measured_version = 0;
   double measured_norm = 0;
   double ratio = 0;
+  UpdateOutcome outcome = UpdateOutcome::kApplied;
   auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
-    absl::MutexLock lock(&book_mu_);
-    const SlotBook& book = books_[{slot.replica(), slot.stage()}];
+    const SlotBook book = books_.Get(slot);
     applied = book.applied_sequence;
     if (request->sequence() <= book.applied_sequence) {
-      return absl::AlreadyExistsError("duplicate push");
+      outcome = UpdateOutcome::kDuplicate;
+      return DeclinedUpdate();
     }
     if (request->sequence() != book.applied_sequence + 1) {
       return absl::FailedPreconditionError(
@@ -722,14 +505,11 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     batch.PutWeight(WeightRecordFor(slot, updated));
     RETURN_IF_ERROR(store_->Commit(batch));
-    absl::MutexLock lock(&book_mu_);
-    books_[{slot.replica(), slot.stage()}] = updated;
-    double& max_ratio = max_divergence_ratio_[slot.stage()];
-    max_ratio = std::max(max_ratio, ratio);
+    books_.Set(slot, updated, ratio);
     return absl::OkStatus();
   };
   auto version = centers_->ApplyAdaHessian(stage, g, d, job_.adahessian(), weight, commit);
-  if (!version.ok() && version.status().code() == absl::StatusCode::kAlreadyExists) {
+  if (outcome == UpdateOutcome::kDuplicate) {
     response->set_applied(false);
     response->set_applied_sequence(applied);
     response->set_center_version(centers_->version(stage));
@@ -846,12 +626,10 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
   membership_->FillStatus(response);
   for (SlotStatus& slot : *response->mutable_slots()) {
     *slot.mutable_weight() = tracker_->Current(slot.slot(), now);
-    absl::MutexLock lock(&book_mu_);
-    const SlotBook& book = books_[{slot.slot().replica(), slot.slot().stage()}];
+    const SlotBook book = books_.Get(slot.slot());
     slot.set_snapshot_step(book.last_update_step);
     slot.set_update_count(book.update_count);
-    auto refused = refused_.find({slot.slot().replica(), slot.slot().stage()});
-    slot.set_refused_updates(refused != refused_.end() ? refused->second : 0);
+    slot.set_refused_updates(books_.Refused(slot.slot()));
     slot.set_logged_step(step_log_->LoggedStep(slot.slot()));
   }
   const StepLogStats log = step_log_->stats();
@@ -868,9 +646,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     center->set_version(centers_->version(s));
     center->set_parameter_count(centers_->layout(s).packed_size());
     center->set_max_abs_value(centers_->max_abs_seen(s));
-    absl::MutexLock lock(&book_mu_);
-    auto ratio = max_divergence_ratio_.find(s);
-    center->set_max_divergence_ratio(ratio != max_divergence_ratio_.end() ? ratio->second : 0.0);
+    center->set_max_divergence_ratio(books_.MaxDivergenceRatio(s));
   }
   absl::MutexLock lock(&eval_mu_);
   if (has_eval_) {
@@ -880,7 +656,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     eval->set_test_accuracy(last_eval_.test_accuracy());
     eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
   }
-  if (checkpoint_ != nullptr) checkpoint_->FillStatus(response->mutable_checkpoint());
+  recovery_->FillStatus(response);
   if (store_ != nullptr) {
     if (absl::Status storage = store_->BackgroundError(); !storage.ok()) {
       response->set_storage_error(storage.ToString());
@@ -920,118 +696,9 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
     if (!entered.ok()) return ToGrpcStatus(entered.status());
     parked.emplace(*std::move(entered));
   }
-  auto claim = membership_->ClaimReplay(request->incarnation(), wait);
-  if (!claim.ok()) return ToGrpcStatus(claim.status());
-  if (!claim->has_value()) return grpc::Status::OK;
-  const Membership::ReplayClaim& task = **claim;
-  const SlotId slot = Normalized(task.slot);
-
-  if (checkpoint_ != nullptr) {
-    // GLOBAL_CHECKPOINT: a restore of the slot's checkpointed state; nothing to replay.
-    const CheckpointRecord checkpoint = checkpoint_->Current();
-    RecoveryTask* out = response->mutable_task();
-    out->set_task_id(task.task_id);
-    *out->mutable_slot() = slot;
-    out->set_policy(GLOBAL_CHECKPOINT);
-    Snapshot* snapshot = out->mutable_snapshot();
-    *snapshot->mutable_slot() = slot;
-    snapshot->set_step(0);  // the job's start: the model's initialisation
-    for (const Snapshot& s : checkpoint.snapshots()) {
-      if (s.slot().replica() == slot.replica() && s.slot().stage() == slot.stage()) *snapshot = s;
-    }
-    out->set_failed_step(snapshot->step());
-    membership_->PublishReplay(task.task_id, snapshot->step(), snapshot->step());
-    Neighbour* self = out->add_spares();
-    self->set_incarnation(request->incarnation());
-    out->set_rank(0);
-    out->set_first_micro_batch(0);
-    out->set_micro_batch_count(job_.data().micro_batches());
-    LOG(WARNING) << "restore task " << task.task_id << ": slot " << SlotName(slot)
-                 << " from the global checkpoint of step " << snapshot->step();
-    return grpc::Status::OK;
-  }
-
-  // The snapshot to start from; none yet means the slot never synced: the model's init at 0.
-  // The slot is RECOVERING, so no sync changes it while the task's spares read it. A stage in a
-  // recovery group of several (an unlogged boundary next to it) is replayed with its whole
-  // group, from every member's snapshot at the group's oldest snapshot step.
-  const auto [group_first, group_end] = RecoveryGroup(job_, slot.stage());
-  RecoveryTask group;
-  Snapshot snapshot;
-  if (group_end - group_first > 1) {
-    auto t0 = GroupSnapshots(slot, group_first, group_end,
-                             task.rank == 0 ? -1 : task.snapshot_step, &group);
-    if (!t0.ok()) {
-      const std::string why = absl::StrCat("recovery group of stages [", group_first, ", ",
-                                           group_end, "): ", t0.status().message());
-      membership_->AbandonReplay(task.task_id, why);
-      return grpc::Status(grpc::StatusCode::ABORTED, why);
-    }
-    group.set_group_first_stage(group_first);
-    snapshot = group.group_snapshots(slot.stage() - group_first);
-  } else {
-    auto stored = store_->ReadSnapshot(slot);
-    if (stored.ok()) {
-      snapshot = *std::move(stored);
-    } else if (stored.status().code() == absl::StatusCode::kNotFound) {
-      *snapshot.mutable_slot() = slot;
-      snapshot.set_step(0);
-    } else {
-      membership_->AbandonReplay(task.task_id, std::string(stored.status().message()));
-      return ToGrpcStatus(stored.status());
-    }
-  }
-  int64_t failed_step = task.failed_step;
-  if (task.rank == 0) {
-    // The leader fixes the task's range once for all its spares.
-    auto last = step_log_->LastCompleteStep(slot, snapshot.step());
-    if (!last.ok()) {
-      membership_->AbandonReplay(task.task_id, std::string(last.status().message()));
-      return ToGrpcStatus(last.status());
-    }
-    failed_step = std::max(*last, snapshot.step());
-    membership_->PublishReplay(task.task_id, snapshot.step(), failed_step);
-  } else if (snapshot.step() != task.snapshot_step) {
-    const std::string why = absl::StrCat("the snapshot of slot ", SlotName(slot), " moved from step ",
-                                         task.snapshot_step, " to ", snapshot.step(),
-                                         " during the replay task");
-    membership_->AbandonReplay(task.task_id, why);
-    return grpc::Status(grpc::StatusCode::ABORTED, why);
-  }
-  absl::StatusOr<std::vector<compute::TreeNode>> blocks = compute::TreeAlignedBlocks(
-      job_.data().micro_batches(), static_cast<int>(task.spares.size()));
-  if (!blocks.ok() || static_cast<int>(blocks->size()) != static_cast<int>(task.spares.size())) {
-    const std::string why = absl::StrCat("cannot split ", job_.data().micro_batches(),
-                                         " micro-batches among ", task.spares.size(), " spares");
-    membership_->AbandonReplay(task.task_id, why);
-    return grpc::Status(grpc::StatusCode::INTERNAL, why);
-  }
-  RecoveryTask* out = response->mutable_task();
-  *out = std::move(group);
-  out->set_task_id(task.task_id);
-  *out->mutable_slot() = slot;
-  out->set_policy(REPLAY);
-  out->set_failed_step(failed_step);
-  *out->mutable_snapshot() = std::move(snapshot);
-  for (const Membership::TaskSpare& spare : task.spares) {
-    Neighbour* n = out->add_spares();
-    n->set_incarnation(spare.incarnation);
-    n->set_peer_address(spare.peer_address);
-  }
-  out->set_rank(task.rank);
-  const compute::TreeNode block = (*blocks)[task.rank];
-  out->set_first_micro_batch(block.begin);
-  out->set_micro_batch_count(block.size());
-  if (out->group_snapshots_size() > 0) {
-    LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
-                 << " is rebuilt with its recovery group, stages [" << group_first << ", "
-                 << group_end << ")";
-  }
-  LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
-               << " from its snapshot at step " << out->snapshot().step() << " to step "
-               << out->failed_step() << " (the trainer had reached step " << task.reached_step
-               << "); spare " << task.rank + 1 << " of " << task.spares.size()
-               << " replays micro-batches [" << block.begin << ", " << block.end << ")";
+  auto task = recovery_->NextTask(request->incarnation(), wait);
+  if (!task.ok()) return ToGrpcStatus(task.status());
+  if (task->has_value()) *response->mutable_task() = **std::move(task);
   return grpc::Status::OK;
 }
 
@@ -1048,7 +715,7 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
     return ToGrpcStatus(ready);
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
-  auto slot = membership_->TaskSlot(request->task_id(), request->incarnation());
+  auto slot = recovery_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   SlotId read = Normalized(*slot);
   if (request->has_slot()) {
@@ -1066,33 +733,6 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
   return step_log_->HandleReadLog(context, *request, read, writer);
 }
 
-absl::Status ParameterServerService::CheckReplayProof(const ReportRecoveryRequest& report) const {
-  ASSIGN_OR_RETURN(const auto range,
-                   membership_->PublishedRange(report.task_id(), report.incarnation()));
-  const auto [t0, tf] = range;
-  if (!report.verified() || report.steps_replayed() != tf - t0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a RECOVERED report must replay and verify every step of (", t0, ", ", tf,
-        "]: it says ", report.steps_replayed(), " steps, ",
-        report.verified() ? "verified" : "not verified"));
-  }
-  if (tf == t0) return absl::OkStatus();  // nothing replayed: the slot is its stored snapshot
-  ASSIGN_OR_RETURN(const SlotId slot,
-                   membership_->TaskSlot(report.task_id(), report.incarnation()));
-  ASSIGN_OR_RETURN(const std::vector<LogRecord> records, store_->ReadLog(slot, tf - 1, tf));
-  for (const LogRecord& record : records) {
-    if (record.step() != tf || record.micro_batch() != -1) continue;
-    if (record.params_checksum() != report.final_checksum()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "the replayed parameters of step %d hash to %016x, the log says %016x", tf,
-          report.final_checksum(), record.params_checksum()));
-    }
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("the log holds no checksum of step ", tf, " to verify the replay against"));
-}
-
 grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context,
                                                     const ReportRecoveryRequest* request,
                                                     ReportRecoveryResponse* response) {
@@ -1100,42 +740,13 @@ grpc::Status ParameterServerService::ReportRecovery(grpc::ServerContext* context
     return ToGrpcStatus(ready);
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
-  if (request->outcome() == RECOVERED && checkpoint_ == nullptr &&
-      EffectiveRecoveryPolicy(job_) == REPLAY) {
-    if (absl::Status proven = CheckReplayProof(*request); !proven.ok()) {
-      LOG(WARNING) << "refused the RECOVERED report of incarnation " << request->incarnation()
-                   << " for replay task " << request->task_id() << ": " << proven;
-      return ToGrpcStatus(proven);
-    }
-  }
-  auto finished = membership_->FinishReplay(request->incarnation(), *request);
+  auto finished = recovery_->Finish(*request);
   if (!finished.ok()) return ToGrpcStatus(finished.status());
-  if (!finished->has_value()) {
-    LOG(WARNING) << "replay task " << request->task_id() << " ended "
-                 << RecoveryOutcome_Name(request->outcome()) << ": " << request->detail();
-    return grpc::Status::OK;
-  }
+  if (!finished->has_value()) return grpc::Status::OK;
   const RegisterResponse& takeover = **finished;
-  tracker_->SetLive(takeover.slot(), true);
-  // A recovery counts against the slot (DESIGN §4.5). A GLOBAL_CHECKPOINT restore counts only for
-  // the slot whose trainer was lost: the rollback restores every slot, healthy ones included.
-  if (checkpoint_ == nullptr || membership_->TakeRecoveryCharge(takeover.slot())) {
-    tracker_->OnFault(takeover.slot(), clock_->Now());
-  }
   response->set_incarnation(takeover.incarnation());
   *response->mutable_slot() = takeover.slot();
   *response->mutable_neighbours() = takeover.neighbours();
-  if (checkpoint_ != nullptr) {
-    LOG(WARNING) << "slot " << SlotName(takeover.slot())
-                 << " restored from the global checkpoint; its trainer is now incarnation "
-                 << takeover.incarnation() << " at step " << takeover.start_step();
-  } else {
-    LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
-                 << request->steps_replayed() << " steps"
-                 << (request->verified() ? ", verified bit-identical" : "")
-                 << "; its trainer is now incarnation " << takeover.incarnation() << " at step "
-                 << takeover.start_step();
-  }
   return grpc::Status::OK;
 }
 

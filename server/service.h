@@ -1,19 +1,40 @@
 #pragma once
 
-// The ParameterServer gRPC service.
+// The ParameterServer gRPC service: a thin layer over the server's units. Each RPC checks the
+// caller, validates its request, calls one unit and converts the result to the reply:
 //
-// Membership calls (Register, Heartbeat, Deregister), the EASGD exchange (Sync), the server-side
-// AdaHessian (Push, Pull), the step log, replay tasks, evaluation reports, Drain and GetStatus
-// are served here. Every call that acts as a worker first proves it is that worker (the worker
+//   Register, Heartbeat, Deregister, Drain   -> Membership (Heartbeat's restart-from-center
+//                                               takeover -> RecoveryCoordinator)
+//   Sync, Push                               -> CenterTable (the apply), with SlotBooks (books,
+//                                               turns), LogRetention (GC floors) and the
+//                                               coordinator's sync barrier (GLOBAL_CHECKPOINT)
+//   Pull                                     -> CenterTable
+//   AppendLog, ReadLog                       -> StepLogService
+//   WaitForTask, ReportRecovery              -> RecoveryCoordinator (server/recovery_coordinator.h)
+//                                               (ReadLog asks it for the task's slot)
+//   ReportEval, GetStatus                    -> the service's own last evaluation; every unit's
+//                                               status
+//
+// Caller checks. Every call that acts as a worker first proves it is that worker (the worker
 // credential of its incarnation in the call's metadata: UNAUTHENTICATED otherwise); Drain needs
-// the operator token (or a caller on this host when none is configured); ReportEval comes only
-// from an evaluator (PERMISSION_DENIED). Every handler then validates its input
-// (INVALID_ARGUMENT, never a crash), checks that the caller's incarnation is alive and owns the
-// slot it names (FAILED_PRECONDITION when fenced), and acknowledges an update only after its
-// RocksDB write batch has committed.
+// the operator token (or a caller on this host when none is configured: UNAUTHENTICATED /
+// PERMISSION_DENIED); ReportEval comes only from an evaluator (PERMISSION_DENIED). Every handler
+// then validates its input (INVALID_ARGUMENT, never a crash), checks that the caller's
+// incarnation is alive (ABORTED when unknown, FAILED_PRECONDITION when fenced) and owns the slot
+// it names (FAILED_PRECONDITION), and acknowledges an update only after its RocksDB write batch
+// has committed. Until MarkReady() every call but GetStatus answers UNAVAILABLE (the server is
+// loading its durable state; health says NOT_SERVING meanwhile). Long polls and request bytes
+// beyond the admission bounds get RESOURCE_EXHAUSTED (server/call_gate.h).
 //
-// Until MarkReady() every call but GetStatus answers UNAVAILABLE (the server is loading its
-// durable state; health says NOT_SERVING meanwhile).
+// Sync: OK with the new center version; the same sync again (its reply was lost) is answered OK
+// from the stored post-sync state; a stale one (below the slot's last) FAILED_PRECONDITION; a
+// refused one (malformed, non-finite, diverging) INVALID_ARGUMENT, counted as its worker's
+// fault; the barrier's UNAVAILABLE / ABORTED under GLOBAL_CHECKPOINT. Push: OK with applied=false
+// for a duplicate sequence, FAILED_PRECONDITION for one that skips ahead.
+//
+// Thread-safety: thread-safe (gRPC calls every handler from its own threads). The service owns
+// SlotBooks, LogRetention, the StepLogService and the RecoveryCoordinator; every pointer given to
+// the constructor is borrowed and must outlive it. Lock order: see server/recovery_coordinator.h.
 
 #include <atomic>
 #include <map>
@@ -28,10 +49,12 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "server/center_table.h"
-#include "server/global_checkpoint.h"
 #include "server/membership.h"
 #include "server/call_gate.h"
+#include "server/log_retention.h"
+#include "server/recovery_coordinator.h"
 #include "server/reliability.h"
+#include "server/slot_books.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
 
@@ -50,15 +73,12 @@ class ParameterServerService final : public ParameterServer::Service {
   // the weight records of a previous server life.
   void RestoreBookkeeping(const std::vector<WeightRecord>& records);
 
-  // Policy GLOBAL_CHECKPOINT: sets up the barrier checkpoints (server/global_checkpoint.h), kept
-  // in `dir` (empty: in memory) and loaded from there; the job's start (the centers as they are
-  // now) is the checkpoint until the first cut. Call after the durable state is loaded.
+  // Policy GLOBAL_CHECKPOINT: RecoveryCoordinator::EnableGlobalCheckpoint. Call after the
+  // durable state is loaded, before MarkReady.
   absl::Status EnableGlobalCheckpoint(const std::string& dir);
 
-  // Policy GLOBAL_CHECKPOINT: if a trainer was lost since the last call, rolls every slot and the
-  // center back to the last checkpoint: every trainer is fenced as ROLLED_BACK (it registers
-  // again, as a spare), every slot is restored by a spare from its checkpointed snapshot. Called
-  // by the server's failure detector after each check.
+  // RecoveryCoordinator::AfterDetection (the GLOBAL_CHECKPOINT rollback). Called by the server's
+  // failure detector after each pass.
   void MaybeRollBack();
 
   // The admission bounds this service enforces (server/call_gate.h); the server's main gives
@@ -111,17 +131,6 @@ class ParameterServerService final : public ParameterServer::Service {
                             grpc::ServerWriterInterface<LogRecord>* writer);
 
  private:
-  // Per-slot bookkeeping of applied updates, written with every update under its stage lock.
-  struct SlotBook {
-    int64_t last_update_step = 0;
-    // The step through which the slot's last sync GC'd its log (memory only): its snapshot's step,
-    // or for a member of a multi-stage recovery group the group's floor then.
-    int64_t log_floor = 0;
-    int64_t update_count = 0;
-    uint64_t applied_sequence = 0;
-  };
-  using SlotKey = std::pair<int, int>;
-
   absl::Status CheckReady() const;
   // The bearer token (if one is configured), then CheckReady.
   absl::Status CheckCall(const grpc::ServerContext* context) const;
@@ -130,10 +139,6 @@ class ParameterServerService final : public ParameterServer::Service {
   // CheckCall, then the operator token (or, without one configured, a peer on this host):
   // UNAUTHENTICATED / PERMISSION_DENIED.
   absl::Status CheckOperator(const grpc::ServerContext* context) const;
-  // REPLAY: a RECOVERED report proves its replay: it covers the whole published range, says
-  // every step was verified, and its final checksum is the log's for failed_step.
-  // FAILED_PRECONDITION otherwise.
-  absl::Status CheckReplayProof(const ReportRecoveryRequest& report) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
   // INVALID_ARGUMENT for a Sync or Push step beyond training.max_steps.
   absl::Status CheckStepInJob(int64_t step) const;
@@ -143,10 +148,6 @@ class ParameterServerService final : public ParameterServer::Service {
   // ReportEval's fields: stage in range, center_version in [0, current], loss finite,
   // accuracy in [0, 1].
   absl::Status ValidateEval(const ReportEvalRequest& request) const;
-  // DETERMINISTIC scheduling: waits until `slot` holds the smallest (update count, replica) of
-  // its stage, i.e. it is its turn in the round (bounded by max_wait_ms: UNAVAILABLE).
-  absl::Status WaitForTurn(const SlotId& slot);
-  WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
   // Center integrity (issue R9): `norm` (||x - c|| of a sync, ||g|| of a push: `what`) over the
   // median of the stage's other live trainers' latest ones (0 when there are none to compare
   // with); INVALID_ARGUMENT when it exceeds weighting.max_divergence_ratio. Changes nothing.
@@ -157,24 +158,7 @@ class ParameterServerService final : public ParameterServer::Service {
   // "center integrity of stage s so far: max |value| ... (r of the bound), max divergence ratio
   // ... (r of the bound)", for the log line of a finished slot.
   std::string IntegritySummary(int stage) const;
-  // Pipelines (DESIGN §5.2): the oldest last-sync step over the recovery group of `slot`, with
-  // the slot's own taken as `own_step` (< 0: its book's). A group rebuild replays from there, so
-  // the group's logs are kept back to it. The slot's own step when it is alone in its group.
-  int64_t GroupFloorLocked(const SlotId& slot, int64_t own_step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(book_mu_);
-  // The snapshot of group member `slot` at step `step`: its stored one, or the one its last sync
-  // replaced (kept in memory for members of multi-stage groups). NOT_FOUND if neither is at
-  // `step`.
-  absl::StatusOr<Snapshot> SnapshotAt(const SlotId& slot, int64_t step) const;
-  // The snapshots and range of a replay task of a multi-stage recovery group [first, end): fills
-  // out->group_snapshots; returns t0 (the group's oldest snapshot step).
-  absl::StatusOr<int64_t> GroupSnapshots(const SlotId& slot, int first, int end,
-                                         int64_t published_t0, RecoveryTask* out) const;
-  // GLOBAL_CHECKPOINT: the checkpoint of a complete cut: every stage's center and every slot's
-  // stored snapshot, which the barrier guarantees are all at `step`.
-  absl::StatusOr<CheckpointRecord> GatherCheckpoint(int64_t step) const;
-  // GLOBAL_CHECKPOINT: the wait of a sync at cut `step` (see GlobalCheckpoint::Arrive).
-  absl::Status WaitAtBarrier(const SlotId& slot, int64_t step, uint64_t epoch);
+  WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
 
   const ServerConfig config_;
   const JobConfig& job_;
@@ -193,20 +177,10 @@ class ParameterServerService final : public ParameterServer::Service {
   const absl::Time started_;
   std::atomic<bool> ready_{false};
 
+  SlotBooks books_;
   std::unique_ptr<StepLogService> step_log_;
-  std::unique_ptr<GlobalCheckpoint> checkpoint_;  // policy GLOBAL_CHECKPOINT only
-
-  mutable absl::Mutex book_mu_;
-  std::map<SlotKey, SlotBook> books_ ABSL_GUARDED_BY(book_mu_);
-  // Center integrity (memory only, since the server started): syncs and pushes refused per
-  // slot, and per stage the largest divergence ratio (DivergenceRatio) an accepted one had.
-  std::map<SlotKey, int64_t> refused_ ABSL_GUARDED_BY(book_mu_);
-  std::map<int, double> max_divergence_ratio_ ABSL_GUARDED_BY(book_mu_);
-  // Members of multi-stage recovery groups: the snapshot each one's last sync replaced (memory
-  // only: after a server restart a group whose members' snapshots differ waits for its next
-  // common round; docs/recovery.md).
-  mutable absl::Mutex previous_mu_;
-  std::map<SlotKey, Snapshot> previous_snapshots_ ABSL_GUARDED_BY(previous_mu_);
+  LogRetention retention_;
+  std::unique_ptr<RecoveryCoordinator> recovery_;
 
   mutable absl::Mutex eval_mu_;
   bool has_eval_ ABSL_GUARDED_BY(eval_mu_) = false;

@@ -276,6 +276,7 @@ StepLogService::BatchResult StepLogService::ProcessBatch(const AppendLogRequest&
       SlotId slot;
       slot.set_replica(index / stages_);
       slot.set_stage(index % stages_);
+      slots_[index].mu.AssertReaderHeld();  // by slot_locks; tells the analysis so
       int64_t floor = slots_[index].floor;
       if (snapshot_step_) floor = std::max(floor, snapshot_step_(slot));
       floors[index] = floor;
@@ -407,7 +408,11 @@ absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot,
   // boundaries around it are logged): the slot's own per-step checksums; per micro-batch the
   // sample ids stage 0 logged itself (first = 0) or the forward pair stage first-1 logged for
   // stage first; and the backward pair stage end logged for stage end-1 (end < S).
-  const auto [first, end] = RecoveryGroup(job_, slot.stage());
+  // Not a structured binding: the lambda below captures them (C++20 only for bindings; clang
+  // refuses it under -std=c++17).
+  const std::pair<int, int> group = RecoveryGroup(job_, slot.stage());
+  const int first = group.first;
+  const int end = group.second;
   struct StepParts {
     bool checksum = false;
     std::vector<int> parts;  // per micro-batch, bit p: part p present

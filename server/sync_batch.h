@@ -3,6 +3,9 @@
 // The durable record of one EASGD sync (DESIGN.md §4.4, §5.2, §6), as one write batch: the
 // stage's new center, the slot's snapshot (its post-sync parameters and the optimizer state the
 // worker sent), the slot's weight record, and the GC of the step log the snapshot covers.
+//
+// Thread-safety: a pure function of its arguments. Ownership: see AddSyncToBatch (the batch
+// references the tensors it is given). Status codes: none (the batch's Commit reports errors).
 
 #include <cstdint>
 

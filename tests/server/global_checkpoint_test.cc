@@ -59,7 +59,7 @@ std::string TempDir() {
 }
 
 TEST_CASE("the cuts are the multiples of K and max_steps") {
-  GlobalCheckpoint checkpoint(Job(), "", Initial());
+  GlobalCheckpoint checkpoint(Job(), "", Initial(), DefaultClock());
   CHECK_FALSE(checkpoint.IsCut(0));
   CHECK_FALSE(checkpoint.IsCut(10));
   CHECK(checkpoint.IsCut(20));
@@ -70,7 +70,7 @@ TEST_CASE("the cuts are the multiples of K and max_steps") {
 
 TEST_CASE("the last slot to arrive takes the checkpoint and releases the others") {
   const std::string dir = TempDir();
-  GlobalCheckpoint checkpoint(Job(), dir, Initial());
+  GlobalCheckpoint checkpoint(Job(), dir, Initial(), DefaultClock());
   int calls = 0;
   // Slot 0 alone: its wait times out, retryably.
   absl::Status alone = checkpoint.Arrive(0, 20, 0, absl::Milliseconds(10), Taker(&calls));
@@ -104,7 +104,7 @@ TEST_CASE("the last slot to arrive takes the checkpoint and releases the others"
   CHECK(calls == 1);
   // The file is there; a restarted server loads it.
   CHECK(std::filesystem::exists(dir + "/checkpoint-20.pb"));
-  GlobalCheckpoint restarted(Job(), dir, Initial());
+  GlobalCheckpoint restarted(Job(), dir, Initial(), DefaultClock());
   REQUIRE(restarted.Load().ok());
   CHECK(restarted.Current().step() == 20);
   CHECK(restarted.Current().centers(0).version() == 20);
@@ -118,7 +118,7 @@ TEST_CASE("the last slot to arrive takes the checkpoint and releases the others"
 }
 
 TEST_CASE("a rollback releases the waiters with ABORTED and fences syncs of the old epoch") {
-  GlobalCheckpoint checkpoint(Job(), "", Initial());
+  GlobalCheckpoint checkpoint(Job(), "", Initial(), DefaultClock());
   int calls = 0;
   std::optional<absl::Status> waiting;
   std::thread waiter(
@@ -145,7 +145,7 @@ TEST_CASE(
   // The race this closes: the last slot arrived at cut 40 while the server, rolling back, had
   // already fenced the trainers at the checkpoint of step 20; the cut completed, and the slots'
   // bookkeeping was restored from step 40 while their spares restarted from step 20.
-  GlobalCheckpoint checkpoint(Job(), "", Initial());
+  GlobalCheckpoint checkpoint(Job(), "", Initial(), DefaultClock());
   int calls = 0;
   CHECK(checkpoint.Arrive(0, 20, 0, absl::Milliseconds(1), Taker(&calls)).code() ==
         absl::StatusCode::kUnavailable);
@@ -193,11 +193,11 @@ TEST_CASE("a checkpoint file of another job is DATA_LOSS") {
         "fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 20 }\n",
         "job.pbtxt");
     REQUIRE(other.ok());
-    GlobalCheckpoint checkpoint(*other, dir, Initial());
+    GlobalCheckpoint checkpoint(*other, dir, Initial(), DefaultClock());
     int calls = 0;
     REQUIRE(checkpoint.Arrive(0, 20, 0, absl::ZeroDuration(), Taker(&calls)).ok());
   }
-  GlobalCheckpoint checkpoint(Job(), dir, Initial());
+  GlobalCheckpoint checkpoint(Job(), dir, Initial(), DefaultClock());
   absl::Status loaded = checkpoint.Load();
   CHECK(loaded.code() == absl::StatusCode::kDataLoss);
   CHECK(loaded.message() == absl::StrCat(dir,

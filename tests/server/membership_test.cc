@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
+
 #include <optional>
 #include <string>
 #include <thread>
@@ -8,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 #include "common/clock.h"
@@ -337,14 +340,37 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   auto early = membership.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
   REQUIRE(early.ok());
   CHECK_FALSE(early->has_value());
-  // A spare already waiting is woken by FinishRollback.
+  // A spare already waiting is woken by FinishRollback. `waited` is written by the waiter and
+  // read here only after join(); `returned` and `finish_called` tell, without a data race,
+  // whether the claim returned and whether FinishRollback had been called by then.
   std::optional<absl::StatusOr<std::optional<Membership::ReplayClaim>>> waited;
-  std::thread waiter(
-      [&] { waited = membership.ClaimReplay(spare->incarnation(), absl::Seconds(20)); });
-  absl::SleepFor(absl::Milliseconds(20));
-  CHECK_FALSE(waited.has_value());
+  absl::Notification returned;
+  std::atomic<bool> finish_called{false};
+  std::atomic<bool> returned_after_finish{false};
+  std::thread waiter([&] {
+    waited = membership.ClaimReplay(spare->incarnation(), absl::Seconds(20));
+    returned_after_finish.store(finish_called.load());
+    returned.Notify();
+  });
+  // The spare is parked in ClaimReplay once status shows it waiting for a task.
+  auto spare_waiting = [&] {
+    GetStatusResponse now;
+    membership.FillStatus(&now);
+    for (const WorkerStatus& worker : now.workers()) {
+      if (worker.incarnation() == spare->incarnation()) return worker.waiting_for_task();
+    }
+    return false;
+  };
+  for (int i = 0; i < 2000 && !spare_waiting() && !returned.HasBeenNotified(); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK(spare_waiting());
+  // Parked, and it stays parked: the claim blocks until the rollback is finished.
+  CHECK_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)));
+  finish_called.store(true);
   membership.FinishRollback();
   waiter.join();
+  CHECK(returned_after_finish.load());
   REQUIRE(waited.has_value());
   REQUIRE(waited->ok());
   REQUIRE((*waited)->has_value());
@@ -358,7 +384,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   report.set_incarnation(spare->incarnation());
   report.set_task_id((**waited)->task_id);
   report.set_outcome(RECOVERED);
-  auto restored = membership.FinishReplay(spare->incarnation(), report);
+  auto restored = membership.FinishReplay(spare->incarnation(), report, {});
   REQUIRE(restored.ok());
   REQUIRE(restored->has_value());
   CHECK((*restored)->slot().replica() == 0);
@@ -372,7 +398,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   CHECK((*claim)->slot.replica() == 1);
   report.set_incarnation(b2->incarnation());
   report.set_task_id((*claim)->task_id);
-  restored = membership.FinishReplay(b2->incarnation(), report);
+  restored = membership.FinishReplay(b2->incarnation(), report, {});
   REQUIRE(restored.ok());
   REQUIRE(restored->has_value());
   CHECK_FALSE(membership.TakeRecoveryCharge(b->slot()));
@@ -417,7 +443,7 @@ TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
   report.set_outcome(RECOVERED);
   report.set_steps_replayed(3);
   report.set_verified(true);
-  auto finished = membership.FinishReplay(spare->incarnation(), report);
+  auto finished = membership.FinishReplay(spare->incarnation(), report, {});
   REQUIRE(finished.ok());
   REQUIRE(finished->has_value());
   const RegisterResponse& trainer = **finished;
@@ -546,9 +572,9 @@ TEST_CASE("with recovery_parallelism 2 one waiting spare leads a replay and anot
   report.set_outcome(RECOVERED);
   report.set_steps_replayed(3);
   report.set_verified(true);
-  CHECK(membership.FinishReplay(helper, report).status().code() ==
+  CHECK(membership.FinishReplay(helper, report, {}).status().code() ==
         absl::StatusCode::kFailedPrecondition);
-  auto finished = membership.FinishReplay(leader, report);
+  auto finished = membership.FinishReplay(leader, report, {});
   REQUIRE(finished.ok());
   REQUIRE(finished->has_value());
   CHECK((*finished)->start_step() == 19);
@@ -606,7 +632,7 @@ TEST_CASE("a helper that dies mid-replay ends the task; the slot goes to a new t
   ReportRecoveryRequest report;
   report.set_task_id(task);
   report.set_outcome(RECOVERED);
-  CHECK(membership.FinishReplay(leader, report).status().code() ==
+  CHECK(membership.FinishReplay(leader, report, {}).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   // The leader claims the slot again, alone now.
   auto again = membership.ClaimReplay(leader, absl::ZeroDuration());
@@ -642,6 +668,8 @@ TEST_CASE("a spare that dies mid-replay releases the task to another spare") {
   CHECK((*again)->task_id != (*claim)->task_id);
 }
 
+// The decision to fall back is the recovery policy's (RecoveryPolicy::EndOf, tested in
+// recovery_coordinator_test); Membership carries it out.
 TEST_CASE("a replay that fails its checksum falls back to RESTART_FROM_CENTER, loudly") {
   FakeClock clock;
   Membership membership(JobWithPolicy("REPLAY"), &clock);
@@ -656,7 +684,11 @@ TEST_CASE("a replay that fails its checksum falls back to RESTART_FROM_CENTER, l
   report.set_task_id((*claim)->task_id);
   report.set_outcome(CHECKSUM_MISMATCH);
   report.set_detail("step 5: checksum 0x1 != logged 0x2");
-  auto finished = membership.FinishReplay(s1->incarnation(), report);
+  Membership::ReplayEnd end;
+  end.outcome = CHECKSUM_MISMATCH;
+  end.why = "DATA_LOSS: step 5: checksum 0x1 != logged 0x2; falling back to RESTART_FROM_CENTER";
+  end.fallback_restart = true;
+  auto finished = membership.FinishReplay(s1->incarnation(), report, end);
   REQUIRE(finished.ok());
   CHECK_FALSE(finished->has_value());
   CHECK(membership.Recoveries()[0].outcome() == CHECKSUM_MISMATCH);

@@ -1,0 +1,61 @@
+#include "server/log_retention.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/slot.h"
+
+namespace rebound::server {
+
+LogRetention::LogRetention(const JobConfig& job, const Membership* membership,
+                           const storage::DurableStore* store, const SlotBooks* books)
+    : job_(job), membership_(membership), store_(store), books_(books) {}
+
+LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step) const {
+  SyncFloor floor;
+  floor.gc_step = step;
+  const auto [first, end] = RecoveryGroup(job_, slot.stage());
+  if (end - first <= 1) return floor;
+  // While another member is LOST or RECOVERING a replay may be reading the group's logs from the
+  // group's floor of that time: nothing more is GC'd until it is back.
+  bool member_down = false;
+  for (int m = first; m < end; ++m) {
+    SlotId member = slot;
+    member.set_stage(m);
+    if (m != slot.stage() && membership_->SlotDown(member)) member_down = true;
+  }
+  floor.gc_step = member_down ? books_->Get(slot).log_floor : books_->GroupFloor(slot, step);
+  absl::StatusOr<Snapshot> current = store_->ReadSnapshot(slot);
+  if (current.ok()) floor.replaced = *std::move(current);
+  return floor;
+}
+
+void LogRetention::Committed(const SlotId& slot, SyncFloor floor) {
+  if (!floor.replaced.has_value()) return;
+  absl::MutexLock lock(&mu_);
+  previous_snapshots_[{slot.replica(), slot.stage()}] = *std::move(floor.replaced);
+}
+
+absl::StatusOr<Snapshot> LogRetention::SnapshotAt(const SlotId& slot, int64_t step) const {
+  absl::StatusOr<Snapshot> stored = store_->ReadSnapshot(slot);
+  if (stored.ok() && stored->step() == step) return stored;
+  if (!stored.ok() && stored.status().code() != absl::StatusCode::kNotFound) return stored;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = previous_snapshots_.find({slot.replica(), slot.stage()});
+    if (it != previous_snapshots_.end() && it->second.step() == step) return it->second;
+  }
+  if (step == 0) {
+    Snapshot initial;  // never synced: the model's initialisation
+    *initial.mutable_slot() = slot;
+    initial.set_step(0);
+    return initial;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "slot ", SlotName(slot), " has no snapshot of step ", step, " (stored: step ",
+      stored.ok() ? stored->step() : 0, "; the one before it is kept in memory only and this "
+      "server no longer has it)"));
+}
+
+}  // namespace rebound::server

@@ -1,0 +1,73 @@
+#pragma once
+
+// LogRetention: how far back the server keeps each slot's step log and snapshots, so that a
+// replay finds what it reads (DESIGN.md §5.2, §5.3). A sync of a slot GCs its log through the
+// step of its new snapshot; a member of a multi-stage recovery group (an unlogged boundary next
+// to it) keeps its log back to the group's oldest last-sync step (a group rebuild replays from
+// there), keeps in memory the snapshot its last sync replaced, and while another member of its
+// group is LOST or RECOVERING GCs nothing past its previous floor (a replay may be reading the
+// group's logs from it).
+//
+// Thread-safety: thread-safe. Lock order: ForSync calls Membership::SlotDown and SlotBooks
+// (each takes its own lock, none nested) and reads the store; it holds no lock of its own
+// meanwhile, so callers may hold a stage lock around it. Its own mutex is a leaf.
+// Ownership: `membership`, `store` and `books` are borrowed and must outlive this object.
+// Status codes: SnapshotAt gives NOT_FOUND when neither the stored snapshot nor the replaced one
+// is at the step asked for, and the store's errors (DATA_LOSS, UNAVAILABLE) as they are.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+#include "proto/storage.pb.h"
+#include "server/membership.h"
+#include "server/slot_books.h"
+#include "storage/durable_store.h"
+
+namespace rebound::server {
+
+class LogRetention {
+ public:
+  // REQUIRES: the pointers outlive this object.
+  LogRetention(const JobConfig& job, const Membership* membership,
+               const storage::DurableStore* store, const SlotBooks* books);
+
+  LogRetention(const LogRetention&) = delete;
+  LogRetention& operator=(const LogRetention&) = delete;
+
+  // What a sync of `slot` at `step` keeps.
+  struct SyncFloor {
+    int64_t gc_step = 0;               // the log is GC'd through this step
+    std::optional<Snapshot> replaced;  // group members: the snapshot the sync replaces
+  };
+  // Called before the sync's batch is written (under the stage lock).
+  SyncFloor ForSync(const SlotId& slot, int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // After the sync's batch committed: keeps `floor.replaced` (if any) as the slot's previous
+  // snapshot.
+  void Committed(const SlotId& slot, SyncFloor floor) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The snapshot of `slot` at `step`: its stored one, or the one its last sync replaced, or (step
+  // 0) the model's initialisation.
+  absl::StatusOr<Snapshot> SnapshotAt(const SlotId& slot, int64_t step) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const JobConfig job_;
+  const Membership* const membership_;
+  const storage::DurableStore* const store_;
+  const SlotBooks* const books_;
+
+  mutable absl::Mutex mu_;
+  // Members of multi-stage recovery groups: the snapshot each one's last sync replaced (memory
+  // only: after a server restart a group whose members' snapshots differ waits for its next
+  // common round; docs/recovery.md).
+  std::map<std::pair<int, int>, Snapshot> previous_snapshots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rebound::server

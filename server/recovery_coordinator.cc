@@ -1,0 +1,465 @@
+#include "server/recovery_coordinator.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/slot.h"
+#include "common/status_macros.h"
+#include "compute/reduction_tree.h"
+
+namespace rebound::server {
+namespace {
+
+// The end of a task that did not rebuild its slot, under every policy (see RecoveryPolicy::EndOf).
+Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecoveryRequest& report) {
+  Membership::ReplayEnd end;
+  if (report.outcome() == CHECKSUM_MISMATCH && job.topology().stages() > 1) {
+    // A pipeline stage restarted from the center would not match the step its live neighbours
+    // are at: there is no fallback. Another spare (another machine, maybe the right backend and
+    // threads) replays it again.
+    end.outcome = CHECKSUM_MISMATCH;
+    end.why = absl::StrCat("DATA_LOSS: ", report.detail(),
+                           "; a pipeline stage has no fallback: the next spare replays it again "
+                           "(same backend, hardware and compute.threads as the lost trainer "
+                           "needed, DESIGN §5.6)");
+  } else if (report.outcome() == CHECKSUM_MISMATCH) {
+    end.outcome = CHECKSUM_MISMATCH;
+    end.why = absl::StrCat("DATA_LOSS: ", report.detail(), "; falling back to RESTART_FROM_CENTER");
+    end.fallback_restart = true;
+  } else {
+    end.outcome =
+        report.outcome() == RECOVERY_OUTCOME_UNSPECIFIED ? ABANDONED : report.outcome();
+    end.why = report.detail();
+  }
+  return end;
+}
+
+// Policy REPLAY (DESIGN §5.3); also a GLOBAL_CHECKPOINT job's until EnableGlobalCheckpoint.
+class ReplayPolicy : public RecoveryPolicy {
+ public:
+  explicit ReplayPolicy(const RecoveryUnits& units) : u_(units), job_(units.config->job()) {}
+
+  rebound::RecoveryPolicy kind() const override { return REPLAY; }
+
+  absl::Status Assemble(const Membership::ReplayClaim& task, uint64_t incarnation,
+                        RecoveryTask* response) override {
+    const SlotId slot = Normalized(task.slot);
+    // The snapshot to start from; none yet means the slot never synced: the model's init at 0.
+    // The slot is RECOVERING, so no sync changes it while the task's spares read it. A stage in
+    // a recovery group of several (an unlogged boundary next to it) is replayed with its whole
+    // group, from every member's snapshot at the group's oldest snapshot step.
+    const auto [group_first, group_end] = RecoveryGroup(job_, slot.stage());
+    RecoveryTask group;
+    Snapshot snapshot;
+    if (group_end - group_first > 1) {
+      auto t0 = GroupSnapshots(slot, group_first, group_end,
+                               task.rank == 0 ? -1 : task.snapshot_step, &group);
+      if (!t0.ok()) {
+        return absl::AbortedError(absl::StrCat("recovery group of stages [", group_first, ", ",
+                                               group_end, "): ", t0.status().message()));
+      }
+      group.set_group_first_stage(group_first);
+      snapshot = group.group_snapshots(slot.stage() - group_first);
+    } else {
+      auto stored = u_.store->ReadSnapshot(slot);
+      if (stored.ok()) {
+        snapshot = *std::move(stored);
+      } else if (stored.status().code() == absl::StatusCode::kNotFound) {
+        *snapshot.mutable_slot() = slot;
+        snapshot.set_step(0);
+      } else {
+        return stored.status();
+      }
+    }
+    int64_t failed_step = task.failed_step;
+    if (task.rank == 0) {
+      // The leader fixes the task's range once for all its spares.
+      ASSIGN_OR_RETURN(const int64_t last, u_.step_log->LastCompleteStep(slot, snapshot.step()));
+      failed_step = std::max(last, snapshot.step());
+      u_.membership->PublishReplay(task.task_id, snapshot.step(), failed_step);
+    } else if (snapshot.step() != task.snapshot_step) {
+      return absl::AbortedError(absl::StrCat("the snapshot of slot ", SlotName(slot),
+                                             " moved from step ", task.snapshot_step, " to ",
+                                             snapshot.step(), " during the replay task"));
+    }
+    absl::StatusOr<std::vector<compute::TreeNode>> blocks = compute::TreeAlignedBlocks(
+        job_.data().micro_batches(), static_cast<int>(task.spares.size()));
+    if (!blocks.ok() || static_cast<int>(blocks->size()) != static_cast<int>(task.spares.size())) {
+      return absl::InternalError(absl::StrCat("cannot split ", job_.data().micro_batches(),
+                                              " micro-batches among ", task.spares.size(),
+                                              " spares"));
+    }
+    RecoveryTask* out = response;
+    *out = std::move(group);
+    out->set_task_id(task.task_id);
+    *out->mutable_slot() = slot;
+    out->set_policy(REPLAY);
+    out->set_failed_step(failed_step);
+    *out->mutable_snapshot() = std::move(snapshot);
+    for (const Membership::TaskSpare& spare : task.spares) {
+      Neighbour* n = out->add_spares();
+      n->set_incarnation(spare.incarnation);
+      n->set_peer_address(spare.peer_address);
+    }
+    out->set_rank(task.rank);
+    const compute::TreeNode block = (*blocks)[task.rank];
+    out->set_first_micro_batch(block.begin);
+    out->set_micro_batch_count(block.size());
+    if (out->group_snapshots_size() > 0) {
+      LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
+                   << " is rebuilt with its recovery group, stages [" << group_first << ", "
+                   << group_end << ")";
+    }
+    LOG(WARNING) << "replay task " << task.task_id << ": slot " << SlotName(slot)
+                 << " from its snapshot at step " << out->snapshot().step() << " to step "
+                 << out->failed_step() << " (the trainer had reached step " << task.reached_step
+                 << "); spare " << task.rank + 1 << " of " << task.spares.size()
+                 << " replays micro-batches [" << block.begin << ", " << block.end << ")";
+    return absl::OkStatus();
+  }
+
+  // A RECOVERED report proves its replay: it covers the whole published range, says every step
+  // was verified, and its final checksum is the log's for failed_step. Only a REPLAY job's (a
+  // GLOBAL_CHECKPOINT job before its checkpoints are enabled replays nothing to prove).
+  absl::Status CheckRecovered(const ReportRecoveryRequest& report) const override {
+    if (EffectiveRecoveryPolicy(job_) != REPLAY) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const auto range,
+                     u_.membership->PublishedRange(report.task_id(), report.incarnation()));
+    const auto [t0, tf] = range;
+    if (!report.verified() || report.steps_replayed() != tf - t0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a RECOVERED report must replay and verify every step of (", t0, ", ", tf,
+          "]: it says ", report.steps_replayed(), " steps, ",
+          report.verified() ? "verified" : "not verified"));
+    }
+    if (tf == t0) return absl::OkStatus();  // nothing replayed: the slot is its stored snapshot
+    ASSIGN_OR_RETURN(const SlotId slot,
+                     u_.membership->TaskSlot(report.task_id(), report.incarnation()));
+    ASSIGN_OR_RETURN(const std::vector<LogRecord> records, u_.store->ReadLog(slot, tf - 1, tf));
+    for (const LogRecord& record : records) {
+      if (record.step() != tf || record.micro_batch() != -1) continue;
+      if (record.params_checksum() != report.final_checksum()) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "the replayed parameters of step %d hash to %016x, the log says %016x", tf,
+            report.final_checksum(), record.params_checksum()));
+      }
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("the log holds no checksum of step ", tf, " to verify the replay against"));
+  }
+
+  Membership::ReplayEnd EndOf(const ReportRecoveryRequest& report) const override {
+    return EndOfFailedTask(job_, report);
+  }
+
+  void OnRecovered(const ReportRecoveryRequest& report,
+                   const RegisterResponse& takeover) override {
+    // A recovery counts against the slot (DESIGN §4.5).
+    u_.tracker->OnFault(takeover.slot(), u_.clock->Now());
+    LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
+                 << report.steps_replayed() << " steps"
+                 << (report.verified() ? ", verified bit-identical" : "")
+                 << "; its trainer is now incarnation " << takeover.incarnation() << " at step "
+                 << takeover.start_step();
+  }
+
+ protected:
+  const RecoveryUnits u_;
+  const JobConfig& job_;
+
+ private:
+  // The snapshots and range of a replay task of a multi-stage recovery group [first, end): fills
+  // out->group_snapshots; returns t0 (the group's oldest snapshot step).
+  absl::StatusOr<int64_t> GroupSnapshots(const SlotId& slot, int first, int end,
+                                         int64_t published_t0, RecoveryTask* out) const {
+    const int64_t t0 = published_t0 >= 0 ? published_t0 : u_.books->GroupFloor(slot, -1);
+    for (int m = first; m < end; ++m) {
+      SlotId member = slot;
+      member.set_stage(m);
+      ASSIGN_OR_RETURN(Snapshot snapshot, u_.retention->SnapshotAt(member, t0));
+      *snapshot.mutable_slot() = member;
+      *out->add_group_snapshots() = std::move(snapshot);
+    }
+    return t0;
+  }
+};
+
+// Policy RESTART_FROM_CENTER (DESIGN §5.1): Membership hands a LOST slot to a spare's heartbeat;
+// there are no tasks to assemble or finish (Membership::ClaimReplay never claims one).
+class RestartFromCenterPolicy : public ReplayPolicy {
+ public:
+  using ReplayPolicy::ReplayPolicy;
+  rebound::RecoveryPolicy kind() const override { return RESTART_FROM_CENTER; }
+};
+
+// Policy GLOBAL_CHECKPOINT (DESIGN §5.4): the barrier of every cut, the rollback, and restore
+// tasks.
+class GlobalCheckpointPolicy : public RecoveryPolicy {
+ public:
+  GlobalCheckpointPolicy(const RecoveryUnits& units, std::unique_ptr<GlobalCheckpoint> checkpoint)
+      : u_(units), job_(units.config->job()), checkpoint_(std::move(checkpoint)) {}
+
+  rebound::RecoveryPolicy kind() const override { return GLOBAL_CHECKPOINT; }
+
+  // A restore of the slot's checkpointed state; nothing to replay.
+  absl::Status Assemble(const Membership::ReplayClaim& task, uint64_t incarnation,
+                        RecoveryTask* out) override {
+    const SlotId slot = Normalized(task.slot);
+    const CheckpointRecord checkpoint = checkpoint_->Current();
+    out->set_task_id(task.task_id);
+    *out->mutable_slot() = slot;
+    out->set_policy(GLOBAL_CHECKPOINT);
+    Snapshot* snapshot = out->mutable_snapshot();
+    *snapshot->mutable_slot() = slot;
+    snapshot->set_step(0);  // the job's start: the model's initialisation
+    for (const Snapshot& s : checkpoint.snapshots()) {
+      if (s.slot().replica() == slot.replica() && s.slot().stage() == slot.stage()) *snapshot = s;
+    }
+    out->set_failed_step(snapshot->step());
+    u_.membership->PublishReplay(task.task_id, snapshot->step(), snapshot->step());
+    Neighbour* self = out->add_spares();
+    self->set_incarnation(incarnation);
+    out->set_rank(0);
+    out->set_first_micro_batch(0);
+    out->set_micro_batch_count(job_.data().micro_batches());
+    LOG(WARNING) << "restore task " << task.task_id << ": slot " << SlotName(slot)
+                 << " from the global checkpoint of step " << snapshot->step();
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckRecovered(const ReportRecoveryRequest&) const override {
+    return absl::OkStatus();
+  }
+
+  Membership::ReplayEnd EndOf(const ReportRecoveryRequest& report) const override {
+    return EndOfFailedTask(job_, report);
+  }
+
+  void OnRecovered(const ReportRecoveryRequest&, const RegisterResponse& takeover) override {
+    // A restore counts only for the slot whose trainer was lost: the rollback restores every
+    // slot, healthy ones included.
+    if (u_.membership->TakeRecoveryCharge(takeover.slot())) {
+      u_.tracker->OnFault(takeover.slot(), u_.clock->Now());
+    }
+    LOG(WARNING) << "slot " << SlotName(takeover.slot())
+                 << " restored from the global checkpoint; its trainer is now incarnation "
+                 << takeover.incarnation() << " at step " << takeover.start_step();
+  }
+
+  uint64_t SyncEpoch() const override { return checkpoint_->epoch(); }
+
+  absl::Status AfterSync(const SlotId& slot, int64_t step, uint64_t epoch) override {
+    if (!checkpoint_->IsCut(step)) return absl::OkStatus();
+    const int index = slot.replica() * job_.topology().stages() + slot.stage();
+    return checkpoint_->Arrive(index, step, epoch,
+                               absl::Milliseconds(u_.config->max_wait_ms()),
+                               [this](int64_t cut) { return Gather(cut); });
+  }
+
+  // If a trainer was lost since the last call, rolls every slot and the center back to the last
+  // checkpoint: every trainer is fenced as ROLLED_BACK (it registers again, as a spare), every
+  // slot is restored by a spare from its checkpointed snapshot.
+  void AfterDetection() override {
+    std::string why;
+    if (!u_.membership->TakeRollbackRequest(&why)) return;
+    // 1. The checkpoint to go back to is fixed first: a cut completing between here and the
+    //    fence would otherwise restore a later checkpoint than the one the slots restart from.
+    const CheckpointRecord checkpoint = checkpoint_->Freeze();
+    // 2. No trainer writes again: every one is fenced as ROLLED_BACK and every slot is LOST. A
+    //    sync applied before this point can no longer arrive at a barrier (its epoch is over).
+    u_.membership->RollBackAll(checkpoint.step(), why);
+    const CheckpointRecord restored = checkpoint_->BeginRollback();
+    if (restored.step() != checkpoint.step()) {
+      LOG(ERROR) << "GLOBAL_CHECKPOINT: the frozen checkpoint moved from step "
+                 << checkpoint.step() << " to " << restored.step();
+    }
+    LOG(WARNING) << "GLOBAL_CHECKPOINT: " << why << "; rolling every slot and the center back to "
+                 << "the checkpoint of step " << restored.step();
+    // 3. The centers go back to the checkpoint (their versions keep increasing), and the store
+    //    holds what was restored: the centers and every slot's checkpointed snapshot.
+    storage::WriteBatch batch;
+    for (CenterRecord center : restored.centers()) {
+      center.set_version(u_.centers->version(center.stage()) + 1);
+      if (absl::Status ok = u_.centers->Restore(center, nullptr); !ok.ok()) {
+        LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot restore the center of stage " << center.stage()
+                   << ": " << ok;
+        continue;
+      }
+      batch.PutCenter(center);
+    }
+    for (const Snapshot& snapshot : restored.snapshots()) batch.PutSnapshot(snapshot);
+    // The slots' bookkeeping as it was at the cut (nothing applied yet at the job's start).
+    u_.books->Clear();
+    u_.books->Restore({restored.books().begin(), restored.books().end()});
+    for (const WeightRecord& book : restored.books()) {
+      batch.PutWeight(WithBook(u_.tracker->ExportSlot(book.slot(), u_.clock->Now()), book.slot(),
+                               u_.books->Get(book.slot())));
+    }
+    if (absl::Status committed = u_.store->Commit(batch); !committed.ok()) {
+      LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot store the restored state: " << committed;
+    }
+    for (int r = 0; r < job_.topology().replicas(); ++r) {
+      for (int s = 0; s < job_.topology().stages(); ++s) {
+        SlotId slot;
+        slot.set_replica(r);
+        slot.set_stage(s);
+        u_.tracker->SetLive(slot, false);
+      }
+    }
+    // 4. Only now may spares restore the slots: a restore handed out earlier would sync against
+    //    the center and bookkeeping of before the rollback.
+    u_.membership->FinishRollback();
+  }
+
+  void FillStatus(GetStatusResponse* response) const override {
+    checkpoint_->FillStatus(response->mutable_checkpoint());
+  }
+
+ private:
+  // The checkpoint of a complete cut: every stage's center and every slot's stored snapshot,
+  // which the barrier guarantees are all at `step`.
+  absl::StatusOr<CheckpointRecord> Gather(int64_t step) const {
+    CheckpointRecord record;
+    record.set_step(step);
+    record.set_taken_unix_ms(absl::ToUnixMillis(u_.clock->Now()));
+    for (int stage = 0; stage < u_.centers->num_stages(); ++stage) {
+      ASSIGN_OR_RETURN(auto center, u_.centers->Read(stage));
+      CenterRecord* out = record.add_centers();
+      out->set_stage(stage);
+      out->set_version(center.second);
+      *out->mutable_params() = u_.centers->Bundle(stage, center.first);
+    }
+    for (int r = 0; r < job_.topology().replicas(); ++r) {
+      for (int s = 0; s < job_.topology().stages(); ++s) {
+        SlotId slot;
+        slot.set_replica(r);
+        slot.set_stage(s);
+        ASSIGN_OR_RETURN(Snapshot snapshot, u_.store->ReadSnapshot(slot));
+        if (snapshot.step() != step) {
+          return absl::InternalError(absl::StrCat("the snapshot of slot ", SlotName(slot),
+                                                  " is at step ", snapshot.step(),
+                                                  ", not at the cut ", step));
+        }
+        snapshot.clear_stored_tensors();
+        *record.add_snapshots() = std::move(snapshot);
+        *record.add_books() =
+            WithBook(u_.tracker->ExportSlot(slot, u_.clock->Now()), slot, u_.books->Get(slot));
+      }
+    }
+    return record;
+  }
+
+  const RecoveryUnits u_;
+  const JobConfig& job_;
+  const std::unique_ptr<GlobalCheckpoint> checkpoint_;
+};
+
+}  // namespace
+
+RecoveryCoordinator::RecoveryCoordinator(const RecoveryUnits& units)
+    : units_(units),
+      initial_(EffectiveRecoveryPolicy(units.config->job()) == RESTART_FROM_CENTER
+                   ? std::unique_ptr<RecoveryPolicy>(new RestartFromCenterPolicy(units))
+                   : std::unique_ptr<RecoveryPolicy>(new ReplayPolicy(units))),
+      policy_(initial_.get()) {}
+
+RecoveryCoordinator::~RecoveryCoordinator() = default;
+
+absl::Status RecoveryCoordinator::EnableGlobalCheckpoint(const std::string& dir) {
+  CheckpointRecord initial;
+  for (int stage = 0; stage < units_.centers->num_stages(); ++stage) {
+    ASSIGN_OR_RETURN(auto center, units_.centers->Read(stage));
+    CenterRecord* out = initial.add_centers();
+    out->set_stage(stage);
+    out->set_version(center.second);
+    *out->mutable_params() = units_.centers->Bundle(stage, center.first);
+  }
+  auto checkpoint = std::make_unique<GlobalCheckpoint>(units_.config->job(), dir,
+                                                       std::move(initial), units_.clock);
+  absl::Status loaded = checkpoint->Load();
+  checkpoint_ = std::make_unique<GlobalCheckpointPolicy>(units_, std::move(checkpoint));
+  policy_.store(checkpoint_.get(), std::memory_order_release);
+  return loaded;
+}
+
+absl::StatusOr<std::optional<RecoveryTask>> RecoveryCoordinator::NextTask(uint64_t incarnation,
+                                                                          absl::Duration wait) {
+  ASSIGN_OR_RETURN(std::optional<Membership::ReplayClaim> claim,
+                   units_.membership->ClaimReplay(incarnation, wait));
+  if (!claim.has_value()) return std::optional<RecoveryTask>();
+  RecoveryTask task;
+  if (absl::Status assembled = policy()->Assemble(*claim, incarnation, &task); !assembled.ok()) {
+    units_.membership->AbandonReplay(claim->task_id, std::string(assembled.message()));
+    return assembled;
+  }
+  return std::optional<RecoveryTask>(std::move(task));
+}
+
+absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::Finish(
+    const ReportRecoveryRequest& report) {
+  RecoveryPolicy* const p = policy();
+  if (report.outcome() == RECOVERED) {
+    if (absl::Status proven = p->CheckRecovered(report); !proven.ok()) {
+      LOG(WARNING) << "refused the RECOVERED report of incarnation " << report.incarnation()
+                   << " for replay task " << report.task_id() << ": " << proven;
+      return proven;
+    }
+  }
+  // The task's slot, for the log line of a failed replay (gone once the task has ended).
+  const absl::StatusOr<SlotId> slot =
+      units_.membership->TaskSlot(report.task_id(), report.incarnation());
+  const Membership::ReplayEnd end = p->EndOf(report);
+  ASSIGN_OR_RETURN(std::optional<RegisterResponse> takeover,
+                   units_.membership->FinishReplay(report.incarnation(), report, end));
+  if (!takeover.has_value()) {
+    if (report.outcome() == CHECKSUM_MISMATCH && slot.ok()) {
+      const bool pipeline = units_.config->job().topology().stages() > 1;
+      LOG(ERROR) << "REPLAY of " << (pipeline ? "pipeline " : "") << "slot " << SlotName(*slot) << " did not reproduce the logged checksums ("
+                 << report.detail() << "): DATA_LOSS; "
+                 << (end.fallback_restart ? "falling back to RESTART_FROM_CENTER for this slot"
+                                          : "it waits for another replay");
+    }
+    LOG(WARNING) << "replay task " << report.task_id() << " ended "
+                 << RecoveryOutcome_Name(report.outcome()) << ": " << report.detail();
+    return takeover;
+  }
+  units_.tracker->SetLive(takeover->slot(), true);
+  p->OnRecovered(report, *takeover);
+  return takeover;
+}
+
+absl::StatusOr<SlotId> RecoveryCoordinator::TaskSlot(uint64_t task_id,
+                                                     uint64_t incarnation) const {
+  return units_.membership->TaskSlot(task_id, incarnation);
+}
+
+void RecoveryCoordinator::OnRestartedFromCenter(uint64_t spare_incarnation,
+                                                const RegisterResponse& takeover) {
+  const SlotId& slot = takeover.slot();
+  units_.tracker->SetLive(slot, true);
+  units_.tracker->OnFault(slot, units_.clock->Now());  // a recovery counts against the slot (§4.5)
+  LOG(WARNING) << "slot " << SlotName(slot) << " restarted from the center by incarnation "
+               << spare_incarnation << ", now incarnation " << takeover.incarnation()
+               << " from step " << takeover.start_step();
+}
+
+uint64_t RecoveryCoordinator::SyncEpoch() const { return policy()->SyncEpoch(); }
+
+absl::Status RecoveryCoordinator::AfterSync(const SlotId& slot, int64_t step, uint64_t epoch) {
+  return policy()->AfterSync(slot, step, epoch);
+}
+
+void RecoveryCoordinator::AfterDetection() { policy()->AfterDetection(); }
+
+void RecoveryCoordinator::FillStatus(GetStatusResponse* response) const {
+  policy()->FillStatus(response);
+}
+
+}  // namespace rebound::server

@@ -1,0 +1,177 @@
+// FailureDetector (server/failure_detector.h) under a FakeClock: who is declared failed and when,
+// what the slot of a failed trainer is charged, a server pause, the health watch and the hooks.
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "server/failure_detector.h"
+#include "server/membership.h"
+#include "server/reliability.h"
+
+namespace rebound::server {
+namespace {
+
+// heartbeat 100 ms (checks every 25 ms), failure_timeout 1000 ms.
+JobConfig TwoByOneJob() {
+  auto job = ParseJobConfig(
+      "job_id: \"j\"\n"
+      "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
+      "topology { replicas: 2 stages: 1 }\n"
+      "fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n",
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  return *job;
+}
+
+RegisterRequest Request(const std::string& name) {
+  RegisterRequest request;
+  request.set_job_id("j");
+  request.set_worker_name(name);
+  request.set_peer_address("127.0.0.1:1");
+  return request;
+}
+
+HeartbeatRequest Beat(uint64_t incarnation) {
+  HeartbeatRequest request;
+  request.set_incarnation(incarnation);
+  return request;
+}
+
+SlotState StateOf(const Membership& membership, int replica) {
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  for (const SlotStatus& slot : status.slots()) {
+    if (slot.slot().replica() == replica) return slot.state();
+  }
+  return SLOT_STATE_UNSPECIFIED;
+}
+
+struct Fixture {
+  JobConfig job = TwoByOneJob();
+  FakeClock clock;
+  Membership membership{job, &clock};
+  ReliabilityTracker tracker{job.weighting(), job.topology().replicas()};
+};
+
+TEST_CASE("the check period is a quarter of the heartbeat interval, within [10, 100] ms") {
+  JobConfig job = TwoByOneJob();
+  CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(25));
+  job.mutable_fault_tolerance()->set_heartbeat_interval_ms(20);
+  CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(10));
+  job.mutable_fault_tolerance()->set_heartbeat_interval_ms(10000);
+  CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(100));
+}
+
+TEST_CASE("a silent trainer is declared failed after failure_timeout, not before") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a"));
+  auto b = f.membership.Register(Request("b"));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  int passes = 0;
+  FailureDetector::Hooks hooks;
+  hooks.after_pass = [&] { ++passes; };
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, hooks);
+  const double fault_before = f.tracker.Current(a->slot(), f.clock.Now()).fault_score();
+
+  // b beats every 100 ms; a is silent. Until 1000 ms of silence nobody is declared failed.
+  for (int t = 25; t <= 1000; t += 25) {
+    f.clock.Advance(absl::Milliseconds(25));
+    if (t % 100 == 0) REQUIRE(f.membership.Heartbeat(Beat(b->incarnation())).ok());
+    CHECK(detector.CheckOnce().empty());
+  }
+  CHECK(StateOf(f.membership, 0) == ACTIVE);
+  CHECK(passes == 40);
+
+  // The next pass past the timeout declares a (and only a) failed: its slot is LOST, charged with
+  // a fault and out of the weights' medians.
+  f.clock.Advance(absl::Milliseconds(25));
+  const std::vector<FailedWorker> failed = detector.CheckOnce();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == a->incarnation());
+  CHECK(failed[0].name == "a");
+  CHECK(failed[0].had_slot);
+  CHECK(failed[0].slot.replica() == 0);
+  CHECK(failed[0].silent_for > absl::Milliseconds(1000));
+  CHECK(StateOf(f.membership, 0) == LOST);
+  CHECK(StateOf(f.membership, 1) == ACTIVE);
+  CHECK(f.tracker.Current(a->slot(), f.clock.Now()).fault_score() > fault_before);
+  CHECK(f.membership.CheckAlive(a->incarnation()).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Once only.
+  f.clock.Advance(absl::Milliseconds(25));
+  CHECK(detector.CheckOnce().empty());
+}
+
+TEST_CASE("a pass far later than its period excuses the server's pause") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, {});
+  f.clock.Advance(absl::Milliseconds(25));
+  CHECK(detector.CheckOnce().empty());
+  // The whole server stops for 5 s: no heartbeat could arrive, so a is not failed on resume.
+  f.clock.Advance(absl::Seconds(5));
+  CHECK(detector.CheckOnce().empty());
+  CHECK(StateOf(f.membership, 0) == ACTIVE);
+  // Its silence counts again from the resume: failed after failure_timeout of real silence.
+  for (int i = 0; i < 38; ++i) {
+    f.clock.Advance(absl::Milliseconds(25));
+    CHECK(detector.CheckOnce().empty());
+  }
+  for (int i = 0; i < 4; ++i) {
+    f.clock.Advance(absl::Milliseconds(25));
+    detector.CheckOnce();
+  }
+  CHECK(StateOf(f.membership, 0) == LOST);
+}
+
+TEST_CASE("the first unhealthy pass calls on_unhealthy, once") {
+  Fixture f;
+  absl::Status health = absl::OkStatus();
+  std::vector<std::string> reported;
+  FailureDetector::Hooks hooks;
+  hooks.health = [&] { return health; };
+  hooks.on_unhealthy = [&](const absl::Status& status) {
+    reported.push_back(std::string(status.message()));
+  };
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, hooks);
+  f.clock.Advance(absl::Milliseconds(25));
+  detector.CheckOnce();
+  CHECK(reported.empty());
+  health = absl::DataLossError("store refuses writes");
+  f.clock.Advance(absl::Milliseconds(25));
+  detector.CheckOnce();
+  f.clock.Advance(absl::Milliseconds(25));
+  detector.CheckOnce();
+  CHECK(reported == std::vector<std::string>{"store refuses writes"});
+}
+
+TEST_CASE("Run checks once per period until stopped") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  absl::Notification stop;
+  int passes = 0;
+  FailureDetector::Hooks hooks;
+  // The fake clock's WaitFor advances it by the period; stop after 60 passes (1.5 s).
+  hooks.after_pass = [&] {
+    if (++passes == 60) stop.Notify();
+  };
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, hooks);
+  const absl::Time start = f.clock.Now();
+  detector.Run(&stop);
+  CHECK(passes == 60);
+  CHECK(f.clock.Now() - start == absl::Milliseconds(60 * 25));
+  CHECK(StateOf(f.membership, 0) == LOST);
+}
+
+}  // namespace
+}  // namespace rebound::server

@@ -1,0 +1,140 @@
+// LogRetention (server/log_retention.h): the GC floor of a sync, the replaced snapshots of a
+// recovery group's members, and SnapshotAt, against an in-memory DurableStore and a Membership
+// on a fake clock.
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "server/log_retention.h"
+#include "server/membership.h"
+#include "server/slot_books.h"
+#include "storage/durable_store.h"
+
+namespace rebound::server {
+namespace {
+
+// 1 replica x 2 stages; `log_no_boundaries`: both stages are one recovery group.
+JobConfig Job(bool log_no_boundaries) {
+  auto job = ParseJobConfig(
+      absl::StrCat("job_id: \"j\"\n"
+                   "model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: "
+                   "IDENTITY } }\n"
+                   "topology { replicas: 1 stages: 2 }\n"
+                   "data { batch_size: 4 micro_batches: 2 }\n"
+                   "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
+                   "failure_timeout_ms: 1000 }\n",
+                   log_no_boundaries ? "step_log { log_no_boundaries: true }\n" : ""),
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  return *job;
+}
+
+SlotId Slot(int stage) {
+  SlotId slot;
+  slot.set_replica(0);
+  slot.set_stage(stage);
+  return slot;
+}
+
+SlotBook Book(int64_t step, int64_t log_floor) {
+  SlotBook book;
+  book.last_update_step = step;
+  book.update_count = step / 2;
+  book.log_floor = log_floor;
+  return book;
+}
+
+struct Fixture {
+  explicit Fixture(bool log_no_boundaries) : job(Job(log_no_boundaries)) {
+    auto opened = storage::DurableStore::Open(
+        storage::DurableStoreOptions::FromConfig(DurabilityConfig(), job.step_log()));
+    REQUIRE(opened.ok());
+    store = *std::move(opened);
+    membership = std::make_unique<Membership>(job, &clock);
+    retention = std::make_unique<LogRetention>(job, membership.get(), store.get(), &books);
+  }
+
+  void StoreSnapshot(int stage, int64_t step) {
+    Snapshot snapshot;
+    *snapshot.mutable_slot() = Slot(stage);
+    snapshot.set_step(step);
+    storage::WriteBatch batch;
+    batch.PutSnapshot(snapshot);
+    REQUIRE(store->Commit(batch).ok());
+  }
+
+  RegisterResponse Register(const std::string& name) {
+    RegisterRequest request;
+    request.set_job_id("j");
+    request.set_worker_name(name);
+    request.set_peer_address(absl::StrCat(name, ":1"));
+    auto registered = membership->Register(request);
+    REQUIRE(registered.ok());
+    return *registered;
+  }
+
+  JobConfig job;
+  FakeClock clock;
+  std::unique_ptr<storage::DurableStore> store;
+  std::unique_ptr<Membership> membership;
+  SlotBooks books{job};
+  std::unique_ptr<LogRetention> retention;
+};
+
+TEST_CASE("a stage alone in its group GCs through its sync's step and keeps no snapshot") {
+  Fixture f(false);
+  f.books.Set(Slot(1), Book(2, 2), 0);
+  f.StoreSnapshot(0, 4);
+  const LogRetention::SyncFloor floor = f.retention->ForSync(Slot(0), 6);
+  CHECK(floor.gc_step == 6);
+  CHECK_FALSE(floor.replaced.has_value());
+}
+
+TEST_CASE("a group member GCs only to the group's oldest step and keeps what it replaces") {
+  Fixture f(true);
+  f.Register("a");
+  f.Register("b");
+  f.books.Set(Slot(0), Book(4, 2), 0);
+  f.books.Set(Slot(1), Book(2, 2), 0);
+  f.StoreSnapshot(0, 4);
+  LogRetention::SyncFloor floor = f.retention->ForSync(Slot(0), 6);
+  CHECK(floor.gc_step == 2);  // stage 1 last synced at 2
+  REQUIRE(floor.replaced.has_value());
+  CHECK(floor.replaced->step() == 4);
+
+  // After the sync committed, the replaced snapshot (step 4) is still found.
+  f.StoreSnapshot(0, 6);
+  f.retention->Committed(Slot(0), std::move(floor));
+  auto at4 = f.retention->SnapshotAt(Slot(0), 4);
+  REQUIRE(at4.ok());
+  CHECK(at4->step() == 4);
+  auto at6 = f.retention->SnapshotAt(Slot(0), 6);
+  REQUIRE(at6.ok());
+  CHECK(at6->step() == 6);
+  // Step 0 is the model's initialisation; any other step is gone.
+  auto at0 = f.retention->SnapshotAt(Slot(1), 0);
+  REQUIRE(at0.ok());
+  CHECK(at0->step() == 0);
+  CHECK(at0->slot().stage() == 1);
+  CHECK(f.retention->SnapshotAt(Slot(0), 2).status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("while another member is down, a group member GCs nothing past its previous floor") {
+  Fixture f(true);
+  f.Register("a");
+  const RegisterResponse b = f.Register("b");
+  f.books.Set(Slot(0), Book(4, 1), 0);
+  f.books.Set(Slot(1), Book(4, 3), 0);
+  CHECK(f.retention->ForSync(Slot(0), 6).gc_step == 4);
+  REQUIRE(f.membership->Deregister(b.incarnation()).ok());  // stage 1 is LOST
+  CHECK(f.retention->ForSync(Slot(0), 6).gc_step == 1);
+}
+
+}  // namespace
+}  // namespace rebound::server
