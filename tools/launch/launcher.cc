@@ -9,10 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/file.h"
 #include "common/process.h"
 #include "grpcpp/grpcpp.h"
 
@@ -87,13 +85,6 @@ absl::StatusOr<std::string> FindBinary(const std::string& argv0, const std::stri
   }
   return absl::NotFoundError(absl::StrCat("cannot find ", name, " (looked at ",
                                           absl::StrJoin(candidates, ", "), "); pass --", flag));
-}
-
-std::string ReadFileOrEmpty(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
 }
 
 // What rebound_worker's exit code means (docs/operations.md).
@@ -249,10 +240,8 @@ std::optional<int> Launcher::StartServer() {
 
   const absl::Time give_up = absl::Now() + kStartupWait;
   while (true) {
-    int port = 0;
-    const std::string text(absl::StripAsciiWhitespace(ReadFileOrEmpty(port_file)));
-    if (absl::SimpleAtoi(text, &port) && port > 0) {
-      port_ = port;
+    if (std::optional<int> port = ReadPortFile(port_file)) {
+      port_ = *port;
       break;
     }
     if (std::optional<int> code = Watch(absl::Milliseconds(50))) return code;
