@@ -43,9 +43,11 @@ absl::Status Cluster::StartServer(const std::string& server_config,
     return absl::InternalError(written.message());
   }
   const std::string port_file = dir + "/port";
+  const std::string host =
+      options_.network != nullptr ? options_.network->gateway() : std::string("127.0.0.1");
   absl::StatusOr<std::unique_ptr<ChildProcess>> server =
       ChildProcess::Start({options_.server_binary, "--config", dir + "/server.pbtxt", "--listen",
-                           "127.0.0.1:0", "--port_file", port_file},
+                           host + ":0", "--port_file", port_file},
                           dir + "/server.log");
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
@@ -54,7 +56,7 @@ absl::Status Cluster::StartServer(const std::string& server_config,
     return absl::Status(port.status().code(),
                         absl::StrCat("rebound_server did not start: ", port.status().message()));
   }
-  address_ = absl::StrCat("127.0.0.1:", *port);
+  address_ = absl::StrCat(host, ":", *port);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       MakeChannel(address_, options_.client_security, grpc::ChannelArguments());
   if (!channel.ok()) return channel.status();
@@ -82,11 +84,21 @@ absl::Status Cluster::StartWorker(const std::string& name, const std::string& ro
   }
   std::vector<std::string> argv = {options_.worker_binary, "--config", config, "--server",
                                    address_, "--name", name, "--role", role};
+  ChildProcessOptions child;
+  int host = -1;
+  if (options_.network != nullptr && role != "evaluator") {
+    absl::StatusOr<NetworkLab::Host> added = options_.network->AddHost();
+    if (!added.ok()) return added.status();
+    host = added->index;
+    child.netns_fd = added->netns_fd;
+    argv.push_back("--peer_listen");
+    argv.push_back(added->address + ":0");
+  }
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
-      ChildProcess::Start(argv, absl::StrCat(options_.dir, "/", name, ".log"));
+      ChildProcess::Start(argv, absl::StrCat(options_.dir, "/", name, ".log"), child);
   if (!worker.ok()) return worker.status();
-  workers_.push_back({name, *std::move(worker)});
+  workers_.push_back({name, *std::move(worker), host});
   return absl::OkStatus();
 }
 
@@ -180,6 +192,32 @@ absl::Status Cluster::ResumeWorker(const std::string& name) {
   if (worker == nullptr) return absl::NotFoundError(absl::StrCat("no worker named ", name));
   worker->Signal(SIGCONT);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> Cluster::HostOf(const std::string& name) {
+  for (const Worker& worker : workers_) {
+    if (worker.name != name) continue;
+    if (options_.network == nullptr) {
+      return absl::FailedPreconditionError("the cluster has no network lab");
+    }
+    if (worker.host < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(name, " has no link of its own"));
+    }
+    return worker.host;
+  }
+  return absl::NotFoundError(absl::StrCat("no worker named ", name));
+}
+
+absl::Status Cluster::Partition(const std::string& name) {
+  absl::StatusOr<int> host = HostOf(name);
+  if (!host.ok()) return host.status();
+  return options_.network->Partition(*host);
+}
+
+absl::Status Cluster::Heal(const std::string& name) {
+  absl::StatusOr<int> host = HostOf(name);
+  if (!host.ok()) return host.status();
+  return options_.network->Heal(*host);
 }
 
 int Cluster::StopServer(absl::Duration grace) { return server_->Stop(grace); }

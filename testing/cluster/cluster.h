@@ -8,12 +8,14 @@
 // with network.h.
 //
 // The server runs on 127.0.0.1 with a port of its choosing (--listen 127.0.0.1:0, the port read
-// from --port_file), its config and log in the cluster's directory (server.pbtxt, server.log,
+// from --port_file) or, with a NetworkLab (ClusterOptions::network), on the lab's gateway with
+// every trainer and spare in a network namespace of its own, so that their links can be cut
+// (Partition) and healed; its config and log in the cluster's directory (server.pbtxt, server.log,
 // port); workers are known by the unique names they are started with (which the server reports
 // in GetStatus), each with its log <name>.log beside the workers' config (worker.pbtxt, or
 // worker-<name>.pbtxt with a worker's own additions). The cluster kills (SIGKILL), stops
-// (SIGSTOP) and resumes (SIGCONT) workers, kills and stops the server, watches everything through
-// GetStatus, and stops it all in order.
+// (SIGSTOP) and resumes (SIGCONT) workers, partitions them where it has a lab, kills and stops
+// the server, watches everything through GetStatus, and stops it all in order.
 //
 // A worker killed through KillWorker, or named to ExpectExit, is expected to be gone; with
 // ClusterOptions::fail_on_exit, any other child that exits before StopAll fails the waits
@@ -24,7 +26,8 @@
 // when the thread that forked them exits (common/child_process.h).
 // Ownership: the Cluster owns every process it starts; its destructor SIGKILLs and reaps each
 // that still runs, stopped or not (workers first, newest first, then the server), every wait
-// bounded. ChildProcess pointers and references it hands out live as long as the Cluster.
+// bounded. ChildProcess pointers and references it hands out live as long as the Cluster. It
+// borrows ClusterOptions::network, which must outlive it.
 // Status codes: INVALID_ARGUMENT for a bad request (a worker name used twice, an unknown role);
 // NOT_FOUND for a worker never started; FAILED_PRECONDITION when the process is not in the state
 // the call needs (already exited, no server); INTERNAL when a process cannot be started, exits
@@ -47,6 +50,7 @@
 #include "common/child_process.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "testing/cluster/network.h"
 
 namespace rebound::testing {
 
@@ -65,6 +69,10 @@ struct ClusterOptions {
   bool fail_on_exit = true;
   absl::Duration start_wait = absl::Seconds(30);  // the server's port; each registration
   absl::Duration stop_grace = absl::Seconds(10);  // SIGTERM to SIGKILL; a SIGKILL to the reaping
+  // Where set (NetworkLab::Create succeeded: root), the server listens on the lab's gateway and
+  // each trainer and spare runs in a host of the lab of its own (the evaluator stays beside the
+  // server), so that Partition can cut its link. Borrowed: must outlive the Cluster.
+  NetworkLab* network = nullptr;
 };
 
 class Cluster {
@@ -112,6 +120,13 @@ class Cluster {
   // SIGSTOP / SIGCONT to the worker `name`. NOT_FOUND.
   absl::Status StopWorker(const std::string& name);
   absl::Status ResumeWorker(const std::string& name);
+
+  // Cuts / restores the link of worker `name` (NetworkLab::Partition / Heal on its host): its
+  // connections stall, then recover or time out. NOT_FOUND for no such worker;
+  // FAILED_PRECONDITION when the cluster has no lab or the worker no host of its own (the
+  // evaluator), or the lab's command fails.
+  absl::Status Partition(const std::string& name);
+  absl::Status Heal(const std::string& name);
 
   // The worker started under `name`; nullptr when there is none.
   ChildProcess* FindWorker(const std::string& name);
@@ -175,7 +190,11 @@ class Cluster {
   struct Worker {
     std::string name;
     std::unique_ptr<ChildProcess> process;
+    int host = -1;  // its NetworkLab host; -1: in the cluster's own namespace
   };
+
+  // The lab host of worker `name`, or why there is none.
+  absl::StatusOr<int> HostOf(const std::string& name);
 
   // Waits (start_wait) until GetStatus lists a worker named `name` for which `listed` holds.
   absl::StatusOr<GetStatusResponse> WaitForWorker(

@@ -113,5 +113,42 @@ TEST_CASE("a server that cannot start is reported with its log") {
   CHECK(absl::StrContains(status.message(), "no_such_field"));
 }
 
+// Needs network namespaces (root); where the machine refuses them the test says so and passes.
+TEST_CASE("with a network lab, a partitioned trainer is declared failed") {
+  absl::StatusOr<std::unique_ptr<NetworkLab>> lab = NetworkLab::Create();
+  if (!lab.ok()) {
+    WARN("no network lab on this machine, partitions not tested: " << lab.status().message());
+    return;
+  }
+  ClusterOptions options = Options("partition");
+  options.network = lab->get();
+  Cluster cluster(options);
+  absl::Status status = cluster.StartServer(kServerConfig, kWorkerConfig);
+  INFO(status);
+  REQUIRE(status.ok());
+  CHECK(absl::StartsWith(cluster.address(), (*lab)->gateway() + ":"));
+  REQUIRE(cluster.StartTrainers(1).ok());
+  REQUIRE(cluster.StartSpares({"spare-0"}).ok());
+  REQUIRE(cluster.WaitForFirstSyncs(1).ok());
+  REQUIRE(cluster.StartEvaluator().ok());
+  CHECK(cluster.Partition("evaluator").code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(cluster.Partition("nobody").code() == absl::StatusCode::kNotFound);
+
+  // Cut off, the trainer stops heartbeating: the server declares it failed.
+  cluster.ExpectExit("trainer-0");  // fenced (3) or unreachable (4) once it is cut off
+  REQUIRE(cluster.Partition("trainer-0").ok());
+  const absl::StatusOr<GetStatusResponse> failed = cluster.WaitForStatus(
+      [](const GetStatusResponse& s) {
+        for (const WorkerStatus& w : s.workers()) {
+          if (w.name() == "trainer-0" && w.state() != ALIVE) return true;
+        }
+        return false;
+      },
+      absl::Seconds(60), "trainer-0 declared failed");
+  INFO(failed.status() << cluster.Logs());
+  CHECK(failed.ok());
+  CHECK(cluster.Heal("trainer-0").ok());
+}
+
 }  // namespace
 }  // namespace rebound::testing

@@ -97,7 +97,9 @@ RegisterResponse LocalCluster::Register(const std::string& name, WorkerRole role
   request.set_worker_name(name);
   request.set_requested_role(role);
   RegisterResponse response;
-  REQUIRE(Call(&ParameterServer::Stub::Register, request, &response).ok());
+  const grpc::Status status = Call(&ParameterServer::Stub::Register, request, &response);
+  INFO(status.error_message() << Logs());
+  REQUIRE(status.ok());
   REQUIRE(response.credential().size() == 64);
   credentials_.Remember(response);
   return response;
@@ -108,7 +110,9 @@ PullResponse LocalCluster::Pull(uint64_t incarnation) {
   request.set_incarnation(incarnation);
   request.set_stage(0);
   PullResponse response;
-  REQUIRE(Call(&ParameterServer::Stub::Pull, request, &response).ok());
+  const grpc::Status status = Call(&ParameterServer::Stub::Pull, request, &response);
+  INFO(status.error_message() << Logs());
+  REQUIRE(status.ok());
   return response;
 }
 
