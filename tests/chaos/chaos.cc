@@ -378,8 +378,9 @@ absl::Status ChaosRun::StartServer() {
                           dir_ + "/server.log"));
   absl::StatusOr<int> listening = WaitForPortFile(port_file, *server_, kPortWait);
   if (!listening.ok()) {
-    return absl::Status(listening.status().code(),
-                        absl::StrCat("rebound_server did not start: ", listening.status().message()));
+    return absl::Status(
+        listening.status().code(),
+        absl::StrCat("rebound_server did not start: ", listening.status().message()));
   }
   const int port = *listening;
   if (port_ != 0 && port != port_) {
