@@ -47,11 +47,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/flags.h"
-#include "bench/process_util.h"
+#include "bench/load_average.h"
 #include "common/process.h"
+#include "testing/cluster/processes.h"
 
 namespace rebound::bench {
 namespace {
+
+using ::rebound::testing::FindRunfile;
+using ::rebound::testing::IsExecutableFile;
 
 constexpr char kUsage[] =
     "usage: chaos [--runs=N] [--seed=S] [--faults=F] [--kinds=LIST] [--spares=K] [--steps=T] "

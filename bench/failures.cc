@@ -96,7 +96,7 @@
 #include "bench/figures.h"
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
-#include "bench/process_util.h"
+#include "bench/load_average.h"
 #include "common/config.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"

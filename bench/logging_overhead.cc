@@ -62,7 +62,7 @@
 #include "bench/figures.h"
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
-#include "bench/process_util.h"
+#include "bench/load_average.h"
 #include "common/checksum.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
@@ -85,7 +85,7 @@ constexpr double kTargetRatio = 0.95;
 
 // utime + stime from a /proc stat file, or -1 when it cannot be read.
 int64_t StatCpuTicks(const std::string& path) {
-  const std::string text = ReadFile(path);
+  const std::string text = ReadFileOrEmpty(path);
   // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
   // state (3), ..., utime (14), stime (15).
   const size_t close = text.rfind(')');
@@ -118,7 +118,7 @@ struct MachineCpu {
 
 MachineCpu ReadMachineCpu() {
   MachineCpu cpu;
-  const std::string text = ReadFile("/proc/stat");
+  const std::string text = ReadFileOrEmpty("/proc/stat");
   const std::string first = text.substr(0, text.find('\n'));
   std::vector<std::string> fields = absl::StrSplit(first, ' ', absl::SkipWhitespace());
   // cpu user nice system idle iowait irq softirq steal ...

@@ -87,7 +87,7 @@
 #include "bench/figures.h"
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
-#include "bench/process_util.h"
+#include "bench/load_average.h"
 #include "common/config.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
@@ -111,7 +111,7 @@ constexpr double kDisturbedCores = 0.15;
 
 // utime + stime of a process (every thread, exited ones included), or -1 when it cannot be read.
 int64_t ProcessCpuTicks(pid_t pid) {
-  const std::string text = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const std::string text = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
   // The command name (field 2) may hold spaces; utime and stime are fields 14 and 15.
   const size_t close = text.rfind(')');
   if (close == std::string::npos) return -1;
@@ -133,7 +133,7 @@ struct MachineCpu {
 
 MachineCpu ReadMachineCpu() {
   MachineCpu cpu;
-  const std::string text = ReadFile("/proc/stat");
+  const std::string text = ReadFileOrEmpty("/proc/stat");
   std::vector<std::string> fields =
       absl::StrSplit(text.substr(0, text.find('\n')), ' ', absl::SkipWhitespace());
   // cpu user nice system idle iowait irq softirq steal ...

@@ -47,7 +47,7 @@
 #include "absl/time/time.h"
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
-#include "bench/process_util.h"
+#include "bench/load_average.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 
@@ -88,7 +88,7 @@ Flags ParseFlags(int argc, char** argv) {
 // VmRSS of `pid` in bytes; -1 when it cannot be read.
 int64_t ResidentBytes(pid_t pid) {
   for (absl::string_view line :
-       absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
+       absl::StrSplit(ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status")), '\n')) {
     if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
     line = absl::StripAsciiWhitespace(line);
     absl::ConsumeSuffix(&line, " kB");

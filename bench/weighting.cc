@@ -54,7 +54,7 @@
 #include "absl/time/time.h"
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
-#include "bench/process_util.h"
+#include "bench/load_average.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 

@@ -1,8 +1,6 @@
 #include "common/config.h"
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/file.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -440,10 +439,6 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  return ReadBoundedFile(path, "config file");
-}
-
 // Parses `text` into `message`, recording locations into `tree`.
 absl::Status ParseText(const std::string& text, const std::string& display_name, Message* message,
                        TextFormat::ParseInfoTree* tree) {
@@ -505,33 +500,7 @@ void CheckAdmissionBounds(const ServerConfig& config, Checker& c) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, const std::string& what) {
-  std::error_code error;
-  const std::filesystem::file_status status = std::filesystem::status(path, error);
-  if (error || !std::filesystem::exists(status)) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    const char* kind = std::filesystem::is_directory(status)          ? "a directory"
-                       : std::filesystem::is_character_file(status) ? "a character device"
-                       : std::filesystem::is_block_file(status)     ? "a block device"
-                       : std::filesystem::is_fifo(status)           ? "a FIFO"
-                                                                    : "not a regular file";
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the ", what, " must be a regular file, this is ", kind));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) return absl::NotFoundError(absl::StrCat(path, ": cannot open ", what));
-  std::string bytes;
-  char buffer[65536];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    bytes.append(buffer, static_cast<size_t>(in.gcount()));
-    if (static_cast<int64_t>(bytes.size()) > kMaxConfigFileBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": the ", what, " is over the limit of ",
-                                                     kMaxConfigFileBytes >> 20, " MiB"));
-    }
-  }
-  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": read error"));
-  return bytes;
+  return ReadFile(path, kMaxConfigFileBytes, what);
 }
 
 absl::Status CheckPem(const std::string& text, const std::string& label, const std::string& what,
@@ -644,7 +613,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::str
 }
 
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
-  auto text = ReadFile(path);
+  auto text = ReadBoundedFile(path, "config file");
   if (!text.ok()) return text.status();
   return ParseJobConfig(*text, path);
 }
@@ -694,7 +663,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
 }
 
 absl::StatusOr<ServerConfig> LoadServerConfig(const std::string& path) {
-  auto text = ReadFile(path);
+  auto text = ReadBoundedFile(path, "config file");
   if (!text.ok()) return text.status();
   return ParseServerConfig(*text, path, DirName(path));
 }
@@ -732,7 +701,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const std::string& text,
 }
 
 absl::StatusOr<WorkerConfig> LoadWorkerConfig(const std::string& path) {
-  auto text = ReadFile(path);
+  auto text = ReadBoundedFile(path, "config file");
   if (!text.ok()) return text.status();
   return ParseWorkerConfig(*text, path, DirName(path));
 }

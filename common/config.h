@@ -76,11 +76,10 @@ absl::Status ValidateHostPort(const std::string& address, const std::string& fie
 // this large.
 inline constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
 
-// The contents of `path`, a regular file of at most kMaxConfigFileBytes (checked before and
-// while reading, so /dev/zero or a growing file cannot make it read without end). `what` names
-// the file's role in messages ("config file", "security.tls.cert_file"). NOT_FOUND if it cannot
-// be opened; INVALID_ARGUMENT naming the path if it is a directory, a device or a FIFO, or too
-// large.
+// The contents of `path`, a regular file of at most kMaxConfigFileBytes: common/file.h's ReadFile
+// with that limit. `what` names the file's role in messages ("config file",
+// "security.tls.cert_file"). NOT_FOUND if it cannot be opened; INVALID_ARGUMENT naming the path
+// if it is a directory, a device or a FIFO, or too large ("... over the limit of 16 MiB").
 absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, const std::string& what);
 
 // INVALID_ARGUMENT naming `what` and `path` unless `text` holds a PEM block labelled `label`

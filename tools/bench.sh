@@ -10,7 +10,8 @@
 # them, convergence 13). soak
 # (DESIGN.md §9's "server memory over a long run") runs only when --only names it.
 #
-# Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`), then
+# Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
+# convergence study is //study/convergence, see package_of), then
 # runs each alone from the repository root (the development machine has 2 cores: two at once
 # would measure each other; a lock keeps a second tools/bench.sh on the machine from starting),
 # under a timeout of twice its expected duration plus two minutes. Its whole output goes to
@@ -108,6 +109,14 @@ declare -rA kQuickFlags=(
   [chaos]="--runs=1 --faults=3 --steps=2000"
   [soak]="--minutes=2 --warmup_s=30 --kill_every_s=40 --sample_s=5"
 )
+
+# The package a benchmark's binary is in: bench/, except the convergence study (study/).
+package_of() {  # name
+  case "$1" in
+    convergence) echo study/convergence ;;
+    *) echo bench ;;
+  esac
+}
 
 die() {  # exit code, message
   local code=$1
@@ -479,7 +488,7 @@ out=${out:-/tmp/rebound-bench/$(date '+%Y%m%d-%H%M%S')}
 targets=()
 total=0
 for name in "${selected[@]}"; do
-  targets+=("//bench:$name")
+  targets+=("//$(package_of "$name"):$name")
   if [ "$quick" = 1 ]; then
     total=$((total + kQuickSeconds[$name]))
   else
@@ -498,8 +507,8 @@ for name in "${selected[@]}"; do
   [ "$quick" = 0 ] || expected=${kQuickSeconds[$name]}
   flags=""
   [ "$quick" = 0 ] || flags=" ${kQuickFlags[$name]}"
-  printf '  %-18s ~%-7s timeout %-7s bench/%s%s\n' "$name" "$(duration "$expected")" \
-    "$(duration "$(timeout_for "$expected")")" "$name" "$flags"
+  printf '  %-18s ~%-7s timeout %-7s %s/%s%s\n' "$name" "$(duration "$expected")" \
+    "$(duration "$(timeout_for "$expected")")" "$(package_of "$name")" "$name" "$flags"
 done
 if [ "$dry_run" = 1 ]; then
   echo "bench.sh: dry run: would build with '${build[*]}'"
@@ -546,7 +555,8 @@ for name in "${selected[@]}"; do
     args=()
   fi
   limit=$(timeout_for "$expected")
-  command="$bin/bench/$name${args[*]:+ ${args[*]}}"
+  binary="$bin/$(package_of "$name")/$name"
+  command="$binary${args[*]:+ ${args[*]}}"
   log=$out/$name.log
   rm -f "$out/$name.run" "$log"
   date=$(date -u '+%Y-%m-%d %H:%M UTC')
@@ -555,7 +565,7 @@ for name in "${selected[@]}"; do
     "timeout $(duration "$limit"); log $log)"
   start=$EPOCHREALTIME
   rc=0
-  timeout --kill-after=30 "$limit" "$bin/bench/$name" "${args[@]}" >"$log" 2>&1 </dev/null ||
+  timeout --kill-after=30 "$limit" "$binary" "${args[@]}" >"$log" 2>&1 </dev/null ||
     rc=$?
   seconds=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   timed_out=0

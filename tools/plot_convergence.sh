@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Plots the convergence study (//bench:convergence, docs/convergence.md) as PNGs: for each chosen
+# Plots the convergence study (//study/convergence, docs/convergence.md) as PNGs: for each chosen
 # (R, tau) and each failure schedule one figure, with the center's test accuracy against the mean
 # local steps per trainer (upper left) and against simulated time (upper right), one line per
 # policy (UNIFORM, DYNAMIC, SYNC), and the faulty trainer's (R-1) reliability weight under DYNAMIC
@@ -48,7 +48,7 @@ command -v gnuplot >/dev/null 2>&1 ||
 case $out_dir in
   *\'* | *$'\n'*) die "the output directory must not contain a quote or a line break: $out_dir" ;;
 esac
-[ -d "$run_dir/runs" ] || die "$run_dir/runs is not a directory: expected the --out of //bench:convergence"
+[ -d "$run_dir/runs" ] || die "$run_dir/runs is not a directory: expected the --out of //study/convergence"
 mkdir -p "$out_dir" || die "cannot create $out_dir"
 [ -w "$out_dir" ] || die "cannot write to $out_dir"
 

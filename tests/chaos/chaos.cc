@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/file.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "compute/cpu/cpu_backend.h"
@@ -36,12 +37,17 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "storage/durable_store.h"
-#include "tests/chaos/network.h"
-#include "tests/chaos/process.h"
+#include "testing/cluster/network.h"
+#include "testing/cluster/processes.h"
 #include "worker/data/fashion_mnist.h"
 
 namespace rebound::chaos {
 namespace {
+
+// The harness's processes, partitions and log tails are the testing/cluster library's.
+using ::rebound::testing::LastLines;
+using ::rebound::testing::NetworkLab;
+using ::rebound::testing::WaitForPortFile;
 
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
 constexpr absl::Duration kRpcDeadline = absl::Seconds(1);
@@ -343,14 +349,18 @@ absl::Status ChaosRun::WriteConfigs() {
   server.set_max_wait_ms(500);
   std::string text;
   google::protobuf::TextFormat::PrintToString(server, &text);
-  std::ofstream(dir_ + "/server.pbtxt") << text;
-  std::ofstream(dir_ + "/worker.pbtxt") << "job_id: \"" << kJobId << "\"\n"
-                                        << "backoff_initial_ms: 20\n"
-                                        << "backoff_max_ms: 300\n"
-                                        << "give_up_after_ms: 60000\n"
-                                        << "rpc_deadline_ms: 3000\n";
-  if (ReadFileOrEmpty(dir_ + "/worker.pbtxt").empty()) {
-    return absl::InternalError(absl::StrCat("cannot write the configs in ", dir_));
+  absl::Status written = WriteFile(dir_ + "/server.pbtxt", text);
+  if (written.ok()) {
+    written = WriteFile(dir_ + "/worker.pbtxt", absl::StrCat("job_id: \"", kJobId,
+                                                             "\"\n"
+                                                             "backoff_initial_ms: 20\n"
+                                                             "backoff_max_ms: 300\n"
+                                                             "give_up_after_ms: 60000\n"
+                                                             "rpc_deadline_ms: 3000\n"));
+  }
+  if (!written.ok()) {
+    return absl::InternalError(absl::StrCat("cannot write the configs in ", dir_, ": ",
+                                            written.message()));
   }
   return absl::OkStatus();
 }
@@ -366,23 +376,13 @@ absl::Status ChaosRun::StartServer() {
       ChildProcess::Start({options_.server_binary, "--config", dir_ + "/server.pbtxt", "--listen",
                            absl::StrCat(server_host_, ":", port_), "--port_file", port_file},
                           dir_ + "/server.log"));
-  const absl::Time deadline = absl::Now() + kPortWait;
-  int port = 0;
-  while (true) {
-    const std::string text(absl::StripAsciiWhitespace(ReadFileOrEmpty(port_file)));
-    if (!text.empty() && absl::SimpleAtoi(text, &port) && port > 0) break;
-    if (server_->Poll().has_value()) {
-      return absl::InternalError(absl::StrCat("rebound_server exited at start (code ",
-                                              *server_->Poll(), "):\n",
-                                              LastLines(dir_ + "/server.log", 15)));
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("rebound_server wrote no port within ",
-                                                      Seconds(kPortWait), ":\n",
-                                                      LastLines(dir_ + "/server.log", 15)));
-    }
-    absl::SleepFor(absl::Milliseconds(10));
+  absl::StatusOr<int> listening = WaitForPortFile(port_file, *server_, kPortWait);
+  if (!listening.ok()) {
+    return absl::Status(
+        listening.status().code(),
+        absl::StrCat("rebound_server did not start: ", listening.status().message()));
   }
+  const int port = *listening;
   if (port_ != 0 && port != port_) {
     return absl::InternalError(
         absl::StrCat("the restarted server listens on port ", port, ", not ", port_));

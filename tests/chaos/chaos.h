@@ -11,7 +11,7 @@
 //   * SIGKILL of the server, restarted after a drawn outage on the same data directory, address
 //     and port (workers reconnect: trainers keep their slots, others register again); SIGSTOP
 //     of the server, SIGCONT after a drawn time;
-//   * where the machine permits network namespaces (tests/chaos/network.h), every trainer and
+//   * where the machine permits network namespaces (testing/cluster/network.h), every trainer and
 //     spare runs in a namespace of its own and a trainer's link can be cut (partition) or
 //     slowed (tbf throttle; netem delay and loss where the kernel has netem). Where not, the
 //     run says so and leaves those kinds out of the schedule.

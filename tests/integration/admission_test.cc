@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +17,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file.h"
 #include "common/security.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -26,7 +27,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
@@ -41,9 +42,8 @@ constexpr char kJob[] =
 
 // The server's peak resident memory (VmHWM), bytes.
 int64_t PeakRss(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
+  const std::string status = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status"));
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
     if (absl::StartsWith(line, "VmHWM:")) {
       int64_t kb = 0;
       std::string number(absl::StripAsciiWhitespace(line.substr(6)));

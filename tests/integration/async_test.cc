@@ -29,7 +29,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 #include "worker/data/fashion_mnist.h"
 
 namespace rebound::testing {

@@ -36,7 +36,7 @@
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 #include "tests/storage/raw_db.h"
 
 namespace rebound::testing {

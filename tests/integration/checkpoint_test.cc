@@ -9,13 +9,12 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "proto/rebound.grpc.pb.h"
 #include "proto/storage.pb.h"
 #include "tests/integration/local_cluster.h"
@@ -54,11 +53,11 @@ CheckpointRecord ReadCheckpointFile(const std::string& data_dir) {
   }
   INFO(dir);
   REQUIRE(files == 1);  // the newest only; older ones are removed
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
+  absl::StatusOr<std::string> bytes = ReadFile(path, kNoFileSizeLimit);
+  INFO(bytes.status());
+  REQUIRE(bytes.ok());
   CheckpointRecord record;
-  REQUIRE(record.ParseFromString(bytes.str()));
+  REQUIRE(record.ParseFromString(*bytes));
   CHECK(path == absl::StrCat(dir, "/checkpoint-", record.step(), ".pb"));
   return record;
 }

@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 
 namespace rebound::testing {
 namespace {

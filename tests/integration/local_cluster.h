@@ -1,13 +1,14 @@
 #pragma once
 
 // A real rebound_server and real rebound_worker processes on loopback, for the integration
-// tests: each process with its own log under one temp directory, the server on 127.0.0.1:0
-// (its port read from --port_file), workers started by name. Workers are destroyed first
-// (Subprocess's destructor SIGKILLs whatever still runs, stopped or not). Failures are Catch2
-// REQUIREs that carry the tail of every log.
+// tests: testing/cluster/cluster.h's Cluster (which owns the processes) with this suite's
+// conventions and Catch2 checks. Each process has its own log under one temp directory, the
+// server on 127.0.0.1:0 (its port read from --port_file), workers started by name; the test's
+// own calls carry the worker credentials of its registrations. Workers are destroyed first
+// (SIGKILLed and reaped, stopped or not), then the server. Failures are Catch2 REQUIREs that
+// carry the tail of every log. Not thread-safe: the test's main thread uses it.
 
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,7 +17,8 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/cluster.h"
+#include "testing/cluster/processes.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
@@ -91,7 +93,7 @@ class LocalCluster {
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
     WorkerCredentials::AddTo(&context, credential);
-    return ((*stub_).*method)(&context, request, response);
+    return (cluster_.stub().*method)(&context, request, response);
   }
 
   // The worker credentials of this test's registrations.
@@ -124,19 +126,16 @@ class LocalCluster {
 
   std::string data_dir() const { return dir_ + "/data"; }
   // The server's host:port.
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return cluster_.address(); }
   // The server process (e.g. to read its /proc/<pid>/status).
-  pid_t server_pid() const { return server_->pid(); }
+  pid_t server_pid() const { return cluster_.server().pid(); }
 
  private:
   const std::string dir_;
   const absl::Duration wait_limit_;
   JobConfig job_;
-  std::string address_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
   WorkerCredentials credentials_;
-  std::unique_ptr<Subprocess> server_;
-  std::map<std::string, std::unique_ptr<Subprocess>> workers_;
+  Cluster cluster_;  // declared last: its processes go first
 };
 
 }  // namespace rebound::testing

@@ -43,7 +43,7 @@
 #include "storage/durable_store.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 
 namespace rebound::testing {
 namespace {

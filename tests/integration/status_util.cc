@@ -7,19 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "tests/integration/subprocess.h"
 
 namespace rebound::testing {
-
-std::string LastLines(const std::string& path, size_t count) {
-  std::vector<std::string> lines =
-      absl::StrSplit(ReadFileOrEmpty(path), '\n', absl::SkipEmpty());
-  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
-  std::string out;
-  for (const std::string& line : lines) absl::StrAppend(&out, "    ", line, "\n");
-  return out;
-}
 
 bool AllFinished(const GetStatusResponse& s) {
   for (const SlotStatus& slot : s.slots()) {

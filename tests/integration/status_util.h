@@ -13,8 +13,6 @@
 
 namespace rebound::testing {
 
-// The last `count` non-empty lines of the file at `path`, each indented by four spaces.
-std::string LastLines(const std::string& path, size_t count);
 
 // True iff the status lists slots and every one is FINISHED.
 bool AllFinished(const GetStatusResponse& s);

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 
 namespace rebound::testing {
 namespace {

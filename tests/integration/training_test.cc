@@ -20,7 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/status_util.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {

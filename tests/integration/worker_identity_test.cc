@@ -23,7 +23,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {

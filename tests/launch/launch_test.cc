@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 
 namespace rebound::testing {
 namespace {

@@ -39,14 +39,15 @@ readonly kRunCell='2026-12-03 10:00 UTC; 12.5 s; load 0.42; 2 x AMD EPYC'
 # Writes run directory $1's NAME.run for benchmark $2 exiting $3 (timed out: $4, mode $5) and
 # its log from stdin.
 canned() {  # dir, name, rc, timed_out, mode
-  local d=$1 name=$2
+  local d=$1 name=$2 package=bench
+  [ "$name" != convergence ] || package=study/convergence
   mkdir -p "$d"
   printf 'summary=%s\n' "$kSummary" >"$d/suite.run"
   cat >"$d/$name.log"
   cat >"$d/$name.run" <<EOF
 name=$name
 mode=$5
-command=bazel-out/k8-opt/bin/bench/$name --flag=1
+command=bazel-out/k8-opt/bin/$package/$name --flag=1
 date=2026-12-03 10:00 UTC
 load=0.42
 cores=2
@@ -180,7 +181,7 @@ UNIFORM and synchronous averaging (Xu & Carr's study, simulated time) | UNIFORM 
 EASGD), same runs | DYNAMIC - UNIFORM: kill +0.74 pt, straggler +0.05 pt, none +0.00 pt; SYNC - \
 UNIFORM -0.12 pt (81 runs, 12.8 min) | — | DYNAMIC >= UNIFORM with a trainer killed; never > 0.5 \
 pt worse otherwise (docs/convergence.md) | **met** | \
-\`bazel-out/k8-opt/bin/bench/convergence --flag=1\` | $kRunCell |" "$(row_of convergence "$out")"
+\`bazel-out/k8-opt/bin/study/convergence/convergence --flag=1\` | $kRunCell |" "$(row_of convergence "$out")"
 expect_eq "selective_logging (quick)" "| \`selective_logging\` | log bytes and recovery time of \
 plan-logging's choice, 4-stage MLP | all boundaries logged: 1314218 bytes/step, mean recovery \
 11.90 ms (none logged: 53.50 ms) | plan [2,3]: bytes x0.500, recovery x1.750 | bytes 0.500, \
@@ -306,10 +307,12 @@ expect_contains "plan" "weighting          ~2 min   timeout 5 min   bench/weight
 --seeds=1 --scenarios=b" "$out"
 expect_contains "plan" "chaos              ~75 s    timeout 5 min   bench/chaos --runs=1 \
 --faults=3 --steps=2000" "$out"
+expect_contains "plan" "convergence        ~30 s    timeout 3 min   \
+study/convergence/convergence --quick" "$out"
 expect_contains "plan" "bench.sh: dry run: would build with 'bazel build --jobs=2 -c opt \
 //bench:compute //bench:transport //bench:apply //bench:weighting //bench:recovery \
-//bench:logging_overhead //bench:failures //bench:selective_logging //bench:convergence \
-//bench:chaos'" "$out"
+//bench:logging_overhead //bench:failures //bench:selective_logging \
+//study/convergence:convergence //bench:chaos'" "$out"
 expect_lacks "plan" "soak" "$out"
 [ ! -e "$dir/planned" ] || fail "a dry run created $dir/planned"
 

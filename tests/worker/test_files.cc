@@ -6,7 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <sstream>
+
+#include "common/file.h"
 
 namespace rebound::worker::testing {
 
@@ -24,11 +25,10 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 }
 
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
+  absl::StatusOr<std::string> bytes = ::rebound::ReadFile(path, kNoFileSizeLimit);
+  INFO(bytes.status());
+  REQUIRE(bytes.ok());
+  return *std::move(bytes);
 }
 
 std::string Gzip(const std::string& raw) {

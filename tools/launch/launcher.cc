@@ -9,17 +9,16 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/config.h"
+#include "common/file.h"
 #include "common/process.h"
 #include "grpcpp/grpcpp.h"
 
@@ -89,13 +88,6 @@ absl::StatusOr<std::string> FindBinary(const std::string& argv0, const std::stri
                                           absl::StrJoin(candidates, ", "), "); pass --", flag));
 }
 
-std::string ReadFileOrEmpty(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 // What rebound_worker's exit code means (docs/operations.md).
 std::string DescribeWorkerExit(int code) {
   std::string text = DescribeExitCode(code);
@@ -149,11 +141,12 @@ absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOpti
   return binaries;
 }
 
-Launcher::Launcher(LaunchOptions options, JobConfig job, Binaries binaries)
+Launcher::Launcher(LaunchOptions options, JobConfig job, Binaries binaries, const Clock* clock)
     : options_(std::move(options)),
       job_(std::move(job)),
       binaries_(std::move(binaries)),
-      start_(absl::Now()) {
+      clock_(clock),
+      start_(clock_->Now()) {
   if (options_.timeout_s > 0) deadline_ = start_ + absl::Seconds(options_.timeout_s);
 }
 
@@ -247,16 +240,14 @@ std::optional<int> Launcher::StartServer() {
   Print(absl::StrCat("started rebound_server (pid ", server_->pid(), "), log ",
                      server_->log_path()));
 
-  const absl::Time give_up = absl::Now() + kStartupWait;
+  const absl::Time give_up = clock_->Now() + kStartupWait;
   while (true) {
-    int port = 0;
-    const std::string text(absl::StripAsciiWhitespace(ReadFileOrEmpty(port_file)));
-    if (absl::SimpleAtoi(text, &port) && port > 0) {
-      port_ = port;
+    if (std::optional<int> port = ReadPortFile(port_file)) {
+      port_ = *port;
       break;
     }
     if (std::optional<int> code = Watch(absl::Milliseconds(50))) return code;
-    if (absl::Now() >= give_up) {
+    if (clock_->Now() >= give_up) {
       Print(absl::StrCat("rebound_server wrote no port within ", absl::FormatDuration(kStartupWait),
                          "; the last lines of its log:\n",
                          TailOfFile(server_->log_path(), kLogTailLines)));
@@ -322,7 +313,7 @@ std::optional<int> Launcher::StartWorkers() {
 }
 
 std::optional<int> Launcher::WaitForRegistration(const std::vector<size_t>& indices) {
-  const absl::Time give_up = absl::Now() + kStartupWait;
+  const absl::Time give_up = clock_->Now() + kStartupWait;
   while (true) {
     std::vector<std::string> missing;
     if (PollStatus().has_value()) {
@@ -343,7 +334,7 @@ std::optional<int> Launcher::WaitForRegistration(const std::vector<size_t>& indi
         return kExitFailed;
       }
     }
-    if (absl::Now() >= give_up) {
+    if (clock_->Now() >= give_up) {
       Print(absl::StrCat("cannot start the cluster: ",
                          missing.empty() ? "the server" : absl::StrJoin(missing, ", "),
                          missing.empty() ? " did not answer GetStatus" : " did not register",
@@ -354,10 +345,10 @@ std::optional<int> Launcher::WaitForRegistration(const std::vector<size_t>& indi
 }
 
 std::optional<int> Launcher::Supervise() {
-  absl::Time next = absl::Now();
+  absl::Time next = clock_->Now();
   while (true) {
-    if (std::optional<int> code = Watch(next - absl::Now())) return code;
-    const absl::Time now = absl::Now();
+    if (std::optional<int> code = Watch(next - clock_->Now())) return code;
+    const absl::Time now = clock_->Now();
     if (now < next) continue;  // woken early; nothing to do yet
     next = std::max(next + kProgressPeriod, now);
     if (!PollStatus().has_value()) continue;
@@ -372,7 +363,7 @@ std::optional<int> Launcher::Supervise() {
 }
 
 std::optional<int> Launcher::Watch(absl::Duration wait) {
-  if (const int signal_number = TakeTerminationSignal(std::min(wait, deadline_ - absl::Now()))) {
+  if (const int signal_number = TakeTerminationSignal(std::min(wait, deadline_ - clock_->Now()))) {
     Print(absl::StrCat("received ", SignalName(signal_number), ": stopping everything"));
     return 128 + signal_number;
   }
@@ -402,7 +393,7 @@ std::optional<int> Launcher::Watch(absl::Duration wait) {
     }
     PrintEvent({w.plan.slot, text});
   }
-  if (absl::Now() >= deadline_) {
+  if (clock_->Now() >= deadline_) {
     Print(absl::StrCat("timeout: --timeout_s ", options_.timeout_s, " passed"));
     return kExitFailed;
   }
@@ -412,7 +403,7 @@ std::optional<int> Launcher::Watch(absl::Duration wait) {
 std::optional<GetStatusResponse> Launcher::PollStatus() {
   GetStatusResponse response;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kStatusDeadline));
+  context.set_deadline(absl::ToChronoTime(clock_->Now() + kStatusDeadline));
   const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
   if (!status.ok()) {
     const std::string error = absl::StrCat("GetStatus failed: code ", status.error_code(), ": ",
@@ -441,11 +432,11 @@ void Launcher::MaybeKillTrainer() {
     // kKillAlignLimit of waiting), so that the demonstration shows steps replayed, not only a
     // snapshot restored: a trainer killed right after its sync leaves nothing to replay.
     int64_t logged_ahead = -1;
-    const absl::Time limit = absl::Now() + kKillAlignLimit;
-    while (absl::Now() < limit) {
+    const absl::Time limit = clock_->Now() + kKillAlignLimit;
+    while (clock_->Now() < limit) {
       GetStatusResponse status;
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + kStatusDeadline));
+      context.set_deadline(absl::ToChronoTime(clock_->Now() + kStatusDeadline));
       if (!stub_->GetStatus(&context, GetStatusRequest(), &status).ok() ||
           status.recovery_policy() != REPLAY) {
         break;
@@ -457,7 +448,7 @@ void Launcher::MaybeKillTrainer() {
         }
       }
       if (logged_ahead >= kKillLoggedSteps) break;
-      absl::SleepFor(absl::Milliseconds(2));
+      clock_->WaitFor(absl::Milliseconds(2), nullptr);
     }
     w.process->Signal(SIGKILL);
     w.killed_by_launcher = true;
@@ -498,7 +489,7 @@ void Launcher::StopAll() {
 void Launcher::StopGroup(const std::vector<ChildProcess*>& group,
                          const std::vector<std::string>& names) {
   for (ChildProcess* child : group) child->Signal(SIGTERM);
-  const absl::Time give_up = absl::Now() + kStopGrace;
+  const absl::Time give_up = clock_->Now() + kStopGrace;
   bool hurry = false;
   while (true) {
     const bool all_done = std::all_of(group.begin(), group.end(),
@@ -508,7 +499,7 @@ void Launcher::StopGroup(const std::vector<ChildProcess*>& group,
       Print(absl::StrCat("received ", SignalName(signal_number), " again: SIGKILL now"));
       hurry = true;
     }
-    if (hurry || absl::Now() >= give_up) {
+    if (hurry || clock_->Now() >= give_up) {
       for (ChildProcess* child : group) child->Signal(SIGKILL);
       for (ChildProcess* child : group) child->WaitFor(absl::Seconds(5));
       break;
@@ -524,7 +515,7 @@ void Launcher::StopGroup(const std::vector<ChildProcess*>& group,
   }
 }
 
-double Launcher::Elapsed() const { return absl::ToDoubleSeconds(absl::Now() - start_); }
+double Launcher::Elapsed() const { return absl::ToDoubleSeconds(clock_->Now() - start_); }
 
 void Launcher::Print(const std::string& text) {
   const std::string prefix = absl::StrFormat("[%7.1fs] ", Elapsed());

@@ -34,6 +34,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "common/child_process.h"
+#include "common/clock.h"
 #include "tools/launch/options.h"
 #include "tools/launch/progress.h"
 
@@ -53,8 +54,11 @@ absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOpti
 
 class Launcher {
  public:
-  // REQUIRES: `job` is the validated content of options.job_file.
-  Launcher(LaunchOptions options, JobConfig job, Binaries binaries);
+  // REQUIRES: `job` is the validated content of options.job_file. `clock` (borrowed; it must
+  // outlive the launcher) is how the launcher reads time and waits: its deadlines, the one-second
+  // progress poll, the start-up and stop waits.
+  Launcher(LaunchOptions options, JobConfig job, Binaries binaries,
+           const Clock* clock = DefaultClock());
   ~Launcher();
 
   Launcher(const Launcher&) = delete;
@@ -102,6 +106,7 @@ class Launcher {
   const LaunchOptions options_;
   const JobConfig job_;
   const Binaries binaries_;
+  const Clock* const clock_;
   const absl::Time start_;
   absl::Time deadline_ = absl::InfiniteFuture();
 

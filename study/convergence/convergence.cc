@@ -42,6 +42,8 @@
 // over seeds), DYNAMIC - UNIFORM and SYNC - UNIFORM in points (paired per seed), DYNAMIC - UNIFORM
 // of the mean accuracy over [T/2, T], time and steps to --target accuracy; printed and written to
 // --out/summary.md. Plots: tools/plot_convergence.sh --out.
+// A study, not a benchmark of the product (it lives in study/, not bench/): tools/bench.sh runs it
+// as its `convergence` row.
 // Last line:
 //   RESULT convergence: kill_d_minus_u_pts=<x> straggler_d_minus_u_pts=<y> none_d_minus_u_pts=<z>
 //       kill_late_d_minus_u_pts=<x'> straggler_late_d_minus_u_pts=<y'> sync_minus_uniform_pts=<s>
@@ -76,6 +78,7 @@
 #include "absl/time/time.h"
 #include "bench/flags.h"
 #include "common/config.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "compute/backend.h"
 #include "compute/backend_factory.h"
@@ -89,8 +92,10 @@
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shard_sampler.h"
 
-namespace rebound::bench {
+namespace rebound::study {
 namespace {
+
+using ::rebound::bench::CommandLine;
 
 // ---------------------------------------------------------------------------------------------
 // Flags
@@ -730,18 +735,6 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
-  }
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) {
-    return absl::InternalError(absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
-}
-
 std::string RunName(const RunSpec& s) {
   return absl::StrFormat("R%d_tau%d_%s_%s_seed%d", s.replicas, s.tau, ScheduleName(s.schedule),
                          PolicyName(s.policy), s.seed);
@@ -1035,6 +1028,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace rebound::bench
+}  // namespace rebound::study
 
-int main(int argc, char** argv) { return rebound::bench::Main(argc, argv); }
+int main(int argc, char** argv) { return rebound::study::Main(argc, argv); }

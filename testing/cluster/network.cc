@@ -1,4 +1,4 @@
-#include "tests/chaos/network.h"
+#include "testing/cluster/network.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,9 +13,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "tests/chaos/process.h"
+#include "common/child_process.h"
+#include "testing/cluster/processes.h"
 
-namespace rebound::chaos {
+namespace rebound::testing {
 namespace {
 
 constexpr int kMaxHosts = 200;
@@ -270,4 +271,4 @@ std::string NetworkLab::Describe() const {
       "; netem delay/loss: ", netem() ? "on" : absl::StrCat("unavailable (", netem_problem_, ")"));
 }
 
-}  // namespace rebound::chaos
+}  // namespace rebound::testing

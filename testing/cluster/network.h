@@ -1,8 +1,9 @@
 #pragma once
 
-// NetworkLab: a private network the chaos harness builds for itself, so that it can cut and
-// degrade the links of single workers (tests/chaos/chaos.h), where the machine permits network
-// namespaces (root, or CAP_NET_ADMIN).
+// NetworkLab: a private network a test harness builds for itself, so that it can cut (partition)
+// and degrade the links of single workers (the chaos harness, tests/chaos/chaos.h), where the
+// machine permits network namespaces (root, or CAP_NET_ADMIN). Part of the testing/cluster
+// library: the partitions of a local cluster.
 //
 //   harness's namespace            "lab" namespace                 one namespace per host
 //   rbc<pid>: 10.a.b.1/24  <-veth->  up0 - bridge br0 - h<i>  <-veth->  eth0: 10.a.b.(10+i)/24
@@ -20,8 +21,13 @@
 //
 // Clean-up needs no bookkeeping: each namespace is held by a child process that dies with the
 // harness (PR_SET_PDEATHSIG), and a veth pair vanishes when the namespace of either end does; the
-// destructor kills the holders and deletes rbc<pid>. REQUIRES: one thread uses a lab (see
-// tests/chaos/process.h).
+// destructor kills the holders and deletes rbc<pid>.
+//
+// Thread-safety: not thread-safe; one thread (the one that created it, as for ChildProcess) uses
+// a lab. Ownership: the lab owns its namespaces and their holder processes; a Host's netns_fd
+// belongs to the lab and stays valid until the lab is destroyed. Status codes: see each function
+// (FAILED_PRECONDITION where the machine does not permit a lab, RESOURCE_EXHAUSTED past 200
+// hosts; FAILED_PRECONDITION naming the `ip`/`tc` command and its output when one fails).
 
 #include <sys/types.h>
 
@@ -32,7 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace rebound::chaos {
+namespace rebound::testing {
 
 class NetworkLab {
  public:
@@ -106,4 +112,4 @@ class NetworkLab {
   std::vector<bool> partitioned_;
 };
 
-}  // namespace rebound::chaos
+}  // namespace rebound::testing

@@ -1,0 +1,100 @@
+#include "testing/cluster/processes.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+
+namespace rebound::testing {
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return path;
+  return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "rebound", "/", path);
+}
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+bool IsReadableFile(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
+
+std::string FindRunfile(const std::string& relative, bool (*usable)(const std::string&)) {
+  std::vector<std::string> candidates;
+  if (const char* dir = std::getenv("RUNFILES_DIR"); dir != nullptr) {
+    candidates.push_back(absl::StrCat(dir, "/rebound/", relative));
+  }
+  char self[4096] = {0};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length > 0) {
+    const std::string exe(self, length);
+    candidates.push_back(absl::StrCat(exe, ".runfiles/rebound/", relative));
+    candidates.push_back(absl::StrCat(exe.substr(0, exe.rfind('/')), "/../", relative));
+  }
+  candidates.push_back(relative);
+  for (const std::string& candidate : candidates) {
+    if (usable(candidate)) return std::filesystem::absolute(candidate).lexically_normal();
+  }
+  return "";
+}
+
+std::string MakeTempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", name, "-", getpid(), "-",
+                                 absl::ToUnixNanos(DefaultClock()->Now()));
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+void WriteFileOrDie(const std::string& path, const std::string& content) {
+  if (!WriteFile(path, content).ok()) std::abort();
+}
+
+absl::StatusOr<int> WaitForPortFile(const std::string& path, Subprocess& process,
+                                    absl::Duration timeout) {
+  const Clock& clock = *DefaultClock();
+  const absl::Time deadline = clock.Now() + timeout;
+  while (clock.Now() < deadline) {
+    if (std::optional<int> port = ReadPortFile(path)) return *port;
+    if (std::optional<int> code = process.Poll()) {
+      return absl::InternalError(absl::StrCat("process exited (", DescribeExitCode(*code),
+                                              ") before writing ", path, "; its log ends:\n",
+                                              LastLines(process.log_path(), 20)));
+    }
+    clock.WaitFor(absl::Milliseconds(10), nullptr);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no port in ", path, " within ", absl::FormatDuration(timeout)));
+}
+
+int RunCommand(const std::vector<std::string>& argv, std::string* output, absl::Duration timeout) {
+  CompletedCommand done = RunToCompletion(argv, timeout);
+  *output = std::move(done.output);
+  return done.exit_code;
+}
+
+std::string LastLines(const std::string& path, size_t count) {
+  std::vector<std::string> lines =
+      absl::StrSplit(ReadFileOrEmpty(path), '\n', absl::SkipEmpty());
+  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
+  std::string out;
+  for (const std::string& line : lines) absl::StrAppend(&out, "    ", line, "\n");
+  return out;
+}
+
+std::string FindTool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+}  // namespace rebound::testing
