@@ -32,7 +32,7 @@
 #include "absl/time/time.h"
 #include "storage/envelope.h"
 #include "storage/keys.h"
-#include "tests/integration/subprocess.h"
+#include "testing/cluster/processes.h"
 #include "tests/storage/raw_db.h"
 
 namespace rebound::storage {
