@@ -8,14 +8,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file.h"
 
 namespace rebound::server {
 namespace {
@@ -89,14 +88,14 @@ absl::Status GlobalCheckpoint::Load() {
     return absl::UnavailableError(absl::StrCat("cannot list ", dir_, ": ", error.message()));
   }
   if (newest < 0) return absl::OkStatus();
-  std::ifstream in(newest_path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  CheckpointRecord record;
-  if (!in.good() && !in.eof()) {
-    return absl::DataLossError(absl::StrCat("cannot read ", newest_path));
+  const absl::StatusOr<std::string> bytes =
+      ReadFile(newest_path, kNoFileSizeLimit, "global checkpoint");
+  if (!bytes.ok()) {
+    return absl::DataLossError(absl::StrCat("cannot read ", newest_path, ": ",
+                                            bytes.status().message()));
   }
-  if (!record.ParseFromString(bytes.str())) {
+  CheckpointRecord record;
+  if (!record.ParseFromString(*bytes)) {
     return absl::DataLossError(absl::StrCat(newest_path, " is not a checkpoint record"));
   }
   if (record.job_id() != job_id_ || record.step() != newest) {

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/slot.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
@@ -109,7 +110,7 @@ const SlotStatus& SlotAt(const GetStatusResponse& s, int r, int stage) {
 
 void CheckEverySyncAppliedOnce(const GetStatusResponse& s, const PipelineSpec& spec) {
   for (const SlotStatus& slot : s.slots()) {
-    INFO("slot (" << slot.slot().replica() << ", " << slot.slot().stage() << ")");
+    INFO("slot " << SlotName(slot.slot()));
     CHECK(slot.update_count() == spec.max_steps / spec.sync_period);
     CHECK(slot.snapshot_step() == spec.max_steps);
   }
