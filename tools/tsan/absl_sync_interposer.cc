@@ -14,7 +14,9 @@
 //
 // Not modelled (each only hides accesses, it never invents a race):
 //   * a Condition evaluated inside the library (LockWhen, Await, and by the unlocking thread on a
-//     waiter's behalf) runs between a pre and a post annotation, where TSan ignores accesses;
+//     waiter's behalf) runs between a pre and a post annotation, where TSan ignores accesses
+//     (an instrumented Abseil makes them visible with a dance of extra annotations we cannot
+//     insert into the library's code);
 //   * Mutex destruction (TSan forgets the mutex when its memory is freed).
 //
 // Setting REBOUND_TSAN_INTERPOSER=off in the environment makes every wrapper a plain
@@ -116,15 +118,19 @@ R Acquire(absl::Mutex* mu, unsigned flags, Call call) {
   return r;
 }
 
-// Calls that release the held mutex, block, and reacquire it (Await, CondVar::Wait).
+// Calls that release the held mutex, block, and reacquire it (Await, CondVar::Wait). The real
+// call runs inside the unlock annotation: pre_unlock releases for TSan and makes it ignore the
+// accesses up to post_unlock, among them the Condition that Await evaluates on waking, before
+// it holds the mutex again in TSan's eyes (reading guarded state, seen without the ignore as a
+// race with the last writer). The lock annotation follows once the real call holds the mutex.
 template <typename R, typename Call>
 R ReleaseAndReacquire(absl::Mutex* mu, Call call) {
   MutexCall nested;
   if (!nested.annotate()) return call();
   const unsigned flags = HeldModeFlags(mu);
   __tsan_mutex_pre_unlock(mu, flags);
-  __tsan_mutex_post_unlock(mu, flags);
   R r = call();
+  __tsan_mutex_post_unlock(mu, flags);
   __tsan_mutex_pre_lock(mu, flags);
   __tsan_mutex_post_lock(mu, flags, 0);
   return r;

@@ -114,6 +114,29 @@ int AwaitCase() {
   return value == 42 ? 0 : 1;
 }
 
+// The Condition of Await and AwaitWithTimeout reads guarded state when the waiter wakes, inside
+// the library, while another thread keeps writing it under the mutex.
+int AwaitConditionCase() {
+  absl::Mutex mu;
+  int counter = 0;  // guarded by mu
+  auto reached = [&counter] { return counter >= kRounds; };
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&reached));
+    while (!mu.AwaitWithTimeout(absl::Condition(&reached), absl::Milliseconds(1))) {
+    }
+  });
+  std::thread writer([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      absl::MutexLock lock(&mu);
+      ++counter;
+    }
+  });
+  writer.join();
+  waiter.join();
+  return counter == kRounds ? 0 : 1;
+}
+
 int NotificationCase() {
   absl::Notification published, waited;
   int first = 0, second = 0;
@@ -160,7 +183,8 @@ int main(int argc, char** argv) {
   } cases[] = {
       {"mutex", MutexCase},       {"reader_lock", ReaderLockCase},
       {"try_lock", TryLockCase},  {"condvar", CondVarCase},
-      {"await", AwaitCase},       {"notification", NotificationCase},
+      {"await", AwaitCase},       {"await_condition", AwaitConditionCase},
+      {"notification", NotificationCase},
       {"blocking_counter", BlockingCounterCase},
   };
   for (const Case& c : cases) {

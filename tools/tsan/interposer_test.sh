@@ -31,7 +31,7 @@ expect() {  # expect <exit code> <description> <command...>
   echo "ok   $what"
 }
 
-for c in mutex reader_lock try_lock condvar await notification blocking_counter; do
+for c in mutex reader_lock try_lock condvar await await_condition notification blocking_counter; do
   expect 0 "$c: hand-off seen with the interposer" env -u TSAN_OPTIONS "$guarded" "$c"
   expect 66 "$c: reported without the interposer" \
     env -u TSAN_OPTIONS REBOUND_TSAN_INTERPOSER=off "$guarded" "$c"
