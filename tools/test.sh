@@ -10,16 +10,17 @@
 #   3. `bazel test --config=tsan` over the unit and integration tests, ThreadSanitizer: a race in
 #      a test or in a server or worker it spawns fails the test. Left out, and listed as such:
 #      //tests/chaos (its fault timeouts are tuned for the normal build: under TSan's 5-15x
-#      slowdown they fire on healthy processes), and the tests that run no concurrent C++ of
-#      Rebound's (//tests/deploy, //tests/docs, //tests/launch, //tests/tools: YAML, docs and
+#      slowdown they fire on healthy processes), two integration tests with fixed deadlines that
+#      a TSan build cannot meet (TSAN_EXCLUDED below), and the tests that run no concurrent C++
+#      of Rebound's (//tests/deploy, //tests/docs, //tests/launch, //tests/tools: YAML, docs and
 #      launcher-config checks) and //fuzz (libFuzzer, its own --config=fuzz).
 #
 # Tests that need a GPU are tagged "gpu" and only exist in --config=cuda builds; on a CPU-only
 # build they are reported here as skipped, never as passed. //tools/tsan:interposer_test exists
 # only in the tsan build and is counted there.
 #
-# Time on a fresh 2-core machine (docs/thread_safety.md#cost): phase 1 as before, phase 2 about
-# 20 min cold and seconds warm, phase 3 about 25 min cold. REBOUND_SANITIZERS=0 runs phase 1
+# Time on a fresh 2-core machine (docs/thread_safety.md#cost): phase 1 about 20 min, phase 2
+# about 19 min cold, phase 3 about 25 min cold; 45-55 min in all. REBOUND_SANITIZERS=0 runs phase 1
 # only, for a quick local check; the summary then says the other two were not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,14 @@ TSAN_TESTS=(
   //tests/worker/...
   //tests/integration/...
 )
+# Tests of those groups that cannot pass under TSan for want of time, not for a race: their
+# deadlines are fixed in the test (docs/thread_safety.md). Left out by name, never counted.
+TSAN_EXCLUDED=(
+  //tests/integration:training_test    # replay rebuild: 120 s WaitForStatus not reached
+  //tests/integration:bad_input_test   # health checks with a 5 s RPC deadline on a busy server
+)
 TSAN_LEFT_OUT=(
+  "//tests/integration:training_test //tests/integration:bad_input_test (fixed deadlines: under TSan's slowdown a replay takes longer than 120 s, a health check than 5 s)"
   "//tests/chaos/... (fault timeouts tuned for the normal build fire under TSan's slowdown)"
   "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/tools/... (no concurrent C++ of Rebound's)"
   "//fuzz/... (libFuzzer targets: --config=fuzz)"
@@ -83,12 +91,14 @@ bazel build --config=tsa //... || tsa=FAILED
 
 # 3. ThreadSanitizer over the unit and integration tests.
 tsan_rc=0
-bazel test --config=tsan --test_summary=short "$@" "${TSAN_TESTS[@]}" 2>&1 | tee "$tsan_log" ||
-  tsan_rc=$?
+excluded=()
+for t in "${TSAN_EXCLUDED[@]}"; do excluded+=("-$t"); done
+bazel test --config=tsan --test_summary=short "$@" -- "${TSAN_TESTS[@]}" "${excluded[@]}" 2>&1 |
+  tee "$tsan_log" || tsan_rc=$?
 read -r tsan_passed tsan_failed tsan_skipped < <(count "$tsan_log" "${TSAN_TESTS[@]}")
 for left in "${TSAN_LEFT_OUT[@]}"; do echo "NOT UNDER TSAN $left"; done
 if [ "$tsan_rc" -ne 0 ] || [ "$tsan_failed" -ne 0 ] || [ "$tsan_passed" -eq 0 ]; then ok=0; fi
 
 echo "$summary; tsa build $tsa; tsan: $tsan_passed passed, $tsan_failed failed," \
-  "$tsan_skipped skipped, ${#TSAN_LEFT_OUT[@]} groups left out"
+  "$tsan_skipped skipped, ${#TSAN_EXCLUDED[@]} tests and 3 groups left out"
 [ "$ok" -eq 1 ] || exit 1
