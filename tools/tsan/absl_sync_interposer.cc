@@ -17,14 +17,17 @@
 //     waiter's behalf) runs between a pre and a post annotation, where TSan ignores accesses
 //     (an instrumented Abseil makes them visible with a dance of extra annotations we cannot
 //     insert into the library's code);
-//   * Mutex destruction (TSan forgets the mutex when its memory is freed).
+//   * Mutex destruction (TSan forgets the mutex when its memory is freed);
+//   * the mutex word's own read on lock and unlock (see PostLock below).
 //
 // Setting REBOUND_TSAN_INTERPOSER=off in the environment makes every wrapper a plain
 // forwarder; tools/tsan:interposer_test uses it to show that TSan then reports the accesses
 // the annotations make safe.
 //
 // Thread-safety: every function is as thread-safe as the one it wraps; the lookups of the real
-// functions are function-local statics (thread-safe initialization).
+// functions are function-local statics (thread-safe initialization). Ownership: the wrappers
+// borrow only their arguments, for the call. Errors: none returned; a real function that
+// dlsym cannot find (Abseil no longer in namespace debian3) aborts the process with its name.
 //
 // Also defines TSan's default options and suppressions for every binary of the build (a race
 // in any process, a spawned server or worker included, ends it with exit code 66), so they
