@@ -10,7 +10,7 @@
 #   3. `bazel test --config=tsan` over the unit and integration tests, ThreadSanitizer: a race in
 #      a test or in a server or worker it spawns fails the test. Left out, and listed as such:
 #      //tests/chaos (its fault timeouts are tuned for the normal build: under TSan's 5-15x
-#      slowdown they fire on healthy processes), two integration tests with fixed deadlines that
+#      slowdown they fire on healthy processes), three integration tests with fixed deadlines that
 #      a TSan build cannot meet (TSAN_EXCLUDED below), and the tests that run no concurrent C++
 #      of Rebound's (//tests/deploy, //tests/docs, //tests/launch, //tests/tools: YAML, docs and
 #      launcher-config checks) and //fuzz (libFuzzer, its own --config=fuzz).
@@ -41,9 +41,10 @@ TSAN_TESTS=(
 TSAN_EXCLUDED=(
   //tests/integration:training_test    # replay rebuild: 120 s WaitForStatus not reached
   //tests/integration:bad_input_test   # health checks with a 5 s RPC deadline on a busy server
+  //tests/integration:recovery_test    # a stopped trainer is fenced before the test kills it
 )
 TSAN_LEFT_OUT=(
-  "//tests/integration:training_test //tests/integration:bad_input_test (fixed deadlines: under TSan's slowdown a replay takes longer than 120 s, a health check than 5 s)"
+  "//tests/integration:training_test //tests/integration:bad_input_test //tests/integration:recovery_test (fixed deadlines and timeouts of the normal build: under TSan's slowdown a replay takes longer than 120 s, a health check than 5 s, and the failure detector fences a stopped trainer first)"
   "//tests/chaos/... (fault timeouts tuned for the normal build fire under TSan's slowdown)"
   "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/tools/... (no concurrent C++ of Rebound's)"
   "//fuzz/... (libFuzzer targets: --config=fuzz)"
