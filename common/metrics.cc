@@ -16,6 +16,10 @@
 // glibc's malloc link without it.
 extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value)
     __attribute__((weak));
+// The sanitizers' allocator (sanitizer/allocator_interface.h), present under --config=tsan and
+// --config=fuzz, where it replaces malloc and glibc's mallinfo2 reads zeros.
+extern "C" size_t __sanitizer_get_current_allocated_bytes() __attribute__((weak));
+extern "C" size_t __sanitizer_get_free_bytes() __attribute__((weak));
 
 namespace rebound {
 namespace {
@@ -34,6 +38,11 @@ HeapBytes ReadHeapBytes() {
       MallocExtension_GetNumericProperty("tcmalloc.pageheap_unmapped_bytes", &unmapped)) {
     heap.in_use = allocated;
     heap.free = size > allocated + unmapped ? size - allocated - unmapped : 0;
+    return heap;
+  }
+  if (__sanitizer_get_current_allocated_bytes != nullptr && __sanitizer_get_free_bytes != nullptr) {
+    heap.in_use = __sanitizer_get_current_allocated_bytes();
+    heap.free = __sanitizer_get_free_bytes();
     return heap;
   }
   const struct mallinfo2 info = mallinfo2();
@@ -263,7 +272,8 @@ void AddProcessMetrics(MetricsRegistry* registry) {
     }
     const HeapBytes heap = ReadHeapBytes();
     w->Family("rebound_process_heap_bytes",
-              "malloc (tcmalloc where linked, else glibc): bytes in use (allocated) and bytes "
+              "malloc (tcmalloc where linked, a sanitizer's allocator under one, else glibc): "
+              "bytes in use (allocated) and bytes "
               "held free for reuse, not returned to the system.",
               "gauge");
     w->Sample("rebound_process_heap_bytes", {{"state", "in_use"}},

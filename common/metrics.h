@@ -145,7 +145,8 @@ class ScopedLatency {
 // Registers a collector of the process's own memory: rebound_process_resident_bytes (what the
 // kernel counts, /proc/self/statm) and rebound_process_heap_bytes{state="in_use"|"free"} (malloc:
 // bytes handed out, and bytes it holds free without returning them to the kernel; tcmalloc's
-// figures where it is linked, as in the server, else glibc's). A
+// figures where it is linked, as in the server, the sanitizer allocator's under --config=tsan
+// or --config=fuzz, else glibc's). A
 // leak shows as in_use growing; RSS alone also moves with the allocator's retention.
 void AddProcessMetrics(MetricsRegistry* registry);
 

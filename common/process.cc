@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -62,8 +63,16 @@ void BlockTerminationSignals() {
 }
 
 int WaitForTerminationSignal() {
+  // poll() with a timeout, not a blocking read(): ThreadSanitizer runs a signal handler at once
+  // only when the thread is in a call it knows to block (poll is one, read is not) and otherwise
+  // when the thread next returns from an intercepted call; a thread asleep in read() would never
+  // see its own SIGTERM (tests/common/process_test).
+  pollfd readable = {termination_pipe[0], POLLIN, 0};
   unsigned char byte = 0;
   while (true) {
+    const int ready = poll(&readable, 1, /*timeout_ms=*/1000);
+    if (ready < 0 && errno != EINTR) PLOG(FATAL) << "polling the termination pipe";
+    if (ready <= 0) continue;
     const ssize_t n = read(termination_pipe[0], &byte, 1);
     if (n == 1) return byte;
     if (n < 0 && errno == EINTR) continue;

@@ -924,7 +924,8 @@ absl::Status DurableStore::LoadTensors(ColumnFamily family, absl::string_view ke
 absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
   LoadedState state;
 
-  auto load_center = [this, &state](absl::string_view key, absl::string_view value) -> absl::Status {
+  auto load_center = [this, &state](absl::string_view key, absl::string_view value)
+                       ABSL_SHARED_LOCKS_REQUIRED(files_mu_) -> absl::Status {
     const std::optional<int32_t> stage = ParseStageKey(key);
     if (!stage.has_value()) return MalformedKey(ColumnFamily::kCenter, key);
     CenterRecord record;
@@ -935,7 +936,8 @@ absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
     state.centers.emplace(*stage, std::move(record));
     return absl::OkStatus();
   };
-  auto load_center_opt = [this, &state](absl::string_view key, absl::string_view value) -> absl::Status {
+  auto load_center_opt = [this, &state](absl::string_view key, absl::string_view value)
+                       ABSL_SHARED_LOCKS_REQUIRED(files_mu_) -> absl::Status {
     const std::optional<int32_t> stage = ParseStageKey(key);
     if (!stage.has_value()) return MalformedKey(ColumnFamily::kCenterOpt, key);
     CenterOptRecord record;
@@ -946,7 +948,8 @@ absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
     state.center_opts.emplace(*stage, std::move(record));
     return absl::OkStatus();
   };
-  auto load_snapshot = [this, &state](absl::string_view key, absl::string_view value) -> absl::Status {
+  auto load_snapshot = [this, &state](absl::string_view key, absl::string_view value)
+                       ABSL_SHARED_LOCKS_REQUIRED(files_mu_) -> absl::Status {
     const std::optional<SlotKeyFields> slot = ParseSlotKey(key);
     if (!slot.has_value()) return MalformedKey(ColumnFamily::kSnapshot, key);
     Snapshot record;

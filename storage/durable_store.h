@@ -316,9 +316,11 @@ class DurableStore {
   absl::Status OpenTensorFiles();
   rocksdb::ColumnFamilyHandle* Handle(ColumnFamily family) const;
   // Fills in the data of a decoded record's tensors from its tensor file (no-op for a record
-  // stored inline). DATA_LOSS naming the key. REQUIRES: files_mu_ held (shared).
+  // stored inline). DATA_LOSS naming the key. Holding files_mu_ (shared) keeps the file from
+  // being replaced and removed while it is read.
   template <typename Record>
-  absl::Status LoadTensors(ColumnFamily family, absl::string_view key, Record* record) const;
+  absl::Status LoadTensors(ColumnFamily family, absl::string_view key, Record* record) const
+      ABSL_SHARED_LOCKS_REQUIRED(files_mu_);
 
   class ErrorListener;
   struct BackgroundErrors {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs every build, test and run dependency of Rebound from Debian's packages.
 # Idempotent: packages already installed are skipped, so a second run costs seconds.
-#   tools/setup.sh          what the build, the tests and the demo need
-#   tools/setup.sh --fuzz   and clang, libFuzzer, ASan and lld for --config=fuzz (docs/fuzzing.md)
+#   tools/setup.sh          what the build, the tests, the demo, the tsa/tsan checks of
+#                           tools/test.sh and --config=fuzz need
+#   tools/setup.sh --fuzz   the same (kept for docs/fuzzing.md's older instructions)
 set -euo pipefail
 
 PACKAGES=(
@@ -24,10 +25,13 @@ PACKAGES=(
   python3-yaml
   # The demo's plot (tools/plot_progress.sh): gnuplot without X, and a font for its PNGs.
   gnuplot-nox fonts-dejavu-core
+  # clang for --config=tsa (-Wthread-safety), --config=tsan and --config=fuzz; the TSan, ASan and
+  # libFuzzer runtimes; lld (those configs link with it); llvm-symbolizer for their reports
+  # (docs/thread_safety.md, docs/fuzzing.md).
+  clang lld libclang-rt-14-dev llvm
 )
 if [ "${1:-}" = "--fuzz" ]; then
-  # Fuzzing (--config=fuzz, docs/fuzzing.md): clang, libFuzzer and ASan, lld, llvm-symbolizer.
-  PACKAGES+=(clang lld libclang-rt-14-dev llvm)
+  :  # everything --config=fuzz needs is in the default list now
 elif [ $# -gt 0 ]; then
   echo "setup: unknown argument $1 (only --fuzz)" >&2
   exit 2

@@ -1,30 +1,107 @@
 #!/usr/bin/env bash
-# Installs every dependency (Debian packages) and runs every test of Rebound.
+# Installs every dependency (Debian packages) and runs every test of Rebound, then checks the
+# locks twice (docs/thread_safety.md):
 #
 #   tools/test.sh [extra bazel test flags]
 #
+#   1. `bazel test //...`: every test, gcc.
+#   2. `bazel build --config=tsa //...`: clang's thread-safety analysis over all of the project's
+#      code (every ABSL_GUARDED_BY and friends), warnings are errors. Compile only, no linking.
+#   3. `bazel test --config=tsan` over the unit and integration tests, ThreadSanitizer: a race in
+#      a test or in a server or worker it spawns fails the test. Left out, and listed as such:
+#      //tests/chaos (its fault timeouts are tuned for the normal build: under TSan's 5-15x
+#      slowdown they fire on healthy processes), three integration tests with fixed deadlines that
+#      a TSan build cannot meet (TSAN_EXCLUDED below), and the tests that run no concurrent C++
+#      of Rebound's (//tests/deploy, //tests/docs, //tests/launch, //tests/tools: YAML, docs and
+#      launcher-config checks) and //fuzz (libFuzzer, its own --config=fuzz).
+#
 # Tests that need a GPU are tagged "gpu" and only exist in --config=cuda builds; on a CPU-only
-# build they are reported here as skipped, never as passed.
+# build they are reported here as skipped, never as passed. //tools/tsan:interposer_test exists
+# only in the tsan build and is counted there.
+#
+# Time on a fresh 2-core machine (docs/thread_safety.md#cost), estimated: phase 1 about 20 min,
+# phase 2 about 15 min, phase 3 about 15 min; about 50 min in all, under 60 with little margin.
+# REBOUND_SANITIZERS=0 runs phase 1 only, for a quick local check; the summary then says the
+# other two were not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
 
+TSAN_TESTS=(
+  //tools/tsan/...
+  //tests/common/...
+  //tests/storage/...
+  //tests/compute/...
+  //tests/server/...
+  //tests/worker/...
+  //tests/integration/...
+)
+# Tests of those groups that cannot pass under TSan for want of time, not for a race: their
+# deadlines are fixed in the test (docs/thread_safety.md). Left out by name, never counted.
+TSAN_EXCLUDED=(
+  //tests/integration:training_test    # replay rebuild: 120 s WaitForStatus not reached
+  //tests/integration:bad_input_test   # health checks with a 5 s RPC deadline on a busy server
+  //tests/integration:recovery_test    # a stopped trainer is fenced before the test kills it
+)
+TSAN_LEFT_OUT=(
+  "//tests/integration:training_test //tests/integration:bad_input_test //tests/integration:recovery_test (fixed deadlines and timeouts of the normal build: under TSan's slowdown a replay takes longer than 120 s, a health check than 5 s, and the failure detector fences a stopped trainer first)"
+  "//tests/chaos/... (fault timeouts tuned for the normal build fire under TSan's slowdown)"
+  "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/tools/... (no concurrent C++ of Rebound's)"
+  "//fuzz/... (libFuzzer targets: --config=fuzz)"
+)
+
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+tsan_log=$(mktemp)
+trap 'rm -f "$log" "$tsan_log"' EXIT
+
+# Counts a `bazel test --test_summary=short` log of PATTERNs: passed, failed, and the gpu tests
+# not run (listed on stderr).
+count() {  # count LOG PATTERN... -> "passed failed skipped"
+  local file="$1"
+  shift
+  local p f s=0
+  p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$file" || true)
+  f=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$file" || true)
+  for t in $(bazel query "attr(tags, \"\bgpu\b\", tests(set($*)))" 2>/dev/null); do
+    if ! grep -qE "^$t +(\(cached\) )?PASSED" "$file"; then
+      echo "SKIPPED $t (needs a GPU and a --config=cuda build)" >&2
+      s=$((s + 1))
+    fi
+  done
+  echo "$p $f $s"
+}
+
+# 1. Every test.
 rc=0
 bazel test //... --test_summary=short "$@" 2>&1 | tee "$log" || rc=$?
+read -r passed failed skipped < <(count "$log" //...)
+ok=1
+if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then ok=0; fi
+summary="rebound tests: $passed passed, $failed failed, $skipped skipped"
 
-passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
-failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
-skipped=0
-for t in $(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null); do
-  if ! grep -qE "^$t +(\(cached\) )?PASSED" "$log"; then
-    echo "SKIPPED $t (needs a GPU and a --config=cuda build)"
-    skipped=$((skipped + 1))
-  fi
-done
-echo "rebound tests: $passed passed, $failed failed, $skipped skipped"
-if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then
-  exit 1
+if [ "${REBOUND_SANITIZERS:-1}" = "0" ]; then
+  echo "$summary; tsa build not run; tsan not run (REBOUND_SANITIZERS=0)"
+  [ "$ok" -eq 1 ] || exit 1
+  exit 0
 fi
+
+# 2. Thread-safety analysis: build only.
+tsa=ok
+# Compiling is what checks; linking the tsa binaries would only cost time.
+bazel build --config=tsa --output_groups=compilation_outputs //... || tsa=FAILED
+[ "$tsa" = ok ] || ok=0
+
+# 3. ThreadSanitizer over the unit and integration tests.
+tsan_rc=0
+excluded=()
+for t in "${TSAN_EXCLUDED[@]}"; do excluded+=("-$t"); done
+bazel test --config=tsan --test_summary=short "$@" -- "${TSAN_TESTS[@]}" "${excluded[@]}" 2>&1 |
+  tee "$tsan_log" || tsan_rc=$?
+read -r tsan_passed tsan_failed tsan_skipped < <(count "$tsan_log" "${TSAN_TESTS[@]}")
+for left in "${TSAN_LEFT_OUT[@]}"; do echo "NOT UNDER TSAN $left"; done
+if [ "$tsan_rc" -ne 0 ] || [ "$tsan_failed" -ne 0 ] || [ "$tsan_passed" -eq 0 ]; then ok=0; fi
+
+echo "$summary; tsa build $tsa; tsan: $tsan_passed passed, $tsan_failed failed," \
+  "$tsan_skipped skipped, ${#TSAN_EXCLUDED[@]} tests and 3 groups left out"
+[ "$ok" -eq 1 ] || exit 1
