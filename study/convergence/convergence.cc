@@ -753,7 +753,7 @@ std::string RunCsv(const RunSpec& spec, const RunResult& result) {
   return csv;
 }
 
-std::string Maybe(double v, const char* format) {
+std::string Maybe(double v, const absl::FormatSpec<double>& format) {
   return std::isnan(v) ? std::string("-") : absl::StrFormat(format, v);
 }
 
@@ -774,7 +774,7 @@ double Mean(const std::vector<double>& v) {
 }
 
 // Mean over seeds that reached the target; "-" if none did, "x (k/n)" if only some did.
-std::string MeanReached(const std::vector<double>& v, const char* format) {
+std::string MeanReached(const std::vector<double>& v, const absl::FormatSpec<double>& format) {
   std::vector<double> reached;
   for (double x : v) {
     if (!std::isnan(x)) reached.push_back(x);
