@@ -513,8 +513,10 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishRecovery(
     record->mutable_phases()->set_detection_ms(detection);
   }
   if (report.outcome() != RECOVERED) {
-    ReleaseTaskLocked(slot, end.outcome, end.why);
+    // Before the release, which tells waiting claims whether a slot may be claimed: this one
+    // may not once it falls back.
     if (end.fallback_restart) slot.fallback_restart = true;
+    ReleaseTaskLocked(slot, end.outcome, end.why);
     return std::optional<RegisterResponse>();
   }
   Worker& spare = workers_.at(incarnation);

@@ -42,11 +42,13 @@
 // unit, and calls every unit (Membership included) without holding it.
 //
 // Ownership: every pointer given to the constructor is borrowed and must outlive the coordinator;
-// it owns its policies and the GlobalCheckpoint.
+// it owns its policies and the GlobalCheckpoint. It is the membership's RecoveryObserver from its
+// construction to its destruction (one coordinator per Membership).
 //
 // Status codes: NextTask: the errors of ClaimReplay (FAILED_PRECONDITION: not an alive spare, or
-// it leads a task; ABORTED for an unknown incarnation); ABORTED when the task cannot be assembled because a snapshot moved or
-// a recovery group's snapshots are gone (the task is abandoned and the slot LOST again), INTERNAL
+// it leads a task; ABORTED for an unknown incarnation); ABORTED when the task cannot be
+// assembled because a snapshot moved or a recovery group's snapshots are gone (the task is
+// abandoned and the slot LOST again), INTERNAL
 // when the micro-batches cannot be split among the spares, the store's or step log's error
 // otherwise (the task is abandoned). Finish: FAILED_PRECONDITION for a RECOVERED report that does
 // not prove its replay, or from an incarnation that leads no such task. AfterSync: the barrier's

@@ -176,18 +176,31 @@ TEST_CASE("REPLAY: a spare gets a replay task for a lost slot and must prove its
   CHECK(u.tracker.Current(t.slot(), u.clock.Now()).fault_score() > fault_before);
 }
 
-TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch falls back") {
-  Units u("REPLAY");
+// Trainers a and b and spare s; a leaves, and s claims the replay of its slot (0, 0).
+struct LostSlot {
+  RegisterResponse spare;
+  RecoveryTask task;
+};
+LostSlot ClaimLostSlot(Units& u) {
   const RegisterResponse a = u.Register("a", TRAINER);
   u.Register("b", TRAINER);
-  const RegisterResponse spare = u.Register("s", SPARE);
+  LostSlot lost;
+  lost.spare = u.Register("s", SPARE);
   REQUIRE(u.membership->Deregister(a.incarnation()).ok());
-  auto task = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  auto task = u.coordinator->NextTask(lost.spare.incarnation(), absl::ZeroDuration());
   REQUIRE(task.ok());
   REQUIRE(task->has_value());
+  lost.task = **task;
+  return lost;
+}
+
+TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch falls back") {
+  Units u("REPLAY");
+  const LostSlot lost = ClaimLostSlot(u);
+  const RegisterResponse& spare = lost.spare;
   ReportRecoveryRequest report;
   report.set_incarnation(spare.incarnation());
-  report.set_task_id((*task)->task_id());
+  report.set_task_id(lost.task.task_id());
   report.set_outcome(CHECKSUM_MISMATCH);
   report.set_detail("step 2 hashes differently");
   auto finished = u.coordinator->Finish(report);
@@ -243,6 +256,42 @@ TEST_CASE("REPLAY: a pipeline stage whose replay mismatches waits for another re
   REQUIRE(again->has_value());
   CHECK((*again)->slot().stage() == 1);
   CHECK((*again)->task_id() != (*task)->task_id());
+}
+
+TEST_CASE("REPLAY: a task past recovery_timeout is abandoned after the detector's pass") {
+  // The task's start and timeout are the coordinator's (AfterDetection); a pause of the whole
+  // server (Membership::ExcuseServerPause, told to the coordinator) is not the task's time.
+  Units u("REPLAY");
+  const LostSlot lost = ClaimLostSlot(u);
+  const RegisterResponse& spare = lost.spare;
+  const uint64_t id = lost.task.task_id();
+
+  u.clock.Advance(absl::Milliseconds(120000));  // recovery_timeout_ms' default, exactly
+  u.coordinator->AfterDetection();
+  CHECK(StateOf(*u.membership, 0) == RECOVERING);
+  u.clock.Advance(absl::Milliseconds(30000));
+  u.membership->ExcuseServerPause(absl::Milliseconds(30000));
+  u.coordinator->AfterDetection();
+  CHECK(StateOf(*u.membership, 0) == RECOVERING);
+  CHECK(u.coordinator->TaskSlot(id, spare.incarnation()).ok());
+
+  u.clock.Advance(absl::Milliseconds(1));
+  u.coordinator->AfterDetection();
+  CHECK(StateOf(*u.membership, 0) == LOST);
+  const std::vector<RecoveryStatus> recoveries = u.membership->Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].outcome() == ABANDONED);
+  CHECK_THAT(recoveries[0].detail(), Catch::Matchers::Contains("recovery_timeout_ms = 120000"));
+  // The task is over: its leader's report is refused, and it may claim the slot again.
+  ReportRecoveryRequest report;
+  report.set_incarnation(spare.incarnation());
+  report.set_task_id(id);
+  report.set_outcome(RECOVERED);
+  CHECK(u.coordinator->Finish(report).status().code() == absl::StatusCode::kFailedPrecondition);
+  auto again = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(again.ok());
+  REQUIRE(again->has_value());
+  CHECK((*again)->task_id() != id);
 }
 
 TEST_CASE("RESTART_FROM_CENTER: no tasks; the coordinator starts with that policy") {
@@ -943,6 +992,87 @@ TEST_CASE(
     REQUIRE(claim->has_value());
     CHECK(claim->value().slot.stage() == 1);
   }
+}
+
+// The coordinator's tasks and Membership's RECOVERING slots change under two locks (Membership's,
+// then the coordinator's, when Membership tells it of a start, an end or a fence): under
+// concurrent claims, publications, reports and fences no task may outlive its slot's recovery
+// and no slot may stay RECOVERING without a task.
+TEST_CASE("concurrent claims, reports and fences leave no task and no RECOVERING slot behind") {
+  Units u(JobWithPolicy("REPLAY", 2));
+  auto a = u.membership->Register(Request("a", TRAINER));
+  auto b = u.membership->Register(Request("b", TRAINER));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(u.membership->Deregister(a->incarnation()).ok());
+  REQUIRE(u.membership->Deregister(b->incarnation()).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> led{0};
+  std::atomic<int> helped{0};
+  std::atomic<int> errors{0};
+  // Each spare leads tasks and ends them ABANDONED (the slot is LOST again); one that helps
+  // leaves at once (its task ends SPARE_FAILED) and registers again.
+  auto spare = [&](int id) {
+    auto registered = u.membership->Register(Request(absl::StrCat("s", id), SPARE));
+    if (!registered.ok()) {
+      errors.fetch_add(1);
+      return;
+    }
+    uint64_t incarnation = registered->incarnation();
+    while (!stop.load()) {
+      auto claim = u.coordinator->ClaimReplay(incarnation, absl::Milliseconds(5));
+      if (!claim.ok()) {
+        errors.fetch_add(1);
+        return;
+      }
+      if (!claim->has_value()) continue;
+      if ((*claim)->rank > 0) {
+        helped.fetch_add(1);
+        if (!u.membership->Deregister(incarnation).ok()) errors.fetch_add(1);
+        registered = u.membership->Register(Request(absl::StrCat("s", id), SPARE));
+        if (!registered.ok()) {
+          errors.fetch_add(1);
+          return;
+        }
+        incarnation = registered->incarnation();
+        continue;
+      }
+      led.fetch_add(1);
+      u.coordinator->PublishReplay((*claim)->task_id, 0, 0);
+      ReportRecoveryRequest report;
+      report.set_task_id((*claim)->task_id);
+      report.set_outcome(ABANDONED);
+      auto finished = u.coordinator->FinishReplay(incarnation, report, {});
+      // Refused only when a helper's fence ended the task first.
+      if (!finished.ok() && finished.status().code() != absl::StatusCode::kFailedPrecondition) {
+        errors.fetch_add(1);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back(spare, i);
+  absl::SleepFor(absl::Milliseconds(300));
+  stop.store(true);
+  for (std::thread& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  CHECK(led.load() > 0);
+  GetStatusResponse status;
+  u.membership->FillStatus(&status);
+  u.coordinator->FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(status.slots(1).state() == LOST);
+  uint64_t last_spare = 0;
+  for (const WorkerStatus& worker : status.workers()) {
+    if (worker.role() != SPARE || worker.state() != ALIVE) continue;
+    CHECK(worker.replay_task() == 0);
+    CHECK_FALSE(worker.waiting_for_task());
+    last_spare = worker.incarnation();
+  }
+  // No spare is left leading a task: each may claim again.
+  REQUIRE(last_spare != 0);
+  auto again = u.coordinator->ClaimReplay(last_spare, absl::ZeroDuration());
+  REQUIRE(again.ok());
+  CHECK(again->has_value());
 }
 
 }  // namespace claims
