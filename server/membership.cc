@@ -188,19 +188,6 @@ absl::Status Membership::CheckRole(uint64_t incarnation, WorkerRole role) const 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<int64_t, int64_t>> Membership::PublishedRange(
-    uint64_t task_id, uint64_t incarnation) const {
-  absl::MutexLock lock(&mu_);
-  for (const Slot& slot : slots_) {
-    if (slot.state == RECOVERING && slot.task_id == task_id &&
-        ActiveRank(slot, incarnation) == 0 && slot.task_published) {
-      return std::make_pair(slot.task_snapshot_step, slot.task_failed_step);
-    }
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "incarnation ", incarnation, " leads no published replay task ", task_id));
-}
-
 absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& request) {
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
@@ -246,15 +233,17 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
     slots_[worker.slot_index].step = std::max(slots_[worker.slot_index].step, request.step());
     for (Neighbour& n : NeighboursLocked(worker.slot_index)) *response.add_neighbours() = n;
   }
+  // A neighbour's flush or the time passed may have made a lost slot claimable.
+  NotifyClaimableLocked();
   return response;
 }
 
 void Membership::FenceLocked(Worker& worker, WorkerState state, const std::string& why) {
   worker.state = state;
   worker.state_reason = why;
-  for (Slot& slot : slots_) {
-    if (slot.state == RECOVERING && ActiveRank(slot, worker.incarnation) >= 0) {
-      ReleaseTaskLocked(slot, SPARE_FAILED,
+  if (observer_ != nullptr) {
+    if (Slot* slot = RecoveringSlotLocked(observer_->TaskOf(worker.incarnation))) {
+      ReleaseTaskLocked(*slot, SPARE_FAILED,
                         absl::StrCat("spare ", worker.incarnation, " ", WorkerState_Name(state),
                                      " during the replay: ", why));
     }
@@ -300,6 +289,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
     LOG(ERROR) << "cannot persist the fencing of incarnation " << worker.incarnation << ": "
                << persisted;
   }
+  NotifyClaimableLocked();
 }
 
 std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, absl::Time now) {
@@ -359,7 +349,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   slot.owner = trainer.incarnation;
   slot.step = trainer.step;
   slot.detail = detail;
-  ClearTask(slot);
+  slot.task_id = 0;
   workers_.emplace(trainer.incarnation, trainer);
   Worker& replaced = spare;  // fenced below; the reference stays valid (std::map)
   replaced.state = REPLACED;
@@ -392,212 +382,128 @@ void Membership::ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const st
   }
   LOG(WARNING) << "replay task " << slot.task_id << " of slot " << SlotName(slot.id)
                << " ended without a takeover: " << why;
+  const uint64_t task_id = slot.task_id;
   slot.state = LOST;
-  ClearTask(slot);
-  slot.detail = absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
-}
-
-void Membership::ClearTask(Slot& slot) {
   slot.task_id = 0;
-  slot.task_spares.clear();
-  slot.task_active.clear();
-  slot.task_picked.clear();
-  slot.task_published = false;
-  slot.task_snapshot_step = 0;
-  slot.task_failed_step = 0;
+  slot.detail = absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
+  if (observer_ != nullptr) observer_->OnRecoveryEnded(task_id);
+  NotifyClaimableLocked();
 }
 
-int Membership::ActiveRank(const Slot& slot, uint64_t incarnation) {
-  for (size_t r = 0; r < slot.task_spares.size(); ++r) {
-    if (slot.task_spares[r] == incarnation) return slot.task_active[r] ? static_cast<int>(r) : -1;
+void Membership::SetRecoveryObserver(RecoveryObserver* observer) {
+  absl::MutexLock lock(&mu_);
+  observer_ = observer;
+  NotifyClaimableLocked();
+}
+
+absl::Status Membership::CheckSpare(uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  const Worker& worker = workers_.at(incarnation);
+  if (worker.role != SPARE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", incarnation, " is a ", WorkerRole_Name(worker.role), ", not a spare"));
+  }
+  return absl::OkStatus();
+}
+
+int Membership::ClaimableSlotLocked(absl::Time now) {
+  if (rollback_requested_) return -1;  // GLOBAL_CHECKPOINT: restores wait for the rollback
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == LOST && !slots_[i].fallback_restart &&
+        FlushedLocked(static_cast<int>(i), now)) {
+      return static_cast<int>(i);
+    }
   }
   return -1;
 }
 
-absl::StatusOr<std::optional<Membership::ReplayClaim>> Membership::ClaimReplay(
-    uint64_t incarnation, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  // A published task that picked this spare as a helper and that it has not received yet.
-  auto pending = [this, incarnation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Slot* {
-    for (Slot& slot : slots_) {
-      const int rank = ActiveRank(slot, incarnation);
-      if (slot.state == RECOVERING && slot.task_published && rank > 0 && !slot.task_picked[rank]) {
-        return &slot;
-      }
-    }
-    return nullptr;
-  };
-  auto claimable = [this, &pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (pending() != nullptr) return true;
-    if (rollback_requested_) return false;  // GLOBAL_CHECKPOINT: restores wait for the rollback
-    const absl::Time now = clock_->Now();
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].state == LOST && !slots_[i].fallback_restart &&
-          FlushedLocked(static_cast<int>(i), now)) {
-        return true;
-      }
-    }
-    return false;
-  };
-  auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    RETURN_IF_ERROR(CheckAliveLocked(incarnation));
-    const Worker& worker = workers_.at(incarnation);
-    if (worker.role != SPARE) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("incarnation ", incarnation, " is a ", WorkerRole_Name(worker.role),
-                       ", not a spare"));
-    }
-    for (const Slot& slot : slots_) {
-      if (slot.state == RECOVERING && ActiveRank(slot, incarnation) == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "incarnation ", incarnation, " leads replay task ", slot.task_id));
-      }
-    }
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(check());
-  // A helper asking for work again has finished its part of a task (or given up on it).
-  for (Slot& slot : slots_) {
-    const int rank = ActiveRank(slot, incarnation);
-    if (slot.state == RECOVERING && rank > 0 && slot.task_picked[rank]) {
-      slot.task_active[rank] = false;
-    }
-  }
-  const RecoveryPolicy policy = EffectiveRecoveryPolicy(job_);
-  if (policy != REPLAY && policy != GLOBAL_CHECKPOINT) {
-    // No tasks under this policy: the spare just waits out its long poll (a heartbeat hands it
-    // a lost slot), and status shows it waiting.
-    static const bool kNever = false;
-    workers_.at(incarnation).polling = true;
-    mu_.AwaitWithTimeout(absl::Condition(&kNever), timeout);
-    if (auto it = workers_.find(incarnation); it != workers_.end()) it->second.polling = false;
-    return std::optional<ReplayClaim>();
-  }
-  workers_.at(incarnation).polling = true;
-  const bool woken = mu_.AwaitWithTimeout(absl::Condition(&claimable), timeout);
-  if (auto it = workers_.find(incarnation); it != workers_.end()) it->second.polling = false;
-  if (!woken) return std::optional<ReplayClaim>();
-  RETURN_IF_ERROR(check());  // it may have been fenced while waiting
+void Membership::NotifyClaimableLocked() {
+  if (observer_ == nullptr) return;
+  observer_->OnClaimableChanged(ClaimableSlotLocked(clock_->Now()) >= 0);
+}
 
-  auto claim_of = [this](const Slot& slot, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    ReplayClaim claim;
-    claim.task_id = slot.task_id;
-    claim.slot = slot.id;
-    claim.reached_step = slot.step;
-    claim.rank = rank;
-    for (uint64_t member : slot.task_spares) {
-      auto it = workers_.find(member);
-      claim.spares.push_back(
-          TaskSpare{member, it == workers_.end() ? std::string() : it->second.peer_address});
-    }
-    claim.snapshot_step = slot.task_snapshot_step;
-    claim.failed_step = slot.task_failed_step;
-    return claim;
-  };
-  if (Slot* slot = pending(); slot != nullptr) {
-    const int rank = ActiveRank(*slot, incarnation);
-    slot->task_picked[rank] = true;
-    return std::optional<ReplayClaim>(claim_of(*slot, rank));
+Membership::Slot* Membership::RecoveringSlotLocked(uint64_t task_id) {
+  if (task_id == 0) return nullptr;
+  for (Slot& slot : slots_) {
+    if (slot.state == RECOVERING && slot.task_id == task_id) return &slot;
   }
+  return nullptr;
+}
+
+std::optional<RecoveryStart> Membership::StartRecovery(uint64_t leader, int max_spares) {
   const absl::Time now = clock_->Now();
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& slot = slots_[i];
-    if (slot.state != LOST || slot.fallback_restart || rollback_requested_) continue;
-    if (!FlushedLocked(static_cast<int>(i), now)) continue;
-    slot.state = RECOVERING;
-    slot.task_id = next_task_id_++;
-    slot.task_started = now;
-    slot.task_spares = {incarnation};
-    // Helpers: other spares waiting right now, oldest first, none holding a task.
-    // A GLOBAL_CHECKPOINT restore has nothing to replay: one spare.
-    const int wanted =
-        policy == REPLAY ? std::max(1, job_.fault_tolerance().recovery_parallelism()) : 1;
-    for (auto& [other, worker] : workers_) {
-      if (static_cast<int>(slot.task_spares.size()) >= wanted) break;
-      if (other == incarnation || worker.state != ALIVE || worker.role != SPARE ||
-          !worker.polling) {
+  absl::MutexLock lock(&mu_);
+  const int index = ClaimableSlotLocked(now);
+  if (index < 0) {
+    NotifyClaimableLocked();
+    return std::nullopt;
+  }
+  Slot& slot = slots_[index];
+  const RecoveryPolicy policy = EffectiveRecoveryPolicy(job_);
+  slot.state = RECOVERING;
+  slot.task_id = next_task_id_++;
+  RecoveryStart start;
+  start.task_id = slot.task_id;
+  start.slot = slot.id;
+  start.reached_step = slot.step;
+  std::vector<uint64_t> members = {leader};
+  // Helpers: other spares waiting right now, oldest first, none holding a task.
+  if (observer_ != nullptr) {
+    for (uint64_t other : observer_->IdleSpares()) {
+      if (static_cast<int>(members.size()) >= max_spares) break;
+      auto it = workers_.find(other);
+      if (other == leader || it == workers_.end() || it->second.state != ALIVE ||
+          it->second.role != SPARE) {
         continue;
       }
-      bool busy = false;
-      for (const Slot& s : slots_) busy = busy || (s.state == RECOVERING && ActiveRank(s, other) >= 0);
-      if (!busy) slot.task_spares.push_back(other);
+      members.push_back(other);
     }
-    slot.task_active.assign(slot.task_spares.size(), true);
-    slot.task_picked.assign(slot.task_spares.size(), false);
-    slot.task_picked[0] = true;
-    slot.task_published = false;
-    std::string names;
-    for (uint64_t member : slot.task_spares) {
-      absl::StrAppend(&names, names.empty() ? "" : ", ", "'", workers_.at(member).name, "'");
-    }
-    slot.detail = absl::StrCat(policy == REPLAY ? "replayed by " : "restored by ",
-                               slot.task_spares.size(),
-                               slot.task_spares.size() == 1 ? " spare " : " spares ", names,
-                               " (task ", slot.task_id, ")");
-    RecoveryStatus recovery;
-    recovery.set_task_id(slot.task_id);
-    *recovery.mutable_slot() = slot.id;
-    recovery.set_policy(policy);
-    recovery.set_failed_step(policy == REPLAY ? slot.step : slot.rolled_back_from);
-    for (uint64_t member : slot.task_spares) recovery.add_spares(member);
-    recovery.mutable_phases()->set_detection_ms(
-        slot.detection_ms);
-    recoveries_.push_back(recovery);
-    if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
-    return std::optional<ReplayClaim>(claim_of(slot, 0));
   }
-  return std::optional<ReplayClaim>();
+  std::string names;
+  for (uint64_t member : members) {
+    auto it = workers_.find(member);
+    start.spares.push_back(
+        TaskSpare{member, it == workers_.end() ? std::string() : it->second.peer_address});
+    absl::StrAppend(&names, names.empty() ? "" : ", ", "'",
+                    it == workers_.end() ? std::string() : it->second.name, "'");
+  }
+  slot.detail = absl::StrCat(policy == REPLAY ? "replayed by " : "restored by ", members.size(),
+                             members.size() == 1 ? " spare " : " spares ", names, " (task ",
+                             slot.task_id, ")");
+  RecoveryStatus recovery;
+  recovery.set_task_id(slot.task_id);
+  *recovery.mutable_slot() = slot.id;
+  recovery.set_policy(policy);
+  recovery.set_failed_step(policy == REPLAY ? slot.step : slot.rolled_back_from);
+  for (uint64_t member : members) recovery.add_spares(member);
+  recovery.mutable_phases()->set_detection_ms(slot.detection_ms);
+  recoveries_.push_back(recovery);
+  if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
+  if (observer_ != nullptr) observer_->OnRecoveryStarted(start);
+  NotifyClaimableLocked();
+  return start;
 }
 
-void Membership::PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step) {
+void Membership::AbandonRecovery(uint64_t task_id, RecoveryOutcome outcome,
+                                 const std::string& why) {
   absl::MutexLock lock(&mu_);
-  for (Slot& slot : slots_) {
-    if (slot.state == RECOVERING && slot.task_id == task_id) {
-      slot.task_snapshot_step = snapshot_step;
-      slot.task_failed_step = failed_step;
-      slot.task_published = true;
-    }
-  }
+  if (Slot* slot = RecoveringSlotLocked(task_id)) ReleaseTaskLocked(*slot, outcome, why);
 }
 
-absl::StatusOr<SlotId> Membership::TaskSlot(uint64_t task_id, uint64_t incarnation) const {
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
-  for (const Slot& slot : slots_) {
-    if (slot.state == RECOVERING && slot.task_id == task_id && ActiveRank(slot, incarnation) >= 0) {
-      return slot.id;
-    }
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("incarnation ", incarnation, " takes part in no replay task ", task_id));
-}
-
-void Membership::AbandonReplay(uint64_t task_id, const std::string& why) {
-  absl::MutexLock lock(&mu_);
-  for (Slot& slot : slots_) {
-    if (slot.state == RECOVERING && slot.task_id == task_id) {
-      ReleaseTaskLocked(slot, ABANDONED, why);
-    }
-  }
-}
-
-absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
-    uint64_t incarnation, const ReportRecoveryRequest& report, const ReplayEnd& end) {
+absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishRecovery(
+    uint64_t incarnation, const ReportRecoveryRequest& report, const ReplayEnd& end,
+    std::optional<int64_t> replayed_from_step) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckAliveLocked(incarnation));
-  int index = -1;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].state == RECOVERING && slots_[i].task_id == report.task_id() &&
-        ActiveRank(slots_[i], incarnation) == 0) {
-      index = static_cast<int>(i);
-    }
-  }
-  if (index < 0) {
+  Slot* recovering = RecoveringSlotLocked(report.task_id());
+  if (recovering == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "incarnation ", incarnation, " leads no replay task ", report.task_id()));
   }
-  Slot& slot = slots_[index];
+  Slot& slot = *recovering;
+  const int index = static_cast<int>(&slot - slots_.data());
   RecoveryStatus* record = FindRecoveryLocked(report.task_id());
   if (record != nullptr) {
     record->set_steps_replayed(report.steps_replayed());
@@ -607,13 +513,16 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
     record->mutable_phases()->set_detection_ms(detection);
   }
   if (report.outcome() != RECOVERED) {
-    ReleaseTaskLocked(slot, end.outcome, end.why);
+    // Before the release, which tells waiting claims whether a slot may be claimed: this one
+    // may not once it falls back.
     if (end.fallback_restart) slot.fallback_restart = true;
+    ReleaseTaskLocked(slot, end.outcome, end.why);
     return std::optional<RegisterResponse>();
   }
   Worker& spare = workers_.at(incarnation);
   // From the task's snapshot: a recovery group's oldest, which may precede the slot's own.
-  const int64_t replayed_from = slot.task_published ? slot.task_snapshot_step : slot.synced_step;
+  const int64_t replayed_from = replayed_from_step.value_or(slot.synced_step);
+  const uint64_t task_id = slot.task_id;
   const int64_t replayed_to = replayed_from + report.steps_replayed();
   RegisterResponse takeover = HandOverLocked(
       index, spare, now,
@@ -625,6 +534,7 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishReplay(
   trainer.handed_over = now;
   slot.step = replayed_to;
   takeover.set_start_step(replayed_to);
+  if (observer_ != nullptr) observer_->OnRecoveryEnded(task_id);
   if (record != nullptr) {
     record->set_outcome(RECOVERED);
     if (record->policy() == GLOBAL_CHECKPOINT) {
@@ -654,7 +564,7 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
   absl::MutexLock lock(&mu_);
   const std::string reason =
       absl::StrCat("rolled back to the global checkpoint of step ", step, ": ", why);
-  // rollback_requested_ stays set until FinishRollback: ClaimReplay hands out no restore while
+  // rollback_requested_ stays set until FinishRollback: StartRecovery hands out no restore while
   // the center and the books are still those of before the rollback.
   std::vector<int64_t> reached(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) reached[i] = slots_[i].step;
@@ -682,6 +592,7 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
   }
   absl::Status persisted = PersistLocked();
   if (!persisted.ok()) LOG(ERROR) << "cannot persist a rollback: " << persisted;
+  NotifyClaimableLocked();
 }
 
 bool Membership::TakeRecoveryCharge(const SlotId& slot) {
@@ -698,6 +609,7 @@ void Membership::FinishRollback() {
   absl::MutexLock lock(&mu_);
   rollback_requested_ = false;
   rollback_taken_ = false;
+  NotifyClaimableLocked();
 }
 
 std::vector<RecoveryStatus> Membership::Recoveries() const {
@@ -772,6 +684,7 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
       slot.state = LOST;
     }
   }
+  NotifyClaimableLocked();
   return absl::OkStatus();
 }
 
@@ -885,21 +798,14 @@ std::vector<FailedWorker> Membership::DetectFailures() {
     }
     failed.push_back(f);
   }
-  const absl::Duration recovery_timeout =
-      absl::Milliseconds(job_.fault_tolerance().recovery_timeout_ms());
-  for (Slot& slot : slots_) {
-    if (slot.state == RECOVERING && now - slot.task_started > recovery_timeout) {
-      ReleaseTaskLocked(slot, ABANDONED,
-                        absl::StrCat("the replay took longer than recovery_timeout_ms = ",
-                                     Millis(recovery_timeout)));
-    }
-  }
   for (const FailedWorker& f : failed) {
     workers_.at(f.incarnation).silent_ms_at_failure = Millis(f.silent_for);
     FenceLocked(workers_.at(f.incarnation), FAILED,
                 absl::StrFormat("no heartbeat for %d ms (failure_timeout %d ms)",
                                 Millis(f.silent_for), Millis(failure_timeout_)));
   }
+  // A lost slot's flush wait may have run out.
+  NotifyClaimableLocked();
   return failed;
 }
 
@@ -912,9 +818,7 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
     if (worker.state != ALIVE || worker.last_heartbeat >= now) continue;
     worker.last_heartbeat = std::min(now, worker.last_heartbeat + paused);
   }
-  for (Slot& slot : slots_) {
-    if (slot.state == RECOVERING) slot.task_started = std::min(now, slot.task_started + paused);
-  }
+  if (observer_ != nullptr) observer_->OnServerPaused(paused);
 }
 
 bool Membership::SlotDown(const SlotId& slot) const {
@@ -1004,14 +908,6 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     if (!worker.metrics_address.empty()) out->set_metrics_address(worker.metrics_address);
     if (!worker.state_reason.empty()) out->set_state_reason(worker.state_reason);
     if (worker.state == FAILED) out->set_silent_ms_at_failure(worker.silent_ms_at_failure);
-    if (worker.role == SPARE && worker.state == ALIVE) {
-      out->set_waiting_for_task(worker.polling);
-      for (const Slot& slot : slots_) {
-        if (slot.state == RECOVERING && ActiveRank(slot, incarnation) >= 0) {
-          out->set_replay_task(slot.task_id);
-        }
-      }
-    }
   }
 }
 

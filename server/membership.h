@@ -11,16 +11,20 @@
 // Records of fenced workers are kept up to kMaxFencedRecords; older ones are pruned, and an
 // incarnation of this epoch below the counter is still recognised as fenced.
 //
-// Replay tasks. The claim of a task (ClaimReplay), its published range, its finish and its
-// release are still kept here, with the slots' task fields, under the membership's lock; their
-// only caller is the RecoveryCoordinator (server/recovery_coordinator.h), which assembles the
-// tasks and decides what a finish means under the job's policy.
+// Replay tasks are not kept here: the RecoveryCoordinator (server/recovery_coordinator.h) owns
+// them (their spares, claim, published range, timeouts and end). Membership keeps what a slot is
+// while one runs: RECOVERING under the task's id (StartRecovery), until FinishRecovery or
+// AbandonRecovery hands it over or makes it LOST again, and the recovery records of status. It
+// tells the coordinator, through the RecoveryObserver it is given, what the tasks depend on:
+// a spare fenced (its task ends), a slot claimable (a waiting claim wakes), a server pause.
 //
 // Thread-safety: thread-safe; one mutex (mu_), which is taken after the stage and step-log locks
-// and before SlotBooks' and the persist function's (server/recovery_coordinator.h has the
-// server's lock order). ClaimReplay blocks the caller up to its timeout. The persist function is
-// called under mu_ and must take no lock that is held while calling Membership.
-// Ownership: `clock` is borrowed and must outlive the membership; the persist function is copied.
+// and before the RecoveryObserver's, SlotBooks' and the persist function's
+// (server/recovery_coordinator.h has the server's lock order). The persist function and the
+// observer are called under mu_ and must take no lock that is held while calling Membership;
+// they must not call Membership. No function blocks.
+// Ownership: `clock` is borrowed and must outlive the membership; the persist function is copied;
+// the observer is borrowed from SetRecoveryObserver until it is replaced or reset.
 // Status codes: each function says which it returns; in general INVALID_ARGUMENT for a malformed
 // request, ABORTED for an unknown incarnation (register again), FAILED_PRECONDITION for a fenced
 // one or one that does not hold what it names, UNAUTHENTICATED / PERMISSION_DENIED from
@@ -54,6 +58,43 @@ struct FailedWorker {
   bool had_slot = false;
   SlotId slot;
   absl::Duration silent_for;
+};
+
+// A replay task's spare as Membership knows it.
+struct TaskSpare {
+  uint64_t incarnation = 0;
+  std::string peer_address;
+};
+
+// A slot made RECOVERING by Membership::StartRecovery under a new task.
+struct RecoveryStart {
+  uint64_t task_id = 0;
+  SlotId slot;
+  int64_t reached_step = 0;       // the last step the lost trainer reported
+  std::vector<TaskSpare> spares;  // the task's spares in rank order, the leader first
+};
+
+// What Membership tells the owner of the replay tasks (the RecoveryCoordinator). Every function
+// is called with Membership's lock held (lock order: Membership::mu_ -> the observer's lock) and
+// must not call Membership.
+class RecoveryObserver {
+ public:
+  virtual ~RecoveryObserver() = default;
+  // The spares waiting for work now that take part in no task, in incarnation order (oldest
+  // first): the helpers a new task may pick.
+  virtual std::vector<uint64_t> IdleSpares() const = 0;
+  // StartRecovery made `start.slot` RECOVERING under task `start.task_id`.
+  virtual void OnRecoveryStarted(const RecoveryStart& start) = 0;
+  // The task that `incarnation` takes part in as an active spare, 0 for none (it is being fenced:
+  // Membership ends that task).
+  virtual uint64_t TaskOf(uint64_t incarnation) const = 0;
+  // Task `task_id`'s slot is no longer RECOVERING (handed over or LOST again): the task is over.
+  virtual void OnRecoveryEnded(uint64_t task_id) = 0;
+  // Whether a LOST slot may now be claimed (StartRecovery would start a task); told after every
+  // change that may alter it, and on every heartbeat and failure detection pass.
+  virtual void OnClaimableChanged(bool claimable) = 0;
+  // The server did not run for `paused` (ExcuseServerPause): not a task's time either.
+  virtual void OnServerPaused(absl::Duration paused) = 0;
 };
 
 class Membership {
@@ -114,12 +155,6 @@ class Membership {
   // (the errors of CheckAlive first).
   absl::Status CheckRole(uint64_t incarnation, WorkerRole role) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The range a replay task's leader published (PublishReplay): its snapshot step t0 and failed
-  // step t_f. FAILED_PRECONDITION unless `incarnation` leads task `task_id` and has published it.
-  absl::StatusOr<std::pair<int64_t, int64_t>> PublishedRange(uint64_t task_id,
-                                                             uint64_t incarnation) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-
   // OK iff `incarnation` is alive and owns `slot`; FAILED_PRECONDITION otherwise.
   absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -138,42 +173,27 @@ class Membership {
   std::vector<RecoveryStatus> Recoveries() const ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMaxRecoveries = 256;
 
-  // Policy REPLAY (DESIGN §5.3). A replay task as one of its spares receives it.
-  struct TaskSpare {
-    uint64_t incarnation = 0;
-    std::string peer_address;
-  };
-  struct ReplayClaim {
-    uint64_t task_id = 0;
-    SlotId slot;
-    int64_t reached_step = 0;  // the last step the lost trainer reported
-    int rank = 0;              // 0: the leader, which created the task and publishes its range
-    std::vector<TaskSpare> spares;  // the task's spares in rank order, leader first
-    // rank > 0 only: the range the leader published (PublishReplay).
-    int64_t snapshot_step = 0;
-    int64_t failed_step = 0;
-  };
-  // Waits up to `timeout` for work for the alive SPARE `incarnation` and claims it:
-  //  * a task whose leader picked this spare as a helper and published the range: rank > 0;
-  //  * else a LOST slot to replay: the slot becomes RECOVERING under a new task led by this
-  //    spare (rank 0), with up to recovery_parallelism - 1 helpers, chosen among the other
-  //    spares waiting in ClaimReplay at that moment (fewer when fewer wait). The leader reads
-  //    the snapshot and the log's extent and calls PublishReplay, which hands the helpers the
-  //    task.
-  // Nothing when there is none by then. A helper that asks again leaves its task (it finished
-  // or gave up; the leader decides the task's outcome). FAILED_PRECONDITION if `incarnation` is
-  // not an alive spare or leads a task.
-  absl::StatusOr<std::optional<ReplayClaim>> ClaimReplay(uint64_t incarnation,
-                                                         absl::Duration timeout)
+  // Replay tasks' slots (DESIGN §5.3), for the RecoveryCoordinator only.
+  //
+  // The observer told of what the tasks depend on (see RecoveryObserver); nullptr for none.
+  void SetRecoveryObserver(RecoveryObserver* observer) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK iff `incarnation` is an alive spare: the errors of CheckAlive, else FAILED_PRECONDITION
+  // naming its role.
+  absl::Status CheckSpare(uint64_t incarnation) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes the first LOST slot that may be replayed RECOVERING under a new task led by the spare
+  // `leader`, with up to `max_spares` - 1 helpers among the observer's IdleSpares that are alive
+  // spares, and tells the observer (OnRecoveryStarted) before returning it. A slot may be
+  // replayed unless it falls back to RESTART_FROM_CENTER, a rollback is requested and not
+  // finished (GLOBAL_CHECKPOINT), or its pipeline neighbours have not flushed their step logs
+  // within failure_timeout. Nothing when no slot may be replayed.
+  // REQUIRES: `leader` is an alive spare in no task (the caller checked).
+  std::optional<RecoveryStart> StartRecovery(uint64_t leader, int max_spares)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The leader's range of task `task_id`: the snapshot's step t0 and t_f. Wakes the helpers.
-  void PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step)
+  // Gives up task `task_id` (its snapshot cannot be read, it ran past recovery_timeout): its
+  // slot is LOST again and its record gets `outcome` and `why`. Nothing if the slot is no longer
+  // RECOVERING under that task.
+  void AbandonRecovery(uint64_t task_id, RecoveryOutcome outcome, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The slot of a task `incarnation` takes part in; FAILED_PRECONDITION otherwise.
-  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Gives up a claimed task (e.g. its snapshot cannot be read): the slot is LOST again.
-  void AbandonReplay(uint64_t task_id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   // How a task that did not rebuild its slot ends, as the recovery policy decided it
   // (RecoveryPolicy::EndOf): the recovery record's outcome and detail, and whether the slot falls
   // back to RESTART_FROM_CENTER (the next spare heartbeat takes it over) instead of waiting for
@@ -183,15 +203,16 @@ class Membership {
     std::string why;
     bool fallback_restart = false;
   };
-  // The end of a replay, reported by its leader. RECOVERED: the leader becomes the slot's
-  // trainer under a new incarnation, returned (its spare incarnation is fenced as REPLACED); the
-  // helpers are spares again. Any other outcome: the slot is LOST again and `end` applies
-  // (ignored for RECOVERED). The recovery's record in status gets `report`'s figures.
-  // FAILED_PRECONDITION unless `incarnation` leads task report.task_id().
-  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(uint64_t incarnation,
-                                                               const ReportRecoveryRequest& report,
-                                                               const ReplayEnd& end)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The end of task `report.task_id()`, reported by its leader `leader` (the caller checked it
+  // leads). RECOVERED: the leader becomes the slot's trainer under a new incarnation, returned
+  // (its spare incarnation is fenced as REPLACED), at step `replayed_from` (the task's snapshot
+  // step; the slot's synced step if unset) plus the steps replayed. Any other outcome: the slot
+  // is LOST again and `end` applies (ignored for RECOVERED). The recovery's record in status
+  // gets `report`'s figures. The errors of CheckAlive for `leader`; FAILED_PRECONDITION if the
+  // slot is no longer RECOVERING under that task.
+  absl::StatusOr<std::optional<RegisterResponse>> FinishRecovery(
+      uint64_t leader, const ReportRecoveryRequest& report, const ReplayEnd& end,
+      std::optional<int64_t> replayed_from) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Policy GLOBAL_CHECKPOINT. True (with the reason) once per loss of a slot's trainer since the
   // last call: the caller rolls everything back (ParameterServerService::MaybeRollBack).
@@ -200,7 +221,7 @@ class Membership {
   // makes every slot LOST at `step`, the checkpoint's. No spare is given a slot to restore until
   // FinishRollback: the caller first puts the center and the slots' bookkeeping back.
   void RollBackAll(int64_t step, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
-  // The server's state is back at the checkpoint: spares may restore the slots (ClaimReplay),
+  // The server's state is back at the checkpoint: spares may restore the slots (StartRecovery),
   // and the next loss of a trainer requests the next rollback.
   void FinishRollback() ABSL_LOCKS_EXCLUDED(mu_);
   // GLOBAL_CHECKPOINT: true, once, for a slot just restored whose trainer had been lost (declared
@@ -209,17 +230,19 @@ class Membership {
   bool TakeRecoveryCharge(const SlotId& slot) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
-  // marks its slot LOST. Returns the newly failed workers.
+  // marks its slot LOST (a spare's replay task ends: SPARE_FAILED). Returns the newly failed
+  // workers. (Replay tasks past recovery_timeout are the coordinator's: AfterDetection.)
   std::vector<FailedWorker> DetectFailures() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The server itself did not run for `paused` (SIGSTOP, a VM frozen for migration, a machine
   // swapping): no heartbeat could arrive, so that time is not a worker's silence. Moves every
-  // alive worker's last heartbeat and every replay task's start forward by it, never past now
-  // (a restored worker's heartbeat already ahead of now stays). Called by the failure detector
-  // when it wakes far later than it asked to.
+  // alive worker's last heartbeat forward by it, never past now (a restored worker's heartbeat
+  // already ahead of now stays), and tells the observer (replay tasks' starts move too). Called
+  // by the failure detector when it wakes far later than it asked to.
   void ExcuseServerPause(absl::Duration paused) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Fills the membership part of a status reply (slots and workers).
+  // Fills the membership part of a status reply (slots and workers; a spare's waiting_for_task
+  // and replay_task are the coordinator's).
   void FillStatus(GetStatusResponse* response) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Number of workers in each state (for tests and metrics).
@@ -240,7 +263,6 @@ class Membership {
     absl::Time registered;
     absl::Time last_heartbeat;
     int64_t silent_ms_at_failure = 0;
-    bool polling = false;  // a spare waiting in ClaimReplay: it can help a replay at once
     bool draining = false;  // asked to drain (Drain)
     // A trainer that took its slot over after replay task `takeover_task` at `handed_over`: its
     // first heartbeat ends the recovery's takeover phase.
@@ -268,16 +290,9 @@ class Membership {
     // GLOBAL_CHECKPOINT: its trainer was lost (not merely rolled back) since its last restore;
     // its next restore is a recovery that counts against it (DESIGN §4.5).
     bool failed_since_restore = false;
-    // RECOVERING: the replay task and its spares in rank order (the leader first). A helper
-    // stays in task_spares for the record and leaves task_active when it has asked for work again.
+    // RECOVERING: the replay task (and recovery record) it recovers under; the task itself is
+    // the RecoveryCoordinator's.
     uint64_t task_id = 0;
-    std::vector<uint64_t> task_spares;
-    std::vector<bool> task_active;
-    std::vector<bool> task_picked;  // the spare has received the task
-    bool task_published = false;    // the leader has published the range
-    int64_t task_snapshot_step = 0;
-    int64_t task_failed_step = 0;
-    absl::Time task_started;
     bool fallback_restart = false;  // a replay of this slot failed its checksum
     // LOST in a pipeline: no replay task starts before its live neighbours have flushed their
     // step logs (their buffers hold the boundary tensors it received), or before this time.
@@ -295,6 +310,12 @@ class Membership {
   bool FlushedLocked(int slot_index, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceLocked(Worker& worker, WorkerState state, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A LOST slot StartRecovery would take at `now`, -1 for none.
+  int ClaimableSlotLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the observer whether a slot may be claimed now.
+  void NotifyClaimableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot RECOVERING under task `task_id`, nullptr for none.
+  Slot* RecoveringSlotLocked(uint64_t task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobConfig job_;
@@ -318,6 +339,7 @@ class Membership {
   bool rollback_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool rollback_taken_ ABSL_GUARDED_BY(mu_) = false;  // TakeRollbackRequest said so
   std::string rollback_why_ ABSL_GUARDED_BY(mu_);
+  RecoveryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   // Policy RESTART_FROM_CENTER: gives the first LOST slot to the spare `worker`, which continues
   // under a new incarnation. Returns the takeover to send it, or nothing.
@@ -326,14 +348,11 @@ class Membership {
   // Makes `spare` the trainer of slot `index` under a new incarnation.
   RegisterResponse HandOverLocked(int index, Worker& spare, absl::Time now,
                                   const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The slot of a RECOVERING task goes back to LOST (the spare died, timed out or failed).
+  // The slot of a RECOVERING task goes back to LOST (the spare died, timed out or failed); the
+  // observer is told the task is over.
   void ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RecoveryStatus* FindRecoveryLocked(uint64_t task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The rank of `incarnation` in slot's task if it is an active participant, else -1.
-  static int ActiveRank(const Slot& slot, uint64_t incarnation);
-  // Forgets slot's task (it ended).
-  static void ClearTask(Slot& slot);
 };
 
 }  // namespace rebound::server

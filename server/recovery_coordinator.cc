@@ -43,11 +43,12 @@ Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecovery
 // Policy REPLAY (DESIGN §5.3); also a GLOBAL_CHECKPOINT job's until EnableGlobalCheckpoint.
 class ReplayPolicy : public RecoveryPolicy {
  public:
-  explicit ReplayPolicy(const RecoveryUnits& units) : u_(units), job_(units.config->job()) {}
+  ReplayPolicy(const RecoveryUnits& units, RecoveryCoordinator* coordinator)
+      : u_(units), job_(units.config->job()), coordinator_(coordinator) {}
 
   rebound::RecoveryPolicy kind() const override { return REPLAY; }
 
-  absl::Status Assemble(const Membership::ReplayClaim& task, uint64_t incarnation,
+  absl::Status Assemble(const ReplayClaim& task, uint64_t incarnation,
                         RecoveryTask* response) override {
     const SlotId slot = Normalized(task.slot);
     // The snapshot to start from; none yet means the slot never synced: the model's init at 0.
@@ -82,7 +83,7 @@ class ReplayPolicy : public RecoveryPolicy {
       // The leader fixes the task's range once for all its spares.
       ASSIGN_OR_RETURN(const int64_t last, u_.step_log->LastCompleteStep(slot, snapshot.step()));
       failed_step = std::max(last, snapshot.step());
-      u_.membership->PublishReplay(task.task_id, snapshot.step(), failed_step);
+      coordinator_->PublishReplay(task.task_id, snapshot.step(), failed_step);
     } else if (snapshot.step() != task.snapshot_step) {
       return absl::AbortedError(absl::StrCat("the snapshot of slot ", SlotName(slot),
                                              " moved from step ", task.snapshot_step, " to ",
@@ -102,7 +103,7 @@ class ReplayPolicy : public RecoveryPolicy {
     out->set_policy(REPLAY);
     out->set_failed_step(failed_step);
     *out->mutable_snapshot() = std::move(snapshot);
-    for (const Membership::TaskSpare& spare : task.spares) {
+    for (const TaskSpare& spare : task.spares) {
       Neighbour* n = out->add_spares();
       n->set_incarnation(spare.incarnation);
       n->set_peer_address(spare.peer_address);
@@ -130,7 +131,7 @@ class ReplayPolicy : public RecoveryPolicy {
   absl::Status CheckRecovered(const ReportRecoveryRequest& report) const override {
     if (EffectiveRecoveryPolicy(job_) != REPLAY) return absl::OkStatus();
     ASSIGN_OR_RETURN(const auto range,
-                     u_.membership->PublishedRange(report.task_id(), report.incarnation()));
+                     coordinator_->PublishedRange(report.task_id(), report.incarnation()));
     const auto [t0, tf] = range;
     if (!report.verified() || report.steps_replayed() != tf - t0) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -140,7 +141,7 @@ class ReplayPolicy : public RecoveryPolicy {
     }
     if (tf == t0) return absl::OkStatus();  // nothing replayed: the slot is its stored snapshot
     ASSIGN_OR_RETURN(const SlotId slot,
-                     u_.membership->TaskSlot(report.task_id(), report.incarnation()));
+                     coordinator_->TaskSlot(report.task_id(), report.incarnation()));
     ASSIGN_OR_RETURN(const std::vector<LogRecord> records, u_.store->ReadLog(slot, tf - 1, tf));
     for (const LogRecord& record : records) {
       if (record.step() != tf || record.micro_batch() != -1) continue;
@@ -173,6 +174,7 @@ class ReplayPolicy : public RecoveryPolicy {
  protected:
   const RecoveryUnits u_;
   const JobConfig& job_;
+  RecoveryCoordinator* const coordinator_;
 
  private:
   // The snapshots and range of a replay task of a multi-stage recovery group [first, end): fills
@@ -192,7 +194,7 @@ class ReplayPolicy : public RecoveryPolicy {
 };
 
 // Policy RESTART_FROM_CENTER (DESIGN §5.1): Membership hands a LOST slot to a spare's heartbeat;
-// there are no tasks to assemble or finish (Membership::ClaimReplay never claims one).
+// there are no tasks to assemble or finish (RecoveryCoordinator::ClaimReplay never claims one).
 class RestartFromCenterPolicy : public ReplayPolicy {
  public:
   using ReplayPolicy::ReplayPolicy;
@@ -203,13 +205,17 @@ class RestartFromCenterPolicy : public ReplayPolicy {
 // tasks.
 class GlobalCheckpointPolicy : public RecoveryPolicy {
  public:
-  GlobalCheckpointPolicy(const RecoveryUnits& units, std::unique_ptr<GlobalCheckpoint> checkpoint)
-      : u_(units), job_(units.config->job()), checkpoint_(std::move(checkpoint)) {}
+  GlobalCheckpointPolicy(const RecoveryUnits& units, RecoveryCoordinator* coordinator,
+                         std::unique_ptr<GlobalCheckpoint> checkpoint)
+      : u_(units),
+        job_(units.config->job()),
+        coordinator_(coordinator),
+        checkpoint_(std::move(checkpoint)) {}
 
   rebound::RecoveryPolicy kind() const override { return GLOBAL_CHECKPOINT; }
 
   // A restore of the slot's checkpointed state; nothing to replay.
-  absl::Status Assemble(const Membership::ReplayClaim& task, uint64_t incarnation,
+  absl::Status Assemble(const ReplayClaim& task, uint64_t incarnation,
                         RecoveryTask* out) override {
     const SlotId slot = Normalized(task.slot);
     const CheckpointRecord checkpoint = checkpoint_->Current();
@@ -223,7 +229,7 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
       if (s.slot().replica() == slot.replica() && s.slot().stage() == slot.stage()) *snapshot = s;
     }
     out->set_failed_step(snapshot->step());
-    u_.membership->PublishReplay(task.task_id, snapshot->step(), snapshot->step());
+    coordinator_->PublishReplay(task.task_id, snapshot->step(), snapshot->step());
     Neighbour* self = out->add_spares();
     self->set_incarnation(incarnation);
     out->set_rank(0);
@@ -358,6 +364,7 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
 
   const RecoveryUnits u_;
   const JobConfig& job_;
+  RecoveryCoordinator* const coordinator_;
   const std::unique_ptr<GlobalCheckpoint> checkpoint_;
 };
 
@@ -366,11 +373,13 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
 RecoveryCoordinator::RecoveryCoordinator(const RecoveryUnits& units)
     : units_(units),
       initial_(EffectiveRecoveryPolicy(units.config->job()) == RESTART_FROM_CENTER
-                   ? std::unique_ptr<RecoveryPolicy>(new RestartFromCenterPolicy(units))
-                   : std::unique_ptr<RecoveryPolicy>(new ReplayPolicy(units))),
-      policy_(initial_.get()) {}
+                   ? std::unique_ptr<RecoveryPolicy>(new RestartFromCenterPolicy(units, this))
+                   : std::unique_ptr<RecoveryPolicy>(new ReplayPolicy(units, this))),
+      policy_(initial_.get()) {
+  units_.membership->SetRecoveryObserver(this);
+}
 
-RecoveryCoordinator::~RecoveryCoordinator() = default;
+RecoveryCoordinator::~RecoveryCoordinator() { units_.membership->SetRecoveryObserver(nullptr); }
 
 absl::Status RecoveryCoordinator::EnableGlobalCheckpoint(const std::string& dir) {
   CheckpointRecord initial;
@@ -384,19 +393,18 @@ absl::Status RecoveryCoordinator::EnableGlobalCheckpoint(const std::string& dir)
   auto checkpoint = std::make_unique<GlobalCheckpoint>(units_.config->job(), dir,
                                                        std::move(initial), units_.clock);
   absl::Status loaded = checkpoint->Load();
-  checkpoint_ = std::make_unique<GlobalCheckpointPolicy>(units_, std::move(checkpoint));
+  checkpoint_ = std::make_unique<GlobalCheckpointPolicy>(units_, this, std::move(checkpoint));
   policy_.store(checkpoint_.get(), std::memory_order_release);
   return loaded;
 }
 
 absl::StatusOr<std::optional<RecoveryTask>> RecoveryCoordinator::NextTask(uint64_t incarnation,
                                                                           absl::Duration wait) {
-  ASSIGN_OR_RETURN(std::optional<Membership::ReplayClaim> claim,
-                   units_.membership->ClaimReplay(incarnation, wait));
+  ASSIGN_OR_RETURN(std::optional<ReplayClaim> claim, ClaimReplay(incarnation, wait));
   if (!claim.has_value()) return std::optional<RecoveryTask>();
   RecoveryTask task;
   if (absl::Status assembled = policy()->Assemble(*claim, incarnation, &task); !assembled.ok()) {
-    units_.membership->AbandonReplay(claim->task_id, std::string(assembled.message()));
+    AbandonReplay(claim->task_id, std::string(assembled.message()));
     return assembled;
   }
   return std::optional<RecoveryTask>(std::move(task));
@@ -413,11 +421,10 @@ absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::Finish(
     }
   }
   // The task's slot, for the log line of a failed replay (gone once the task has ended).
-  const absl::StatusOr<SlotId> slot =
-      units_.membership->TaskSlot(report.task_id(), report.incarnation());
+  const absl::StatusOr<SlotId> slot = TaskSlot(report.task_id(), report.incarnation());
   const Membership::ReplayEnd end = p->EndOf(report);
   ASSIGN_OR_RETURN(std::optional<RegisterResponse> takeover,
-                   units_.membership->FinishReplay(report.incarnation(), report, end));
+                   FinishReplay(report.incarnation(), report, end));
   if (!takeover.has_value()) {
     if (report.outcome() == CHECKSUM_MISMATCH && slot.ok()) {
       const bool pipeline = units_.config->job().topology().stages() > 1;
@@ -437,7 +444,219 @@ absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::Finish(
 
 absl::StatusOr<SlotId> RecoveryCoordinator::TaskSlot(uint64_t task_id,
                                                      uint64_t incarnation) const {
-  return units_.membership->TaskSlot(task_id, incarnation);
+  RETURN_IF_ERROR(units_.membership->CheckAlive(incarnation));
+  absl::MutexLock lock(&mu_);
+  auto it = tasks_.find(task_id);
+  if (it != tasks_.end() && ActiveRank(it->second, incarnation) >= 0) return it->second.slot;
+  return absl::FailedPreconditionError(
+      absl::StrCat("incarnation ", incarnation, " takes part in no replay task ", task_id));
+}
+
+int RecoveryCoordinator::ActiveRank(const Task& task, uint64_t incarnation) {
+  for (size_t r = 0; r < task.spares.size(); ++r) {
+    if (task.spares[r].incarnation == incarnation) {
+      return task.active[r] ? static_cast<int>(r) : -1;
+    }
+  }
+  return -1;
+}
+
+ReplayClaim RecoveryCoordinator::ClaimOf(uint64_t task_id, const Task& task, int rank) {
+  ReplayClaim claim;
+  claim.task_id = task_id;
+  claim.slot = task.slot;
+  claim.reached_step = task.reached_step;
+  claim.rank = rank;
+  claim.spares = task.spares;
+  claim.snapshot_step = task.snapshot_step;
+  claim.failed_step = task.failed_step;
+  return claim;
+}
+
+uint64_t RecoveryCoordinator::PendingLocked(uint64_t incarnation) const {
+  for (const auto& [id, task] : tasks_) {
+    const int rank = ActiveRank(task, incarnation);
+    if (task.published && rank > 0 && !task.picked[rank]) return id;
+  }
+  return 0;
+}
+
+std::optional<ReplayClaim> RecoveryCoordinator::TryClaim(uint64_t incarnation) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (const uint64_t id = PendingLocked(incarnation); id != 0) {
+      Task& task = tasks_.at(id);
+      const int rank = ActiveRank(task, incarnation);
+      task.picked[rank] = true;
+      return ClaimOf(id, task, rank);
+    }
+  }
+  // A GLOBAL_CHECKPOINT restore has nothing to replay: one spare.
+  const int wanted =
+      EffectiveRecoveryPolicy(units_.config->job()) == REPLAY
+          ? std::max(1, units_.config->job().fault_tolerance().recovery_parallelism())
+          : 1;
+  // Membership tells this coordinator of the task (OnRecoveryStarted) under its own lock.
+  std::optional<RecoveryStart> start = units_.membership->StartRecovery(incarnation, wanted);
+  if (!start.has_value()) return std::nullopt;
+  ReplayClaim claim;
+  claim.task_id = start->task_id;
+  claim.slot = start->slot;
+  claim.reached_step = start->reached_step;
+  claim.rank = 0;
+  claim.spares = start->spares;
+  return claim;
+}
+
+absl::StatusOr<std::optional<ReplayClaim>> RecoveryCoordinator::ClaimReplay(
+    uint64_t incarnation, absl::Duration timeout) {
+  RETURN_IF_ERROR(units_.membership->CheckSpare(incarnation));
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, task] : tasks_) {
+      const int rank = ActiveRank(task, incarnation);
+      if (rank == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("incarnation ", incarnation, " leads replay task ", id));
+      }
+      // A helper asking for work again has finished its part of a task (or given up on it).
+      if (rank > 0 && task.picked[rank]) task.active[rank] = false;
+    }
+  }
+  const rebound::RecoveryPolicy kind = EffectiveRecoveryPolicy(units_.config->job());
+  if (kind != REPLAY && kind != GLOBAL_CHECKPOINT) {
+    // No tasks under this policy: the spare just waits out its long poll (a heartbeat hands it
+    // a lost slot), and status shows it waiting.
+    static const bool kNever = false;
+    absl::MutexLock lock(&mu_);
+    waiting_.insert(incarnation);
+    mu_.AwaitWithTimeout(absl::Condition(&kNever), timeout);
+    waiting_.erase(incarnation);
+    return std::optional<ReplayClaim>();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    waiting_.insert(incarnation);
+  }
+  const absl::Time start = units_.clock->Now();
+  absl::StatusOr<std::optional<ReplayClaim>> result = std::optional<ReplayClaim>();
+  for (bool first = true;; first = false) {
+    if (!first) {
+      // It may have been fenced while waiting.
+      if (absl::Status spare = units_.membership->CheckSpare(incarnation); !spare.ok()) {
+        result = spare;
+        break;
+      }
+    }
+    if (std::optional<ReplayClaim> claim = TryClaim(incarnation); claim.has_value()) {
+      result = std::move(claim);
+      break;
+    }
+    const absl::Duration left = timeout - (units_.clock->Now() - start);
+    if (left <= absl::ZeroDuration()) break;
+    // Woken by a publication for this spare or by Membership saying a slot may be claimed; a
+    // claim another spare won meanwhile sends it back to waiting.
+    absl::MutexLock lock(&mu_);
+    auto claimable = [this, incarnation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return claimable_ || PendingLocked(incarnation) != 0;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&claimable), left)) break;
+  }
+  absl::MutexLock lock(&mu_);
+  waiting_.erase(incarnation);
+  return result;
+}
+
+void RecoveryCoordinator::PublishReplay(uint64_t task_id, int64_t snapshot_step,
+                                        int64_t failed_step) {
+  absl::MutexLock lock(&mu_);
+  auto it = tasks_.find(task_id);
+  if (it == tasks_.end()) return;
+  it->second.snapshot_step = snapshot_step;
+  it->second.failed_step = failed_step;
+  it->second.published = true;
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> RecoveryCoordinator::PublishedRange(
+    uint64_t task_id, uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tasks_.find(task_id);
+  if (it != tasks_.end() && ActiveRank(it->second, incarnation) == 0 && it->second.published) {
+    return std::make_pair(it->second.snapshot_step, it->second.failed_step);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "incarnation ", incarnation, " leads no published replay task ", task_id));
+}
+
+void RecoveryCoordinator::AbandonReplay(uint64_t task_id, const std::string& why) {
+  units_.membership->AbandonRecovery(task_id, ABANDONED, why);
+}
+
+absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::FinishReplay(
+    uint64_t incarnation, const ReportRecoveryRequest& report, const Membership::ReplayEnd& end) {
+  RETURN_IF_ERROR(units_.membership->CheckAlive(incarnation));
+  std::optional<int64_t> replayed_from;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tasks_.find(report.task_id());
+    if (it == tasks_.end() || ActiveRank(it->second, incarnation) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "incarnation ", incarnation, " leads no replay task ", report.task_id()));
+    }
+    // From the task's snapshot: a recovery group's oldest, which may precede the slot's own.
+    if (it->second.published) replayed_from = it->second.snapshot_step;
+  }
+  // The task may end meanwhile (a fence, the timeout): Membership then finds its slot no longer
+  // RECOVERING under it and answers FAILED_PRECONDITION, as above.
+  return units_.membership->FinishRecovery(incarnation, report, end, replayed_from);
+}
+
+std::vector<uint64_t> RecoveryCoordinator::IdleSpares() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> idle;
+  for (uint64_t spare : waiting_) {
+    bool busy = false;
+    for (const auto& [id, task] : tasks_) busy = busy || ActiveRank(task, spare) >= 0;
+    if (!busy) idle.push_back(spare);
+  }
+  return idle;
+}
+
+void RecoveryCoordinator::OnRecoveryStarted(const RecoveryStart& start) {
+  const absl::Time now = units_.clock->Now();
+  absl::MutexLock lock(&mu_);
+  Task& task = tasks_[start.task_id];
+  task.slot = start.slot;
+  task.reached_step = start.reached_step;
+  task.spares = start.spares;
+  task.active.assign(start.spares.size(), true);
+  task.picked.assign(start.spares.size(), false);
+  task.picked[0] = true;
+  task.started = now;
+}
+
+uint64_t RecoveryCoordinator::TaskOf(uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, task] : tasks_) {
+    if (ActiveRank(task, incarnation) >= 0) return id;
+  }
+  return 0;
+}
+
+void RecoveryCoordinator::OnRecoveryEnded(uint64_t task_id) {
+  absl::MutexLock lock(&mu_);
+  tasks_.erase(task_id);
+}
+
+void RecoveryCoordinator::OnClaimableChanged(bool claimable) {
+  absl::MutexLock lock(&mu_);
+  claimable_ = claimable;
+}
+
+void RecoveryCoordinator::OnServerPaused(absl::Duration paused) {
+  const absl::Time now = units_.clock->Now();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, task] : tasks_) task.started = std::min(now, task.started + paused);
 }
 
 void RecoveryCoordinator::OnRestartedFromCenter(uint64_t spare_incarnation,
@@ -456,9 +675,37 @@ absl::Status RecoveryCoordinator::AfterSync(const SlotId& slot, int64_t step, ui
   return policy()->AfterSync(slot, step, epoch);
 }
 
-void RecoveryCoordinator::AfterDetection() { policy()->AfterDetection(); }
+void RecoveryCoordinator::AfterDetection() {
+  const absl::Duration timeout =
+      absl::Milliseconds(units_.config->job().fault_tolerance().recovery_timeout_ms());
+  const absl::Time now = units_.clock->Now();
+  std::vector<uint64_t> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, task] : tasks_) {
+      if (now - task.started > timeout) expired.push_back(id);
+    }
+  }
+  for (uint64_t id : expired) {
+    units_.membership->AbandonRecovery(
+        id, ABANDONED,
+        absl::StrCat("the replay took longer than recovery_timeout_ms = ",
+                     absl::ToInt64Milliseconds(timeout)));
+  }
+  policy()->AfterDetection();
+}
 
 void RecoveryCoordinator::FillStatus(GetStatusResponse* response) const {
+  {
+    absl::MutexLock lock(&mu_);
+    for (WorkerStatus& worker : *response->mutable_workers()) {
+      if (worker.role() != SPARE || worker.state() != ALIVE) continue;
+      worker.set_waiting_for_task(waiting_.count(worker.incarnation()) > 0);
+      for (const auto& [id, task] : tasks_) {
+        if (ActiveRank(task, worker.incarnation()) >= 0) worker.set_replay_task(id);
+      }
+    }
+  }
   policy()->FillStatus(response);
 }
 

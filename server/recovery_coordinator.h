@@ -18,28 +18,37 @@
 //     center go back to the last checkpoint, and spares restore the slots from it (a restore task
 //     per slot; the slot whose trainer was lost is charged with the recovery).
 //
-// Membership keeps who is who (incarnations, roles, leases, slot owners and slot states, and
-// today still the claim's bookkeeping: ClaimReplay, PublishReplay, FinishReplay, the task fields
-// of its slots); the coordinator is the only caller of those replay-task functions, and its
-// policy decides what a task's end means (RecoveryPolicy::EndOf: the fallback).
+// The coordinator owns the replay tasks: each task's spares in rank order (the leader first),
+// which of them still take part and have received it, the range its leader published, its start
+// (for recovery_timeout) and the spares waiting for work. Membership keeps who is who
+// (incarnations, roles, leases, slot owners and slot states: a task's slot is RECOVERING under
+// the task's id, and Membership hands it over or makes it LOST again), and tells the coordinator,
+// as its RecoveryObserver, what the tasks depend on: a spare fenced (its task ends), a slot
+// claimable (a waiting claim wakes), a pause of the server. The policy decides what a task's end
+// means (RecoveryPolicy::EndOf: the fallback).
 //
 // Thread-safety: thread-safe; every method may be called from any gRPC handler thread.
-// NextTask blocks up to its wait, and AfterSync up to the server's max_wait_ms (the barrier).
+// NextTask and ClaimReplay block up to their wait, and AfterSync up to the server's max_wait_ms
+// (the barrier).
 // EnableGlobalCheckpoint must be called before the service is marked ready (it swaps the policy;
 // the swap itself is atomic, so a GetStatus during start-up reads one policy or the other).
 // AfterDetection is called by the failure detector's thread only.
 //
 // Lock order of the server (a lock may be held while taking one to its right, never the
 // reverse): GlobalCheckpoint::mu_ -> CenterTable stage lock -> StepLogService locks ->
-// Membership::mu_ -> {SlotBooks::mu_, LogRetention::mu_, ReliabilityTracker::mu_} (leaves). The
-// coordinator has no lock of its own and calls every unit without holding one.
+// Membership::mu_ -> RecoveryCoordinator::mu_ -> {SlotBooks::mu_, LogRetention::mu_,
+// ReliabilityTracker::mu_}. The coordinator's mu_ guards its tasks; Membership takes it when it
+// calls the coordinator as its RecoveryObserver; the coordinator holds it while calling no other
+// unit, and calls every unit (Membership included) without holding it.
 //
 // Ownership: every pointer given to the constructor is borrowed and must outlive the coordinator;
-// it owns its policies and the GlobalCheckpoint.
+// it owns its policies and the GlobalCheckpoint. It is the membership's RecoveryObserver from its
+// construction to its destruction (one coordinator per Membership).
 //
-// Status codes: NextTask: the errors of Membership::ClaimReplay (FAILED_PRECONDITION: not an alive
-// spare, or it leads a task); ABORTED when the task cannot be assembled because a snapshot moved or
-// a recovery group's snapshots are gone (the task is abandoned and the slot LOST again), INTERNAL
+// Status codes: NextTask: the errors of ClaimReplay (FAILED_PRECONDITION: not an alive spare, or
+// it leads a task; ABORTED for an unknown incarnation); ABORTED when the task cannot be
+// assembled because a snapshot moved or a recovery group's snapshots are gone (the task is
+// abandoned and the slot LOST again), INTERNAL
 // when the micro-batches cannot be split among the spares, the store's or step log's error
 // otherwise (the task is abandoned). Finish: FAILED_PRECONDITION for a RECOVERED report that does
 // not prove its replay, or from an incarnation that leads no such task. AfterSync: the barrier's
@@ -48,12 +57,17 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/config.pb.h"
@@ -83,6 +97,18 @@ struct RecoveryUnits {
   const Clock* clock = nullptr;
 };
 
+// A replay task as one of its spares receives it (ClaimReplay).
+struct ReplayClaim {
+  uint64_t task_id = 0;
+  SlotId slot;
+  int64_t reached_step = 0;  // the last step the lost trainer reported
+  int rank = 0;              // 0: the leader, which created the task and publishes its range
+  std::vector<TaskSpare> spares;  // the task's spares in rank order, leader first
+  // rank > 0 only: the range the leader published (PublishReplay).
+  int64_t snapshot_step = 0;
+  int64_t failed_step = 0;
+};
+
 // How a job's lost slots come back. (Not to be confused with the config enum
 // rebound::RecoveryPolicy, which kind() returns.)
 class RecoveryPolicy {
@@ -93,7 +119,7 @@ class RecoveryPolicy {
 
   // Fills `out` with the task that spare `incarnation` claimed (`claim`). On an error the caller
   // abandons the task.
-  virtual absl::Status Assemble(const Membership::ReplayClaim& claim, uint64_t incarnation,
+  virtual absl::Status Assemble(const ReplayClaim& claim, uint64_t incarnation,
                                 RecoveryTask* out) = 0;
 
   // A RECOVERED report is acceptable (before the takeover); FAILED_PRECONDITION otherwise.
@@ -121,12 +147,13 @@ class RecoveryPolicy {
   virtual void FillStatus(GetStatusResponse* response) const {}
 };
 
-class RecoveryCoordinator {
+class RecoveryCoordinator : private RecoveryObserver {
  public:
   // Starts with ReplayPolicy, or RestartFromCenterPolicy for a RESTART_FROM_CENTER job;
   // EnableGlobalCheckpoint switches to GlobalCheckpointPolicy. REQUIRES: every unit is set.
+  // Becomes the membership's RecoveryObserver until destroyed.
   explicit RecoveryCoordinator(const RecoveryUnits& units);
-  ~RecoveryCoordinator();
+  ~RecoveryCoordinator() override;
 
   RecoveryCoordinator(const RecoveryCoordinator&) = delete;
   RecoveryCoordinator& operator=(const RecoveryCoordinator&) = delete;
@@ -147,7 +174,43 @@ class RecoveryCoordinator {
 
   // ReadLog: the slot of task `task_id`, in which `incarnation` takes part; FAILED_PRECONDITION
   // otherwise (the errors of CheckAlive first).
-  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const;
+  absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The replay tasks (policy REPLAY, DESIGN §5.3, and GLOBAL_CHECKPOINT's restores), which
+  // NextTask and Finish drive; public for tests.
+  //
+  // Waits up to `timeout` for work for the alive SPARE `incarnation` and claims it:
+  //  * a task whose leader picked this spare as a helper and published the range: rank > 0;
+  //  * else a LOST slot to replay (Membership::StartRecovery): the slot becomes RECOVERING under
+  //    a new task led by this spare (rank 0), with up to recovery_parallelism - 1 helpers, chosen
+  //    among the other spares waiting in ClaimReplay at that moment (fewer when fewer wait). The
+  //    leader reads the snapshot and the log's extent and calls PublishReplay, which hands the
+  //    helpers the task.
+  // Nothing when there is none by then (under RESTART_FROM_CENTER never: the spare just waits).
+  // A helper that asks again leaves its task (it finished or gave up; the leader decides the
+  // task's outcome). The errors of Membership::CheckSpare; FAILED_PRECONDITION if `incarnation`
+  // leads a task.
+  absl::StatusOr<std::optional<ReplayClaim>> ClaimReplay(uint64_t incarnation,
+                                                         absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The leader's range of task `task_id`: the snapshot's step t0 and t_f. Wakes the helpers.
+  void PublishReplay(uint64_t task_id, int64_t snapshot_step, int64_t failed_step)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The range the leader `incarnation` of task `task_id` published; FAILED_PRECONDITION unless it
+  // leads that task and has published it.
+  absl::StatusOr<std::pair<int64_t, int64_t>> PublishedRange(uint64_t task_id,
+                                                             uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives up a claimed task (e.g. its snapshot cannot be read): the slot is LOST again.
+  void AbandonReplay(uint64_t task_id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // The end of a replay, reported by its leader (Membership::FinishRecovery does the takeover or
+  // the release under `end`). The errors of CheckAlive; FAILED_PRECONDITION unless `incarnation`
+  // leads task report.task_id().
+  absl::StatusOr<std::optional<RegisterResponse>> FinishReplay(uint64_t incarnation,
+                                                               const ReportRecoveryRequest& report,
+                                                               const Membership::ReplayEnd& end)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A spare's heartbeat took a LOST slot over from the center (RESTART_FROM_CENTER, or the
   // fallback of a failed replay): the slot is live again and charged with the recovery.
@@ -157,20 +220,58 @@ class RecoveryCoordinator {
   uint64_t SyncEpoch() const;
   absl::Status AfterSync(const SlotId& slot, int64_t step, uint64_t epoch);
 
-  // Called by the failure detector after each pass: under GLOBAL_CHECKPOINT, if a trainer was
-  // lost since the last call, rolls every slot and the center back to the last checkpoint.
-  void AfterDetection();
+  // Called by the failure detector after each pass: a replay task running longer than
+  // recovery_timeout is abandoned (its slot is LOST again); under GLOBAL_CHECKPOINT, if a trainer
+  // was lost since the last call, rolls every slot and the center back to the last checkpoint.
+  void AfterDetection() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The recovery part of a status reply (the checkpoint's figures).
-  void FillStatus(GetStatusResponse* response) const;
+  // The recovery part of a status reply, after Membership::FillStatus: each alive spare's
+  // waiting_for_task and replay_task, and the checkpoint's figures.
+  void FillStatus(GetStatusResponse* response) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // A replay task, from Membership::StartRecovery until its slot is handed over or LOST again.
+  struct Task {
+    SlotId slot;
+    int64_t reached_step = 0;
+    // Its spares in rank order (the leader first). A helper stays in `spares` for the record and
+    // leaves `active` when it has asked for work again.
+    std::vector<TaskSpare> spares;
+    std::vector<bool> active;
+    std::vector<bool> picked;  // the spare has received the task
+    bool published = false;    // the leader has published the range
+    int64_t snapshot_step = 0;
+    int64_t failed_step = 0;
+    absl::Time started;
+  };
+  // The rank of `incarnation` in `task` if it is an active participant, else -1.
+  static int ActiveRank(const Task& task, uint64_t incarnation);
+  static ReplayClaim ClaimOf(uint64_t task_id, const Task& task, int rank);
+  // A published task that picked `incarnation` as a helper and that it has not received yet.
+  uint64_t PendingLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A share of a published task, else a new task from a LOST slot; nothing if neither.
+  std::optional<ReplayClaim> TryClaim(uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // RecoveryObserver (called with Membership's lock held).
+  std::vector<uint64_t> IdleSpares() const override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnRecoveryStarted(const RecoveryStart& start) override ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t TaskOf(uint64_t incarnation) const override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnRecoveryEnded(uint64_t task_id) override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnClaimableChanged(bool claimable) override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnServerPaused(absl::Duration paused) override ABSL_LOCKS_EXCLUDED(mu_);
+
   RecoveryPolicy* policy() const { return policy_.load(std::memory_order_acquire); }
 
   const RecoveryUnits units_;
   std::unique_ptr<RecoveryPolicy> initial_;
   std::unique_ptr<RecoveryPolicy> checkpoint_;  // GLOBAL_CHECKPOINT, once enabled
   std::atomic<RecoveryPolicy*> policy_;
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);  // by task id
+  std::set<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);      // spares in ClaimReplay
+  // Membership says a LOST slot may be claimed (OnClaimableChanged): a waiting claim wakes.
+  bool claimable_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace rebound::server

@@ -11,7 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -58,7 +62,8 @@ RegisterRequest Request(const std::string& name, WorkerRole role) {
 
 // The units server/main.cc and the service make, in memory.
 struct Units {
-  explicit Units(const std::string& policy, int stages = 1) : job(Job(policy, stages)) {
+  explicit Units(const std::string& policy, int stages = 1) : Units(Job(policy, stages)) {}
+  explicit Units(const JobConfig& job_config) : job(job_config) {
     config.set_max_wait_ms(0);
     *config.mutable_job() = job;
     auto opened = storage::DurableStore::Open(
@@ -171,18 +176,31 @@ TEST_CASE("REPLAY: a spare gets a replay task for a lost slot and must prove its
   CHECK(u.tracker.Current(t.slot(), u.clock.Now()).fault_score() > fault_before);
 }
 
-TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch falls back") {
-  Units u("REPLAY");
+// Trainers a and b and spare s; a leaves, and s claims the replay of its slot (0, 0).
+struct LostSlot {
+  RegisterResponse spare;
+  RecoveryTask task;
+};
+LostSlot ClaimLostSlot(Units& u) {
   const RegisterResponse a = u.Register("a", TRAINER);
   u.Register("b", TRAINER);
-  const RegisterResponse spare = u.Register("s", SPARE);
+  LostSlot lost;
+  lost.spare = u.Register("s", SPARE);
   REQUIRE(u.membership->Deregister(a.incarnation()).ok());
-  auto task = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  auto task = u.coordinator->NextTask(lost.spare.incarnation(), absl::ZeroDuration());
   REQUIRE(task.ok());
   REQUIRE(task->has_value());
+  lost.task = **task;
+  return lost;
+}
+
+TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch falls back") {
+  Units u("REPLAY");
+  const LostSlot lost = ClaimLostSlot(u);
+  const RegisterResponse& spare = lost.spare;
   ReportRecoveryRequest report;
   report.set_incarnation(spare.incarnation());
-  report.set_task_id((*task)->task_id());
+  report.set_task_id(lost.task.task_id());
   report.set_outcome(CHECKSUM_MISMATCH);
   report.set_detail("step 2 hashes differently");
   auto finished = u.coordinator->Finish(report);
@@ -238,6 +256,42 @@ TEST_CASE("REPLAY: a pipeline stage whose replay mismatches waits for another re
   REQUIRE(again->has_value());
   CHECK((*again)->slot().stage() == 1);
   CHECK((*again)->task_id() != (*task)->task_id());
+}
+
+TEST_CASE("REPLAY: a task past recovery_timeout is abandoned after the detector's pass") {
+  // The task's start and timeout are the coordinator's (AfterDetection); a pause of the whole
+  // server (Membership::ExcuseServerPause, told to the coordinator) is not the task's time.
+  Units u("REPLAY");
+  const LostSlot lost = ClaimLostSlot(u);
+  const RegisterResponse& spare = lost.spare;
+  const uint64_t id = lost.task.task_id();
+
+  u.clock.Advance(absl::Milliseconds(120000));  // recovery_timeout_ms' default, exactly
+  u.coordinator->AfterDetection();
+  CHECK(StateOf(*u.membership, 0) == RECOVERING);
+  u.clock.Advance(absl::Milliseconds(30000));
+  u.membership->ExcuseServerPause(absl::Milliseconds(30000));
+  u.coordinator->AfterDetection();
+  CHECK(StateOf(*u.membership, 0) == RECOVERING);
+  CHECK(u.coordinator->TaskSlot(id, spare.incarnation()).ok());
+
+  u.clock.Advance(absl::Milliseconds(1));
+  u.coordinator->AfterDetection();
+  CHECK(StateOf(*u.membership, 0) == LOST);
+  const std::vector<RecoveryStatus> recoveries = u.membership->Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].outcome() == ABANDONED);
+  CHECK_THAT(recoveries[0].detail(), Catch::Matchers::Contains("recovery_timeout_ms = 120000"));
+  // The task is over: its leader's report is refused, and it may claim the slot again.
+  ReportRecoveryRequest report;
+  report.set_incarnation(spare.incarnation());
+  report.set_task_id(id);
+  report.set_outcome(RECOVERED);
+  CHECK(u.coordinator->Finish(report).status().code() == absl::StatusCode::kFailedPrecondition);
+  auto again = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(again.ok());
+  REQUIRE(again->has_value());
+  CHECK((*again)->task_id() != id);
 }
 
 TEST_CASE("RESTART_FROM_CENTER: no tasks; the coordinator starts with that policy") {
@@ -313,6 +367,715 @@ TEST_CASE("a status read while the global checkpoint is enabled sees one policy 
   u.coordinator->FillStatus(&status);
   CHECK(status.checkpoint().every_steps() == 4);
 }
+
+
+// The replay tasks' claim, publication and end (moved here from membership_test with the code:
+// Membership keeps the slots, the coordinator the tasks), on the same jobs as there.
+namespace claims {
+
+RegisterRequest Request(const std::string& name, WorkerRole role = ROLE_UNSPECIFIED) {
+  RegisterRequest request;
+  request.set_job_id("j");
+  request.set_worker_name(name);
+  request.set_requested_role(role);
+  request.set_peer_address("127.0.0.1:1");
+  return request;
+}
+
+HeartbeatRequest Beat(uint64_t incarnation, int64_t step = 0) {
+  HeartbeatRequest request;
+  request.set_incarnation(incarnation);
+  request.set_step(step);
+  return request;
+}
+
+JobConfig JobWithPolicy(const char* policy, int recovery_parallelism = 1) {
+  auto job = ParseJobConfig(
+      absl::StrCat("job_id: \"j\"\n"
+                   "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
+                   "topology { replicas: 2 stages: 1 }\n"
+                   "fault_tolerance { policy: ",
+                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 ",
+                   "recovery_parallelism: ", recovery_parallelism, " }\n"),
+      "job.pbtxt");
+  REQUIRE(job.ok());
+  return *job;
+}
+
+JobConfig PipelineJob(int replicas) {
+  auto job =
+      ParseJobConfig(absl::StrCat("job_id: \"j\"\n"
+                                  "model { layers { width: 8 } layers { width: 6 } "
+                                  "layers { width: 4 activation: IDENTITY } }\n"
+                                  "topology { replicas: ",
+                                  replicas,
+                                  " stages: 3 }\n"
+                                  "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
+                                  "failure_timeout_ms: 1000 }\n"),
+                     "job.pbtxt");
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  return *job;
+}
+
+// Registers a trainer on every slot, in slot order (index replica * 3 + stage).
+std::vector<uint64_t> RegisterTrainers(Membership& membership, int slots) {
+  std::vector<uint64_t> trainers;
+  for (int i = 0; i < slots; ++i) {
+    auto trainer = membership.Register(Request(absl::StrCat("t", i), TRAINER));
+    REQUIRE(trainer.ok());
+    REQUIRE(trainer->slot().replica() * 3 + trainer->slot().stage() == i);
+    trainers.push_back(trainer->incarnation());
+  }
+  return trainers;
+}
+
+bool HasCommand(const HeartbeatResponse& response, Command command) {
+  for (int c : response.commands()) {
+    if (c == command) return true;
+  }
+  return false;
+}
+
+HeartbeatResponse BeatOk(Membership& membership, const HeartbeatRequest& request) {
+  auto response = membership.Heartbeat(request);
+  INFO(response.status().ToString());
+  REQUIRE(response.ok());
+  return *response;
+}
+
+HeartbeatRequest Flushed(uint64_t incarnation, int64_t flushes_done) {
+  HeartbeatRequest request = Beat(incarnation);
+  request.set_flushes_done(flushes_done);
+  return request;
+}
+
+// Heartbeats as a trainer that carries out the FLUSH_LOG its heartbeat asks for (the sequence
+// numbers are the server's: above any of an earlier server life, so not 1, 2, ...).
+// Returns the sequence it reported.
+int64_t FlushWhenAsked(Membership& membership, uint64_t incarnation) {
+  const HeartbeatResponse beat = BeatOk(membership, Beat(incarnation));
+  REQUIRE(HasCommand(beat, FLUSH_LOG));
+  REQUIRE(beat.flush_sequence() > 0);
+  BeatOk(membership, Flushed(incarnation, beat.flush_sequence()));
+  return beat.flush_sequence();
+}
+
+// `trainers` except `silent` heartbeat 900 ms in; 200 ms later `silent` is declared failed.
+void FailOne(FakeClock& clock, Membership& membership, const std::vector<uint64_t>& trainers,
+             uint64_t silent, std::vector<uint64_t> others_alive = {}) {
+  clock.Advance(absl::Milliseconds(900));
+  for (uint64_t t : trainers) {
+    if (t != silent) BeatOk(membership, Beat(t));
+  }
+  for (uint64_t t : others_alive) BeatOk(membership, Beat(t));
+  clock.Advance(absl::Milliseconds(200));
+  const std::vector<FailedWorker> failed = membership.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  REQUIRE(failed[0].incarnation == silent);
+}
+
+// The status of the worker `incarnation`.
+// (Membership fills the workers, the coordinator a spare's waiting_for_task and replay_task.)
+WorkerStatus StatusOf(const Units& u, uint64_t incarnation) {
+  GetStatusResponse status;
+  u.membership->FillStatus(&status);
+  u.coordinator->FillStatus(&status);
+  for (const WorkerStatus& w : status.workers()) {
+    if (w.incarnation() == incarnation) return w;
+  }
+  FAIL("no worker " << incarnation);
+  return {};
+}
+
+// ClaimReplay of one spare on its own thread, as a WaitForTask long poll does.
+class Poll {
+ public:
+  Poll(RecoveryCoordinator* tasks, uint64_t incarnation)
+      : incarnation_(incarnation), thread_([this, tasks] {
+          auto claim = tasks->ClaimReplay(incarnation_, absl::Seconds(20));
+          absl::MutexLock lock(&mu_);
+          status_ = claim.status();
+          if (claim.ok()) claim_ = *claim;
+          done_ = true;
+        }) {}
+  ~Poll() { thread_.join(); }
+
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  // Waits (20 s at most) for the poll to end; its claim, or nothing.
+  std::optional<ReplayClaim> Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(20));
+    REQUIRE(done_);
+    REQUIRE(status_.ok());
+    return claim_;
+  }
+
+ private:
+  const uint64_t incarnation_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::optional<ReplayClaim> claim_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Waits until every one of `incarnations` waits in ClaimReplay, as status says.
+void WaitUntilPolling(const Units& u, std::initializer_list<uint64_t> incarnations) {
+  const absl::Time limit = absl::Now() + absl::Seconds(20);
+  for (uint64_t incarnation : incarnations) {
+    while (!StatusOf(u, incarnation).waiting_for_task() && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    REQUIRE(StatusOf(u, incarnation).waiting_for_task());
+  }
+}
+
+TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback is finished") {
+  // The server restores the center and the slots' bookkeeping between RollBackAll and
+  // FinishRollback; a spare handed a slot before then synced against the state of before the
+  // rollback (its first sync was refused as stale, and the spare exited).
+  Units u(JobWithPolicy("GLOBAL_CHECKPOINT checkpoint_every_steps: 16"));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  auto spare = membership.Register(Request("s", SPARE));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(spare.ok());
+  membership.RecordProgress(a->slot(), 32, 1000);
+  clock.Advance(absl::Milliseconds(900));
+  REQUIRE(membership.Heartbeat(Beat(b->incarnation(), 32)).ok());
+  REQUIRE(membership.Heartbeat(Beat(spare->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(200));
+  REQUIRE(membership.DetectFailures().size() == 1);  // a
+  std::string why;
+  REQUIRE(membership.TakeRollbackRequest(&why));
+  CHECK(absl::StrContains(why, "lost its trainer 'a'"));
+  CHECK_FALSE(membership.TakeRollbackRequest(&why));  // once per loss
+
+  membership.RollBackAll(16, why);
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(status.slots(1).state() == LOST);
+  CHECK(membership.CheckOwner(b->incarnation(), b->slot()).code() == absl::StatusCode::kAborted);
+  // Rolled back but not yet restored: nothing to claim, even after a wait.
+  auto early = tasks.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
+  REQUIRE(early.ok());
+  CHECK_FALSE(early->has_value());
+  // A spare already waiting is woken by FinishRollback. `waited` is written by the waiter and
+  // read here only after join(); `returned` and `finish_called` tell, without a data race,
+  // whether the claim returned and whether FinishRollback had been called by then.
+  std::optional<absl::StatusOr<std::optional<ReplayClaim>>> waited;
+  absl::Notification returned;
+  std::atomic<bool> finish_called{false};
+  std::atomic<bool> returned_after_finish{false};
+  std::thread waiter([&] {
+    waited = tasks.ClaimReplay(spare->incarnation(), absl::Seconds(20));
+    returned_after_finish.store(finish_called.load());
+    returned.Notify();
+  });
+  // The spare is parked in ClaimReplay once status shows it waiting for a task.
+  auto spare_waiting = [&] {
+    GetStatusResponse now;
+    membership.FillStatus(&now);
+    tasks.FillStatus(&now);
+    for (const WorkerStatus& worker : now.workers()) {
+      if (worker.incarnation() == spare->incarnation()) return worker.waiting_for_task();
+    }
+    return false;
+  };
+  for (int i = 0; i < 2000 && !spare_waiting() && !returned.HasBeenNotified(); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK(spare_waiting());
+  // Parked, and it stays parked: the claim blocks until the rollback is finished.
+  CHECK_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(20)));
+  finish_called.store(true);
+  membership.FinishRollback();
+  waiter.join();
+  CHECK(returned_after_finish.load());
+  REQUIRE(waited.has_value());
+  REQUIRE(waited->ok());
+  REQUIRE((*waited)->has_value());
+  CHECK((**waited)->slot.replica() == 0);
+  CHECK((**waited)->reached_step == 16);
+
+  // Slot 0's restore is a recovery that counts against it (its trainer failed), once; slot 1's
+  // does not (it was only rolled back with the others).
+  CHECK_FALSE(membership.TakeRecoveryCharge(a->slot()));  // not restored yet
+  ReportRecoveryRequest report;
+  report.set_incarnation(spare->incarnation());
+  report.set_task_id((**waited)->task_id);
+  report.set_outcome(RECOVERED);
+  auto restored = tasks.FinishReplay(spare->incarnation(), report, {});
+  REQUIRE(restored.ok());
+  REQUIRE(restored->has_value());
+  CHECK((*restored)->slot().replica() == 0);
+  CHECK(membership.TakeRecoveryCharge(a->slot()));
+  CHECK_FALSE(membership.TakeRecoveryCharge(a->slot()));
+  auto b2 = membership.Register(Request("b2", SPARE));
+  REQUIRE(b2.ok());
+  auto claim = tasks.ClaimReplay(b2->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 1);
+  report.set_incarnation(b2->incarnation());
+  report.set_task_id((*claim)->task_id);
+  restored = tasks.FinishReplay(b2->incarnation(), report, {});
+  REQUIRE(restored.ok());
+  REQUIRE(restored->has_value());
+  CHECK_FALSE(membership.TakeRecoveryCharge(b->slot()));
+}
+
+TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {
+  Units u(JobWithPolicy("REPLAY"));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto spare = membership.Register(Request("s", SPARE));
+  // Nothing to replay yet: the long poll ends empty.
+  auto none = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(none.ok());
+  CHECK_FALSE(none->has_value());
+
+  membership.RecordProgress(a->slot(), 8, 1000);
+  REQUIRE(membership.Heartbeat(Beat(a->incarnation(), 11)).ok());
+  clock.Advance(absl::Milliseconds(1001));
+  REQUIRE(membership.Heartbeat(Beat(spare->incarnation())).ok());
+  REQUIRE(membership.DetectFailures().size() == 1);
+  auto beat = membership.Heartbeat(Beat(spare->incarnation()));
+  CHECK_FALSE(beat->has_takeover());  // REPLAY never silently restarts from the center
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(absl::StrContains(status.slots(0).detail(), "waiting for a spare to replay it"));
+
+  auto claim = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 0);
+  CHECK((*claim)->reached_step == 11);
+  CHECK(tasks.TaskSlot((*claim)->task_id, spare->incarnation()).ok());
+  CHECK(tasks.TaskSlot((*claim)->task_id, a->incarnation()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // One task per spare.
+  CHECK(tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+
+  ReportRecoveryRequest report;
+  report.set_task_id((*claim)->task_id);
+  report.set_outcome(RECOVERED);
+  report.set_steps_replayed(3);
+  report.set_verified(true);
+  auto finished = tasks.FinishReplay(spare->incarnation(), report, {});
+  REQUIRE(finished.ok());
+  REQUIRE(finished->has_value());
+  const RegisterResponse& trainer = **finished;
+  CHECK(trainer.role() == TRAINER);
+  CHECK(trainer.start_step() == 11);  // snapshot at 8 + 3 replayed steps
+  CHECK(membership.CheckOwner(trainer.incarnation(), trainer.slot()).ok());
+  CHECK(membership.CheckAlive(spare->incarnation()).code() ==
+        absl::StatusCode::kFailedPrecondition);  // REPLACED
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].policy() == REPLAY);
+  CHECK(recoveries[0].outcome() == RECOVERED);
+  CHECK(recoveries[0].verified());
+  CHECK(recoveries[0].steps_replayed() == 3);
+}
+
+TEST_CASE("with recovery_parallelism 2 one waiting spare leads a replay and another helps") {
+  Units u(JobWithPolicy("REPLAY", 2));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  auto s3 = membership.Register(Request("s3", SPARE));
+  membership.RecordProgress(a->slot(), 16, 1000);
+  REQUIRE(membership.Heartbeat(Beat(a->incarnation(), 20)).ok());
+  clock.Advance(absl::Milliseconds(600));
+  for (const auto& s : {s1, s2, s3}) REQUIRE(membership.Heartbeat(Beat(s->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+
+  // s1 and s2 wait for work; s3 does not (it is busy elsewhere, e.g. loading its data).
+  Poll p1(&tasks, s1->incarnation());
+  Poll p2(&tasks, s2->incarnation());
+  WaitUntilPolling(u, {s1->incarnation(), s2->incarnation()});
+  REQUIRE(membership.DetectFailures().size() == 1);  // a; its slot is LOST
+  // Whichever wakes first leads; the other is its helper and waits for the published range.
+  const absl::Time limit = absl::Now() + absl::Seconds(20);
+  while (!p1.done() && !p2.done() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
+  REQUIRE((p1.done() || p2.done()));
+  Poll& leader_poll = p1.done() ? p1 : p2;
+  Poll& helper_poll = p1.done() ? p2 : p1;
+  const uint64_t leader = p1.done() ? s1->incarnation() : s2->incarnation();
+  const uint64_t helper = p1.done() ? s2->incarnation() : s1->incarnation();
+  std::optional<ReplayClaim> led = leader_poll.Wait();
+  REQUIRE(led.has_value());
+  CHECK(led->rank == 0);
+  CHECK(led->slot.replica() == 0);
+  REQUIRE(led->spares.size() == 2);
+  CHECK(led->spares[0].incarnation == leader);
+  CHECK(led->spares[1].incarnation == helper);
+  CHECK(led->spares[1].peer_address == "127.0.0.1:1");
+  CHECK(StatusOf(u, helper).replay_task() == led->task_id);
+  CHECK(StatusOf(u, s3->incarnation()).replay_task() == 0);
+  // The helper gets the task only once the leader has published the range.
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(helper_poll.done());
+  tasks.PublishReplay(led->task_id, 16, 19);
+  std::optional<ReplayClaim> helped = helper_poll.Wait();
+  REQUIRE(helped.has_value());
+  CHECK(helped->task_id == led->task_id);
+  CHECK(helped->rank == 1);
+  CHECK(helped->snapshot_step == 16);
+  CHECK(helped->failed_step == 19);
+  CHECK(tasks.TaskSlot(led->task_id, helper).ok());
+  CHECK(tasks.TaskSlot(led->task_id, s3->incarnation()).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Only the leader reports.
+  ReportRecoveryRequest report;
+  report.set_task_id(led->task_id);
+  report.set_outcome(RECOVERED);
+  report.set_steps_replayed(3);
+  report.set_verified(true);
+  CHECK(tasks.FinishReplay(helper, report, {}).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  auto finished = tasks.FinishReplay(leader, report, {});
+  REQUIRE(finished.ok());
+  REQUIRE(finished->has_value());
+  CHECK((*finished)->start_step() == 19);
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  REQUIRE(recoveries[0].spares_size() == 2);
+  CHECK(recoveries[0].spares(1) == helper);
+  // The helper is a free spare again.
+  CHECK(membership.CheckAlive(helper).ok());
+  CHECK(StatusOf(u, helper).replay_task() == 0);
+}
+
+TEST_CASE("a helper that dies mid-replay ends the task; the slot goes to a new task") {
+  Units u(JobWithPolicy("REPLAY", 2));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(s1->incarnation())).ok());
+  REQUIRE(membership.Heartbeat(Beat(s2->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+  uint64_t task = 0;
+  uint64_t leader = 0;
+  uint64_t helper = 0;
+  {
+    Poll p1(&tasks, s1->incarnation());
+    Poll p2(&tasks, s2->incarnation());
+    WaitUntilPolling(u, {s1->incarnation(), s2->incarnation()});
+    REQUIRE(membership.DetectFailures().size() == 1);  // a
+    const absl::Time limit = absl::Now() + absl::Seconds(20);
+    while (!p1.done() && !p2.done() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
+    REQUIRE((p1.done() || p2.done()));
+    // Decided once, before the publication lets the helper's poll end too.
+    const bool s1_leads = p1.done();
+    leader = s1_leads ? s1->incarnation() : s2->incarnation();
+    helper = s1_leads ? s2->incarnation() : s1->incarnation();
+    std::optional<ReplayClaim> led = (s1_leads ? p1 : p2).Wait();
+    REQUIRE(led.has_value());
+    REQUIRE(led->spares.size() == 2);
+    task = led->task_id;
+    tasks.PublishReplay(task, 0, 5);
+    std::optional<ReplayClaim> helped = (s1_leads ? p2 : p1).Wait();
+    REQUIRE(helped.has_value());
+    CHECK(helped->rank == 1);
+  }
+  // The helper goes silent; the leader keeps beating.
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(leader)).ok());
+  clock.Advance(absl::Milliseconds(500));
+  REQUIRE(membership.DetectFailures().size() == 1);  // the helper
+  CHECK(membership.CheckAlive(helper).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(membership.Recoveries()[0].outcome() == SPARE_FAILED);
+  // The leader's report is refused: the task is over.
+  ReportRecoveryRequest report;
+  report.set_task_id(task);
+  report.set_outcome(RECOVERED);
+  CHECK(tasks.FinishReplay(leader, report, {}).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // The leader claims the slot again, alone now.
+  auto again = tasks.ClaimReplay(leader, absl::ZeroDuration());
+  REQUIRE(again->has_value());
+  CHECK((*again)->task_id != task);
+  CHECK((*again)->spares.size() == 1);
+}
+
+TEST_CASE("a spare that dies mid-replay releases the task to another spare") {
+  Units u(JobWithPolicy("REPLAY"));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(s1->incarnation())).ok());
+  REQUIRE(membership.Heartbeat(Beat(s2->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+  REQUIRE(membership.DetectFailures().size() == 1);  // a
+  auto claim = tasks.ClaimReplay(s1->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim->has_value());
+  // s1 goes silent; s2 keeps beating.
+  clock.Advance(absl::Milliseconds(600));
+  REQUIRE(membership.Heartbeat(Beat(s2->incarnation())).ok());
+  clock.Advance(absl::Milliseconds(500));
+  REQUIRE(membership.DetectFailures().size() == 1);  // s1
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(membership.Recoveries()[0].outcome() == SPARE_FAILED);
+  auto again = tasks.ClaimReplay(s2->incarnation(), absl::ZeroDuration());
+  REQUIRE(again->has_value());
+  CHECK((*again)->task_id != (*claim)->task_id);
+}
+
+// The decision to fall back is the recovery policy's (RecoveryPolicy::EndOf, tested above);
+// Membership carries it out.
+TEST_CASE("a replay that fails its checksum falls back to RESTART_FROM_CENTER, loudly") {
+  Units u(JobWithPolicy("REPLAY"));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  clock.Advance(absl::Milliseconds(1001));
+  REQUIRE(membership.Heartbeat(Beat(s1->incarnation())).ok());
+  REQUIRE(membership.DetectFailures().size() == 1);
+  auto claim = tasks.ClaimReplay(s1->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim->has_value());
+  ReportRecoveryRequest report;
+  report.set_task_id((*claim)->task_id);
+  report.set_outcome(CHECKSUM_MISMATCH);
+  report.set_detail("step 5: checksum 0x1 != logged 0x2");
+  Membership::ReplayEnd end;
+  end.outcome = CHECKSUM_MISMATCH;
+  end.why = "DATA_LOSS: step 5: checksum 0x1 != logged 0x2; falling back to RESTART_FROM_CENTER";
+  end.fallback_restart = true;
+  auto finished = tasks.FinishReplay(s1->incarnation(), report, end);
+  REQUIRE(finished.ok());
+  CHECK_FALSE(finished->has_value());
+  CHECK(membership.Recoveries()[0].outcome() == CHECKSUM_MISMATCH);
+  // No second replay of that slot; the spare's next heartbeat restarts it from the center.
+  CHECK_FALSE(tasks.ClaimReplay(s1->incarnation(), absl::ZeroDuration())->has_value());
+  auto beat = membership.Heartbeat(Beat(s1->incarnation()));
+  REQUIRE(beat->has_takeover());
+  const auto recoveries = membership.Recoveries();
+  REQUIRE(recoveries.size() == 2);
+  CHECK(recoveries[1].policy() == RESTART_FROM_CENTER);
+  CHECK(absl::StrContains(recoveries[1].detail(), "FALLBACK"));
+}
+
+TEST_CASE("a single-stage job never asks for FLUSH_LOG and replays a lost slot at once") {
+  Units u(JobWithPolicy("REPLAY"));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto b = membership.Register(Request("b"));
+  auto spare = membership.Register(Request("s", SPARE));
+  REQUIRE(spare->role() == SPARE);
+  FailOne(clock, membership, {a->incarnation(), b->incarnation()}, a->incarnation(),
+          {spare->incarnation()});
+  HeartbeatResponse beat = BeatOk(membership, Beat(b->incarnation()));
+  CHECK_FALSE(HasCommand(beat, FLUSH_LOG));
+  CHECK_FALSE(beat.has_flush_sequence());
+  auto claim = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 0);
+}
+
+TEST_CASE("a lost pipeline stage is not handed out for replay before both neighbours flushed") {
+  Units u(PipelineJob(1));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  auto spare = membership.Register(Request("s", SPARE));
+  REQUIRE(spare->role() == SPARE);
+  FailOne(clock, membership, t, t[1], {spare->incarnation()});
+
+  auto claim = tasks.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
+  REQUIRE(claim.ok());
+  CHECK_FALSE(claim->has_value());
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  CHECK(status.slots(1).state() == LOST);
+
+  FlushWhenAsked(membership, t[0]);
+  claim = tasks.ClaimReplay(spare->incarnation(), absl::Milliseconds(20));
+  REQUIRE(claim.ok());
+  CHECK_FALSE(claim->has_value());  // stage 2 has not flushed
+
+  FlushWhenAsked(membership, t[2]);
+  claim = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+  REQUIRE(claim.ok());
+  REQUIRE(claim->has_value());
+  CHECK((*claim)->slot.replica() == 0);
+  CHECK((*claim)->slot.stage() == 1);
+  CHECK((*claim)->rank == 0);
+  status.Clear();
+  membership.FillStatus(&status);
+  CHECK(status.slots(1).state() == RECOVERING);
+}
+
+TEST_CASE("a spare waiting in ClaimReplay gets the lost stage as soon as its neighbours flushed") {
+  Units u(PipelineJob(1));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  auto spare = membership.Register(Request("s", SPARE));
+  FailOne(clock, membership, t, t[1], {spare->incarnation()});
+
+  Poll poll(&tasks, spare->incarnation());
+  WaitUntilPolling(u, {spare->incarnation()});
+  FlushWhenAsked(membership, t[2]);
+  absl::SleepFor(absl::Milliseconds(20));
+  CHECK_FALSE(poll.done());  // stage 0 has not flushed
+  FlushWhenAsked(membership, t[0]);
+  std::optional<ReplayClaim> claim = poll.Wait();
+  REQUIRE(claim.has_value());
+  CHECK(claim->slot.stage() == 1);
+}
+
+TEST_CASE(
+    "a lost pipeline stage is handed out after failure_timeout even if a neighbour never "
+    "flushes") {
+  Units u(PipelineJob(1));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  const std::vector<uint64_t> t = RegisterTrainers(membership, 3);
+  auto spare = membership.Register(Request("s", SPARE));
+  FailOne(clock, membership, t, t[1], {spare->incarnation()});  // lost now, at T
+  FlushWhenAsked(membership, t[0]);
+
+  SECTION("the silent neighbour keeps heartbeating") {
+    clock.Advance(absl::Milliseconds(999));
+    CHECK(HasCommand(BeatOk(membership, Beat(t[2])), FLUSH_LOG));
+    BeatOk(membership, Beat(t[0]));
+    BeatOk(membership, Beat(spare->incarnation()));
+    auto claim = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+    REQUIRE(claim.ok());
+    CHECK_FALSE(claim->has_value());  // T + 999 ms
+    clock.Advance(absl::Milliseconds(1));
+    claim = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());  // T + 1000 ms
+    REQUIRE(claim.ok());
+    REQUIRE(claim->has_value());
+    CHECK(claim->value().slot.stage() == 1);
+  }
+  SECTION("a neighbour that leaves is not waited for") {
+    REQUIRE(membership.Deregister(t[2]).ok());
+    auto claim = tasks.ClaimReplay(spare->incarnation(), absl::ZeroDuration());
+    REQUIRE(claim.ok());
+    REQUIRE(claim->has_value());
+    CHECK(claim->value().slot.stage() == 1);
+  }
+}
+
+// The coordinator's tasks and Membership's RECOVERING slots change under two locks (Membership's,
+// then the coordinator's, when Membership tells it of a start, an end or a fence): under
+// concurrent claims, publications, reports and fences no task may outlive its slot's recovery
+// and no slot may stay RECOVERING without a task.
+TEST_CASE("concurrent claims, reports and fences leave no task and no RECOVERING slot behind") {
+  Units u(JobWithPolicy("REPLAY", 2));
+  auto a = u.membership->Register(Request("a", TRAINER));
+  auto b = u.membership->Register(Request("b", TRAINER));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(u.membership->Deregister(a->incarnation()).ok());
+  REQUIRE(u.membership->Deregister(b->incarnation()).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> led{0};
+  std::atomic<int> helped{0};
+  std::atomic<int> errors{0};
+  // Each spare leads tasks and ends them ABANDONED (the slot is LOST again); one that helps
+  // leaves at once (its task ends SPARE_FAILED) and registers again.
+  auto spare = [&](int id) {
+    auto registered = u.membership->Register(Request(absl::StrCat("s", id), SPARE));
+    if (!registered.ok()) {
+      errors.fetch_add(1);
+      return;
+    }
+    uint64_t incarnation = registered->incarnation();
+    while (!stop.load()) {
+      auto claim = u.coordinator->ClaimReplay(incarnation, absl::Milliseconds(5));
+      if (!claim.ok()) {
+        errors.fetch_add(1);
+        return;
+      }
+      if (!claim->has_value()) continue;
+      if ((*claim)->rank > 0) {
+        helped.fetch_add(1);
+        if (!u.membership->Deregister(incarnation).ok()) errors.fetch_add(1);
+        registered = u.membership->Register(Request(absl::StrCat("s", id), SPARE));
+        if (!registered.ok()) {
+          errors.fetch_add(1);
+          return;
+        }
+        incarnation = registered->incarnation();
+        continue;
+      }
+      led.fetch_add(1);
+      u.coordinator->PublishReplay((*claim)->task_id, 0, 0);
+      ReportRecoveryRequest report;
+      report.set_task_id((*claim)->task_id);
+      report.set_outcome(ABANDONED);
+      auto finished = u.coordinator->FinishReplay(incarnation, report, {});
+      // Refused only when a helper's fence ended the task first.
+      if (!finished.ok() && finished.status().code() != absl::StatusCode::kFailedPrecondition) {
+        errors.fetch_add(1);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back(spare, i);
+  absl::SleepFor(absl::Milliseconds(300));
+  stop.store(true);
+  for (std::thread& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  CHECK(led.load() > 0);
+  GetStatusResponse status;
+  u.membership->FillStatus(&status);
+  u.coordinator->FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK(status.slots(1).state() == LOST);
+  uint64_t last_spare = 0;
+  for (const WorkerStatus& worker : status.workers()) {
+    if (worker.role() != SPARE || worker.state() != ALIVE) continue;
+    CHECK(worker.replay_task() == 0);
+    CHECK_FALSE(worker.waiting_for_task());
+    last_spare = worker.incarnation();
+  }
+  // No spare is left leading a task: each may claim again.
+  REQUIRE(last_spare != 0);
+  auto again = u.coordinator->ClaimReplay(last_spare, absl::ZeroDuration());
+  REQUIRE(again.ok());
+  CHECK(again->has_value());
+}
+
+}  // namespace claims
 
 }  // namespace
 }  // namespace rebound::server
