@@ -123,11 +123,20 @@ TEST_CASE("with mutual TLS and a token the job trains and replays; calls without
   CHECK(Ctl(address, tls, "health", &out) == 0);
   CHECK(out == "SERVING\n");
   // Plaintext, or TLS without a client certificate: no connection at all (exit 2).
-  CHECK(Ctl(address, {"--token_file", dir + "/token", "--timeout_ms", "2000"}, "status", &out) ==
-        2);
-  CHECK(Ctl(address,
-            {"--ca_file", dir + "/ca.pem", "--token_file", dir + "/token", "--timeout_ms", "2000"},
-            "status", &out) == 2);
+  {
+    const int plaintext = Ctl(address, {"--token_file", dir + "/token", "--timeout_ms", "2000"},
+                              "status", &out);
+    INFO("reboundctl said: " << out);
+    CHECK(plaintext == 2);
+  }
+  {
+    const int no_client_cert = Ctl(address,
+                                   {"--ca_file", dir + "/ca.pem", "--token_file", dir + "/token",
+                                    "--timeout_ms", "2000"},
+                                   "status", &out);
+    INFO("reboundctl said: " << out);
+    CHECK(no_client_cert == 2);
+  }
 }
 
 }  // namespace
