@@ -33,11 +33,14 @@
 #include "proto/rebound.grpc.pb.h"
 #include "server/membership.h"
 #include "storage/durable_store.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
 using Catch::Matchers::Contains;
+using testing::Request;
+using testing::Slot;
 
 constexpr int kMicroBatches = 4;
 constexpr int kBatchSize = 2048;
@@ -55,22 +58,6 @@ JobConfig TwoReplicaJob() {
       "job.pbtxt");
   REQUIRE(job.ok());
   return *job;
-}
-
-RegisterRequest Request(const std::string& name, WorkerRole role) {
-  RegisterRequest request;
-  request.set_job_id("j");
-  request.set_worker_name(name);
-  request.set_requested_role(role);
-  request.set_peer_address("127.0.0.1:1");
-  return request;
-}
-
-SlotId Slot(int replica, int stage = 0) {
-  SlotId slot;
-  slot.set_replica(replica);
-  slot.set_stage(stage);
-  return slot;
 }
 
 LogRecord MicroBatch(uint64_t id, int replica, int64_t step, int micro_batch) {
