@@ -6,7 +6,6 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/config.h"
