@@ -5,14 +5,18 @@
 // trainer fall silent until the failure detector declares it failed, and the in-memory units
 // (an in-memory DurableStore, a Membership persist function that writes to it).
 //
-// Failures are Catch2 assertions (REQUIRE/FAIL) in the calling test case, so these functions
-// must be called from a test case's own thread (the thread Catch2 runs it on), not from a
-// helper thread. They hold no state: each call is independent, and thread-safety is that of
-// the units they are handed (Membership is thread-safe).
+// Thread-safety: the functions hold no state. Those that check what they get with Catch2's
+// REQUIRE (ParseJob and every job, BeatOk, RegisterTrainers, FlushWhenAsked, FailOne,
+// OpenInMemoryStore) fail the calling test case, so they must run on the test case's own thread
+// (Catch2's assertions are not thread-safe); the message builders (Request, Beat, Flushed,
+// Blocked, Slot), HasCommand and StorePersist's function may run on any thread.
 //
 // Lifetimes: a function handed a Membership, FakeClock or DurableStore borrows it for the call
 // only, except StorePersist, whose function borrows `store`: the store must outlive every
 // Membership the function is given to.
+//
+// Status codes: none of these functions returns a status (a failure fails the test case);
+// StorePersist's function returns DurableStore::Commit's status unchanged.
 //
 // Every job below has job_id "j", heartbeat_interval_ms 100 and failure_timeout_ms 1000 where
 // it says so; Request names that job.
