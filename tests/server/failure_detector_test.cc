@@ -14,35 +14,14 @@
 #include "server/failure_detector.h"
 #include "server/membership.h"
 #include "server/reliability.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
-// heartbeat 100 ms (checks every 25 ms), failure_timeout 1000 ms.
-JobConfig TwoByOneJob() {
-  auto job = ParseJobConfig(
-      "job_id: \"j\"\n"
-      "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
-      "topology { replicas: 2 stages: 1 }\n"
-      "fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n",
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
-RegisterRequest Request(const std::string& name) {
-  RegisterRequest request;
-  request.set_job_id("j");
-  request.set_worker_name(name);
-  request.set_peer_address("127.0.0.1:1");
-  return request;
-}
-
-HeartbeatRequest Beat(uint64_t incarnation) {
-  HeartbeatRequest request;
-  request.set_incarnation(incarnation);
-  return request;
-}
+using testing::Beat;
+using testing::Request;
+using testing::TwoByOneJob;
 
 SlotState StateOf(const Membership& membership, int replica) {
   GetStatusResponse status;

@@ -13,21 +13,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
 JobConfig Job() {
-  auto job = ParseJobConfig(
+  return testing::ParseJob(
       "job_id: \"g\"\n"
       "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
       "topology { replicas: 2 stages: 1 }\n"
       "easgd { sync_period: 10 }\n"
       "training { max_steps: 95 }\n"
-      "fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 20 }\n",
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
+      "fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 20 }\n");
 }
 
 CheckpointRecord Initial() {

@@ -15,24 +15,18 @@
 #include "server/membership.h"
 #include "server/slot_books.h"
 #include "storage/durable_store.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
 // 1 replica x 2 stages; `log_no_boundaries`: both stages are one recovery group.
 JobConfig Job(bool log_no_boundaries) {
-  auto job = ParseJobConfig(
-      absl::StrCat("job_id: \"j\"\n"
-                   "model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: "
-                   "IDENTITY } }\n"
-                   "topology { replicas: 1 stages: 2 }\n"
-                   "data { batch_size: 4 micro_batches: 2 }\n"
-                   "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
+  return testing::TinyModelJob(
+      1, 2,
+      absl::StrCat("fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
                    "failure_timeout_ms: 1000 }\n",
-                   log_no_boundaries ? "step_log { log_no_boundaries: true }\n" : ""),
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
+                   log_no_boundaries ? "step_log { log_no_boundaries: true }\n" : ""));
 }
 
 SlotId Slot(int stage) {
@@ -52,10 +46,7 @@ SlotBook Book(int64_t step, int64_t log_floor) {
 
 struct Fixture {
   explicit Fixture(bool log_no_boundaries) : job(Job(log_no_boundaries)) {
-    auto opened = storage::DurableStore::Open(
-        storage::DurableStoreOptions::FromConfig(DurabilityConfig(), job.step_log()));
-    REQUIRE(opened.ok());
-    store = *std::move(opened);
+    store = testing::OpenInMemoryStore(job);
     membership = std::make_unique<Membership>(job, &clock);
     retention = std::make_unique<LogRetention>(job, membership.get(), store.get(), &books);
   }
@@ -70,11 +61,8 @@ struct Fixture {
   }
 
   RegisterResponse Register(const std::string& name) {
-    RegisterRequest request;
-    request.set_job_id("j");
-    request.set_worker_name(name);
-    request.set_peer_address(absl::StrCat(name, ":1"));
-    auto registered = membership->Register(request);
+    auto registered = membership->Register(
+        testing::Request(name, ROLE_UNSPECIFIED, absl::StrCat(name, ":1")));
     REQUIRE(registered.ok());
     return *registered;
   }

@@ -16,36 +16,23 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "server/membership.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
-JobConfig TwoByOneJob() {
-  auto job = ParseJobConfig(
-      "job_id: \"j\"\n"
-      "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
-      "topology { replicas: 2 stages: 1 }\n"
-      "fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n",
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
-RegisterRequest Request(const std::string& name, WorkerRole role = ROLE_UNSPECIFIED) {
-  RegisterRequest request;
-  request.set_job_id("j");
-  request.set_worker_name(name);
-  request.set_requested_role(role);
-  request.set_peer_address("127.0.0.1:1");
-  return request;
-}
-
-HeartbeatRequest Beat(uint64_t incarnation, int64_t step = 0) {
-  HeartbeatRequest request;
-  request.set_incarnation(incarnation);
-  request.set_step(step);
-  return request;
-}
+using testing::Beat;
+using testing::BeatOk;
+using testing::Blocked;
+using testing::FailOne;
+using testing::Flushed;
+using testing::FlushWhenAsked;
+using testing::HasCommand;
+using testing::JobWithPolicy;
+using testing::PipelineJob;
+using testing::RegisterTrainers;
+using testing::Request;
+using testing::TwoByOneJob;
 
 TEST_CASE("trainers fill the slots in order, then workers become spares") {
   FakeClock clock;
@@ -253,19 +240,6 @@ TEST_CASE("a heartbeat step beyond max_steps is INVALID_ARGUMENT and leaves the 
 namespace rebound::server {
 namespace {
 
-JobConfig JobWithPolicy(const char* policy, int recovery_parallelism = 1) {
-  auto job = ParseJobConfig(
-      absl::StrCat("job_id: \"j\"\n"
-                   "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
-                   "topology { replicas: 2 stages: 1 }\n"
-                   "fault_tolerance { policy: ",
-                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 ",
-                   "recovery_parallelism: ", recovery_parallelism, " }\n"),
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
 TEST_CASE("RESTART_FROM_CENTER hands a lost slot to a spare under a new incarnation") {
   FakeClock clock;
   Membership membership(JobWithPolicy("RESTART_FROM_CENTER"), &clock);
@@ -372,85 +346,6 @@ namespace {
 
 // Pipelines (S > 1) under REPLAY: a lost stage's neighbours flush their step logs first, and a
 // trainer waiting on a neighbour shows as BLOCKED.
-
-JobConfig PipelineJob(int replicas) {
-  auto job =
-      ParseJobConfig(absl::StrCat("job_id: \"j\"\n"
-                                  "model { layers { width: 8 } layers { width: 6 } "
-                                  "layers { width: 4 activation: IDENTITY } }\n"
-                                  "topology { replicas: ",
-                                  replicas,
-                                  " stages: 3 }\n"
-                                  "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
-                                  "failure_timeout_ms: 1000 }\n"),
-                     "job.pbtxt");
-  INFO(job.status().ToString());
-  REQUIRE(job.ok());
-  return *job;
-}
-
-// Registers a trainer on every slot, in slot order (index replica * 3 + stage).
-std::vector<uint64_t> RegisterTrainers(Membership& membership, int slots) {
-  std::vector<uint64_t> trainers;
-  for (int i = 0; i < slots; ++i) {
-    auto trainer = membership.Register(Request(absl::StrCat("t", i), TRAINER));
-    REQUIRE(trainer.ok());
-    REQUIRE(trainer->slot().replica() * 3 + trainer->slot().stage() == i);
-    trainers.push_back(trainer->incarnation());
-  }
-  return trainers;
-}
-
-bool HasCommand(const HeartbeatResponse& response, Command command) {
-  for (int c : response.commands()) {
-    if (c == command) return true;
-  }
-  return false;
-}
-
-HeartbeatResponse BeatOk(Membership& membership, const HeartbeatRequest& request) {
-  auto response = membership.Heartbeat(request);
-  INFO(response.status().ToString());
-  REQUIRE(response.ok());
-  return *response;
-}
-
-HeartbeatRequest Flushed(uint64_t incarnation, int64_t flushes_done) {
-  HeartbeatRequest request = Beat(incarnation);
-  request.set_flushes_done(flushes_done);
-  return request;
-}
-
-// Heartbeats as a trainer that carries out the FLUSH_LOG its heartbeat asks for (the sequence
-// numbers are the server's: above any of an earlier server life, so not 1, 2, ...).
-// Returns the sequence it reported.
-int64_t FlushWhenAsked(Membership& membership, uint64_t incarnation) {
-  const HeartbeatResponse beat = BeatOk(membership, Beat(incarnation));
-  REQUIRE(HasCommand(beat, FLUSH_LOG));
-  REQUIRE(beat.flush_sequence() > 0);
-  BeatOk(membership, Flushed(incarnation, beat.flush_sequence()));
-  return beat.flush_sequence();
-}
-
-HeartbeatRequest Blocked(uint64_t incarnation, const std::string& reason) {
-  HeartbeatRequest request = Beat(incarnation);
-  request.set_blocked_reason(reason);
-  return request;
-}
-
-// `trainers` except `silent` heartbeat 900 ms in; 200 ms later `silent` is declared failed.
-void FailOne(FakeClock& clock, Membership& membership, const std::vector<uint64_t>& trainers,
-             uint64_t silent, std::vector<uint64_t> others_alive = {}) {
-  clock.Advance(absl::Milliseconds(900));
-  for (uint64_t t : trainers) {
-    if (t != silent) BeatOk(membership, Beat(t));
-  }
-  for (uint64_t t : others_alive) BeatOk(membership, Beat(t));
-  clock.Advance(absl::Milliseconds(200));
-  const std::vector<FailedWorker> failed = membership.DetectFailures();
-  REQUIRE(failed.size() == 1);
-  REQUIRE(failed[0].incarnation == silent);
-}
 
 TEST_CASE(
     "when a pipeline stage fails, only its alive neighbours are asked to flush, until they "

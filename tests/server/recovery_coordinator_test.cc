@@ -29,35 +29,30 @@
 #include "server/slot_books.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
+using testing::Beat;
+using testing::BeatOk;
+using testing::FailOne;
+using testing::FlushWhenAsked;
+using testing::HasCommand;
+using testing::JobWithPolicy;
+using testing::PipelineJob;
+using testing::RegisterTrainers;
+using testing::Request;
+
 // `stages` = 1: 2 replicas x 1 stage; 2: 1 replica x 2 stages (each its own recovery group),
 // under `policy`.
 JobConfig Job(const std::string& policy, int stages) {
-  auto job = ParseJobConfig(
-      absl::StrCat("job_id: \"j\"\n"
-                   "model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: "
-                   "IDENTITY } }\n"
-                   "topology { replicas: ", 3 - stages, " stages: ", stages, " }\n"
-                   "data { batch_size: 4 micro_batches: 2 }\n"
-                   "easgd { sync_period: 2 }\n"
+  return testing::TinyModelJob(
+      3 - stages, stages,
+      absl::StrCat("easgd { sync_period: 2 }\n"
                    "training { max_steps: 16 }\n"
                    "fault_tolerance { policy: ",
-                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"),
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
-RegisterRequest Request(const std::string& name, WorkerRole role) {
-  RegisterRequest request;
-  request.set_job_id("j");
-  request.set_worker_name(name);
-  request.set_requested_role(role);
-  request.set_peer_address(absl::StrCat(name, ":1"));
-  return request;
+                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"));
 }
 
 // The units server/main.cc and the service make, in memory.
@@ -66,21 +61,12 @@ struct Units {
   explicit Units(const JobConfig& job_config) : job(job_config) {
     config.set_max_wait_ms(0);
     *config.mutable_job() = job;
-    auto opened = storage::DurableStore::Open(
-        storage::DurableStoreOptions::FromConfig(DurabilityConfig(), job.step_log()));
-    REQUIRE(opened.ok());
-    store = *std::move(opened);
+    store = testing::OpenInMemoryStore(job);
     auto created = CenterTable::Create(job);
     REQUIRE(created.ok());
     centers = *std::move(created);
-    storage::DurableStore* db = store.get();
-    membership = std::make_unique<Membership>(
-        job, &clock, [db](const ServerRecord& server, const std::vector<SlotRecord>& slots) {
-          storage::WriteBatch batch;
-          batch.PutServer(server);
-          for (const SlotRecord& slot : slots) batch.PutSlot(slot);
-          return db->Commit(batch);
-        });
+    membership =
+        std::make_unique<Membership>(job, &clock, testing::StorePersist(store.get()));
     step_log = std::make_unique<StepLogService>(
         job, membership.get(), store.get(),
         [this](const SlotId& slot) { return books.StepLogFloor(slot); });
@@ -99,7 +85,7 @@ struct Units {
   }
 
   RegisterResponse Register(const std::string& name, WorkerRole role) {
-    auto registered = membership->Register(Request(name, role));
+    auto registered = membership->Register(Request(name, role, absl::StrCat(name, ":1")));
     REQUIRE(registered.ok());
     return *registered;
   }
@@ -372,108 +358,6 @@ TEST_CASE("a status read while the global checkpoint is enabled sees one policy 
 // The replay tasks' claim, publication and end (moved here from membership_test with the code:
 // Membership keeps the slots, the coordinator the tasks), on the same jobs as there.
 namespace claims {
-
-RegisterRequest Request(const std::string& name, WorkerRole role = ROLE_UNSPECIFIED) {
-  RegisterRequest request;
-  request.set_job_id("j");
-  request.set_worker_name(name);
-  request.set_requested_role(role);
-  request.set_peer_address("127.0.0.1:1");
-  return request;
-}
-
-HeartbeatRequest Beat(uint64_t incarnation, int64_t step = 0) {
-  HeartbeatRequest request;
-  request.set_incarnation(incarnation);
-  request.set_step(step);
-  return request;
-}
-
-JobConfig JobWithPolicy(const char* policy, int recovery_parallelism = 1) {
-  auto job = ParseJobConfig(
-      absl::StrCat("job_id: \"j\"\n"
-                   "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
-                   "topology { replicas: 2 stages: 1 }\n"
-                   "fault_tolerance { policy: ",
-                   policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 ",
-                   "recovery_parallelism: ", recovery_parallelism, " }\n"),
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
-JobConfig PipelineJob(int replicas) {
-  auto job =
-      ParseJobConfig(absl::StrCat("job_id: \"j\"\n"
-                                  "model { layers { width: 8 } layers { width: 6 } "
-                                  "layers { width: 4 activation: IDENTITY } }\n"
-                                  "topology { replicas: ",
-                                  replicas,
-                                  " stages: 3 }\n"
-                                  "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
-                                  "failure_timeout_ms: 1000 }\n"),
-                     "job.pbtxt");
-  INFO(job.status().ToString());
-  REQUIRE(job.ok());
-  return *job;
-}
-
-// Registers a trainer on every slot, in slot order (index replica * 3 + stage).
-std::vector<uint64_t> RegisterTrainers(Membership& membership, int slots) {
-  std::vector<uint64_t> trainers;
-  for (int i = 0; i < slots; ++i) {
-    auto trainer = membership.Register(Request(absl::StrCat("t", i), TRAINER));
-    REQUIRE(trainer.ok());
-    REQUIRE(trainer->slot().replica() * 3 + trainer->slot().stage() == i);
-    trainers.push_back(trainer->incarnation());
-  }
-  return trainers;
-}
-
-bool HasCommand(const HeartbeatResponse& response, Command command) {
-  for (int c : response.commands()) {
-    if (c == command) return true;
-  }
-  return false;
-}
-
-HeartbeatResponse BeatOk(Membership& membership, const HeartbeatRequest& request) {
-  auto response = membership.Heartbeat(request);
-  INFO(response.status().ToString());
-  REQUIRE(response.ok());
-  return *response;
-}
-
-HeartbeatRequest Flushed(uint64_t incarnation, int64_t flushes_done) {
-  HeartbeatRequest request = Beat(incarnation);
-  request.set_flushes_done(flushes_done);
-  return request;
-}
-
-// Heartbeats as a trainer that carries out the FLUSH_LOG its heartbeat asks for (the sequence
-// numbers are the server's: above any of an earlier server life, so not 1, 2, ...).
-// Returns the sequence it reported.
-int64_t FlushWhenAsked(Membership& membership, uint64_t incarnation) {
-  const HeartbeatResponse beat = BeatOk(membership, Beat(incarnation));
-  REQUIRE(HasCommand(beat, FLUSH_LOG));
-  REQUIRE(beat.flush_sequence() > 0);
-  BeatOk(membership, Flushed(incarnation, beat.flush_sequence()));
-  return beat.flush_sequence();
-}
-
-// `trainers` except `silent` heartbeat 900 ms in; 200 ms later `silent` is declared failed.
-void FailOne(FakeClock& clock, Membership& membership, const std::vector<uint64_t>& trainers,
-             uint64_t silent, std::vector<uint64_t> others_alive = {}) {
-  clock.Advance(absl::Milliseconds(900));
-  for (uint64_t t : trainers) {
-    if (t != silent) BeatOk(membership, Beat(t));
-  }
-  for (uint64_t t : others_alive) BeatOk(membership, Beat(t));
-  clock.Advance(absl::Milliseconds(200));
-  const std::vector<FailedWorker> failed = membership.DetectFailures();
-  REQUIRE(failed.size() == 1);
-  REQUIRE(failed[0].incarnation == silent);
-}
 
 // The status of the worker `incarnation`.
 // (Membership fills the workers, the coordinator a spare's waiting_for_task and replay_task.)

@@ -41,11 +41,13 @@
 #include "server/service.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
 using Catch::Matchers::Contains;
+using testing::Slot;
 
 constexpr int kMicroBatches = 2;
 constexpr int kSamplesPerMicroBatch = 2;  // batch_size 4 / M
@@ -74,13 +76,6 @@ JobConfig PipelineJob(const std::string& step_log) {
                             "job.pbtxt");
   if (!job.ok()) FAIL(job.status().ToString());
   return *job;
-}
-
-SlotId Slot(int replica, int stage) {
-  SlotId slot;
-  slot.set_replica(replica);
-  slot.set_stage(stage);
-  return slot;
 }
 
 // The sample ids stage 0 logs for (step, micro-batch): step * 100 + mb * 2 + {0, 1}.
@@ -201,22 +196,13 @@ class GroupServer {
     config_.set_listen_address("127.0.0.1:0");
     config_.set_max_wait_ms(0);  // no handler waits: there is no other thread to wait for
     *config_.mutable_job() = job_;
-    auto store = storage::DurableStore::Open(
-        storage::DurableStoreOptions::FromConfig(DurabilityConfig(), job_.step_log()));
-    REQUIRE(store.ok());
-    store_ = *std::move(store);
+    store_ = testing::OpenInMemoryStore(job_);
     auto centers = CenterTable::Create(job_);
     REQUIRE(centers.ok());
     centers_ = *std::move(centers);
     tracker_ = std::make_unique<ReliabilityTracker>(job_.weighting(), job_.topology().replicas());
-    storage::DurableStore* db = store_.get();
-    membership_ = std::make_unique<Membership>(
-        job_, &clock_, [db](const ServerRecord& server, const std::vector<SlotRecord>& slots) {
-          storage::WriteBatch batch;
-          batch.PutServer(server);
-          for (const SlotRecord& slot : slots) batch.PutSlot(slot);
-          return db->Commit(batch);
-        });
+    membership_ =
+        std::make_unique<Membership>(job_, &clock_, testing::StorePersist(store_.get()));
     service_ = std::make_unique<ParameterServerService>(config_, membership_.get(), centers_.get(),
                                                         tracker_.get(), store_.get(), &clock_);
     service_->MarkReady();

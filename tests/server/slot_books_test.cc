@@ -6,34 +6,21 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "server/slot_books.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
+using testing::Slot;
+
 // 2 replicas x 2 stages; `log_no_boundaries` makes both stages one recovery group.
 JobConfig Job(bool log_no_boundaries) {
-  auto job = ParseJobConfig(
-      absl::StrCat("job_id: \"j\"\n"
-                   "model { input_dim: 4 layers { width: 3 } layers { width: 2 activation: "
-                   "IDENTITY } }\n"
-                   "topology { replicas: 2 stages: 2 }\n"
-                   "data { batch_size: 4 micro_batches: 2 }\n",
-                   log_no_boundaries ? "step_log { log_no_boundaries: true }\n" : ""),
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
-SlotId Slot(int replica, int stage) {
-  SlotId slot;
-  slot.set_replica(replica);
-  slot.set_stage(stage);
-  return slot;
+  return testing::TinyModelJob(2, 2,
+                               log_no_boundaries ? "step_log { log_no_boundaries: true }\n" : "");
 }
 
 SlotBook Book(int64_t step, int64_t count, int64_t log_floor = 0) {

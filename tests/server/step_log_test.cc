@@ -33,44 +33,28 @@
 #include "proto/rebound.grpc.pb.h"
 #include "server/membership.h"
 #include "storage/durable_store.h"
+#include "tests/server/server_testing.h"
 
 namespace rebound::server {
 namespace {
 
 using Catch::Matchers::Contains;
+using testing::Request;
+using testing::Slot;
 
 constexpr int kMicroBatches = 4;
 constexpr int kBatchSize = 2048;
 constexpr int kSamplesPerMicroBatch = kBatchSize / kMicroBatches;
 
 JobConfig TwoReplicaJob() {
-  auto job = ParseJobConfig(
+  return testing::ParseJob(
       absl::StrCat("job_id: \"j\"\n"
                    "model { layers { width: 8 } layers { width: 4 activation: IDENTITY } }\n"
                    "topology { replicas: 2 stages: 1 }\n"
                    "data { batch_size: ",
                    kBatchSize, " micro_batches: ", kMicroBatches,
                    " }\n"
-                   "step_log { buffer_bytes: 1048576 }\n"),
-      "job.pbtxt");
-  REQUIRE(job.ok());
-  return *job;
-}
-
-RegisterRequest Request(const std::string& name, WorkerRole role) {
-  RegisterRequest request;
-  request.set_job_id("j");
-  request.set_worker_name(name);
-  request.set_requested_role(role);
-  request.set_peer_address("127.0.0.1:1");
-  return request;
-}
-
-SlotId Slot(int replica, int stage = 0) {
-  SlotId slot;
-  slot.set_replica(replica);
-  slot.set_stage(stage);
-  return slot;
+                   "step_log { buffer_bytes: 1048576 }\n"));
 }
 
 LogRecord MicroBatch(uint64_t id, int replica, int64_t step, int micro_batch) {
@@ -663,19 +647,15 @@ constexpr int64_t kBoundaryWidth[3] = {0, 8, 6};
 
 // `step_log_extra`: more step_log fields, e.g. "logged_boundaries: 1".
 JobConfig PipelineJob(const std::string& step_log_extra = "") {
-  auto job = ParseJobConfig(absl::StrCat("job_id: \"j\"\n"
-                                         "model { layers { width: 8 } layers { width: 6 } "
-                                         "layers { width: 4 activation: IDENTITY } }\n"
-                                         "topology { replicas: 1 stages: 3 }\n"
-                                         "data { batch_size: ",
-                                         kPipeBatchSize, " micro_batches: ", kPipeMicroBatches,
-                                         " }\n"
-                                         "step_log { buffer_bytes: 1048576 ",
-                                         step_log_extra, " }\n"),
-                            "job.pbtxt");
-  INFO(job.status().ToString());
-  REQUIRE(job.ok());
-  return *job;
+  return testing::ParseJob(absl::StrCat("job_id: \"j\"\n"
+                                        "model { layers { width: 8 } layers { width: 6 } "
+                                        "layers { width: 4 activation: IDENTITY } }\n"
+                                        "topology { replicas: 1 stages: 3 }\n"
+                                        "data { batch_size: ",
+                                        kPipeBatchSize, " micro_batches: ", kPipeMicroBatches,
+                                        " }\n"
+                                        "step_log { buffer_bytes: 1048576 ",
+                                        step_log_extra, " }\n"));
 }
 
 void AddSampleIds(int64_t step, int micro_batch, LogRecord* record) {
