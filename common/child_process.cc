@@ -13,7 +13,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace rebound {
 namespace {
@@ -112,8 +113,8 @@ std::optional<int> ChildProcess::Poll() {
 }
 
 std::optional<int> ChildProcess::WaitFor(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!Poll().has_value() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time deadline = DefaultClock()->Now() + timeout;
+  while (!Poll().has_value() && DefaultClock()->Now() < deadline) DefaultClock()->WaitFor(absl::Milliseconds(5), nullptr);
   return exit_code_;
 }
 
@@ -154,18 +155,18 @@ CompletedCommand RunToCompletion(const std::vector<std::string>& argv, absl::Dur
     ssize_t n = 0;
     while ((n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0) result.output.append(buffer, n);
   };
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = DefaultClock()->Now() + timeout;
   int status = 0;
   while (true) {
     drain();
     if (waitpid(pid, &status, WNOHANG) == pid) break;
-    if (absl::Now() > deadline) {
+    if (DefaultClock()->Now() > deadline) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
       absl::StrAppend(&result.output, "(killed after ", absl::FormatDuration(timeout), ")");
       break;
     }
-    absl::SleepFor(absl::Milliseconds(1));
+    DefaultClock()->WaitFor(absl::Milliseconds(1), nullptr);
   }
   drain();
   close(pipe_fds[0]);

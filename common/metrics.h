@@ -29,6 +29,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "absl/time/time.h"
 
 namespace rebound {
@@ -129,16 +130,18 @@ class MetricsRegistry {
 // Formats a label set as {a="x",b="y"} with values escaped (\\, \", \n); "" when empty.
 std::string FormatLabels(const MetricLabels& labels);
 
-// Times a scope into a histogram.
+// Times a scope into a histogram, on `clock` (borrowed; outlives the scope).
 class ScopedLatency {
  public:
-  explicit ScopedLatency(Histogram* histogram) : histogram_(histogram), start_(absl::Now()) {}
+  explicit ScopedLatency(Histogram* histogram, const Clock* clock = DefaultClock())
+      : histogram_(histogram), clock_(clock), start_(clock->Now()) {}
   ~ScopedLatency() {
-    if (histogram_ != nullptr) histogram_->ObserveDuration(absl::Now() - start_);
+    if (histogram_ != nullptr) histogram_->ObserveDuration(clock_->Now() - start_);
   }
 
  private:
   Histogram* histogram_;
+  const Clock* clock_;
   absl::Time start_;
 };
 

@@ -4,7 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace rebound {
 
@@ -46,8 +47,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   httplib::Server* raw = server->server_.get();
   server->thread_ = std::thread([raw] { raw->listen_after_bind(); });
   // Stopping a server that has not started listening yet could leave its thread waiting.
-  const absl::Time limit = absl::Now() + absl::Seconds(5);
-  while (!raw->is_running() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
+  const Clock* clock = DefaultClock();
+  const absl::Time limit = clock->Now() + absl::Seconds(5);
+  while (!raw->is_running() && clock->Now() < limit) clock->WaitFor(absl::Milliseconds(1), nullptr);
   return server;
 }
 

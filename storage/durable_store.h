@@ -49,10 +49,10 @@
 //                        own key fields disagree with its key, or RocksDB reporting corruption.
 //                        The message names the column family and the key, e.g.
 //                        "steplog key (r=0, s=1, step=17, mb=3): checksum mismatch (...)".
-//   FAILED_PRECONDITION  Open: data_dir is locked by another process or another open store
-//                        ("data_dir /x is in use: ..."), or cannot be created.
 //                        Also a tensor file that is missing, has the wrong length, or fails its
 //                        checksum ("... tensor file <path>: checksum mismatch").
+//   FAILED_PRECONDITION  Open: data_dir is locked by another process or another open store
+//                        ("data_dir /x is in use: ..."), or cannot be created.
 //   NOT_FOUND            ReadSnapshot: the slot has no snapshot.
 //   RESOURCE_EXHAUSTED   the disk is full (RocksDB NoSpace).
 //   UNAVAILABLE          other RocksDB I/O errors, busy / try-again / shutting down; the

@@ -14,6 +14,10 @@
 // absl::DataLossError; nothing here crashes or CHECKs on stored bytes. The error message says
 // what is wrong ("checksum mismatch (stored 0x..., computed 0x...)", "truncated: ...") but not
 // which key: the caller prefixes it with storage::DescribeKey().
+//
+// Thread-safety: pure functions, safe from any thread. Ownership: the Wrap functions return new
+// strings; OpenEnvelope's result is a view into `value` (valid while `value` is);
+// DecodeEnvelope parses into the caller's message. Errors: DATA_LOSS only, as above.
 
 #include <cstddef>
 #include <cstdint>

@@ -23,6 +23,11 @@
 //
 // Replica, stage and step are never negative in a key; the encoders require it and the parsers
 // reject keys whose fields would not fit their signed types (int32 / int64).
+//
+// Thread-safety: pure functions of their arguments, safe from any thread. Ownership: they return
+// new strings and keep nothing. Errors: no status codes; the parsers return nullopt for a key
+// that does not fit (wrong length or prefix, a field out of range) and their callers turn that
+// into DATA_LOSS naming the key (DescribeKey); the encoders' REQUIREs are the callers'.
 
 #include <cstddef>
 #include <cstdint>

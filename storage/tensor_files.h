@@ -17,6 +17,11 @@
 //
 // Thread safety: Write, Read and Remove may run concurrently on different files; what a
 // caller reads must not be removed meanwhile (DurableStore orders this with its own lock).
+// Ownership: the rocksdb::Env is borrowed and must outlive the TensorFiles.
+//
+// Errors: RESOURCE_EXHAUSTED when the disk is full, UNAVAILABLE for other I/O errors (creating,
+// listing, writing), DATA_LOSS naming the record and the file for a tensor file that is
+// missing, has the wrong length or fails its checksum.
 
 #include <atomic>
 #include <cstdint>

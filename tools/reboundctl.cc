@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/logging_plan.h"
 #include "common/security.h"
@@ -309,7 +310,7 @@ int Watch(const std::shared_ptr<grpc::Channel>& channel) {
   }
   bool reached = false;
   for (int i = 0; FLAGS_count == 0 || i < FLAGS_count; ++i) {
-    if (i > 0) absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
+    if (i > 0) DefaultClock()->WaitFor(absl::Milliseconds(FLAGS_interval_ms), nullptr);
     grpc::Status failure;
     auto status = FetchStatus(channel, &failure);
     if (FLAGS_output == "json") {
@@ -317,7 +318,9 @@ int Watch(const std::shared_ptr<grpc::Channel>& channel) {
     } else {
       std::printf("\033[H\033[2J");  // home, clear
       std::printf("reboundctl watch %s every %d ms (%s)\n\n", FLAGS_server.c_str(),
-                  FLAGS_interval_ms, absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str());
+                  FLAGS_interval_ms,
+                  absl::FormatTime("%H:%M:%S", DefaultClock()->Now(), absl::LocalTimeZone())
+                      .c_str());
       if (status.ok()) {
         PrintStatusTable(*status);
       } else {
