@@ -13,6 +13,7 @@
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 
 namespace rebound::testing {
 namespace {
@@ -36,10 +37,15 @@ absl::Status Cluster::StartServer(const std::string& server_config,
                                   const std::string& worker_config) {
   if (server_ != nullptr) return absl::FailedPreconditionError("the server was started before");
   const std::string& dir = options_.dir;
-  if (absl::Status written = WriteFile(dir + "/server.pbtxt", server_config); !written.ok()) {
+  if (absl::Status written =
+          WriteFile(dir + "/server.pbtxt", ScaledServerConfig(server_config));
+      !written.ok()) {
     return absl::InternalError(written.message());
   }
-  if (absl::Status written = WriteFile(dir + "/worker.pbtxt", worker_config); !written.ok()) {
+  worker_config_ = worker_config;
+  if (absl::Status written =
+          WriteFile(dir + "/worker.pbtxt", ScaledWorkerConfig(worker_config));
+      !written.ok()) {
     return absl::InternalError(written.message());
   }
   const std::string port_file = dir + "/port";
@@ -51,7 +57,7 @@ absl::Status Cluster::StartServer(const std::string& server_config,
                           dir + "/server.log");
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
-  absl::StatusOr<int> port = WaitForPortFile(port_file, *server_, options_.start_wait);
+  absl::StatusOr<int> port = WaitForPortFile(port_file, *server_, Scaled(options_.start_wait));
   if (!port.ok()) {
     return absl::Status(port.status().code(),
                         absl::StrCat("rebound_server did not start: ", port.status().message()));
@@ -76,7 +82,8 @@ absl::Status Cluster::StartWorker(const std::string& name, const std::string& ro
   std::string config = options_.dir + "/worker.pbtxt";
   if (!config_extra.empty()) {
     const std::string own = absl::StrCat(options_.dir, "/worker-", name, ".pbtxt");
-    if (absl::Status written = WriteFile(own, ReadFileOrEmpty(config) + config_extra);
+    if (absl::Status written =
+            WriteFile(own, ScaledWorkerConfig(worker_config_ + config_extra));
         !written.ok()) {
       return absl::InternalError(written.message());
     }
@@ -174,7 +181,7 @@ absl::Status Cluster::KillWorker(const std::string& name) {
   }
   expected_exits_.insert(name);
   worker->Signal(SIGKILL);
-  if (!worker->WaitFor(options_.stop_grace).has_value()) {
+  if (!worker->WaitFor(Scaled(options_.stop_grace)).has_value()) {
     return absl::InternalError(absl::StrCat(name, " survived SIGKILL"));
   }
   return absl::OkStatus();
@@ -220,11 +227,11 @@ absl::Status Cluster::Heal(const std::string& name) {
   return options_.network->Heal(*host);
 }
 
-int Cluster::StopServer(absl::Duration grace) { return server_->Stop(grace); }
+int Cluster::StopServer(absl::Duration grace) { return server_->Stop(Scaled(grace)); }
 
 absl::Status Cluster::KillServer() {
   server_->Signal(SIGKILL);
-  if (!server_->WaitFor(options_.stop_grace).has_value()) {
+  if (!server_->WaitFor(Scaled(options_.stop_grace)).has_value()) {
     return absl::InternalError("rebound_server survived SIGKILL");
   }
   return absl::OkStatus();
@@ -232,7 +239,7 @@ absl::Status Cluster::KillServer() {
 
 absl::StatusOr<GetStatusResponse> Cluster::GetStatus() {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(DefaultClock()->Now() + options_.rpc_deadline));
+  context.set_deadline(absl::ToChronoTime(DefaultClock()->Now() + Scaled(options_.rpc_deadline)));
   GetStatusResponse response;
   const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
   if (!status.ok()) {
@@ -244,6 +251,7 @@ absl::StatusOr<GetStatusResponse> Cluster::GetStatus() {
 absl::StatusOr<GetStatusResponse> Cluster::WaitForStatus(
     const std::function<bool(const GetStatusResponse&)>& done, absl::Duration limit,
     const std::string& what, absl::Duration poll) {
+  limit = Scaled(limit);
   const Clock& clock = *DefaultClock();
   const absl::Time deadline = clock.Now() + limit;
   while (true) {
@@ -310,10 +318,10 @@ void Cluster::StopAll(
     worker.process->Signal(SIGCONT);
   }
   for (Worker& worker : workers_) {
-    worker_exited(*worker.process, worker.process->Stop(options_.stop_grace));
+    worker_exited(*worker.process, worker.process->Stop(Scaled(options_.stop_grace)));
   }
   if (server_ != nullptr) {
-    const int code = server_->Stop(options_.stop_grace);
+    const int code = server_->Stop(Scaled(options_.stop_grace));
     if (code != 0 && report) {
       std::fprintf(stderr, "note: rebound_server exited with code %d\n", code);
     }

@@ -28,6 +28,12 @@
 // that still runs, stopped or not (workers first, newest first, then the server), every wait
 // bounded. ChildProcess pointers and references it hands out live as long as the Cluster. It
 // borrows ClusterOptions::network, which must outlive it.
+// Time: every bound a Cluster keeps or is given (ClusterOptions' rpc_deadline, start_wait and
+// stop_grace, WaitForStatus' limit, StopServer's grace, WaitForFirstSyncs' 120 s) is in the normal
+// build's time and multiplied by testing/cluster/time_scale.h's TimeScale() where it is applied;
+// so are the timing fields of the server's inline job and of the workers' configs it writes
+// (ScaleTimingFields). At scale 1 (REBOUND_TEST_TIME_SCALE unset) the configs are written as
+// given, byte for byte. Watch's `end` and `tick` are not scaled: the caller chose that moment.
 // Status codes: INVALID_ARGUMENT for a bad request (a worker name used twice, an unknown role);
 // NOT_FOUND for a worker never started; FAILED_PRECONDITION when the process is not in the state
 // the call needs (already exited, no server); INTERNAL when a process cannot be started, exits
@@ -206,6 +212,7 @@ class Cluster {
   std::vector<Worker> workers_;         // in start order
   std::vector<ChildProcess*> trainers_;  // StartTrainers', in slot order
   std::set<std::string> expected_exits_;  // killed, or expected to exit on their own
+  std::string worker_config_;  // as StartServer was given it, unscaled
   std::string address_;
   std::unique_ptr<ParameterServer::Stub> stub_;
 };

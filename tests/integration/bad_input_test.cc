@@ -37,6 +37,7 @@
 #include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 #include "tests/storage/raw_db.h"
 
 namespace rebound::testing {
@@ -520,7 +521,7 @@ TEST_CASE("a request body that is not a protobuf message is INVALID_ARGUMENT wit
       grpc::ByteBuffer request(&slice, 1);
       grpc::ByteBuffer response;
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
       const grpc::internal::RpcMethod rpc(method, grpc::internal::RpcMethod::NORMAL_RPC);
       const grpc::Status status =
           grpc::internal::BlockingUnaryCall(channel.get(), rpc, &context, request, &response);
@@ -540,7 +541,7 @@ grpc::Status AppendLogOnce(BadInputCluster& cluster, uint64_t incarnation,
   auto stub = ParameterServer::NewStub(
       grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
   WorkerCredentials::AddTo(&context, cluster.credentials().Of(incarnation));
   auto stream = stub->AppendLog(&context);
   AppendLogRequest request;
@@ -822,7 +823,7 @@ BinaryRun RunBinary(const std::string& binary, const std::vector<std::string>& a
   std::vector<std::string> argv = {Runfile(binary)};
   argv.insert(argv.end(), args.begin(), args.end());
   BinaryRun run;
-  run.exit_code = RunCommand(argv, &run.output, absl::Seconds(30));
+  run.exit_code = RunCommand(argv, &run.output, Scaled(absl::Seconds(30)));
   return run;
 }
 
@@ -925,8 +926,9 @@ int StartServerOn(const std::string& data_dir, const JobSpec& spec, const std::s
                   const std::vector<std::string>& extra_args = {},
                   const std::string& config_extra = "") {
   WriteFileOrDie(dir + "/server.pbtxt",
-                 absl::StrCat("job {\n", JobText(spec), "}\ndurability { data_dir: \"", data_dir,
-                              "\" }\n", config_extra));
+                 ScaledServerConfig(absl::StrCat("job {\n", JobText(spec),
+                                                 "}\ndurability { data_dir: \"", data_dir,
+                                                 "\" }\n", config_extra)));
   const std::string port_file = dir + "/port";
   fs::remove(port_file);
   std::vector<std::string> argv = {Runfile("server/rebound_server"), "--config",
@@ -936,12 +938,12 @@ int StartServerOn(const std::string& data_dir, const JobSpec& spec, const std::s
   auto started = Subprocess::Start(argv, dir + "/server.log");
   REQUIRE(started.ok());
   *server = *std::move(started);
-  auto port = WaitForPortFile(port_file, **server, absl::Seconds(30));
+  auto port = WaitForPortFile(port_file, **server, Scaled(absl::Seconds(30)));
   if (port.ok()) {
     *address = absl::StrCat("127.0.0.1:", *port);
     return -1;
   }
-  return (*server)->WaitFor(absl::Seconds(10)).value_or(-2);
+  return (*server)->WaitFor(Scaled(absl::Seconds(10))).value_or(-2);
 }
 
 TEST_CASE("a server whose data directory holds a corrupt value refuses to start, naming the "
@@ -984,7 +986,7 @@ TEST_CASE("a server whose data directory holds a corrupt value refuses to start,
     auto stub = ParameterServer::NewStub(channel);
     GetStatusResponse status;
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
     REQUIRE(stub->GetStatus(&context, GetStatusRequest(), &status).ok());
     CHECK(status.centers(0).version() == 1);
     CHECK(status.slots(0).update_count() == 1);
@@ -994,19 +996,19 @@ TEST_CASE("a server whose data directory holds a corrupt value refuses to start,
     observer.set_requested_role(SPARE);
     RegisterResponse registered;
     grpc::ClientContext register_context;
-    register_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    register_context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
     REQUIRE(stub->Register(&register_context, observer, &registered).ok());
     PullRequest pull;
     pull.set_incarnation(registered.incarnation());
     PullResponse center;
     grpc::ClientContext pull_context;
-    pull_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pull_context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
     WorkerCredentials::AddTo(&pull_context, registered.credential());
     REQUIRE(stub->Pull(&pull_context, pull, &center).ok());
     const bool same_center = center.center().SerializeAsString() == center_before_stop;
     CHECK(same_center);
     server->Signal(SIGTERM);
-    CHECK(server->WaitFor(absl::Seconds(20)) == 0);
+    CHECK(server->WaitFor(Scaled(absl::Seconds(20))) == 0);
   }
   SECTION("a truncated slot record in meta") {
     {
@@ -1059,7 +1061,7 @@ GetStatusResponse StatusOf(const std::string& address) {
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   GetStatusResponse status;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
   const grpc::Status called = stub->GetStatus(&context, GetStatusRequest(), &status);
   INFO(called.error_message());
   REQUIRE(called.ok());
@@ -1110,7 +1112,7 @@ TEST_CASE("a server killed with SIGKILL whose WAL tail is damaged exits 1 naming
   CHECK(status.slots(0).snapshot_step() == 8);
   CHECK(status.centers(0).version() == 1);
   server->Signal(SIGTERM);
-  CHECK(server->WaitFor(absl::Seconds(20)) == 0);
+  CHECK(server->WaitFor(Scaled(absl::Seconds(20))) == 0);
 }
 
 TEST_CASE("a corrupt SST met by a background compaction turns health NOT_SERVING with the reason "
@@ -1154,10 +1156,10 @@ TEST_CASE("a corrupt SST met by a background compaction turns health NOT_SERVING
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::health::v1::HealthCheckResponse::ServingStatus serving =
       grpc::health::v1::HealthCheckResponse::SERVING;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(30));
   while (absl::Now() < deadline) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(5))));
     grpc::health::v1::HealthCheckResponse response;
     REQUIRE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
     serving = response.status();
@@ -1178,7 +1180,7 @@ TEST_CASE("a corrupt SST met by a background compaction turns health NOT_SERVING
   CHECK(metrics.samples.at("rebound_store_writable") == 0);
   CHECK(metrics.samples.at("rebound_store_background_errors_total") >= 1);
   server->Signal(SIGTERM);
-  CHECK(server->WaitFor(absl::Seconds(20)) == 0);
+  CHECK(server->WaitFor(Scaled(absl::Seconds(20))) == 0);
 }
 
 // ---- a truncated data set -------------------------------------------------------------------
@@ -1205,7 +1207,7 @@ TEST_CASE("a trainer given a truncated data set file exits 1 naming the file") {
                                    "t", "--role", "trainer"},
                                   dir + "/t.log");
   REQUIRE(worker.ok());
-  const std::optional<int> exit_code = (*worker)->WaitFor(absl::Seconds(60));
+  const std::optional<int> exit_code = (*worker)->WaitFor(Scaled(absl::Seconds(60)));
   const std::string log = ReadFileOrEmpty(dir + "/t.log");
   INFO(log);
   CHECK(exit_code == 1);

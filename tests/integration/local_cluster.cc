@@ -72,7 +72,7 @@ void LocalCluster::Kill(const std::string& name) {
 }
 
 int LocalCluster::ExitCode(const std::string& name, absl::Duration limit) {
-  return worker(name).WaitFor(limit).value_or(-1);
+  return worker(name).WaitFor(Scaled(limit)).value_or(-1);
 }
 
 void LocalCluster::StopServer() { REQUIRE(cluster_.StopServer(absl::Seconds(20)) == 0); }
@@ -122,7 +122,7 @@ GetStatusResponse LocalCluster::WaitFor(const std::string& what,
   if (limit == absl::ZeroDuration()) limit = wait_limit_;
   absl::StatusOr<GetStatusResponse> status = cluster_.WaitForStatus(done, limit, what, poll);
   if (absl::IsDeadlineExceeded(status.status())) {
-    FAIL("not reached within " << limit << ": " << what << "\n"
+    FAIL("not reached within " << Scaled(limit) << ": " << what << "\n"
                                << Status().DebugString() << Logs());
   }
   INFO(status.status().message() << Logs());

@@ -7,6 +7,11 @@
 // own calls carry the worker credentials of its registrations. Workers are destroyed first
 // (SIGKILLed and reaped, stopped or not), then the server. Failures are Catch2 REQUIREs that
 // carry the tail of every log. Not thread-safe: the test's main thread uses it.
+//
+// Time: every limit and deadline below (WaitFor's, ExitCode's, Call's, wait_limit) is in the
+// normal build's time and multiplied by testing/cluster/time_scale.h's TimeScale() when applied,
+// as are the job's and the workers' timing fields (the Cluster writes them scaled); job() is the
+// job as the test wrote it, unscaled.
 
 #include <functional>
 #include <memory>
@@ -19,6 +24,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "testing/cluster/cluster.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
@@ -91,7 +97,7 @@ class LocalCluster {
       const Request& request, Response* response, absl::Duration deadline = absl::Seconds(10)) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+                         std::chrono::milliseconds(absl::ToInt64Milliseconds(Scaled(deadline))));
     WorkerCredentials::AddTo(&context, credential);
     return (cluster_.stub().*method)(&context, request, response);
   }

@@ -44,6 +44,7 @@
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 
 namespace rebound::testing {
 namespace {
@@ -127,11 +128,12 @@ void WaitForNextSync(Cluster& cluster, int replica) {
 // snapshot was read is past the snapshot, and a trainer ships its records in step order; a
 // newer sync meanwhile restarts the count.
 int64_t WaitForLoggedSteps(Cluster& cluster, int replica, int steps) {
-  absl::SleepFor(absl::Milliseconds(20));  // records the frozen trainers had on the wire land
+  // Records the frozen trainers had on the wire land.
+  absl::SleepFor(Scaled(absl::Milliseconds(20)));
   GetStatusResponse s = cluster.Status();
   int64_t snapshot = s.slots(replica).snapshot_step();
   int64_t written_at_snapshot = s.step_log().records_written();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(30));
   while (true) {
     s = cluster.Status();
     if (s.slots(replica).snapshot_step() != snapshot) {
@@ -211,7 +213,8 @@ TEST_CASE("a lost slot waits for a spare, and a spare that registers later rebui
   REQUIRE(b != nullptr);
   CHECK(b->state() == FAILED);
   CHECK(absl::StartsWith(b->state_reason(), "no heartbeat for "));
-  CHECK(b->silent_ms_at_failure() >= kFailureTimeoutMs);  // whole ms, rounded down
+  // The job's failure timeout as the cluster wrote it (testing/cluster/time_scale.h).
+  CHECK(b->silent_ms_at_failure() >= ScaledMs(kFailureTimeoutMs));  // whole ms, rounded down
   CHECK(lost.slots(1).snapshot_step() == t0);
   CHECK(t0 % spec.sync_period == 0);
 
@@ -280,7 +283,7 @@ TEST_CASE("a spare killed during its replay gives the task back and a second spa
   // Freeze the replaying spare, give any call it had in flight time to land, and check that it
   // still holds the task: from here on it cannot report, so the kill is mid-replay.
   cluster.Signal(first_name, SIGSTOP);
-  absl::SleepFor(absl::Milliseconds(300));
+  absl::SleepFor(Scaled(absl::Milliseconds(300)));
   const GetStatusResponse frozen = cluster.Status();
   INFO(frozen.DebugString());
   REQUIRE(frozen.slots(1).state() == RECOVERING);
@@ -357,7 +360,7 @@ TEST_CASE("a helper killed during a parallel replay ends the task and other spar
 
   // Freeze the helper mid-replay (the leader cannot finish a step without it), then kill it.
   cluster.Signal(helper_name, SIGSTOP);
-  absl::SleepFor(absl::Milliseconds(300));
+  absl::SleepFor(Scaled(absl::Milliseconds(300)));
   const GetStatusResponse frozen = cluster.Status();
   INFO(frozen.DebugString());
   REQUIRE(frozen.slots(1).state() == RECOVERING);
@@ -409,16 +412,16 @@ TEST_CASE("reboundctl drain: the trainer leaves after its next sync and a spare 
   const uint64_t b = FindWorker(cluster.Status(), "b", TRAINER)->incarnation();
   std::string said;
   REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "drain", "1,0"},
-                     &said, absl::Seconds(30)) == 0);
+                     &said, Scaled(absl::Seconds(30))) == 0);
   CHECK(said == absl::StrCat("draining slot (1,0): its trainer (incarnation ", b,
                              ") leaves after its next sync\n"));
   // Draining a slot nobody owns, or outside the job, is refused with the reason.
   std::string refused;
   CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "drain", "7,0"},
-                   &refused, absl::Seconds(30)) == 1);
+                   &refused, Scaled(absl::Seconds(30))) == 1);
   CHECK(absl::StrContains(refused, "slot (7, 0) is outside the job's topology"));
   CHECK(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "drain", "x"},
-                   &refused, absl::Seconds(30)) == 64);
+                   &refused, Scaled(absl::Seconds(30))) == 64);
 
   const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
   INFO(done.DebugString());
@@ -545,7 +548,7 @@ TensorBundle RunDeterministicJob(JobSpec spec, const KillPoint* kill) {
     cluster.Signal("a", SIGSTOP);
     t0 = WaitForLoggedSteps(cluster, 1, kill->steps);
     cluster.Kill("b");
-    absl::SleepFor(absl::Milliseconds(kMaxWaitMs + 200));
+    absl::SleepFor(absl::Milliseconds(kMaxWaitMs) + Scaled(absl::Milliseconds(200)));
     cluster.Signal("a", SIGCONT);
     const GetStatusResponse lost = cluster.WaitFor("b declared failed", [](const auto& s) {
       const WorkerStatus* b = FindWorker(s, "b", TRAINER);
@@ -720,7 +723,7 @@ TEST_CASE("over 100 sync rounds the step log's GC keeps the stored log within on
     absl::SleepFor(absl::Milliseconds(25));  // into the next round: its log is being shipped
     cluster.Signal("a", SIGSTOP);
     cluster.Signal("b", SIGSTOP);
-    absl::SleepFor(absl::Milliseconds(100));  // calls in flight land
+    absl::SleepFor(Scaled(absl::Milliseconds(100)));  // calls in flight land
     Sample sample;
     const GetStatusResponse frozen = cluster.Status();
     sample.round = std::min(frozen.slots(0).snapshot_step(), frozen.slots(1).snapshot_step()) /
@@ -850,7 +853,7 @@ TEST_CASE("a sync that waits for its DETERMINISTIC turn is refused once its send
     }
   } join_late{late};
   // Meanwhile t1 falls silent and is declared failed; t0 heartbeats.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(10));
   GetStatusResponse status;
   while (true) {
     HeartbeatRequest beat;

@@ -21,6 +21,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
@@ -53,7 +54,7 @@ class Server {
                                       JobText(job_extra, model, replicas, weighting),
                                       "}\nmax_wait_ms: 2000\n");
     if (durable) absl::StrAppend(&config, "durability { data_dir: \"", dir_, "/data\" }\n");
-    WriteFileOrDie(dir_ + "/server.pbtxt", config);
+    WriteFileOrDie(dir_ + "/server.pbtxt", ScaledServerConfig(config));
     Start();
   }
 
@@ -67,7 +68,7 @@ class Server {
                                      dir_ + "/server.log");
     REQUIRE(process.ok());
     process_ = *std::move(process);
-    auto port = WaitForPortFile(port_file, *process_, absl::Seconds(30));
+    auto port = WaitForPortFile(port_file, *process_, Scaled(absl::Seconds(30)));
     REQUIRE(port.ok());
     port_ = *port;
     stub_ = ParameterServer::NewStub(
@@ -76,7 +77,7 @@ class Server {
 
   void Kill() {
     process_->Signal(SIGKILL);
-    REQUIRE(process_->WaitFor(absl::Seconds(10)).has_value());
+    REQUIRE(process_->WaitFor(Scaled(absl::Seconds(10))).has_value());
   }
 
   template <typename Request, typename Response>
@@ -84,7 +85,7 @@ class Server {
                                                                    const Request&, Response*),
                     const Request& request, Response* response) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
     WorkerCredentials::AddTo(&context, credentials_.For(request));
     return ((*stub_).*method)(&context, request, response);
   }
@@ -119,7 +120,7 @@ class Server {
 
   GetStatusResponse WaitForStatus(const std::function<bool(const GetStatusResponse&)>& done,
                                   absl::Duration limit = absl::Seconds(120)) {
-    const absl::Time deadline = absl::Now() + limit;
+    const absl::Time deadline = absl::Now() + Scaled(limit);
     GetStatusResponse status = Status();
     while (!done(status)) {
       if (absl::Now() > deadline) FAIL("state not reached:\n" << status.DebugString());
@@ -422,7 +423,8 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
                    "  easgd { sync_period: ",
                    tau, " }\n  training { max_steps: ", max_steps, " }\n"),
       /*durable=*/false, model);
-  WriteFileOrDie(server.dir() + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 200\n");
+  WriteFileOrDie(server.dir() + "/worker.pbtxt",
+                 ScaledWorkerConfig("backoff_initial_ms: 20\nbackoff_max_ms: 200\n"));
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (const char* name : {"a", "b"}) {
     auto worker = Subprocess::Start({Runfile("worker/rebound_worker"), "--config",
@@ -455,7 +457,7 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
     REQUIRE(at_kill.slots(1).state() != FINISHED);
     workers[1]->Signal(SIGKILL);
     // 128 + SIGKILL; anything else means it finished before the kill and the test proves nothing.
-    REQUIRE(workers[1]->WaitFor(absl::Seconds(10)).value_or(-1) == 128 + SIGKILL);
+    REQUIRE(workers[1]->WaitFor(Scaled(absl::Seconds(10))).value_or(-1) == 128 + SIGKILL);
   }
   const GetStatusResponse done = server.WaitForStatus([](const GetStatusResponse& s) {
     for (const SlotStatus& slot : s.slots()) {
@@ -465,7 +467,7 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
   });
   for (size_t i = 0; i < workers.size(); ++i) {
     if (kill_at > 0 && i == 1) continue;
-    CHECK(workers[i]->WaitFor(absl::Seconds(30)) == 0);
+    CHECK(workers[i]->WaitFor(Scaled(absl::Seconds(30))) == 0);
   }
   if (kill_at > 0) {
     REQUIRE(done.recoveries_size() == 1);
@@ -479,7 +481,7 @@ TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, in
     // The operator's view of the same recovery.
     std::string table;
     REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", server.address(), "recoveries"},
-                       &table, absl::Seconds(30)) == 0);
+                       &table, Scaled(absl::Seconds(30))) == 0);
     INFO(table);
     CHECK(absl::StrContains(table, "(1,0)   REPLAY               RECOVERED"));
     CHECK(absl::StrContains(table, " yes "));
@@ -530,7 +532,8 @@ TEST_CASE("training goes on across a SIGKILL of the server and every sync is app
       "  training { max_steps: 800 }\n",
       /*durable=*/true, kSmallModel);
   WriteFileOrDie(server.dir() + "/worker.pbtxt",
-                 "backoff_initial_ms: 20\nbackoff_max_ms: 300\nrpc_deadline_ms: 3000\n");
+                 ScaledWorkerConfig(
+                     "backoff_initial_ms: 20\nbackoff_max_ms: 300\nrpc_deadline_ms: 3000\n"));
   auto a = StartTrainer(server, "a");
   auto b = StartTrainer(server, "b");
   server.WaitForStatus([](const GetStatusResponse& s) {
@@ -542,8 +545,8 @@ TEST_CASE("training goes on across a SIGKILL of the server and every sync is app
   absl::SleepFor(absl::Milliseconds(500));  // the trainers' syncs fail and back off meanwhile
   server.Start();
   const GetStatusResponse after = server.WaitForStatus(AllFinished);
-  CHECK(a->WaitFor(absl::Seconds(30)) == 0);
-  CHECK(b->WaitFor(absl::Seconds(30)) == 0);
+  CHECK(a->WaitFor(Scaled(absl::Seconds(30))) == 0);
+  CHECK(b->WaitFor(Scaled(absl::Seconds(30))) == 0);
   // The trainers kept their incarnations: they never had to register again.
   CHECK(after.slots(0).owner_incarnation() == before.slots(0).owner_incarnation());
   CHECK(after.slots(1).owner_incarnation() == before.slots(1).owner_incarnation());
@@ -561,7 +564,8 @@ TEST_CASE("under DYNAMIC a trainer frozen by SIGSTOP loses weight and regains it
       "  easgd { sync_period: 64 }\n"
       "  training { max_steps: 100000000 }\n",
       /*durable=*/false, kSmallModel, /*replicas=*/3, "DYNAMIC");
-  WriteFileOrDie(server.dir() + "/worker.pbtxt", "backoff_initial_ms: 20\nbackoff_max_ms: 300\n");
+  WriteFileOrDie(server.dir() + "/worker.pbtxt",
+                 ScaledWorkerConfig("backoff_initial_ms: 20\nbackoff_max_ms: 300\n"));
   std::vector<std::unique_ptr<Subprocess>> trainers;
   for (const char* name : {"a", "b", "c"}) trainers.push_back(StartTrainer(server, name));
   server.WaitForStatus([](const GetStatusResponse& s) {
@@ -577,9 +581,10 @@ TEST_CASE("under DYNAMIC a trainer frozen by SIGSTOP loses weight and regains it
     if (w.name() == "c") c = w.slot().replica();
   }
   REQUIRE(c >= 0);
-  // Freeze c for 2.5 s: well below failure_timeout (5 s), far above a sync interval.
+  // Freeze c for 2.5 s: well below failure_timeout (5 s), far above a sync interval (scaled, as
+  // the failure timeout is: a slower build's sync interval is longer).
   trainers[2]->Signal(SIGSTOP);
-  absl::SleepFor(absl::Milliseconds(2500));
+  absl::SleepFor(Scaled(absl::Milliseconds(2500)));
   const int64_t count_at_resume = server.Status().slots(c).update_count();
   trainers[2]->Signal(SIGCONT);
   // Its syncs after the freeze are late, stale and far from the center that moved meanwhile
