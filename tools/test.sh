@@ -5,8 +5,10 @@
 #   tools/test.sh [extra bazel test flags]
 #
 #   1. `bazel test //...`: every test, gcc.
-#   2. `bazel build --config=tsa //...`: clang's thread-safety analysis over all of the project's
-#      code (every ABSL_GUARDED_BY and friends), warnings are errors. Compile only, no linking.
+#   2. `bazel build --config=tsan //...`, compile only: clang's thread-safety analysis over all
+#      of the project's code (every ABSL_GUARDED_BY and friends; warnings are errors). --config=tsan
+#      carries --config=tsa's flags (.bazelrc), so this one clang compile is both the tsa check
+#      and the objects phase 3 links: checking the locks costs no second compile of //....
 #   3. `bazel test --config=tsan` over the unit and integration tests, ThreadSanitizer: a race in
 #      a test or in a server or worker it spawns fails the test. Left out, and listed as such:
 #      //tests/chaos (its fault timeouts are tuned for the normal build: under TSan's 5-15x
@@ -84,10 +86,10 @@ if [ "${REBOUND_SANITIZERS:-1}" = "0" ]; then
   exit 0
 fi
 
-# 2. Thread-safety analysis: build only.
+# 2. Thread-safety analysis (--config=tsa's flags, inside --config=tsan): compile only.
 tsa=ok
-# Compiling is what checks; linking the tsa binaries would only cost time.
-bazel build --config=tsa --output_groups=compilation_outputs //... || tsa=FAILED
+# Compiling is what checks; linking every binary would only cost time (phase 3 links its tests).
+bazel build --config=tsan --output_groups=compilation_outputs //... || tsa=FAILED
 [ "$tsa" = ok ] || ok=0
 
 # 3. ThreadSanitizer over the unit and integration tests.
