@@ -40,6 +40,7 @@
 #include "testing/cluster/network.h"
 #include "testing/cluster/processes.h"
 #include "worker/data/fashion_mnist.h"
+#include "worker/slot_compute.h"
 
 namespace rebound::chaos {
 namespace {
@@ -114,19 +115,15 @@ bool AllFinished(const GetStatusResponse& s) {
   return s.slots_size() > 0;
 }
 
-// The test accuracy of `center`, computed as the evaluator computes it (worker/training.cc).
+// The test accuracy of `center` (chaos jobs have one stage), computed as the evaluator computes
+// it (worker/evaluator.cc), with the trainer options every worker uses.
 absl::StatusOr<double> TestAccuracy(const JobConfig& job, const TensorBundle& center) {
   ASSIGN_OR_RETURN(worker::FashionMnist data, worker::LoadFashionMnist(job.data()));
   ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                    compute::CreateCpuBackend(job.compute().threads()));
-  compute::TrainerOptions options;
-  options.model = job.model();
-  options.optimizer = job.adahessian();
-  options.batch_size = job.data().batch_size();
-  options.micro_batches = job.data().micro_batches();
-  options.seed = job.data().seed();
   ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> model,
-                   compute::LocalTrainer::Create(backend.get(), options));
+                   compute::LocalTrainer::Create(backend.get(),
+                                                 worker::TrainerOptionsFor(job, SlotId())));
   const compute::StageLayout& layout = model->stage(0).layout();
   RETURN_IF_ERROR(compute::ValidateBundle(layout, center, "center"));
   RETURN_IF_ERROR(model->stage(0).SetParams(compute::PackedFromBundle(layout, center)));
