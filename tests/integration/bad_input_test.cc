@@ -34,6 +34,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "storage/durable_store.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/trainer_calls.h"
 #include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
@@ -99,53 +100,18 @@ struct Observed {
   std::vector<int64_t> snapshot_steps;
 };
 
-class BadInputCluster : public LocalCluster {
+class BadInputCluster : public TrainerCallsCluster {
  public:
   explicit BadInputCluster(const JobSpec& spec, const LocalClusterOptions& options = Options())
-      : LocalCluster(JobText(spec), options), observer_(RegisterObserver("observer")) {}
-
-  // Registers this test as the trainer of the next free slot.
-  RegisterResponse RegisterTrainer(const std::string& name) {
-    RegisterResponse response = Register(name, TRAINER);
-    REQUIRE(response.role() == TRAINER);
-    return response;
-  }
-
-  PullResponse Center() { return Pull(observer_); }
+      : TrainerCallsCluster(JobText(spec), options) {}
+  using TrainerCallsCluster::MakePush;
 
   // The center moved by `delta`: valid parameters for a sync.
   TensorBundle ValidParams(float delta = 0.01f) { return Shifted(Center().center(), delta); }
 
-  SyncRequest MakeSync(const RegisterResponse& trainer, int64_t step, TensorBundle params) {
-    SyncRequest request;
-    request.set_incarnation(trainer.incarnation());
-    *request.mutable_slot() = trainer.slot();
-    request.set_step(step);
-    *request.mutable_params() = std::move(params);
-    return request;
-  }
-
-  grpc::Status Sync(const SyncRequest& request, SyncResponse* response = nullptr) {
-    SyncResponse ignored;
-    return Call(&ParameterServer::Stub::Sync, request, response != nullptr ? response : &ignored);
-  }
-
   // A push of (g, D) = (0.01, 1) everywhere: valid for the slot's stage.
   PushRequest MakePush(const RegisterResponse& trainer, uint64_t sequence) {
-    PushRequest request;
-    request.set_incarnation(trainer.incarnation());
-    *request.mutable_slot() = trainer.slot();
-    request.set_sequence(sequence);
-    request.set_step(static_cast<int64_t>(sequence));
-    const TensorBundle center = Center().center();
-    *request.mutable_gradient() = Mapped(center, [](size_t, float) { return 0.01f; });
-    *request.mutable_hessian_diag() = Mapped(center, [](size_t, float) { return 1.0f; });
-    return request;
-  }
-
-  grpc::Status Push(const PushRequest& request, PushResponse* response = nullptr) {
-    PushResponse ignored;
-    return Call(&ParameterServer::Stub::Push, request, response != nullptr ? response : &ignored);
+    return MakePush(trainer, sequence, 0.01f, 1.0f);
   }
 
   Observed Observe() {
@@ -172,8 +138,6 @@ class BadInputCluster : public LocalCluster {
 
   double FaultScore(int replica) { return Status().slots(replica).weight().fault_score(); }
 
- private:
-  const uint64_t observer_;
 };
 
 // ---- tensors --------------------------------------------------------------------------------

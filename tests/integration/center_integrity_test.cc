@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/trainer_calls.h"
 #include "tests/integration/status_util.h"
 
 namespace rebound::testing {
@@ -75,49 +76,10 @@ struct Observed {
   std::vector<int64_t> refused;
 };
 
-class IntegrityCluster : public LocalCluster {
+class IntegrityCluster : public TrainerCallsCluster {
  public:
   explicit IntegrityCluster(const std::string& job_text)
-      : LocalCluster(job_text, Options()), observer_(RegisterObserver("observer")) {}
-
-  RegisterResponse RegisterTrainer(const std::string& name) {
-    RegisterResponse response = Register(name, TRAINER);
-    REQUIRE(response.role() == TRAINER);
-    return response;
-  }
-
-  PullResponse Center() { return Pull(observer_); }
-
-  SyncRequest MakeSync(const RegisterResponse& trainer, int64_t step, TensorBundle params) {
-    SyncRequest request;
-    request.set_incarnation(trainer.incarnation());
-    *request.mutable_slot() = trainer.slot();
-    request.set_step(step);
-    *request.mutable_params() = std::move(params);
-    return request;
-  }
-
-  grpc::Status Sync(const SyncRequest& request, SyncResponse* response = nullptr) {
-    SyncResponse ignored;
-    return Call(&ParameterServer::Stub::Sync, request, response != nullptr ? response : &ignored);
-  }
-
-  PushRequest MakePush(const RegisterResponse& trainer, uint64_t sequence, float g, float d) {
-    PushRequest request;
-    request.set_incarnation(trainer.incarnation());
-    *request.mutable_slot() = trainer.slot();
-    request.set_sequence(sequence);
-    request.set_step(static_cast<int64_t>(sequence));
-    const TensorBundle center = Center().center();
-    *request.mutable_gradient() = Mapped(center, [g](size_t, float) { return g; });
-    *request.mutable_hessian_diag() = Mapped(center, [d](size_t, float) { return d; });
-    return request;
-  }
-
-  grpc::Status Push(const PushRequest& request, PushResponse* response = nullptr) {
-    PushResponse ignored;
-    return Call(&ParameterServer::Stub::Push, request, response != nullptr ? response : &ignored);
-  }
+      : TrainerCallsCluster(job_text, Options()) {}
 
   Observed Observe() {
     Observed observed;
@@ -147,8 +109,6 @@ class IntegrityCluster : public LocalCluster {
 
   double FaultScore(int replica) { return Status().slots(replica).weight().fault_score(); }
 
- private:
-  const uint64_t observer_;
 };
 
 TEST_CASE("a sync of +-3.4e38 is INVALID_ARGUMENT naming tensor and element, changes nothing, "
