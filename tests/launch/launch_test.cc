@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "testing/cluster/processes.h"
+#include "tests/launch/launch_testing.h"
 
 namespace rebound::testing {
 namespace {
@@ -44,64 +45,6 @@ const char kFinishingJob[] =
     "adahessian { lr: 0.01 }\n"
     "training { max_steps: 400 eval_every_ms: 200 }\n";
 
-// A launcher run: its own directory with the job, the launcher's output in launch.log.
-class Launch {
- public:
-  explicit Launch(const std::string& name) : dir_(MakeTempDir(name)) {
-    WriteFileOrDie(job_file(), kJob);
-  }
-
-  void Start(const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {Runfile("tools/launch/rebound_launch"), "--job", job_file()};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    auto process = Subprocess::Start(argv, output_file());
-    REQUIRE(process.ok());
-    process_ = *std::move(process);
-  }
-
-  // Waits (at most 60 s) until the output contains `text`; fails with the output otherwise.
-  std::string WaitForOutput(const std::string& text) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (true) {
-      // Read before checking for exit, so that the last lines of an exited launcher count.
-      const bool exited = process_->WaitFor(absl::ZeroDuration()).has_value();
-      const std::string output = Output();
-      if (absl::StrContains(output, text)) return output;
-      if (exited || absl::Now() > deadline) {
-        FAIL("the launcher " << (exited ? "exited" : "ran 60 s") << " without printing '" << text
-                             << "'; output:\n"
-                             << output);
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-  }
-
-  std::optional<int> WaitForExit() { return process_->WaitFor(absl::Seconds(60)); }
-
-  std::string Output() const { return ReadFileOrEmpty(output_file()); }
-  Subprocess& process() { return *process_; }
-  std::string job_file() const { return dir_ + "/job.pbtxt"; }
-  std::string output_file() const { return dir_ + "/launch.log"; }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_;
-  std::unique_ptr<Subprocess> process_;
-};
-
-// The number after `prefix` in `text` (e.g. the pid in "started spare-0 (pid 123"), or -1.
-int NumberAfter(const std::string& text, const std::string& prefix) {
-  const size_t at = text.find(prefix);
-  if (at == std::string::npos) return -1;
-  size_t end = at + prefix.size();
-  while (end < text.size() && isdigit(static_cast<unsigned char>(text[end]))) ++end;
-  int number = -1;
-  if (!absl::SimpleAtoi(text.substr(at + prefix.size(), end - at - prefix.size()), &number)) {
-    return -1;
-  }
-  return number;
-}
-
 // The largest step printed for slot `slot` ("0,0") in the progress lines of `output`.
 int64_t MaxStepOf(const std::string& output, const std::string& slot) {
   int64_t best = -1;
@@ -116,14 +59,6 @@ int64_t MaxStepOf(const std::string& output, const std::string& slot) {
     }
   }
   return best;
-}
-
-// The rest of the line after `prefix`.
-std::string LineAfter(const std::string& text, const std::string& prefix) {
-  const size_t at = text.find(prefix);
-  if (at == std::string::npos) return "";
-  const size_t start = at + prefix.size();
-  return text.substr(start, text.find('\n', start) - start);
 }
 
 // Pids of every process in /proc whose command line mentions `text`.
@@ -172,7 +107,7 @@ void CheckClusterCameUp(const std::string& output) {
 }
 
 TEST_CASE("SIGTERM to the launcher stops the server and every worker and exits 143") {
-  Launch launch("launch-sigterm");
+  Launch launch("launch-sigterm", kJob);
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir, "--timeout_s", "120"});
   std::string output = launch.WaitForOutput("cluster up");
@@ -232,7 +167,7 @@ TEST_CASE("SIGTERM to the launcher stops the server and every worker and exits 1
 }
 
 TEST_CASE("--timeout_s ends an unfinished job with exit 1 and no child left") {
-  Launch launch("launch-timeout");
+  Launch launch("launch-timeout", kJob);
   const std::string workdir = launch.dir() + "/work";
   const std::string csv = launch.dir() + "/progress.csv";
   const absl::Time started = absl::Now();
@@ -254,7 +189,7 @@ TEST_CASE("--timeout_s ends an unfinished job with exit 1 and no child left") {
 }
 
 TEST_CASE("--kill_trainer_at_step kills the trainer of --kill_slot once; the server loses it") {
-  Launch launch("launch-kill");
+  Launch launch("launch-kill", kJob);
   // No --workdir: the launcher makes one under /tmp and prints it.
   launch.Start({"--kill_trainer_at_step", "0", "--kill_slot", "1,0", "--timeout_s", "120"});
   // The spare rebuilds the slot by replay (the default policy), often between two polls of the
@@ -284,7 +219,7 @@ TEST_CASE("--kill_trainer_at_step kills the trainer of --kill_slot once; the ser
 }
 
 TEST_CASE("when the server dies the launcher stops the workers and exits 1 with its log") {
-  Launch launch("launch-server-dies");
+  Launch launch("launch-server-dies", kJob);
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir, "--timeout_s", "120"});
   std::string output = launch.WaitForOutput("cluster up");
@@ -300,7 +235,7 @@ TEST_CASE("when the server dies the launcher stops the workers and exits 1 with 
 }
 
 TEST_CASE("a job that trains to max_steps ends with exit 0 and the evaluator's accuracy") {
-  Launch launch("launch-finish");
+  Launch launch("launch-finish", kJob);
   WriteFileOrDie(launch.job_file(), kFinishingJob);
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir, "--timeout_s", "240"});
@@ -320,7 +255,7 @@ TEST_CASE("a job that trains to max_steps ends with exit 0 and the evaluator's a
 }
 
 TEST_CASE("a bad job exits 2 with the validation message before starting anything") {
-  Launch launch("launch-bad-job");
+  Launch launch("launch-bad-job", kJob);
   WriteFileOrDie(launch.job_file(), "job_id: \"bad\"\neasgd { moving_rate: 1.5 }\n");
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir});
@@ -328,7 +263,7 @@ TEST_CASE("a bad job exits 2 with the validation message before starting anythin
   CHECK(absl::StrContains(launch.Output(), "job.pbtxt:2: easgd.moving_rate must be in (0, 1], got 1.5"));
   CHECK_FALSE(std::filesystem::exists(workdir));
 
-  Launch flags("launch-bad-flags");
+  Launch flags("launch-bad-flags", kJob);
   flags.Start({"--kill_trainer_at_step", "1", "--kill_slot", "2,0"});
   REQUIRE(flags.WaitForExit() == 2);
   CHECK(absl::StrContains(flags.Output(), "--kill_slot 2,0 is outside the job's 2 x 1 slots"));
