@@ -91,7 +91,8 @@ class ReliabilityTracker {
   // A slot's trainer is gone (LOST) or back: only live slots enter the medians.
   void SetLive(const SlotId& slot, bool live);
 
-  // The weight `slot` would get now (fault score decayed to `now`) with the last measured inputs.
+  // The weight `slot` would get now (its owner's fault score decayed to `now`) with the last
+  // measured inputs (the smoothed staleness and lateness, the raw divergence).
   WeightInputs Current(const SlotId& slot, absl::Time now) const;
 
   // Durable state of every slot, and its restoration after a server restart (the moving averages
