@@ -8,11 +8,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "proto/rebound.pb.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
+#include "testing/cluster/processes.h"
 
 namespace rebound::testing {
 namespace {
@@ -83,6 +87,28 @@ TEST_CASE("a slot rebuilt by replay trains at full weight; the killed worker's n
   CHECK(returned->name() == "b");
   CHECK(returned->fault_score() > 0.0);
   CHECK(returned->fault_score() <= killed->fault_score());
+
+  // reboundctl workers shows it in column FAULT (INCARNATION NAME ROLE STATE SLOT STEP FAULT ...).
+  std::string output;
+  REQUIRE(RunCommand({Runfile("tools/reboundctl"), "--server", cluster.address(), "workers"},
+                     &output, absl::Seconds(30)) == 0);
+  INFO(output);
+  const std::vector<std::string> lines = absl::StrSplit(output, '\n');
+  REQUIRE(!lines.empty());
+  const std::vector<std::string> header = absl::StrSplit(lines[0], ' ', absl::SkipEmpty());
+  REQUIRE(header.size() > 6);
+  CHECK(header[6] == "FAULT");
+  bool listed = false;
+  for (const std::string& line : lines) {
+    const std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() < 7 || fields[0] != absl::StrCat(again.incarnation())) continue;
+    listed = true;
+    CHECK(fields[1] == "b");
+    double fault = 0.0;
+    CHECK(absl::SimpleAtod(fields[6], &fault));
+    CHECK(fault > 0.0);
+  }
+  CHECK(listed);
 }
 
 }  // namespace
