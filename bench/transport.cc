@@ -404,10 +404,8 @@ int Run(const Flags& flags) {
   std::thread detector([&] {
     while (!stop.WaitForNotificationWithTimeout(period)) {
       for (const server::FailedWorker& failed : membership.DetectFailures()) {
-        if (failed.had_slot) {
-          tracker.OnFault(failed.slot, clock.Now());
-          tracker.SetLive(failed.slot, false);
-        }
+        tracker.OnFault(failed.name, clock.Now());  // the worker's fault, by name
+        if (failed.had_slot) tracker.SetLive(failed.slot, false);
         ++failures;
       }
     }

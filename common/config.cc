@@ -286,6 +286,10 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.InOpenClosed("weighting.min_weight", weighting.min_weight(), 0.0, 1.0);
   c.Positive("weighting.fault_half_life_s", weighting.fault_half_life_s());
   c.InOpenClosed("weighting.fault_increment", weighting.fault_increment(), 0.0, 1.0);
+  // 0 = raw inputs; beyond 1000 syncs an average would no longer follow a trainer that slows down
+  // for good (NaN and infinity fail the range too).
+  c.InRange("weighting.input_smoothing_half_life_syncs",
+            weighting.input_smoothing_half_life_syncs(), 0.0, 1000.0);
   // Center integrity bounds (issue R9): 0 turns a bound off; a ratio below 2 would refuse the
   // ordinary spread of healthy trainers around their median.
   if (weighting.max_divergence_ratio() != 0.0 &&

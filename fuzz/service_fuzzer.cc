@@ -347,10 +347,8 @@ class Server {
   // The failure detector's pass of server/main.cc.
   void DetectFailures() {
     for (const FailedWorker& failed : membership_->DetectFailures()) {
-      if (failed.had_slot) {
-        tracker_->OnFault(failed.slot, clock_.Now());
-        tracker_->SetLive(failed.slot, false);
-      }
+      tracker_->OnFault(failed.name, clock_.Now());  // the worker's fault, by name
+      if (failed.had_slot) tracker_->SetLive(failed.slot, false);
     }
     service_->MaybeRollBack();
   }

@@ -50,10 +50,10 @@ std::vector<FailedWorker> FailureDetector::CheckOnce() {
   }
   std::vector<FailedWorker> failed = membership_->DetectFailures();
   for (const FailedWorker& worker : failed) {
-    if (worker.had_slot) {
-      tracker_->OnFault(worker.slot, clock_->Now());
-      tracker_->SetLive(worker.slot, false);
-    }
+    // A failure is the worker's (by name, whatever its role): it carries the score when it
+    // registers again.
+    tracker_->OnFault(worker.name, clock_->Now());
+    if (worker.had_slot) tracker_->SetLive(worker.slot, false);
     LOG(WARNING) << "declared '" << worker.name << "' (incarnation " << worker.incarnation
                  << ") failed after " << absl::ToInt64Milliseconds(worker.silent_for)
                  << " ms of silence"

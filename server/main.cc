@@ -11,6 +11,7 @@
 #include <glog/logging.h>
 
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -78,9 +79,16 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
                                               restored.message()));
     }
   }
+  // Fault scores follow the workers' names (DESIGN §4.5): each slot's owner in the stored
+  // membership first, so that a weight record of the old form (a fault score per slot) gives its
+  // score to that owner (docs/weighting.md#migration).
+  for (const auto& [key, record] : state->slots) {
+    if (record.owner_incarnation() != 0) tracker->SetOwner(record.slot(), record.owner_name());
+  }
   std::vector<WeightRecord> weights;
   for (const auto& [key, record] : state->weights) {
-    tracker->Import(record);
+    const std::string migrated = tracker->Import(record);
+    if (!migrated.empty()) LOG(WARNING) << migrated;
     weights.push_back(record);
   }
   service->RestoreBookkeeping(weights);

@@ -271,7 +271,6 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
         }
       } else if (EffectiveRecoveryPolicy(job_) == GLOBAL_CHECKPOINT) {
         absl::StrAppend(&slot.detail, "; every slot rolls back to the last global checkpoint");
-        if (state != ROLLED_BACK) slot.failed_since_restore = true;
         if (state != ROLLED_BACK && !rollback_requested_) {
           rollback_requested_ = true;
           rollback_why_ = absl::StrCat("slot ", SlotName(slot.id),
@@ -595,16 +594,6 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
   NotifyClaimableLocked();
 }
 
-bool Membership::TakeRecoveryCharge(const SlotId& slot) {
-  const int index = SlotIndex(slot);
-  if (index < 0) return false;
-  absl::MutexLock lock(&mu_);
-  Slot& s = slots_[index];
-  if (s.state != ACTIVE || !s.failed_since_restore) return false;
-  s.failed_since_restore = false;
-  return true;
-}
-
 void Membership::FinishRollback() {
   absl::MutexLock lock(&mu_);
   rollback_requested_ = false;
@@ -706,6 +695,12 @@ absl::Status Membership::CheckOwner(uint64_t incarnation, const SlotId& slot) co
                                                       " does not own slot ", SlotName(slot)));
   }
   return absl::OkStatus();
+}
+
+std::string Membership::NameOf(uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(incarnation);
+  return it == workers_.end() ? std::string() : it->second.name;
 }
 
 bool Membership::RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps) {

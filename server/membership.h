@@ -158,6 +158,10 @@ class Membership {
   // OK iff `incarnation` is alive and owns `slot`; FAILED_PRECONDITION otherwise.
   absl::Status CheckOwner(uint64_t incarnation, const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The name `incarnation` registered with (fenced ones too while their record is kept); "" if
+  // unknown. Fault scores follow this name (server/reliability.h).
+  std::string NameOf(uint64_t incarnation) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // True while `slot` has no trainer to train it: LOST or RECOVERING (a recovery group's logs must
   // not be GC'd past what its replay reads meanwhile).
   bool SlotDown(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -224,10 +228,6 @@ class Membership {
   // The server's state is back at the checkpoint: spares may restore the slots (StartRecovery),
   // and the next loss of a trainer requests the next rollback.
   void FinishRollback() ABSL_LOCKS_EXCLUDED(mu_);
-  // GLOBAL_CHECKPOINT: true, once, for a slot just restored whose trainer had been lost (declared
-  // failed or gone), not merely rolled back with the others: its restore is a recovery that
-  // counts against it, as a replay or a restart does under the other policies (DESIGN §4.5).
-  bool TakeRecoveryCharge(const SlotId& slot) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Declares failed every alive worker silent for longer than failure_timeout, fences it and
   // marks its slot LOST (a spare's replay task ends: SPARE_FAILED). Returns the newly failed
@@ -287,9 +287,6 @@ class Membership {
     absl::Time lost_at;       // when the slot became LOST
     int64_t detection_ms = 0;  // how long its owner had been silent when declared failed
     int64_t rolled_back_from = 0;  // GLOBAL_CHECKPOINT: the step it had reached at the rollback
-    // GLOBAL_CHECKPOINT: its trainer was lost (not merely rolled back) since its last restore;
-    // its next restore is a recovery that counts against it (DESIGN §4.5).
-    bool failed_since_restore = false;
     // RECOVERING: the replay task (and recovery record) it recovers under; the task itself is
     // the RecoveryCoordinator's.
     uint64_t task_id = 0;

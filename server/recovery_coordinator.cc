@@ -162,8 +162,9 @@ class ReplayPolicy : public RecoveryPolicy {
 
   void OnRecovered(const ReportRecoveryRequest& report,
                    const RegisterResponse& takeover) override {
-    // A recovery counts against the slot (DESIGN §4.5).
-    u_.tracker->OnFault(takeover.slot(), u_.clock->Now());
+    // A replay charges nobody (DESIGN §4.5): it rebuilt the state the slot would have had; the
+    // lost trainer was charged when it was declared failed. The new owner brings its own score.
+    u_.tracker->SetOwner(takeover.slot(), u_.membership->NameOf(takeover.incarnation()));
     LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
                  << report.steps_replayed() << " steps"
                  << (report.verified() ? ", verified bit-identical" : "")
@@ -249,11 +250,10 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   }
 
   void OnRecovered(const ReportRecoveryRequest&, const RegisterResponse& takeover) override {
-    // A restore counts only for the slot whose trainer was lost: the rollback restores every
-    // slot, healthy ones included.
-    if (u_.membership->TakeRecoveryCharge(takeover.slot())) {
-      u_.tracker->OnFault(takeover.slot(), u_.clock->Now());
-    }
+    // A restore charges nobody (DESIGN §4.5, docs/weighting.md): the trainer that was lost was
+    // charged when it was declared failed, and the rollback restores every slot to a state that
+    // every live trainer's center agrees with. The restoring spare brings its own score.
+    u_.tracker->SetOwner(takeover.slot(), u_.membership->NameOf(takeover.incarnation()));
     LOG(WARNING) << "slot " << SlotName(takeover.slot())
                  << " restored from the global checkpoint; its trainer is now incarnation "
                  << takeover.incarnation() << " at step " << takeover.start_step();
@@ -662,8 +662,11 @@ void RecoveryCoordinator::OnServerPaused(absl::Duration paused) {
 void RecoveryCoordinator::OnRestartedFromCenter(uint64_t spare_incarnation,
                                                 const RegisterResponse& takeover) {
   const SlotId& slot = takeover.slot();
+  // A restart from the center charges nobody (docs/weighting.md): the lost trainer was charged
+  // when declared failed; a slot that is really off shows in its divergence at once. The spare
+  // brings its own score.
+  units_.tracker->SetOwner(slot, units_.membership->NameOf(takeover.incarnation()));
   units_.tracker->SetLive(slot, true);
-  units_.tracker->OnFault(slot, units_.clock->Now());  // a recovery counts against the slot (§4.5)
   LOG(WARNING) << "slot " << SlotName(slot) << " restarted from the center by incarnation "
                << spare_incarnation << ", now incarnation " << takeover.incarnation()
                << " from step " << takeover.start_step();

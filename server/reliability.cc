@@ -4,6 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/slot.h"
+
 namespace rebound::server {
 namespace {
 
@@ -19,10 +22,28 @@ double Median(std::vector<double> values) {
 ReliabilityTracker::ReliabilityTracker(const WeightingConfig& config, int replicas)
     : config_(config), replicas_(replicas) {}
 
-double ReliabilityTracker::DecayedFault(const SlotState& state, absl::Time now) const {
-  if (state.fault <= 0.0) return 0.0;
-  const double elapsed_s = std::max(0.0, absl::ToDoubleSeconds(now - state.fault_time));
-  return state.fault * std::exp2(-elapsed_s / config_.fault_half_life_s());
+double ReliabilityTracker::Decayed(const Fault& fault, absl::Time now) const {
+  if (fault.score <= 0.0) return 0.0;
+  const double elapsed_s = std::max(0.0, absl::ToDoubleSeconds(now - fault.updated));
+  return fault.score * std::exp2(-elapsed_s / config_.fault_half_life_s());
+}
+
+double ReliabilityTracker::OwnerFaultLocked(const SlotState& state, absl::Time now) const {
+  if (state.owner.empty()) return 0.0;
+  auto it = faults_.find(state.owner);
+  return it == faults_.end() ? 0.0 : Decayed(it->second, now);
+}
+
+double ReliabilityTracker::Smooth(bool* has, double* value, double raw) const {
+  const double half_life = config_.input_smoothing_half_life_syncs();
+  if (!*has || !(half_life > 0.0)) {
+    *has = true;
+    *value = raw;
+    return raw;
+  }
+  const double alpha = 1.0 - std::exp2(-1.0 / half_life);
+  *value += alpha * (raw - *value);
+  return *value;
 }
 
 double ReliabilityTracker::Weight(double fault, double staleness, double lateness,
@@ -33,35 +54,34 @@ double ReliabilityTracker::Weight(double fault, double staleness, double latenes
   return std::clamp(w, config_.min_weight(), 1.0);
 }
 
-ReliabilityTracker::SlotState ReliabilityTracker::AfterSync(SlotState state, absl::Time now,
-                                                           int64_t center_version,
-                                                           double divergence_norm) {
-  state.live = true;
-  if (state.synced) {
-    state.last_interval = now - state.last_sync;
-    state.has_interval = true;
-  }
-  state.last_divergence = divergence_norm;
-  state.has_divergence = true;
-  state.synced = true;
-  state.last_sync = now;
-  state.version_after_last_sync = center_version + 1;
-  return state;
-}
-
-WeightInputs ReliabilityTracker::MeasureLocked(const SlotId& slot, absl::Time now,
-                                               int64_t center_version,
-                                               double divergence_norm) const {
+ReliabilityTracker::Measured ReliabilityTracker::MeasureLocked(const SlotId& slot,
+                                                               absl::Time now,
+                                                               int64_t center_version,
+                                                               double divergence_norm) const {
   const Key key = KeyOf(slot);
   auto found = slots_.find(key);
   const SlotState before = found == slots_.end() ? SlotState() : found->second;
-  const SlotState after = AfterSync(before, now, center_version, divergence_norm);
+  Measured m;
+  SlotState& after = m.after;
+  after = before;
+  after.live = true;
+  if (before.synced) {
+    after.last_interval = now - before.last_sync;
+    after.has_interval = true;
+  }
+  after.last_divergence = divergence_norm;
+  after.has_divergence = true;
+  after.synced = true;
+  after.last_sync = now;
+  after.version_after_last_sync = center_version + 1;
 
   double staleness = 1.0;
-  double lateness = 1.0;
   if (before.synced && replicas_ > 1) {
     const int64_t by_others = std::max<int64_t>(0, center_version - before.version_after_last_sync);
-    staleness = static_cast<double>(by_others) / (replicas_ - 1);
+    staleness = Smooth(&after.has_staleness, &after.staleness,
+                       static_cast<double>(by_others) / (replicas_ - 1));
+  } else if (after.has_staleness) {
+    staleness = after.staleness;
   }
 
   // Compared with the live slots of the same stage (the other replicas), this one as it is after
@@ -78,9 +98,13 @@ WeightInputs ReliabilityTracker::MeasureLocked(const SlotId& slot, absl::Time no
     add(other);
   }
   add(after);
-  if (after.has_interval && !intervals.empty()) {
+  double lateness = after.has_lateness ? after.lateness : 1.0;
+  if (before.synced && after.has_interval && !intervals.empty()) {
     const double median = Median(intervals);
-    if (median > 0.0) lateness = absl::ToDoubleSeconds(after.last_interval) / median;
+    if (median > 0.0) {
+      lateness = Smooth(&after.has_lateness, &after.lateness,
+                        absl::ToDoubleSeconds(after.last_interval) / median);
+    }
   }
   double divergence = 1.0;
   const double median_divergence = Median(divergences);
@@ -88,38 +112,36 @@ WeightInputs ReliabilityTracker::MeasureLocked(const SlotId& slot, absl::Time no
     divergence = divergence_norm / median_divergence;
   }
 
-  const double fault = DecayedFault(before, now);
-  WeightInputs inputs;
-  inputs.set_staleness(staleness);
-  inputs.set_lateness(lateness);
-  inputs.set_divergence(divergence);
-  inputs.set_fault_score(fault);
-  inputs.set_weight(Weight(fault, staleness, lateness, divergence));
-  return inputs;
+  const double fault = OwnerFaultLocked(before, now);
+  m.inputs.set_staleness(staleness);
+  m.inputs.set_lateness(lateness);
+  m.inputs.set_divergence(divergence);
+  m.inputs.set_fault_score(fault);
+  m.inputs.set_weight(Weight(fault, staleness, lateness, divergence));
+  return m;
 }
 
 WeightInputs ReliabilityTracker::Measure(const SlotId& slot, absl::Time now,
                                          int64_t center_version, double divergence_norm) const {
   absl::MutexLock lock(&mu_);
-  return MeasureLocked(slot, now, center_version, divergence_norm);
+  return MeasureLocked(slot, now, center_version, divergence_norm).inputs;
 }
 
 void ReliabilityTracker::Record(const SlotId& slot, absl::Time now, int64_t center_version,
                                 double divergence_norm, const WeightInputs& inputs) {
   absl::MutexLock lock(&mu_);
-  SlotState& state = slots_[KeyOf(slot)];
-  state = AfterSync(state, now, center_version, divergence_norm);
-  state.inputs = inputs;
+  Measured m = MeasureLocked(slot, now, center_version, divergence_norm);
+  m.after.inputs = inputs;
+  slots_[KeyOf(slot)] = std::move(m.after);
 }
 
 WeightInputs ReliabilityTracker::OnSync(const SlotId& slot, absl::Time now, int64_t center_version,
                                         double divergence_norm) {
   absl::MutexLock lock(&mu_);
-  const WeightInputs inputs = MeasureLocked(slot, now, center_version, divergence_norm);
-  SlotState& state = slots_[KeyOf(slot)];
-  state = AfterSync(state, now, center_version, divergence_norm);
-  state.inputs = inputs;
-  return inputs;
+  Measured m = MeasureLocked(slot, now, center_version, divergence_norm);
+  m.after.inputs = m.inputs;
+  slots_[KeyOf(slot)] = std::move(m.after);
+  return m.inputs;
 }
 
 std::optional<double> ReliabilityTracker::PeerDivergenceMedian(const SlotId& slot) const {
@@ -136,11 +158,56 @@ std::optional<double> ReliabilityTracker::PeerDivergenceMedian(const SlotId& slo
   return median;
 }
 
-void ReliabilityTracker::OnFault(const SlotId& slot, absl::Time now) {
+void ReliabilityTracker::OnFault(const std::string& worker, absl::Time now) {
+  if (worker.empty()) return;
+  absl::MutexLock lock(&mu_);
+  Fault& fault = faults_[worker];
+  fault.score = std::min(1.0, Decayed(fault, now) + config_.fault_increment());
+  fault.updated = now;
+  PruneLocked(now);
+}
+
+void ReliabilityTracker::PruneLocked(absl::Time now) {
+  std::vector<std::pair<double, std::string>> droppable;
+  for (auto it = faults_.begin(); it != faults_.end();) {
+    const bool owns = std::any_of(slots_.begin(), slots_.end(),
+                                  [&](const auto& slot) { return slot.second.owner == it->first; });
+    const double score = Decayed(it->second, now);
+    if (!owns && score < kForgetBelow) {
+      it = faults_.erase(it);
+      continue;
+    }
+    if (!owns) droppable.emplace_back(score, it->first);
+    ++it;
+  }
+  if (faults_.size() <= kMaxWorkers) return;
+  std::sort(droppable.begin(), droppable.end());
+  for (const auto& [score, name] : droppable) {
+    if (faults_.size() <= kMaxWorkers) break;
+    faults_.erase(name);
+  }
+}
+
+void ReliabilityTracker::SetOwner(const SlotId& slot, const std::string& worker) {
   absl::MutexLock lock(&mu_);
   SlotState& state = slots_[KeyOf(slot)];
-  state.fault = std::min(1.0, DecayedFault(state, now) + config_.fault_increment());
-  state.fault_time = now;
+  SlotState fresh;
+  fresh.live = state.live;
+  fresh.owner = worker;
+  state = std::move(fresh);
+}
+
+double ReliabilityTracker::FaultScore(const std::string& worker, absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  auto it = faults_.find(worker);
+  return it == faults_.end() ? 0.0 : Decayed(it->second, now);
+}
+
+std::vector<std::pair<std::string, double>> ReliabilityTracker::FaultScores(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, double>> scores;
+  for (const auto& [name, fault] : faults_) scores.emplace_back(name, Decayed(fault, now));
+  return scores;
 }
 
 void ReliabilityTracker::SetLive(const SlotId& slot, bool live) {
@@ -151,23 +218,14 @@ void ReliabilityTracker::SetLive(const SlotId& slot, bool live) {
 WeightInputs ReliabilityTracker::Current(const SlotId& slot, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = slots_.find(KeyOf(slot));
-  WeightInputs inputs;
-  if (it == slots_.end()) {
-    inputs.set_staleness(1.0);
-    inputs.set_lateness(1.0);
-    inputs.set_divergence(1.0);
-    inputs.set_fault_score(0.0);
-    inputs.set_weight(1.0);
-    return inputs;
-  }
-  const SlotState& state = it->second;
-  inputs = state.inputs;
+  const SlotState state = it == slots_.end() ? SlotState() : it->second;
+  WeightInputs inputs = state.inputs;
   if (!state.synced) {
     inputs.set_staleness(1.0);
     inputs.set_lateness(1.0);
     inputs.set_divergence(1.0);
   }
-  const double fault = DecayedFault(state, now);
+  const double fault = OwnerFaultLocked(state, now);
   inputs.set_fault_score(fault);
   inputs.set_weight(Weight(fault, inputs.staleness(), inputs.lateness(), inputs.divergence()));
   return inputs;
@@ -189,28 +247,32 @@ WeightRecord ReliabilityTracker::ExportSlot(const SlotId& slot, absl::Time now) 
 
 WeightRecord ReliabilityTracker::RecordLocked(const Key& key, const SlotState& state,
                                               absl::Time now) const {
-  {
-    WeightRecord record;
-    record.mutable_slot()->set_replica(key.first);
-    record.mutable_slot()->set_stage(key.second);
-    record.set_fault_score(DecayedFault(state, now));
-    record.set_fault_updated_unix_ms(absl::ToUnixMillis(now));
-    if (state.synced) {
-      record.set_last_sync_unix_ms(absl::ToUnixMillis(state.last_sync));
-      record.set_center_version_at_last_sync(state.version_after_last_sync);
-    }
-    if (state.has_divergence) record.set_last_divergence(state.last_divergence);
-    *record.mutable_inputs() = state.inputs;
-    record.set_weight(state.inputs.weight());
-    return record;
+  WeightRecord record;
+  record.mutable_slot()->set_replica(key.first);
+  record.mutable_slot()->set_stage(key.second);
+  record.set_faults_by_worker(true);
+  record.set_owner_name(state.owner);
+  record.set_fault_score(OwnerFaultLocked(state, now));
+  record.set_fault_updated_unix_ms(absl::ToUnixMillis(now));
+  for (const auto& [name, fault] : faults_) {
+    WorkerFault* out = record.add_worker_faults();
+    out->set_name(name);
+    out->set_score(Decayed(fault, now));
+    out->set_updated_unix_ms(absl::ToUnixMillis(now));
   }
+  if (state.synced) {
+    record.set_last_sync_unix_ms(absl::ToUnixMillis(state.last_sync));
+    record.set_center_version_at_last_sync(state.version_after_last_sync);
+  }
+  if (state.has_divergence) record.set_last_divergence(state.last_divergence);
+  *record.mutable_inputs() = state.inputs;
+  record.set_weight(state.inputs.weight());
+  return record;
 }
 
-void ReliabilityTracker::Import(const WeightRecord& record) {
+std::string ReliabilityTracker::Import(const WeightRecord& record) {
   absl::MutexLock lock(&mu_);
   SlotState& state = slots_[KeyOf(record.slot())];
-  state.fault = record.fault_score();
-  state.fault_time = absl::FromUnixMillis(record.fault_updated_unix_ms());
   if (record.has_last_sync_unix_ms()) {
     state.synced = true;
     state.last_sync = absl::FromUnixMillis(record.last_sync_unix_ms());
@@ -221,6 +283,34 @@ void ReliabilityTracker::Import(const WeightRecord& record) {
     state.last_divergence = record.last_divergence();
   }
   state.inputs = record.inputs();
+  std::string note;
+  if (record.faults_by_worker()) {
+    if (state.owner.empty()) state.owner = record.owner_name();
+    for (const WorkerFault& entry : record.worker_faults()) {
+      if (entry.name().empty()) continue;
+      const absl::Time updated = absl::FromUnixMillis(entry.updated_unix_ms());
+      auto it = faults_.find(entry.name());
+      if (it != faults_.end() && it->second.updated >= updated) continue;
+      faults_[entry.name()] = Fault{entry.score(), updated};
+    }
+  } else if (record.fault_score() > 0.0) {
+    const std::string slot = SlotName(record.slot());
+    if (state.owner.empty()) {
+      note = absl::StrCat("old-form weight record of slot ", slot, ": its fault score ",
+                          record.fault_score(),
+                          " is dropped (the stored membership names no owner of the slot)");
+    } else {
+      const Fault migrated{record.fault_score(), absl::FromUnixMillis(record.fault_updated_unix_ms())};
+      auto it = faults_.find(state.owner);
+      const absl::Time at = migrated.updated;
+      if (it == faults_.end() || Decayed(it->second, at) < migrated.score) {
+        faults_[state.owner] = migrated;
+      }
+      note = absl::StrCat("old-form weight record of slot ", slot, ": its fault score ",
+                          record.fault_score(), " now belongs to its owner '", state.owner, "'");
+    }
+  }
+  return note;
 }
 
 }  // namespace rebound::server

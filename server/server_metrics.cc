@@ -1,5 +1,6 @@
 #include "server/server_metrics.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -104,7 +105,8 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
        [](const SlotStatus& x) { return x.weight().lateness(); }},
       {"rebound_slot_divergence", "Weight input: normalized divergence at the last update.",
        [](const SlotStatus& x) { return x.weight().divergence(); }},
-      {"rebound_slot_fault_score", "Weight input: the slot's decaying fault score.",
+      {"rebound_slot_fault_score",
+       "Weight input: the decaying fault score of the slot's owner (scores follow workers).",
        [](const SlotStatus& x) { return x.weight().fault_score(); }},
   };
   for (const SlotFamily& f : slot_families) {
@@ -128,6 +130,21 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
             "gauge");
   for (const auto& [key, count] : workers) {
     w->Sample("rebound_workers", {{"role", key.first}, {"state", key.second}}, count);
+  }
+  // One sample per distinct worker name that is alive or has a nonzero score: at most the
+  // tracker's kMaxWorkers (256) charged names plus the alive workers, whatever the history.
+  std::map<std::string, double> fault_scores;
+  for (const WorkerStatus& worker : s.workers()) {
+    if (worker.state() != ALIVE && !(worker.fault_score() > 0.0)) continue;
+    double& score = fault_scores[worker.name()];
+    score = std::max(score, worker.fault_score());
+  }
+  w->Family("rebound_worker_fault_score",
+            "The decaying fault score of each worker name (DESIGN §4.5: it follows the worker "
+            "across incarnations and slots), for alive workers and names with a nonzero score.",
+            "gauge");
+  for (const auto& [name, score] : fault_scores) {
+    w->Sample("rebound_worker_fault_score", {{"worker", name}}, score);
   }
   w->Family("rebound_worker_heartbeat_age_seconds",
             "Seconds since each alive worker's last heartbeat.", "gauge");

@@ -193,9 +193,9 @@ std::string ParameterServerService::IntegritySummary(int stage) const {
                       : std::string(" (weighting.max_divergence_ratio off)"));
 }
 
-void ParameterServerService::OnRefused(const SlotId& slot, const char* what,
-                                       const absl::Status& status) {
-  tracker_->OnFault(slot, clock_->Now());
+void ParameterServerService::OnRefused(const SlotId& slot, uint64_t incarnation,
+                                       const char* what, const absl::Status& status) {
+  tracker_->OnFault(membership_->NameOf(incarnation), clock_->Now());
   books_.CountRefused(slot);
   LOG(WARNING) << "refused " << what << " of slot " << SlotName(slot)
                << " (a fault of its worker): " << status;
@@ -224,7 +224,10 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
     return ToGrpcStatus(registered.status());
   }
   *response = *std::move(registered);
-  if (response->has_slot()) tracker_->SetLive(response->slot(), true);
+  if (response->has_slot()) {
+    tracker_->SetOwner(response->slot(), request->worker_name());
+    tracker_->SetLive(response->slot(), true);
+  }
   LOG(INFO) << "registered '" << request->worker_name() << "' as "
             << WorkerRole_Name(response->role()) << " incarnation " << response->incarnation()
             << (response->has_slot() ? " slot " + SlotName(response->slot()) : std::string());
@@ -293,7 +296,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   absl::Status valid = centers_->ValidateBundle(stage, request->params(), "params");
   if (!valid.ok()) {
     // Non-finite or malformed parameters are the sender's fault: they count against it.
-    OnRefused(slot, "sync", valid);
+    OnRefused(slot, request->incarnation(), "sync", valid);
     return ToGrpcStatus(valid);
   }
   const OptimizerState& optimizer = request->optimizer();
@@ -304,7 +307,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     if (bundle->tensors_size() == 0) continue;
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
       // So is a malformed or non-finite optimizer state (it becomes the slot's snapshot).
-      OnRefused(slot, "sync", ok);
+      OnRefused(slot, request->incarnation(), "sync", ok);
       return ToGrpcStatus(ok);
     }
   }
@@ -395,7 +398,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (!result.ok() && result.status().code() == absl::StatusCode::kInvalidArgument) {
     // Refused by the integrity checks (its result, or its distance from the center): nothing
     // was changed, and the sender is charged with a fault.
-    OnRefused(slot, "sync", result.status());
+    OnRefused(slot, request->incarnation(), "sync", result.status());
     return ToGrpcStatus(result.status());
   }
   if (!result.ok()) {
@@ -444,7 +447,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
        {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
         {&request->hessian_diag(), "hessian_diag"}}) {
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      OnRefused(slot, "push", ok);
+      OnRefused(slot, request->incarnation(), "push", ok);
       return ToGrpcStatus(ok);
     }
   }
@@ -517,7 +520,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     return grpc::Status::OK;
   }
   if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
-    OnRefused(slot, "push", version.status());
+    OnRefused(slot, request->incarnation(), "push", version.status());
     return ToGrpcStatus(version.status());
   }
   if (!version.ok()) return ToGrpcStatus(version.status());
@@ -631,6 +634,9 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     slot.set_update_count(book.update_count);
     slot.set_refused_updates(books_.Refused(slot.slot()));
     slot.set_logged_step(step_log_->LoggedStep(slot.slot()));
+  }
+  for (WorkerStatus& worker : *response->mutable_workers()) {
+    worker.set_fault_score(tracker_->FaultScore(worker.name(), now));
   }
   const StepLogStats log = step_log_->stats();
   response->mutable_step_log()->set_records_written(log.records_written);

@@ -154,7 +154,8 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::StatusOr<double> DivergenceRatio(const SlotId& slot, double norm, const char* what) const;
   // A sync or push refused as the sender's fault (malformed, non-finite, or one whose result
   // would break the center's integrity): a fault of its worker, counted per slot for status.
-  void OnRefused(const SlotId& slot, const char* what, const absl::Status& status);
+  void OnRefused(const SlotId& slot, uint64_t incarnation, const char* what,
+                 const absl::Status& status);
   // "center integrity of stage s so far: max |value| ... (r of the bound), max divergence ratio
   // ... (r of the bound)", for the log line of a finished slot.
   std::string IntegritySummary(int stage) const;

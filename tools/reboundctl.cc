@@ -130,8 +130,9 @@ std::string Ago(int64_t ms) {
 }
 
 void PrintWorkersTable(const GetStatusResponse& s, bool addresses) {
-  std::printf("%-22s %-24s %-10s %-11s %-8s %8s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
-              "STATE", "SLOT", "STEP", "HEARTBEAT",
+  // FAULT: the decaying fault score of the worker's name (it follows the worker, DESIGN §4.5).
+  std::printf("%-22s %-24s %-10s %-11s %-8s %8s %6s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
+              "STATE", "SLOT", "STEP", "FAULT", "HEARTBEAT",
               addresses ? "PEER / METRICS / REASON" : "REASON");
   for (const WorkerStatus& w : s.workers()) {
     std::string last = w.state_reason();
@@ -142,11 +143,11 @@ void PrintWorkersTable(const GetStatusResponse& s, bool addresses) {
     }
     if (w.waiting_for_task()) last = absl::StrCat("waiting for a task", last.empty() ? "" : "; ", last);
     if (w.replay_task() != 0) last = absl::StrCat("in task ", w.replay_task(), last.empty() ? "" : "; ", last);
-    std::printf("%-22llu %-24s %-10s %-11s %-8s %8lld %10s  %s\n",
+    std::printf("%-22llu %-24s %-10s %-11s %-8s %8lld %6.3f %10s  %s\n",
                 static_cast<unsigned long long>(w.incarnation()), w.name().c_str(),
                 WorkerRole_Name(w.role()).c_str(), WorkerState_Name(w.state()).c_str(),
                 w.has_slot() ? Slot(w.slot()).c_str() : "-", static_cast<long long>(w.step()),
-                (Ago(w.last_heartbeat_ms_ago()) + " ago").c_str(), last.c_str());
+                w.fault_score(), (Ago(w.last_heartbeat_ms_ago()) + " ago").c_str(), last.c_str());
   }
 }
 

@@ -6,8 +6,10 @@
 // Fashion-MNIST; the EASGD center is a server::CenterTable updated by its ElasticSync (the server's
 // code: c <- c + alpha w (x - c), the worker's x <- x - alpha (x - c_before)), alpha =
 // EffectiveMovingRate = 0.9 / R; the weights come from a server::ReliabilityTracker (DESIGN §4.5)
-// fed exactly as the server feeds it (OnSync inside the weight function, OnFault + SetLive(false)
-// on a failure, SetLive(true) + OnFault on a recovery), with the simulated clock; test accuracy is
+// fed exactly as the server feeds it (OnSync inside the weight function; trainer r is the worker
+// named WorkerName(r), its slot's owner (SetOwner); OnFault(name) + SetLive(false) on a failure;
+// SetOwner + SetLive(true) and no charge when it comes back, re-registered under the same name,
+// which carries its score, DESIGN §4.5), with the simulated clock; test accuracy is
 // LocalTrainer::Evaluate of the center on the Fashion-MNIST test set.
 // What is simulated: time. A step costs --step_ms (nominal) times a per-step jitter in
 // [0.9, 1.1] drawn from (seed, trainer, step), times --straggler_factor for the straggler; a sync
@@ -438,6 +440,8 @@ class Run {
 
  private:
   int faulty() const { return spec_.replicas - 1; }
+  // The registered name of trainer r's worker: fault scores follow it.
+  static std::string WorkerName(int r) { return absl::StrCat("trainer-", r); }
   double end_time() const { return flags_.steps * flags_.step_ms / 1000.0; }
   double sync_seconds() const { return flags_.sync_ms / 1000.0; }
   double down_seconds() const { return flags_.down_steps * flags_.step_ms / 1000.0; }
@@ -468,6 +472,7 @@ class Run {
       slots_.emplace_back();
       slots_.back().set_replica(r);
       slots_.back().set_stage(0);
+      tracker_->SetOwner(slots_.back(), WorkerName(r));
       trainers_.push_back(std::move(trainer));
     }
     images_.resize(static_cast<size_t>(flags_.batch) * 784);
@@ -583,19 +588,22 @@ class Run {
       if (now > end_time()) break;
       Trainer& tr = *trainers_[r];
       if (tr.down) {
-        // Back from the failure: a recovery, which counts against the slot (server Heartbeat).
+        // Back from the failure: the same worker registers again and restarts from the center
+        // (server Heartbeat): a new owner of the slot under the same name, which carries its
+        // score; the restart itself charges nobody (docs/weighting.md).
         ASSIGN_OR_RETURN(auto center, centers_->Read(0));
         RETURN_IF_ERROR(Restart(r, center.first));
+        tracker_->SetOwner(slots_[r], WorkerName(r));
         tracker_->SetLive(slots_[r], true);
-        tracker_->OnFault(slots_[r], SimTime(now));
         tr.down = false;
         tr.next = now + StepSeconds(r);
         continue;
       }
       RETURN_IF_ERROR(DoStep(r));
       if (KillDue(r, tr.t)) {
-        // Declared failed (server main.cc): a fault, and out of the medians until back.
-        tracker_->OnFault(slots_[r], SimTime(now));
+        // Declared failed (server failure detector): a fault of the worker, and its slot out of
+        // the medians until back.
+        tracker_->OnFault(WorkerName(r), SimTime(now));
         tracker_->SetLive(slots_[r], false);
         tr.down = true;
         ++kills_;
@@ -681,7 +689,7 @@ class Run {
           // Its work of this round up to the kill is lost: redo the round from c, fresh
           // optimizer state. The lost steps are not recomputed (their result is discarded).
           ++kills_;
-          tracker_->OnFault(slots_[r], SimTime(now));
+          tracker_->OnFault(WorkerName(r), SimTime(now));
           RETURN_IF_ERROR(Restart(r, center));
         }
         for (int k = 0; k < spec_.tau; ++k) RETURN_IF_ERROR(DoStep(r));

@@ -99,6 +99,22 @@ TEST_CASE("the center-integrity bounds default on, may be off (0), and are valid
         "job.pbtxt:5: weighting.max_abs_value must be 0 (finite only) or in (0, 3.4e38], got inf");
 }
 
+TEST_CASE("the weight inputs' smoothing half-life defaults to 3 syncs, may be 0 (off), and is "
+          "validated with file and line") {
+  auto job = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->weighting().input_smoothing_half_life_syncs() == 3.0);
+  CHECK(ParseJobConfig(std::string(kBase) + "weighting { input_smoothing_half_life_syncs: 0 }\n",
+                       "job.pbtxt")
+            .ok());
+  CHECK(JobError(std::string(kBase) + "weighting {\n  input_smoothing_half_life_syncs: -1\n}\n") ==
+        "job.pbtxt:6: weighting.input_smoothing_half_life_syncs must be in [0, 1000], got -1");
+  CHECK(JobError(std::string(kBase) + "weighting { input_smoothing_half_life_syncs: nan }\n") ==
+        "job.pbtxt:5: weighting.input_smoothing_half_life_syncs must be in [0, 1000], got nan");
+  CHECK(JobError(std::string(kBase) + "weighting { input_smoothing_half_life_syncs: 1e9 }\n") ==
+        "job.pbtxt:5: weighting.input_smoothing_half_life_syncs must be in [0, 1000], got 1e+09");
+}
+
 TEST_CASE("micro-batches must divide the batch") {
   CHECK(JobError(std::string(kBase) + "data {\n  batch_size: 64\n  micro_batches: 5\n}\n") ==
         "job.pbtxt:7: data.micro_batches must divide data.batch_size = 64, got 5");

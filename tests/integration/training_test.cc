@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
+#include "storage/durable_store.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
 #include "testing/cluster/time_scale.h"
@@ -305,6 +306,93 @@ TEST_CASE("an acknowledged sync survives a SIGKILL of the server, and so does th
   CHECK(server.Pull(trainer.incarnation()).center_version() == 1);
   // New registrations get new incarnations: the counter survived too.
   CHECK(server.Register("t1", TRAINER).incarnation() > trainer.incarnation());
+}
+
+// Fault scores follow workers (DESIGN §4.5, issue R11) and are persisted with the weights.
+// A long half-life keeps the scores where they were across the restart, whatever the machine.
+const char kSlowDecay[] = "DYNAMIC fault_half_life_s: 36000";
+
+// Registers t0 and t1; t0 syncs once, then its next sync is refused (NaN: a fault of "t0"); t1's
+// sync is applied after that (its weight record carries the table of worker scores). Returns
+// t0's score then.
+double ChargeT0(Server& server) {
+  const RegisterResponse t0 = server.Register("t0", TRAINER);
+  const RegisterResponse t1 = server.Register("t1", TRAINER);
+  const TensorBundle center = server.Pull(t0.incarnation()).center();
+  SyncResponse reply;
+  REQUIRE(server.Call(&ParameterServer::Stub::Sync, MakeSync(t0, 8, Shifted(center, 0.25f)),
+                      &reply)
+              .ok());
+  const grpc::Status refused = server.Call(
+      &ParameterServer::Stub::Sync,
+      MakeSync(t0, 16, Mapped(center, [](size_t, float) { return NAN; })), &reply);
+  REQUIRE(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(server.Call(&ParameterServer::Stub::Sync, MakeSync(t1, 8, Shifted(center, -0.25f)),
+                      &reply)
+              .ok());
+  const GetStatusResponse status = server.Status();
+  const WorkerStatus* w0 = FindWorker(status, "t0", TRAINER);
+  REQUIRE(w0 != nullptr);
+  CHECK(w0->fault_score() == Approx(0.5).epsilon(0.01));
+  CHECK(status.slots(0).weight().fault_score() == Approx(w0->fault_score()));
+  CHECK(FindWorker(status, "t1", TRAINER)->fault_score() == 0.0);
+  return w0->fault_score();
+}
+
+// After a restart: t0's name (restored as slot 0's owner) has about `score`, t1's none.
+void CheckRestoredScores(Server& server, double score) {
+  const GetStatusResponse after = server.Status();
+  INFO(after.DebugString());
+  const WorkerStatus* w0 = FindWorker(after, "t0", TRAINER);
+  const WorkerStatus* w1 = FindWorker(after, "t1", TRAINER);
+  REQUIRE(w0 != nullptr);
+  REQUIRE(w1 != nullptr);
+  CHECK(w0->fault_score() == Approx(score).epsilon(0.01));
+  CHECK(after.slots(0).weight().fault_score() == Approx(score).epsilon(0.01));
+  CHECK(after.slots(0).weight().weight() == Approx(1.0 - score).epsilon(0.01));
+  CHECK(w1->fault_score() == 0.0);
+  CHECK(after.slots(1).weight().fault_score() == 0.0);
+}
+
+TEST_CASE("a worker's fault score survives a SIGKILL of the server") {
+  Server server("", /*durable=*/true, kTinyModel, 2, kSlowDecay);
+  const double score = ChargeT0(server);
+  server.Kill();
+  server.Start();
+  CheckRestoredScores(server, score);
+}
+
+TEST_CASE("a data directory of the old form (a fault score per slot) loads: each slot's score "
+          "goes to its stored owner's name") {
+  Server server("", /*durable=*/true, kTinyModel, 2, kSlowDecay);
+  const double score = ChargeT0(server);
+  server.Kill();
+  {
+    // Rewrite the weight records as a server before R11 wrote them: the score is the slot's,
+    // there is no owner and no table of worker scores.
+    storage::DurableStoreOptions options;
+    options.data_dir = server.dir() + "/data";
+    auto store = storage::DurableStore::Open(options);
+    INFO(store.status());
+    REQUIRE(store.ok());
+    auto state = (*store)->LoadAll();
+    REQUIRE(state.ok());
+    REQUIRE(state->weights.size() == 2);
+    storage::WriteBatch batch;
+    for (auto [key, record] : state->weights) {
+      record.clear_faults_by_worker();
+      record.clear_owner_name();
+      record.clear_worker_faults();
+      record.set_fault_score(record.slot().replica() == 0 ? score : 0.0);
+      record.set_fault_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
+      batch.PutWeight(record);
+    }
+    REQUIRE((*store)->Commit(batch).ok());
+  }
+  server.Start();
+  CheckRestoredScores(server, score);
+  CHECK(absl::StrContains(ReadFileOrEmpty(server.dir() + "/server.log"),
+                          "its fault score 0.5 now belongs to its owner 't0'"));
 }
 
 TEST_CASE("server-side AdaHessian applies each push sequence exactly once, in order") {

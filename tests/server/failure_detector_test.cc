@@ -58,7 +58,7 @@ TEST_CASE("a silent trainer is declared failed after failure_timeout, not before
   FailureDetector::Hooks hooks;
   hooks.after_pass = [&] { ++passes; };
   FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, hooks);
-  const double fault_before = f.tracker.Current(a->slot(), f.clock.Now()).fault_score();
+  const double fault_before = f.tracker.FaultScore("a", f.clock.Now());
 
   // b beats every 100 ms; a is silent. Until 1000 ms of silence nobody is declared failed.
   for (int t = 25; t <= 1000; t += 25) {
@@ -69,8 +69,8 @@ TEST_CASE("a silent trainer is declared failed after failure_timeout, not before
   CHECK(StateOf(f.membership, 0) == ACTIVE);
   CHECK(passes == 40);
 
-  // The next pass past the timeout declares a (and only a) failed: its slot is LOST, charged with
-  // a fault and out of the weights' medians.
+  // The next pass past the timeout declares a (and only a) failed: its slot is LOST and out of
+  // the weights' medians, and the fault is charged to the worker's name "a" (DESIGN §4.5).
   f.clock.Advance(absl::Milliseconds(25));
   const std::vector<FailedWorker> failed = detector.CheckOnce();
   REQUIRE(failed.size() == 1);
@@ -81,7 +81,8 @@ TEST_CASE("a silent trainer is declared failed after failure_timeout, not before
   CHECK(failed[0].silent_for > absl::Milliseconds(1000));
   CHECK(StateOf(f.membership, 0) == LOST);
   CHECK(StateOf(f.membership, 1) == ACTIVE);
-  CHECK(f.tracker.Current(a->slot(), f.clock.Now()).fault_score() > fault_before);
+  CHECK(f.tracker.FaultScore("a", f.clock.Now()) == Approx(fault_before + 0.5));
+  CHECK(f.tracker.FaultScore("b", f.clock.Now()) == 0.0);
   CHECK(f.membership.CheckAlive(a->incarnation()).code() ==
         absl::StatusCode::kFailedPrecondition);
   // Once only.

@@ -150,8 +150,12 @@ TEST_CASE("REPLAY: a spare gets a replay task for a lost slot and must prove its
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(StateOf(*u.membership, 0) == RECOVERING);
 
-  // The proven report makes the spare the slot's trainer under a new incarnation, charged.
-  const double fault_before = u.tracker.Current(t.slot(), u.clock.Now()).fault_score();
+  // The proven report makes the spare the slot's trainer under a new incarnation. A verified
+  // replay charges nobody (DESIGN §4.5, issue R11): the slot now weighs its new owner's score,
+  // and the lost trainer's own score (charged when it failed) is not raised again.
+  u.tracker.SetOwner(t.slot(), "a");
+  u.tracker.OnFault("a", u.clock.Now());
+  REQUIRE(u.tracker.Current(t.slot(), u.clock.Now()).fault_score() == Approx(0.5));
   report.set_steps_replayed(0);
   auto finished = u.coordinator->Finish(report);
   REQUIRE(finished.ok());
@@ -159,7 +163,10 @@ TEST_CASE("REPLAY: a spare gets a replay task for a lost slot and must prove its
   CHECK((*finished)->slot().replica() == 0);
   CHECK((*finished)->incarnation() != spare.incarnation());
   CHECK(StateOf(*u.membership, 0) == ACTIVE);
-  CHECK(u.tracker.Current(t.slot(), u.clock.Now()).fault_score() > fault_before);
+  CHECK(u.tracker.Current(t.slot(), u.clock.Now()).fault_score() == 0.0);  // s's: none
+  CHECK(u.tracker.Current(t.slot(), u.clock.Now()).weight() == 1.0);
+  CHECK(u.tracker.FaultScore("a", u.clock.Now()) == Approx(0.5));
+  CHECK(u.tracker.FaultScore("s", u.clock.Now()) == 0.0);
 }
 
 // Trainers a and b and spare s; a leaves, and s claims the replay of its slot (0, 0).
@@ -202,9 +209,17 @@ TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch f
   auto reply = u.membership->Heartbeat(beat);
   REQUIRE(reply.ok());
   REQUIRE(reply->has_takeover());
-  const double fault_before = u.tracker.Current(reply->takeover().slot(), u.clock.Now()).fault_score();
+  // A restart from the center charges nobody; the slot weighs the spare's own score (one fault
+  // of "s" earlier), not the lost trainer's.
+  const SlotId slot = reply->takeover().slot();
+  u.tracker.SetOwner(slot, "a");
+  u.tracker.OnFault("a", u.clock.Now());
+  u.tracker.OnFault("s", u.clock.Now());
+  u.tracker.OnFault("a", u.clock.Now());
   u.coordinator->OnRestartedFromCenter(spare.incarnation(), reply->takeover());
-  CHECK(u.tracker.Current(reply->takeover().slot(), u.clock.Now()).fault_score() > fault_before);
+  CHECK(u.tracker.Current(slot, u.clock.Now()).fault_score() == Approx(0.5));
+  CHECK(u.tracker.FaultScore("s", u.clock.Now()) == Approx(0.5));
+  CHECK(u.tracker.FaultScore("a", u.clock.Now()) == Approx(1.0));
 }
 
 TEST_CASE("REPLAY: a pipeline stage whose replay mismatches waits for another replay") {
@@ -491,9 +506,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   CHECK((**waited)->slot.replica() == 0);
   CHECK((**waited)->reached_step == 16);
 
-  // Slot 0's restore is a recovery that counts against it (its trainer failed), once; slot 1's
-  // does not (it was only rolled back with the others).
-  CHECK_FALSE(membership.TakeRecoveryCharge(a->slot()));  // not restored yet
+  // Slot 0 is restored, then slot 1 (a restore charges nobody since issue R11, DESIGN §4.5).
   ReportRecoveryRequest report;
   report.set_incarnation(spare->incarnation());
   report.set_task_id((**waited)->task_id);
@@ -502,8 +515,6 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   REQUIRE(restored.ok());
   REQUIRE(restored->has_value());
   CHECK((*restored)->slot().replica() == 0);
-  CHECK(membership.TakeRecoveryCharge(a->slot()));
-  CHECK_FALSE(membership.TakeRecoveryCharge(a->slot()));
   auto b2 = membership.Register(Request("b2", SPARE));
   REQUIRE(b2.ok());
   auto claim = tasks.ClaimReplay(b2->incarnation(), absl::ZeroDuration());
@@ -515,7 +526,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   restored = tasks.FinishReplay(b2->incarnation(), report, {});
   REQUIRE(restored.ok());
   REQUIRE(restored->has_value());
-  CHECK_FALSE(membership.TakeRecoveryCharge(b->slot()));
+  CHECK((*restored)->slot().replica() == 1);
 }
 
 TEST_CASE("under REPLAY a lost slot waits for a spare to claim its replay") {

@@ -2,6 +2,10 @@
 
 #include "server/reliability.h"
 
+#include <cmath>
+#include <string>
+#include <vector>
+
 namespace rebound::server {
 namespace {
 
@@ -81,14 +85,15 @@ TEST_CASE("a divergent trainer is down-weighted by its distance to the center") 
 
 TEST_CASE("the fault score rises per fault, caps at 1 and halves every half-life") {
   ReliabilityTracker tracker(Dynamic(), 2);
-  tracker.OnFault(Slot(0), At(0));
+  tracker.SetOwner(Slot(0), "w0");
+  tracker.OnFault("w0", At(0));
   CHECK(tracker.Current(Slot(0), At(0)).fault_score() == Approx(0.5));
   CHECK(tracker.Current(Slot(0), At(0)).weight() == Approx(0.5));
   CHECK(tracker.Current(Slot(0), At(60)).fault_score() == Approx(0.25));
   CHECK(tracker.Current(Slot(0), At(60)).weight() == Approx(0.75));
-  tracker.OnFault(Slot(0), At(60));  // 0.25 + 0.5
+  tracker.OnFault("w0", At(60));  // 0.25 + 0.5
   CHECK(tracker.Current(Slot(0), At(60)).fault_score() == Approx(0.75));
-  tracker.OnFault(Slot(0), At(60));  // capped
+  tracker.OnFault("w0", At(60));  // capped
   CHECK(tracker.Current(Slot(0), At(60)).fault_score() == Approx(1.0));
   // (1 - 1) / 1 = 0, clamped to min_weight.
   CHECK(tracker.Current(Slot(0), At(60)).weight() == Approx(0.05));
@@ -104,7 +109,8 @@ TEST_CASE("UNIFORM measures the inputs but always weighs 1") {
   ReliabilityTracker tracker(config, 3);
   tracker.OnSync(Slot(0), At(0), 0, 1.0);
   tracker.OnSync(Slot(1), At(0), 1, 1.0);
-  tracker.OnFault(Slot(2), At(0));
+  tracker.SetOwner(Slot(2), "w2");
+  tracker.OnFault("w2", At(0));
   WeightInputs w = tracker.OnSync(Slot(2), At(0), 2, 10.0);
   CHECK(w.divergence() == Approx(10.0));
   CHECK(w.fault_score() == Approx(0.5));
@@ -158,13 +164,15 @@ TEST_CASE("a pipeline's stages are judged against the same stage of the other re
 TEST_CASE("weights and fault scores survive export and import") {
   ReliabilityTracker tracker(Dynamic(), 2);
   tracker.OnSync(Slot(0), At(0), 0, 1.0);
-  tracker.OnFault(Slot(1), At(10));
+  tracker.SetOwner(Slot(1), "w1");
+  tracker.OnFault("w1", At(10));
   auto records = tracker.Export(At(10));
   REQUIRE(records.size() == 2);
 
   ReliabilityTracker restored(Dynamic(), 2);
   for (const WeightRecord& r : records) restored.Import(r);
-  CHECK(restored.Current(Slot(1), At(70)).fault_score() == Approx(0.25));
+  CHECK(restored.Current(Slot(1), At(70)).fault_score() == Approx(0.25));  // its owner's
+  CHECK(restored.FaultScore("w1", At(70)) == Approx(0.25));
   // Slot 0's baseline version survived: 3 updates by the other since version 1.
   WeightInputs w = restored.OnSync(Slot(0), At(1), 4, 1.0);
   CHECK(w.staleness() == Approx(3.0));
@@ -212,6 +220,174 @@ TEST_CASE("the peer divergence median leaves the sender and dead trainers out") 
   other.set_replica(0);
   other.set_stage(1);
   CHECK_FALSE(tracker.PeerDivergenceMedian(other).has_value());
+}
+
+
+// Fault scores follow workers (DESIGN §4.5, issue R11).
+
+TEST_CASE("a fault score follows the worker's name across slots, and a slot uses its owner's") {
+  ReliabilityTracker tracker(Dynamic(), 2);
+  tracker.SetOwner(Slot(0), "alice");
+  tracker.SetOwner(Slot(1), "bob");
+  tracker.OnFault("alice", At(0));
+  CHECK(tracker.Current(Slot(0), At(0)).fault_score() == Approx(0.5));
+  CHECK(tracker.Current(Slot(1), At(0)).fault_score() == 0.0);
+  // alice fails, a spare "carol" takes her slot over: the slot weighs carol's score (none);
+  // alice registers again and gets slot 1: her score comes with her.
+  tracker.SetOwner(Slot(0), "carol");
+  tracker.SetOwner(Slot(1), "alice");
+  CHECK(tracker.Current(Slot(0), At(0)).fault_score() == 0.0);
+  CHECK(tracker.Current(Slot(0), At(0)).weight() == 1.0);
+  CHECK(tracker.Current(Slot(1), At(60)).fault_score() == Approx(0.25));  // decayed per name
+  CHECK(tracker.Current(Slot(1), At(60)).weight() == Approx(0.75));
+  CHECK(tracker.FaultScore("alice", At(120)) == Approx(0.125));
+  CHECK(tracker.FaultScore("bob", At(0)) == 0.0);
+  CHECK(tracker.FaultScore("nobody", At(0)) == 0.0);
+  tracker.OnFault("", At(0));  // no name: nobody is charged
+  CHECK(tracker.FaultScores(At(0)).size() == 1);
+}
+
+TEST_CASE("a new owner's first sync is neutral: the slot's sync history starts afresh") {
+  ReliabilityTracker tracker(Dynamic(), 3);
+  tracker.OnSync(Slot(0), At(0), 0, 1.0);
+  tracker.OnSync(Slot(1), At(0), 1, 1.0);
+  tracker.OnSync(Slot(2), At(0), 2, 1.0);
+  tracker.OnSync(Slot(1), At(1), 3, 1.0);
+  tracker.OnSync(Slot(2), At(1), 4, 1.0);
+  // Slot 0's trainer is lost; a spare takes it over 20 s and 40 versions later. Under the old
+  // owner this sync would have had staleness 20 and lateness 20.
+  tracker.SetOwner(Slot(0), "spare");
+  const WeightInputs w = tracker.OnSync(Slot(0), At(20), 44, 1.0);
+  CHECK(w.staleness() == 1.0);
+  CHECK(w.lateness() == 1.0);
+  CHECK(w.weight() == 1.0);
+}
+
+TEST_CASE("staleness is smoothed with the configured half-life; h = 0 uses it raw") {
+  // Slot 0 syncs alone at t = 0..4 (lateness and divergence stay 1); the versions it reports
+  // make its raw staleness 3, 1, 0, 5 at t = 1..4 ((version - previous version - 1) / (R - 1)).
+  const int64_t versions[] = {0, 7, 10, 11, 22};
+  auto run = [&](double half_life) {
+    WeightingConfig config = Dynamic();
+    config.set_input_smoothing_half_life_syncs(half_life);
+    ReliabilityTracker tracker(config, 3);
+    std::vector<WeightInputs> out;
+    for (int t = 0; t < 5; ++t) out.push_back(tracker.OnSync(Slot(0), At(t), versions[t], 1.0));
+    return out;
+  };
+  // h = 1: alpha = 1/2. The first measurement initializes: 3; then 3 + (1 - 3)/2 = 2,
+  // 2 + (0 - 2)/2 = 1, 1 + (5 - 1)/2 = 3.
+  const std::vector<WeightInputs> smoothed = run(1.0);
+  const double expected[] = {1.0, 3.0, 2.0, 1.0, 3.0};
+  for (int t = 0; t < 5; ++t) {
+    INFO("t = " << t);
+    CHECK(smoothed[t].staleness() == Approx(expected[t]));
+    CHECK(smoothed[t].lateness() == Approx(1.0));
+    CHECK(smoothed[t].weight() == Approx(1.0 / expected[t]));  // 1 / (1 + (s - 1))
+  }
+  // h = 3 (the default): alpha = 1 - 2^(-1/3) = 0.2063; 3, then 3 - 2 alpha = 2.5874.
+  const std::vector<WeightInputs> by_default = run(3.0);
+  CHECK(by_default[1].staleness() == Approx(3.0));
+  CHECK(by_default[2].staleness() == Approx(3.0 - 2.0 * (1.0 - std::exp2(-1.0 / 3.0))));
+  // h = 0: raw.
+  const std::vector<WeightInputs> raw = run(0.0);
+  const double raw_expected[] = {1.0, 3.0, 1.0, 0.0, 5.0};
+  for (int t = 0; t < 5; ++t) CHECK(raw[t].staleness() == Approx(raw_expected[t]));
+  CHECK(raw[4].weight() == Approx(0.2));
+}
+
+TEST_CASE("lateness is smoothed; divergence is used as measured") {
+  WeightingConfig config = Dynamic();
+  config.set_input_smoothing_half_life_syncs(1.0);  // alpha = 1/2
+  ReliabilityTracker tracker(config, 3);
+  // Slots 1 and 2 sync every second (interval 1 s); slot 0 at t = 0, 2, 3, 7: intervals 2, 1,
+  // 4 s against a median of 1 s. The versions make every raw staleness 1.
+  int64_t version = 0;
+  int64_t slot0_next = 0;
+  WeightInputs w;
+  std::vector<WeightInputs> slot0;
+  for (int t = 0; t <= 7; ++t) {
+    for (int r : {1, 2}) tracker.OnSync(Slot(r), At(t), version++, 1.0);
+    if (t == 0 || t == 2 || t == 3 || t == 7) {
+      slot0.push_back(tracker.OnSync(Slot(0), At(t), slot0_next, t == 3 ? 5.0 : 1.0));
+      slot0_next += 3;  // two updates by the others since: staleness (3 - 1) / 2 = 1
+    }
+  }
+  REQUIRE(slot0.size() == 4);
+  // Lateness: 2 (first: initializes), 2 + (1 - 2)/2 = 1.5, 1.5 + (4 - 1.5)/2 = 2.75.
+  CHECK(slot0[1].lateness() == Approx(2.0));
+  CHECK(slot0[2].lateness() == Approx(1.5));
+  CHECK(slot0[3].lateness() == Approx(2.75));
+  CHECK(slot0[1].staleness() == Approx(1.0));
+  // The divergent sync at t = 3 (norm 5 against {1, 1, 5}) counts in full, and the next one
+  // (norm 1) is back at 1 at once.
+  CHECK(slot0[2].divergence() == Approx(5.0));
+  CHECK(slot0[2].weight() == Approx(1.0 / 5.0));
+  CHECK(slot0[3].divergence() == Approx(1.0));
+  CHECK(slot0[3].weight() == Approx(1.0 / 2.75));
+}
+
+TEST_CASE("worker scores travel in every weight record; a restart keeps the newest per name") {
+  ReliabilityTracker tracker(Dynamic(), 2);
+  tracker.SetOwner(Slot(0), "a");
+  tracker.SetOwner(Slot(1), "b");
+  tracker.OnFault("spare", At(0));  // a worker that owns no slot
+  const WeightRecord older = tracker.ExportSlot(Slot(1), At(0));
+  tracker.OnFault("a", At(10));
+  const WeightRecord newer = tracker.ExportSlot(Slot(0), At(10));
+  CHECK(newer.faults_by_worker());
+  CHECK(newer.owner_name() == "a");
+  CHECK(newer.fault_score() == Approx(0.5));
+  CHECK(newer.worker_faults_size() == 2);
+
+  ReliabilityTracker restored(Dynamic(), 2);
+  CHECK(restored.Import(newer).empty());
+  CHECK(restored.Import(older).empty());  // older entries do not overwrite newer ones
+  CHECK(restored.FaultScore("a", At(10)) == Approx(0.5));
+  CHECK(restored.FaultScore("spare", At(60)) == Approx(0.25));
+  CHECK(restored.Current(Slot(0), At(10)).fault_score() == Approx(0.5));
+  CHECK(restored.Current(Slot(1), At(10)).fault_score() == 0.0);
+}
+
+TEST_CASE("an old-form weight record gives its slot's fault score to the slot's stored owner") {
+  WeightRecord old_form;  // written before scores followed workers: no faults_by_worker
+  old_form.mutable_slot()->set_replica(1);
+  old_form.mutable_slot()->set_stage(0);
+  old_form.set_fault_score(0.5);
+  old_form.set_fault_updated_unix_ms(0);
+  old_form.set_last_sync_unix_ms(0);
+  old_form.set_center_version_at_last_sync(5);
+
+  ReliabilityTracker tracker(Dynamic(), 2);
+  tracker.SetOwner(Slot(1), "owner-1");  // from the stored membership (server/main.cc)
+  const std::string note = tracker.Import(old_form);
+  CHECK(note.find("now belongs to its owner 'owner-1'") != std::string::npos);
+  CHECK(tracker.FaultScore("owner-1", At(60)) == Approx(0.25));
+  CHECK(tracker.Current(Slot(1), At(60)).fault_score() == Approx(0.25));
+
+  ReliabilityTracker no_owner(Dynamic(), 2);
+  const std::string dropped = no_owner.Import(old_form);
+  CHECK(dropped.find("is dropped") != std::string::npos);
+  CHECK(no_owner.FaultScores(At(0)).empty());
+  CHECK(no_owner.Current(Slot(1), At(0)).fault_score() == 0.0);
+}
+
+TEST_CASE("the table of worker scores is bounded and forgets decayed names") {
+  ReliabilityTracker tracker(Dynamic(), 2);
+  tracker.SetOwner(Slot(0), "owner");
+  tracker.OnFault("owner", At(0));
+  for (size_t i = 0; i < ReliabilityTracker::kMaxWorkers + 50; ++i) {
+    tracker.OnFault("w" + std::to_string(i), At(0));
+  }
+  CHECK(tracker.FaultScores(At(0)).size() == ReliabilityTracker::kMaxWorkers);
+  CHECK(tracker.FaultScore("owner", At(0)) == Approx(0.5));  // an owner is never dropped
+  // Fifteen half-lives later every score is below kForgetBelow: the next fault prunes the names
+  // that own no slot.
+  tracker.OnFault("late", At(15 * 60));
+  const auto left = tracker.FaultScores(At(15 * 60));
+  REQUIRE(left.size() == 2);
+  CHECK(left[0].first == "late");
+  CHECK(left[1].first == "owner");
 }
 
 }  // namespace
