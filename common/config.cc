@@ -268,6 +268,16 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("adahessian.weight_decay", ada.weight_decay(), 0.0);
   c.AtLeast("adahessian.hessian_every", ada.hessian_every(), 1);
   c.AtLeast("adahessian.block_size", ada.block_size(), 0);
+  c.AtLeast<int64_t>("adahessian.warmup_steps", ada.warmup_steps(), 0);
+  if (ada.lr_decay() == LR_DECAY_UNSPECIFIED) {
+    c.Fail("adahessian.lr_decay", "must be LR_CONSTANT, LR_COSINE, LR_LINEAR or LR_STEP");
+  }
+  if (ada.lr_decay() == LR_COSINE || ada.lr_decay() == LR_LINEAR) {
+    c.AtLeast<int64_t>("adahessian.decay_steps", ada.decay_steps(), ada.warmup_steps() + 1);
+  }
+  c.InRange("adahessian.final_lr_fraction", ada.final_lr_fraction(), 0.0, 1.0);
+  if (ada.lr_decay() == LR_STEP) c.AtLeast<int64_t>("adahessian.step_every", ada.step_every(), 1);
+  c.InOpenClosed("adahessian.step_gamma", ada.step_gamma(), 0.0, 1.0);
 
   const EasgdConfig& easgd = job.easgd();
   if (easgd.mode() == SYNC_MODE_UNSPECIFIED) {
