@@ -38,8 +38,9 @@ absl::Status ValidateAdaHessianConfig(const AdaHessianConfig& config);
 //   LR_LINEAR:       lr * (1 - (1 - f) p)
 //         where p = clamp(u / (decay_steps - W), 0, 1): f * lr from t = decay_steps on
 //   LR_STEP:         lr * max(f, step_gamma^floor(u / step_every))
-// The caller rounds it to float once per step (MakeAdaHessianScalars). Defined for every config
-// that ValidateAdaHessianConfig accepts; for others it returns lr (never NaN from the schedule).
+// decay_steps must be resolved (common/config.h EffectiveAdaHessianConfig turns the config's 0
+// into the job's length); with decay_steps <= warmup_steps the decay is off (lr after the
+// warm-up). The caller rounds the result to float once per step (MakeAdaHessianScalars).
 double LearningRate(const AdaHessianConfig& config, int64_t t);
 
 // The scalars of one AdaHessian update at step t >= 1 with sample weight w (1 for a trainer's
