@@ -268,6 +268,23 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("adahessian.weight_decay", ada.weight_decay(), 0.0);
   c.AtLeast("adahessian.hessian_every", ada.hessian_every(), 1);
   c.AtLeast("adahessian.block_size", ada.block_size(), 0);
+  c.AtLeast<int64_t>("adahessian.warmup_steps", ada.warmup_steps(), 0);
+  if (ada.lr_decay() == LR_DECAY_UNSPECIFIED) {
+    c.Fail("adahessian.lr_decay", "must be LR_CONSTANT, LR_COSINE, LR_LINEAR or LR_STEP");
+  }
+  if (ada.lr_decay() == LR_COSINE || ada.lr_decay() == LR_LINEAR) {
+    // 0 means the job's length (EffectiveAdaHessianConfig), which must outlast the warm-up too.
+    if (ada.decay_steps() != 0) {
+      c.AtLeast<int64_t>("adahessian.decay_steps", ada.decay_steps(), ada.warmup_steps() + 1);
+    } else if (job.training().max_steps() <= ada.warmup_steps()) {
+      c.Fail("adahessian.decay_steps",
+             absl::StrCat("is 0 (= training.max_steps = ", job.training().max_steps(),
+                          "), which must be > adahessian.warmup_steps = ", ada.warmup_steps()));
+    }
+  }
+  c.InRange("adahessian.final_lr_fraction", ada.final_lr_fraction(), 0.0, 1.0);
+  if (ada.lr_decay() == LR_STEP) c.AtLeast<int64_t>("adahessian.step_every", ada.step_every(), 1);
+  c.InOpenClosed("adahessian.step_gamma", ada.step_gamma(), 0.0, 1.0);
 
   const EasgdConfig& easgd = job.easgd();
   if (easgd.mode() == SYNC_MODE_UNSPECIFIED) {
@@ -576,6 +593,17 @@ std::pair<int, int> RecoveryGroup(const JobConfig& job, int stage) {
   int end = stage + 1;
   while (end < stages && !logged[end]) ++end;
   return {first, end};
+}
+
+AdaHessianConfig EffectiveAdaHessianConfig(const JobConfig& job) {
+  AdaHessianConfig config = job.adahessian();
+  const bool decays = config.lr_decay() == LR_COSINE || config.lr_decay() == LR_LINEAR;
+  if (decays && config.decay_steps() == 0) {
+    int64_t steps = job.training().max_steps();
+    if (job.easgd().mode() == ASYNC_ADAHESSIAN) steps *= job.topology().replicas();
+    config.set_decay_steps(steps);
+  }
+  return config;
 }
 
 double EffectiveMovingRate(const JobConfig& job) {

@@ -47,6 +47,14 @@ absl::Status ValidateJobConfig(const JobConfig& job);
 // The EASGD moving rate in effect: easgd.moving_rate, or 0.9 / R when it is 0 (the default).
 double EffectiveMovingRate(const JobConfig& job);
 
+// The AdaHessian config in effect: job.adahessian() with adahessian.decay_steps = 0 under
+// LR_COSINE or LR_LINEAR resolved to the job's length in the optimizer's own steps:
+// training.max_steps for the trainers (mode EASGD), training.max_steps x topology.replicas for
+// the server's center in mode ASYNC_ADAHESSIAN (its step counts every replica's push). Every
+// user of the job's optimizer (trainers, spares' replay, the server) takes it from here, so all
+// evaluate the same schedule (compute::LearningRate).
+AdaHessianConfig EffectiveAdaHessianConfig(const JobConfig& job);
+
 // The recovery policy the server applies: fault_tolerance.policy, except that REPLAY means
 // RESTART_FROM_CENTER in mode ASYNC_ADAHESSIAN, where the center is the replica and a trainer
 // keeps no state to replay (no snapshot, no step log; DESIGN.md §4.6).

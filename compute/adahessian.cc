@@ -8,6 +8,8 @@ namespace rebound {
 namespace compute {
 namespace {
 
+constexpr double kPi = 3.14159265358979323846;
+
 absl::Status OutOfRange(const char* field, const char* range, double value) {
   return absl::InvalidArgumentError(
       absl::StrFormat("adahessian.%s must be %s, got %g", field, range, value));
@@ -65,12 +67,61 @@ absl::Status ValidateAdaHessianConfig(const AdaHessianConfig& c) {
   if (!(c.weight_decay() >= 0.0)) return OutOfRange("weight_decay", ">= 0", c.weight_decay());
   if (c.hessian_every() < 1) return OutOfRange("hessian_every", ">= 1", c.hessian_every());
   if (c.block_size() < 0) return OutOfRange("block_size", ">= 0", c.block_size());
+  if (c.warmup_steps() < 0) return OutOfRange("warmup_steps", ">= 0", c.warmup_steps());
+  if (c.lr_decay() == LR_DECAY_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "adahessian.lr_decay must be LR_CONSTANT, LR_COSINE, LR_LINEAR or LR_STEP");
+  }
+  if ((c.lr_decay() == LR_COSINE || c.lr_decay() == LR_LINEAR) &&
+      c.decay_steps() <= c.warmup_steps()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "adahessian.decay_steps must be > adahessian.warmup_steps = %d under %s, got %d",
+        c.warmup_steps(), LrDecay_Name(c.lr_decay()), c.decay_steps()));
+  }
+  if (!(c.final_lr_fraction() >= 0.0 && c.final_lr_fraction() <= 1.0)) {
+    return OutOfRange("final_lr_fraction", "in [0, 1]", c.final_lr_fraction());
+  }
+  if (c.lr_decay() == LR_STEP && c.step_every() < 1) {
+    return OutOfRange("step_every", ">= 1 under LR_STEP", c.step_every());
+  }
+  if (!(c.step_gamma() > 0.0 && c.step_gamma() <= 1.0)) {
+    return OutOfRange("step_gamma", "in (0, 1]", c.step_gamma());
+  }
   return absl::OkStatus();
+}
+
+double LearningRate(const AdaHessianConfig& c, int64_t t) {
+  const double lr = c.lr();
+  const int64_t warmup = c.warmup_steps();
+  if (warmup > 0 && t <= warmup) {
+    return lr * static_cast<double>(t > 0 ? t : 0) / static_cast<double>(warmup);
+  }
+  const int64_t after = t - (warmup > 0 ? warmup : 0);  // u >= 1 here unless t < 1
+  const double f = c.final_lr_fraction();
+  switch (c.lr_decay()) {
+    case LR_COSINE:
+    case LR_LINEAR: {
+      const int64_t span = c.decay_steps() - (warmup > 0 ? warmup : 0);
+      if (span <= 0) return lr;
+      double p = static_cast<double>(after) / static_cast<double>(span);
+      p = p < 0.0 ? 0.0 : (p > 1.0 ? 1.0 : p);
+      if (c.lr_decay() == LR_LINEAR) return lr * (1.0 - (1.0 - f) * p);
+      return lr * (f + (1.0 - f) * 0.5 * (1.0 + std::cos(kPi * p)));
+    }
+    case LR_STEP: {
+      if (c.step_every() < 1 || after < 0) return lr;
+      const double drops = static_cast<double>(after / c.step_every());
+      const double factor = std::pow(c.step_gamma(), drops);
+      return lr * (factor > f ? factor : f);
+    }
+    default:
+      return lr;
+  }
 }
 
 AdaHessianScalars MakeAdaHessianScalars(const AdaHessianConfig& c, int64_t t, double weight) {
   AdaHessianScalars s;
-  s.lr = static_cast<float>(c.lr());
+  s.lr = static_cast<float>(LearningRate(c, t));
   s.beta1 = static_cast<float>(c.beta1());
   s.beta2 = static_cast<float>(c.beta2());
   s.m_coeff = static_cast<float>((1.0 - c.beta1()) * weight);

@@ -24,12 +24,29 @@ namespace compute {
 
 // OK iff the config's values lie in their documented ranges (lr > 0, beta1 and beta2 in [0, 1),
 // epsilon > 0, hessian_power in [0, 1], weight_decay >= 0, hessian_every >= 1,
-// block_size >= 0); INVALID_ARGUMENT naming the field otherwise.
+// block_size >= 0, warmup_steps >= 0, lr_decay not LR_DECAY_UNSPECIFIED, decay_steps >
+// warmup_steps under LR_COSINE and LR_LINEAR, final_lr_fraction in [0, 1], step_every >= 1
+// under LR_STEP, step_gamma in (0, 1]); INVALID_ARGUMENT naming the field otherwise.
 absl::Status ValidateAdaHessianConfig(const AdaHessianConfig& config);
+
+// The learning rate of step t (1-based, as below), in double: the schedule of the config, a pure
+// function of (config, t) so that a replayed or DETERMINISTIC step uses the same lr bit for bit.
+// With W = warmup_steps, f = final_lr_fraction and u = t - W:
+//   t <= W (W > 0):  lr * max(t, 0) / W                         (linear warm-up; t = W gives lr)
+//   LR_CONSTANT:     lr
+//   LR_COSINE:       lr * (f + (1 - f) * (1 + cos(pi p)) / 2)
+//   LR_LINEAR:       lr * (1 - (1 - f) p)
+//         where p = clamp(u / (decay_steps - W), 0, 1): f * lr from t = decay_steps on
+//   LR_STEP:         lr * max(f, step_gamma^floor(u / step_every))
+// decay_steps must be resolved (common/config.h EffectiveAdaHessianConfig turns the config's 0
+// into the job's length); with decay_steps <= warmup_steps the decay is off (lr after the
+// warm-up). The caller rounds the result to float once per step (MakeAdaHessianScalars).
+double LearningRate(const AdaHessianConfig& config, int64_t t);
 
 // The scalars of one AdaHessian update at step t >= 1 with sample weight w (1 for a trainer's
 // local step; the sender's reliability weight on the server, §4.6):
-//   beta1, beta2, lr, epsilon, weight_decay: float(config value)
+//   lr: float(LearningRate(config, t))
+//   beta1, beta2, epsilon, weight_decay: float(config value)
 //   m_coeff = float((1 - beta1) * w)       v_coeff = float((1 - beta2) * w)
 //   bias1 = float(1 - beta1^t)             bias2 = float(1 - beta2^t)        (double pow)
 //   power k: exact sqrtf for k = 1, constant 1 for k = 0, powf(x, k / 2) otherwise.
@@ -59,7 +76,8 @@ absl::Status AdaHessianUpdateInto(const AdaHessianScalars& s, absl::Span<const f
                                   absl::Span<float> theta_out);
 
 // A trainer's local AdaHessian step t on one tensor (§4.3), with gradient g and Hessian
-// diagonal estimate d (already block-averaged if configured; see BlockAverageRows):
+// diagonal estimate d (already block-averaged if configured; see BlockAverageRows), lr = the
+// schedule's LearningRate(config, t):
 //   m <- beta1 m + (1 - beta1) g;   v <- beta2 v + (1 - beta2) d*d
 //   theta <- theta - lr ((m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t))^k + eps) + wd theta)
 absl::Status AdaHessianStep(const AdaHessianConfig& config, int64_t t,
@@ -69,7 +87,9 @@ absl::Status AdaHessianStep(const AdaHessianConfig& config, int64_t t,
 // The server's weighted apply of §4.6 on the center: as AdaHessianStep but with the sample
 // weighted by the sender's reliability w in [0, 1]:
 //   m <- beta1 m + (1 - beta1) w g;   v <- beta2 v + (1 - beta2) w d*d
-// `t` is the center's own step count (number of pushes applied to it, this one included).
+// `t` is the center's own step count (number of pushes applied to it, this one included); the
+// lr schedule is evaluated at this t, so its step counts are the center's (about R pushes per
+// trainer step).
 // With w = 1 the result is bit-identical to AdaHessianStep.
 absl::Status ServerAdaHessianApply(const AdaHessianConfig& config, double weight, int64_t t,
                                    absl::Span<const float> g, absl::Span<const float> d,

@@ -511,7 +511,8 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     books_.Set(slot, updated, ratio);
     return absl::OkStatus();
   };
-  auto version = centers_->ApplyAdaHessian(stage, g, d, job_.adahessian(), weight, commit);
+  auto version =
+      centers_->ApplyAdaHessian(stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
   if (outcome == UpdateOutcome::kDuplicate) {
     response->set_applied(false);
     response->set_applied_sequence(applied);

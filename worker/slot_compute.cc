@@ -33,7 +33,7 @@ compute::TrainerOptions TrainerOptionsFor(const JobConfig& job, const SlotId& sl
                                           int first_stage, int end_stage) {
   compute::TrainerOptions options;
   options.model = job.model();
-  options.optimizer = job.adahessian();
+  options.optimizer = EffectiveAdaHessianConfig(job);
   options.batch_size = job.data().batch_size();
   options.micro_batches = job.data().micro_batches();
   options.seed = job.data().seed();

@@ -2,7 +2,8 @@
 //
 //   rebound_train --config configs/train.pbtxt [--epochs N]
 //
-// The config is a JobConfig; it uses model, data, compute, adahessian and the job seed. Prints
+// The config is a JobConfig; it uses model, data, compute, adahessian and the job seed (an lr
+// decay with adahessian.decay_steps 0 ends at the last step of the last epoch). Prints
 // one line per epoch: mean training loss, test loss and accuracy, samples per second.
 // Exit codes: 0 done, 2 bad config, 1 any other error (e.g. missing data set).
 
@@ -51,9 +52,18 @@ int Run() {
     LOG(ERROR) << backend.status();
     return 1;
   }
+  auto sampler = ShardSampler::Create(job->data(), data->train.count, 1, 0);
+  if (!sampler.ok()) {
+    LOG(ERROR) << sampler.status();
+    return 1;
+  }
+  // The job's length, which a decay with decay_steps 0 spans (EffectiveAdaHessianConfig): all
+  // the epochs of this run.
+  job->mutable_training()->set_max_steps(static_cast<int64_t>(FLAGS_epochs) *
+                                         sampler->batches_per_epoch());
   compute::TrainerOptions options;
   options.model = job->model();
-  options.optimizer = job->adahessian();
+  options.optimizer = EffectiveAdaHessianConfig(*job);
   options.batch_size = job->data().batch_size();
   options.micro_batches = job->data().micro_batches();
   options.seed = job->data().seed();
@@ -63,10 +73,8 @@ int Run() {
     LOG(ERROR) << trainer.status();
     return 1;
   }
-  absl::Status init = (*trainer)->InitParams();
-  auto sampler = ShardSampler::Create(job->data(), data->train.count, 1, 0);
-  if (!init.ok() || !sampler.ok()) {
-    LOG(ERROR) << (init.ok() ? sampler.status() : init);
+  if (absl::Status init = (*trainer)->InitParams(); !init.ok()) {
+    LOG(ERROR) << init;
     return 1;
   }
 

@@ -115,6 +115,43 @@ TEST_CASE("the weight inputs' smoothing half-life defaults to 3 syncs, may be 0 
         "job.pbtxt:5: weighting.input_smoothing_half_life_syncs must be in [0, 1000], got 1e+09");
 }
 
+TEST_CASE("a cosine schedule needs decay_steps beyond the warm-up, named with file and line") {
+  CHECK(JobError(std::string(kBase) +
+                 "adahessian {\n  warmup_steps: 100\n  lr_decay: LR_COSINE\n"
+                 "  decay_steps: 50\n}\n") ==
+        "job.pbtxt:8: adahessian.decay_steps must be >= 101, got 50");
+  CHECK(ParseJobConfig(std::string(kBase) +
+                           "adahessian { warmup_steps: 100 lr_decay: LR_COSINE decay_steps: 4000 "
+                           "final_lr_fraction: 0.05 }\n",
+                       "job.pbtxt")
+            .ok());
+  CHECK(JobError(std::string(kBase) + "adahessian { lr_decay: LR_STEP }\n") ==
+        "job.pbtxt:5: adahessian.step_every must be >= 1, got 0");
+  // decay_steps 0 = training.max_steps, which must outlast the warm-up.
+  CHECK(JobError(std::string(kBase) +
+                 "training { max_steps: 100 }\n"
+                 "adahessian { warmup_steps: 100 lr_decay: LR_COSINE }\n") ==
+        "job.pbtxt:6: adahessian.decay_steps is 0 (= training.max_steps = 100), which must be > "
+        "adahessian.warmup_steps = 100");
+}
+
+TEST_CASE("decay_steps 0 is the job's length in the optimizer's own steps") {
+  auto job = ParseJobConfig(std::string(kBase) +
+                                "topology { replicas: 3 }\n"
+                                "training { max_steps: 500 }\n"
+                                "adahessian { warmup_steps: 10 lr_decay: LR_LINEAR }\n",
+                            "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(EffectiveAdaHessianConfig(*job).decay_steps() == 500);  // a trainer's steps
+  job->mutable_easgd()->set_mode(ASYNC_ADAHESSIAN);
+  CHECK(EffectiveAdaHessianConfig(*job).decay_steps() == 1500);  // the center's: R x max_steps
+  job->mutable_adahessian()->set_decay_steps(200);  // explicit: kept
+  CHECK(EffectiveAdaHessianConfig(*job).decay_steps() == 200);
+  job->mutable_adahessian()->set_decay_steps(0);
+  job->mutable_adahessian()->set_lr_decay(LR_CONSTANT);  // no decay: nothing to resolve
+  CHECK(EffectiveAdaHessianConfig(*job).decay_steps() == 0);
+}
+
 TEST_CASE("micro-batches must divide the batch") {
   CHECK(JobError(std::string(kBase) + "data {\n  batch_size: 64\n  micro_batches: 5\n}\n") ==
         "job.pbtxt:7: data.micro_batches must divide data.batch_size = 64, got 5");

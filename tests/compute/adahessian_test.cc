@@ -212,6 +212,130 @@ TEST_CASE("elastic pulls on random data are bit-identical to the written-out for
   }
 }
 
+TEST_CASE("the default schedule is the constant lr at every step", "[schedule]") {
+  AdaHessianConfig config;
+  config.set_lr(0.01);
+  for (int64_t t : {0, 1, 2, 1000, 1000000000}) CHECK(LearningRate(config, t) == 0.01);
+}
+
+TEST_CASE("warm-up then cosine decay: hand-computed values", "[schedule]") {
+  // lr 0.1, W = 10, cosine to f = 0.2 at t = 110 (span 100).
+  AdaHessianConfig config;
+  config.set_lr(0.1);
+  config.set_warmup_steps(10);
+  config.set_lr_decay(LR_COSINE);
+  config.set_decay_steps(110);
+  config.set_final_lr_fraction(0.2);
+  REQUIRE(ValidateAdaHessianConfig(config).ok());
+  CHECK(LearningRate(config, 0) == 0.0);
+  CHECK(LearningRate(config, 1) == Approx(0.01).epsilon(1e-15));    // 0.1 * 1 / 10
+  CHECK(LearningRate(config, 5) == Approx(0.05).epsilon(1e-15));
+  CHECK(LearningRate(config, 10) == Approx(0.1).epsilon(1e-15));    // warm-up end: lr
+  // p = 0.5: cos = 0, 0.1 * (0.2 + 0.8 * 0.5) = 0.06.
+  CHECK(LearningRate(config, 60) == Approx(0.06).epsilon(1e-12));
+  // p = 0.25: 0.1 * (0.2 + 0.8 * (1 + sqrt(2)/2) / 2) = 0.0882842712...
+  CHECK(LearningRate(config, 35) == Approx(0.08828427124746191).epsilon(1e-12));
+  CHECK(LearningRate(config, 110) == Approx(0.02).epsilon(1e-12));  // end: f * lr
+  CHECK(LearningRate(config, 111) == Approx(0.02).epsilon(1e-12));  // past the end: stays
+  CHECK(LearningRate(config, 100000) == Approx(0.02).epsilon(1e-12));
+}
+
+TEST_CASE("linear and step decays: hand-computed values", "[schedule]") {
+  AdaHessianConfig linear;
+  linear.set_lr(0.2);
+  linear.set_lr_decay(LR_LINEAR);
+  linear.set_decay_steps(100);  // no warm-up: p = t / 100
+  REQUIRE(ValidateAdaHessianConfig(linear).ok());
+  CHECK(LearningRate(linear, 1) == Approx(0.198).epsilon(1e-12));
+  CHECK(LearningRate(linear, 50) == Approx(0.1).epsilon(1e-12));
+  CHECK(LearningRate(linear, 100) == 0.0);
+  CHECK(LearningRate(linear, 150) == 0.0);
+
+  AdaHessianConfig step;
+  step.set_lr(1.0);
+  step.set_warmup_steps(4);
+  step.set_lr_decay(LR_STEP);
+  step.set_step_every(10);
+  step.set_step_gamma(0.5);
+  step.set_final_lr_fraction(0.2);
+  REQUIRE(ValidateAdaHessianConfig(step).ok());
+  CHECK(LearningRate(step, 2) == 0.5);    // warm-up
+  CHECK(LearningRate(step, 4) == 1.0);    // warm-up end
+  CHECK(LearningRate(step, 13) == 1.0);   // u = 9
+  CHECK(LearningRate(step, 14) == 0.5);   // u = 10: first drop
+  CHECK(LearningRate(step, 24) == 0.25);  // u = 20
+  CHECK(LearningRate(step, 34) == 0.2);   // 0.125 is below the floor f = 0.2
+  CHECK(LearningRate(step, 10000) == 0.2);
+}
+
+TEST_CASE("an AdaHessian step applies the schedule's lr of its own step", "[schedule]") {
+  // W = 4: step 2 uses lr 0.1 * 2 / 4 = 0.05. Hand-computed with m = v = 0 before the step:
+  // m = 0.1 g, v = 0.001 d^2, m_hat = m / (1 - 0.9^2) = 0.1 g / 0.19,
+  // v_hat = v / (1 - 0.999^2) = 0.001 d^2 / 0.001999, theta -= 0.05 m_hat / (sqrt(v_hat) + eps).
+  AdaHessianConfig config;
+  config.set_lr(0.1);
+  config.set_warmup_steps(4);
+  config.set_lr_decay(LR_COSINE);
+  config.set_decay_steps(8);
+  std::vector<float> theta = {1.0f, -2.0f};
+  std::vector<float> m(2, 0.0f), v(2, 0.0f);
+  const std::vector<float> g = {0.2f, -0.4f};
+  const std::vector<float> d = {0.5f, -1.0f};
+  REQUIRE(AdaHessianStep(config, 2, g, d, absl::MakeSpan(m), absl::MakeSpan(v),
+                         absl::MakeSpan(theta))
+              .ok());
+  for (int i = 0; i < 2; ++i) {
+    const double m_hat = 0.1 * g[i] / 0.19;
+    const double v_hat = 0.001 * d[i] * d[i] / 0.001999;
+    const double want = (i == 0 ? 1.0 : -2.0) - 0.05 * m_hat / (std::sqrt(v_hat) + 1e-4);
+    CHECK(theta[i] == Approx(want).epsilon(1e-6));
+  }
+  // The scalars carry float(LearningRate(config, t)), rounded once.
+  CHECK(MakeAdaHessianScalars(config, 2).lr == static_cast<float>(0.05));
+  CHECK(MakeAdaHessianScalars(config, 6).lr == static_cast<float>(LearningRate(config, 6)));
+  CHECK(MakeAdaHessianScalars(config, 6).lr == static_cast<float>(0.05));  // p = 0.5: lr / 2
+  // The server's apply at its own step t uses the same lr: bit-identical at w = 1.
+  std::vector<float> t1 = {1.0f, -2.0f}, m1(2, 0.0f), v1(2, 0.0f);
+  std::vector<float> t2 = t1, m2 = m1, v2 = v1;
+  REQUIRE(AdaHessianStep(config, 7, g, d, absl::MakeSpan(m1), absl::MakeSpan(v1),
+                         absl::MakeSpan(t1))
+              .ok());
+  REQUIRE(ServerAdaHessianApply(config, 1.0, 7, g, d, absl::MakeSpan(m2), absl::MakeSpan(v2),
+                                absl::MakeSpan(t2))
+              .ok());
+  CHECK(BitEqual(t1, t2));
+}
+
+TEST_CASE("bad schedules are rejected naming the field", "[schedule]") {
+  AdaHessianConfig config;
+  config.set_warmup_steps(-1);
+  CHECK_THAT(std::string(ValidateAdaHessianConfig(config).message()),
+             Catch::Contains("warmup_steps"));
+  config.set_warmup_steps(100);
+  config.set_lr_decay(LR_COSINE);
+  config.set_decay_steps(100);  // must be > warmup_steps
+  CHECK_THAT(std::string(ValidateAdaHessianConfig(config).message()),
+             Catch::Contains("decay_steps"));
+  config.set_decay_steps(101);
+  CHECK(ValidateAdaHessianConfig(config).ok());
+  config.set_final_lr_fraction(1.5);
+  CHECK_THAT(std::string(ValidateAdaHessianConfig(config).message()),
+             Catch::Contains("final_lr_fraction"));
+  config.set_final_lr_fraction(0.0);
+  config.set_lr_decay(LR_STEP);
+  CHECK_THAT(std::string(ValidateAdaHessianConfig(config).message()),
+             Catch::Contains("step_every"));
+  config.set_step_every(10);
+  config.set_step_gamma(0.0);
+  CHECK_THAT(std::string(ValidateAdaHessianConfig(config).message()),
+             Catch::Contains("step_gamma"));
+  config.set_step_gamma(0.5);
+  CHECK(ValidateAdaHessianConfig(config).ok());
+  config.set_lr_decay(LR_DECAY_UNSPECIFIED);
+  CHECK_THAT(std::string(ValidateAdaHessianConfig(config).message()),
+             Catch::Contains("lr_decay"));
+}
+
 TEST_CASE("out-of-range AdaHessian configs are rejected naming the field", "[adahessian]") {
   AdaHessianConfig config;
   CHECK(ValidateAdaHessianConfig(config).ok());

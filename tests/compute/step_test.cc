@@ -177,6 +177,11 @@ TEST_CASE("block splits for k = 1, 2, 4 spares reproduce the trainer's bits", "[
     TrainerOptions options = DefaultOptions();
     options.micro_batches = m;
     options.optimizer.set_hessian_every(2);  // steps 1 and 3 with Hessian, step 2 without
+    // A schedule: steps 1, 2 and 3 each use a different lr, which the replay must reproduce.
+    options.optimizer.set_warmup_steps(2);
+    options.optimizer.set_lr_decay(LR_COSINE);
+    options.optimizer.set_decay_steps(4);
+    REQUIRE(LearningRate(options.optimizer, 3) < LearningRate(options.optimizer, 2));
     auto trainer = NewTrainer(backend.get(), options);
     for (int t = 1; t <= 3; ++t) {
       const Batch batch = MakeBatch(options.batch_size, 12, 5, 100 + t);

@@ -500,11 +500,14 @@ TEST_CASE("under DYNAMIC a trainer far from the center loses weight and regains 
 // Runs a whole job with two real trainers and returns the final center. With `kill_at` > 0
 // trainer "b" is SIGKILLed once its slot passes that step, and a spare rebuilds it by replay.
 TensorBundle RunDeterministicJob(int64_t kill_at = 0, int64_t max_steps = 40, int tau = 4,
-                                 const std::string& model = kSmallModel) {
+                                 const std::string& model = kSmallModel,
+                                 const std::string& adahessian = "lr: 0.01") {
   Server server(
       absl::StrCat("  scheduling: DETERMINISTIC\n"
                    "  data { batch_size: 16 micro_batches: 4 train_limit: 600 test_limit: 100 }\n"
-                   "  adahessian { lr: 0.01 }\n"
+                   "  adahessian { ",
+                   adahessian,
+                   " }\n"
                    // Ship each step's records at once: with syncs every few milliseconds a
                    // linger would let the snapshots cover (and drop) every record.
                    "  step_log { linger_ms: 0 }\n"
@@ -598,8 +601,11 @@ TEST_CASE("a trainer killed and rebuilt by replay ends bit-identical to the run 
   // A long sync period: the kill lands between syncs, leaving logged, unsynced steps to replay.
   // A wider hidden layer makes steps slow enough (about 2 ms) for the kill to land mid-interval.
   const char* model = "  model { layers { width: 512 } layers { width: 10 activation: IDENTITY } }\n";
-  const TensorBundle clean = RunDeterministicJob(0, 1600, 200, model);
-  const TensorBundle rebuilt = RunDeterministicJob(900, 1600, 200, model);
+  // A warm-up and cosine schedule: every replayed step must use the lr of its own step t.
+  const char* adahessian =
+      "lr: 0.01 warmup_steps: 100 lr_decay: LR_COSINE decay_steps: 1600 final_lr_fraction: 0.1";
+  const TensorBundle clean = RunDeterministicJob(0, 1600, 200, model, adahessian);
+  const TensorBundle rebuilt = RunDeterministicJob(900, 1600, 200, model, adahessian);
   CHECK(SameBytes(clean, rebuilt));
 }
 
