@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +60,14 @@ class StageOptimizer {
   absl::Status Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
                      DSpan params);
 
+  // The xxHash64 of the parameters as the last Apply left them, in the packed layout: what
+  // MlpStage::ParamsChecksum() returns right after it (the step log's per-step checksum, DESIGN
+  // §5.2), computed in the update's own pass over the parameters on a host-addressable backend
+  // (compute/adahessian_checksum.h). nullopt unless the last Apply was step t and computed it.
+  // It describes the parameters only until something else changes them (a sync, SetParams): a
+  // caller uses it right after the step, before anything else touches the stage.
+  std::optional<uint64_t> ParamsChecksumAfter(int64_t t) const;
+
   // The first half of Apply, alone: if with_hessian the stage's last D becomes
   // block_average(z * Hz) from `sums` (at least sums_size() floats) and `z` (padded_size()
   // floats); otherwise the last D is kept and `sums` and `z` are not read. Apply(t, h, sums, z,
@@ -88,6 +97,8 @@ class StageOptimizer {
   DeviceBuffer m_;
   DeviceBuffer v_;
   DeviceBuffer d_;
+  uint64_t checksum_ = 0;     // of the parameters after Apply(checksum_step_)
+  int64_t checksum_step_ = 0;  // 0: none
 };
 
 struct TrainerOptions {
