@@ -24,6 +24,21 @@ class Xxh64 {
  public:
   static constexpr size_t kStripe = 32;  // bytes per round of the four lanes
 
+  // The four lanes, for a loop that hashes whole stripes as it produces them: with no partial
+  // stripe buffered (aligned()), it copies them out (lanes()), calls Stripe per 32 bytes in
+  // order, and gives them back (set_lanes). As locals they stay in registers, which the members
+  // of an Xxh64 (whose buffer is written through memcpy) do not.
+  struct Lanes {
+    uint64_t v0, v1, v2, v3;
+    void Stripe(const void* data) {
+      const unsigned char* p = static_cast<const unsigned char*>(data);
+      v0 = Round(v0, Read64(p));
+      v1 = Round(v1, Read64(p + 8));
+      v2 = Round(v2, Read64(p + 16));
+      v3 = Round(v3, Read64(p + 24));
+    }
+  };
+
   Xxh64() = default;
 
   // Appends `size` bytes at `data` (which may be null when size is 0).
@@ -33,6 +48,18 @@ class Xxh64 {
   inline uint64_t Digest() const;
 
   uint64_t total_bytes() const { return total_; }
+
+  // True when no partial stripe is buffered (total_bytes() is a multiple of kStripe).
+  bool aligned() const { return buffered_ == 0; }
+  Lanes lanes() const { return Lanes{lane0_, lane1_, lane2_, lane3_}; }
+  // Takes back lanes that hashed `bytes` more bytes. REQUIRES: aligned(); bytes % kStripe == 0.
+  void set_lanes(const Lanes& lanes, uint64_t bytes) {
+    lane0_ = lanes.v0;
+    lane1_ = lanes.v1;
+    lane2_ = lanes.v2;
+    lane3_ = lanes.v3;
+    total_ += bytes;
+  }
 
  private:
   static constexpr uint64_t kPrime1 = 0x9E3779B185EBCA87ULL;
@@ -63,10 +90,9 @@ class Xxh64 {
     return acc * kPrime1 + kPrime4;
   }
   void Stripe(const unsigned char* p) {
-    lane0_ = Round(lane0_, Read64(p));
-    lane1_ = Round(lane1_, Read64(p + 8));
-    lane2_ = Round(lane2_, Read64(p + 16));
-    lane3_ = Round(lane3_, Read64(p + 24));
+    Lanes lanes = this->lanes();
+    lanes.Stripe(p);
+    set_lanes(lanes, 0);
   }
 
   // The lanes as XXH64 seeds them for seed 0.

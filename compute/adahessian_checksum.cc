@@ -28,19 +28,25 @@ void UpdateRange(const AdaHessianScalars& scalars, const float* __restrict g,
     theta[i] = ti;
   };
   int64_t i = begin;
-  if (hash != nullptr) {
-    Xxh64 h = *hash;  // a local copy the compiler keeps in registers
-    for (; i + kBlock <= end; i += kBlock) {
-      for (int64_t j = i; j < i + kBlock; ++j) update(j);
-      h.Update(theta + i, kBlock * sizeof(float));
-    }
-    const int64_t tail = i;
+  if (hash == nullptr) {
     for (; i < end; ++i) update(i);
-    h.Update(theta + tail, static_cast<size_t>(end - tail) * sizeof(float));
-    *hash = h;
     return;
   }
+  if (hash->aligned()) {
+    // Two stripes per block, hashed right after the block is computed, the lanes in registers.
+    Xxh64::Lanes lanes = hash->lanes();
+    for (; i + kBlock <= end; i += kBlock) {
+      for (int64_t j = i; j < i + kBlock; ++j) update(j);
+      lanes.Stripe(theta + i);
+      lanes.Stripe(theta + i + kBlock / 2);
+    }
+    hash->set_lanes(lanes, static_cast<uint64_t>(i - begin) * sizeof(float));
+  }
+  // The rest of the range (all of it after a tensor that left a partial stripe): updated, then
+  // hashed.
+  const int64_t rest = i;
   for (; i < end; ++i) update(i);
+  hash->Update(theta + rest, static_cast<size_t>(end - rest) * sizeof(float));
 }
 
 template <int kPowerMode>

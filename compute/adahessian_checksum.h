@@ -5,11 +5,12 @@
 // the updated parameters in the packed layout (the tensors' elements back to back in the given
 // order: exactly what MlpStage::ParamsChecksum() returns right after the update).
 //
-// Why fused: hashing the parameters in a second pass costs ~90 us per step on the shipped model
+// Why fused: hashing the parameters in a second pass costs ~95 us per step on the shipped model
 // (235,146 floats; xxHash64's four lanes are bound by their 64-bit multiplies, wherever the bytes
 // are). Hashing each block of 16 updated floats right after the update computes them lets those
-// multiplies run beside the update's float work: the pair costs ~20 us more than the update
-// alone (docs/benchmarks.md, logging overhead). The update's results are those of
+// multiplies run beside the update's float work: the fused pass takes ~55 us more than the update
+// alone (324 against 269 + 98 us; docs/benchmarks.md, logging overhead). The update's results are
+// those of
 // AdaHessianUpdate, bit for bit (the same per-element expression, AdaHessianElement, under the
 // same compiler flags); tests/compute/adahessian_checksum_test.cc checks both.
 //

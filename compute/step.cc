@@ -64,7 +64,7 @@ absl::Status StageOptimizer::Apply(int64_t t, bool with_hessian, ConstDSpan sums
   const AdaHessianScalars scalars = MakeAdaHessianScalars(config_, t, 1.0);
   const ConstDSpan g = sums.sub(layout_.grad_offset(), p);
   checksum_step_ = 0;
-  if (backend_->host_addressable()) {
+  if (params_checksum_ && backend_->host_addressable()) {
     // The same update on the host, with the step log's checksum computed in the same pass.
     RETURN_IF_ERROR(backend_->Synchronize());
     const DSpan m = m_.span();

@@ -60,12 +60,16 @@ class StageOptimizer {
   absl::Status Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
                      DSpan params);
 
-  // The xxHash64 of the parameters as the last Apply left them, in the packed layout: what
-  // MlpStage::ParamsChecksum() returns right after it (the step log's per-step checksum, DESIGN
-  // §5.2), computed in the update's own pass over the parameters on a host-addressable backend
-  // (compute/adahessian_checksum.h). nullopt unless the last Apply was step t and computed it.
-  // It describes the parameters only until something else changes them (a sync, SetParams): a
-  // caller uses it right after the step, before anything else touches the stage.
+  // With `on`, every later Apply on a host-addressable backend also computes the xxHash64 of
+  // the parameters it leaves, in the packed layout, in the update's own pass over them
+  // (compute/adahessian_checksum.h): the step log's per-step checksum (DESIGN §5.2) for ~half
+  // the cost of hashing afterwards. Off by default: it costs the update ~20% when nobody logs.
+  void set_params_checksum(bool on) { params_checksum_ = on; }
+
+  // That checksum after step t: what MlpStage::ParamsChecksum() returns right after Apply(t).
+  // nullopt unless the last Apply was step t and computed it. It describes the parameters only
+  // until something else changes them (a sync, SetParams): a caller uses it right after the
+  // step, before anything else touches the stage.
   std::optional<uint64_t> ParamsChecksumAfter(int64_t t) const;
 
   // The first half of Apply, alone: if with_hessian the stage's last D becomes
@@ -97,6 +101,7 @@ class StageOptimizer {
   DeviceBuffer m_;
   DeviceBuffer v_;
   DeviceBuffer d_;
+  bool params_checksum_ = false;
   uint64_t checksum_ = 0;     // of the parameters after Apply(checksum_step_)
   int64_t checksum_step_ = 0;  // 0: none
 };

@@ -61,7 +61,11 @@ absl::Status EasgdTrainer::Open() {
         std::make_shared<StepLogger>(channel_, registration_.incarnation, job_.step_log(),
                                                 config_, clock_);
   }
-  if (job_.topology().stages() <= 1) return absl::OkStatus();
+  if (job_.topology().stages() <= 1) {
+    // LogStep takes the checksum from the step's own update (see there).
+    if (step_logger_ != nullptr) compute_->trainer->optimizer(0).set_params_checksum(true);
+    return absl::OkStatus();
+  }
   // Pipelines: the boundary exchange with the neighbouring stages, and a flush of the log on the
   // server's FLUSH_LOG or a neighbour's FlushLog (a lost neighbour's inputs may sit in it).
   hooks_set_ = true;

@@ -115,7 +115,15 @@ TEST_CASE("ParamsChecksumAfter(t) is MlpStage::ParamsChecksum after step t, and 
     auto trainer = LocalTrainer::Create(backend.get(), options).value();
     REQUIRE(trainer->InitParams().ok());
     CHECK_FALSE(trainer->optimizer(0).ParamsChecksumAfter(1).has_value());
-    for (int64_t t = 1; t <= 3; ++t) {
+    // Off by default: nothing is computed.
+    const std::vector<float> images0 = UniformFloats(12 * 13, -1, 1, 20);
+    const std::vector<int32_t> labels0 = UniformLabels(12, 3, 30);
+    REQUIRE(trainer->Step(1, images0, labels0).ok());
+    CHECK_FALSE(trainer->optimizer(0).ParamsChecksumAfter(1).has_value());
+    for (int s = 0; s < trainer->num_stages(); ++s) {
+      trainer->optimizer(s).set_params_checksum(true);
+    }
+    for (int64_t t = 2; t <= 4; ++t) {
       const std::vector<float> images = UniformFloats(12 * 13, -1, 1, 20 + t);
       const std::vector<int32_t> labels = UniformLabels(12, 3, 30 + t);
       REQUIRE(trainer->Step(t, images, labels).ok());
