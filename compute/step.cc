@@ -7,7 +7,6 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "compute/adahessian.h"
-#include "compute/adahessian_checksum.h"
 
 namespace rebound {
 namespace compute {
@@ -61,32 +60,9 @@ absl::Status StageOptimizer::Apply(int64_t t, bool with_hessian, ConstDSpan sums
         "Apply: sums have %d floats, need %d", sums.size, layout_.sums_size_without_hz()));
   }
   RETURN_IF_ERROR(UpdateHessianDiag(with_hessian, sums, z));
-  const AdaHessianScalars scalars = MakeAdaHessianScalars(config_, t, 1.0);
-  const ConstDSpan g = sums.sub(layout_.grad_offset(), p);
-  checksum_step_ = 0;
-  if (params_checksum_ && backend_->host_addressable()) {
-    // The same update on the host, with the step log's checksum computed in the same pass.
-    RETURN_IF_ERROR(backend_->Synchronize());
-    const DSpan m = m_.span();
-    const DSpan v = v_.span();
-    const DSpan d = d_.span();
-    absl::StatusOr<uint64_t> checksum = AdaHessianUpdateChecksummed(
-        scalars, absl::Span<const float>(g.data, g.size), absl::Span<const float>(d.data, d.size),
-        absl::Span<float>(m.data, m.size), absl::Span<float>(v.data, v.size),
-        absl::Span<float>(params.data, params.size), layout_.tensors());
-    if (checksum.ok()) {
-      checksum_ = *checksum;
-      checksum_step_ = t;
-      return absl::OkStatus();
-    }
-    // A layout the fused pass does not take (nothing was changed): the backend's update.
-  }
-  return backend_->AdaHessianUpdate(scalars, g, d_.span(), m_.span(), v_.span(), params);
-}
-
-std::optional<uint64_t> StageOptimizer::ParamsChecksumAfter(int64_t t) const {
-  if (t < 1 || checksum_step_ != t) return std::nullopt;
-  return checksum_;
+  return backend_->AdaHessianUpdate(MakeAdaHessianScalars(config_, t, 1.0),
+                                    sums.sub(layout_.grad_offset(), p), d_.span(), m_.span(),
+                                    v_.span(), params);
 }
 
 absl::Status StageOptimizer::GetState(absl::Span<float> m, absl::Span<float> v,

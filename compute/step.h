@@ -27,7 +27,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,18 +59,6 @@ class StageOptimizer {
   absl::Status Apply(int64_t t, bool with_hessian, ConstDSpan sums, ConstDSpan z,
                      DSpan params);
 
-  // With `on`, every later Apply on a host-addressable backend also computes the xxHash64 of
-  // the parameters it leaves, in the packed layout, in the update's own pass over them
-  // (compute/adahessian_checksum.h): the step log's per-step checksum (DESIGN §5.2) for ~half
-  // the cost of hashing afterwards. Off by default: it costs the update ~20% when nobody logs.
-  void set_params_checksum(bool on) { params_checksum_ = on; }
-
-  // That checksum after step t: what MlpStage::ParamsChecksum() returns right after Apply(t).
-  // nullopt unless the last Apply was step t and computed it. It describes the parameters only
-  // until something else changes them (a sync, SetParams): a caller uses it right after the
-  // step, before anything else touches the stage.
-  std::optional<uint64_t> ParamsChecksumAfter(int64_t t) const;
-
   // The first half of Apply, alone: if with_hessian the stage's last D becomes
   // block_average(z * Hz) from `sums` (at least sums_size() floats) and `z` (padded_size()
   // floats); otherwise the last D is kept and `sums` and `z` are not read. Apply(t, h, sums, z,
@@ -101,9 +88,6 @@ class StageOptimizer {
   DeviceBuffer m_;
   DeviceBuffer v_;
   DeviceBuffer d_;
-  bool params_checksum_ = false;
-  uint64_t checksum_ = 0;     // of the parameters after Apply(checksum_step_)
-  int64_t checksum_step_ = 0;  // 0: none
 };
 
 struct TrainerOptions {

@@ -3,7 +3,6 @@
 #include <glog/logging.h>
 
 #include <cmath>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,11 +60,7 @@ absl::Status EasgdTrainer::Open() {
         std::make_shared<StepLogger>(channel_, registration_.incarnation, job_.step_log(),
                                                 config_, clock_);
   }
-  if (job_.topology().stages() <= 1) {
-    // LogStep takes the checksum from the step's own update (see there).
-    if (step_logger_ != nullptr) compute_->trainer->optimizer(0).set_params_checksum(true);
-    return absl::OkStatus();
-  }
+  if (job_.topology().stages() <= 1) return absl::OkStatus();
   // Pipelines: the boundary exchange with the neighbouring stages, and a flush of the log on the
   // server's FLUSH_LOG or a neighbour's FlushLog (a lost neighbour's inputs may sit in it).
   hooks_set_ = true;
@@ -142,14 +137,8 @@ absl::Status EasgdTrainer::LogStep(int64_t t, absl::Span<const int64_t> ids) {
   for (int k = 0; k < micro_batches && slot_.stage() == 0; ++k) {
     records.push_back(MakeMicroBatchRecord(slot_, t, k, ids.subspan(k * per, per)));
   }
-  // The checksum of the parameters after the step: computed by the step's own update when it
-  // could (nothing has touched the parameters since, outside a pipeline), else hashed now.
-  std::optional<uint64_t> checksum;
-  if (pipeline_ == nullptr) checksum = compute_->trainer->optimizer(0).ParamsChecksumAfter(t);
-  if (!checksum.has_value()) {
-    ASSIGN_OR_RETURN(checksum, compute_->trainer->stage(0).ParamsChecksum());
-  }
-  records.push_back(MakeStepRecord(slot_, t, *checksum));
+  ASSIGN_OR_RETURN(const uint64_t checksum, compute_->trainer->stage(0).ParamsChecksum());
+  records.push_back(MakeStepRecord(slot_, t, checksum));
   Metrics().log_records->Increment(static_cast<double>(records.size()));
   RETURN_IF_ERROR(AppendToLog(std::move(records)));
   Metrics().log_buffered_bytes->Set(static_cast<double>(step_logger_->stats().pending_bytes));
