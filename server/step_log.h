@@ -156,7 +156,9 @@ class StepLogService {
     uint64_t acked_through = 0;
   };
 
-  BatchResult ProcessBatch(const AppendLogRequest& request);
+  // Validates and commits one batch. Normalizes the records in place (slot, sender_incarnation)
+  // so that they are stored without a copy.
+  BatchResult ProcessBatch(AppendLogRequest* request);
   // INVALID_ARGUMENT naming the record, or OK. `index` is its position in the batch.
   absl::Status ValidateRecord(uint64_t incarnation, const LogRecord& record, int index) const;
   absl::Status ValidateSlot(const SlotId& slot) const;

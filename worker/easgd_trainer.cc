@@ -140,21 +140,26 @@ absl::Status EasgdTrainer::LogStep(int64_t t, absl::Span<const int64_t> ids) {
   ASSIGN_OR_RETURN(const uint64_t checksum, compute_->trainer->stage(0).ParamsChecksum());
   records.push_back(MakeStepRecord(slot_, t, checksum));
   Metrics().log_records->Increment(static_cast<double>(records.size()));
-  RETURN_IF_ERROR(AppendToLog(records));
+  RETURN_IF_ERROR(AppendToLog(std::move(records)));
   Metrics().log_buffered_bytes->Set(static_cast<double>(step_logger_->stats().pending_bytes));
   return absl::OkStatus();
 }
 
-absl::Status EasgdTrainer::AppendToLog(const std::vector<LogRecord>& records) {
-  // AppendAll itself waits up to a second for room; between attempts there is no backoff to
-  // speak of.
+absl::Status EasgdTrainer::AppendToLog(std::vector<LogRecord> records) {
+  // The common case: room in the buffer, one call, no copy. AppendAll itself waits up to a
+  // second for room.
+  absl::Status status = step_logger_->AppendAll(&records, absl::Seconds(1));
+  if (status.code() != absl::StatusCode::kUnavailable) return status;
+  // The buffer stayed full (the server is slow or away): keep trying, with no backoff to speak
+  // of between attempts, until give_up_after_ms. Only UNAVAILABLE is retried; the logger's
+  // other errors are final. A refused AppendAll leaves the records in `records`.
   RetryPolicy policy;
   policy.initial_backoff = absl::Milliseconds(1);
   policy.max_backoff = absl::Milliseconds(1);
   policy.give_up_after = absl::Milliseconds(config_.give_up_after_ms());
-  // A full buffer is UNAVAILABLE, which is retried; the logger's other errors are final.
-  return Retry(policy, clock_, &stop_, "append to the step log (buffer full)",
-               [&] { return step_logger_->AppendAll(records, absl::Seconds(1)); });
+  RetryLoop retry(policy, clock_, &stop_, "append to the step log (buffer full)");
+  while (retry.ShouldRetry(&status)) status = step_logger_->AppendAll(&records, absl::Seconds(1));
+  return status;
 }
 
 absl::Status EasgdTrainer::Sync(int64_t t, float loss) {

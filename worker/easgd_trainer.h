@@ -77,8 +77,9 @@ class EasgdTrainer {
   // Step t's records (stage 0: its micro-batches' sample ids; every stage: the checksum).
   absl::Status LogStep(int64_t t, absl::Span<const int64_t> ids);
   // Appends records, waiting out back-pressure up to give_up_after_ms: a record that is
-  // skipped would leave a hole that caps what replay can rebuild.
-  absl::Status AppendToLog(const std::vector<LogRecord>& records);
+  // skipped would leave a hole that caps what replay can rebuild. Per step: one AppendAll,
+  // without a retry loop unless the buffer stays full for a second.
+  absl::Status AppendToLog(std::vector<LogRecord> records);
   // The EASGD exchange after step t (§4.4): sends x and the optimizer state, moves x toward the
   // center with the reply's c_before (or takes the stored post-sync state of a retried sync).
   absl::Status Sync(int64_t t, float loss);

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -107,10 +108,12 @@ class StepLogger {
   // Blocks while the buffer has no room for it, up to `max_block`: UNAVAILABLE then.
   // INVALID_ARGUMENT if the record alone exceeds buffer_bytes; the logger's terminal status once
   // it has ended; CANCELLED after Stop().
-  // Appends all of `records` at once (one step's records), as Append does for one: they enter
-  // the buffer together or not at all.
-  absl::Status AppendAll(std::vector<LogRecord> records, absl::Duration max_block);
   absl::Status Append(LogRecord record, absl::Duration max_block);
+  // Appends all of `*records` at once (one step's records), as Append does for one: they enter
+  // the buffer together or not at all. On OK they have been moved into the buffer (*records is
+  // left empty); on any error *records still holds them (with sender_incarnation set), so the
+  // caller may try again with the same vector. Same statuses as Append.
+  absl::Status AppendAll(std::vector<LogRecord>* records, absl::Duration max_block);
 
   // Waits until every record appended before the call is acknowledged. DEADLINE_EXCEEDED after
   // `timeout`; the terminal status if the logger ends first (also if it had already ended);

@@ -309,7 +309,7 @@ TEST_CASE("AppendAll adds a step's records together, in order, like Append one b
       records.push_back(MakeMicroBatchRecord(cluster.slot(), step, mb, SampleIds(step, mb)));
     }
     records.push_back(MakeStepRecord(cluster.slot(), step, 0xABC000 + step));
-    REQUIRE(logger.AppendAll(records, absl::Seconds(5)).ok());
+    REQUIRE(logger.AppendAll(&records, absl::Seconds(5)).ok());
   }
   REQUIRE(logger.Flush(absl::Seconds(10)).ok());
   CHECK(logger.stats().appended_through == 50);
@@ -325,9 +325,55 @@ TEST_CASE("AppendAll adds a step's records together, in order, like Append one b
   for (int mb = 0; mb < kMicroBatches; ++mb) {
     too_many.push_back(MakeMicroBatchRecord(cluster.slot(), 11, mb, SampleIds(11, mb)));
   }
-  CHECK(tiny.AppendAll(too_many, absl::Milliseconds(10)).code() ==
+  CHECK(tiny.AppendAll(&too_many, absl::Milliseconds(10)).code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(tiny.stats().appended_through == 0);
+}
+
+TEST_CASE("a refused AppendAll leaves the records with the caller, who may try them again") {
+  Cluster cluster;
+  cluster.StartServer(Acks::kHold);
+  constexpr int64_t kBuffer = 1000;
+  StepLogger logger(cluster.Channel(), cluster.trainer(), TestOptions(kBuffer));
+  auto step_records = [&cluster](int64_t step) {
+    std::vector<LogRecord> records;
+    for (int mb = 0; mb < kMicroBatches; ++mb) {
+      records.push_back(MakeMicroBatchRecord(cluster.slot(), step, mb, SampleIds(step, mb)));
+    }
+    records.push_back(MakeStepRecord(cluster.slot(), step, 0xABC000 + step));
+    return records;
+  };
+  int64_t step = 0;
+  std::vector<LogRecord> records;
+  absl::Status status;
+  while (status.ok()) {
+    records = step_records(++step);
+    status = logger.AppendAll(&records, absl::ZeroDuration());
+    if (status.ok()) CHECK(records.empty());  // moved into the buffer
+  }
+  REQUIRE(status.code() == absl::StatusCode::kUnavailable);
+  REQUIRE(step > 1);
+  const uint64_t appended = logger.stats().appended_through;
+  CHECK(appended == static_cast<uint64_t>(step - 1) * (kMicroBatches + 1));
+  // Refused: the step's records are all still there, unchanged but for sender_incarnation.
+  REQUIRE(records.size() == kMicroBatches + 1);
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    CHECK(records[mb].step() == step);
+    CHECK(records[mb].micro_batch() == mb);
+    CHECK(std::vector<int64_t>(records[mb].sample_ids().begin(), records[mb].sample_ids().end()) ==
+          SampleIds(step, mb));
+  }
+  CHECK(records.back().params_checksum() == 0xABC000 + static_cast<uint64_t>(step));
+
+  // Once acks free room, the same vector goes in, with the next record_ids.
+  cluster.release_acks();
+  REQUIRE(logger.AppendAll(&records, absl::Seconds(10)).ok());
+  CHECK(records.empty());
+  REQUIRE(logger.Flush(absl::Seconds(10)).ok());
+  CHECK(logger.stats().appended_through == appended + kMicroBatches + 1);
+  const std::vector<LogRecord> stored = cluster.Stored();
+  CHECK(Keys(stored) == ExpectedKeys(1, step));
+  CHECK(cluster.log().LastCompleteStep(cluster.slot(), 0).value() == step);
 }
 
 TEST_CASE("a full buffer blocks Append, which gives up with UNAVAILABLE after max_block") {
