@@ -192,7 +192,27 @@ void CheckJob(const JobConfig& job, Checker& c) {
   const ModelSpec& model = job.model();
   const int num_layers = model.layers_size();
   c.AtLeast("model.input_dim", model.input_dim(), 1);
-  if (num_layers == 0) {
+  if (model.declared_by_worker()) {
+    // A model the workers bring (docs/python.md): its layout comes from the first registration.
+    if (num_layers > 0) {
+      c.Fail("model.layers",
+             absl::StrCat("must be empty when model.declared_by_worker is true (the workers "
+                          "declare the model's tensors), got ",
+                          num_layers, " layers"));
+    }
+    if (job.topology().stages() != 1) {
+      c.Fail("topology.stages",
+             absl::StrCat("must be 1 for a model declared by its workers (pipeline stages are "
+                          "C++-only: docs/python.md#limits), got ",
+                          job.topology().stages()));
+    }
+    if (job.fault_tolerance().recovery_parallelism() != 1) {
+      c.Fail("fault_tolerance.recovery_parallelism",
+             absl::StrCat("must be 1 for a model declared by its workers (parallel replay is "
+                          "C++-only: docs/python.md#limits), got ",
+                          job.fault_tolerance().recovery_parallelism()));
+    }
+  } else if (num_layers == 0) {
     c.Fail("model.layers", "must list at least one layer, got none");
   }
   for (int i = 0; i < num_layers; ++i) {
@@ -219,7 +239,9 @@ void CheckJob(const JobConfig& job, Checker& c) {
 
   const TopologyConfig& topology = job.topology();
   c.InRange("topology.replicas", topology.replicas(), 1, 4096);
-  c.InRange("topology.stages", topology.stages(), 1, std::max(1, num_layers));
+  if (!model.declared_by_worker()) {
+    c.InRange("topology.stages", topology.stages(), 1, std::max(1, num_layers));
+  }
   if (topology.stage_boundaries_size() > 0) {
     if (topology.stage_boundaries_size() != topology.stages() - 1) {
       c.Fail("topology.stage_boundaries",

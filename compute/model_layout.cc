@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rng.h"
 
@@ -103,6 +105,7 @@ absl::StatusOr<StageLayout> StageLayout::Create(const ModelSpec& spec, int first
       t.name = absl::StrFormat("layer%d.%s", layer.index, t.is_bias ? "bias" : "weight");
       t.rows = t.is_bias ? 1 : layer.out;
       t.cols = t.is_bias ? layer.out : layer.in;
+      t.shape = t.is_bias ? std::vector<int64_t>{t.cols} : std::vector<int64_t>{t.rows, t.cols};
       t.offset = offset;
       t.packed_offset = packed;
       offset = RoundUp(offset + t.size(), kTensorAlignment);
@@ -111,6 +114,74 @@ absl::StatusOr<StageLayout> StageLayout::Create(const ModelSpec& spec, int first
     }
   }
   layout.max_width_ = max_width;
+  layout.padded_size_ = offset;
+  layout.packed_size_ = packed;
+  return layout;
+}
+
+absl::StatusOr<StageLayout> StageLayout::FromDeclared(const TensorBundle& model) {
+  if (model.tensors_size() < 1 || model.tensors_size() > kMaxDeclaredTensors) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model: must declare 1 to %d tensors, got %d", kMaxDeclaredTensors, model.tensors_size()));
+  }
+  constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;
+  StageLayout layout;
+  layout.first_layer_ = 0;
+  layout.end_layer_ = 0;
+  layout.num_model_layers_ = 0;
+  absl::flat_hash_set<std::string> names;
+  int64_t offset = 0;
+  int64_t packed = 0;
+  for (int i = 0; i < model.tensors_size(); ++i) {
+    const Tensor& tensor = model.tensors(i);
+    const std::string what = absl::StrFormat("model.tensors[%d] ('%s')", i, tensor.name());
+    if (tensor.id() != static_cast<uint32_t>(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: ids must be 0, 1, ... in order, got id %d", what, tensor.id()));
+    }
+    if (tensor.name().empty() || tensor.name().size() > 256) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "model.tensors[%d]: name must be 1 to 256 bytes, got %d", i, tensor.name().size()));
+    }
+    if (!names.insert(tensor.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the name is declared twice"));
+    }
+    if (tensor.dtype() != FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": dtype must be FLOAT32 (parameters are float32), got ",
+          DType_Name(tensor.dtype())));
+    }
+    if (tensor.shape_size() > 8) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: at most 8 dimensions, got %d", what, tensor.shape_size()));
+    }
+    int64_t elements = 1;
+    for (int d = 0; d < tensor.shape_size(); ++d) {
+      if (tensor.shape(d) < 1 || tensor.shape(d) > kMaxElements) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: shape[%d] must be in [1, 2^31), got %d", what, d, tensor.shape(d)));
+      }
+      elements *= tensor.shape(d);
+      if (elements > kMaxElements) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": 2^31 or more elements"));
+      }
+    }
+    TensorInfo t;
+    t.id = tensor.id();
+    t.name = tensor.name();
+    t.rows = 1;
+    t.cols = static_cast<int>(elements);
+    t.shape.assign(tensor.shape().begin(), tensor.shape().end());
+    t.offset = offset;
+    t.packed_offset = packed;
+    offset = RoundUp(offset + t.size(), kTensorAlignment);
+    packed += t.size();
+    if (packed > kMaxElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: 2^31 or more parameters in all (at ", what, ")"));
+    }
+    layout.tensors_.push_back(std::move(t));
+  }
   layout.padded_size_ = offset;
   layout.packed_size_ = packed;
   return layout;

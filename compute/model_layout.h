@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "compute/elementwise_math.h"
 #include "proto/config.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace rebound {
 namespace compute {
@@ -38,6 +39,7 @@ inline constexpr int64_t kTensorAlignment = 32;  // floats (128 bytes)
 inline constexpr int64_t kStatsSlot = 32;        // floats
 inline constexpr int kStatsLoss = 0;
 inline constexpr int kStatsCorrect = 1;
+inline constexpr int kMaxDeclaredTensors = 4096;
 
 struct LayerInfo {
   int index = 0;  // global layer index l
@@ -55,6 +57,9 @@ struct TensorInfo {
   int cols = 0;  // weight: in;  bias: out
   int64_t offset = 0;         // in the padded layout
   int64_t packed_offset = 0;  // in the packed layout
+  // The tensor's shape on the wire: {rows, cols} for a weight, {cols} for a bias; a declared
+  // model's tensor keeps its declared shape (rows 1, cols its element count).
+  std::vector<int64_t> shape;
   int64_t size() const { return static_cast<int64_t>(rows) * cols; }
 };
 
@@ -72,6 +77,14 @@ class StageLayout {
   // INVALID_ARGUMENT if the spec is invalid or not 0 <= first_layer < end_layer <= layers.
   static absl::StatusOr<StageLayout> Create(const ModelSpec& spec, int first_layer,
                                             int end_layer);
+
+  // The layout of a model its workers declare (model.declared_by_worker, DESIGN.md §11): one
+  // stage holding `model`'s tensors in order, with their names and shapes (their data, if any,
+  // is ignored) and no layers. INVALID_ARGUMENT naming the tensor unless there are 1 to
+  // kMaxDeclaredTensors tensors, with ids 0, 1, ... in order, distinct non-empty names of at most
+  // 256 bytes, dtype FLOAT32, at most 8 dimensions each >= 1, and fewer than 2^31 elements in
+  // all.
+  static absl::StatusOr<StageLayout> FromDeclared(const TensorBundle& model);
 
   int first_layer() const { return first_layer_; }
   int end_layer() const { return end_layer_; }

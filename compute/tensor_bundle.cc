@@ -1,21 +1,25 @@
 #include "compute/tensor_bundle.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
 namespace rebound {
 namespace compute {
 
+std::string ShapeString(absl::Span<const int64_t> dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
 TensorBundle BundleFromPacked(const StageLayout& layout, absl::Span<const float> packed) {
   TensorBundle bundle;
   for (const TensorInfo& info : layout.tensors()) {
-    const std::vector<int64_t> shape =
-        info.is_bias ? std::vector<int64_t>{info.cols} : std::vector<int64_t>{info.rows, info.cols};
-    *bundle.add_tensors() =
-        MakeFloatTensor(info.id, info.name, shape, packed.subspan(info.packed_offset, info.size()));
+    *bundle.add_tensors() = MakeFloatTensor(info.id, info.name, info.shape,
+                                            packed.subspan(info.packed_offset, info.size()));
   }
   return bundle;
 }
@@ -23,13 +27,11 @@ TensorBundle BundleFromPacked(const StageLayout& layout, absl::Span<const float>
 TensorBundle BundleHeader(const StageLayout& layout) {
   TensorBundle bundle;
   for (const TensorInfo& info : layout.tensors()) {
-    const std::vector<int64_t> shape =
-        info.is_bias ? std::vector<int64_t>{info.cols} : std::vector<int64_t>{info.rows, info.cols};
     Tensor* tensor = bundle.add_tensors();
     tensor->set_id(info.id);
     tensor->set_name(info.name);
     tensor->set_dtype(FLOAT32);
-    for (int64_t dim : shape) tensor->add_shape(dim);
+    for (int64_t dim : info.shape) tensor->add_shape(dim);
   }
   return bundle;
 }
@@ -59,16 +61,12 @@ absl::Status ValidateBundle(const StageLayout& layout, const TensorBundle& bundl
           absl::StrCat(name, ": expected tensor id ", info.id, " (", info.name, "), got ", t.id()));
     }
     RETURN_IF_ERROR(ValidateFloatTensor(t, name));
-    const bool shape_ok = info.is_bias ? (t.shape_size() == 1 && t.shape(0) == info.cols)
-                                       : (t.shape_size() == 2 && t.shape(0) == info.rows &&
-                                          t.shape(1) == info.cols);
+    const bool shape_ok = static_cast<size_t>(t.shape_size()) == info.shape.size() &&
+                          std::equal(info.shape.begin(), info.shape.end(), t.shape().begin());
     if (!shape_ok) {
-      std::string got;
-      for (int d = 0; d < t.shape_size(); ++d) absl::StrAppend(&got, d ? ", " : "", t.shape(d));
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": ", info.name, " must have shape [",
-          info.is_bias ? absl::StrCat(info.cols) : absl::StrCat(info.rows, ", ", info.cols),
-          "], got [", got, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", info.name, " must have shape ",
+                                                     ShapeString(info.shape), ", got ",
+                                                     ShapeString(absl::MakeConstSpan(t.shape().data(), t.shape_size()))));
     }
     if (require_finite) {
       const float* values = reinterpret_cast<const float*>(t.data().data());

@@ -36,5 +36,8 @@ absl::Status ValidateBundle(const StageLayout& layout, const TensorBundle& bundl
 // The packed values of a bundle. REQUIRES: ValidateBundle(layout, bundle) is OK.
 std::vector<float> PackedFromBundle(const StageLayout& layout, const TensorBundle& bundle);
 
+// "[d0, d1, ...]", for messages.
+std::string ShapeString(absl::Span<const int64_t> dims);
+
 }  // namespace compute
 }  // namespace rebound

@@ -140,6 +140,11 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
   table->max_abs_value_ = max_abs > 0.0 && max_abs < std::numeric_limits<float>::max()
                               ? static_cast<float>(max_abs)
                               : std::numeric_limits<float>::max();
+  if (job.model().declared_by_worker()) {
+    table->declared_model_ = true;
+    table->stages_.resize(1);  // filled by Declare
+    return table;
+  }
   const std::vector<int> starts = StageLayerStarts(job);
   for (size_t s = 0; s + 1 < starts.size(); ++s) {
     ASSIGN_OR_RETURN(compute::StageLayout layout,
@@ -152,7 +157,67 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
     RETURN_IF_ERROR(stage->layout.Pack(padded, absl::MakeSpan(stage->center)));
     table->stages_.push_back(std::move(stage));
   }
+  table->num_stages_.store(static_cast<int>(table->stages_.size()), std::memory_order_release);
   return table;
+}
+
+absl::Status CenterTable::Declare(const TensorBundle& model) {
+  absl::MutexLock declaring(&declare_mu_);
+  if (!declared_model_) {
+    return absl::FailedPreconditionError(
+        "this job's model is its spec's MLP (model.layers); workers cannot declare another");
+  }
+  if (num_stages() > 0) {
+    return absl::FailedPreconditionError("the job's model is already declared");
+  }
+  ASSIGN_OR_RETURN(compute::StageLayout layout, compute::StageLayout::FromDeclared(model));
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, model, "model"));
+  auto stage = std::make_unique<Stage>(std::move(layout));
+  std::vector<float> values = compute::PackedFromBundle(stage->layout, model);
+  {
+    absl::MutexLock lock(&stage->mu);
+    stage->center = std::move(values);
+    stage->version = 0;
+  }
+  stages_[0] = std::move(stage);
+  num_stages_.store(1, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status CenterTable::CheckModel(const TensorBundle& model,
+                                     const std::string& fixed_by) const {
+  int i = 0;
+  for (int s = 0; s < num_stages(); ++s) {
+    for (const compute::TensorInfo& info : stages_[s]->layout.tensors()) {
+      const std::string expected =
+          absl::StrCat("tensor ", info.id, " '", info.name, "' of shape ",
+                       compute::ShapeString(info.shape), " FLOAT32");
+      if (i >= model.tensors_size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the declared model differs from the job's (fixed by ", fixed_by,
+            "): it ends after ", i, " tensors where the job has ", expected));
+      }
+      const Tensor& t = model.tensors(i);
+      const bool same = t.id() == info.id && t.name() == info.name && t.dtype() == FLOAT32 &&
+                        static_cast<size_t>(t.shape_size()) == info.shape.size() &&
+                        std::equal(info.shape.begin(), info.shape.end(), t.shape().begin());
+      if (!same) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the declared model differs from the job's (fixed by ", fixed_by, ") at tensor ", i,
+            ": declared tensor ", t.id(), " '", t.name(), "' of shape ",
+            compute::ShapeString(absl::MakeConstSpan(t.shape().data(), t.shape_size())), " ",
+            DType_Name(t.dtype()), ", the job has ", expected));
+      }
+      ++i;
+    }
+  }
+  if (i != model.tensors_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the declared model differs from the job's (fixed by ", fixed_by, "): it declares ",
+        model.tensors_size(), " tensors, the job has ", i, "; the first extra is tensor ", i,
+        " '", model.tensors(i).name(), "'"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CenterTable::ValidateBundle(int stage, const TensorBundle& bundle,
@@ -174,6 +239,13 @@ TensorBundle CenterTable::Bundle(int stage, absl::Span<const float> packed) cons
 
 absl::Status CenterTable::Restore(const CenterRecord& center, const CenterOptRecord* opt) {
   const int stage = center.stage();
+  if (declared_model_ && num_stages() == 0 && stage == 0) {
+    // The stored center holds the declared tensors: it declares the model again.
+    if (absl::Status declared = Declare(center.params()); !declared.ok()) {
+      return absl::DataLossError(absl::StrCat("the stored center of the declared model: ",
+                                              declared.message()));
+    }
+  }
   RETURN_IF_ERROR(ValidateBundle(stage, center.params(), "center"));
   Stage& s = *stages_[stage];
   std::vector<float> values = Unbundle(stage, center.params());
@@ -337,9 +409,10 @@ int64_t CenterTable::version(int stage) const {
 }
 
 absl::Status CenterTable::Health() const {
-  for (const auto& stage : stages_) {
-    absl::MutexLock lock(&stage->mu);
-    if (!stage->lost.ok()) return stage->lost;
+  for (int s = 0; s < num_stages(); ++s) {
+    const Stage& stage = *stages_[s];
+    absl::MutexLock lock(&stage.mu);
+    if (!stage.lost.ok()) return stage.lost;
   }
   return absl::OkStatus();
 }

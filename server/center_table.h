@@ -26,7 +26,9 @@
 // (malformed input, integrity), the weight or commit function's own error, UNAVAILABLE from a
 // stage that refuses work after a failed commit; Restore also DATA_LOSS.
 
+#include <atomic>
 #include <cstdint>
+#include <string>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -45,17 +47,34 @@ namespace rebound::server {
 class CenterTable {
  public:
   // The centers start from the model's deterministic initialisation (the same values every
-  // trainer starts from). INVALID_ARGUMENT for an invalid job.
+  // trainer starts from). A job whose model is declared by its workers
+  // (model.declared_by_worker, DESIGN.md §11) has no stage until Declare. INVALID_ARGUMENT for
+  // an invalid job.
   static absl::StatusOr<std::unique_ptr<CenterTable>> Create(const JobConfig& job);
 
   CenterTable(const CenterTable&) = delete;
   CenterTable& operator=(const CenterTable&) = delete;
 
-  int num_stages() const { return static_cast<int>(stages_.size()); }
+  // 0 until a declared model is declared; every other function's `stage` must be below it.
+  int num_stages() const { return num_stages_.load(std::memory_order_acquire); }
   const compute::StageLayout& layout(int stage) const { return stages_[stage]->layout; }
 
-  // Restores a stage from its durable records (after a server restart). INVALID_ARGUMENT /
-  // DATA_LOSS if the record does not fit the stage's layout.
+  // A declared-model job: fixes the model's layout and the center's values from `model`
+  // (RegisterRequest.model: every tensor with its initial values), at version 0. Called once,
+  // after the caller made the declaration durable. INVALID_ARGUMENT for a malformed model
+  // (compute::StageLayout::FromDeclared; data that does not match the shapes or is not finite),
+  // FAILED_PRECONDITION if the job's model is an MLP spec or already declared.
+  absl::Status Declare(const TensorBundle& model);
+
+  // OK iff `model` (RegisterRequest.model) declares exactly the job's tensors: ids, names,
+  // dtypes and shapes of every stage's tensors in order (its data is not compared). Otherwise
+  // FAILED_PRECONDITION naming the first differing tensor and `fixed_by` (who fixed the
+  // layout, for the message). REQUIRES: num_stages() > 0.
+  absl::Status CheckModel(const TensorBundle& model, const std::string& fixed_by) const;
+
+  // Restores a stage from its durable records (after a server restart); a declared-model job's
+  // first restored record declares the model. INVALID_ARGUMENT / DATA_LOSS if the record does
+  // not fit the stage's layout.
   absl::Status Restore(const CenterRecord& center, const CenterOptRecord* opt);
 
   // Checks that `bundle` holds exactly the stage's tensors (ids, shapes, FLOAT32, byte lengths)
@@ -147,7 +166,14 @@ class CenterTable {
   CenterTable() = default;
 
   float max_abs_value_ = 0.0f;
+  bool declared_model_ = false;  // model.declared_by_worker
+  // Serializes Declare.
+  absl::Mutex declare_mu_;
+  // Every stage of an MLP job, from Create on. A declared-model job: one entry, null until
+  // Declare fills it and then publishes num_stages_ (release), so a reader that checks
+  // num_stages() first (acquire) sees the whole stage; never changed afterwards.
   std::vector<std::unique_ptr<Stage>> stages_;
+  std::atomic<int> num_stages_{0};
 };
 
 // ||a - b||, summed in a fixed order (float lanes per block of 1024 elements, blocks in double),

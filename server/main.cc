@@ -64,12 +64,13 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
     LOG(INFO) << "fresh data directory: starting from the model's initialisation";
     return absl::OkStatus();
   }
+  // A declared model (DESIGN.md §11) has its one stage once its stored center declares it.
+  const int stages = job.model().declared_by_worker() ? 1 : centers->num_stages();
   for (const auto& [stage, center] : state->centers) {
     auto opt = state->center_opts.find(stage);
-    if (stage < 0 || stage >= centers->num_stages()) {
+    if (stage < 0 || stage >= stages) {
       return absl::DataLossError(absl::StrCat("stored center of stage ", stage,
-                                              " does not fit the job's ",
-                                              centers->num_stages(), " stages"));
+                                              " does not fit the job's ", stages, " stages"));
     }
     absl::Status restored =
         centers->Restore(center, opt == state->center_opts.end() ? nullptr : &opt->second);

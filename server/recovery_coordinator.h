@@ -35,7 +35,8 @@
 // AfterDetection is called by the failure detector's thread only.
 //
 // Lock order of the server (a lock may be held while taking one to its right, never the
-// reverse): GlobalCheckpoint::mu_ -> CenterTable stage lock -> StepLogService locks ->
+// reverse): ParameterServerService::model_mu_ -> CenterTable::declare_mu_ ->
+// GlobalCheckpoint::mu_ -> CenterTable stage lock -> StepLogService locks ->
 // Membership::mu_ -> RecoveryCoordinator::mu_ -> {SlotBooks::mu_, LogRetention::mu_,
 // ReliabilityTracker::mu_}. The coordinator's mu_ guards its tasks; Membership takes it when it
 // calls the coordinator as its RecoveryObserver; the coordinator holds it while calling no other

@@ -217,6 +217,11 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               RegisterResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (absl::Status model = CheckDeclaredModel(*request); !model.ok()) {
+    LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
+                 << context->peer() << ": " << model;
+    return ToGrpcStatus(model);
+  }
   auto registered = membership_->Register(*request);
   if (!registered.ok()) {
     LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
@@ -232,6 +237,44 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
             << WorkerRole_Name(response->role()) << " incarnation " << response->incarnation()
             << (response->has_slot() ? " slot " + SlotName(response->slot()) : std::string());
   return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::CheckDeclaredModel(const RegisterRequest& request) {
+  const bool declared_job = job_.model().declared_by_worker();
+  if (!request.has_model()) {
+    if (!declared_job) return absl::OkStatus();  // rebound_worker builds the job's MLP spec
+    return absl::FailedPreconditionError(
+        "this job trains a model its workers declare (model.declared_by_worker): register with "
+        "the model's tensors (RegisterRequest.model; the Python client does, docs/python.md); "
+        "rebound_worker trains only a model spec with layers");
+  }
+  absl::MutexLock lock(&model_mu_);
+  if (centers_->num_stages() > 0) {
+    const std::string fixed_by =
+        !declared_job ? "the job's model spec"
+        : model_declared_by_.empty()
+            ? "the first registration, stored in the data directory"
+            : absl::StrCat("the first registration, of '", model_declared_by_, "'");
+    return centers_->CheckModel(request.model(), fixed_by);
+  }
+  // The first declaration: check it, make it durable (the center at version 0: its tensors'
+  // names, shapes and initial values, which a restarted server declares the model from), then
+  // fix it.
+  ASSIGN_OR_RETURN(const compute::StageLayout layout,
+                   compute::StageLayout::FromDeclared(request.model()));
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, request.model(), "model"));
+  CenterRecord center;
+  center.set_stage(0);
+  center.set_version(0);
+  *center.mutable_params() = request.model();
+  storage::WriteBatch batch;
+  batch.PutCenter(center);
+  RETURN_IF_ERROR(store_->Commit(batch));
+  RETURN_IF_ERROR(centers_->Declare(request.model()));
+  model_declared_by_ = request.worker_name();
+  LOG(INFO) << "the job's model was declared by '" << request.worker_name() << "': "
+            << layout.tensors().size() << " tensors, " << layout.packed_size() << " parameters";
+  return absl::OkStatus();
 }
 
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,

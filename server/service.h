@@ -160,6 +160,12 @@ class ParameterServerService final : public ParameterServer::Service {
   // ... (r of the bound)", for the log line of a finished slot.
   std::string IntegritySummary(int stage) const;
   WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
+  // Registration's model check (DESIGN.md §11): a declared-model job's first declaration is
+  // made durable (the center at version 0) and fixes the layout; every other declaration must
+  // match the job's layout (CenterTable::CheckModel). FAILED_PRECONDITION for a registration
+  // without a model in a declared-model job and for a differing one; INVALID_ARGUMENT for a
+  // malformed first declaration; the store's error if it cannot be made durable.
+  absl::Status CheckDeclaredModel(const RegisterRequest& request);
 
   const ServerConfig config_;
   const JobConfig& job_;
@@ -182,6 +188,11 @@ class ParameterServerService final : public ParameterServer::Service {
   std::unique_ptr<StepLogService> step_log_;
   LogRetention retention_;
   std::unique_ptr<RecoveryCoordinator> recovery_;
+
+  // Serializes the first declaration of a declared model (leftmost in the server's lock order:
+  // held while committing the declaration and calling CenterTable::Declare).
+  absl::Mutex model_mu_;
+  std::string model_declared_by_ ABSL_GUARDED_BY(model_mu_);
 
   mutable absl::Mutex eval_mu_;
   bool has_eval_ ABSL_GUARDED_BY(eval_mu_) = false;

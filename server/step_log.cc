@@ -116,8 +116,8 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
     }
     return absl::OkStatus();
   }
-  if (record.has_params_checksum()) {
-    return bad("params_checksum belongs in the per-step record (micro_batch -1)");
+  if (record.has_params_checksum() || record.has_rng_seed()) {
+    return bad("params_checksum and rng_seed belong in the per-step record (micro_batch -1)");
   }
   if (record.sample_ids_size() != samples_per_micro_batch_) {
     return bad(absl::StrCat("needs batch_size / M = ", samples_per_micro_batch_,

@@ -333,3 +333,136 @@ TEST_CASE("a push whose result would overflow m, v or the center is refused and 
 
 }  // namespace
 }  // namespace rebound::server
+
+namespace rebound::server {
+namespace {
+
+constexpr char kDeclaredJob[] = R"pb(
+  model { declared_by_worker: true }
+  topology { replicas: 2 stages: 1 }
+)pb";
+
+// A conv-net-like declaration: a 4-d weight, a bias, a 2-d weight.
+TensorBundle DeclaredModel(float first_value) {
+  TensorBundle model;
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+      {"conv.weight", {2, 1, 3, 3}}, {"conv.bias", {2}}, {"fc.weight", {3, 8}}};
+  float value = first_value;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Tensor* t = model.add_tensors();
+    t->set_id(static_cast<uint32_t>(i));
+    t->set_name(tensors[i].first);
+    t->set_dtype(FLOAT32);
+    int64_t n = 1;
+    for (int64_t d : tensors[i].second) {
+      t->add_shape(d);
+      n *= d;
+    }
+    std::vector<float> values(n);
+    for (float& v : values) v = (value += 0.25f);
+    t->set_data(std::string(reinterpret_cast<const char*>(values.data()), n * sizeof(float)));
+  }
+  return model;
+}
+
+TEST_CASE("a declared model has no stage until declared, then its shapes and initial values") {
+  auto table = MakeTable(kDeclaredJob);
+  CHECK(table->num_stages() == 0);
+  const TensorBundle model = DeclaredModel(1.0f);
+  REQUIRE(table->Declare(model).ok());
+  REQUIRE(table->num_stages() == 1);
+  CHECK(table->layout(0).packed_size() == 18 + 2 + 24);
+  const std::vector<float> center = Center(*table);
+  REQUIRE(center.size() == 44u);
+  CHECK(center[0] == 1.25f);
+  CHECK(center[43] == 1.0f + 44 * 0.25f);
+  // The bundle the server sends back has the declared shapes.
+  const TensorBundle bundle = table->Bundle(0, center);
+  REQUIRE(bundle.tensors_size() == 3);
+  CHECK(bundle.tensors(0).shape_size() == 4);
+  CHECK(bundle.tensors(0).shape(3) == 3);
+  CHECK(table->ValidateBundle(0, model, "params").ok());
+  // Declared once only.
+  CHECK(table->Declare(model).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("CheckModel names the first tensor that differs from the declared layout") {
+  auto table = MakeTable(kDeclaredJob);
+  REQUIRE(table->Declare(DeclaredModel(0.0f)).ok());
+  // Other values, same layout: accepted (data is not compared).
+  CHECK(table->CheckModel(DeclaredModel(7.0f), "w1").ok());
+
+  TensorBundle other_shape = DeclaredModel(0.0f);
+  other_shape.mutable_tensors(2)->set_shape(1, 9);
+  absl::Status refused = table->CheckModel(other_shape, "the first registration, of 'w1'");
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.message()),
+             Catch::Contains("at tensor 2") && Catch::Contains("'fc.weight' of shape [3, 9]") &&
+                 Catch::Contains("[3, 8]") && Catch::Contains("of 'w1'"));
+
+  TensorBundle renamed = DeclaredModel(0.0f);
+  renamed.mutable_tensors(1)->set_name("conv.b");
+  CHECK_THAT(std::string(table->CheckModel(renamed, "x").message()),
+             Catch::Contains("at tensor 1") && Catch::Contains("'conv.b'"));
+
+  TensorBundle shorter = DeclaredModel(0.0f);
+  shorter.mutable_tensors()->RemoveLast();
+  CHECK_THAT(std::string(table->CheckModel(shorter, "x").message()),
+             Catch::Contains("ends after 2 tensors"));
+
+  TensorBundle longer = DeclaredModel(0.0f);
+  *longer.add_tensors() = longer.tensors(1);
+  longer.mutable_tensors(3)->set_id(3);
+  longer.mutable_tensors(3)->set_name("extra");
+  CHECK_THAT(std::string(table->CheckModel(longer, "x").message()),
+             Catch::Contains("declares 4 tensors, the job has 3") && Catch::Contains("'extra'"));
+}
+
+TEST_CASE("a malformed declaration is refused and declares nothing") {
+  auto table = MakeTable(kDeclaredJob);
+  TensorBundle nan = DeclaredModel(0.0f);
+  float bad = std::nanf("");
+  std::string* data = nan.mutable_tensors(1)->mutable_data();
+  std::memcpy(data->data(), &bad, sizeof(bad));
+  CHECK(table->Declare(nan).code() == absl::StatusCode::kInvalidArgument);
+
+  TensorBundle wrong_ids = DeclaredModel(0.0f);
+  wrong_ids.mutable_tensors(1)->set_id(5);
+  CHECK(table->Declare(wrong_ids).code() == absl::StatusCode::kInvalidArgument);
+
+  TensorBundle short_data = DeclaredModel(0.0f);
+  short_data.mutable_tensors(0)->mutable_data()->resize(8);
+  CHECK(table->Declare(short_data).code() == absl::StatusCode::kInvalidArgument);
+
+  TensorBundle twice = DeclaredModel(0.0f);
+  twice.mutable_tensors(2)->set_name("conv.weight");
+  CHECK(table->Declare(twice).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(table->num_stages() == 0);
+  REQUIRE(table->Declare(DeclaredModel(0.0f)).ok());
+}
+
+TEST_CASE("an MLP job refuses a declaration and checks one against its spec's layout") {
+  auto table = MakeTable(kJob);
+  CHECK(table->Declare(DeclaredModel(0.0f)).code() == absl::StatusCode::kFailedPrecondition);
+  TensorBundle mlp = table->Bundle(0, Center(*table));
+  CHECK(table->CheckModel(mlp, "the job's model spec").ok());
+  mlp.mutable_tensors(0)->set_shape(0, 4);
+  CHECK_THAT(std::string(table->CheckModel(mlp, "the job's model spec").message()),
+             Catch::Contains("'layer0.weight' of shape [4, 4]") &&
+                 Catch::Contains("the job's model spec"));
+}
+
+TEST_CASE("Restore of a declared-model job declares the model from the stored center") {
+  auto table = MakeTable(kDeclaredJob);
+  CenterRecord record;
+  record.set_stage(0);
+  record.set_version(12);
+  *record.mutable_params() = DeclaredModel(3.0f);
+  REQUIRE(table->Restore(record, nullptr).ok());
+  REQUIRE(table->num_stages() == 1);
+  CHECK(table->version(0) == 12);
+  CHECK(Center(*table)[0] == 3.25f);
+}
+
+}  // namespace
+}  // namespace rebound::server
