@@ -17,6 +17,7 @@
 #include "common/security.h"
 #include "common/slot.h"
 #include "common/tensor_codec.h"
+#include "compute/model_layout.h"
 #include "server/membership.h"
 #include "storage/durable_store.h"
 
@@ -111,13 +112,19 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
   }
   if (record.micro_batch() == -1) {
     if (!record.has_params_checksum()) return bad("a per-step record needs params_checksum");
+    if (record.tensor_checksums_size() > compute::kMaxDeclaredTensors) {
+      return bad(absl::StrCat("at most ", compute::kMaxDeclaredTensors, " tensor_checksums, got ",
+                              record.tensor_checksums_size()));
+    }
     if (record.sample_ids_size() > 0 || record.boundaries_size() > 0) {
       return bad("a per-step record carries only params_checksum");
     }
     return absl::OkStatus();
   }
-  if (record.has_params_checksum() || record.has_rng_seed()) {
-    return bad("params_checksum and rng_seed belong in the per-step record (micro_batch -1)");
+  if (record.has_params_checksum() || record.has_rng_seed() || record.tensor_checksums_size() > 0) {
+    return bad(
+        "params_checksum, rng_seed and tensor_checksums belong in the per-step record "
+        "(micro_batch -1)");
   }
   if (record.sample_ids_size() != samples_per_micro_batch_) {
     return bad(absl::StrCat("needs batch_size / M = ", samples_per_micro_batch_,

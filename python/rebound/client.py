@@ -1,0 +1,168 @@
+"""The transport of the Python client: one gRPC channel to the server, every call with a deadline
+and the worker's credential, retried by the shared backoff rule (docs/protocol.md).
+
+Retry rule (common/retry.h, common/backoff.h): UNAVAILABLE and DEADLINE_EXCEEDED are retried
+with capped exponential backoff (initial, 2x, ... up to max, each delay drawn uniformly from
+[delay/2, delay]) until ``give_up_after_s`` pass without success, then ``Unreachable`` is raised.
+Every other status is raised at once as ``CallError`` with its gRPC code, for the caller to map:
+FAILED_PRECONDITION = fenced or refused for good, ABORTED = register again, INVALID_ARGUMENT =
+malformed input, UNAUTHENTICATED / PERMISSION_DENIED = not this worker's call.
+
+Thread-safety: a ``Connection`` is shared by the heartbeat, step-log and work threads; the
+credential is set once at registration (under a lock) and read by every call.
+"""
+
+import random
+import threading
+import time
+
+import grpc
+
+from rebound_pb import rebound_pb2_grpc
+
+CREDENTIAL_KEY = "rebound-worker-credential"
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# The server's default max_message_bytes (ServerConfig): models up to ~60 M float32 parameters.
+MAX_MESSAGE_BYTES = 268435456
+
+
+class CallError(Exception):
+    """A call the server answered with a status that is not retried; ``code`` is its gRPC code."""
+
+    def __init__(self, method, code, details):
+        super().__init__("%s: %s: %s" % (method, code.name, details))
+        self.method = method
+        self.code = code
+        self.details = details
+
+
+class Unreachable(Exception):
+    """No call succeeded for give_up_after_s."""
+
+
+class Backoff:
+    """Capped exponential backoff with jitter, as common/backoff.h. Not thread-safe."""
+
+    def __init__(self, initial_s, max_s, seed=None):
+        self._initial = initial_s
+        self._max = max_s
+        self._current = initial_s
+        self._rng = random.Random(seed)
+
+    def next(self):
+        base = self._current
+        self._current = min(self._max, self._current * 2)
+        return base * self._rng.uniform(0.5, 1.0)
+
+    def reset(self):
+        self._current = self._initial
+
+
+class Options:
+    """How a worker talks to the server (the fields of WorkerConfig that apply to Python)."""
+
+    def __init__(self, server="127.0.0.1:7070", token="", rpc_deadline_s=10.0,
+                 backoff_initial_s=0.1, backoff_max_s=5.0, give_up_after_s=120.0):
+        if not server or ":" not in server:
+            raise ValueError("server must be host:port, got %r" % (server,))
+        for name, value in (("rpc_deadline_s", rpc_deadline_s),
+                            ("backoff_initial_s", backoff_initial_s),
+                            ("backoff_max_s", backoff_max_s)):
+            if not value > 0:
+                raise ValueError("%s must be > 0, got %r" % (name, value))
+        if backoff_max_s < backoff_initial_s:
+            raise ValueError("backoff_max_s must be >= backoff_initial_s")
+        if not give_up_after_s >= 0:
+            raise ValueError("give_up_after_s must be >= 0, got %r" % (give_up_after_s,))
+        self.server = server
+        self.token = token
+        self.rpc_deadline_s = float(rpc_deadline_s)
+        self.backoff_initial_s = float(backoff_initial_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.give_up_after_s = float(give_up_after_s)
+
+
+class Connection:
+    """A channel, a stub and the worker's credential."""
+
+    def __init__(self, options):
+        self.options = options
+        self._channel = grpc.insecure_channel(options.server, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ])
+        self.stub = rebound_pb2_grpc.ParameterServerStub(self._channel)
+        self._lock = threading.Lock()
+        self._credential = ""
+
+    def close(self):
+        self._channel.close()
+
+    def set_credential(self, credential):
+        with self._lock:
+            self._credential = credential
+
+    def metadata(self):
+        with self._lock:
+            credential = self._credential
+        md = []
+        if credential:
+            md.append((CREDENTIAL_KEY, credential))
+        if self.options.token:
+            md.append(("authorization", self.options.token))
+        return md
+
+    def call(self, method, request, deadline_s=None, retry=True, stop=None):
+        """Calls the unary ``method`` (a name of ParameterServer) with a deadline; retries
+        UNAVAILABLE and DEADLINE_EXCEEDED (when ``retry``) until give_up_after_s. Raises
+        CallError, Unreachable, or ``Stopped`` when the ``stop`` event is set while waiting."""
+        fn = getattr(self.stub, method)
+        deadline_s = self.options.rpc_deadline_s if deadline_s is None else deadline_s
+        backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        give_up = time.monotonic() + self.options.give_up_after_s
+        while True:
+            try:
+                return fn(request, timeout=deadline_s, metadata=self.metadata())
+            except grpc.RpcError as error:
+                code = error.code()
+                if not retry or code not in RETRYABLE:
+                    raise CallError(method, code, error.details()) from None
+                if time.monotonic() >= give_up:
+                    raise Unreachable("%s failed for %.0f s: %s: %s" % (
+                        method, self.options.give_up_after_s, code.name, error.details())) from None
+                delay = backoff.next()
+                if stop is not None:
+                    if stop.wait(delay):
+                        raise Stopped("stopped while retrying %s" % method) from None
+                else:
+                    time.sleep(delay)
+
+    def stream(self, method, request, deadline_s=None):
+        """A server-streaming call (ReadLog): the list of its messages. Not retried here (the
+        caller retries the whole read). Raises CallError."""
+        fn = getattr(self.stub, method)
+        deadline_s = self.options.rpc_deadline_s if deadline_s is None else deadline_s
+        try:
+            return list(fn(request, timeout=deadline_s, metadata=self.metadata()))
+        except grpc.RpcError as error:
+            raise CallError(method, error.code(), error.details()) from None
+
+    def bidi_once(self, method, request, deadline_s=None):
+        """One request on a bidirectional stream (AppendLog) and its first reply. Raises
+        CallError."""
+        fn = getattr(self.stub, method)
+        deadline_s = self.options.rpc_deadline_s if deadline_s is None else deadline_s
+        try:
+            replies = fn(iter([request]), timeout=deadline_s, metadata=self.metadata())
+            for reply in replies:
+                replies.cancel()
+                return reply
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.CANCELLED:
+                raise CallError(method, grpc.StatusCode.UNAVAILABLE, "cancelled") from None
+            raise CallError(method, error.code(), error.details()) from None
+        raise CallError(method, grpc.StatusCode.UNAVAILABLE, "the stream ended without a reply")
+
+
+class Stopped(Exception):
+    """The worker was asked to stop while a call waited."""
