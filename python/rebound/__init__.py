@@ -1,0 +1,1 @@
+"""Rebound's Python client (placeholder; the lead owns this file)."""
