@@ -332,3 +332,36 @@ def test_kernels_reject_bad_input():
     with pytest.raises(ValueError):
         kernels.adahessian_scalars(kernels.AdaHessianConfig(), 0)
     assert math.isfinite(kernels.learning_rate(kernels.AdaHessianConfig(), 1))
+
+
+def test_adahessian_optimizer_step_matches_cpp_update():
+    """One rebound.torch.AdaHessian step equals the C++ AdaHessianUpdate on the same g and D."""
+    from rebound.torch.adahessian import AdaHessian
+
+    config = CONFIGS[1]
+    torch.manual_seed(3)
+    model = torch.nn.Linear(7, 5)
+    x, y = torch.randn(16, 7), torch.randint(0, 5, (16,))
+    opt = AdaHessian(model.parameters(), config, seed=77, replica=2)
+    commands = [config_command(config)]
+    expected = []
+    for t in (1, 2, 3):
+        before_step, m0, v0, _ = opt.export_state()
+        theta0 = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward(create_graph=True)
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        opt.step()
+        _, m1, v1, d1 = opt.export_state()
+        for g, d, m, v, th, m_out, v_out, p in zip(grads, d1, m0, v0, theta0, m1, v1,
+                                                  model.parameters()):
+            n = g.numel()
+            commands.append(f"adahessian {t} {(1.0).hex()} {n} {bits_of(g.reshape(-1))} "
+                            f"{bits_of(d.reshape(-1))} {bits_of(m.reshape(-1))} "
+                            f"{bits_of(v.reshape(-1))} {bits_of(th.reshape(-1))}")
+            expected.append(np.concatenate([m_out.reshape(-1).numpy(), v_out.reshape(-1).numpy(),
+                                            p.detach().reshape(-1).numpy()]))
+        assert before_step == t - 1
+    lines = oracle(commands)
+    for command, line, python in zip(commands[1:], lines[1:], expected):
+        assert_bits_equal(python, floats_of(line), command[:20])
