@@ -1,0 +1,1 @@
+"""rebound.torch (placeholder; the lead owns this file)."""
