@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Generates the Python protobuf and gRPC stubs of proto/*.proto into OUT/rebound_pb/ (default
-# OUT: python/, beside the package rebound), with protoc and grpc_python_plugin from Debian's
-# protobuf-compiler and protobuf-compiler-grpc. Never committed: tools/setup.sh and the tests
-# (//python:rebound_pb) run this.
+# OUT: python/_gen, gitignored), with protoc and grpc_python_plugin from Debian's
+# protobuf-compiler and protobuf-compiler-grpc. Never committed: tools/setup.sh runs this for
+# users (python/install.sh), and the Bazel tests use the genrule //python:rebound_pb, which runs
+# it into bazel-bin/python.
 #
 #   python/gen_stubs.sh [OUT]
 #
@@ -13,7 +14,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="${PROTO_ROOT:-$here/..}"
-out="${1:-$here}"
+out="${1:-$here/_gen}"
 protoc="${PROTOC:-protoc}"
 plugin="${GRPC_PYTHON_PLUGIN:-$(command -v grpc_python_plugin || true)}"
 if [ -z "$plugin" ]; then

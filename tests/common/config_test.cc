@@ -482,3 +482,26 @@ TEST_CASE("stage layer ranges follow explicit boundaries or an even split") {
 
 }  // namespace
 }  // namespace rebound
+
+namespace rebound {
+namespace {
+
+TEST_CASE("a model declared by its workers: no layers, one stage, replay by one spare") {
+  const std::string declared = "job_id: \"t\"\nmodel { declared_by_worker: true }\n";
+  auto job = ParseJobConfig(declared + "topology { replicas: 4 spares: 1 }\n", "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->model().declared_by_worker());
+
+  CHECK_THAT(JobError(declared + "topology {\n  stages: 2\n}\n"),
+             Catch::Contains("job.pbtxt:4: topology.stages must be 1 for a model declared by its "
+                             "workers (pipeline stages are C++-only"));
+  CHECK_THAT(JobError(declared + "fault_tolerance {\n  recovery_parallelism: 2\n}\n"),
+             Catch::Contains("fault_tolerance.recovery_parallelism must be 1 for a model "
+                             "declared by its workers (parallel replay is C++-only"));
+  CHECK_THAT(JobError("job_id: \"t\"\nmodel {\n  declared_by_worker: true\n  layers { width: 3 "
+                      "activation: IDENTITY }\n}\n"),
+             Catch::Contains("model.layers must be empty when model.declared_by_worker is true"));
+}
+
+}  // namespace
+}  // namespace rebound

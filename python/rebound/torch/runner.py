@@ -1,0 +1,943 @@
+"""rebound.torch.run: a Python worker of a Rebound job (DESIGN.md §11, docs/python.md).
+
+One process, three roles, decided by the server at registration: a TRAINER trains its slot and
+syncs with the center every tau steps (EASGD, §4.4, with the same float32 arithmetic as the C++
+worker), logging each step's sample ids, torch seed and parameter checksums; a SPARE waits for a
+recovery task, rebuilds a lost slot by replaying its log from its snapshot, verifies every step's
+checksum and takes the slot over (or, under RESTART_FROM_CENTER, takes one over from the
+center); an EVALUATOR pulls the center and reports test loss and accuracy.
+
+Determinism (what replay needs): the batch of step t is a pure function of (job seed, replica,
+t) (``batch_ids``); before step t the runner seeds torch's generator with ``step_seed(...)`` and
+logs the seed; torch runs with ``use_deterministic_algorithms(True)`` and the job's
+``compute.threads``. The user's model, loss and optimizer must be deterministic functions of
+those (docs/python.md#determinism); a replay that does not reproduce a step says which step and
+tensor differed and the server falls back to RESTART_FROM_CENTER.
+
+Threads: the work (main) thread; a heartbeat thread (``_Session``) that also carries the
+server's commands and takeovers; a step-log thread (``_StepLog``). A fenced worker exits at once
+with code 3 from whichever thread learns it (``os._exit``: no later write can leave it).
+"""
+
+import collections
+import dataclasses
+import math
+import os
+import socket
+import sys
+import threading
+import time
+import typing
+import warnings
+
+import numpy as np
+import torch
+
+import rebound
+from rebound import checksum
+from rebound import client as rclient
+from rebound.torch import kernels
+from rebound.torch.adahessian import AdaHessian
+from rebound_pb import config_pb2, rebound_pb2, tensor_pb2
+
+_MASK64 = (1 << 64) - 1
+
+# backward(create_graph=True) warns of a parameter <-> gradient cycle; the runner breaks it by
+# zero_grad(set_to_none=True) before every step.
+warnings.filterwarnings("ignore", message="Using backward\\(\\) with create_graph=True")
+
+
+def _log(message):
+    sys.stderr.write("rebound-torch: %s\n" % message)
+    sys.stderr.flush()
+
+
+class ConfigError(Exception):
+    """The spec or the options do not fit (exit code 2)."""
+
+
+class _Exit(Exception):
+    def __init__(self, code, reason):
+        super().__init__(reason)
+        self.code = code
+
+
+@dataclasses.dataclass
+class Spec:
+    """What a training script declares (docs/python.md#the-spec).
+
+    model: a factory returning the torch.nn.Module; called after torch.manual_seed(the job's
+        model.init_seed), so its initialisation is the same in every process.
+    optimizer: a factory taking the model's parameters and returning a torch.optim.Optimizer
+        (rebound.torch.AdaHessian, SGD, Adam, AdamW replay bit-identically; any other trains,
+        but its state is not in the snapshot, so a replay falls back to RESTART_FROM_CENTER).
+    loss: loss(output, target) -> scalar tensor.
+    train_set: indexable by sample id: train_set[i] -> (x, y); an optional train_set.batch(ids)
+        -> (X, Y) is used when present.
+    test_set: the evaluator's data set (same protocol); None: this script cannot evaluate.
+    init_seed: torch.manual_seed before the model factory: the first registration's model is the
+        center's initial value (every trainer starts from the center).
+    batch_size, tau: must equal the job's data.batch_size and easgd.sync_period (checked at
+        registration; None: take the job's).
+    """
+    model: typing.Callable[[], torch.nn.Module]
+    optimizer: typing.Callable[[typing.Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    loss: typing.Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    train_set: typing.Any
+    test_set: typing.Any = None
+    batch_size: typing.Optional[int] = None
+    tau: typing.Optional[int] = None
+    eval_batch_size: int = 1000
+    init_seed: int = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism: the batch and torch seed of a step.
+
+def _mix64(x):
+    """common/rng.h RngMix64 (splitmix64's finaliser)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def step_seed(seed, replica, step):
+    """The seed torch's generator gets before step ``step`` of ``replica`` (logged; replay
+    uses it), below 2^63 (torch.manual_seed's range)."""
+    return _mix64(_mix64(seed ^ _mix64((replica << 32) | 4)) ^ step) & ((1 << 63) - 1)
+
+
+def shard_ids(n, replicas, replica):
+    """The sample ids of a replica: every replicas-th id from ``replica`` (docs/python.md)."""
+    return np.arange(replica, n, replicas, dtype=np.int64)
+
+
+def _epoch_order(shard, seed, replica, epoch):
+    generator = torch.Generator()
+    generator.manual_seed(_mix64(_mix64(seed ^ (replica << 32) ^ 3) ^ epoch) & ((1 << 63) - 1))
+    return shard[torch.randperm(len(shard), generator=generator).numpy()]
+
+
+def batch_ids(shard, seed, replica, step, batch_size, _cache={}):
+    """The sample ids of step ``step`` (1-based): positions [(step-1) B, step B) of the
+    replica's shard in epoch-wise shuffled order, wrapping into the next epoch. A pure function
+    of its arguments, so a successor goes on where a lost trainer was. Also returns the data
+    cursor (epoch, offset) after the step."""
+    n = len(shard)
+    start = (step - 1) * batch_size
+    out = np.empty(batch_size, dtype=np.int64)
+    filled = 0
+    while filled < batch_size:
+        epoch, offset = divmod(start + filled, n)
+        key = (id(shard), n, seed, replica, epoch)
+        order = _cache.get(key)
+        if order is None:
+            if len(_cache) > 4:
+                _cache.clear()
+            order = _cache[key] = _epoch_order(shard, seed, replica, epoch)
+        take = min(batch_size - filled, n - offset)
+        out[filled:filled + take] = order[offset:offset + take]
+        filled += take
+    epoch, offset = divmod(step * batch_size, n)
+    return out, epoch, offset
+
+
+def _fetch(data_set, ids):
+    if hasattr(data_set, "batch"):
+        return data_set.batch(torch.as_tensor(ids))
+    items = [data_set[int(i)] for i in ids]
+    xs = torch.stack([torch.as_tensor(x) for x, _ in items])
+    ys = torch.as_tensor([int(y) for _, y in items])
+    return xs, ys
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors on the wire.
+
+def _bundle(tensors, names=None, with_data=True):
+    bundle = tensor_pb2.TensorBundle()
+    for i, t in enumerate(tensors):
+        t = t.detach()
+        out = bundle.tensors.add()
+        out.id = i
+        if names is not None:
+            out.name = names[i]
+        out.dtype = tensor_pb2.FLOAT32
+        out.shape.extend(int(d) for d in t.shape)
+        if with_data:
+            out.data = t.contiguous().numpy().astype("<f4", copy=False).tobytes()
+    return bundle
+
+
+def _from_bundle(bundle, like, what):
+    if len(bundle.tensors) != len(like):
+        raise _Exit(rebound.EXIT_FAILED, "%s holds %d tensors, the model has %d" % (
+            what, len(bundle.tensors), len(like)))
+    out = []
+    for t, ref in zip(bundle.tensors, like):
+        if list(t.shape) != list(ref.shape) or t.dtype != tensor_pb2.FLOAT32:
+            raise _Exit(rebound.EXIT_FAILED, "%s: tensor %d '%s' has shape %s, the model's %s" % (
+                what, t.id, t.name, list(t.shape), list(ref.shape)))
+        values = np.frombuffer(t.data, dtype="<f4")
+        if values.size != ref.numel():
+            raise _Exit(rebound.EXIT_FAILED, "%s: tensor %d holds %d values, expected %d" % (
+                what, t.id, values.size, ref.numel()))
+        out.append(torch.from_numpy(values.copy()).reshape(ref.shape))
+    return out
+
+
+def _params_checksums(params):
+    data = [p.detach().contiguous().numpy().tobytes() for p in params]
+    total = checksum.checksum_floats(b"".join(data))
+    return total, [checksum.checksum_floats(d) for d in data]
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer state <-> the protocol's OptimizerState (step, m, v, last_hdiag).
+
+def _export_optimizer(optimizer, params, step):
+    """(step, m, v, last_hdiag) lists (None where the optimizer has no such state), or None for
+    an optimizer whose state does not map (its replays fall back)."""
+    if isinstance(optimizer, AdaHessian):
+        t, m, v, d = optimizer.export_state()
+        return t, m, v, d
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        states = [optimizer.state.get(p, {}) for p in params]
+        if not any(states):
+            return step, None, None, None
+        m = [s["exp_avg"].detach().clone() for s in states]
+        v = [s["exp_avg_sq"].detach().clone() for s in states]
+        steps = {int(torch.as_tensor(s["step"]).item()) for s in states}
+        if len(steps) != 1:
+            return None
+        return steps.pop(), m, v, None
+    if isinstance(optimizer, torch.optim.SGD):
+        states = [optimizer.state.get(p, {}) for p in params]
+        if not any(s.get("momentum_buffer") is not None for s in states):
+            return step, None, None, None
+        return step, [s["momentum_buffer"].detach().clone() for s in states], None, None
+    return None
+
+
+def _import_optimizer(optimizer, params, state):
+    """Loads an OptimizerState message into the optimizer. False if its type cannot."""
+    if isinstance(optimizer, AdaHessian):
+        zeros = [torch.zeros_like(p) for p in params]
+        m = _from_bundle(state.m, params, "optimizer.m") if state.m.tensors else zeros
+        v = _from_bundle(state.v, params, "optimizer.v") if state.v.tensors else zeros
+        d = (_from_bundle(state.last_hdiag, params, "optimizer.last_hdiag")
+             if state.last_hdiag.tensors else zeros)
+        optimizer.import_state(state.step, m, v, d)
+        return True
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        if not state.m.tensors:
+            optimizer.state.clear()
+            return True
+        m = _from_bundle(state.m, params, "optimizer.m")
+        v = _from_bundle(state.v, params, "optimizer.v")
+        for p, mi, vi in zip(params, m, v):
+            optimizer.state[p] = {"step": torch.tensor(float(state.step)), "exp_avg": mi,
+                                  "exp_avg_sq": vi}
+        return True
+    if isinstance(optimizer, torch.optim.SGD):
+        optimizer.state.clear()
+        if state.m.tensors:
+            for p, mi in zip(params, _from_bundle(state.m, params, "optimizer.m")):
+                optimizer.state[p] = {"momentum_buffer": mi}
+        return True
+    return False
+
+
+def _optimizer_message(exported, params):
+    message = rebound_pb2.OptimizerState()
+    if exported is None:
+        return message
+    step, m, v, d = exported
+    message.step = int(step)
+    for field, values in (("m", m), ("v", v), ("last_hdiag", d)):
+        if values is not None:
+            getattr(message, field).CopyFrom(_bundle(values))
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# Membership: registration, heartbeats, commands, takeovers, fencing.
+
+class _Session:
+
+    def __init__(self, conn, options, spec_model, name, role, job_id):
+        self.conn = conn
+        self.options = options
+        self.name = name
+        self.requested_role = role
+        self.job_id = job_id
+        self._model_bundle = spec_model
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.stop = threading.Event()       # the work must end (STOP, a signal, max_seconds)
+        self.job_done = False
+        self.drain = False
+        self.registration = None            # RegisterResponse (incarnation, role, slot, job)
+        self.step = 0
+        self.loss = float("nan")
+        self.log_pending = 0
+        self.leaving = False  # deregistering: the server's refusals that follow are expected
+        self._thread = None
+
+    def register(self):
+        request = rebound_pb2.RegisterRequest(
+            job_id=self.job_id, worker_name=self.name, requested_role=self.requested_role,
+            backend=config_pb2.CPU, model=self._model_bundle)
+        try:
+            response = self.conn.call("Register", request, stop=self.stop)
+        except rclient.CallError as error:
+            raise _Exit(rebound.EXIT_REJECTED, "registration refused: %s" % error) from None
+        self.conn.set_credential(response.credential)
+        with self.lock:
+            self.registration = response
+            self.step = response.start_step
+            self.changed.notify_all()
+        slot = response.slot
+        _log("registered '%s' as %s incarnation %d%s" % (
+            self.name, config_pb2.WorkerRole.Name(response.role), response.incarnation,
+            " slot (%d, %d)" % (slot.replica, slot.stage) if response.HasField("slot") else ""))
+        return response
+
+    def current(self):
+        with self.lock:
+            return self.registration
+
+    def adopt(self, registration):
+        """A takeover: this worker is now the slot's trainer under a new incarnation."""
+        with self.lock:
+            self.registration = registration
+            self.step = registration.start_step
+            self.changed.notify_all()
+
+    def set_progress(self, step, loss):
+        with self.lock:
+            self.step = step
+            self.loss = loss
+
+    def start(self):
+        self._thread = threading.Thread(target=self._beat, name="rebound-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _fenced(self, reason):
+        if self.leaving:
+            return
+        _log("fenced by the server, exiting: %s" % reason)
+        os._exit(rebound.EXIT_FENCED)
+
+    def _beat(self):
+        backoff = rclient.Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        last_contact = time.monotonic()
+        while not self.stop.is_set():
+            current = self.current()
+            job = current.job
+            interval = job.fault_tolerance.heartbeat_interval_ms / 1000.0
+            with self.lock:
+                request = rebound_pb2.HeartbeatRequest(
+                    incarnation=current.incarnation, step=self.step, loss=self.loss,
+                    log_bytes_pending=self.log_pending)
+            try:
+                response = self.conn.stub.Heartbeat(
+                    request, timeout=self.options.rpc_deadline_s, metadata=self.conn.metadata())
+            except Exception as error:  # grpc.RpcError
+                if self.leaving:
+                    return
+                code = error.code() if hasattr(error, "code") else None
+                details = error.details() if hasattr(error, "details") else str(error)
+                name = code.name if code is not None else "UNKNOWN"
+                if name == "FAILED_PRECONDITION":
+                    if self.current().incarnation != current.incarnation:
+                        continue  # a takeover changed the incarnation meanwhile
+                    if current.role == config_pb2.SPARE and self._wait_change(current, 2.0):
+                        continue  # fenced as REPLACED by its own takeover
+                    self._fenced(details)
+                if name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+                    _log("the server refuses this worker's heartbeat: %s" % details)
+                    os._exit(rebound.EXIT_REJECTED)
+                if name == "ABORTED":
+                    # The server lost this registration (restarted without its state): the
+                    # simplest safe course for a Python worker is to leave; its supervisor
+                    # starts it again as a new worker.
+                    _log("the server no longer knows this worker (%s); exiting" % details)
+                    os._exit(rebound.EXIT_UNREACHABLE)
+                if time.monotonic() - last_contact > self.options.give_up_after_s:
+                    _log("no heartbeat acknowledged for %.0f s: %s" % (
+                        self.options.give_up_after_s, details))
+                    os._exit(rebound.EXIT_UNREACHABLE)
+                self.stop.wait(backoff.next())
+                continue
+            backoff.reset()
+            last_contact = time.monotonic()
+            if response.HasField("takeover"):
+                takeover = response.takeover
+                _log("taking over slot (%d, %d) as incarnation %d from step %d (from the center)"
+                     % (takeover.slot.replica, takeover.slot.stage, takeover.incarnation,
+                        takeover.start_step))
+                self.adopt(takeover)
+            for command in response.commands:
+                if command == rebound_pb2.DRAIN:
+                    with self.lock:
+                        self.drain = True
+                elif command == rebound_pb2.STOP:
+                    with self.lock:
+                        self.job_done = True
+                    self.stop.set()
+            self.stop.wait(interval)
+
+    def _wait_change(self, current, timeout):
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.registration.incarnation == current.incarnation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+            return True
+
+    def deregister(self, drained=False):
+        current = self.current()
+        if current is None:
+            return
+        self.leaving = True
+        self.stop.set()
+        try:
+            self.conn.stub.Deregister(
+                rebound_pb2.DeregisterRequest(incarnation=current.incarnation, drained=drained),
+                timeout=min(self.options.rpc_deadline_s, 2.0), metadata=self.conn.metadata())
+        except Exception as error:  # grpc.RpcError
+            _log("deregister failed: %s" % error)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step log: records shipped in the background, each batch acknowledged once durable.
+
+class _StepLog:
+    """Sender-side step logging (DESIGN §5.2): append() never blocks on the network; a thread
+    ships what gathered every linger_ms as one AppendLog batch and drops what the server
+    acknowledged. The buffer is bounded (step_log.buffer_bytes): append() waits for room, up to
+    give_up_after_s."""
+
+    def __init__(self, conn, options, incarnation, step_log_config, session):
+        self.conn = conn
+        self.options = options
+        self.incarnation = incarnation
+        self.linger_s = step_log_config.linger_ms / 1000.0
+        self.capacity = step_log_config.buffer_bytes
+        self.session = session
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.pending = collections.deque()  # (record_id, LogRecord, bytes)
+        self.pending_bytes = 0
+        self.next_id = 1
+        self.acked = 0
+        self.closed = False
+        self.thread = threading.Thread(target=self._ship, name="rebound-steplog", daemon=True)
+        self.thread.start()
+
+    def append(self, records):
+        size = sum(r.ByteSize() for r in records)
+        deadline = time.monotonic() + self.options.give_up_after_s
+        with self.lock:
+            while self.pending_bytes + size > self.capacity and self.pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Exit(rebound.EXIT_UNREACHABLE,
+                                "the step log's buffer stayed full for %.0f s" %
+                                self.options.give_up_after_s)
+                self.cond.wait(min(left, 1.0))
+            for record in records:
+                record.record_id = self.next_id
+                record.sender_incarnation = self.incarnation
+                self.next_id += 1
+                self.pending.append((record.record_id, record, record.ByteSize()))
+            self.pending_bytes += size
+            self.session.log_pending = self.pending_bytes
+            self.cond.notify_all()
+
+    def flush(self, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            target = self.next_id - 1
+            self.cond.notify_all()
+            while self.acked < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join(timeout=self.options.rpc_deadline_s)
+
+    def _ship(self):
+        backoff = rclient.Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        while True:
+            with self.lock:
+                while not self.pending and not self.closed:
+                    self.cond.wait()
+                if not self.pending and self.closed:
+                    return
+            if self.linger_s > 0 and not self.closed:
+                time.sleep(self.linger_s)
+            with self.lock:
+                batch = [record for _, record, _ in list(self.pending)[:4096]]
+            if not batch:
+                continue
+            request = rebound_pb2.AppendLogRequest(incarnation=self.incarnation, records=batch)
+            try:
+                ack = self.conn.bidi_once("AppendLog", request)
+            except rclient.CallError as error:
+                if error.code.name == "FAILED_PRECONDITION":
+                    _log("the step log was refused: %s" % error)
+                    with self.lock:
+                        self.closed = True
+                        self.pending.clear()
+                        self.cond.notify_all()
+                    return
+                if error.code.name == "INVALID_ARGUMENT":
+                    _log("the server refused a step-log batch: %s" % error)
+                    os._exit(rebound.EXIT_FAILED)
+                time.sleep(backoff.next())
+                continue
+            backoff.reset()
+            with self.lock:
+                self.acked = max(self.acked, ack.acked_through)
+                while self.pending and self.pending[0][0] <= self.acked:
+                    self.pending_bytes -= self.pending.popleft()[2]
+                self.session.log_pending = self.pending_bytes
+                self.cond.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker.
+
+class _Worker:
+
+    def __init__(self, spec, session, conn, options, max_seconds):
+        self.spec = spec
+        self.session = session
+        self.conn = conn
+        self.options = options
+        self.max_seconds = max_seconds
+        self.started = time.monotonic()
+        self.samples = 0
+        self.model = None
+        self.optimizer = None
+        self.params = None
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def build(self, job, replica):
+        torch.manual_seed(self.spec.init_seed)
+        self.model = self.spec.model()
+        self.params = [p for p in self.model.parameters()]
+        self.optimizer = self.spec.optimizer(self.params)
+        if isinstance(self.optimizer, AdaHessian):
+            self.optimizer.set_rng(job.data.seed, replica)
+
+    def check_job(self, job):
+        if job.easgd.mode != config_pb2.EASGD:
+            raise _Exit(rebound.EXIT_CONFIG, "the job runs mode %s; the Python client trains "
+                        "mode EASGD only (docs/python.md#limits)" %
+                        config_pb2.SyncMode.Name(job.easgd.mode))
+        if self.spec.batch_size is not None and self.spec.batch_size != job.data.batch_size:
+            raise _Exit(rebound.EXIT_CONFIG, "the spec's batch_size %d differs from the job's "
+                        "data.batch_size %d" % (self.spec.batch_size, job.data.batch_size))
+        if self.spec.tau is not None and self.spec.tau != job.easgd.sync_period:
+            raise _Exit(rebound.EXIT_CONFIG, "the spec's tau %d differs from the job's "
+                        "easgd.sync_period %d" % (self.spec.tau, job.easgd.sync_period))
+
+    def out_of_time(self):
+        return (self.max_seconds is not None and
+                time.monotonic() - self.started >= self.max_seconds)
+
+    def set_params(self, values):
+        with torch.no_grad():
+            for p, v in zip(self.params, values):
+                p.copy_(v)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def step(self, job, replica, t, ids, seed):
+        """One training step on the batch ``ids`` with torch seeded by ``seed``; the loss."""
+        torch.manual_seed(seed)
+        self.model.train()
+        x, y = _fetch(self.spec.train_set, ids)
+        self.optimizer.zero_grad(set_to_none=True)
+        adahessian = isinstance(self.optimizer, AdaHessian)
+        if adahessian and self.optimizer.step_count != t - 1:
+            raise _Exit(rebound.EXIT_FAILED, "AdaHessian is at step %d, the slot at %d" % (
+                self.optimizer.step_count, t - 1))
+        loss = self.spec.loss(self.model(x), y)
+        loss.backward(create_graph=adahessian and self.optimizer.hessian_due())
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def sync(self, reg, t, loss, cursor):
+        job = reg.job
+        exported = _export_optimizer(self.optimizer, self.params, t)
+        request = rebound_pb2.SyncRequest(
+            incarnation=reg.incarnation, slot=reg.slot, step=t,
+            params=_bundle(self.params), optimizer=_optimizer_message(exported, self.params),
+            data_epoch=cursor[0], data_offset=cursor[1])
+        if math.isfinite(loss):
+            request.loss = loss
+        response = self._call("Sync", request)
+        if response.HasField("worker_params_after"):
+            self.set_params(_from_bundle(response.worker_params_after, self.params,
+                                         "worker_params_after"))
+        else:
+            c_before = _from_bundle(response.center_before, self.params, "center_before")
+            self.set_params([kernels.elastic_pull_worker(p.detach(), c, response.moving_rate)
+                             for p, c in zip(self.params, c_before)])
+        return response
+
+    def _call(self, method, request, **kwargs):
+        try:
+            return self.conn.call(method, request, stop=self.session.stop, **kwargs)
+        except rclient.CallError as error:
+            if error.code.name == "FAILED_PRECONDITION":
+                self.session._fenced(str(error))
+            raise _Exit(rebound.EXIT_FAILED, str(error)) from None
+        except rclient.Unreachable as error:
+            raise _Exit(rebound.EXIT_UNREACHABLE, str(error)) from None
+
+    def train(self, reg, replayed):
+        job = reg.job
+        slot = reg.slot
+        self.check_job(job)
+        tau = job.easgd.sync_period
+        max_steps = job.training.max_steps
+        batch_size = job.data.batch_size
+        micro = max(1, job.data.micro_batches)
+        seed = job.data.seed
+        shard = shard_ids(len(self.spec.train_set), job.topology.replicas, slot.replica)
+        if len(shard) == 0:
+            raise _Exit(rebound.EXIT_CONFIG, "replica %d has no samples" % slot.replica)
+        start = reg.start_step
+        if not replayed:
+            self.build(job, slot.replica)
+            # Every trainer starts from the center: the first declaration's values, or the
+            # center a lost slot restarts from (RESTART_FROM_CENTER, a server restart).
+            pulled = self._call("Pull", rebound_pb2.PullRequest(
+                incarnation=reg.incarnation, stage=0))
+            self.set_params(_from_bundle(pulled.center, self.params, "center"))
+            if start > 0 and isinstance(self.optimizer, AdaHessian):
+                zeros = [torch.zeros_like(p) for p in self.params]
+                self.optimizer.import_state(start, zeros, zeros, zeros)
+            if start > 0:
+                _log("restarting slot (%d, %d) from the center (version %d) at step %d" % (
+                    slot.replica, slot.stage, pulled.center_version, start))
+        logging = (job.step_log.enabled and
+                   job.fault_tolerance.policy == config_pb2.REPLAY)
+        log = _StepLog(self.conn, self.options, reg.incarnation, job.step_log,
+                       self.session) if logging else None
+        _log("training slot (%d, %d) on %d samples for steps %d..%d, sync every %d" % (
+            slot.replica, slot.stage, len(shard), start + 1, max_steps, tau))
+        loss = float("nan")
+        try:
+            if replayed and start > 0 and (start % tau == 0 or start == max_steps):
+                # The lost trainer had done step `start`, but its sync was not applied.
+                cursor = batch_ids(shard, seed, slot.replica, start, batch_size)[1:]
+                self.sync(reg, start, float("nan"), cursor)
+            for t in range(start + 1, max_steps + 1):
+                if self.session.stop.is_set() or self.out_of_time():
+                    return "stopped"
+                if self.session.current().incarnation != reg.incarnation:
+                    return "replaced"
+                ids, epoch, offset = batch_ids(shard, seed, slot.replica, t, batch_size)
+                torch_seed = step_seed(seed, slot.replica, t)
+                loss = self.step(job, slot.replica, t, ids, torch_seed)
+                if not math.isfinite(loss):
+                    raise _Exit(rebound.EXIT_FAILED, "the loss of step %d is not finite" % t)
+                self.samples += batch_size
+                self.session.set_progress(t, loss)
+                if log is not None:
+                    per = batch_size // micro
+                    records = [rebound_pb2.LogRecord(
+                        slot=slot, step=t, micro_batch=k,
+                        sample_ids=ids[k * per:(k + 1) * per].tolist()) for k in range(micro)]
+                    total, each = _params_checksums(self.params)
+                    records.append(rebound_pb2.LogRecord(
+                        slot=slot, step=t, micro_batch=-1, params_checksum=total,
+                        rng_seed=torch_seed, tensor_checksums=each))
+                    log.append(records)
+                if t % tau != 0 and t != max_steps:
+                    continue
+                self.sync(reg, t, loss, (epoch, offset))
+                with self.session.lock:
+                    drain = self.session.drain
+                if drain:
+                    _log("drained: synced step %d; leaving slot (%d, %d)" % (
+                        t, slot.replica, slot.stage))
+                    return "drained"
+            _log("finished %d steps" % max_steps)
+            return "finished"
+        finally:
+            if log is not None:
+                if not log.flush(self.options.rpc_deadline_s):
+                    _log("the step log was not flushed at the end")
+                log.close()
+
+    # -- replay -----------------------------------------------------------------------------
+
+    def spare(self, reg):
+        """Waits for recovery tasks; returns the adopted trainer registration after a verified
+        replay (REPLAY) or a takeover (RESTART_FROM_CENTER), or None when the work is over."""
+        job = reg.job
+        while not self.session.stop.is_set():
+            current = self.session.current()
+            if current.incarnation != reg.incarnation:
+                return current, False  # a takeover from the center, by heartbeat
+            if self.out_of_time():
+                return None
+            request = rebound_pb2.WaitForTaskRequest(incarnation=reg.incarnation, wait_ms=1000)
+            try:
+                response = self.conn.call("WaitForTask", request,
+                                          deadline_s=self.options.rpc_deadline_s + 1.0,
+                                          stop=self.session.stop)
+            except rclient.CallError as error:
+                if error.code.name in ("FAILED_PRECONDITION", "ABORTED"):
+                    if self.session._wait_change(reg, 2.0):
+                        continue
+                    self.session._fenced(str(error))
+                raise _Exit(rebound.EXIT_FAILED, str(error)) from None
+            except rclient.Unreachable as error:
+                raise _Exit(rebound.EXIT_UNREACHABLE, str(error)) from None
+            except rclient.Stopped:
+                return None
+            if not response.HasField("task"):
+                continue
+            adopted = self.replay(reg, response.task)
+            if adopted is not None:
+                return adopted, True
+        return None
+
+    def replay(self, reg, task):
+        job = reg.job
+        slot = task.slot
+        t0 = task.snapshot.step
+        tf = task.failed_step
+        _log("replay task %d: rebuilding slot (%d, %d) from step %d to %d" % (
+            task.task_id, slot.replica, slot.stage, t0, tf))
+        began = time.monotonic()
+        report = rebound_pb2.ReportRecoveryRequest(incarnation=reg.incarnation,
+                                                   task_id=task.task_id)
+        verified = False
+        try:
+            self.build(job, slot.replica)
+            self.set_params(_from_bundle(task.snapshot.params, self.params, "snapshot.params"))
+            if not _import_optimizer(self.optimizer, self.params, task.snapshot.optimizer):
+                raise _Exit(rebound.EXIT_FAILED, "the optimizer %s has no snapshot state" %
+                            type(self.optimizer).__name__)
+            records = []
+            if tf > t0:
+                records = self.conn.stream("ReadLog", rebound_pb2.ReadLogRequest(
+                    incarnation=reg.incarnation, task_id=task.task_id, from_step=t0,
+                    to_step=tf), deadline_s=max(self.options.rpc_deadline_s, 60.0))
+            loaded = time.monotonic()
+            steps = collections.defaultdict(dict)
+            for record in records:
+                steps[record.step][record.micro_batch] = record
+            micro = max(1, job.data.micro_batches)
+            final = None
+            mismatch = None
+            for t in range(t0 + 1, tf + 1):
+                parts = steps.get(t, {})
+                if -1 not in parts or any(k not in parts for k in range(micro)):
+                    mismatch = "the log lacks records of step %d" % t
+                    break
+                ids = np.concatenate([np.asarray(parts[k].sample_ids, dtype=np.int64)
+                                      for k in range(micro)])
+                per_step = parts[-1]
+                self.step(job, slot.replica, t, ids, per_step.rng_seed)
+                total, each = _params_checksums(self.params)
+                if total != per_step.params_checksum:
+                    names = [n for n, _ in self.model.named_parameters()]
+                    differing = [i for i, (a, b) in enumerate(zip(each, per_step.tensor_checksums))
+                                 if a != b]
+                    which = ("tensor %d '%s'" % (differing[0], names[differing[0]])
+                             if differing else "the parameters")
+                    mismatch = ("step %d: %s differs from the trainer's (checksum %016x, logged "
+                                "%016x)" % (t, which, total, per_step.params_checksum))
+                    break
+                final = total
+            report.steps_replayed = tf - t0 if mismatch is None else 0
+            report.phases.snapshot_transfer_ms = int((loaded - began) * 1000)
+            report.phases.replay_ms = int((time.monotonic() - loaded) * 1000)
+            if mismatch is not None:
+                report.outcome = rebound_pb2.CHECKSUM_MISMATCH
+                report.detail = mismatch
+                _log("replay task %d: %s; the server falls back to RESTART_FROM_CENTER" % (
+                    task.task_id, mismatch))
+            else:
+                verified = True
+                report.outcome = rebound_pb2.RECOVERED
+                report.verified = True
+                if final is None:
+                    final = _params_checksums(self.params)[0]
+                report.final_checksum = final
+        except rclient.CallError as error:
+            report.outcome = rebound_pb2.ABANDONED
+            report.detail = str(error)
+            _log("replay task %d abandoned: %s" % (task.task_id, error))
+        try:
+            granted = self.conn.call("ReportRecovery", report, stop=self.session.stop)
+        except rclient.CallError as error:
+            _log("replay task %d: report refused: %s" % (task.task_id, error))
+            return None
+        except (rclient.Unreachable, rclient.Stopped) as error:
+            raise _Exit(rebound.EXIT_UNREACHABLE, str(error)) from None
+        if not verified or granted.incarnation == 0:
+            return None
+        adopted = rebound_pb2.RegisterResponse(
+            incarnation=granted.incarnation, role=config_pb2.TRAINER, slot=granted.slot,
+            job=job, start_step=tf)
+        self.session.adopt(adopted)
+        _log("took over slot (%d, %d) as incarnation %d at step %d: %d steps replayed and "
+             "verified in %.2f s" % (granted.slot.replica, granted.slot.stage,
+                                     granted.incarnation, tf, tf - t0, time.monotonic() - began))
+        return adopted
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def evaluate(self, reg):
+        job = reg.job
+        if self.spec.test_set is None:
+            raise _Exit(rebound.EXIT_CONFIG, "registered as EVALUATOR but the spec has no "
+                        "test_set")
+        self.build(job, 0)
+        n = len(self.spec.test_set)
+        if job.data.test_limit > 0:
+            n = min(n, job.data.test_limit)
+        period = job.training.eval_every_ms / 1000.0
+        last_version = -1
+        while not self.session.stop.is_set() and not self.out_of_time():
+            pulled = self._call("Pull", rebound_pb2.PullRequest(incarnation=reg.incarnation,
+                                                                stage=0))
+            if pulled.center_version != last_version:
+                last_version = pulled.center_version
+                self.set_params(_from_bundle(pulled.center, self.params, "center"))
+                self.model.eval()
+                total_loss = 0.0
+                correct = 0
+                with torch.no_grad():
+                    for begin in range(0, n, self.spec.eval_batch_size):
+                        ids = np.arange(begin, min(n, begin + self.spec.eval_batch_size))
+                        x, y = _fetch(self.spec.test_set, ids)
+                        out = self.model(x)
+                        total_loss += float(self.spec.loss(out, y)) * len(ids)
+                        correct += int((out.argmax(dim=1) == y).sum())
+                loss = total_loss / max(1, n)
+                accuracy = correct / max(1, n)
+                if math.isfinite(loss):
+                    self._call("ReportEval", rebound_pb2.ReportEvalRequest(
+                        incarnation=reg.incarnation, stage=0,
+                        center_version=pulled.center_version, test_loss=loss,
+                        test_accuracy=accuracy))
+                _log("evaluated center version %d: test loss %.4f accuracy %.4f" % (
+                    pulled.center_version, loss, accuracy))
+            self.session.stop.wait(period)
+        return "stopped"
+
+
+def _model_declaration(spec, init_seed=None):
+    """The RegisterRequest.model of the spec's model: every parameter in order, with its
+    initial values (the factory called after torch.manual_seed(init_seed))."""
+    if init_seed is not None:
+        torch.manual_seed(init_seed)
+    model = spec.model()
+    names, params = [], []
+    for name, p in model.named_parameters():
+        if p.dtype != torch.float32:
+            raise _Exit(rebound.EXIT_CONFIG, "parameter '%s' is %s; Rebound trains float32 "
+                        "parameters" % (name, p.dtype))
+        names.append(name)
+        params.append(p)
+    if not params:
+        raise _Exit(rebound.EXIT_CONFIG, "the model has no parameters")
+    return _bundle(params, names)
+
+
+def run(spec, server="127.0.0.1:7070", name=None, role=None, token_file=None, job_id="",
+        max_seconds=None, rpc_deadline_s=10.0, give_up_after_s=120.0, exit=True):
+    """Runs this process as a worker of the job served at ``server`` until the job ends, the
+    server fences it, SIGTERM, or ``max_seconds`` pass. ``role``: None (the server decides),
+    "trainer", "spare" or "evaluator". Returns (or exits with, when ``exit``) a code of
+    rebound.EXIT_*; prints ``rebound-torch: trained N samples in S s`` at the end."""
+    code = rebound.EXIT_OK
+    reason = ""
+    roles = {None: config_pb2.ROLE_UNSPECIFIED, "trainer": config_pb2.TRAINER,
+             "spare": config_pb2.SPARE, "evaluator": config_pb2.EVALUATOR}
+    session = None
+    worker = None
+    try:
+        if role not in roles:
+            raise _Exit(rebound.EXIT_CONFIG, "role must be trainer, spare or evaluator, got %r"
+                        % (role,))
+        token = ""
+        if token_file:
+            with open(token_file) as f:
+                token = f.readline().strip()
+        options = rclient.Options(server=server, token=token, rpc_deadline_s=rpc_deadline_s,
+                                  give_up_after_s=give_up_after_s)
+        name = name or "%s-%d" % (socket.gethostname(), os.getpid())
+        conn = rclient.Connection(options)
+        declaration = _model_declaration(spec, init_seed=spec.init_seed)
+        session = _Session(conn, options, declaration, name, roles[role], job_id)
+        reg = session.register()
+        job = reg.job
+        torch.set_num_threads(max(1, job.compute.threads))
+        torch.use_deterministic_algorithms(True)
+        session.start()
+        worker = _Worker(spec, session, conn, options, max_seconds)
+        adopted = None
+        replayed = False
+        while True:
+            reg = session.current()
+            if reg.role == config_pb2.TRAINER:
+                outcome = worker.train(reg, replayed)
+                if outcome == "replaced":
+                    continue
+                session.deregister(drained=outcome == "drained")
+                break
+            if reg.role == config_pb2.EVALUATOR:
+                worker.evaluate(reg)
+                session.deregister()
+                break
+            result = worker.spare(reg)
+            if result is None:
+                session.deregister()
+                break
+            adopted, replayed = result
+    except _Exit as stop:
+        code, reason = stop.code, str(stop)
+        _log(reason)
+        if session is not None and code != rebound.EXIT_FENCED:
+            session.deregister()
+    except (rclient.Unreachable,) as error:
+        code, reason = rebound.EXIT_UNREACHABLE, str(error)
+        _log(reason)
+    except ValueError as error:
+        code, reason = rebound.EXIT_CONFIG, str(error)
+        _log(reason)
+    finally:
+        if session is not None:
+            session.stop.set()
+    if worker is not None:
+        elapsed = time.monotonic() - worker.started
+        print("rebound-torch: trained %d samples in %.3f s" % (worker.samples, elapsed),
+              flush=True)
+    if exit:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

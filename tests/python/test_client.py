@@ -1,0 +1,297 @@
+"""The Python client against a real rebound_server on loopback (port 0): registration and the
+declared layout, refusals, fencing, the sync arithmetic against the server's C++ kernel, a
+killed Python trainer rebuilt by verified replay, the fallback when a replay cannot match, and
+bad input. Real processes, really killed; every wait bounded; LocalServer kills what it started.
+
+Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tiny_spec.py).
+"""
+
+import os
+import signal
+import struct
+import sys
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from rebound import client as rclient
+from rebound.cluster import LocalServer, read_log
+from rebound.torch import kernels
+from rebound.torch import runner
+from rebound_pb import config_pb2, rebound_pb2, tensor_pb2
+
+SERVER = os.environ["REBOUND_SERVER"]
+SPEC = os.environ["TINY_SPEC"]
+
+JOB = """
+job_id: "tiny"
+model { declared_by_worker: true }
+topology { replicas: %(replicas)d spares: 1 }
+data { batch_size: 32 micro_batches: 2 }
+easgd { sync_period: %(tau)d }
+fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1500 %(ft)s }
+training { max_steps: %(steps)d eval_every_ms: 500 }
+"""
+
+
+def job(replicas=2, tau=4, steps=1000, ft=""):
+    return JOB % dict(replicas=replicas, tau=tau, steps=steps, ft=ft)
+
+
+def worker(server, *args):
+    return server.start_worker([sys.executable, SPEC, "--server", server.address] + list(args))
+
+
+def wait_exit(process, timeout_s):
+    try:
+        return process.wait(timeout=timeout_s)
+    except Exception:
+        raise AssertionError("worker still running after %.0f s; its log:\n%s" % (
+            timeout_s, read_log(process)[-3000:]))
+
+
+def tiny_model_bundle(hidden=32, nan=False):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(hidden, 4))
+    bundle = runner._bundle(list(model.parameters()),
+                            [n for n, _ in model.named_parameters()])
+    if nan:
+        data = bytearray(bundle.tensors[1].data)
+        data[0:4] = struct.pack("<f", float("nan"))
+        bundle.tensors[1].data = bytes(data)
+    return bundle
+
+
+def register(server, name, model=None, role=config_pb2.ROLE_UNSPECIFIED):
+    conn = rclient.Connection(rclient.Options(server=server.address, give_up_after_s=10))
+    request = rebound_pb2.RegisterRequest(job_id="tiny", worker_name=name, requested_role=role)
+    if model is not None:
+        request.model.CopyFrom(model)
+    response = conn.call("Register", request)
+    conn.set_credential(response.credential)
+    return conn, response
+
+
+def code_of(call):
+    with pytest.raises(rclient.CallError) as error:
+        call()
+    return error.value
+
+
+@pytest.fixture
+def server():
+    with LocalServer(SERVER, job()) as s:
+        yield s
+
+
+def test_first_registration_fixes_the_layout_and_others_must_match(server):
+    conn, first = register(server, "a", tiny_model_bundle())
+    assert first.role == config_pb2.TRAINER
+    # The center starts from the declared values.
+    pulled = conn.call("Pull", rebound_pb2.PullRequest(incarnation=first.incarnation, stage=0))
+    declared = tiny_model_bundle()
+    assert [t.name for t in pulled.center.tensors] == ["0.weight", "0.bias", "3.weight",
+                                                       "3.bias"]
+    assert [list(t.shape) for t in pulled.center.tensors] == [[32, 16], [32], [4, 32], [4]]
+    assert [t.data for t in pulled.center.tensors] == [t.data for t in declared.tensors]
+    # The same layout with other values is accepted.
+    other = tiny_model_bundle()
+    other.tensors[0].data = bytes(len(other.tensors[0].data))
+    register(server, "b", other)
+    # A different layout: FAILED_PRECONDITION naming the first differing tensor.
+    error = code_of(lambda: register(server, "c", tiny_model_bundle(hidden=33)))
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "at tensor 0" in error.details and "'0.weight' of shape [33, 16]" in error.details
+    assert "[32, 16]" in error.details and "of 'a'" in error.details
+    # No declaration at all (what rebound_worker sends): refused, saying why.
+    error = code_of(lambda: register(server, "d"))
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "declared_by_worker" in error.details
+
+
+def test_the_declared_layout_survives_a_server_restart(server):
+    register(server, "a", tiny_model_bundle())
+    server.close()
+    server.start()
+    error = code_of(lambda: register(server, "b", tiny_model_bundle(hidden=8)))
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "stored in the data directory" in error.details
+    _, ok = register(server, "c", tiny_model_bundle())
+    assert ok.incarnation != 0
+
+
+def test_a_malformed_declaration_is_refused_and_fixes_nothing(server):
+    error = code_of(lambda: register(server, "nan", tiny_model_bundle(nan=True)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not finite" in error.details or "nan" in error.details.lower()
+    bad = tiny_model_bundle()
+    bad.tensors[2].dtype = tensor_pb2.INT32
+    error = code_of(lambda: register(server, "int", bad))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "FLOAT32" in error.details
+    short = tiny_model_bundle()
+    short.tensors[3].data = short.tensors[3].data[:8]
+    assert code_of(lambda: register(server, "short", short)).code == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    # Nothing was fixed: a good declaration of another width is still accepted first.
+    _, ok = register(server, "good", tiny_model_bundle(hidden=8))
+    assert ok.role == config_pb2.TRAINER
+
+
+def test_sync_math_is_the_servers_kernel_bit_for_bit(server):
+    """A trainer's post-sync parameters (Python float32 kernel) equal the snapshot the server
+    computed with its C++ kernel, which a spare receives in its recovery task."""
+    conn, reg = register(server, "a", tiny_model_bundle(), role=config_pb2.TRAINER)
+    center = [torch.from_numpy(np.frombuffer(t.data, "<f4").copy()).reshape(tuple(t.shape))
+              for t in tiny_model_bundle().tensors]
+    rng = np.random.default_rng(5)
+    x = [c + torch.from_numpy(rng.standard_normal(tuple(c.shape)).astype(np.float32) * 0.37)
+         for c in center]
+    response = conn.call("Sync", rebound_pb2.SyncRequest(
+        incarnation=reg.incarnation, slot=reg.slot, step=4, params=runner._bundle(x)))
+    c_before = runner._from_bundle(response.center_before, x, "center_before")
+    mine = [kernels.elastic_pull_worker(xi, ci, response.moving_rate)
+            for xi, ci in zip(x, c_before)]
+    assert response.moving_rate == pytest.approx(0.45)  # 0.9 / R
+    # The trainer leaves: a spare's task carries the server's snapshot of the slot.
+    conn.stub.Deregister(rebound_pb2.DeregisterRequest(incarnation=reg.incarnation),
+                         timeout=5, metadata=conn.metadata())
+    spare, sreg = register(server, "spare", tiny_model_bundle(), role=config_pb2.SPARE)
+    deadline = time.monotonic() + 20
+    task = None
+    while task is None and time.monotonic() < deadline:
+        got = spare.call("WaitForTask", rebound_pb2.WaitForTaskRequest(
+            incarnation=sreg.incarnation, wait_ms=1000), deadline_s=5)
+        if got.HasField("task"):
+            task = got.task
+    assert task is not None, "no recovery task within 20 s"
+    assert task.snapshot.step == 4
+    snapshot = runner._from_bundle(task.snapshot.params, x, "snapshot")
+    for a, b in zip(mine, snapshot):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    # And the move is not the identity: a wrong alpha would not match.
+    wrong = kernels.elastic_pull_worker(x[0], c_before[0], 0.4)
+    assert wrong.numpy().tobytes() != snapshot[0].numpy().tobytes()
+
+
+def test_bad_updates_get_invalid_argument(server):
+    conn, reg = register(server, "a", tiny_model_bundle(), role=config_pb2.TRAINER)
+    wrong_shape = tiny_model_bundle(hidden=8)
+    error = code_of(lambda: conn.call("Sync", rebound_pb2.SyncRequest(
+        incarnation=reg.incarnation, slot=reg.slot, step=4, params=wrong_shape)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "0.weight" in error.details
+    error = code_of(lambda: conn.call("Sync", rebound_pb2.SyncRequest(
+        incarnation=reg.incarnation, slot=reg.slot, step=4,
+        params=tiny_model_bundle(nan=True))))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    # Another worker's identity: the credential does not match.
+    other, _ = register(server, "b", tiny_model_bundle())
+    with pytest.raises(rclient.CallError) as impostor:
+        other.call("Sync", rebound_pb2.SyncRequest(
+            incarnation=reg.incarnation, slot=reg.slot, step=4, params=tiny_model_bundle()))
+    assert impostor.value.code == grpc.StatusCode.UNAUTHENTICATED
+    # A micro-batch record carrying a per-step field is malformed.
+    record = rebound_pb2.LogRecord(slot=reg.slot, step=1, micro_batch=0, sample_ids=list(
+        range(16)), rng_seed=5, record_id=1)
+    error = code_of(lambda: conn.bidi_once("AppendLog", rebound_pb2.AppendLogRequest(
+        incarnation=reg.incarnation, records=[record])))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "rng_seed" in error.details
+    status = server.status()
+    assert sum(s.refused_updates for s in status.slots) == 2
+
+
+def test_a_fenced_trainer_exits_3_and_writes_no_more(server):
+    trainer = worker(server, "--name", "t0", "--slow-ms", "20")
+    server.wait_for(lambda s: any(x.step > 20 for x in s.slots), 60, what="training")
+    os.killpg(trainer.pid, signal.SIGSTOP)  # silent past failure_timeout_ms: declared failed
+    status = server.wait_for(
+        lambda s: any(w.name == "t0" and w.state == rebound_pb2.FAILED for w in s.workers), 30,
+        what="t0 declared failed")
+    updates = {(x.slot.replica): x.update_count for x in status.slots}
+    os.killpg(trainer.pid, signal.SIGCONT)
+    assert wait_exit(trainer, 30) == 3
+    assert "fenced by the server" in read_log(trainer)
+    after = {(x.slot.replica): x.update_count for x in server.status().slots}
+    assert after == updates  # nothing it sent after the fencing was applied
+
+
+@pytest.mark.parametrize("optimizer", ["adahessian", "sgd", "adam"])
+def test_a_killed_trainer_is_rebuilt_by_verified_replay(optimizer):
+    with LocalServer(SERVER, job(replicas=2, tau=40, steps=400)) as server:
+        trainers = [worker(server, "--name", "t%d" % i, "--slow-ms", "15", "--optimizer",
+                           optimizer) for i in range(2)]
+        spare = worker(server, "--name", "spare", "--role", "spare", "--optimizer", optimizer)
+        victim_slot = server.wait_for(
+            lambda s: any(x.logged_step - x.snapshot_step >= 6 and x.snapshot_step >= 40
+                          for x in s.slots), 90, what="a slot logged 6 steps past a snapshot")
+        slot = next(x for x in victim_slot.slots
+                    if x.logged_step - x.snapshot_step >= 6 and x.snapshot_step >= 40)
+        owner = next(w for w in victim_slot.workers if w.incarnation == slot.owner_incarnation)
+        victim = trainers[int(owner.name[1:])]
+        os.killpg(victim.pid, signal.SIGKILL)
+        status = server.wait_for(lambda s: any(r.HasField("outcome") for r in s.recoveries), 60,
+                                 what="the recovery's outcome")
+        recovery = status.recoveries[0]
+        assert recovery.outcome == rebound_pb2.RECOVERED, recovery
+        assert recovery.verified
+        assert recovery.steps_replayed >= 6
+        server.wait_for(lambda s: all(x.state == rebound_pb2.FINISHED for x in s.slots), 180,
+                        what="every slot finished")
+        assert wait_exit(spare, 30) == 0
+        assert "verified" in read_log(spare)
+        survivor = trainers[1 - int(owner.name[1:])]
+        assert wait_exit(survivor, 30) == 0
+
+
+def test_a_replay_that_cannot_match_says_where_and_falls_back():
+    with LocalServer(SERVER, job(replicas=1, tau=40, steps=300)) as server:
+        trainer = worker(server, "--name", "t0", "--slow-ms", "15", "--nondeterministic")
+        spare = worker(server, "--name", "spare", "--role", "spare", "--nondeterministic")
+        server.wait_for(lambda s: s.slots[0].logged_step - s.slots[0].snapshot_step >= 4 and
+                        s.slots[0].snapshot_step >= 40, 90, what="logged steps past a snapshot")
+        os.killpg(trainer.pid, signal.SIGKILL)
+        status = server.wait_for(lambda s: any(r.HasField("outcome") for r in s.recoveries), 60,
+                                 what="the recovery's outcome")
+        recovery = status.recoveries[0]
+        assert recovery.outcome == rebound_pb2.CHECKSUM_MISMATCH, recovery
+        assert "step %d" % (status.slots[0].snapshot_step + 1) in recovery.detail or \
+            "step" in recovery.detail
+        assert "tensor" in recovery.detail
+        # The fallback: the spare restarts the slot from the center and finishes the job.
+        server.wait_for(lambda s: s.slots[0].state == rebound_pb2.FINISHED, 120,
+                        what="the slot finished after the fallback")
+        assert wait_exit(spare, 30) == 0
+        assert "taking over slot (0, 0)" in read_log(spare)
+
+
+def test_an_evaluator_reports_accuracy_and_everyone_leaves_at_the_end(server):
+    trainers = [worker(server, "--name", "t%d" % i) for i in range(2)]
+    evaluator = worker(server, "--name", "eval", "--role", "evaluator")
+    status = server.wait_for(lambda s: s.HasField("last_eval") and
+                             s.last_eval.center_version > 50, 120, what="an evaluation")
+    assert 0.0 <= status.last_eval.test_accuracy <= 1.0
+    server.wait_for(lambda s: all(x.state == rebound_pb2.FINISHED for x in s.slots), 180,
+                    what="every slot finished")
+    for t in trainers:
+        assert wait_exit(t, 30) == 0
+    assert wait_exit(evaluator, 30) == 0
+    # The synthetic task is learnable: the last evaluation beats chance (0.25) by far.
+    assert server.status().last_eval.test_accuracy > 0.8
+
+
+def test_a_spec_that_does_not_fit_the_job_exits_2(server):
+    process = server.start_worker([sys.executable, "-c", """
+import sys, runpy
+sys.argv = ["tiny_spec.py", "--server", "%s"]
+import rebound.torch as rt
+mod = runpy.run_path("%s", run_name="not_main")
+class A: optimizer = "sgd"; slow_ms = 0; nondeterministic = False
+spec = mod["make_spec"](A)
+spec.tau = 5
+rt.run(spec, server="%s")
+""" % (server.address, SPEC, server.address)])
+    assert wait_exit(process, 60) == 2
+    assert "tau 5 differs from the job's easgd.sync_period 4" in read_log(process)

@@ -1,0 +1,88 @@
+"""A small deterministic training script for the client's tests: an MLP on a synthetic data set
+(a fixed random teacher labels Gaussian inputs), run as
+
+    python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam]
+        [--max-seconds S] [--slow-ms MS] [--nondeterministic]
+
+--slow-ms sleeps after every batch fetch (a test kills the trainer mid-run); --nondeterministic
+makes every process's model add its own noise, so a replay cannot match (the fallback test).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+
+import rebound.torch as rt
+
+FEATURES = 16
+CLASSES = 4
+
+
+class Synthetic:
+    def __init__(self, n, seed, slow_ms=0):
+        g = torch.Generator().manual_seed(seed)
+        teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(7))
+        self.x = torch.randn(n, FEATURES, generator=g)
+        self.y = (self.x @ teacher).argmax(dim=1)
+        self.slow_ms = slow_ms
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def batch(self, ids):
+        if self.slow_ms:
+            time.sleep(self.slow_ms / 1000.0)
+        return self.x.index_select(0, ids), self.y.index_select(0, ids)
+
+
+class Noisy(torch.nn.Module):
+    """Adds process-dependent noise: not a deterministic function of the step's inputs."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.noise = torch.Generator().manual_seed(os.getpid())
+
+    def forward(self, x):
+        return self.inner(x) + 1e-3 * torch.randn(CLASSES, generator=self.noise)
+
+
+def make_spec(args):
+    def model():
+        net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(),
+                                  torch.nn.Dropout(0.1), torch.nn.Linear(32, CLASSES))
+        return Noisy(net) if args.nondeterministic else net
+
+    def optimizer(params):
+        if args.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        if args.optimizer == "adam":
+            return torch.optim.Adam(params, lr=0.01)
+        return rt.AdaHessian(params, lr=0.05, hessian_every=2)
+
+    return rt.Spec(model=model, optimizer=optimizer, loss=torch.nn.functional.cross_entropy,
+                   train_set=Synthetic(2048, 1, args.slow_ms), test_set=Synthetic(512, 2),
+                   batch_size=32)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--name")
+    parser.add_argument("--role")
+    parser.add_argument("--optimizer", default="adahessian")
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--slow-ms", type=float, default=0)
+    parser.add_argument("--nondeterministic", action="store_true")
+    args = parser.parse_args()
+    rt.run(make_spec(args), server=args.server, name=args.name, role=args.role,
+           max_seconds=args.max_seconds, give_up_after_s=30)
+
+
+if __name__ == "__main__":
+    main()
