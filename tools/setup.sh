@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every build, test and run dependency of Rebound from Debian's packages.
 # Idempotent: packages already installed are skipped, so a second run costs seconds.
-#   tools/setup.sh          what the build, the tests, the demo, the tsa/tsan checks of
+#   tools/setup.sh          what the build, the tests, the demos, the Python client (its
+#                           stubs and `import rebound.torch`: python/install.sh), the tsa/tsan checks of
 #                           tools/test.sh and --config=fuzz need
 #   tools/setup.sh --fuzz   the same (kept for docs/fuzzing.md's older instructions)
 set -euo pipefail
@@ -25,6 +26,10 @@ PACKAGES=(
   python3-yaml
   # The demo's plot (tools/plot_progress.sh): gnuplot without X, and a font for its PNGs.
   gnuplot-nox fonts-dejavu-core
+  # The Python client (python/, docs/python.md): gRPC and protobuf for Python, PyTorch (CPU),
+  # numpy, xxHash, pytest for its tests; its stubs come from protoc and grpc_python_plugin
+  # (protobuf-compiler-grpc, above).
+  python3-grpcio python3-protobuf python3-torch python3-numpy python3-xxhash python3-pytest
   # clang for --config=tsa (-Wthread-safety), --config=tsan and --config=fuzz; the TSan, ASan and
   # libFuzzer runtimes; lld (those configs link with it); llvm-symbolizer for their reports
   # (docs/thread_safety.md, docs/fuzzing.md).
@@ -46,13 +51,17 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  echo "setup: packages installed"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-echo "setup: done"
+# The Python client: stubs generated from proto/ and `import rebound.torch` for
+# /usr/bin/python3 (python/install.sh; docs/python.md#install).
+"$(dirname "$0")/../python/install.sh"
+
