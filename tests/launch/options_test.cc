@@ -65,7 +65,8 @@ TEST_CASE("every flag is accepted as --name value and as --name=value") {
   absl::StatusOr<LaunchOptions> options = ParseLaunchArgs(
       {"--job=j.pbtxt", "--data_dir", "/data", "--port=7071", "--workdir", "wd",
        "--kill_trainer_at_step", "40", "--kill_slot=1,2", "--progress_csv", "p.csv",
-       "--timeout_s=90", "--server_binary", "/bin/s", "--worker_binary=/bin/w"});
+       "--timeout_s=90", "--server_binary", "/bin/s", "--worker_binary=/bin/w",
+       "--worker_command", "/usr/bin/python3 x.py  --flag"});
   REQUIRE(options.ok());
   CHECK(options->job_file == "j.pbtxt");
   CHECK(options->data_dir == "/data");
@@ -78,6 +79,7 @@ TEST_CASE("every flag is accepted as --name value and as --name=value") {
   CHECK(options->timeout_s == 90);
   CHECK(options->server_binary == "/bin/s");
   CHECK(options->worker_binary == "/bin/w");
+  CHECK(options->worker_command == "/usr/bin/python3 x.py  --flag");
 }
 
 TEST_CASE("a repeated flag keeps its last value") {

@@ -133,10 +133,14 @@ absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOpti
   absl::StatusOr<std::string> server =
       FindBinary(argv0, options.server_binary, "server_binary", "server", "rebound_server");
   if (!server.ok()) return server.status();
+  binaries.server = *std::move(server);
+  if (!options.worker_command.empty()) {
+    binaries.worker_command = absl::StrSplit(options.worker_command, ' ', absl::SkipEmpty());
+    return binaries;
+  }
   absl::StatusOr<std::string> worker =
       FindBinary(argv0, options.worker_binary, "worker_binary", "worker", "rebound_worker");
   if (!worker.ok()) return worker.status();
-  binaries.server = *std::move(server);
   binaries.worker = *std::move(worker);
   return binaries;
 }
@@ -262,10 +266,15 @@ std::optional<int> Launcher::StartServer() {
 
 std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) {
   const std::string log = absl::StrCat(workdir_, "/", plan.name, ".log");
-  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
-      {binaries_.worker, "--config", workdir_ + "/worker.pbtxt", "--server",
-       absl::StrCat("127.0.0.1:", port_), "--name", plan.name, "--role", RoleFlag(plan.role)},
-      log, FreshLog());
+  std::vector<std::string> argv = binaries_.worker_command;
+  if (argv.empty()) argv = {binaries_.worker, "--config", workdir_ + "/worker.pbtxt"};
+  for (const std::string& arg : {std::string("--server"), absl::StrCat("127.0.0.1:", port_),
+                                 std::string("--name"), plan.name, std::string("--role"),
+                                 std::string(RoleFlag(plan.role))}) {
+    argv.push_back(arg);
+  }
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+      ChildProcess::Start(argv, log, FreshLog());
   if (!started.ok()) {
     Print(absl::StrCat("cannot start ", plan.name, ": ", started.status().message()));
     return kExitFailed;

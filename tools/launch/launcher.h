@@ -43,6 +43,9 @@ namespace rebound::launch {
 struct Binaries {
   std::string server;  // rebound_server
   std::string worker;  // rebound_worker
+  // --worker_command split at spaces; when set, started instead of `worker` (with --server,
+  // --name and --role appended, no --config).
+  std::vector<std::string> worker_command;
 };
 
 // Finds the daemons for a launcher started as `argv0`: the explicit --server_binary and

@@ -18,6 +18,7 @@ const char kUsage[] =
     "usage: rebound_launch --job FILE [--data_dir DIR] [--port N] [--workdir DIR]\n"
     "                      [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]\n"
     "                      [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]\n"
+    "                      [--worker_command CMD]\n"
     "\n"
     "Starts a rebound_server and the job's workers on this machine (127.0.0.1): R x S trainers\n"
     "one after another in slot order (trainer-r<r>s<s>), topology.spares spares (spare-<i>) and\n"
@@ -34,6 +35,8 @@ const char kUsage[] =
     "  --timeout_s N            stop everything and exit 1 after N seconds (default 0: never)\n"
     "  --server_binary PATH     rebound_server to run (default: found next to this binary)\n"
     "  --worker_binary PATH     rebound_worker to run (default: found next to this binary)\n"
+    "  --worker_command CMD     run CMD (split at spaces) as every worker instead, with --server,\n"
+    "                           --name and --role appended: a Python worker (docs/python.md)\n"
     "\n"
     "Exit codes: 0 every slot FINISHED; 1 timeout, the server exited, or the cluster could not\n"
     "start; 2 bad flags or job; 128+N stopped by signal N (130 SIGINT, 143 SIGTERM).\n";
@@ -97,6 +100,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       {"progress_csv", text(&options.progress_csv)},
       {"server_binary", text(&options.server_binary)},
       {"worker_binary", text(&options.worker_binary)},
+      {"worker_command", text(&options.worker_command)},
       {"port",
        [&](const std::string& flag, const std::string& value) {
          int64_t port = 0;

@@ -41,6 +41,9 @@ struct LaunchOptions {
   int timeout_s = 0;          // --timeout_s: give up after this long (exit 1); 0 = never
   std::string server_binary;  // --server_binary: empty = found next to the launcher
   std::string worker_binary;  // --worker_binary: empty = found next to the launcher
+  // --worker_command: run this command (split at spaces, no quoting) instead of rebound_worker,
+  // with --server, --name and --role appended; e.g. a Python worker (docs/python.md).
+  std::string worker_command;
   bool help = false;          // --help
 };
 
