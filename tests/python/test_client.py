@@ -295,3 +295,30 @@ rt.run(spec, server="%s")
 """ % (server.address, SPEC, server.address)])
     assert wait_exit(process, 60) == 2
     assert "tau 5 differs from the job's easgd.sync_period 4" in read_log(process)
+
+
+def test_a_worker_config_file_is_read_and_its_errors_name_file_and_line(server, tmp_path):
+    good = tmp_path / "worker.pbtxt"
+    good.write_text('server_address: "%s"\nname: "from-config"\nrole: EVALUATOR\n'
+                    'rpc_deadline_ms: 5000\n' % server.address)
+    bad_value = tmp_path / "bad_value.pbtxt"
+    bad_value.write_text('server_address: "%s"\nrpc_deadline_ms: 5\n' % server.address)
+    bad_syntax = tmp_path / "bad_syntax.pbtxt"
+    bad_syntax.write_text('server_address: "%s"\nno_such_field: 1\n' % server.address)
+    script = """
+import runpy, sys
+import rebound.torch as rt
+mod = runpy.run_path("%s", run_name="not_main")
+class A: optimizer = "sgd"; slow_ms = 0; nondeterministic = False
+rt.run(mod["make_spec"](A), config=sys.argv[1], max_seconds=2)
+""" % SPEC
+    runs = {}
+    for path in (good, bad_value, bad_syntax):
+        runs[path] = server.start_worker([sys.executable, "-c", script, str(path)])
+    assert wait_exit(runs[bad_value], 60) == 2
+    assert "bad_value.pbtxt: rpc_deadline_ms must be >= 10, got 5" in read_log(runs[bad_value])
+    assert wait_exit(runs[bad_syntax], 60) == 2
+    assert "bad_syntax.pbtxt:2:" in read_log(runs[bad_syntax])
+    assert "no_such_field" in read_log(runs[bad_syntax])
+    assert wait_exit(runs[good], 60) == 0
+    assert "registered 'from-config' as EVALUATOR" in read_log(runs[good])

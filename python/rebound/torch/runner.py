@@ -867,12 +867,46 @@ def _model_declaration(spec, init_seed=None):
     return _bundle(params, names)
 
 
-def run(spec, server="127.0.0.1:7070", name=None, role=None, token_file=None, job_id="",
-        max_seconds=None, rpc_deadline_s=10.0, give_up_after_s=120.0, exit=True):
+def load_worker_config(path):
+    """A WorkerConfig (.pbtxt, the rebound_worker format, docs/config.md#workerconfig) from
+    ``path``. Raises ConfigError naming the file, line and column of a parse error, or the
+    field of a value out of range."""
+    from google.protobuf import text_format
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as error:
+        raise ConfigError("%s: %s" % (path, error.strerror)) from None
+    config = config_pb2.WorkerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        raise ConfigError("%s:%s" % (path, error)) from None
+    for field, low in (("rpc_deadline_ms", 10), ("backoff_initial_ms", 1),
+                       ("give_up_after_ms", 0)):
+        if getattr(config, field) < low:
+            raise ConfigError("%s: %s must be >= %d, got %d" % (path, field, low,
+                                                               getattr(config, field)))
+    if config.backoff_max_ms < config.backoff_initial_ms:
+        raise ConfigError("%s: backoff_max_ms must be >= backoff_initial_ms" % path)
+    if config.security.HasField("tls"):
+        raise ConfigError("%s: security.tls is not supported by the Python client yet "
+                          "(docs/python.md#limits)" % path)
+    token_file = config.security.token_file
+    if token_file and not os.path.isabs(token_file):
+        token_file = os.path.join(os.path.dirname(os.path.abspath(path)), token_file)
+    return config, token_file
+
+
+def run(spec, server=None, name=None, role=None, config=None, token_file=None, job_id=None,
+        max_seconds=None, rpc_deadline_s=None, give_up_after_s=None, exit=True):
     """Runs this process as a worker of the job served at ``server`` until the job ends, the
-    server fences it, SIGTERM, or ``max_seconds`` pass. ``role``: None (the server decides),
-    "trainer", "spare" or "evaluator". Returns (or exits with, when ``exit``) a code of
-    rebound.EXIT_*; prints ``rebound-torch: trained N samples in S s`` at the end."""
+    server fences it, SIGTERM, or ``max_seconds`` pass. ``config``: a WorkerConfig file (the
+    rebound_worker format: server_address, name, role, rpc_deadline_ms, backoff_initial_ms,
+    backoff_max_ms, give_up_after_ms, job_id, security.token_file); the keyword arguments
+    override it. ``role``: None (the server decides), "trainer", "spare" or "evaluator".
+    Returns (or exits with, when ``exit``) a code of rebound.EXIT_*; prints
+    ``rebound-torch: trained N samples in S s`` at the end."""
     code = rebound.EXIT_OK
     reason = ""
     roles = {None: config_pb2.ROLE_UNSPECIFIED, "trainer": config_pb2.TRAINER,
@@ -880,16 +914,36 @@ def run(spec, server="127.0.0.1:7070", name=None, role=None, token_file=None, jo
     session = None
     worker = None
     try:
+        if config is not None:
+            worker_config, config_token = load_worker_config(config)
+        else:
+            worker_config, config_token = config_pb2.WorkerConfig(), ""
+        roles_by_enum = {config_pb2.ROLE_UNSPECIFIED: None, config_pb2.TRAINER: "trainer",
+                         config_pb2.SPARE: "spare", config_pb2.EVALUATOR: "evaluator"}
+        if role is None:
+            role = roles_by_enum[worker_config.role]
         if role not in roles:
             raise _Exit(rebound.EXIT_CONFIG, "role must be trainer, spare or evaluator, got %r"
                         % (role,))
+        token_file = token_file or config_token
         token = ""
         if token_file:
-            with open(token_file) as f:
-                token = f.readline().strip()
-        options = rclient.Options(server=server, token=token, rpc_deadline_s=rpc_deadline_s,
-                                  give_up_after_s=give_up_after_s)
-        name = name or "%s-%d" % (socket.gethostname(), os.getpid())
+            try:
+                with open(token_file) as f:
+                    token = f.readline().strip()
+            except OSError as error:
+                raise _Exit(rebound.EXIT_CONFIG, "token_file %s: %s" % (token_file,
+                                                                        error.strerror))
+        options = rclient.Options(
+            server=server or worker_config.server_address, token=token,
+            rpc_deadline_s=(rpc_deadline_s if rpc_deadline_s is not None
+                            else worker_config.rpc_deadline_ms / 1000.0),
+            backoff_initial_s=worker_config.backoff_initial_ms / 1000.0,
+            backoff_max_s=worker_config.backoff_max_ms / 1000.0,
+            give_up_after_s=(give_up_after_s if give_up_after_s is not None
+                             else worker_config.give_up_after_ms / 1000.0))
+        job_id = job_id if job_id is not None else worker_config.job_id
+        name = name or worker_config.name or "%s-%d" % (socket.gethostname(), os.getpid())
         conn = rclient.Connection(options)
         declaration = _model_declaration(spec, init_seed=spec.init_seed)
         session = _Session(conn, options, declaration, name, roles[role], job_id)
@@ -926,7 +980,7 @@ def run(spec, server="127.0.0.1:7070", name=None, role=None, token_file=None, jo
     except (rclient.Unreachable,) as error:
         code, reason = rebound.EXIT_UNREACHABLE, str(error)
         _log(reason)
-    except ValueError as error:
+    except (ValueError, ConfigError) as error:
         code, reason = rebound.EXIT_CONFIG, str(error)
         _log(reason)
     finally:
