@@ -13,6 +13,7 @@ credential is set once at registration (under a lock) and read by every call.
 """
 
 import random
+import sys
 import threading
 import time
 
@@ -24,6 +25,20 @@ CREDENTIAL_KEY = "rebound-worker-credential"
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # The server's default max_message_bytes (ServerConfig): models up to ~60 M float32 parameters.
 MAX_MESSAGE_BYTES = 268435456
+
+
+def log(message):
+    """One line of the client's log, on stderr."""
+    sys.stderr.write("rebound-torch: %s\n" % message)
+    sys.stderr.flush()
+
+
+class WorkerExit(Exception):
+    """Ends the worker with exit code ``code`` (rebound.EXIT_*) and the reason."""
+
+    def __init__(self, code, reason):
+        super().__init__(reason)
+        self.code = code
 
 
 class CallError(Exception):

@@ -25,7 +25,6 @@ import math
 import os
 import socket
 import sys
-import threading
 import time
 import typing
 import warnings
@@ -36,6 +35,8 @@ import torch
 import rebound
 from rebound import checksum
 from rebound import client as rclient
+from rebound import membership
+from rebound import steplog
 from rebound.torch import kernels
 from rebound.torch.adahessian import AdaHessian
 from rebound_pb import config_pb2, rebound_pb2, tensor_pb2
@@ -47,19 +48,12 @@ _MASK64 = (1 << 64) - 1
 warnings.filterwarnings("ignore", message="Using backward\\(\\) with create_graph=True")
 
 
-def _log(message):
-    sys.stderr.write("rebound-torch: %s\n" % message)
-    sys.stderr.flush()
+_log = rclient.log
+_Exit = rclient.WorkerExit
 
 
 class ConfigError(Exception):
     """The spec or the options do not fit (exit code 2)."""
-
-
-class _Exit(Exception):
-    def __init__(self, code, reason):
-        super().__init__(reason)
-        self.code = code
 
 
 @dataclasses.dataclass
@@ -262,261 +256,6 @@ def _optimizer_message(exported, params):
 
 
 # ---------------------------------------------------------------------------------------------
-# Membership: registration, heartbeats, commands, takeovers, fencing.
-
-class _Session:
-
-    def __init__(self, conn, options, spec_model, name, role, job_id):
-        self.conn = conn
-        self.options = options
-        self.name = name
-        self.requested_role = role
-        self.job_id = job_id
-        self._model_bundle = spec_model
-        self.lock = threading.Lock()
-        self.changed = threading.Condition(self.lock)
-        self.stop = threading.Event()       # the work must end (STOP, a signal, max_seconds)
-        self.job_done = False
-        self.drain = False
-        self.registration = None            # RegisterResponse (incarnation, role, slot, job)
-        self.step = 0
-        self.loss = float("nan")
-        self.log_pending = 0
-        self.leaving = False  # deregistering: the server's refusals that follow are expected
-        self._thread = None
-
-    def register(self):
-        request = rebound_pb2.RegisterRequest(
-            job_id=self.job_id, worker_name=self.name, requested_role=self.requested_role,
-            backend=config_pb2.CPU, model=self._model_bundle)
-        try:
-            response = self.conn.call("Register", request, stop=self.stop)
-        except rclient.CallError as error:
-            raise _Exit(rebound.EXIT_REJECTED, "registration refused: %s" % error) from None
-        self.conn.set_credential(response.credential)
-        with self.lock:
-            self.registration = response
-            self.step = response.start_step
-            self.changed.notify_all()
-        slot = response.slot
-        _log("registered '%s' as %s incarnation %d%s" % (
-            self.name, config_pb2.WorkerRole.Name(response.role), response.incarnation,
-            " slot (%d, %d)" % (slot.replica, slot.stage) if response.HasField("slot") else ""))
-        return response
-
-    def current(self):
-        with self.lock:
-            return self.registration
-
-    def adopt(self, registration):
-        """A takeover: this worker is now the slot's trainer under a new incarnation."""
-        with self.lock:
-            self.registration = registration
-            self.step = registration.start_step
-            self.changed.notify_all()
-
-    def set_progress(self, step, loss):
-        with self.lock:
-            self.step = step
-            self.loss = loss
-
-    def start(self):
-        self._thread = threading.Thread(target=self._beat, name="rebound-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _fenced(self, reason):
-        if self.leaving:
-            return
-        _log("fenced by the server, exiting: %s" % reason)
-        os._exit(rebound.EXIT_FENCED)
-
-    def _beat(self):
-        backoff = rclient.Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
-        last_contact = time.monotonic()
-        while not self.stop.is_set():
-            current = self.current()
-            job = current.job
-            interval = job.fault_tolerance.heartbeat_interval_ms / 1000.0
-            with self.lock:
-                request = rebound_pb2.HeartbeatRequest(
-                    incarnation=current.incarnation, step=self.step, loss=self.loss,
-                    log_bytes_pending=self.log_pending)
-            try:
-                response = self.conn.stub.Heartbeat(
-                    request, timeout=self.options.rpc_deadline_s, metadata=self.conn.metadata())
-            except Exception as error:  # grpc.RpcError
-                if self.leaving:
-                    return
-                code = error.code() if hasattr(error, "code") else None
-                details = error.details() if hasattr(error, "details") else str(error)
-                name = code.name if code is not None else "UNKNOWN"
-                if name == "FAILED_PRECONDITION":
-                    if self.current().incarnation != current.incarnation:
-                        continue  # a takeover changed the incarnation meanwhile
-                    if current.role == config_pb2.SPARE and self._wait_change(current, 2.0):
-                        continue  # fenced as REPLACED by its own takeover
-                    self._fenced(details)
-                if name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-                    _log("the server refuses this worker's heartbeat: %s" % details)
-                    os._exit(rebound.EXIT_REJECTED)
-                if name == "ABORTED":
-                    # The server lost this registration (restarted without its state): the
-                    # simplest safe course for a Python worker is to leave; its supervisor
-                    # starts it again as a new worker.
-                    _log("the server no longer knows this worker (%s); exiting" % details)
-                    os._exit(rebound.EXIT_UNREACHABLE)
-                if time.monotonic() - last_contact > self.options.give_up_after_s:
-                    _log("no heartbeat acknowledged for %.0f s: %s" % (
-                        self.options.give_up_after_s, details))
-                    os._exit(rebound.EXIT_UNREACHABLE)
-                self.stop.wait(backoff.next())
-                continue
-            backoff.reset()
-            last_contact = time.monotonic()
-            if response.HasField("takeover"):
-                takeover = response.takeover
-                _log("taking over slot (%d, %d) as incarnation %d from step %d (from the center)"
-                     % (takeover.slot.replica, takeover.slot.stage, takeover.incarnation,
-                        takeover.start_step))
-                self.adopt(takeover)
-            for command in response.commands:
-                if command == rebound_pb2.DRAIN:
-                    with self.lock:
-                        self.drain = True
-                elif command == rebound_pb2.STOP:
-                    with self.lock:
-                        self.job_done = True
-                    self.stop.set()
-            self.stop.wait(interval)
-
-    def _wait_change(self, current, timeout):
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while self.registration.incarnation == current.incarnation:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.changed.wait(left)
-            return True
-
-    def deregister(self, drained=False):
-        current = self.current()
-        if current is None:
-            return
-        self.leaving = True
-        self.stop.set()
-        try:
-            self.conn.stub.Deregister(
-                rebound_pb2.DeregisterRequest(incarnation=current.incarnation, drained=drained),
-                timeout=min(self.options.rpc_deadline_s, 2.0), metadata=self.conn.metadata())
-        except Exception as error:  # grpc.RpcError
-            _log("deregister failed: %s" % error)
-
-
-# ---------------------------------------------------------------------------------------------
-# The step log: records shipped in the background, each batch acknowledged once durable.
-
-class _StepLog:
-    """Sender-side step logging (DESIGN §5.2): append() never blocks on the network; a thread
-    ships what gathered every linger_ms as one AppendLog batch and drops what the server
-    acknowledged. The buffer is bounded (step_log.buffer_bytes): append() waits for room, up to
-    give_up_after_s."""
-
-    def __init__(self, conn, options, incarnation, step_log_config, session):
-        self.conn = conn
-        self.options = options
-        self.incarnation = incarnation
-        self.linger_s = step_log_config.linger_ms / 1000.0
-        self.capacity = step_log_config.buffer_bytes
-        self.session = session
-        self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
-        self.pending = collections.deque()  # (record_id, LogRecord, bytes)
-        self.pending_bytes = 0
-        self.next_id = 1
-        self.acked = 0
-        self.closed = False
-        self.thread = threading.Thread(target=self._ship, name="rebound-steplog", daemon=True)
-        self.thread.start()
-
-    def append(self, records):
-        size = sum(r.ByteSize() for r in records)
-        deadline = time.monotonic() + self.options.give_up_after_s
-        with self.lock:
-            while self.pending_bytes + size > self.capacity and self.pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _Exit(rebound.EXIT_UNREACHABLE,
-                                "the step log's buffer stayed full for %.0f s" %
-                                self.options.give_up_after_s)
-                self.cond.wait(min(left, 1.0))
-            for record in records:
-                record.record_id = self.next_id
-                record.sender_incarnation = self.incarnation
-                self.next_id += 1
-                self.pending.append((record.record_id, record, record.ByteSize()))
-            self.pending_bytes += size
-            self.session.log_pending = self.pending_bytes
-            self.cond.notify_all()
-
-    def flush(self, timeout_s):
-        deadline = time.monotonic() + timeout_s
-        with self.lock:
-            target = self.next_id - 1
-            self.cond.notify_all()
-            while self.acked < target:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-        return True
-
-    def close(self):
-        with self.lock:
-            self.closed = True
-            self.cond.notify_all()
-        self.thread.join(timeout=self.options.rpc_deadline_s)
-
-    def _ship(self):
-        backoff = rclient.Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
-        while True:
-            with self.lock:
-                while not self.pending and not self.closed:
-                    self.cond.wait()
-                if not self.pending and self.closed:
-                    return
-            if self.linger_s > 0 and not self.closed:
-                time.sleep(self.linger_s)
-            with self.lock:
-                batch = [record for _, record, _ in list(self.pending)[:4096]]
-            if not batch:
-                continue
-            request = rebound_pb2.AppendLogRequest(incarnation=self.incarnation, records=batch)
-            try:
-                ack = self.conn.bidi_once("AppendLog", request)
-            except rclient.CallError as error:
-                if error.code.name == "FAILED_PRECONDITION":
-                    _log("the step log was refused: %s" % error)
-                    with self.lock:
-                        self.closed = True
-                        self.pending.clear()
-                        self.cond.notify_all()
-                    return
-                if error.code.name == "INVALID_ARGUMENT":
-                    _log("the server refused a step-log batch: %s" % error)
-                    os._exit(rebound.EXIT_FAILED)
-                time.sleep(backoff.next())
-                continue
-            backoff.reset()
-            with self.lock:
-                self.acked = max(self.acked, ack.acked_through)
-                while self.pending and self.pending[0][0] <= self.acked:
-                    self.pending_bytes -= self.pending.popleft()[2]
-                self.session.log_pending = self.pending_bytes
-                self.cond.notify_all()
-
-
-# ---------------------------------------------------------------------------------------------
 # The worker.
 
 class _Worker:
@@ -582,7 +321,6 @@ class _Worker:
         return float(loss.detach())
 
     def sync(self, reg, t, loss, cursor):
-        job = reg.job
         exported = _export_optimizer(self.optimizer, self.params, t)
         request = rebound_pb2.SyncRequest(
             incarnation=reg.incarnation, slot=reg.slot, step=t,
@@ -605,7 +343,7 @@ class _Worker:
             return self.conn.call(method, request, stop=self.session.stop, **kwargs)
         except rclient.CallError as error:
             if error.code.name == "FAILED_PRECONDITION":
-                self.session._fenced(str(error))
+                self.session.fenced(str(error))
             raise _Exit(rebound.EXIT_FAILED, str(error)) from None
         except rclient.Unreachable as error:
             raise _Exit(rebound.EXIT_UNREACHABLE, str(error)) from None
@@ -638,7 +376,7 @@ class _Worker:
                     slot.replica, slot.stage, pulled.center_version, start))
         logging = (job.step_log.enabled and
                    job.fault_tolerance.policy == config_pb2.REPLAY)
-        log = _StepLog(self.conn, self.options, reg.incarnation, job.step_log,
+        log = steplog.StepLog(self.conn, self.options, reg.incarnation, job.step_log,
                        self.session) if logging else None
         _log("training slot (%d, %d) on %d samples for steps %d..%d, sync every %d" % (
             slot.replica, slot.stage, len(shard), start + 1, max_steps, tau))
@@ -692,7 +430,6 @@ class _Worker:
     def spare(self, reg):
         """Waits for recovery tasks; returns the adopted trainer registration after a verified
         replay (REPLAY) or a takeover (RESTART_FROM_CENTER), or None when the work is over."""
-        job = reg.job
         while not self.session.stop.is_set():
             current = self.session.current()
             if current.incarnation != reg.incarnation:
@@ -708,7 +445,7 @@ class _Worker:
                 if error.code.name in ("FAILED_PRECONDITION", "ABORTED"):
                     if self.session._wait_change(reg, 2.0):
                         continue
-                    self.session._fenced(str(error))
+                    self.session.fenced(str(error))
                 raise _Exit(rebound.EXIT_FAILED, str(error)) from None
             except rclient.Unreachable as error:
                 raise _Exit(rebound.EXIT_UNREACHABLE, str(error)) from None
@@ -946,7 +683,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         name = name or worker_config.name or "%s-%d" % (socket.gethostname(), os.getpid())
         conn = rclient.Connection(options)
         declaration = _model_declaration(spec, init_seed=spec.init_seed)
-        session = _Session(conn, options, declaration, name, roles[role], job_id)
+        session = membership.Session(conn, options, declaration, name, roles[role], job_id)
         reg = session.register()
         job = reg.job
         torch.set_num_threads(max(1, job.compute.threads))

@@ -1,0 +1,173 @@
+"""Membership of a Python worker: registration, heartbeats in a background thread, the
+server's commands (STOP, DRAIN) and takeovers, and fencing (docs/protocol.md#identity-and-fencing).
+
+A fenced worker (FAILED_PRECONDITION for its current incarnation) exits at once with code 3 from
+the thread that learns it (``os._exit``: no later write can leave the process); a refused one
+(UNAUTHENTICATED, PERMISSION_DENIED) exits 5; one the server forgot (ABORTED) or that had no
+acknowledged heartbeat for give_up_after_s exits 4. ``deregister`` first marks the session as
+leaving, so that the refusals that follow a clean exit are not taken for a fencing.
+
+Thread-safety: the registration, progress and flags are read and written under ``lock``;
+``changed`` is notified when the registration changes (a takeover).
+"""
+
+import os
+import threading
+import time
+
+import rebound
+from rebound import client as rclient
+from rebound_pb import config_pb2, rebound_pb2
+
+_log = rclient.log
+_Exit = rclient.WorkerExit
+
+
+
+class Session:
+
+    def __init__(self, conn, options, spec_model, name, role, job_id):
+        self.conn = conn
+        self.options = options
+        self.name = name
+        self.requested_role = role
+        self.job_id = job_id
+        self._model_bundle = spec_model
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.stop = threading.Event()       # the work must end (STOP, a signal, max_seconds)
+        self.job_done = False
+        self.drain = False
+        self.registration = None            # RegisterResponse (incarnation, role, slot, job)
+        self.step = 0
+        self.loss = float("nan")
+        self.log_pending = 0
+        self.leaving = False  # deregistering: the server's refusals that follow are expected
+        self._thread = None
+
+    def register(self):
+        request = rebound_pb2.RegisterRequest(
+            job_id=self.job_id, worker_name=self.name, requested_role=self.requested_role,
+            backend=config_pb2.CPU, model=self._model_bundle)
+        try:
+            response = self.conn.call("Register", request, stop=self.stop)
+        except rclient.CallError as error:
+            raise _Exit(rebound.EXIT_REJECTED, "registration refused: %s" % error) from None
+        self.conn.set_credential(response.credential)
+        with self.lock:
+            self.registration = response
+            self.step = response.start_step
+            self.changed.notify_all()
+        slot = response.slot
+        _log("registered '%s' as %s incarnation %d%s" % (
+            self.name, config_pb2.WorkerRole.Name(response.role), response.incarnation,
+            " slot (%d, %d)" % (slot.replica, slot.stage) if response.HasField("slot") else ""))
+        return response
+
+    def current(self):
+        with self.lock:
+            return self.registration
+
+    def adopt(self, registration):
+        """A takeover: this worker is now the slot's trainer under a new incarnation."""
+        with self.lock:
+            self.registration = registration
+            self.step = registration.start_step
+            self.changed.notify_all()
+
+    def set_progress(self, step, loss):
+        with self.lock:
+            self.step = step
+            self.loss = loss
+
+    def start(self):
+        self._thread = threading.Thread(target=self._beat, name="rebound-heartbeat", daemon=True)
+        self._thread.start()
+
+    def fenced(self, reason):
+        if self.leaving:
+            return
+        _log("fenced by the server, exiting: %s" % reason)
+        os._exit(rebound.EXIT_FENCED)
+
+    def _beat(self):
+        backoff = rclient.Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        last_contact = time.monotonic()
+        while not self.stop.is_set():
+            current = self.current()
+            job = current.job
+            interval = job.fault_tolerance.heartbeat_interval_ms / 1000.0
+            with self.lock:
+                request = rebound_pb2.HeartbeatRequest(
+                    incarnation=current.incarnation, step=self.step, loss=self.loss,
+                    log_bytes_pending=self.log_pending)
+            try:
+                response = self.conn.stub.Heartbeat(
+                    request, timeout=self.options.rpc_deadline_s, metadata=self.conn.metadata())
+            except Exception as error:  # grpc.RpcError
+                if self.leaving:
+                    return
+                code = error.code() if hasattr(error, "code") else None
+                details = error.details() if hasattr(error, "details") else str(error)
+                name = code.name if code is not None else "UNKNOWN"
+                if name == "FAILED_PRECONDITION":
+                    if self.current().incarnation != current.incarnation:
+                        continue  # a takeover changed the incarnation meanwhile
+                    if current.role == config_pb2.SPARE and self.wait_change(current, 2.0):
+                        continue  # fenced as REPLACED by its own takeover
+                    self.fenced(details)
+                if name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+                    _log("the server refuses this worker's heartbeat: %s" % details)
+                    os._exit(rebound.EXIT_REJECTED)
+                if name == "ABORTED":
+                    # The server lost this registration (restarted without its state): the
+                    # simplest safe course for a Python worker is to leave; its supervisor
+                    # starts it again as a new worker.
+                    _log("the server no longer knows this worker (%s); exiting" % details)
+                    os._exit(rebound.EXIT_UNREACHABLE)
+                if time.monotonic() - last_contact > self.options.give_up_after_s:
+                    _log("no heartbeat acknowledged for %.0f s: %s" % (
+                        self.options.give_up_after_s, details))
+                    os._exit(rebound.EXIT_UNREACHABLE)
+                self.stop.wait(backoff.next())
+                continue
+            backoff.reset()
+            last_contact = time.monotonic()
+            if response.HasField("takeover"):
+                takeover = response.takeover
+                _log("taking over slot (%d, %d) as incarnation %d from step %d (from the center)"
+                     % (takeover.slot.replica, takeover.slot.stage, takeover.incarnation,
+                        takeover.start_step))
+                self.adopt(takeover)
+            for command in response.commands:
+                if command == rebound_pb2.DRAIN:
+                    with self.lock:
+                        self.drain = True
+                elif command == rebound_pb2.STOP:
+                    with self.lock:
+                        self.job_done = True
+                    self.stop.set()
+            self.stop.wait(interval)
+
+    def wait_change(self, current, timeout):
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.registration.incarnation == current.incarnation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+            return True
+
+    def deregister(self, drained=False):
+        current = self.current()
+        if current is None:
+            return
+        self.leaving = True
+        self.stop.set()
+        try:
+            self.conn.stub.Deregister(
+                rebound_pb2.DeregisterRequest(incarnation=current.incarnation, drained=drained),
+                timeout=min(self.options.rpc_deadline_s, 2.0), metadata=self.conn.metadata())
+        except Exception as error:  # grpc.RpcError
+            _log("deregister failed: %s" % error)
