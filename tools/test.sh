@@ -50,6 +50,7 @@ TSAN_LEFT_OUT=(
   "//tests/chaos/... (fault timeouts tuned for the normal build fire under TSan's slowdown)"
   "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/tools/... (no concurrent C++ of Rebound's)"
   "//fuzz/... (libFuzzer targets: --config=fuzz)"
+  "//tests/python/... (the Python client; the server it talks to is covered by //tests/integration/... here)"
 )
 
 log=$(mktemp)
