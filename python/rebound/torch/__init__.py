@@ -1,0 +1,1 @@
+"""rebound.torch: the PyTorch client (placeholder, the lead overwrites it)."""
