@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""peer_torch: Rebound's C++ engine (rebound_train) vs plain PyTorch, the shipped MLP with AdaHessian.
+"""peer_torch: the shipped MLP with AdaHessian, Rebound's C++ engine (rebound_train) vs PyTorch.
 
     bench/peer_torch.py [--seconds 10] [--reps 3] [--rebound-train bazel-bin/worker/rebound_train]
                         [--config configs/train.pbtxt] [--micro-batches M] [--hessian-every K]
@@ -61,7 +61,7 @@ def parse_config(text):
         return cast(m.group(1))
     layers = re.findall(r"layers\s*\{\s*width:\s*(\d+)\s+activation:\s*(\w+)\s*\}", text)
     if not layers or any(a != "RELU" for _, a in layers[:-1]) or layers[-1][1] != "IDENTITY":
-        raise ValueError(f"config: expected RELU hidden layers and an IDENTITY output, got {layers}")
+        raise ValueError(f"config: expected RELU hidden layers and an IDENTITY output: {layers}")
     return dict(
         input_dim=one(r"input_dim:\s*(\d+)", cast=int),
         widths=[int(w) for w, _ in layers],

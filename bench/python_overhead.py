@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """python_overhead: the example CNN trained through Rebound vs the same plain PyTorch loop.
 
-    bench/python_overhead.py [--seconds 20] [--reps 3] [--rebound-server bazel-bin/server/rebound_server]
-                             [--example examples/torch/fashion_mnist_cnn.py] [--optimizer NAME]
+    bench/python_overhead.py [--seconds 20] [--reps 3]
+        [--rebound-server bazel-bin/server/rebound_server]
+        [--example examples/torch/fashion_mnist_cnn.py] [--optimizer NAME] [--plain-only]
 
 Prints `RESULT python_overhead: rebound_samples_s=... plain_samples_s=... ratio=...` (target:
 ratio >= 0.90): training samples per second of one process with one torch thread on each side,

@@ -74,7 +74,8 @@ def test_first_sample_matches_raw_bytes(train, raw_train):
     assert x.shape == (1, 28, 28)
     pixels = np.frombuffer(images[16:16 + 784], dtype=np.uint8).reshape(1, 28, 28)
     # worker/data/fashion_mnist.cc: (p / 255.0f - 0.2860f) / 0.3530f, every operation in float32.
-    expected = (pixels.astype(np.float32) / np.float32(255) - np.float32(0.2860)) / np.float32(0.3530)
+    scaled = pixels.astype(np.float32) / np.float32(255)
+    expected = (scaled - np.float32(0.2860)) / np.float32(0.3530)
     assert torch.equal(x, torch.from_numpy(expected))
     # The last sample too: a reader that misplaces the payload by a few bytes fails here.
     last = len(train) - 1
