@@ -12,8 +12,8 @@ the figures are the medians over the reps, the ratio the median of the paired ra
 rebound / plain. Exit codes: 0 measured, 1 a side failed (its output is printed), 2 bad arguments.
 
 What each side does (also printed before the RESULT line):
-  * Rebound: a rebound_server on 127.0.0.1 port 0 (--port_file), its data in a temporary
-    directory, with a job written here (job_config()): the model declared by the worker,
+  * Rebound: a rebound_server on 127.0.0.1 port 0 started by rebound.cluster.LocalServer (the
+    tests' and demos' way), with a job written here (job_text()): the model declared by the worker,
     1 replica, 1 stage, no spare and no evaluator, EASGD with sync_period (tau) 8, step logging
     enabled, max_steps far beyond the run. One trainer process runs the example script
     (`--server 127.0.0.1:PORT --role trainer --max-seconds S`): registration, heartbeats, the
@@ -29,18 +29,19 @@ import argparse
 import importlib.util
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(1, os.path.join(REPO, "python", "_gen"))  # the stubs (python/install.sh)
+
+from rebound.cluster import LocalServer, read_log  # noqa: E402
 
 TRAINED_RE = re.compile(r"^rebound-torch: trained (\d+) samples in ([0-9.eE+-]+) s\s*$")
 
@@ -53,131 +54,48 @@ def load_example(path):
     return module
 
 
-def job_config(tau, batch_size):
-    """The server config of the Rebound side, with its job inline (docs/config.md)."""
-    return f"""# Written by bench/python_overhead.py.
-listen_address: "127.0.0.1:0"
-durability {{
-  data_dir: "data"
-  fsync: false
-}}
-job {{
+def job_text(tau, batch_size):
+    """The Rebound side's job (docs/config.md), inline in the server config LocalServer
+    writes."""
+    return f"""
   job_id: "python-overhead"
   model {{ declared_by_worker: true }}
-  topology {{
-    replicas: 1
-    stages: 1
-    spares: 0
-    evaluator: false
-  }}
-  data {{
-    dataset_dir: "/usr/share/datasets/fashion-mnist"
-    batch_size: {batch_size}
-    micro_batches: 1
-    seed: 42
-  }}
-  compute {{
-    backend: CPU
-    threads: 1
-  }}
-  easgd {{
-    mode: EASGD
-    sync_period: {tau}
-  }}
-  scheduling: ASYNC
-  fault_tolerance {{
-    policy: REPLAY
-    heartbeat_interval_ms: 500
-    failure_timeout_ms: 3000
-  }}
-  step_log {{
-    enabled: true
-    compression: ZSTD
-  }}
-  training {{
-    max_steps: 100000000
-    eval_every_ms: 2000
-  }}
-}}
+  topology {{ replicas: 1 stages: 1 spares: 0 evaluator: false }}
+  data {{ batch_size: {batch_size} micro_batches: 1 seed: 42 }}
+  compute {{ backend: CPU threads: 1 }}
+  easgd {{ mode: EASGD sync_period: {tau} }}
+  fault_tolerance {{ policy: REPLAY heartbeat_interval_ms: 500 failure_timeout_ms: 3000 }}
+  step_log {{ enabled: true compression: ZSTD }}
+  training {{ max_steps: 100000000 eval_every_ms: 2000 }}
 """
 
 
-def kill_group(proc, grace=10.0):
-    """SIGTERM the process group of `proc` (started with start_new_session), then SIGKILL."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
-def wait_for_port(path, server, timeout):
-    """The port the server wrote to its --port_file; raises if it exits or times out first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"rebound_server exited with {server.returncode} before serving")
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-            if text:
-                return int(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"rebound_server wrote no port to {path} within {timeout:g} s")
-
-
 def run_rebound(args, tmp, rep):
-    """Samples/s of one trainer of the example through a fresh rebound_server."""
-    work = os.path.join(tmp, f"rep{rep}")
-    os.makedirs(work)
-    config = os.path.join(work, "server.pbtxt")
-    with open(config, "w") as f:
-        f.write(job_config(args.tau, args.batch_size))
-    port_file = os.path.join(work, "port")
-    server_log = open(os.path.join(work, "server.log"), "w")
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    server = trainer = None
-    try:
-        server = subprocess.Popen(
-            [args.rebound_server, f"--config={config}", "--listen=127.0.0.1:0",
-             f"--port_file={port_file}"], stdout=server_log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)
-        try:
-            port = wait_for_port(port_file, server, 30)
-        except RuntimeError as e:
-            server_log.flush()
-            with open(server_log.name) as f:
-                raise RuntimeError(f"{e}; its log {server_log.name}:\n{f.read()[-4000:]}") from e
-        cmd = ["/usr/bin/python3", args.example, "--server", f"127.0.0.1:{port}", "--role",
+    """Samples/s of one trainer of the example through a fresh rebound_server (started and
+    killed by rebound.cluster.LocalServer, the tests' and demos' way)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    with LocalServer(args.rebound_server, job_text(args.tau, args.batch_size),
+                     log_path=os.path.join(tmp, f"server-{rep}.log")) as server:
+        cmd = ["/usr/bin/python3", args.example, "--server", server.address, "--role",
                "trainer", "--name", f"bench-trainer-{rep}", "--max-seconds", str(args.seconds),
                "--optimizer", args.optimizer, "--batch-size", str(args.batch_size),
                "--tau", str(args.tau)]
-        trainer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, env=env, start_new_session=True)
+        trainer = server.start_worker(cmd, log_path=os.path.join(tmp, f"trainer-{rep}.log"),
+                                      env=env)
         try:
-            out, _ = trainer.communicate(timeout=args.seconds + 120)
+            trainer.wait(timeout=args.seconds + 120)
         except subprocess.TimeoutExpired:
-            kill_group(trainer)
-            out, _ = trainer.communicate()
-            raise RuntimeError("the trainer did not exit within --seconds + 120 s:\n" + out[-4000:])
+            raise RuntimeError("the trainer did not exit within --seconds + 120 s:\n" +
+                               read_log(trainer)[-4000:]) from None
+        out = read_log(trainer)
         for line in out.splitlines():
             m = TRAINED_RE.match(line)
             if m:
                 return int(m.group(1)) / float(m.group(2))
         raise RuntimeError(f"the trainer (exit {trainer.returncode}) printed no "
                            f"'rebound-torch: trained N samples in S s' line; its output:\n"
-                           + out[-4000:] + f"\n(server log: {server_log.name})")
-    finally:
-        kill_group(trainer)
-        kill_group(server)
-        server_log.close()
+                           + out[-4000:] + "\n(server log:\n" + server.server_log()[-3000:] + ")")
 
 
 def run_plain(example, fields, seconds):

@@ -6,8 +6,8 @@
 #   tools/bench.sh --from DIR [--page FILE] [--no-docs]
 #
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
-# failures selective_logging convergence chaos (about 48 minutes on 2 cores, weighting 18 of
-# them, convergence 13). soak
+# failures selective_logging convergence chaos python_overhead peer_torch (about 54 minutes on 2
+# cores, weighting 18 of them, convergence 13). soak
 # (DESIGN.md §9's "server memory over a long run") runs only when --only names it.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
@@ -50,7 +50,7 @@
 set -euo pipefail
 
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
-  selective_logging convergence chaos)
+  selective_logging convergence chaos python_overhead peer_torch)
 readonly kKnown=("${kSuite[@]}" soak)
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
@@ -72,6 +72,8 @@ declare -rA kWhat=(
   [convergence]="test accuracy, DYNAMIC weights against UNIFORM and synchronous averaging (Xu & Carr's study, simulated time)"
   [chaos]="seeded runs under process, server and network faults"
   [soak]="server heap and data directory over a long run with trainers killed"
+  [python_overhead]="the example CNN (Python client) trained through Rebound, tau 8, step log on, one thread"
+  [peer_torch]="the shipped MLP with AdaHessian: rebound_train's engine against plain PyTorch (double backward), one thread each"
 )
 # The targets of DESIGN.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -86,16 +88,20 @@ declare -rA kTarget=(
   [convergence]="DYNAMIC >= UNIFORM with a trainer killed; never > 0.5 pt worse otherwise (docs/convergence.md)"
   [chaos]="0 violations (docs/chaos.md; not in §9)"
   [soak]="flat: no growth with steps"
+  [python_overhead]=">= 0.90x the plain PyTorch loop (R12; not in §9)"
+  [peer_torch]=">= 2x PyTorch, expected (R12; not in §9)"
 )
 # The ratio a benchmark's RESULT line must reach, for those whose target is one.
 declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
-  [logging_overhead]=0.95 [failures]=1.2)
+  [logging_overhead]=0.95 [failures]=1.2 [python_overhead]=0.9 [peer_torch]=2)
 # Expected wall time in seconds on the 2-core development machine, with the defaults ...
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
-  [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660)
+  [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
+  [python_overhead]=240 [peer_torch]=90)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
-  [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150)
+  [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150
+  [python_overhead]=40 [peer_torch]=20)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -108,6 +114,8 @@ declare -rA kQuickFlags=(
   [convergence]="--quick"
   [chaos]="--runs=1 --faults=3 --steps=2000"
   [soak]="--minutes=2 --warmup_s=30 --kill_every_s=40 --sample_s=5"
+  [python_overhead]="--reps=1 --seconds=5"
+  [peer_torch]="--reps=1 --seconds=3"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
@@ -330,6 +338,16 @@ END {
           v["store_slope_mib_per_min"] " MiB/min), RSS " v["rss_mib"] " MiB (" \
           v["rss_slope_mib_per_min"] " MiB/min)",
         "—", verdict_of(v["flat"] == "yes"))
+  } else if (name == "python_overhead") {
+    if (!need("rebound_samples_s plain_samples_s ratio")) exit
+    row("plain PyTorch loop: " v["plain_samples_s"] " samples/s",
+        "through Rebound: " v["rebound_samples_s"] " samples/s", v["ratio"],
+        verdict_of(at_least(v["ratio"], min)))
+  } else if (name == "peer_torch") {
+    if (!need("rebound_samples_s torch_samples_s ratio")) exit
+    row("plain PyTorch: " v["torch_samples_s"] " samples/s",
+        "rebound_train: " v["rebound_samples_s"] " samples/s", v["ratio"],
+        verdict_of(at_least(v["ratio"], min)))
   }
 }' "$input"
 }

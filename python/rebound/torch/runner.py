@@ -268,6 +268,7 @@ class _Worker:
         self.max_seconds = max_seconds
         self.started = time.monotonic()
         self.samples = 0
+        self.training_s = 0.0  # time in training loops (steps, logging, syncs), for the summary
         self.model = None
         self.optimizer = None
         self.params = None
@@ -381,13 +382,20 @@ class _Worker:
         _log("training slot (%d, %d) on %d samples for steps %d..%d, sync every %d" % (
             slot.replica, slot.stage, len(shard), start + 1, max_steps, tau))
         loss = float("nan")
+        iteration_began = None
         try:
             if replayed and start > 0 and (start % tau == 0 or start == max_steps):
                 # The lost trainer had done step `start`, but its sync was not applied.
                 cursor = batch_ids(shard, seed, slot.replica, start, batch_size)[1:]
                 self.sync(reg, start, float("nan"), cursor)
             for t in range(start + 1, max_steps + 1):
+                # The loop's own time (step, log, sync), for the summary line.
+                now = time.monotonic()
+                if iteration_began is not None:
+                    self.training_s += now - iteration_began
+                iteration_began = now
                 if self.session.stop.is_set() or self.out_of_time():
+                    iteration_began = None
                     return "stopped"
                 if self.session.current().incarnation != reg.incarnation:
                     return "replaced"
@@ -420,6 +428,8 @@ class _Worker:
             _log("finished %d steps" % max_steps)
             return "finished"
         finally:
+            if iteration_began is not None:
+                self.training_s += time.monotonic() - iteration_began
             if log is not None:
                 if not log.flush(self.options.rpc_deadline_s):
                     _log("the step log was not flushed at the end")
@@ -724,8 +734,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         if session is not None:
             session.stop.set()
     if worker is not None:
-        elapsed = time.monotonic() - worker.started
-        print("rebound-torch: trained %d samples in %.3f s" % (worker.samples, elapsed),
+        print("rebound-torch: trained %d samples in %.3f s" % (worker.samples, worker.training_s),
               flush=True)
     if exit:
         sys.stdout.flush()
