@@ -31,14 +31,14 @@ job_id: "tiny"
 model { declared_by_worker: true }
 topology { replicas: %(replicas)d spares: 1 }
 data { batch_size: 32 micro_batches: 2 }
-easgd { sync_period: %(tau)d }
+easgd { sync_period: %(tau)d %(easgd)s }
 fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1500 %(ft)s }
 training { max_steps: %(steps)d eval_every_ms: 500 }
 """
 
 
-def job(replicas=2, tau=4, steps=1000, ft=""):
-    return JOB % dict(replicas=replicas, tau=tau, steps=steps, ft=ft)
+def job(replicas=2, tau=4, steps=1000, ft="", easgd=""):
+    return JOB % dict(replicas=replicas, tau=tau, steps=steps, ft=ft, easgd=easgd)
 
 
 def worker(server, *args):
@@ -322,3 +322,29 @@ rt.run(mod["make_spec"](A), config=sys.argv[1], max_seconds=2)
     assert "no_such_field" in read_log(runs[bad_syntax])
     assert wait_exit(runs[good], 60) == 0
     assert "registered 'from-config' as EVALUATOR" in read_log(runs[good])
+
+
+def test_async_adahessian_pushes_every_step_once_also_across_a_kill():
+    """Mode ASYNC_ADAHESSIAN: each step's g and D pushed with sequence = step; the center's
+    version counts every push applied exactly once, the killed trainer's successor (a spare,
+    from the center) included."""
+    with LocalServer(SERVER, job(replicas=2, tau=4, steps=300, ft="policy: RESTART_FROM_CENTER",
+                                 easgd="mode: ASYNC_ADAHESSIAN") +
+                     "adahessian { lr: 0.02 }\n") as server:
+        trainers = [worker(server, "--name", "t%d" % i, "--slow-ms", "10") for i in range(2)]
+        spare = worker(server, "--name", "spare", "--role", "spare")
+        evaluator = worker(server, "--name", "eval", "--role", "evaluator")
+        status = server.wait_for(lambda s: any(x.step >= 60 for x in s.slots), 90,
+                                 what="60 steps pushed")
+        victim = next(w for w in status.workers if w.name in ("t0", "t1") and
+                      w.incarnation == status.slots[0].owner_incarnation)
+        os.killpg(trainers[int(victim.name[1:])].pid, signal.SIGKILL)
+        status = server.wait_for(lambda s: all(x.state == rebound_pb2.FINISHED for x in s.slots),
+                                 180, what="every slot finished")
+        assert status.centers[0].version == 2 * 300
+        assert [x.update_count for x in status.slots] == [300, 300]
+        assert wait_exit(spare, 30) == 0
+        assert "taking over slot (0, 0)" in read_log(spare)
+        assert "pushing g and D every step" in read_log(spare)
+        assert wait_exit(evaluator, 30) == 0
+        assert server.status().last_eval.test_accuracy > 0.6

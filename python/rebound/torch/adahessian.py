@@ -196,13 +196,9 @@ class AdaHessian(torch.optim.Optimizer):
             result.append(d)
         return result
 
-    def step(self, closure=None):
-        """Applies step t = step_count + 1 (see the module comment); returns closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        t = self._step_count + 1
+    def _entries_and_hdiag(self, t):
+        """The (index, param, group) entries with a gradient; refreshes last_hdiag of those whose
+        D is due at step t."""
         entries = []
         index = 0
         for group in self.param_groups:
@@ -218,6 +214,29 @@ class AdaHessian(torch.optim.Optimizer):
                 fresh = self._fresh_hdiag(t, due)
             for (_, p, _), d in zip(due, fresh):
                 self._state_of(p)["last_hdiag"].copy_(d)
+        return entries
+
+    def estimate(self):
+        """Step t = step_count + 1 without the update (mode ASYNC_ADAHESSIAN: the server applies
+        AdaHessian to the center): returns ([g], [D]) in parameter order, D fresh or reused as
+        step() would, and counts the step. Every parameter needs a gradient."""
+        t = self._step_count + 1
+        entries = self._entries_and_hdiag(t)
+        params = self._params()
+        if len(entries) != len(params):
+            raise RuntimeError("AdaHessian.estimate: every parameter needs a gradient")
+        self._step_count = t
+        return ([p.grad.detach().clone() for _, p, _ in entries],
+                [self._state_of(p)["last_hdiag"].clone() for _, p, _ in entries])
+
+    def step(self, closure=None):
+        """Applies step t = step_count + 1 (see the module comment); returns closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t = self._step_count + 1
+        entries = self._entries_and_hdiag(t)
         scalars = {}
         with torch.no_grad():
             for _, p, group in entries:

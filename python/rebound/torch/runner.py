@@ -284,10 +284,6 @@ class _Worker:
             self.optimizer.set_rng(job.data.seed, replica)
 
     def check_job(self, job):
-        if job.easgd.mode != config_pb2.EASGD:
-            raise _Exit(rebound.EXIT_CONFIG, "the job runs mode %s; the Python client trains "
-                        "mode EASGD only (docs/python.md#limits)" %
-                        config_pb2.SyncMode.Name(job.easgd.mode))
         if self.spec.batch_size is not None and self.spec.batch_size != job.data.batch_size:
             raise _Exit(rebound.EXIT_CONFIG, "the spec's batch_size %d differs from the job's "
                         "data.batch_size %d" % (self.spec.batch_size, job.data.batch_size))
@@ -353,6 +349,8 @@ class _Worker:
         job = reg.job
         slot = reg.slot
         self.check_job(job)
+        if job.easgd.mode == config_pb2.ASYNC_ADAHESSIAN:
+            return self.train_pushing(reg)
         tau = job.easgd.sync_period
         max_steps = job.training.max_steps
         batch_size = job.data.batch_size
@@ -434,6 +432,92 @@ class _Worker:
                 if not log.flush(self.options.rpc_deadline_s):
                     _log("the step log was not flushed at the end")
                 log.close()
+
+    def train_pushing(self, reg):
+        """Mode ASYNC_ADAHESSIAN (DESIGN §4.6), as the C++ trainer: every step pushes the
+        gradient and the Hessian diagonal (rebound.torch.AdaHessian.estimate with the job's
+        adahessian config and the C++ engine's z keys) with sequence = step; the server applies
+        AdaHessian to the center; the trainer pulls the center every tau steps and at the end.
+        The spec's optimizer is not used. No step log: a lost slot restarts from the center."""
+        job = reg.job
+        slot = reg.slot
+        tau = job.easgd.sync_period
+        max_steps = job.training.max_steps
+        batch_size = job.data.batch_size
+        seed = job.data.seed
+        shard = shard_ids(len(self.spec.train_set), job.topology.replicas, slot.replica)
+        if len(shard) == 0:
+            raise _Exit(rebound.EXIT_CONFIG, "replica %d has no samples" % slot.replica)
+        self.build(job, slot.replica)
+        estimator = AdaHessian(self.params, kernels.AdaHessianConfig.from_proto(job.adahessian),
+                               seed=seed, replica=slot.replica)
+
+        def pull():
+            pulled = self._call("Pull", rebound_pb2.PullRequest(incarnation=reg.incarnation,
+                                                                stage=0))
+            self.set_params(_from_bundle(pulled.center, self.params, "center"))
+
+        def seek(step):
+            zeros = [torch.zeros_like(p) for p in self.params]
+            estimator.import_state(step, zeros, zeros, zeros)
+
+        pull()
+        seek(reg.start_step)
+        _log("training slot (%d, %d) on %d samples for steps %d..%d: pushing g and D every "
+             "step, pulling the center every %d" % (slot.replica, slot.stage, len(shard),
+                                                    reg.start_step + 1, max_steps, tau))
+        t = reg.start_step
+        iteration_began = None
+        try:
+            while t < max_steps:
+                now = time.monotonic()
+                if iteration_began is not None:
+                    self.training_s += now - iteration_began
+                iteration_began = now
+                if self.session.stop.is_set() or self.out_of_time():
+                    iteration_began = None
+                    return "stopped"
+                if self.session.current().incarnation != reg.incarnation:
+                    return "replaced"
+                t += 1
+                ids = batch_ids(shard, seed, slot.replica, t, batch_size)[0]
+                torch.manual_seed(step_seed(seed, slot.replica, t))
+                self.model.train()
+                x, y = _fetch(self.spec.train_set, ids)
+                for p in self.params:
+                    p.grad = None
+                loss = self.spec.loss(self.model(x), y)
+                loss.backward(create_graph=estimator.hessian_due())
+                g, d = estimator.estimate()
+                loss = float(loss.detach())
+                if not math.isfinite(loss):
+                    raise _Exit(rebound.EXIT_FAILED, "the loss of step %d is not finite" % t)
+                response = self._call("Push", rebound_pb2.PushRequest(
+                    incarnation=reg.incarnation, slot=slot, sequence=t, step=t,
+                    gradient=_bundle(g), hessian_diag=_bundle(d), loss=loss))
+                self.samples += batch_size
+                pull_now = t % tau == 0 or t == max_steps
+                if not response.applied and response.applied_sequence > t:
+                    applied = min(response.applied_sequence, max_steps)
+                    _log("the server has applied this slot's pushes through sequence %d: "
+                         "skipping from step %d to step %d" % (response.applied_sequence, t,
+                                                               applied + 1))
+                    t = applied
+                    seek(t)
+                    pull_now = True
+                self.session.set_progress(t, loss)
+                if pull_now:
+                    pull()
+                    with self.session.lock:
+                        drain = self.session.drain
+                    if drain:
+                        _log("drained: pushed step %d; leaving the slot" % t)
+                        return "drained"
+            _log("finished %d steps" % max_steps)
+            return "finished"
+        finally:
+            if iteration_began is not None:
+                self.training_s += time.monotonic() - iteration_began
 
     # -- replay -----------------------------------------------------------------------------
 
