@@ -41,7 +41,9 @@ class LocalServer:
     def start(self):
         config = os.path.join(self.dir, "server.pbtxt")
         with open(config, "w") as f:
-            f.write('listen_address: "127.0.0.1:0"\n')
+            # A restart keeps the port, so that running workers find the server again.
+            port = self.address.rsplit(":", 1)[1] if self.address else "0"
+            f.write('listen_address: "127.0.0.1:%s"\n' % port)
             f.write('durability { data_dir: "%s" }\n' % self.data_dir)
             f.write("metrics { enabled: false }\n")
             f.write(self.extra_server + "\n")

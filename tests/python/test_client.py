@@ -348,3 +348,21 @@ def test_async_adahessian_pushes_every_step_once_also_across_a_kill():
         assert "pushing g and D every step" in read_log(spare)
         assert wait_exit(evaluator, 30) == 0
         assert server.status().last_eval.test_accuracy > 0.6
+
+
+def test_python_trainers_ride_out_a_server_restart():
+    """The server SIGKILLed mid-training and restarted on its data directory: the trainers'
+    calls are retried (UNAVAILABLE, bounded backoff), their registrations are known again, the
+    job finishes, and every slot's syncs count once (update_count = max_steps / tau)."""
+    with LocalServer(SERVER, job(replicas=2, tau=4, steps=400)) as server:
+        trainers = [worker(server, "--name", "t%d" % i, "--slow-ms", "15") for i in range(2)]
+        server.wait_for(lambda s: all(x.step >= 80 for x in s.slots), 90, what="80 steps each")
+        server.kill_server()
+        time.sleep(1.0)
+        server.start()  # the same data directory and port
+        status = server.wait_for(
+            lambda s: all(x.state == rebound_pb2.FINISHED for x in s.slots), 240,
+            what="every slot finished after the restart")
+        assert [x.update_count for x in status.slots] == [100, 100]
+        for t in trainers:
+            assert wait_exit(t, 30) == 0, read_log(t)[-2000:]
