@@ -141,7 +141,16 @@ absl::Status EtcdCluster::Restart(int i) {
   // the data dir and ignores the initial cluster flags).
   absl::Status status = StartMember(i, "existing");
   if (!status.ok()) return status;
-  return WaitUntilServing(i, DefaultClock()->Now() + options_.start_timeout);
+  int running_members = 0;
+  for (int m = 0; m < size(); ++m) running_members += running(m) ? 1 : 0;
+  if (2 * running_members <= size()) return absl::OkStatus();  // no quorum yet: cannot serve
+  const absl::Time deadline = DefaultClock()->Now() + options_.start_timeout;
+  for (int m = 0; m < size(); ++m) {
+    if (!running(m)) continue;
+    status = WaitUntilServing(m, deadline);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EtcdCluster::StartMember(int i, const std::string& cluster_state) {
@@ -173,8 +182,6 @@ absl::Status EtcdCluster::StartMember(int i, const std::string& cluster_state) {
 
 absl::Status EtcdCluster::WaitUntilServing(int i, absl::Time deadline) {
   Member& member = members_.at(i);
-  auto channel = grpc::CreateChannel(client_endpoint(i), grpc::InsecureChannelCredentials());
-  auto stub = etcdserverpb::KV::NewStub(channel);
   grpc::Status last;
   while (true) {
     if (member.process == nullptr) return absl::InternalError(member.name + " is not running");
@@ -183,7 +190,14 @@ absl::Status EtcdCluster::WaitUntilServing(int i, absl::Time deadline) {
                                               DescribeExitCode(*code), "); its log ends:\n",
                                               TailOfFile(member.log_path, 20)));
     }
+    // A fresh channel each time: a channel that failed to connect while the member started
+    // would wait out gRPC's reconnect backoff (seconds) before trying again.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto stub = etcdserverpb::KV::NewStub(
+        grpc::CreateCustomChannel(client_endpoint(i), grpc::InsecureChannelCredentials(), args));
     grpc::ClientContext context;
+    context.set_wait_for_ready(true);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     etcdserverpb::RangeRequest request;
     request.set_key("rebound-test-health");  // linearizable: needs a leader and a quorum

@@ -61,7 +61,9 @@ class EtcdCluster {
 
   // SIGKILLs member i and reaps it (no-op if it is not running).
   void Kill(int i);
-  // Starts member i again on its ports and data dir, and waits until it serves.
+  // Starts member i again on its ports and data dir (killing it first if it runs). When a
+  // majority of the members then runs, waits until every running member serves; otherwise
+  // returns once it is started (restart the others, and the last Restart waits).
   absl::Status Restart(int i);
 
  private:
