@@ -61,7 +61,7 @@ namespace rebound {
 struct EtcdClientOptions {
   // "host:port" of each etcd member's client listener. At least one.
   std::vector<std::string> endpoints;
-  // Deadline of one attempt of one call (and of one step of a LeaseKeeper's stream).
+  // Deadline of one attempt of one call (a LeaseKeeper's steps: at most a quarter of its TTL).
   absl::Duration call_deadline = absl::Seconds(2);
   // Backoff between attempts and the time after which a call gives up (UNAVAILABLE). A
   // Watcher re-establishing its stream and a LeaseKeeper renewing use the same backoff but
@@ -123,7 +123,8 @@ struct EtcdEvent {
 class EtcdClientShared;  // the channels and the current endpoint, shared with the threads
 
 // Renews one lease on one LeaseKeepAlive stream every ttl/3 from a thread of its own. A failed
-// renewal (the member died, the stream broke, no answer within call_deadline) moves to the next
+// renewal (the member died, the stream broke, no answer within min(call_deadline, ttl/4)) moves
+// to the next
 // endpoint and is retried with the client's backoff, until Stop(). When etcd answers that the
 // lease no longer exists, the keeper ends with FAILED_PRECONDITION.
 //
@@ -147,7 +148,7 @@ class LeaseKeeper {
   // OK while renewing; FAILED_PRECONDITION once the lease is lost; CANCELLED after Stop().
   absl::Status status() const;
 
-  // Ends the renewals and joins the thread (bounded by call_deadline). The lease itself is not
+  // Ends the renewals and joins the thread (within about 50 ms). The lease itself is not
   // revoked: it expires after its TTL unless the caller revokes it. Idempotent.
   void Stop();
 

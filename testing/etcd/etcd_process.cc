@@ -127,6 +127,14 @@ bool EtcdCluster::running(int i) {
   return member.process != nullptr && !member.process->Poll().has_value();
 }
 
+void EtcdCluster::Pause(int i) {
+  if (members_.at(i).process != nullptr) members_.at(i).process->Signal(SIGSTOP);
+}
+
+void EtcdCluster::Resume(int i) {
+  if (members_.at(i).process != nullptr) members_.at(i).process->Signal(SIGCONT);
+}
+
 void EtcdCluster::Kill(int i) {
   Member& member = members_.at(i);
   if (member.process == nullptr) return;

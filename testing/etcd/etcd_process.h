@@ -5,7 +5,7 @@
 // (under TEST_TMPDIR, else /tmp), started from /usr/bin/etcd (Debian's etcd-server; installed by
 // tools/setup.sh). Start() returns once every member answers a linearizable read (the cluster
 // has a leader and every member has joined). Kill() SIGKILLs one member (its data stays, so
-// Restart() brings it back with its data); the destructor SIGKILLs and reaps every member that
+// Restart() brings it back with its data), Pause() SIGSTOPs one (Resume() continues it); the destructor SIGKILLs and reaps every member that
 // still runs (common/child_process.h) and removes the temporary directory.
 //
 // Members run with short raft timings (heartbeat 50 ms, election 500 ms by default), so a lost
@@ -59,6 +59,9 @@ class EtcdCluster {
   // Whether member i's process runs.
   bool running(int i);
 
+  // SIGSTOPs / SIGCONTs member i: a hung member (its connections stay open, nothing answers).
+  void Pause(int i);
+  void Resume(int i);
   // SIGKILLs member i and reaps it (no-op if it is not running).
   void Kill(int i);
   // Starts member i again on its ports and data dir (killing it first if it runs). When a
