@@ -9,10 +9,20 @@
 // each call to the current endpoint with the per-call deadline. A call that fails with
 // UNAVAILABLE or DEADLINE_EXCEEDED (the member is down, has no leader, timed out) moves the
 // client to the next endpoint and is retried there after common/retry.h's backoff, until the
-// retry policy's give_up_after has passed. Retried writes: Put and Delete are idempotent in
-// effect (a retried Put may take one more revision); PutIfAbsent recognises its own earlier
-// success (see there); CompareAndPut retried after an attempt that did apply reports
-// succeeded = false (the key's mod revision has moved on), so its caller re-reads.
+// retry policy's give_up_after has passed. A member that hangs (SIGSTOP, a stuck host) costs
+// one call deadline; a watch stream on it is found dead by gRPC keepalive pings (every 6 s, 2 s
+// timeout: etcd refuses pings more often than every 5 s).
+//
+// Retried writes. An attempt that timed out may still have been applied (etcd had it from the
+// member before the member hung): a retried Put then applies the value again at a later
+// revision (a watcher sees two PUT events of the same value; the value is right); Delete is
+// idempotent; PutIfAbsent recognises its own earlier success (see there); RevokeLease treats
+// "not found" after a lost answer as done; CompareAndPut retried after an attempt that did
+// apply reports succeeded = false (the key's mod revision has moved on), so its caller
+// re-reads.
+//
+// Leases: etcd grants whole seconds, and at least 1.5 x its election timeout (Debian's default
+// 1 s: a 2 s minimum; testing/etcd runs members with 500 ms: 1 s).
 //
 // Revisions are etcd's store revisions (int64, increasing by one per write, shared by all
 // keys); a Txn's writes all take its one revision.
@@ -21,7 +31,8 @@
 //   UNAVAILABLE          no endpoint answered within the retry policy (every member down, no
 //                        quorum, DEADLINE_EXCEEDED on every attempt): try again later. The
 //                        message names the operation, the last endpoint tried and its error,
-//                        e.g. "etcd Put /a: 127.0.0.1:2379: failed to connect ...".
+//                        e.g. "etcd Put /a failed for 10000 ms: etcd Put /a at
+//                        127.0.0.1:2379: failed to connect to all addresses; ...".
 //   FAILED_PRECONDITION  the lease does not exist (any more): etcd's "requested lease not
 //                        found" (a Put or PutIfAbsent with a lost lease, RevokeLease, a
 //                        LeaseKeeper whose lease expired). Not retryable: the caller lost it.
@@ -29,11 +40,14 @@
 //                        expected_mod_revision < 0; and etcd's own INVALID_ARGUMENT.
 //   OUT_OF_RANGE         a Watcher whose start revision etcd has compacted away.
 //   CANCELLED            a Watcher or LeaseKeeper that was stopped.
+//   INTERNAL             a Watcher that etcd canceled for another reason (named), a lease
+//                        grant that etcd answered with an error.
 //   others               etcd's own status (e.g. PERMISSION_DENIED), with the endpoint named.
 //
 // Thread-safety: an EtcdClient may be used from any number of threads at once. A LeaseKeeper
 // and a Watcher run their own thread; their methods are thread-safe; the callback of a Watcher
-// runs on the Watcher's thread, one event at a time, in revision order.
+// runs on the Watcher's thread, one event at a time, in revision order, and must not cancel
+// its own Watcher. Calls block for at most about give_up_after + call_deadline.
 //
 // Ownership: Create returns the client; it borrows `options.clock`, which must outlive it. A
 // LeaseKeeper or Watcher keeps the client's shared state alive itself (it may outlive the
@@ -124,9 +138,8 @@ class EtcdClientShared;  // the channels and the current endpoint, shared with t
 
 // Renews one lease on one LeaseKeepAlive stream every ttl/3 from a thread of its own. A failed
 // renewal (the member died, the stream broke, no answer within min(call_deadline, ttl/4)) moves
-// to the next
-// endpoint and is retried with the client's backoff, until Stop(). When etcd answers that the
-// lease no longer exists, the keeper ends with FAILED_PRECONDITION.
+// to the next endpoint and is retried with the client's backoff, until Stop(). When etcd answers
+// that the lease no longer exists, the keeper ends with FAILED_PRECONDITION.
 //
 // Self-fencing (DESIGN.md §10.1): a holder of the lease must treat it as lost once
 // `last_renewed() + ttl() / 2` has passed and stop acting on it; etcd may expire it at

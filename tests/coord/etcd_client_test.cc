@@ -151,6 +151,20 @@ TEST_CASE("Put, Get and Delete round trip with increasing revisions", "[etcd]") 
   CHECK(client->Put("", "x").status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(EtcdClient::Create(EtcdClientOptions()).status().code() ==
         absl::StatusCode::kInvalidArgument);
+  CHECK(client->Watch(WatchSpec{"", true, 0}, [](const EtcdEvent&) {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(client->KeepAlive(EtcdLease{0, absl::Seconds(5)}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(client->GrantLease(absl::ZeroDuration()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Without the etcd binary the harness fails, naming tools/setup.sh", "[etcd]") {
+  EtcdClusterOptions options;
+  options.etcd_binary = "/nonexistent/etcd";
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster = EtcdCluster::Start(options);
+  CHECK(cluster.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(cluster.status().message().find("tools/setup.sh") != std::string::npos);
 }
 
 TEST_CASE("PutIfAbsent succeeds once; the second caller gets the first value", "[etcd]") {
