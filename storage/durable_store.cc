@@ -582,6 +582,7 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
   std::unique_ptr<DurableStore> store = absl::WrapUnique(new DurableStore(options));
   RETURN_IF_ERROR(store->OpenDb());
   RETURN_IF_ERROR(store->OpenTensorFiles());
+  RETURN_IF_ERROR(store->OpenReplication());
   return store;
 }
 
@@ -816,8 +817,148 @@ absl::Status DurableStore::OpenTensorFiles() {
 absl::Status DurableStore::Commit(const WriteBatch& batch) {
   RETURN_IF_ERROR(batch.status());
   if (batch.operations_.empty()) return absl::OkStatus();
+  if (!options_.replication_sink) return WriteOperations(batch.operations_, nullptr);
+  // Copied before taking the lock: the lock covers only numbering, writing and the hand-off.
+  ReplicatedCommit commit;
+  AppendReplicated(batch.operations_, &commit);
+  absl::MutexLock lock(&replication_mu_);
+  ReplicationRecord position;
+  position.set_epoch(epoch_);
+  position.set_sequence(last_.sequence + 1);
+  RETURN_IF_ERROR(WriteOperations(batch.operations_, &position));
+  commit.set_epoch(position.epoch());
+  commit.set_sequence(position.sequence());
+  commit.set_previous_epoch(last_.epoch);
+  last_ = Position{position.epoch(), position.sequence()};
+  options_.replication_sink(std::move(commit));
+  return absl::OkStatus();
+}
+
+DurableStore::Position DurableStore::LastApplied() const {
+  absl::MutexLock lock(&replication_mu_);
+  return last_;
+}
+
+absl::Status DurableStore::SetEpoch(uint64_t epoch) {
+  absl::MutexLock lock(&replication_mu_);
+  if (epoch < epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SetEpoch(", epoch, "): the store's epoch is already ", epoch_, "; an epoch never shrinks"));
+  }
+  epoch_ = epoch;
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::ApplyReplicated(const ReplicatedCommit& commit) {
+  if (options_.replication_sink) {
+    return absl::FailedPreconditionError(
+        "ApplyReplicated on a store that captures its own commits (a leader)");
+  }
+  // The operations, checked and rebuilt before taking the lock; their tensor data stays in
+  // `commit`.
+  WriteBatch batch;
+  for (int i = 0; i < commit.operations_size(); ++i) {
+    const ReplicatedOperation& in = commit.operations(i);
+    if (in.column_family() < 0 || in.column_family() >= kNumColumnFamilies) {
+      return absl::InvalidArgumentError(absl::StrCat("replicated commit ", commit.sequence(),
+                                                     ", operation ", i, ": unknown column family ",
+                                                     in.column_family()));
+    }
+    const auto family = static_cast<ColumnFamily>(in.column_family());
+    if (family == ColumnFamily::kMeta && in.key() == kReplicationMetaKey) {
+      return absl::InvalidArgumentError(absl::StrCat("replicated commit ", commit.sequence(),
+                                                     ", operation ", i, ": writes ",
+                                                     DescribeKey(family, in.key())));
+    }
+    WriteBatch::Operation operation{family, in.delete_range(), in.key(), std::string(),
+                                    std::string()};
+    if (in.delete_range()) {
+      operation.payload = in.delete_end();
+    } else {
+      operation.payload = in.value();
+      operation.header = EnvelopeHeader(operation.payload);
+      if (in.has_tensor_file_prefix()) {
+        operation.has_tensors = true;
+        operation.file_prefix = in.tensor_file_prefix();
+        for (const std::string& part : in.tensor_data()) operation.data.emplace_back(part);
+      }
+    }
+    batch.operations_.push_back(std::move(operation));
+  }
+  if (commit.sequence() == 0) {
+    return absl::InvalidArgumentError("replicated commit with sequence 0 (sequences start at 1)");
+  }
+  absl::MutexLock lock(&replication_mu_);
+  if (commit.epoch() < last_.epoch) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replicated commit ", commit.sequence(), " is of epoch ", commit.epoch(),
+                     ", older than this standby's epoch ", last_.epoch));
+  }
+  if (commit.sequence() <= last_.sequence) {
+    if (commit.epoch() == last_.epoch) return absl::OkStatus();  // a retried send: done already
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replicated commit ", commit.sequence(), " of epoch ", commit.epoch(),
+        ": this standby already applied up to ", last_.sequence, " in epoch ", last_.epoch,
+        ", commits the new leader does not have; rebuild it from a checkpoint"));
+  }
+  if (commit.sequence() != last_.sequence + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replicated commit: expected sequence ", last_.sequence + 1, ", got ", commit.sequence(),
+        " (a gap; catch up from a checkpoint)"));
+  }
+  if (commit.previous_epoch() != last_.epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replicated commit ", commit.sequence(), " of epoch ", commit.epoch(),
+        " follows a commit of epoch ", commit.previous_epoch(), ", this standby's last is of epoch ",
+        last_.epoch, " (diverged history; rebuild from a checkpoint)"));
+  }
+  ReplicationRecord position;
+  position.set_epoch(commit.epoch());
+  position.set_sequence(commit.sequence());
+  RETURN_IF_ERROR(WriteOperations(batch.operations_, &position));
+  last_ = Position{commit.epoch(), commit.sequence()};
+  epoch_ = std::max(epoch_, commit.epoch());
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::OpenReplication() {
+  rocksdb::PinnableSlice value;
+  const rocksdb::Status status =
+      db_->Get(rocksdb::ReadOptions(), Handle(ColumnFamily::kMeta), kReplicationMetaKey, &value);
+  if (status.IsNotFound()) return absl::OkStatus();
+  RETURN_IF_ERROR(FromRocksDb(
+      status, absl::StrCat("reading ", DescribeKey(ColumnFamily::kMeta, kReplicationMetaKey))));
+  ReplicationRecord record;
+  RETURN_IF_ERROR(DecodeValue(ColumnFamily::kMeta, kReplicationMetaKey,
+                              absl::string_view(value.data(), value.size()), &record));
+  absl::MutexLock lock(&replication_mu_);
+  last_ = Position{record.epoch(), record.sequence()};
+  epoch_ = record.epoch();
+  return absl::OkStatus();
+}
+
+void DurableStore::AppendReplicated(const std::vector<WriteBatch::Operation>& operations,
+                                    ReplicatedCommit* commit) {
+  for (const WriteBatch::Operation& operation : operations) {
+    ReplicatedOperation* out = commit->add_operations();
+    out->set_column_family(static_cast<int32_t>(operation.family));
+    out->set_key(operation.key);
+    if (operation.delete_range) {
+      out->set_delete_range(true);
+      out->set_delete_end(operation.payload);
+      continue;
+    }
+    out->set_value(operation.payload);
+    if (!operation.has_tensors) continue;
+    out->set_tensor_file_prefix(operation.file_prefix);
+    for (absl::string_view part : operation.data) out->add_tensor_data(std::string(part));
+  }
+}
+
+absl::Status DurableStore::WriteOperations(const std::vector<WriteBatch::Operation>& operations,
+                                           const ReplicationRecord* replication) {
   // Tensor files first: a record is committed only once its file is complete.
-  const size_t n = batch.operations_.size();
+  const size_t n = operations.size();
   std::vector<std::string> payloads(n), headers(n), files(n);
   bool any_tensors = false;
   auto remove_new_files = [&]() {
@@ -826,7 +967,7 @@ absl::Status DurableStore::Commit(const WriteBatch& batch) {
     }
   };
   for (size_t i = 0; i < n; ++i) {
-    const WriteBatch::Operation& operation = batch.operations_[i];
+    const WriteBatch::Operation& operation = operations[i];
     if (!operation.has_tensors) continue;
     any_tensors = true;
     std::string reuse;
@@ -853,14 +994,14 @@ absl::Status DurableStore::Commit(const WriteBatch& batch) {
   // Only what goes into RocksDB: the tensor bytes went to their files.
   size_t rocks_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
-    const WriteBatch::Operation& operation = batch.operations_[i];
+    const WriteBatch::Operation& operation = operations[i];
     rocks_bytes += 32 + operation.key.size() +
                    (operation.has_tensors ? headers[i].size() + payloads[i].size()
                                           : operation.header.size() + operation.payload.size());
   }
   rocksdb::WriteBatch rocks_batch(/*reserved_bytes=*/rocks_bytes);
   for (size_t i = 0; i < n; ++i) {
-    const WriteBatch::Operation& operation = batch.operations_[i];
+    const WriteBatch::Operation& operation = operations[i];
     rocksdb::ColumnFamilyHandle* handle = Handle(operation.family);
     rocksdb::Status status;
     if (operation.delete_range) {
@@ -872,6 +1013,13 @@ absl::Status DurableStore::Commit(const WriteBatch& batch) {
                                        rocksdb::Slice(moved ? payloads[i] : operation.payload)};
       status = rocks_batch.Put(handle, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(parts, 2));
     }
+    if (!status.ok()) remove_new_files();
+    RETURN_IF_ERROR(FromRocksDb(status, "building the write batch"));
+  }
+  if (replication != nullptr) {
+    const std::string value = WrapInEnvelope(replication->SerializeAsString());
+    const rocksdb::Status status =
+        rocks_batch.Put(Handle(ColumnFamily::kMeta), kReplicationMetaKey, value);
     if (!status.ok()) remove_new_files();
     RETURN_IF_ERROR(FromRocksDb(status, "building the write batch"));
   }
@@ -889,7 +1037,7 @@ absl::Status DurableStore::Commit(const WriteBatch& batch) {
   }
   // The records now name the new files: the ones they named before become spares.
   for (size_t i = 0; i < n; ++i) {
-    const WriteBatch::Operation& operation = batch.operations_[i];
+    const WriteBatch::Operation& operation = operations[i];
     if (!operation.has_tensors) continue;
     const std::pair<ColumnFamily, std::string> id{operation.family, operation.key};
     std::string& current = current_files_[id];
@@ -986,6 +1134,7 @@ absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
       state.slots.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
       return absl::OkStatus();
     }
+    if (key == kReplicationMetaKey) return absl::OkStatus();  // LastApplied()
     LOG(WARNING) << "skipping unknown " << DescribeKey(ColumnFamily::kMeta, key);
     return absl::OkStatus();
   };

@@ -15,6 +15,7 @@
 // | `weights`    | replica, stage                | WeightRecord: reliability tracker inputs    |
 // | `meta`       | "server"                      | ServerRecord: job id, incarnation counters  |
 // | `meta`       | "slot/", replica, stage       | SlotRecord: owner, step, applied sequence   |
+// | `meta`       | "replication"                 | ReplicationRecord: last (epoch, sequence)   |
 //
 // Tensor files. The tensors of `center`, `center_opt` and `snapshot` records (whole parameter
 // and optimizer-state vectors, rewritten at every sync) do not go through the LSM tree: their
@@ -52,7 +53,9 @@
 //                        Also a tensor file that is missing, has the wrong length, or fails its
 //                        checksum ("... tensor file <path>: checksum mismatch").
 //   FAILED_PRECONDITION  Open: data_dir is locked by another process or another open store
-//                        ("data_dir /x is in use: ..."), or cannot be created.
+//                        ("data_dir /x is in use: ..."), or cannot be created. SetEpoch: a
+//                        smaller epoch. ApplyReplicated: an older epoch, a gap, a diverged
+//                        history, or a store that captures.
 //   NOT_FOUND            ReadSnapshot: the slot has no snapshot.
 //   RESOURCE_EXHAUSTED   the disk is full (RocksDB NoSpace).
 //   UNAVAILABLE          other RocksDB I/O errors, busy / try-again / shutting down; the
@@ -68,6 +71,16 @@
 // before Commit returns, so the batch survives power loss; without it, it survives a process
 // crash (DESIGN.md §5.5).
 //
+// Replicated commits (DESIGN.md §10.1, docs/storage.md "Replicated commits"). With
+// DurableStoreOptions::replication_sink set (a leader), Commit numbers every non-empty batch:
+// under one mutex it takes the next sequence (1, 2, ... gap-free, continuing after a restart),
+// writes the batch plus the `meta` "replication" record (epoch, sequence) in the same RocksDB
+// batch, and hands the sink a ReplicatedCommit, so the sink sees commits in exactly RocksDB's
+// order. ApplyReplicated redoes such a commit on a standby, in order and exactly once (a
+// duplicate is OK and writes nothing; a gap, an older epoch or a diverged history is
+// FAILED_PRECONDITION). Without the sink Commit is exactly as before: no lock, no meta record.
+// A standby must not Commit batches of its own (they would not be numbered).
+//
 // Thread safety: a DurableStore may be used from any number of threads at once without
 // external locking (RocksDB's DB is thread-safe; after Open the store keeps no mutable state of
 // its own besides the tensor files' bookkeeping, which a lock guards). Each Commit is atomic; concurrent Commits are applied in some serial order, so a
@@ -77,6 +90,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -121,6 +135,12 @@ struct DurableStoreOptions {
   bool accept_wal_loss = false;
   // Compression of the `steplog` family. COMPRESSION_UNSPECIFIED means ZSTD.
   Compression steplog_compression = ZSTD;
+  // Set (a replication leader): every successful non-empty Commit is numbered and handed to
+  // this function as a ReplicatedCommit, called under the store's replication mutex in commit
+  // order, after RocksDB applied the batch. It must be quick (enqueue) and must not call back
+  // into this store's Commit, SetEpoch or ApplyReplicated. Unset: Commit is as without
+  // replication (no lock, no `meta` "replication" record).
+  std::function<void(ReplicatedCommit)> replication_sink;
 
   // From the server's `durability` and the job's `step_log` configuration.
   static DurableStoreOptions FromConfig(const DurabilityConfig& durability,
@@ -262,6 +282,42 @@ class DurableStore {
   // batch is not changed and may be committed again.
   absl::Status Commit(const WriteBatch& batch);
 
+  // Replication (see the header comment). The (epoch, sequence) of the last commit this store
+  // numbered (capturing) or applied (standby), as persisted in `meta`; (0, 0) for a store that
+  // never had one.
+  struct Position {
+    uint64_t epoch = 0;
+    uint64_t sequence = 0;
+    bool operator==(const Position& other) const {
+      return epoch == other.epoch && sequence == other.sequence;
+    }
+  };
+  Position LastApplied() const;
+
+  // The epoch of the commits this store numbers from now on (a leader, after winning the
+  // election). An epoch never shrinks: FAILED_PRECONDITION for one smaller than the current
+  // epoch (after Open, the epoch of the last persisted commit). The sequence is not reset: a
+  // new epoch continues the store's numbering. Not persisted by itself; the next commit
+  // persists it.
+  absl::Status SetEpoch(uint64_t epoch);
+
+  // Redoes a leader's commit on this standby as one atomic RocksDB write (tensor files first,
+  // as Commit), together with the `meta` "replication" record (commit.epoch, commit.sequence).
+  // With `last` = LastApplied():
+  //   commit.epoch < last.epoch                        FAILED_PRECONDITION naming both epochs;
+  //   commit.sequence <= last.sequence, same epoch     OK, writes nothing (a retried send);
+  //   commit.sequence <= last.sequence, newer epoch    FAILED_PRECONDITION (this store holds
+  //                                                    commits the new leader never had);
+  //   commit.sequence > last.sequence + 1              FAILED_PRECONDITION naming expected and
+  //                                                    got (a gap: catch up from a checkpoint);
+  //   commit.sequence == last.sequence + 1 and commit.previous_epoch != last.epoch
+  //                                                    FAILED_PRECONDITION (diverged history);
+  //   otherwise applied. A new epoch thus starts at last + 1: a new leader was an in-sync
+  // standby and continues its own numbering. INVALID_ARGUMENT for a malformed operation (an
+  // unknown column family, a write of the "replication" meta key, a sequence of 0); nothing is
+  // written then. FAILED_PRECONDITION on a capturing store. Write errors as Commit's.
+  absl::Status ApplyReplicated(const ReplicatedCommit& commit);
+
   // Every center, center_opt, snapshot, weight, slot and server record, read at one consistent
   // point in time, each value validated. DATA_LOSS (naming the key) at the first bad one.
   // Unknown keys in `meta` are skipped with a warning. Step logs are not loaded (ReadLog).
@@ -312,6 +368,15 @@ class DurableStore {
   explicit DurableStore(const DurableStoreOptions& options);
 
   absl::Status OpenDb();
+  // Reads the `meta` "replication" record into the replication position.
+  absl::Status OpenReplication();
+  // Commit's work: tensor files, then one RocksDB batch of `operations` plus, if set, the
+  // `meta` "replication" record `replication`.
+  absl::Status WriteOperations(const std::vector<WriteBatch::Operation>& operations,
+                               const ReplicationRecord* replication);
+  // `operations` as shipped to a standby (storage.proto ReplicatedOperation), appended.
+  static void AppendReplicated(const std::vector<WriteBatch::Operation>& operations,
+                               ReplicatedCommit* commit);
   // Opens the tensor files, removing those no record names.
   absl::Status OpenTensorFiles();
   rocksdb::ColumnFamilyHandle* Handle(ColumnFamily family) const;
@@ -342,6 +407,11 @@ class DurableStore {
   // Ours, indexed by ColumnFamily.
   rocksdb::ColumnFamilyHandle* handles_[kNumColumnFamilies] = {};
   std::unique_ptr<TensorFiles> tensor_files_;
+  // Replication: held by a capturing Commit from numbering to the sink's return, and by
+  // ApplyReplicated from its checks to its write. Taken before files_mu_.
+  mutable absl::Mutex replication_mu_ ABSL_ACQUIRED_BEFORE(files_mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(replication_mu_) = 0;  // the epoch new commits get
+  Position last_ ABSL_GUARDED_BY(replication_mu_);        // the last numbered / applied commit
   // Shared by readers from their RocksDB read to the end of their tensor-file reads; exclusive
   // for a Commit with tensors from its RocksDB write to the removal of the replaced files, so a
   // reader never finds its file removed and replaced files are removed in commit order.

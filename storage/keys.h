@@ -15,6 +15,7 @@
 // |               | (micro_batch + 1) u32                 |       |                         |
 // | `meta`        | "server"                              | 6     | rebound.ServerRecord    |
 // | `meta`        | "slot/", replica u32, stage u32       | 13    | rebound.SlotRecord      |
+// | `meta`        | "replication"                         | 11    | rebound.ReplicationRecord |
 //
 // The step-log key stores micro_batch + 1 so that the per-step record (micro_batch = -1, the
 // step's parameter checksum) is 0 and sorts before micro-batch 0 of the same step. All of a
@@ -57,6 +58,8 @@ inline constexpr size_t kSlotKeySize = 8;
 inline constexpr size_t kLogKeySize = 20;
 inline constexpr char kServerMetaKey[] = "server";
 inline constexpr char kSlotMetaKeyPrefix[] = "slot/";
+// (epoch, sequence) of the last replicated commit (DurableStore, docs/storage.md).
+inline constexpr char kReplicationMetaKey[] = "replication";
 
 // A step-log key's fields.
 struct LogKeyFields {

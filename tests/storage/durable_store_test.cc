@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -23,11 +24,13 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "storage/envelope.h"
@@ -1247,6 +1250,315 @@ TEST_CASE("options come from the durability and step-log configuration") {
   step_log.set_compression(LZ4);
   CHECK(DurableStoreOptions::FromConfig(DurabilityConfig(), step_log).steplog_compression == LZ4);
   CHECK(DurableStoreOptions::FromConfig(DurabilityConfig(), step_log).data_dir.empty());
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Replicated commits
+
+// A replication sink that keeps every commit it is handed, in the order handed.
+struct CommitLog {
+  absl::Mutex mu;
+  std::vector<ReplicatedCommit> commits ABSL_GUARDED_BY(mu);
+
+  std::function<void(ReplicatedCommit)> Sink() {
+    return [this](ReplicatedCommit commit) {
+      absl::MutexLock lock(&mu);
+      commits.push_back(std::move(commit));
+    };
+  }
+  std::vector<ReplicatedCommit> Take() {
+    absl::MutexLock lock(&mu);
+    return std::exchange(commits, {});
+  }
+};
+
+std::unique_ptr<DurableStore> OpenCapturing(const std::string& dir, CommitLog* log) {
+  DurableStoreOptions options;
+  options.data_dir = dir;
+  options.replication_sink = log->Sink();
+  return ValueOrFail(DurableStore::Open(options));
+}
+
+// Every loaded record of `a` equals `b`'s, and so do the step logs of the given slots.
+void CheckSameState(const DurableStore& a, const DurableStore& b,
+                    const std::vector<ReplicaStage>& log_slots) {
+  const LoadedState x = ValueOrFail(a.LoadAll());
+  const LoadedState y = ValueOrFail(b.LoadAll());
+  auto same_maps = [](const auto& left, const auto& right) {
+    REQUIRE(left.size() == right.size());
+    for (const auto& [key, record] : left) {
+      REQUIRE(right.count(key) == 1);
+      CHECK(SameProto(record, right.at(key)));
+    }
+  };
+  same_maps(x.centers, y.centers);
+  same_maps(x.center_opts, y.center_opts);
+  same_maps(x.snapshots, y.snapshots);
+  same_maps(x.weights, y.weights);
+  same_maps(x.slots, y.slots);
+  REQUIRE(x.server.has_value() == y.server.has_value());
+  if (x.server.has_value()) CHECK(SameProto(*x.server, *y.server));
+  for (const auto& [replica, stage] : log_slots) {
+    const std::vector<LogRecord> left =
+        ValueOrFail(a.ReadLog(Slot(replica, stage), -1, std::numeric_limits<int64_t>::max()));
+    const std::vector<LogRecord> right =
+        ValueOrFail(b.ReadLog(Slot(replica, stage), -1, std::numeric_limits<int64_t>::max()));
+    REQUIRE(left.size() == right.size());
+    for (size_t i = 0; i < left.size(); ++i) CHECK(SameProto(left[i], right[i]));
+  }
+}
+
+bool HasReplicationRecord(const std::string& dir) {
+  RawDb raw(dir);
+  std::string value;
+  const rocksdb::Status status =
+      raw.db()->Get(rocksdb::ReadOptions(), raw.Family("meta"), kReplicationMetaKey, &value);
+  INFO(status.ToString());
+  REQUIRE((status.ok() || status.IsNotFound()));
+  return status.ok();
+}
+
+TEST_CASE("a capturing store ships every commit, in order, and a standby redoes them exactly") {
+  const std::string leader_dir = TempDir("repl-leader");
+  const std::string standby_dir = TempDir("repl-standby");
+  CommitLog log;
+  std::unique_ptr<DurableStore> leader = OpenCapturing(leader_dir, &log);
+  REQUIRE_OK(leader->SetEpoch(7));
+
+  // Four threads, each owning replica t: log records, snapshots, weights, slot records, log GC;
+  // thread 0 also writes centers (with tensors) and the server record.
+  constexpr int kThreads = 4;
+  constexpr int kSteps = 12;
+  std::atomic<int> failures{0};
+  std::atomic<int> batches{0};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      for (int64_t step = 1; step <= kSteps; ++step) {
+        WriteBatch batch;
+        for (int32_t mb = -1; mb < 2; ++mb) batch.PutLogRecord(Log(t, 0, step, mb));
+        if (step % 3 == 0) {
+          batch.PutSnapshot(MakeSnapshot(t, 0, step));
+          batch.PutWeight(Weight(t, 0, 0.1 * static_cast<double>(step)));
+          batch.DeleteLogRange(Slot(t, 0), 0, step - 2);
+        }
+        if (step % 4 == 0) batch.PutSlot(SlotState(t, 0, step));
+        if (t == 0) {
+          batch.PutCenter(Center(static_cast<int32_t>(step % 2), step));
+          if (step == 5) {
+            batch.PutCenterOpt(CenterOpt(1));
+            batch.PutServer(Server());
+          }
+        }
+        if (!leader->Commit(batch).ok()) ++failures;
+        ++batches;
+      }
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  REQUIRE(failures.load() == 0);
+  WriteBatch empty;
+  REQUIRE_OK(leader->Commit(empty));  // an empty batch is not a commit
+
+  const std::vector<ReplicatedCommit> commits = log.Take();
+  REQUIRE(static_cast<int>(commits.size()) == batches.load());
+  for (size_t i = 0; i < commits.size(); ++i) {
+    CHECK(commits[i].sequence() == i + 1);
+    CHECK(commits[i].epoch() == 7);
+    CHECK(commits[i].previous_epoch() == (i == 0 ? 0u : 7u));
+  }
+  CHECK(leader->LastApplied() == DurableStore::Position{7, commits.size()});
+
+  std::unique_ptr<DurableStore> standby = OpenOrFail(standby_dir);
+  for (const ReplicatedCommit& commit : commits) REQUIRE_OK(standby->ApplyReplicated(commit));
+  CHECK(standby->LastApplied() == DurableStore::Position{7, commits.size()});
+  std::vector<ReplicaStage> slots;
+  for (int t = 0; t < kThreads; ++t) slots.emplace_back(t, 0);
+  CheckSameState(*leader, *standby, slots);
+  const LoadedState loaded = ValueOrFail(standby->LoadAll());
+  CHECK(loaded.centers.size() == 2);
+  CHECK(loaded.snapshots.size() == kThreads);
+  CHECK(loaded.server.has_value());
+  // The standby wrote tensor files of its own (in its directory), read back with checksums by
+  // LoadAll above; they still verify after a reopen, which also drops unreferenced ones.
+  CHECK(!TensorFileNames(standby_dir).empty());
+  standby.reset();
+  standby = OpenOrFail(standby_dir);
+  CHECK(TensorFileNames(standby_dir).size() == 2 + kThreads + 1);  // centers, snapshots, center_opt
+  CHECK(standby->LastApplied() == DurableStore::Position{7, commits.size()});
+  CheckSameState(*leader, *standby, slots);
+}
+
+TEST_CASE("a duplicate is a no-op; a gap, an older epoch and a diverged history change nothing") {
+  CommitLog log;
+  std::unique_ptr<DurableStore> leader = OpenCapturing("", &log);
+  REQUIRE_OK(leader->SetEpoch(3));
+  for (int64_t step = 1; step <= 3; ++step) {
+    WriteBatch batch;
+    batch.PutLogRecord(Log(0, 0, step, -1));
+    batch.PutWeight(Weight(0, 0, static_cast<double>(step)));
+    REQUIRE_OK(leader->Commit(batch));
+  }
+  std::vector<ReplicatedCommit> commits = log.Take();
+  REQUIRE(commits.size() == 3);
+
+  std::unique_ptr<DurableStore> standby = OpenOrFail("");
+  // A gap: commit 2 before commit 1.
+  absl::Status gap = standby->ApplyReplicated(commits[1]);
+  CHECK(gap.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Message(gap), Contains("expected sequence 1") && Contains("got 2"));
+  CHECK(standby->LastApplied() == DurableStore::Position{});
+  CHECK(ValueOrFail(standby->LoadAll()).weights.empty());
+
+  REQUIRE_OK(standby->ApplyReplicated(commits[0]));
+  REQUIRE_OK(standby->ApplyReplicated(commits[1]));
+  // A duplicate (a retried send) is OK and writes nothing: a doctored copy of commit 1 with
+  // another weight would show if it were applied.
+  ReplicatedCommit doctored = commits[0];
+  WeightRecord other = Weight(0, 0, 99.0);
+  for (ReplicatedOperation& operation : *doctored.mutable_operations()) {
+    if (operation.column_family() == static_cast<int>(ColumnFamily::kWeights)) {
+      operation.set_value(other.SerializeAsString());
+    }
+  }
+  REQUIRE_OK(standby->ApplyReplicated(doctored));
+  REQUIRE_OK(standby->ApplyReplicated(commits[1]));
+  CHECK(standby->LastApplied() == DurableStore::Position{3, 2});
+  CHECK(ValueOrFail(standby->LoadAll()).weights.at({0, 0}).weight() == 2.0);
+
+  // An older epoch.
+  ReplicatedCommit old = commits[2];
+  old.set_epoch(2);
+  absl::Status older = standby->ApplyReplicated(old);
+  CHECK(older.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Message(older), Contains("epoch 2") && Contains("epoch 3"));
+  CHECK(standby->LastApplied() == DurableStore::Position{3, 2});
+
+  // A newer epoch at a sequence this standby already has: it holds commits the new leader
+  // never had.
+  ReplicatedCommit diverged = commits[1];
+  diverged.set_epoch(4);
+  CHECK(standby->ApplyReplicated(diverged).code() == absl::StatusCode::kFailedPrecondition);
+  // The next sequence, but after a commit of another epoch than the standby's last.
+  ReplicatedCommit wrong_parent = commits[2];
+  wrong_parent.set_epoch(4);
+  wrong_parent.set_previous_epoch(4);
+  CHECK(standby->ApplyReplicated(wrong_parent).code() == absl::StatusCode::kFailedPrecondition);
+  // A malformed operation.
+  ReplicatedCommit malformed = commits[2];
+  malformed.mutable_operations(0)->set_column_family(kNumColumnFamilies);
+  CHECK(standby->ApplyReplicated(malformed).code() == absl::StatusCode::kInvalidArgument);
+  ReplicatedCommit meta_write = commits[2];
+  meta_write.mutable_operations(0)->set_column_family(static_cast<int>(ColumnFamily::kMeta));
+  meta_write.mutable_operations(0)->set_key(kReplicationMetaKey);
+  CHECK(standby->ApplyReplicated(meta_write).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(standby->LastApplied() == DurableStore::Position{3, 2});
+  CHECK(ValueOrFail(standby->LoadAll()).weights.at({0, 0}).weight() == 2.0);
+  CHECK(ValueOrFail(standby->ReadLog(Slot(0, 0), 0, 10)).size() == 2);
+
+  // The real commit 3 still applies after all the refusals.
+  REQUIRE_OK(standby->ApplyReplicated(commits[2]));
+  CHECK(standby->LastApplied() == DurableStore::Position{3, 3});
+  CheckSameState(*leader, *standby, {{0, 0}});
+
+  // A leader does not apply replicated commits.
+  CHECK(leader->ApplyReplicated(commits[2]).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("a promoted standby continues the numbering in its new epoch; its standby follows") {
+  CommitLog log;
+  std::unique_ptr<DurableStore> leader = OpenCapturing("", &log);
+  REQUIRE_OK(leader->SetEpoch(5));
+  for (int64_t step = 1; step <= 2; ++step) {
+    WriteBatch batch;
+    batch.PutLogRecord(Log(0, 0, step, -1));
+    REQUIRE_OK(leader->Commit(batch));
+  }
+  const std::vector<ReplicatedCommit> first = log.Take();
+  // Standby B is promoted (reopened with capture, a new epoch); standby C follows it.
+  const std::string b_dir = TempDir("repl-promoted");
+  {
+    std::unique_ptr<DurableStore> b = OpenOrFail(b_dir);
+    for (const ReplicatedCommit& commit : first) REQUIRE_OK(b->ApplyReplicated(commit));
+  }
+  std::unique_ptr<DurableStore> c = OpenOrFail("");
+  for (const ReplicatedCommit& commit : first) REQUIRE_OK(c->ApplyReplicated(commit));
+
+  CommitLog b_log;
+  std::unique_ptr<DurableStore> b = OpenCapturing(b_dir, &b_log);
+  CHECK(b->LastApplied() == DurableStore::Position{5, 2});
+  CHECK(b->SetEpoch(4).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE_OK(b->SetEpoch(9));
+  WriteBatch batch;
+  batch.PutLogRecord(Log(0, 0, 3, -1));
+  REQUIRE_OK(b->Commit(batch));
+  const std::vector<ReplicatedCommit> second = b_log.Take();
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].sequence() == 3);
+  CHECK(second[0].epoch() == 9);
+  CHECK(second[0].previous_epoch() == 5);
+  REQUIRE_OK(c->ApplyReplicated(second[0]));
+  CHECK(c->LastApplied() == DurableStore::Position{9, 3});
+  CheckSameState(*b, *c, {{0, 0}});
+  // The old leader's next commit (epoch 5) is refused by C now.
+  REQUIRE_OK(leader->Commit(batch));
+  const std::vector<ReplicatedCommit> stale = log.Take();
+  REQUIRE(stale.size() == 1);
+  CHECK(c->ApplyReplicated(stale[0]).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("the numbering continues after reopening a capturing store") {
+  const std::string dir = TempDir("repl-reopen");
+  CommitLog log;
+  {
+    std::unique_ptr<DurableStore> store = OpenCapturing(dir, &log);
+    REQUIRE_OK(store->SetEpoch(2));
+    for (int64_t step = 1; step <= 3; ++step) {
+      WriteBatch batch;
+      batch.PutSnapshot(MakeSnapshot(0, 0, step));
+      REQUIRE_OK(store->Commit(batch));
+    }
+  }
+  CHECK(HasReplicationRecord(dir));
+  std::unique_ptr<DurableStore> store = OpenCapturing(dir, &log);
+  CHECK(store->LastApplied() == DurableStore::Position{2, 3});
+  CHECK(store->SetEpoch(1).code() == absl::StatusCode::kFailedPrecondition);
+  WriteBatch batch;
+  batch.PutSnapshot(MakeSnapshot(0, 0, 4));
+  REQUIRE_OK(store->Commit(batch));  // still epoch 2: SetEpoch is not needed after a restart
+  const std::vector<ReplicatedCommit> commits = log.Take();
+  REQUIRE(commits.size() == 4);
+  for (size_t i = 0; i < commits.size(); ++i) {
+    CHECK(commits[i].sequence() == i + 1);
+    CHECK(commits[i].epoch() == 2);
+  }
+  // The replication record is not part of the loaded state.
+  CHECK(ValueOrFail(store->LoadAll()).slots.empty());
+}
+
+TEST_CASE("a store without a sink writes no replication record and numbers nothing") {
+  const std::string dir = TempDir("repl-off");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutSnapshot(MakeSnapshot(0, 0, 1));
+    batch.PutSlot(SlotState(0, 0, 1));
+    batch.PutServer(Server());
+    REQUIRE_OK(store->Commit(batch));
+    CHECK(store->LastApplied() == DurableStore::Position{});
+    const LoadedState state = ValueOrFail(store->LoadAll());
+    CHECK(state.slots.size() == 1);
+    CHECK(SameProto(state.snapshots.at({0, 0}), MakeSnapshot(0, 0, 1)));
+  }
+  CHECK(!HasReplicationRecord(dir));
+  // Exactly the records committed are in `meta`: "server" and one slot record.
+  RawDb raw(dir);
+  std::unique_ptr<rocksdb::Iterator> it(
+      raw.db()->NewIterator(rocksdb::ReadOptions(), raw.Family("meta")));
+  std::vector<std::string> keys;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
+  CHECK(keys == std::vector<std::string>{kServerMetaKey, EncodeSlotMetaKey(0, 0)});
 }
 
 }  // namespace
