@@ -83,7 +83,8 @@
 //
 // Thread safety: a DurableStore may be used from any number of threads at once without
 // external locking (RocksDB's DB is thread-safe; after Open the store keeps no mutable state of
-// its own besides the tensor files' bookkeeping, which a lock guards). Each Commit is atomic; concurrent Commits are applied in some serial order, so a
+// its own besides the tensor files' bookkeeping and the replication position, which locks
+// guard). Each Commit is atomic; concurrent Commits are applied in some serial order, so a
 // caller that needs an order between two batches (e.g. per stage) must serialize them itself.
 // Reads see a consistent point in time per call. A WriteBatch is a plain value: one thread at a
 // time.
