@@ -7,6 +7,7 @@
 #include <rocksdb/listener.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
+#include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
@@ -919,6 +920,42 @@ absl::Status DurableStore::ApplyReplicated(const ReplicatedCommit& commit) {
   last_ = Position{commit.epoch(), commit.sequence()};
   epoch_ = std::max(epoch_, commit.epoch());
   return absl::OkStatus();
+}
+
+absl::StatusOr<DurableStore::Position> DurableStore::Checkpoint(const std::string& dir) const {
+  if (in_memory()) {
+    return absl::FailedPreconditionError("Checkpoint: an in-memory store has no files to copy");
+  }
+  std::error_code error;
+  if (std::filesystem::exists(dir, error)) {
+    return absl::FailedPreconditionError(absl::StrCat("Checkpoint: ", dir, " exists"));
+  }
+  // No commit between the RocksDB checkpoint and the copies: a commit takes replication_mu_
+  // (capturing) or files_mu_ exclusively (with tensors) around its RocksDB write, and a file
+  // is overwritten only after a later commit made it a spare.
+  absl::MutexLock lock(&replication_mu_);
+  absl::ReaderMutexLock files_lock(&files_mu_);
+  rocksdb::Checkpoint* raw_checkpoint = nullptr;
+  RETURN_IF_ERROR(FromRocksDb(rocksdb::Checkpoint::Create(db_.get(), &raw_checkpoint),
+                              absl::StrCat("Checkpoint of ", options_.data_dir)));
+  std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw_checkpoint);
+  RETURN_IF_ERROR(FromRocksDb(checkpoint->CreateCheckpoint(dir),
+                              absl::StrCat("Checkpoint of ", options_.data_dir, " to ", dir)));
+  const std::filesystem::path tensors = std::filesystem::path(dir) / "tensors";
+  std::filesystem::create_directories(tensors, error);
+  for (const auto& [id, file] : current_files_) {
+    if (error) break;
+    std::filesystem::copy_file(std::filesystem::path(tensor_files_->dir()) / file, tensors / file,
+                               error);
+  }
+  if (error) {
+    const std::string message =
+        absl::StrCat("Checkpoint: copying tensor files to ", tensors.string(), ": ",
+                     error.message());
+    return error == std::errc::no_space_on_device ? absl::ResourceExhaustedError(message)
+                                                  : absl::UnavailableError(message);
+  }
+  return last_;
 }
 
 absl::Status DurableStore::OpenReplication() {

@@ -319,6 +319,16 @@ class DurableStore {
   // written then. FAILED_PRECONDITION on a capturing store. Write errors as Commit's.
   absl::Status ApplyReplicated(const ReplicatedCommit& commit);
 
+  // Writes a copy of the store to `dir` (which must not exist), openable as a DurableStore:
+  // a RocksDB checkpoint (SST files hard-linked) plus a copy of every tensor file a record
+  // names, all at one point in time, and returns that point's LastApplied(). For catching up a
+  // standby: open the copy there and send it every commit after the returned sequence (it
+  // answers OK to any it already has). Commits wait while it runs (it holds the replication
+  // mutex, so on a capturing store the sink has been handed exactly the commits up to the
+  // returned sequence). FAILED_PRECONDITION in memory or if `dir` exists; UNAVAILABLE /
+  // RESOURCE_EXHAUSTED for I/O errors, naming the file.
+  absl::StatusOr<Position> Checkpoint(const std::string& dir) const;
+
   // Every center, center_opt, snapshot, weight, slot and server record, read at one consistent
   // point in time, each value validated. DATA_LOSS (naming the key) at the first bad one.
   // Unknown keys in `meta` are skipped with a warning. Step logs are not loaded (ReadLog).

@@ -1537,6 +1537,43 @@ TEST_CASE("the numbering continues after reopening a capturing store") {
   CHECK(ValueOrFail(store->LoadAll()).slots.empty());
 }
 
+TEST_CASE("a standby catches up from a checkpoint plus the commits after it") {
+  const std::string leader_dir = TempDir("repl-cp-leader");
+  const std::string copy_dir = TempDir("repl-cp-parent") + "/copy";
+  CommitLog log;
+  std::unique_ptr<DurableStore> leader = OpenCapturing(leader_dir, &log);
+  REQUIRE_OK(leader->SetEpoch(4));
+  auto commit_step = [&](int64_t step) {
+    WriteBatch batch;
+    batch.PutSnapshot(MakeSnapshot(0, 0, step));
+    batch.PutCenter(Center(0, step));
+    batch.PutLogRecord(Log(0, 0, step, -1));
+    batch.DeleteLogRange(Slot(0, 0), 0, step - 1);
+    REQUIRE_OK(leader->Commit(batch));
+  };
+  for (int64_t step = 1; step <= 5; ++step) commit_step(step);
+  const DurableStore::Position cut = ValueOrFail(leader->Checkpoint(copy_dir));
+  CHECK(cut == DurableStore::Position{4, 5});
+  CHECK(leader->Checkpoint(copy_dir).status().code() == absl::StatusCode::kFailedPrecondition);
+  for (int64_t step = 6; step <= 8; ++step) commit_step(step);
+
+  // The copy opens as a standby at the cut; every commit the sink was handed is sent: those up
+  // to the cut are duplicates, the rest apply.
+  std::unique_ptr<DurableStore> standby = OpenOrFail(copy_dir);
+  CHECK(standby->LastApplied() == cut);
+  CHECK(ValueOrFail(standby->ReadSnapshot(Slot(0, 0))).step() == 5);
+  const std::vector<ReplicatedCommit> commits = log.Take();
+  REQUIRE(commits.size() == 8);
+  for (const ReplicatedCommit& commit : commits) REQUIRE_OK(standby->ApplyReplicated(commit));
+  CHECK(standby->LastApplied() == DurableStore::Position{4, 8});
+  CheckSameState(*leader, *standby, {{0, 0}});
+  CHECK(ValueOrFail(standby->ReadSnapshot(Slot(0, 0))).step() == 8);
+
+  std::unique_ptr<DurableStore> in_memory = OpenOrFail("");
+  CHECK(in_memory->Checkpoint(TempDir("repl-cp-mem") + "/copy").status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("a store without a sink writes no replication record and numbers nothing") {
   const std::string dir = TempDir("repl-off");
   {
