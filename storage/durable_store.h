@@ -78,7 +78,8 @@
 // batch, and hands the sink a ReplicatedCommit, so the sink sees commits in exactly RocksDB's
 // order. ApplyReplicated redoes such a commit on a standby, in order and exactly once (a
 // duplicate is OK and writes nothing; a gap, an older epoch or a diverged history is
-// FAILED_PRECONDITION). Without the sink Commit is exactly as before: no lock, no meta record.
+// FAILED_PRECONDITION); Checkpoint copies the store at a cut for a standby to catch up from.
+// Without the sink Commit is exactly as before: no lock, no meta record.
 // A standby must not Commit batches of its own (they would not be numbered).
 //
 // Thread safety: a DurableStore may be used from any number of threads at once without
