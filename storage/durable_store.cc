@@ -815,7 +815,7 @@ absl::Status DurableStore::OpenTensorFiles() {
   return tensor_files_->Open(referenced, /*remove_unreferenced=*/complete);
 }
 
-absl::Status DurableStore::Commit(const WriteBatch& batch) {
+absl::Status DurableStore::Commit(const WriteBatch& batch, Position* numbered) {
   RETURN_IF_ERROR(batch.status());
   if (batch.operations_.empty()) return absl::OkStatus();
   if (!options_.replication_sink) return WriteOperations(batch.operations_, nullptr);
@@ -831,6 +831,7 @@ absl::Status DurableStore::Commit(const WriteBatch& batch) {
   commit.set_sequence(position.sequence());
   commit.set_previous_epoch(last_.epoch);
   last_ = Position{position.epoch(), position.sequence()};
+  if (numbered != nullptr) *numbered = last_;
   options_.replication_sink(std::move(commit));
   return absl::OkStatus();
 }

@@ -278,15 +278,7 @@ class DurableStore {
   DurableStore(const DurableStore&) = delete;
   DurableStore& operator=(const DurableStore&) = delete;
 
-  // Writes `batch` as one atomic RocksDB write batch: after a crash either all of it or none of
-  // it is visible. OK only after RocksDB has committed it (and synced the WAL if `fsync`). An
-  // empty batch is OK and writes nothing. A poisoned batch returns its INVALID_ARGUMENT. The
-  // batch is not changed and may be committed again.
-  absl::Status Commit(const WriteBatch& batch);
-
-  // Replication (see the header comment). The (epoch, sequence) of the last commit this store
-  // numbered (capturing) or applied (standby), as persisted in `meta`; (0, 0) for a store that
-  // never had one.
+  // A replicated commit's place: (epoch, sequence).
   struct Position {
     uint64_t epoch = 0;
     uint64_t sequence = 0;
@@ -294,6 +286,19 @@ class DurableStore {
       return epoch == other.epoch && sequence == other.sequence;
     }
   };
+
+  // Writes `batch` as one atomic RocksDB write batch: after a crash either all of it or none of
+  // it is visible. OK only after RocksDB has committed it (and synced the WAL if `fsync`). An
+  // empty batch is OK and writes nothing. A poisoned batch returns its INVALID_ARGUMENT. The
+  // batch is not changed and may be committed again. On a capturing store, `*numbered` (if
+  // given) receives the (epoch, sequence) the commit got, e.g. to wait for the standbys'
+  // acknowledgements of it; it is left unchanged for an empty batch, an error or a store that
+  // does not capture.
+  absl::Status Commit(const WriteBatch& batch, Position* numbered = nullptr);
+
+  // Replication (see the header comment). The (epoch, sequence) of the last commit this store
+  // numbered (capturing) or applied (standby), as persisted in `meta`; (0, 0) for a store that
+  // never had one.
   Position LastApplied() const;
 
   // The epoch of the commits this store numbers from now on (a leader, after winning the

@@ -1332,6 +1332,8 @@ TEST_CASE("a capturing store ships every commit, in order, and a standby redoes 
   constexpr int kSteps = 12;
   std::atomic<int> failures{0};
   std::atomic<int> batches{0};
+  absl::Mutex numbered_mu;
+  std::set<uint64_t> numbered_sequences;  // what each Commit said it got: all distinct
   std::vector<std::thread> writers;
   for (int t = 0; t < kThreads; ++t) {
     writers.emplace_back([&, t] {
@@ -1351,7 +1353,13 @@ TEST_CASE("a capturing store ships every commit, in order, and a standby redoes 
             batch.PutServer(Server());
           }
         }
-        if (!leader->Commit(batch).ok()) ++failures;
+        DurableStore::Position numbered;
+        if (!leader->Commit(batch, &numbered).ok()) ++failures;
+        if (numbered.epoch != 7 || numbered.sequence == 0) ++failures;
+        {
+          absl::MutexLock lock(&numbered_mu);
+          if (!numbered_sequences.insert(numbered.sequence).second) ++failures;
+        }
         ++batches;
       }
     });
@@ -1369,6 +1377,8 @@ TEST_CASE("a capturing store ships every commit, in order, and a standby redoes 
     CHECK(commits[i].previous_epoch() == (i == 0 ? 0u : 7u));
   }
   CHECK(leader->LastApplied() == DurableStore::Position{7, commits.size()});
+  CHECK(numbered_sequences.size() == commits.size());
+  CHECK(*numbered_sequences.rbegin() == commits.size());
 
   std::unique_ptr<DurableStore> standby = OpenOrFail(standby_dir);
   for (const ReplicatedCommit& commit : commits) REQUIRE_OK(standby->ApplyReplicated(commit));
@@ -1582,7 +1592,9 @@ TEST_CASE("a store without a sink writes no replication record and numbers nothi
     batch.PutSnapshot(MakeSnapshot(0, 0, 1));
     batch.PutSlot(SlotState(0, 0, 1));
     batch.PutServer(Server());
-    REQUIRE_OK(store->Commit(batch));
+    DurableStore::Position numbered{9, 9};
+    REQUIRE_OK(store->Commit(batch, &numbered));
+    CHECK(numbered == DurableStore::Position{9, 9});  // untouched: nothing is numbered
     CHECK(store->LastApplied() == DurableStore::Position{});
     const LoadedState state = ValueOrFail(store->LoadAll());
     CHECK(state.slots.size() == 1);
