@@ -38,21 +38,10 @@ LeaderElection::~LeaderElection() {
 }
 
 absl::Status LeaderElection::Campaign(const absl::Notification* stop) {
-  {
-    // Still leading: nothing to do. A lost leadership is cleaned up before a new campaign.
-    if (CheckLeadership().ok()) return absl::OkStatus();
-    std::unique_ptr<LeaseKeeper> old;
-    int64_t old_lease = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      old = std::move(keeper_);
-      old_lease = lease_id_;
-      leading_ = false;
-      lease_id_ = 0;
-    }
-    if (old != nullptr) old->Stop();
-    if (old_lease != 0) (void)client_->RevokeLease(old_lease);  // gone already, most likely
-  }
+  // Still leading: nothing to do. A lost leadership is cleaned up before a new campaign (its
+  // lease is gone already, most likely).
+  if (CheckLeadership().ok()) return absl::OkStatus();
+  (void)DropLease();
   while (true) {
     if (stop != nullptr && stop->HasBeenNotified()) {
       return absl::CancelledError("the campaign was stopped");
@@ -137,7 +126,9 @@ absl::Duration LeaderElection::granted_ttl() const {
   return keeper_ != nullptr ? keeper_->ttl() : absl::ZeroDuration();
 }
 
-absl::Status LeaderElection::Resign() {
+absl::Status LeaderElection::Resign() { return DropLease(); }
+
+absl::Status LeaderElection::DropLease() {
   std::unique_ptr<LeaseKeeper> keeper;
   int64_t lease = 0;
   {

@@ -81,6 +81,9 @@ class LeaderElection {
  private:
   LeaderElection(EtcdClient* client, LeaderElectionOptions options, const Clock* clock)
       : client_(client), options_(std::move(options)), clock_(clock) {}
+  // Stops renewing and revokes the lease, if any (an expired one counts as revoked); the
+  // leadership is given up.
+  absl::Status DropLease();
   // Waits until the key is absent (deleted after `revision`), `stop` or a bounded time passes.
   void WaitForVacancy(int64_t revision, const absl::Notification* stop);
 

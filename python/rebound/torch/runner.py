@@ -269,6 +269,7 @@ class _Worker:
         self.started = time.monotonic()
         self.samples = 0
         self.training_s = 0.0  # time in training loops (steps, logging, syncs), for the summary
+        self._iteration_began = None
         self.model = None
         self.optimizer = None
         self.params = None
@@ -294,6 +295,25 @@ class _Worker:
     def out_of_time(self):
         return (self.max_seconds is not None and
                 time.monotonic() - self.started >= self.max_seconds)
+
+    def _begin_iteration(self, reg):
+        """Counts the previous iteration's time (step, log, sync: the summary line's training
+        time) and says whether the loop must end: "stopped", "replaced", or None to go on."""
+        now = time.monotonic()
+        if self._iteration_began is not None:
+            self.training_s += now - self._iteration_began
+        self._iteration_began = now
+        if self.session.stop.is_set() or self.out_of_time():
+            self._iteration_began = None
+            return "stopped"
+        if self.session.current().incarnation != reg.incarnation:
+            return "replaced"
+        return None
+
+    def _end_iterations(self):
+        if self._iteration_began is not None:
+            self.training_s += time.monotonic() - self._iteration_began
+            self._iteration_began = None
 
     def set_params(self, values):
         with torch.no_grad():
@@ -380,23 +400,15 @@ class _Worker:
         _log("training slot (%d, %d) on %d samples for steps %d..%d, sync every %d" % (
             slot.replica, slot.stage, len(shard), start + 1, max_steps, tau))
         loss = float("nan")
-        iteration_began = None
         try:
             if replayed and start > 0 and (start % tau == 0 or start == max_steps):
                 # The lost trainer had done step `start`, but its sync was not applied.
                 cursor = batch_ids(shard, seed, slot.replica, start, batch_size)[1:]
                 self.sync(reg, start, float("nan"), cursor)
             for t in range(start + 1, max_steps + 1):
-                # The loop's own time (step, log, sync), for the summary line.
-                now = time.monotonic()
-                if iteration_began is not None:
-                    self.training_s += now - iteration_began
-                iteration_began = now
-                if self.session.stop.is_set() or self.out_of_time():
-                    iteration_began = None
-                    return "stopped"
-                if self.session.current().incarnation != reg.incarnation:
-                    return "replaced"
+                ended = self._begin_iteration(reg)
+                if ended is not None:
+                    return ended
                 ids, epoch, offset = batch_ids(shard, seed, slot.replica, t, batch_size)
                 torch_seed = step_seed(seed, slot.replica, t)
                 loss = self.step(job, slot.replica, t, ids, torch_seed)
@@ -426,8 +438,7 @@ class _Worker:
             _log("finished %d steps" % max_steps)
             return "finished"
         finally:
-            if iteration_began is not None:
-                self.training_s += time.monotonic() - iteration_began
+            self._end_iterations()
             if log is not None:
                 if not log.flush(self.options.rpc_deadline_s):
                     _log("the step log was not flushed at the end")
@@ -467,18 +478,11 @@ class _Worker:
              "step, pulling the center every %d" % (slot.replica, slot.stage, len(shard),
                                                     reg.start_step + 1, max_steps, tau))
         t = reg.start_step
-        iteration_began = None
         try:
             while t < max_steps:
-                now = time.monotonic()
-                if iteration_began is not None:
-                    self.training_s += now - iteration_began
-                iteration_began = now
-                if self.session.stop.is_set() or self.out_of_time():
-                    iteration_began = None
-                    return "stopped"
-                if self.session.current().incarnation != reg.incarnation:
-                    return "replaced"
+                ended = self._begin_iteration(reg)
+                if ended is not None:
+                    return ended
                 t += 1
                 ids = batch_ids(shard, seed, slot.replica, t, batch_size)[0]
                 torch.manual_seed(step_seed(seed, slot.replica, t))
@@ -516,8 +520,7 @@ class _Worker:
             _log("finished %d steps" % max_steps)
             return "finished"
         finally:
-            if iteration_began is not None:
-                self.training_s += time.monotonic() - iteration_began
+            self._end_iterations()
 
     # -- replay -----------------------------------------------------------------------------
 
