@@ -84,12 +84,27 @@ constexpr const char* kJobs[] = {
        easgd { sync_period: 2 }
        fault_tolerance { policy: RESTART_FROM_CENTER heartbeat_interval_ms: 100
                          failure_timeout_ms: 1000 })",
+    // 5: a model its workers declare (the Python client, RegisterRequest.model): the MLP of
+    // kModel is replaced below by model { declared_by_worker: true }.
+    R"(model { declared_by_worker: true }
+       topology { replicas: 2 stages: 1 spares: 1 }
+       easgd { sync_period: 2 }
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
 };
+// kModel without its `model { ... }` line, for a job that declares its own model.
+std::string WithoutMlp(const std::string& model) {
+  const size_t begin = model.find("  model {");
+  const size_t end = model.find('\n', begin);
+  return model.substr(0, begin) + model.substr(end + 1);
+}
 const std::vector<JobConfig>& Jobs() {
   static const std::vector<JobConfig>* jobs = [] {
     auto* parsed = new std::vector<JobConfig>;
     for (const char* job : kJobs) {
-      absl::StatusOr<JobConfig> config = ParseJobConfig(std::string(kModel) + job, "fuzz-job");
+      const std::string text = std::string(job).find("declared_by_worker") != std::string::npos
+                                   ? WithoutMlp(kModel) + job
+                                   : std::string(kModel) + job;
+      absl::StatusOr<JobConfig> config = ParseJobConfig(text, "fuzz-job");
       if (!config.ok()) std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
       FUZZ_CHECK(config.ok());
       parsed->push_back(*std::move(config));
@@ -359,6 +374,10 @@ class Server {
   }
 
   void CheckVersions() {
+    // A declared model's stage appears at its first declaration, at version 0.
+    if (versions_.size() < static_cast<size_t>(centers_->num_stages())) {
+      versions_.resize(centers_->num_stages(), 0);
+    }
     for (int s = 0; s < centers_->num_stages(); ++s) {
       const int64_t now = centers_->version(s);
       FUZZ_CHECK(now >= versions_[s]);
