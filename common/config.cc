@@ -1,11 +1,14 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -540,6 +543,55 @@ void CheckAdmissionBounds(const ServerConfig& config, Checker& c) {
   }
 }
 
+// A replicated group's member (DESIGN.md §10.1): the group's block, and what the rest of the
+// config must give it (a fixed worker port: the leader is reached there; a data directory: a
+// standby's copy lives there).
+void CheckReplication(const ServerConfig& config, Checker& c) {
+  const ReplicationConfig& r = config.replication();
+  auto valid_name = [](const std::string& name) {
+    return !name.empty() && name.size() <= 64 &&
+           std::all_of(name.begin(), name.end(), [](char ch) {
+             return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                    ch == '.' || ch == '-';
+           });
+  };
+  if (r.etcd_endpoints_size() == 0) {
+    c.Fail("replication.etcd_endpoints", "must name at least one etcd member (host:port)");
+  }
+  for (int i = 0; i < r.etcd_endpoints_size(); ++i) {
+    const std::string field = absl::StrCat("replication.etcd_endpoints");
+    c.HostPort(field, r.etcd_endpoints(i));
+    if (absl::EndsWith(r.etcd_endpoints(i), ":0")) {
+      c.Fail(field, absl::StrCat("needs a port other than 0, got \"", r.etcd_endpoints(i), "\""));
+    }
+  }
+  c.InRange("replication.standbys", r.standbys(), 0, 16);
+  if (r.leader_lease_ms() < 1000 || r.leader_lease_ms() > 60000 || r.leader_lease_ms() % 1000 != 0) {
+    c.Fail("replication.leader_lease_ms",
+           absl::StrCat("must be a multiple of 1000 (etcd leases are whole seconds) in [1000, "
+                        "60000], got ",
+                        r.leader_lease_ms()));
+  }
+  if (!valid_name(r.group())) {
+    c.Fail("replication.group", absl::StrCat("must be [A-Za-z0-9_.-]{1,64}, got \"", r.group(), "\""));
+  }
+  if (!r.name().empty() && !valid_name(r.name())) {
+    c.Fail("replication.name", absl::StrCat("must be [A-Za-z0-9_.-]{1,64}, got \"", r.name(), "\""));
+  }
+  c.HostPort("replication.peer_listen_address", r.peer_listen_address());
+  if (r.max_buffered_bytes() < (int64_t{1} << 20) || r.max_buffered_bytes() > (int64_t{16} << 30)) {
+    c.Fail("replication.max_buffered_bytes",
+           absl::StrCat("must be in [1048576, 17179869184], got ", r.max_buffered_bytes()));
+  }
+  if (absl::EndsWith(config.listen_address(), ":0")) {
+    c.Fail("listen_address",
+           "needs a fixed port in a replicated group (workers reach the leader there), got port 0");
+  }
+  if (!config.has_durability() || config.durability().data_dir().empty()) {
+    c.Fail("replication", "needs durability.data_dir (a standby keeps its copy there)");
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, const std::string& what) {
@@ -704,6 +756,7 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
   }
   checker.AtLeast("max_wait_ms", config.max_wait_ms(), 100);
   CheckAdmissionBounds(config, checker);
+  if (config.has_replication()) CheckReplication(config, checker);
   absl::Status valid = ErrorsToStatus(checker.errors());
   if (!valid.ok()) return valid;
 

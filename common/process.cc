@@ -54,6 +54,8 @@ void InstallTerminationHandlers() {
   sigaction(SIGINT, &action, nullptr);
 }
 
+void NotifyMainThread(int code) { OnTerminationSignal(code); }
+
 void BlockTerminationSignals() {
   sigset_t set;
   sigemptyset(&set);

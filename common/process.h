@@ -17,6 +17,11 @@ void InstallTerminationHandlers();
 // Waits until SIGTERM or SIGINT arrives and returns its number. REQUIRES: the handlers above.
 int WaitForTerminationSignal();
 
+// Wakes WaitForTerminationSignal() with `code` from any thread, as if a signal had arrived:
+// how a daemon's own threads ask the main thread to stop or change course. Use codes above 64
+// (no signal number) to tell them from signals. REQUIRES: InstallTerminationHandlers().
+void NotifyMainThread(int code);
+
 // Blocks SIGTERM and SIGINT in the calling thread, for programs that receive them with
 // sigtimedwait() and start every thread themselves (the launcher). Call first in main.
 void BlockTerminationSignals();

@@ -277,6 +277,37 @@ absl::StatusOr<CompareAndPutResult> EtcdClient::CompareAndPut(const std::string&
   return result;
 }
 
+absl::StatusOr<CompareAndPutResult> EtcdClient::PutIfCreatedAt(const std::string& guard_key,
+                                                               int64_t guard_create_revision,
+                                                               const std::string& key,
+                                                               const std::string& value) {
+  if (absl::Status s = CheckKey(guard_key); !s.ok()) return s;
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  if (guard_create_revision <= 0) {
+    return absl::InvalidArgumentError("etcd PutIfCreatedAt: guard revision must be > 0");
+  }
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare* compare = request.add_compare();
+  compare->set_key(guard_key);
+  compare->set_target(etcdserverpb::Compare::CREATE);
+  compare->set_result(etcdserverpb::Compare::EQUAL);
+  compare->set_create_revision(guard_create_revision);
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  etcdserverpb::TxnResponse response;
+  absl::Status status =
+      shared_->Call(absl::StrCat("PutIfCreatedAt ", key), [&](grpc::ClientContext* context, int i) {
+        response.Clear();
+        return shared_->kv(i)->Txn(context, request, &response);
+      });
+  if (!status.ok()) return status;
+  CompareAndPutResult result;
+  result.succeeded = response.succeeded();
+  result.revision = response.header().revision();
+  return result;
+}
+
 absl::StatusOr<EtcdLease> EtcdClient::GrantLease(absl::Duration ttl) {
   if (ttl <= absl::ZeroDuration()) return absl::InvalidArgumentError("etcd: non-positive TTL");
   etcdserverpb::LeaseGrantRequest request;

@@ -265,6 +265,15 @@ class EtcdClient {
                                                     const std::string& value,
                                                     int64_t lease_id = 0);
 
+  // One Txn: if `guard_key` exists with create_revision `guard_create_revision` (e.g. a leader
+  // key created at the leader's epoch), put `key` = `value` (no lease). Retrying an applied
+  // attempt writes the same value again and succeeds again: a guarded write is idempotent
+  // while the guard holds. INVALID_ARGUMENT for an empty key or a guard revision <= 0.
+  absl::StatusOr<CompareAndPutResult> PutIfCreatedAt(const std::string& guard_key,
+                                                     int64_t guard_create_revision,
+                                                     const std::string& key,
+                                                     const std::string& value);
+
   // A new lease of `ttl` (rounded up to whole seconds, at least 1 s); etcd may grant more.
   absl::StatusOr<EtcdLease> GrantLease(absl::Duration ttl);
   // Revokes the lease, deleting every key bound to it. FAILED_PRECONDITION when it does not

@@ -38,37 +38,51 @@ LeaderElection::~LeaderElection() {
 }
 
 absl::Status LeaderElection::Campaign(const absl::Notification* stop) {
-  // Still leading: nothing to do. A lost leadership is cleaned up before a new campaign (its
-  // lease is gone already, most likely).
-  if (CheckLeadership().ok()) return absl::OkStatus();
-  (void)DropLease();
   while (true) {
     if (stop != nullptr && stop->HasBeenNotified()) {
       return absl::CancelledError("the campaign was stopped");
     }
-    ASSIGN_OR_RETURN(const EtcdLease lease, client_->GrantLease(options_.lease_ttl));
-    absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper = client_->KeepAlive(lease);
-    if (!keeper.ok()) {
-      (void)client_->RevokeLease(lease.id);
-      return keeper.status();
-    }
-    absl::StatusOr<PutIfAbsentResult> put =
-        client_->PutIfAbsent(options_.key, options_.value, lease.id);
-    if (put.ok() && put->succeeded) {
-      absl::MutexLock lock(&mu_);
-      keeper_ = *std::move(keeper);
-      lease_id_ = lease.id;
-      epoch_ = put->revision;
-      leading_ = true;
-      fenced_ = false;
-      return absl::OkStatus();
-    }
-    // Someone else leads (or etcd failed): hold no lease while waiting.
-    (*keeper)->Stop();
-    (void)client_->RevokeLease(lease.id);
-    if (!put.ok()) return put.status();
-    WaitForVacancy(put->revision, stop);
+    ASSIGN_OR_RETURN(const std::optional<LeaderInfo> holder, TryCampaign());
+    if (!holder.has_value()) return absl::OkStatus();
+    WaitForVacancy(holder->read_revision, stop);
   }
+}
+
+absl::StatusOr<std::optional<LeaderInfo>> LeaderElection::TryCampaign() {
+  // Still leading: nothing to do. A lost leadership is cleaned up before a new attempt (its
+  // lease is gone already, most likely).
+  if (CheckLeadership().ok()) return std::optional<LeaderInfo>();
+  (void)DropLease();
+  ASSIGN_OR_RETURN(const EtcdLease lease, client_->GrantLease(options_.lease_ttl));
+  absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper = client_->KeepAlive(lease);
+  if (!keeper.ok()) {
+    (void)client_->RevokeLease(lease.id);
+    return keeper.status();
+  }
+  absl::StatusOr<PutIfAbsentResult> put =
+      client_->PutIfAbsent(options_.key, options_.value, lease.id);
+  if (put.ok() && put->succeeded) {
+    absl::MutexLock lock(&mu_);
+    keeper_ = *std::move(keeper);
+    lease_id_ = lease.id;
+    epoch_ = put->revision;
+    leading_ = true;
+    fenced_ = false;
+    return std::optional<LeaderInfo>();
+  }
+  // Someone else leads (or etcd failed): hold no lease while waiting.
+  (*keeper)->Stop();
+  (void)client_->RevokeLease(lease.id);
+  if (!put.ok()) return put.status();
+  LeaderInfo holder;
+  // The key may have gone between the Txn's compare and now: then the holder is unknown, and
+  // waiting from the Txn's revision notices the deletion.
+  holder.read_revision = put->revision;
+  if (put->existing.has_value()) {
+    holder.address = put->existing->value;
+    holder.epoch = put->existing->create_revision;
+  }
+  return std::optional<LeaderInfo>(holder);
 }
 
 void LeaderElection::WaitForVacancy(int64_t revision, const absl::Notification* stop) {

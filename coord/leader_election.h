@@ -49,6 +49,7 @@ struct LeaderElectionOptions {
 struct LeaderInfo {
   std::string address;  // the leader key's value
   int64_t epoch = 0;    // its create revision
+  int64_t read_revision = 0;  // the store revision it was read at (TryCampaign), to watch from
 };
 
 class LeaderElection {
@@ -63,6 +64,13 @@ class LeaderElection {
   // Blocks until this candidate leads (OK) or `stop` is notified (CANCELLED). A campaign after
   // a lost leadership starts a new lease and wins a new, higher epoch.
   absl::Status Campaign(const absl::Notification* stop);
+
+  // One attempt, without waiting: OK with nullopt when this candidate now leads (epoch()), or
+  // with the current holder when another does (the key held at the attempt; its value and
+  // epoch). Errors as Campaign's, without CANCELLED. A caller that must check a condition of
+  // its own right before each attempt (a standby in the in-sync set, DESIGN.md §10.1) loops on
+  // this instead of calling Campaign.
+  absl::StatusOr<std::optional<LeaderInfo>> TryCampaign();
 
   // OK iff this candidate won and its lease was renewed within the last TTL/2 (see above).
   absl::Status CheckLeadership() const;

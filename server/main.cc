@@ -10,11 +10,16 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -29,6 +34,10 @@
 #include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
 #include "server/center_table.h"
+#include "server/group/peer_service.h"
+#include "server/group/replication_leader.h"
+#include "server/group/server_group.h"
+#include "server/group/standby.h"
 #include "server/failure_detector.h"
 #include "server/membership.h"
 #include "server/parse_status.h"
@@ -41,6 +50,11 @@ DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
 DEFINE_string(port_file, "", "write the bound port to this file once serving");
 DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_dir");
+DEFINE_string(name, "", "this server's name in its replicated group; overrides replication.name");
+DEFINE_string(peer_listen, "",
+              "host:port for the group's peers (ServerPeer); overrides "
+              "replication.peer_listen_address (port 0 = any)");
+DEFINE_string(peer_port_file, "", "write the bound peer port to this file (replicated groups)");
 DEFINE_bool(accept_wal_loss, false,
             "start even if RocksDB's write-ahead log is damaged, dropping every write after the "
             "damage (acknowledged ones included) and logging what was dropped; for the operator, "
@@ -48,6 +62,196 @@ DEFINE_bool(accept_wal_loss, false,
 
 namespace rebound::server {
 namespace {
+
+// Run's return value that makes main() execute this binary again with the same arguments: a
+// leader that lost its leadership comes back as a standby, with nothing of its old life.
+constexpr int kRunAgain = -1;
+// NotifyMainThread codes of a replicated group's member (above any signal number).
+constexpr int kPromoted = 200;  // this server won the election
+constexpr int kFenced = 201;    // this leader lost its leadership
+constexpr int kUnhealthy = 202;  // this leader's state or store is unhealthy
+
+// The replicated side of a server (DESIGN.md §10.1), when the config has `replication`.
+struct GroupMember {
+  std::unique_ptr<PeerService> peer_service;
+  std::unique_ptr<grpc::Server> peer_server;
+  std::unique_ptr<ServerGroup> group;
+  std::atomic<ServerGroup*> group_for_status{nullptr};  // the peers' GetGroup reads it
+  std::unique_ptr<ReplicationLeader> leader;
+
+  // In order: the peers' calls, then the leader's waits.
+  void Shutdown() {
+    if (leader != nullptr) leader->Stop();
+    if (peer_server != nullptr) {
+      peer_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      peer_server->Wait();
+    }
+  }
+};
+
+// Lets keepalive pings of clients that follow a group's leader through (common/server_addresses.h:
+// every second), and gives the listener the same bounds as the worker-facing one.
+void AllowClientKeepalive(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+std::string HostOf(const std::string& host_port) {
+  return host_port.substr(0, host_port.rfind(':'));
+}
+std::string PortOf(const std::string& host_port) {
+  return host_port.substr(host_port.rfind(':') + 1);
+}
+
+// The host others reach this server at: replication.advertise_host, else the listen host, else
+// (a wildcard listen host) the machine's name.
+std::string AdvertisedHost(const ServerConfig& config) {
+  if (!config.replication().advertise_host().empty()) return config.replication().advertise_host();
+  const std::string host = HostOf(config.listen_address());
+  if (host != "0.0.0.0" && host != "[::]" && host != "::" && !host.empty()) return host;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// A replicated group's member until it leads: serves ServerPeer on its peer port, follows the
+// leader as a standby, campaigns when it may (server/group/server_group.h). Returns the store,
+// capturing for the new leadership, once this server leads; otherwise sets `*exit_code` (0 after
+// a signal) and returns null.
+std::unique_ptr<storage::DurableStore> LeadGroup(
+    const ServerConfig& config, const storage::DurableStoreOptions& store_options,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials, GroupMember* member,
+    int* exit_code) {
+  const ReplicationConfig& replication = config.replication();
+  *exit_code = 1;
+  const std::string host = AdvertisedHost(config);
+  MemberAddress self;
+  self.name = !FLAGS_name.empty() ? FLAGS_name
+              : !replication.name().empty()
+                  ? replication.name()
+                  : absl::StrCat(host, "-", PortOf(config.listen_address()));
+  self.serve_address = absl::StrCat(host, ":", PortOf(config.listen_address()));
+  const std::string peer_listen =
+      FLAGS_peer_listen.empty() ? replication.peer_listen_address() : FLAGS_peer_listen;
+
+  // The group's status as this member sees it; the leader adds its standbys (PeerService).
+  ServerGroup* group = nullptr;
+  std::string name = self.name;
+  member->peer_service = std::make_unique<PeerService>([member, name](GroupStatus* status) {
+    if (ServerGroup* group = member->group_for_status.load(); group != nullptr) {
+      group->FillStatus(status);
+    } else {
+      status->set_name(name);
+    }
+  });
+  grpc::ServerBuilder builder;
+  int peer_port = 0;
+  builder.AddListeningPort(peer_listen, credentials, &peer_port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(config.max_message_bytes());
+  builder.SetMaxSendMessageSize(config.max_message_bytes());
+  AllowClientKeepalive(&builder);
+  builder.RegisterService(member->peer_service.get());
+  member->peer_server = builder.BuildAndStart();
+  if (member->peer_server == nullptr || peer_port == 0) {
+    LOG(ERROR) << "cannot listen for the group's peers on " << peer_listen << ": "
+               << WhyCannotListen(peer_listen);
+    return nullptr;
+  }
+  member->peer_server->GetHealthCheckService()->SetServingStatus(false);
+  self.peer_address = absl::StrCat(host, ":", peer_port);
+  if (!FLAGS_peer_port_file.empty()) {
+    if (absl::Status written = WriteFileAtomically(FLAGS_peer_port_file, absl::StrCat(peer_port, "\n"));
+        !written.ok()) {
+      LOG(ERROR) << written;
+      return nullptr;
+    }
+  }
+
+  StandbyOptions standby_options;
+  standby_options.name = self.name;
+  standby_options.peer_address = self.peer_address;
+  standby_options.store_options = store_options;
+  standby_options.security = config.security();
+  standby_options.max_message_bytes = config.max_message_bytes();
+  auto standby = Standby::Open(standby_options);
+  if (!standby.ok()) {
+    LOG(ERROR) << "cannot open the data directory: " << standby.status();
+    return nullptr;
+  }
+  ServerGroupOptions group_options;
+  group_options.job_id = config.job().job_id();
+  group_options.group = replication.group();
+  group_options.self = self;
+  group_options.etcd_endpoints.assign(replication.etcd_endpoints().begin(),
+                                      replication.etcd_endpoints().end());
+  group_options.lease = absl::Milliseconds(replication.leader_lease_ms());
+  group_options.standbys = replication.standbys();
+  auto created = ServerGroup::Create(group_options);
+  if (!created.ok()) {
+    LOG(ERROR) << "cannot join the server group: " << created.status();
+    return nullptr;
+  }
+  member->group = *std::move(created);
+  group = member->group.get();
+  member->group_for_status.store(group);
+  LOG(INFO) << kServerVersion << " member '" << self.name << "' of group '" << replication.group()
+            << "' (peers at " << self.peer_address << ", workers at " << self.serve_address
+            << " while leading), etcd " << absl::StrJoin(replication.etcd_endpoints(), ",");
+
+  absl::Notification stop;
+  std::thread runner([&] {
+    if (group->RunUntilLeader(standby->get(), &stop).ok()) NotifyMainThread(kPromoted);
+  });
+  const int notice = WaitForTerminationSignal();
+  if (notice != kPromoted) {
+    LOG(INFO) << "signal " << notice << ": shutting down";
+    stop.Notify();
+    (*standby)->Cancel();
+    runner.join();
+    member->Shutdown();
+    *exit_code = 0;
+    return nullptr;
+  }
+  runner.join();
+  std::unique_ptr<storage::DurableStore> store = (*standby)->TakeStore();
+  const uint64_t epoch = static_cast<uint64_t>(group->epoch());
+  ReplicationLeaderOptions leader_options;
+  leader_options.name = self.name;
+  leader_options.epoch = epoch;
+  leader_options.sync = replication.sync();
+  leader_options.max_buffered_bytes = replication.max_buffered_bytes();
+  leader_options.standby_timeout =
+      absl::Milliseconds(config.job().fault_tolerance().failure_timeout_ms());
+  leader_options.max_wait = absl::Milliseconds(config.max_wait_ms());
+  leader_options.record_in_sync = [group](const std::vector<std::string>& names) {
+    return group->RecordInSync(names);
+  };
+  leader_options.check_leadership = [group] { return group->CheckLeadership(); };
+  leader_options.store = store.get();
+  leader_options.checkpoint_dir = store_options.data_dir + "/replication-checkpoints";
+  member->leader = std::make_unique<ReplicationLeader>(leader_options, store->LastApplied());
+  ReplicationLeader* leader = member->leader.get();
+  absl::Status capturing = store->StartCapturing(
+      [leader](ReplicatedCommit commit) { leader->Append(std::move(commit)); },
+      [leader](const storage::DurableStore::Position& position) {
+        return leader->WaitReplicated(position);
+      },
+      epoch);
+  if (capturing.ok()) capturing = leader->Start();
+  if (!capturing.ok()) {
+    LOG(ERROR) << "cannot take up the leadership of epoch " << epoch << ": " << capturing;
+    (void)group->Resign();
+    member->Shutdown();
+    *exit_code = kRunAgain;
+    return nullptr;
+  }
+  member->peer_service->SetLeader(leader);
+  member->peer_server->GetHealthCheckService()->SetServingStatus(true);
+  LOG(INFO) << "leading group '" << replication.group() << "' in epoch " << epoch
+            << " from sequence " << store->LastApplied().sequence;
+  return store;
+}
 
 // How often the failure detector returns tcmalloc's free pages above kKeepFreeHeapBytes to the
 // system (common/process.h): a few syncs' buffers stay for reuse, a burst's do not.
@@ -134,7 +338,26 @@ int Run() {
   storage::DurableStoreOptions store_options =
       storage::DurableStoreOptions::FromConfig(config.durability(), job.step_log());
   store_options.accept_wal_loss = FLAGS_accept_wal_loss;
-  auto store = storage::DurableStore::Open(store_options);
+  auto credentials = MakeServerCredentials(config.security());
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status();
+    return 2;
+  }
+  // A replicated group's member is a standby until it wins the leadership (or a signal ends it);
+  // a single server opens its store at once.
+  const bool replicated = config.has_replication();
+  GroupMember member;
+  absl::StatusOr<std::unique_ptr<storage::DurableStore>> store;
+  if (replicated) {
+    grpc::EnableDefaultHealthCheckService(true);
+    int exit_code = 1;
+    std::unique_ptr<storage::DurableStore> led =
+        LeadGroup(config, store_options, *credentials, &member, &exit_code);
+    if (led == nullptr) return exit_code;
+    store = std::move(led);
+  } else {
+    store = storage::DurableStore::Open(store_options);
+  }
   if (!store.ok()) {
     LOG(ERROR) << "cannot open the data directory: " << store.status();
     return 1;
@@ -158,11 +381,6 @@ int Run() {
     LOG(ERROR) << token.status();
     return 2;
   }
-  auto credentials = MakeServerCredentials(config.security());
-  if (!credentials.ok()) {
-    LOG(ERROR) << credentials.status();
-    return 2;
-  }
   std::string operator_token;
   if (!config.security().operator_token_file().empty()) {
     auto read = ReadBearerToken(config.security().operator_token_file());
@@ -183,6 +401,7 @@ int Run() {
   // gRPC sets SO_REUSEPORT by default, and a second server on this port would then share it
   // with the first (clients alternating between two servers that both hand out slot 0).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  AllowClientKeepalive(&builder);
   // gRPC's buffers of received requests and its threads are bounded (server/call_gate.h); the
   // service bounds the parked long polls and the bytes of requests it handles.
   grpc::ResourceQuota quota("rebound_server");
@@ -245,6 +464,14 @@ int Run() {
     service.SetMetricsAddress(metrics_http->address());
     LOG(INFO) << "metrics at http://" << metrics_http->address() << "/metrics";
   }
+  if (replicated) {
+    ServerGroup* group = member.group.get();
+    ReplicationLeader* leader = member.leader.get();
+    service.SetGroupStatus([group, leader](GroupStatus* status) {
+      group->FillStatus(status);
+      leader->FillStatus(status);
+    });
+  }
   service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);
   LOG(INFO) << "admission bounds: " << service.admission().parked_calls
@@ -278,8 +505,10 @@ int Run() {
   };
   // The in-memory state is ahead of the durable one, or the store refuses writes: stop serving
   // so the supervisor (or the operator) restarts the server, which reloads what was acknowledged.
-  hooks.on_unhealthy = [&server](const absl::Status&) {
+  hooks.on_unhealthy = [&server, replicated](const absl::Status&) {
     server->GetHealthCheckService()->SetServingStatus(false);
+    // A group's leader hands over to an in-sync standby instead of waiting for an operator.
+    if (replicated) NotifyMainThread(kUnhealthy);
   };
   hooks.after_pass = [&] {
     // tcmalloc keeps what a burst of large requests freed until later frees; give it back.
@@ -293,15 +522,49 @@ int Run() {
   absl::Notification stop;
   std::thread detector_thread([&] { detector.Run(&stop); });
 
+  // A group's leader watches its leadership: once it cannot renew its lease within TTL/2 it
+  // stops acknowledging (ReplicationLeader::WaitReplicated) and comes back as a standby.
+  std::thread fence_thread;
+  if (replicated) {
+    fence_thread = std::thread([&] {
+      while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+        if (!member.group->CheckLeadership().ok()) {
+          NotifyMainThread(kFenced);
+          return;
+        }
+      }
+    });
+  }
+
   const int signal_number = WaitForTerminationSignal();
-  LOG(INFO) << "signal " << signal_number << ": shutting down";
+  bool run_again = false;
+  if (signal_number == kFenced) {
+    LOG(WARNING) << member.group->CheckLeadership().message()
+                 << ": no longer acknowledging; starting again as a standby";
+    run_again = true;
+  } else if (signal_number == kUnhealthy) {
+    LOG(ERROR) << "unhealthy: handing the leadership over; starting again as a standby";
+    run_again = true;
+  } else {
+    LOG(INFO) << "signal " << signal_number << ": shutting down";
+  }
   server->GetHealthCheckService()->SetServingStatus(false);
+  // No call is answered from here on: the barrier fails every waiting commit.
+  if (member.leader != nullptr) member.leader->Stop();
   stop.Notify();
   detector_thread.join();
+  if (fence_thread.joinable()) fence_thread.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
+  if (replicated) {
+    // A standby takes over at once instead of after the lease.
+    if (absl::Status resigned = member.group->Resign(); !resigned.ok()) {
+      LOG(WARNING) << "resigning: " << resigned;
+    }
+    member.Shutdown();
+  }
   LOG(INFO) << "stopped";
-  return 0;
+  return run_again ? kRunAgain : 0;
 }
 
 }  // namespace
@@ -312,7 +575,17 @@ int main(int argc, char** argv) {
   // Every sync allocates and frees buffers of the center's size.
   rebound::TuneAllocatorForLargeBuffers();
   gflags::SetUsageMessage("rebound_server --config FILE [--listen HOST:PORT] [--port_file PATH]");
+  // Kept for running again (a deposed leader): gflags removes the flags it parses from argv.
+  std::vector<std::string> arguments(argv, argv + argc);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);
-  return rebound::server::Run();
+  const int code = rebound::server::Run();
+  if (code != rebound::server::kRunAgain) return code;
+  std::vector<char*> again;
+  for (std::string& argument : arguments) again.push_back(argument.data());
+  again.push_back(nullptr);
+  LOG(INFO) << "running again as a standby";
+  execv("/proc/self/exe", again.data());
+  PLOG(ERROR) << "execv /proc/self/exe";
+  return 1;
 }

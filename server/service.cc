@@ -716,6 +716,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     absl::MutexLock lock(&metrics_mu_);
     if (!metrics_address_.empty()) response->set_metrics_address(metrics_address_);
   }
+  if (group_status_) group_status_(response->mutable_group());
   return grpc::Status::OK;
 }
 

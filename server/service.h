@@ -38,6 +38,7 @@
 
 #include <atomic>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -90,6 +91,10 @@ class ParameterServerService final : public ParameterServer::Service {
     absl::MutexLock lock(&metrics_mu_);
     metrics_address_ = address;
   }
+
+  // A replicated group's member (server/group): fills GetStatusResponse.group. Set before
+  // MarkReady; unset for a single server.
+  void SetGroupStatus(std::function<void(GroupStatus*)> fill) { group_status_ = std::move(fill); }
 
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true); }
@@ -200,6 +205,7 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Time last_eval_time_ ABSL_GUARDED_BY(eval_mu_);
   mutable absl::Mutex metrics_mu_;
   std::string metrics_address_ ABSL_GUARDED_BY(metrics_mu_);
+  std::function<void(GroupStatus*)> group_status_;  // set before MarkReady, then read-only
 };
 
 // The version string reported in GetStatus.

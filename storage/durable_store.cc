@@ -584,6 +584,11 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
   RETURN_IF_ERROR(store->OpenDb());
   RETURN_IF_ERROR(store->OpenTensorFiles());
   RETURN_IF_ERROR(store->OpenReplication());
+  if (options.replication_sink) {
+    absl::MutexLock lock(&store->replication_mu_);
+    store->sink_ = options.replication_sink;
+    store->capturing_.store(true, std::memory_order_release);
+  }
   return store;
 }
 
@@ -818,21 +823,48 @@ absl::Status DurableStore::OpenTensorFiles() {
 absl::Status DurableStore::Commit(const WriteBatch& batch, Position* numbered) {
   RETURN_IF_ERROR(batch.status());
   if (batch.operations_.empty()) return absl::OkStatus();
-  if (!options_.replication_sink) return WriteOperations(batch.operations_, nullptr);
+  if (!capturing_.load(std::memory_order_acquire)) {
+    return WriteOperations(batch.operations_, nullptr);
+  }
   // Copied before taking the lock: the lock covers only numbering, writing and the hand-off.
   ReplicatedCommit commit;
   AppendReplicated(batch.operations_, &commit);
+  Position committed;
+  {
+    absl::MutexLock lock(&replication_mu_);
+    ReplicationRecord position;
+    position.set_epoch(epoch_);
+    position.set_sequence(last_.sequence + 1);
+    RETURN_IF_ERROR(WriteOperations(batch.operations_, &position));
+    commit.set_epoch(position.epoch());
+    commit.set_sequence(position.sequence());
+    commit.set_previous_epoch(last_.epoch);
+    last_ = Position{position.epoch(), position.sequence()};
+    committed = last_;
+    if (numbered != nullptr) *numbered = last_;
+    sink_(std::move(commit));
+  }
+  // Concurrent commits wait here together: the barrier of one does not hold up the next's write.
+  if (barrier_) return barrier_(committed);
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::StartCapturing(std::function<void(ReplicatedCommit)> sink,
+                                          std::function<absl::Status(const Position&)> barrier,
+                                          uint64_t epoch) {
   absl::MutexLock lock(&replication_mu_);
-  ReplicationRecord position;
-  position.set_epoch(epoch_);
-  position.set_sequence(last_.sequence + 1);
-  RETURN_IF_ERROR(WriteOperations(batch.operations_, &position));
-  commit.set_epoch(position.epoch());
-  commit.set_sequence(position.sequence());
-  commit.set_previous_epoch(last_.epoch);
-  last_ = Position{position.epoch(), position.sequence()};
-  if (numbered != nullptr) *numbered = last_;
-  options_.replication_sink(std::move(commit));
+  if (capturing_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError("StartCapturing: the store captures its commits already");
+  }
+  if (epoch < epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "StartCapturing(epoch ", epoch, "): the store's epoch is already ", epoch_,
+        "; an epoch never shrinks"));
+  }
+  epoch_ = epoch;
+  sink_ = std::move(sink);
+  barrier_ = std::move(barrier);
+  capturing_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -852,7 +884,7 @@ absl::Status DurableStore::SetEpoch(uint64_t epoch) {
 }
 
 absl::Status DurableStore::ApplyReplicated(const ReplicatedCommit& commit) {
-  if (options_.replication_sink) {
+  if (capturing_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
         "ApplyReplicated on a store that captures its own commits (a leader)");
   }

@@ -90,6 +90,7 @@
 // Reads see a consistent point in time per call. A WriteBatch is a plain value: one thread at a
 // time.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -308,6 +309,18 @@ class DurableStore {
   // persists it.
   absl::Status SetEpoch(uint64_t epoch);
 
+  // Turns a standby's store into a leader's (a won election, DESIGN.md §10.1): from now on
+  // every non-empty Commit is numbered in `epoch` and handed to `sink` as with
+  // DurableStoreOptions::replication_sink; then, outside the store's locks, Commit calls
+  // `barrier` with the commit's position and returns its status instead of OK (a leader waits
+  // there until its in-sync standbys have the commit; an error means it must not be
+  // acknowledged, though it is written here). `barrier` may be empty. FAILED_PRECONDITION if
+  // the store captures already, or for an epoch smaller than the store's.
+  // REQUIRES: no Commit or ApplyReplicated in flight (the store is between roles).
+  absl::Status StartCapturing(std::function<void(ReplicatedCommit)> sink,
+                              std::function<absl::Status(const Position&)> barrier,
+                              uint64_t epoch);
+
   // Redoes a leader's commit on this standby as one atomic RocksDB write (tensor files first,
   // as Commit), together with the `meta` "replication" record (commit.epoch, commit.sequence).
   // With `last` = LastApplied():
@@ -427,6 +440,12 @@ class DurableStore {
   // Replication: held by a capturing Commit from numbering to the sink's return, and by
   // ApplyReplicated from its checks to its write. Taken before files_mu_.
   mutable absl::Mutex replication_mu_ ABSL_ACQUIRED_BEFORE(files_mu_);
+  // Set at Open from options_.replication_sink, or by StartCapturing; read without the lock by
+  // Commit to skip it on a store that does not capture.
+  std::atomic<bool> capturing_{false};
+  std::function<void(ReplicatedCommit)> sink_ ABSL_GUARDED_BY(replication_mu_);
+  // Set only by StartCapturing (before any Commit of the new role), then read-only.
+  std::function<absl::Status(const Position&)> barrier_;
   uint64_t epoch_ ABSL_GUARDED_BY(replication_mu_) = 0;  // the epoch new commits get
   Position last_ ABSL_GUARDED_BY(replication_mu_);        // the last numbered / applied commit
   // Shared by readers from their RocksDB read to the end of their tensor-file reads; exclusive

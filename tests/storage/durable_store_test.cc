@@ -1518,6 +1518,62 @@ TEST_CASE("a promoted standby continues the numbering in its new epoch; its stan
   CHECK(c->ApplyReplicated(stale[0]).code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("StartCapturing turns an open standby into a leader; Commit returns its barrier's answer") {
+  const std::string dir = TempDir("repl-start-capturing");
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  {
+    CommitLog feed;
+    std::unique_ptr<DurableStore> leader = OpenCapturing("", &feed);
+    REQUIRE_OK(leader->SetEpoch(3));
+    WriteBatch batch;
+    batch.PutLogRecord(Log(0, 0, 1, -1));
+    REQUIRE_OK(leader->Commit(batch));
+    for (const ReplicatedCommit& commit : feed.Take()) REQUIRE_OK(store->ApplyReplicated(commit));
+  }
+  REQUIRE(store->LastApplied() == DurableStore::Position{3, 1});
+  CommitLog log;
+  std::vector<DurableStore::Position> barriers;
+  absl::Status answer = absl::OkStatus();
+  CHECK(store->StartCapturing(log.Sink(), nullptr, 2).code() ==
+        absl::StatusCode::kFailedPrecondition);  // an older epoch
+  REQUIRE_OK(store->StartCapturing(
+      log.Sink(),
+      [&](const DurableStore::Position& position) {
+        barriers.push_back(position);
+        return answer;
+      },
+      8));
+  CHECK(store->StartCapturing(log.Sink(), nullptr, 9).code() ==
+        absl::StatusCode::kFailedPrecondition);  // captures already
+  WriteBatch batch;
+  batch.PutLogRecord(Log(0, 0, 2, -1));
+  DurableStore::Position numbered;
+  REQUIRE_OK(store->Commit(batch, &numbered));
+  CHECK(numbered == DurableStore::Position{8, 2});
+  REQUIRE(barriers.size() == 1);
+  CHECK(barriers[0] == numbered);
+  // A barrier's error is Commit's; the batch is written all the same (the leader must not
+  // acknowledge it, not forget it).
+  answer = absl::UnavailableError("not the leader any more");
+  batch.Clear();
+  batch.PutLogRecord(Log(0, 0, 3, -1));
+  const absl::Status refused = store->Commit(batch);
+  CHECK(refused.code() == absl::StatusCode::kUnavailable);
+  CHECK(refused.message() == "not the leader any more");
+  REQUIRE(barriers.size() == 2);
+  CHECK(barriers[1] == DurableStore::Position{8, 3});
+  const std::vector<ReplicatedCommit> shipped = log.Take();
+  REQUIRE(shipped.size() == 2);
+  CHECK(shipped[0].previous_epoch() == 3);
+  CHECK(shipped[1].sequence() == 3);
+  CHECK(ValueOrFail(store->ReadLog(Slot(0, 0), 0, 10)).size() == 3);
+  // An empty batch neither numbers nor waits.
+  REQUIRE_OK(store->Commit(WriteBatch()));
+  CHECK(barriers.size() == 2);
+  // A leader's store refuses replicated commits.
+  CHECK(store->ApplyReplicated(shipped[0]).code() == absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("the numbering continues after reopening a capturing store") {
   const std::string dir = TempDir("repl-reopen");
   CommitLog log;

@@ -1,0 +1,162 @@
+#pragma once
+
+// ReplicationLeader: the leader's half of a replicated server group (DESIGN.md §10.1,
+// docs/coordination.md "Replication").
+//
+// The leader's DurableStore hands every commit to Append (its replication sink) in commit order;
+// the ServerPeer.Replicate stream of each standby (Replicate below) sends them on, in order, and
+// takes the standby's acknowledgements (the commit is durable there). Commit then waits in
+// WaitReplicated (the store's barrier) until every standby of the in-sync set has acknowledged
+// it, so a worker's call is answered only then.
+//
+// The in-sync set. The leader (always) and the standbys it waits for. A standby joins in two
+// steps: once it has acknowledged everything committed so far it is waited for (from then on
+// no commit is answered without it), and once it has also acknowledged every commit answered
+// before that (its join sequence) the set is recorded in etcd with it (record_in_sync), which
+// makes it eligible to take over. A standby that leaves a commit unacknowledged for
+// standby_timeout is recorded out of the set first and then no longer waited for: the set in
+// etcd never names a standby that lacks an answered commit. Only the monitor thread changes the
+// set, one change at a time.
+//
+// Resuming. A standby's first message says where its store stands (epoch, sequence). The
+// leader streams from the next commit when it can tell that commit's predecessor is the
+// standby's last (it holds the commits of the last max_buffered_bytes, and its own last
+// position); otherwise it answers FAILED_PRECONDITION "needs a checkpoint" and the standby
+// fetches one (FetchCheckpoint) and comes back with the checkpoint's position.
+//
+// Fencing. WaitReplicated fails with UNAVAILABLE once check_leadership fails (the lease was not
+// renewed within TTL/2), whatever the standbys acknowledged: a commit is then never answered.
+//
+// Status codes. WaitReplicated: OK; UNAVAILABLE ("not the leader any more: ...", or the leader
+// is stopping); DEADLINE_EXCEEDED after max_wait (a standby neither acknowledging nor dropped,
+// e.g. etcd refusing the record of the smaller set). Replicate: INVALID_ARGUMENT for a first
+// message without a name; FAILED_PRECONDITION for another leader epoch or "needs a
+// checkpoint"; UNAVAILABLE when the leader stops or another stream of the same standby replaced
+// this one. FetchCheckpoint: the store's Checkpoint errors; FAILED_PRECONDITION for another
+// leader epoch.
+//
+// Thread-safety: thread-safe. Lock order: mu_ only (the store's locks are taken by Append's
+// caller before Append takes mu_; nothing here calls into the store while holding mu_).
+// Ownership: borrows the store and the clock.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.pb.h"
+#include "proto/replication.grpc.pb.h"
+#include "proto/storage.pb.h"
+#include "storage/durable_store.h"
+
+namespace rebound::server {
+
+struct ReplicationLeaderOptions {
+  std::string name;   // this leader's name: the first of the in-sync set
+  uint64_t epoch = 0;  // the epoch it won
+  bool sync = true;   // replication.sync: false answers without waiting for standbys
+  int64_t max_buffered_bytes = int64_t{256} << 20;
+  absl::Duration standby_timeout = absl::Seconds(3);  // the job's failure_timeout
+  absl::Duration max_wait = absl::Seconds(30);        // bound of one WaitReplicated
+  absl::Duration tick = absl::Milliseconds(50);       // the monitor's period
+  // Records the in-sync set (this leader's name first) in etcd, guarded by the leadership.
+  std::function<absl::Status(const std::vector<std::string>& in_sync)> record_in_sync;
+  // OK while this server leads (LeaderElection::CheckLeadership).
+  std::function<absl::Status()> check_leadership;
+  storage::DurableStore* store = nullptr;  // borrowed: checkpoints for catching up
+  std::string checkpoint_dir;              // where checkpoints are made, each removed when sent
+  const Clock* clock = nullptr;            // borrowed; nullptr: DefaultClock()
+};
+
+class ReplicationLeader {
+ public:
+  // `last` is the store's LastApplied() when this leadership began (nothing is buffered yet).
+  ReplicationLeader(ReplicationLeaderOptions options, storage::DurableStore::Position last);
+  ~ReplicationLeader();  // Stop()
+  ReplicationLeader(const ReplicationLeader&) = delete;
+  ReplicationLeader& operator=(const ReplicationLeader&) = delete;
+
+  // Records the in-sync set {name} in etcd and starts the monitor thread. The error of the
+  // record: the leadership cannot be used.
+  absl::Status Start();
+  // Ends every stream and the monitor; WaitReplicated fails from now on. Idempotent.
+  void Stop();
+
+  // The store's replication sink.
+  void Append(ReplicatedCommit commit);
+  // The store's barrier: see the header comment.
+  absl::Status WaitReplicated(const storage::DurableStore::Position& position);
+
+  // ServerPeer handlers.
+  grpc::Status Replicate(grpc::ServerContext* context,
+                         grpc::ServerReaderWriter<ReplicateResponse, ReplicateRequest>* stream);
+  grpc::Status FetchCheckpoint(grpc::ServerContext* context, const FetchCheckpointRequest& request,
+                               grpc::ServerWriter<CheckpointChunk>* writer);
+
+  // The standbys and the in-sync set, into `status` (role, epoch and names are the caller's).
+  void FillStatus(GroupStatus* status) const;
+
+  // Times a standby was dropped from the in-sync set (for metrics).
+  int64_t standbys_dropped() const;
+
+ private:
+  struct Buffered {
+    std::shared_ptr<const ReplicateResponse> commit;  // the message each stream sends
+    size_t bytes = 0;
+    absl::Time appended;
+  };
+  struct Standby {
+    std::string peer_address;
+    uint64_t acked = 0;       // the last sequence it acknowledged (or reported at its start)
+    bool connected = false;
+    uint64_t stream_id = 0;   // the live stream's; a newer stream replaces it
+    grpc::ServerContext* context = nullptr;  // the live stream's, to cancel it
+    bool waited_for = false;  // WaitReplicated waits for it
+    bool recorded = false;    // in the in-sync set recorded in etcd
+    uint64_t join_sequence = 0;  // waited_for && !recorded: recorded once acked >= this
+    std::string state;
+  };
+
+  void Monitor();
+  // One pass of the monitor: at most one change of the in-sync set.
+  void MonitorPass();
+  // The names of the in-sync set to record (this leader first), with `name` added or removed.
+  std::vector<std::string> InSyncWith(const std::string& name, bool add) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the commit after `sequence` (epoch `epoch`) can be streamed from the buffer.
+  bool CanResumeAfter(uint64_t epoch, uint64_t sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllAcked(uint64_t sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The time the oldest commit after `acked` was appended (now if there is none).
+  absl::Time OldestUnackedSince(uint64_t acked) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ReplicationLeaderOptions options_;
+  const Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Buffered> buffer_ ABSL_GUARDED_BY(mu_);  // consecutive sequences
+  int64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  storage::DurableStore::Position last_ ABSL_GUARDED_BY(mu_);  // the last appended
+  std::map<std::string, Standby> standbys_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> recorded_in_sync_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+
+  absl::Mutex checkpoint_mu_;  // one checkpoint at a time
+  uint64_t checkpoints_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
+
+  absl::Notification stop_;
+  std::thread monitor_;
+};
+
+}  // namespace rebound::server
