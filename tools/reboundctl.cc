@@ -13,6 +13,11 @@
 //   watch    status, redrawn every --interval_ms until interrupted (or --count times)
 //   drain R,S  asks the trainer of slot (R, S) to leave after its next sync; a spare takes the
 //            slot over from that sync's snapshot, with nothing to replay
+//   group    a replicated server group (DESIGN.md §10.1): this member's role, the leader and
+//            its epoch, the in-sync set recorded in etcd, each standby's acknowledged commit,
+//            lag and state; from the leader through --server (a list of the members' addresses
+//            reaches it), or with --peer HOST:PORT from any member's peer port (a standby says
+//            which leader it follows and why it waits)
 //   plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]
 //            (offline, no server) which stage boundaries to log within a log budget of N bytes, by
 //            SWIFT's greedy rule (common/logging_plan.h); --stage_ms gives each stage's measured
@@ -41,6 +46,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -53,8 +59,12 @@
 #include "common/security.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "proto/replication.grpc.pb.h"
 
 DEFINE_string(server, "127.0.0.1:7070", "server host:port");
+DEFINE_string(peer, "",
+              "group: ask this member's peer port (ServerPeer.GetGroup) instead of the leader "
+              "through --server; works on standbys");
 DEFINE_string(output, "table", "table|json");
 DEFINE_int32(timeout_ms, 5000, "deadline of each call, ms");
 DEFINE_int32(interval_ms, 1000, "watch: time between refreshes, ms");
@@ -151,6 +161,43 @@ void PrintWorkersTable(const GetStatusResponse& s, bool addresses) {
   }
 }
 
+void PrintGroupTable(const GroupStatus& g) {
+  std::printf("group %s: %s is %s", g.group().c_str(), g.name().c_str(),
+              GroupStatus::Role_Name(g.role()).c_str());
+  if (g.role() == GroupStatus::LEADER) {
+    std::printf(" (epoch %lld, %s, last commit %llu)", static_cast<long long>(g.epoch()),
+                g.sync() ? "sync" : "async", static_cast<unsigned long long>(g.last_sequence()));
+  } else if (!g.leader_name().empty()) {
+    std::printf("; leader %s at %s (peer %s, epoch %lld)", g.leader_name().c_str(),
+                g.leader_address().c_str(), g.leader_peer_address().c_str(),
+                static_cast<long long>(g.epoch()));
+  }
+  std::printf("\n");
+  if (g.role() == GroupStatus::LEADER) {
+    int in_sync = 0;
+    for (const StandbyStatus& standby : g.standbys()) in_sync += standby.in_sync() ? 1 : 0;
+    std::printf("in-sync set (etcd): [%s]; %d of %d standbys in sync%s\n",
+                absl::StrJoin(g.in_sync(), ", ").c_str(), in_sync, g.standbys_configured(),
+                in_sync < g.standbys_configured()
+                    ? " (DEGRADED: what is answered now is lost with the leader's host)"
+                    : "");
+    if (g.standbys_size() > 0) {
+      std::printf("%-16s %-22s %-8s %10s %8s %8s  %s\n", "STANDBY", "PEER", "IN SYNC", "ACKED",
+                  "LAG", "LAG MS", "STATE");
+      for (const StandbyStatus& standby : g.standbys()) {
+        std::printf("%-16s %-22s %-8s %10llu %8llu %8lld  %s\n", standby.name().c_str(),
+                    standby.peer_address().c_str(), standby.in_sync() ? "yes" : "no",
+                    static_cast<unsigned long long>(standby.acked_sequence()),
+                    static_cast<unsigned long long>(standby.lag_commits()),
+                    static_cast<long long>(standby.lag_ms()), standby.state().c_str());
+      }
+    }
+  }
+  if (!g.detail().empty() && g.role() != GroupStatus::LEADER) {
+    std::printf("%s\n", g.detail().c_str());
+  }
+}
+
 void PrintStatusTable(const GetStatusResponse& s) {
   std::printf("job %s  (%s, up %s)  topology %d x %d  weighting %s  recovery %s\n",
               s.job_id().c_str(), s.server_version().c_str(), Ago(s.uptime_ms()).c_str(),
@@ -180,6 +227,7 @@ void PrintStatusTable(const GetStatusResponse& s) {
                                            .c_str()
                                      : "");
   }
+  if (s.has_group()) PrintGroupTable(s.group());
   if (s.has_storage_error()) {
     std::printf("STORAGE ERROR (writes refused, health NOT_SERVING): %s\n",
                 s.storage_error().c_str());
@@ -217,6 +265,49 @@ int Status(const std::shared_ptr<grpc::Channel>& channel) {
     std::cout << json << "\n";
   } else {
     PrintStatusTable(response);
+  }
+  return kExitOk;
+}
+
+void PrintJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  google::protobuf::util::MessageToJsonString(message, &json, options);
+  std::cout << json << "\n";
+}
+
+// The replicated group (DESIGN.md §10.1): from the leader's GetStatus, or with --peer from any
+// member's ServerPeer.GetGroup (a standby names the leader it follows).
+int Group(const std::shared_ptr<grpc::Channel>& channel, const SecurityConfig& security) {
+  GroupStatus group;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  if (!FLAGS_peer.empty()) {
+    auto peer = MakeChannel(FLAGS_peer, security, grpc::ChannelArguments());
+    if (!peer.ok()) {
+      std::cerr << "reboundctl: " << peer.status().message() << "\n";
+      return kExitUsage;
+    }
+    auto stub = ServerPeer::NewStub(*peer);
+    const grpc::Status status = stub->GetGroup(&context, GetGroupRequest(), &group);
+    if (!status.ok()) return ReportError(status);
+  } else {
+    auto stub = ParameterServer::NewStub(channel);
+    GetStatusResponse response;
+    const grpc::Status status = stub->GetStatus(&context, GetStatusRequest(), &response);
+    if (!status.ok()) return ReportError(status);
+    if (!response.has_group()) {
+      std::cerr << "reboundctl: the server at " << FLAGS_server
+                << " is a single server (no replication block)\n";
+      return kExitFailed;
+    }
+    group = response.group();
+  }
+  if (FLAGS_output == "json") {
+    PrintJson(group);
+  } else {
+    PrintGroupTable(group);
   }
   return kExitOk;
 }
@@ -446,6 +537,7 @@ constexpr char kUsage[] =
     "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F]\n"
     "                  [--operator_token_file F] COMMAND\n"
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
+    "  group [--peer HOST:PORT]   (a replicated server group: leader, standbys, in-sync, lag)\n"
     "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
     "   (offline)\n";
 
@@ -504,6 +596,7 @@ int Main(int argc, char** argv) {
   if (command == "workers") return Workers(channel);
   if (command == "recoveries") return Recoveries(channel);
   if (command == "watch") return Watch(channel);
+  if (command == "group") return Group(channel, security);
   std::cerr << "reboundctl: unknown command '" << command << "'\n" << kUsage;
   return kExitUsage;
 }
@@ -514,7 +607,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "
-      "health|status|workers|recoveries|watch|drain R,S|plan-logging");
+      "health|status|workers|recoveries|watch|drain R,S|group|plan-logging");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }

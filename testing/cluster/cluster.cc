@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/file.h"
 #include "common/security.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "testing/cluster/processes.h"
 #include "testing/cluster/time_scale.h"
@@ -30,21 +33,24 @@ Cluster::~Cluster() {
   // reaps it if it still runs.
   trainers_.clear();
   while (!workers_.empty()) workers_.pop_back();
-  server_.reset();
+  server_ = nullptr;
+  while (!members_.empty()) members_.pop_back();
+  etcd_.reset();
 }
 
 absl::Status Cluster::StartServer(const std::string& server_config,
                                   const std::string& worker_config) {
-  if (server_ != nullptr) return absl::FailedPreconditionError("the server was started before");
+  if (!members_.empty()) return absl::FailedPreconditionError("the server was started before");
   const std::string& dir = options_.dir;
-  if (absl::Status written =
-          WriteFile(dir + "/server.pbtxt", ScaledServerConfig(server_config));
-      !written.ok()) {
-    return absl::InternalError(written.message());
-  }
   worker_config_ = worker_config;
   if (absl::Status written =
           WriteFile(dir + "/worker.pbtxt", ScaledWorkerConfig(worker_config));
+      !written.ok()) {
+    return absl::InternalError(written.message());
+  }
+  if (options_.standbys > 0) return StartGroup(server_config);
+  if (absl::Status written =
+          WriteFile(dir + "/server.pbtxt", ScaledServerConfig(server_config));
       !written.ok()) {
     return absl::InternalError(written.message());
   }
@@ -56,7 +62,9 @@ absl::Status Cluster::StartServer(const std::string& server_config,
                            host + ":0", "--port_file", port_file},
                           dir + "/server.log");
   if (!server.ok()) return server.status();
-  server_ = *std::move(server);
+  members_.push_back(Member{"server", dir + "/server.pbtxt", "", port_file, dir + "/server.log",
+                            {}, *std::move(server)});
+  server_ = members_.back().process.get();
   absl::StatusOr<int> port = WaitForPortFile(port_file, *server_, Scaled(options_.start_wait));
   if (!port.ok()) {
     return absl::Status(port.status().code(),
@@ -67,6 +75,117 @@ absl::Status Cluster::StartServer(const std::string& server_config,
       MakeChannel(address_, options_.client_security, grpc::ChannelArguments());
   if (!channel.ok()) return channel.status();
   stub_ = ParameterServer::NewStub(*channel);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::StartGroup(const std::string& server_config) {
+  const std::string& dir = options_.dir;
+  ServerConfig base;
+  if (!google::protobuf::TextFormat::ParseFromString(ScaledServerConfig(server_config), &base)) {
+    return absl::InvalidArgumentError("the server config does not parse as a ServerConfig");
+  }
+  EtcdClusterOptions etcd;
+  etcd.members = options_.etcd_members;
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(etcd);
+  if (!started.ok()) return started.status();
+  etcd_ = *std::move(started);
+  const int count = 1 + options_.standbys;
+  absl::StatusOr<std::vector<int>> ports = FreeLoopbackPorts(count);
+  if (!ports.ok()) return ports.status();
+  const std::string host =
+      options_.network != nullptr ? options_.network->gateway() : std::string("127.0.0.1");
+  std::vector<std::string> addresses;
+  for (int i = 0; i < count; ++i) {
+    Member member;
+    member.name = absl::StrCat("server-", i);
+    member.config = absl::StrCat(dir, "/", member.name, ".pbtxt");
+    member.data_dir = absl::StrCat(dir, "/", member.name);
+    member.port_file = absl::StrCat(dir, "/port-", i);
+    member.log = absl::StrCat(dir, "/", member.name, ".log");
+    ServerConfig config = base;
+    const std::string address = absl::StrCat(host, ":", (*ports)[i]);
+    addresses.push_back(address);
+    config.set_listen_address(address);
+    config.mutable_durability()->set_data_dir(member.data_dir);
+    ReplicationConfig* replication = config.mutable_replication();
+    replication->clear_etcd_endpoints();
+    for (const std::string& endpoint : etcd_->client_endpoints()) {
+      replication->add_etcd_endpoints(endpoint);
+    }
+    replication->set_standbys(options_.standbys);
+    replication->set_leader_lease_ms(options_.leader_lease_ms);
+    replication->set_name(member.name);
+    replication->set_peer_listen_address(host + ":0");
+    replication->set_sync(options_.replication_sync);
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(config, &text);
+    if (absl::Status written = WriteFile(member.config, text); !written.ok()) {
+      return absl::InternalError(written.message());
+    }
+    member.argv = {options_.server_binary, "--config", member.config, "--port_file",
+                   member.port_file};
+    absl::StatusOr<std::unique_ptr<ChildProcess>> process =
+        ChildProcess::Start(member.argv, member.log);
+    if (!process.ok()) return process.status();
+    member.process = *std::move(process);
+    members_.push_back(std::move(member));
+  }
+  server_ = members_.front().process.get();
+  address_ = absl::StrJoin(addresses, ",");
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannel(address_, options_.client_security, grpc::ChannelArguments());
+  if (!channel.ok()) return channel.status();
+  stub_ = ParameterServer::NewStub(*channel);
+  absl::StatusOr<int> leader = WaitForLeader(options_.start_wait);
+  if (!leader.ok()) {
+    return absl::Status(leader.status().code(),
+                        absl::StrCat("the server group did not elect a leader: ",
+                                     leader.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Cluster::WaitForLeader(absl::Duration limit) {
+  absl::StatusOr<GetStatusResponse> status = WaitForStatus(
+      [](const GetStatusResponse& s) { return s.group().role() == GroupStatus::LEADER; }, limit,
+      "a leader of the server group");
+  if (!status.ok()) return status.status();
+  for (int i = 0; i < members(); ++i) {
+    if (members_[i].name == status->group().name()) return i;
+  }
+  return absl::InternalError(
+      absl::StrCat("the leader '", status->group().name(), "' is no member of this cluster"));
+}
+
+absl::Status Cluster::KillMember(int i) {
+  Member& member = members_.at(i);
+  member.expect_exit = true;
+  member.process->Signal(SIGKILL);
+  if (!member.process->WaitFor(Scaled(options_.stop_grace)).has_value()) {
+    return absl::InternalError(absl::StrCat(member.name, " survived SIGKILL"));
+  }
+  return absl::OkStatus();
+}
+
+void Cluster::StopMember(int i) { members_.at(i).process->Signal(SIGSTOP); }
+void Cluster::ResumeMember(int i) { members_.at(i).process->Signal(SIGCONT); }
+
+absl::Status Cluster::RestartMember(int i, bool wipe_data) {
+  Member& member = members_.at(i);
+  if (!member.process->Poll().has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(member.name, " still runs"));
+  }
+  if (wipe_data && !member.data_dir.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(member.data_dir, ignored);
+  }
+  std::remove(member.port_file.c_str());
+  absl::StatusOr<std::unique_ptr<ChildProcess>> process =
+      ChildProcess::Start(member.argv, member.log);
+  if (!process.ok()) return process.status();
+  member.process = *std::move(process);
+  member.expect_exit = false;
+  if (i == 0) server_ = member.process.get();
   return absl::OkStatus();
 }
 
@@ -303,7 +422,14 @@ absl::Status Cluster::CheckChildren() {
     }
     return absl::OkStatus();
   };
-  absl::Status status = check(server_.get(), "rebound_server");
+  absl::Status status;
+  for (Member& member : members_) {
+    if (!status.ok()) break;
+    if (!member.expect_exit) {
+      status = check(member.process.get(),
+                     members_.size() == 1 ? std::string("rebound_server") : member.name);
+    }
+  }
   for (Worker& worker : workers_) {
     if (!status.ok()) break;
     if (expected_exits_.count(worker.name) == 0) status = check(worker.process.get(), worker.name);
@@ -320,17 +446,22 @@ void Cluster::StopAll(
   for (Worker& worker : workers_) {
     worker_exited(*worker.process, worker.process->Stop(Scaled(options_.stop_grace)));
   }
-  if (server_ != nullptr) {
-    const int code = server_->Stop(Scaled(options_.stop_grace));
+  for (Member& member : members_) {
+    if (member.expect_exit) continue;
+    member.process->Signal(SIGCONT);
+    const int code = member.process->Stop(Scaled(options_.stop_grace));
     if (code != 0 && report) {
-      std::fprintf(stderr, "note: rebound_server exited with code %d\n", code);
+      std::fprintf(stderr, "note: %s exited with code %d\n",
+                   members_.size() == 1 ? "rebound_server" : member.name.c_str(), code);
     }
   }
 }
 
 std::string Cluster::Logs(size_t server_lines, size_t worker_lines) const {
-  std::string out = absl::StrCat("\n--- server.log\n",
-                                 LastLines(options_.dir + "/server.log", server_lines));
+  std::string out = "\n";
+  for (const Member& member : members_) {
+    absl::StrAppend(&out, "--- ", member.name, ".log\n", LastLines(member.log, server_lines));
+  }
   for (const Worker& worker : workers_) {
     absl::StrAppend(&out, "--- ", worker.name, ".log\n",
                     LastLines(worker.process->log_path(), worker_lines));

@@ -57,6 +57,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "testing/cluster/network.h"
+#include "testing/etcd/etcd_process.h"
 
 namespace rebound::testing {
 
@@ -79,6 +80,17 @@ struct ClusterOptions {
   // each trainer and spare runs in a host of the lab of its own (the evaluator stays beside the
   // server), so that Partition can cut its link. Borrowed: must outlive the Cluster.
   NetworkLab* network = nullptr;
+  // A replicated server group (DESIGN.md §10.1) instead of one server: 1 + `standbys` members
+  // server-0, server-1, ..., each with a fixed port, its own config (server-<i>.pbtxt: the
+  // given server config plus the replication block and durability.data_dir <dir>/server-<i>),
+  // log (server-<i>.log) and port files, coordinated by an etcd cluster of `etcd_members`
+  // members that StartServer starts first (testing/etcd, its own directory). Workers and the
+  // cluster's own calls get every member's address and follow the leader. 0: one server, no
+  // etcd, exactly as before.
+  int standbys = 0;
+  int etcd_members = 3;
+  int leader_lease_ms = 2000;
+  bool replication_sync = true;
 };
 
 class Cluster {
@@ -149,6 +161,27 @@ class Cluster {
   // it is not reaped. REQUIRES: StartServer succeeded.
   absl::Status KillServer();
 
+  // A replicated group's members (ClusterOptions::standbys > 0); a single server is member 0.
+  int members() const { return static_cast<int>(members_.size()); }
+  // Member i's process. REQUIRES: StartServer succeeded, 0 <= i < members().
+  ChildProcess& member(int i) { return *members_.at(i).process; }
+  const std::string& member_name(int i) const { return members_.at(i).name; }
+  // The data directory of member i (a group's); empty for a single server.
+  const std::string& member_data_dir(int i) const { return members_.at(i).data_dir; }
+  // Waits (limit) until a member serves as the group's leader (GetStatus through the group's
+  // channel) and returns its index. DEADLINE_EXCEEDED naming the last answer.
+  absl::StatusOr<int> WaitForLeader(absl::Duration limit);
+  // SIGKILLs member i and reaps it; its exit is expected until RestartMember.
+  absl::Status KillMember(int i);
+  // SIGSTOP / SIGCONT to member i.
+  void StopMember(int i);
+  void ResumeMember(int i);
+  // Starts member i again (after KillMember) on its port and data directory, the directory
+  // first deleted when `wipe_data` (a lost disk). Does not wait for it.
+  absl::Status RestartMember(int i, bool wipe_data);
+  // The group's etcd cluster; null for a single server.
+  EtcdCluster* etcd() { return etcd_.get(); }
+
   // One GetStatus call (rpc_deadline). UNAVAILABLE, with gRPC's message, when it fails.
   absl::StatusOr<GetStatusResponse> GetStatus();
 
@@ -182,7 +215,8 @@ class Cluster {
   std::string Logs(size_t server_lines = 25, size_t worker_lines = 12) const;
 
   const std::string& dir() const { return options_.dir; }
-  // The server's host:port. REQUIRES: StartServer succeeded.
+  // The server's host:port (a group's: every member's, separated by commas). REQUIRES:
+  // StartServer succeeded.
   const std::string& address() const { return address_; }
   // A stub on the server's channel (client_security). REQUIRES: StartServer succeeded.
   ParameterServer::Stub& stub() { return *stub_; }
@@ -207,8 +241,25 @@ class Cluster {
       const std::string& name, const std::function<bool(const WorkerStatus&)>& listed,
       const std::string& what);
 
+  struct Member {
+    std::string name;
+    std::string config;    // its config file
+    std::string data_dir;  // a group's member's
+    std::string port_file;
+    std::string log;
+    std::vector<std::string> argv;
+    std::unique_ptr<ChildProcess> process;
+    bool expect_exit = false;  // killed, not restarted yet
+  };
+
+  // StartServer for a replicated group.
+  absl::Status StartGroup(const std::string& server_config);
+
   const ClusterOptions options_;
-  std::unique_ptr<ChildProcess> server_;
+  std::unique_ptr<EtcdCluster> etcd_;
+  std::vector<Member> members_;
+  // Member 0's process (the single server's): what StopServer, KillServer and server() use.
+  ChildProcess* server_ = nullptr;
   std::vector<Worker> workers_;         // in start order
   std::vector<ChildProcess*> trainers_;  // StartTrainers', in slot order
   std::set<std::string> expected_exits_;  // killed, or expected to exit on their own

@@ -1,9 +1,14 @@
 #include "testing/cluster/processes.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -96,5 +101,34 @@ std::string FindTool(const std::string& name) {
   }
   return "";
 }
+
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  absl::Status status;
+  for (int i = 0; i < count && status.ok(); ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      status = absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = 0;
+    socklen_t length = sizeof(address);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", strerror(errno)));
+      break;
+    }
+    ports.push_back(ntohs(address.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
+}
+
 
 }  // namespace rebound::testing

@@ -60,6 +60,10 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output, absl::
 // cannot be read.
 std::string LastLines(const std::string& path, size_t count);
 
+// `count` distinct free TCP ports on 127.0.0.1: all bound at once (so none repeats), then
+// released for the caller's daemons to bind. INTERNAL when a socket cannot be bound.
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count);
+
 // The first of /usr/sbin, /sbin, /usr/bin, /bin that holds an executable `name`; empty if none
 // (test environments often have a PATH without the sbin directories).
 std::string FindTool(const std::string& name);

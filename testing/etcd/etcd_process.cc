@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "testing/cluster/processes.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/etcd/rpc.grpc.pb.h"
 
@@ -32,36 +33,6 @@ absl::StatusOr<std::string> MakeDir() {
   return pattern;
 }
 
-// `count` distinct free TCP ports on 127.0.0.1: all bound at once (so none repeats), then
-// released for etcd to bind.
-absl::StatusOr<std::vector<int>> FreePorts(int count) {
-  std::vector<int> fds;
-  std::vector<int> ports;
-  absl::Status status;
-  for (int i = 0; i < count && status.ok(); ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      status = absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-      break;
-    }
-    fds.push_back(fd);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = 0;
-    socklen_t length = sizeof(address);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", strerror(errno)));
-      break;
-    }
-    ports.push_back(ntohs(address.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  if (!status.ok()) return status;
-  return ports;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
@@ -76,7 +47,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
   absl::StatusOr<std::string> dir = MakeDir();
   if (!dir.ok()) return dir.status();
   cluster->dir_ = *dir;
-  absl::StatusOr<std::vector<int>> ports = FreePorts(2 * options.members);
+  absl::StatusOr<std::vector<int>> ports = FreeLoopbackPorts(2 * options.members);
   if (!ports.ok()) return ports.status();
   std::vector<std::string> peers;
   for (int i = 0; i < options.members; ++i) {
