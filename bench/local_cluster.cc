@@ -77,8 +77,11 @@ void RunDirectories::Finish() const {
 
 namespace {
 
-testing::ClusterOptions OptionsFor(const ClusterFlags& flags, std::string dir) {
+testing::ClusterOptions OptionsFor(const ClusterFlags& flags, std::string dir, int standbys,
+                                   int leader_lease_ms) {
   testing::ClusterOptions options;
+  options.standbys = standbys;
+  options.leader_lease_ms = leader_lease_ms;
   options.server_binary = flags.server_binary;
   options.worker_binary = flags.worker_binary;
   options.dir = std::move(dir);
@@ -87,21 +90,24 @@ testing::ClusterOptions OptionsFor(const ClusterFlags& flags, std::string dir) {
 
 }  // namespace
 
-LocalCluster::LocalCluster(const ClusterFlags& flags, std::string dir)
-    : testing::Cluster(OptionsFor(flags, std::move(dir))) {}
+LocalCluster::LocalCluster(const ClusterFlags& flags, std::string dir, int standbys,
+                           int leader_lease_ms)
+    : testing::Cluster(OptionsFor(flags, std::move(dir), standbys, leader_lease_ms)) {}
 
-absl::Status LocalCluster::StartServer(const JobConfig& job, const std::string& data_dir) {
+absl::Status LocalCluster::StartServer(const JobConfig& job, const std::string& data_dir,
+                                       const std::string& worker_timing) {
   ServerConfig config;
   config.set_listen_address("127.0.0.1:0");
   *config.mutable_job() = job;
   if (!data_dir.empty()) config.mutable_durability()->set_data_dir(data_dir);
   std::string text;
   google::protobuf::TextFormat::PrintToString(config, &text);
-  return testing::Cluster::StartServer(text, absl::StrCat("job_id: \"", job.job_id(),
-                                                          "\"\n"
-                                                          "backoff_initial_ms: 50\n"
-                                                          "backoff_max_ms: 1000\n"
-                                                          "give_up_after_ms: 30000\n"));
+  const std::string timing = !worker_timing.empty() ? worker_timing
+                                                     : "backoff_initial_ms: 50\n"
+                                                       "backoff_max_ms: 1000\n"
+                                                       "give_up_after_ms: 30000\n";
+  return testing::Cluster::StartServer(text,
+                                       absl::StrCat("job_id: \"", job.job_id(), "\"\n", timing));
 }
 
 }  // namespace rebound::bench

@@ -71,14 +71,20 @@ class RunDirectories {
 // REQUIRES: used from the main thread (see ChildProcess).
 class LocalCluster : public testing::Cluster {
  public:
-  // REQUIRES: `flags` resolved (ResolveClusterFlags) and `dir` exists.
-  LocalCluster(const ClusterFlags& flags, std::string dir);
+  // REQUIRES: `flags` resolved (ResolveClusterFlags) and `dir` exists. `standbys` > 0: a
+  // replicated server group of 1 + standbys members with an etcd cluster of 3 and that leader
+  // lease (ClusterOptions).
+  LocalCluster(const ClusterFlags& flags, std::string dir, int standbys = 0,
+               int leader_lease_ms = 2000);
 
   // Starts rebound_server with `job` inline and waits (up to 30 s) for the port it listens on;
   // writes the workers' config for job.job_id() (backoff 50..1000 ms, give up after 30 s). With
   // a `data_dir`, the server keeps its state there (RocksDB, durability.data_dir) instead of in
   // memory. Status codes: Cluster::StartServer's.
-  absl::Status StartServer(const JobConfig& job, const std::string& data_dir = "");
+  // `worker_timing` (WorkerConfig text) replaces the workers' default backoff_initial_ms: 50,
+  // backoff_max_ms: 1000 and give_up_after_ms: 30000 when not empty.
+  absl::Status StartServer(const JobConfig& job, const std::string& data_dir = "",
+                           const std::string& worker_timing = "");
 };
 
 }  // namespace rebound::bench

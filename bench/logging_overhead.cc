@@ -68,6 +68,8 @@
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
 #include "bench/load_average.h"
+#include "bench/throughput_window.h"
+#include "common/status_macros.h"
 #include "common/checksum.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
@@ -77,68 +79,11 @@ namespace {
 
 constexpr int kTrainers = 4;
 constexpr char kJobId[] = "bench-logging-overhead";
-constexpr absl::Duration kSamplePeriod = absl::Seconds(1);
-constexpr absl::Duration kTick = absl::Milliseconds(50);
 // Per-run cost besides --warmup_seconds and --seconds (start, data loading, first syncs, stop),
 // measured on 2 shared cores; only used for the time estimate printed at the start.
 constexpr double kOverheadSecondsEstimate = 8.0;
 // The target of DESIGN.md §9.
 constexpr double kTargetRatio = 0.95;
-
-// ---------------------------------------------------------------------------------------------
-// CPU accounting, in clock ticks (sysconf(_SC_CLK_TCK) per second)
-
-// utime + stime from a /proc stat file, or -1 when it cannot be read.
-int64_t StatCpuTicks(const std::string& path) {
-  const std::string text = ReadFileOrEmpty(path);
-  // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
-  // state (3), ..., utime (14), stime (15).
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::vector<std::string> fields =
-      absl::StrSplit(text.substr(close + 1), ' ', absl::SkipWhitespace());
-  int64_t utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
-      !absl::SimpleAtoi(fields[12], &stime)) {
-    return -1;
-  }
-  return utime + stime;
-}
-
-// Every thread of the process, exited ones included.
-int64_t ProcessCpuTicks(pid_t pid) { return StatCpuTicks(absl::StrCat("/proc/", pid, "/stat")); }
-
-// The process's main thread only: a trainer's training loop runs there (worker/main.cc), so this
-// is the CPU on the training path; the step logger's and gRPC's threads are the rest.
-int64_t MainThreadCpuTicks(pid_t pid) {
-  return StatCpuTicks(absl::StrCat("/proc/", pid, "/task/", pid, "/stat"));
-}
-
-// The machine's CPU time from the "cpu" line of /proc/stat.
-struct MachineCpu {
-  int64_t busy = 0;   // user + nice + system + irq + softirq (guest time is inside user)
-  int64_t steal = 0;  // taken by the hypervisor for other guests
-  bool ok = false;
-};
-
-MachineCpu ReadMachineCpu() {
-  MachineCpu cpu;
-  const std::string text = ReadFileOrEmpty("/proc/stat");
-  const std::string first = text.substr(0, text.find('\n'));
-  std::vector<std::string> fields = absl::StrSplit(first, ' ', absl::SkipWhitespace());
-  // cpu user nice system idle iowait irq softirq steal ...
-  std::vector<int64_t> v;
-  for (size_t i = 1; i < fields.size() && i <= 8; ++i) {
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(fields[i], &value)) return cpu;
-    v.push_back(value);
-  }
-  if (fields.empty() || fields[0] != "cpu" || v.size() < 8) return cpu;
-  cpu.busy = v[0] + v[1] + v[2] + v[5] + v[6];
-  cpu.steal = v[7];
-  cpu.ok = true;
-  return cpu;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Flags
@@ -178,39 +123,29 @@ struct RunSpec {
 
 const char* ModeName(bool logging) { return logging ? "ON" : "OFF"; }
 
-struct RunResult {
-  bool ok = false;
-  std::string error;
-  double window_seconds = 0.0;
-  int64_t steps = 0;                // every slot's steps in the window, summed
-  std::vector<int64_t> slot_steps;  // per slot, in the window
-  double samples_per_second = 0.0;
+// A measured window (bench/throughput_window.h) and the step log's figures in it.
+struct RunResult : WindowResult {
   double records_per_second = 0.0;  // step_log.records_written in the window
   double bytes_per_second = 0.0;    // step_log.bytes_written in the window
   int64_t records_total = 0;        // step_log.records_written at the window's end
-  double trainer_cpu_ms_per_step = 0.0;  // the 4 trainers' CPU in the window / steps
-  double trainer_loop_cpu_ms_per_step = 0.0;  // of which their main threads' (training loop)
-  double server_cpu_ms_per_step = 0.0;
-  double cluster_cores = 0.0;  // the cluster's CPU in the window / window time
-  // samples_per_second / cluster_cores: throughput per core the cluster got, which other
-  // processes' load on the shared machine does not change while the cluster is CPU-bound.
-  double samples_per_cpu_second = 0.0;
-  double other_cores = 0.0;    // the rest of the machine's busy CPU in the window / window time
-  double steal_cores = 0.0;
-  double load = 0.0;  // mean 1-minute load average in the window
-  double seconds_to_first_sync = 0.0;
 };
 
-// Everything read at one end of the measured window.
-struct Probe {
-  absl::Time at;  // the middle of the GetStatus call
-  GetStatusResponse status;
-  std::vector<int64_t> trainer_ticks;
-  std::vector<int64_t> trainer_loop_ticks;  // main threads
-  int64_t server_ticks = 0;
-  int64_t self_ticks = 0;
-  MachineCpu machine;
-};
+// Every slot must be ACTIVE (trained by its first trainer, not finished) with no recovery.
+absl::Status CheckFailureFree(const GetStatusResponse& status) {
+  if (status.slots_size() != kTrainers) {
+    return absl::InternalError(absl::StrCat("GetStatus lists ", status.slots_size(), " slots"));
+  }
+  for (const SlotStatus& slot : status.slots()) {
+    if (slot.state() != ACTIVE) {
+      return absl::InternalError(absl::StrCat("slot ", slot.slot().replica(), " is ",
+                                              SlotState_Name(slot.state()), ": ", slot.detail()));
+    }
+  }
+  if (status.recoveries_size() > 0) {
+    return absl::InternalError("a recovery ran: the run was not failure-free");
+  }
+  return absl::OkStatus();
+}
 
 class Run {
  public:
@@ -247,88 +182,23 @@ class Run {
     return job;
   }
 
-  // Sleeps for `duration` while watching the children; samples the load average once a second
-  // into *load when it is given.
-  absl::Status Watch(absl::Duration duration, LoadAverageMeter* load) {
-    const absl::Time start = absl::Now();
-    absl::Time next_sample = start + kSamplePeriod;
-    return cluster_.Watch(start + duration, kTick, [&](absl::Time now) {
-      if (load != nullptr && now >= next_sample) {
-        next_sample += kSamplePeriod;
-        load->Sample();
-      }
-    });
-  }
-
-  // Every slot must be ACTIVE (trained by its first trainer, not finished) with no recovery.
-  absl::Status CheckFailureFree(const GetStatusResponse& status) const {
-    if (status.slots_size() != kTrainers) {
-      return absl::InternalError(absl::StrCat("GetStatus lists ", status.slots_size(), " slots"));
-    }
-    for (const SlotStatus& slot : status.slots()) {
-      if (slot.state() != ACTIVE) {
-        return absl::InternalError(absl::StrCat("slot ", slot.slot().replica(), " is ",
-                                                SlotState_Name(slot.state()), ": ",
-                                                slot.detail()));
-      }
-    }
-    if (status.recoveries_size() > 0) {
-      return absl::InternalError("a recovery ran: the run was not failure-free");
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<Probe> TakeProbe() {
-    Probe probe;
-    // CPU first, then the status: the status is the figure that defines the window.
-    probe.machine = ReadMachineCpu();
-    for (const auto& trainer : cluster_.trainers()) {
-      probe.trainer_ticks.push_back(ProcessCpuTicks(trainer->pid()));
-      probe.trainer_loop_ticks.push_back(MainThreadCpuTicks(trainer->pid()));
-    }
-    probe.server_ticks = ProcessCpuTicks(cluster_.server().pid());
-    probe.self_ticks = ProcessCpuTicks(getpid());
-    const absl::Time before = absl::Now();
-    absl::StatusOr<GetStatusResponse> status = cluster_.GetStatus();
-    const absl::Time after = absl::Now();
-    if (!status.ok()) return status.status();
-    if (absl::Status ok = CheckFailureFree(*status); !ok.ok()) return ok;
-    probe.at = before + (after - before) / 2;
-    probe.status = *std::move(status);
-    return probe;
-  }
-
   absl::Status Train(RunResult* result) {
     const absl::Time started = absl::Now();
     if (absl::Status s = cluster_.StartServer(Job()); !s.ok()) return s;
     // One trainer at a time, so that trainer i owns slot i (the server hands out the lowest free
     // slot): every run trains the same shards in the same processes' order.
     if (absl::Status s = cluster_.StartTrainers(kTrainers); !s.ok()) return s;
-    if (absl::Status s = cluster_.WaitForFirstSyncs(kTrainers); !s.ok()) return s;
-    result->seconds_to_first_sync = absl::ToDoubleSeconds(absl::Now() - started);
+    WindowOptions window;
+    window.trainers = kTrainers;
+    window.batch_size = base_job_.data().batch_size();
+    window.warmup = absl::Seconds(flags_.warmup_seconds);
+    window.window = absl::Seconds(flags_.seconds);
+    window.check = CheckFailureFree;
+    RETURN_IF_ERROR(MeasureWindow(cluster_, window, started, result));
 
-    if (absl::Status s = Watch(absl::Seconds(flags_.warmup_seconds), nullptr); !s.ok()) return s;
-
-    absl::StatusOr<Probe> start = TakeProbe();
-    if (!start.ok()) return start.status();
-    LoadAverageMeter load;
-    const absl::Duration window = absl::Seconds(flags_.seconds) - (absl::Now() - start->at);
-    if (absl::Status s = Watch(window, &load); !s.ok()) return s;
-    absl::StatusOr<Probe> end = TakeProbe();
-    if (!end.ok()) return end.status();
-
-    const double seconds = absl::ToDoubleSeconds(end->at - start->at);
-    result->window_seconds = seconds;
-    for (int r = 0; r < kTrainers; ++r) {
-      const int64_t steps = end->status.slots(r).step() - start->status.slots(r).step();
-      result->slot_steps.push_back(steps);
-      result->steps += steps;
-    }
-    if (result->steps <= 0) return absl::InternalError("no training step in the window");
-    result->samples_per_second =
-        static_cast<double>(result->steps) * base_job_.data().batch_size() / seconds;
-    const StepLogStatus& log_start = start->status.step_log();
-    const StepLogStatus& log_end = end->status.step_log();
+    const double seconds = result->window_seconds;
+    const StepLogStatus& log_start = result->start_status.step_log();
+    const StepLogStatus& log_end = result->end_status.step_log();
     result->records_total = log_end.records_written();
     result->records_per_second = (log_end.records_written() - log_start.records_written()) / seconds;
     result->bytes_per_second = (log_end.bytes_written() - log_start.bytes_written()) / seconds;
@@ -340,40 +210,6 @@ class Run {
                                               log_end.records_written(),
                                               " records were written"));
     }
-
-    const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-    int64_t trainer_ticks = 0;
-    int64_t trainer_loop_ticks = 0;
-    for (int r = 0; r < kTrainers; ++r) {
-      if (start->trainer_ticks[r] < 0 || end->trainer_ticks[r] < 0 ||
-          start->trainer_loop_ticks[r] < 0 || end->trainer_loop_ticks[r] < 0) {
-        return absl::InternalError("cannot read a trainer's CPU time from /proc");
-      }
-      trainer_ticks += end->trainer_ticks[r] - start->trainer_ticks[r];
-      trainer_loop_ticks += end->trainer_loop_ticks[r] - start->trainer_loop_ticks[r];
-    }
-    const int64_t server_ticks = end->server_ticks - start->server_ticks;
-    const int64_t self_ticks = end->self_ticks - start->self_ticks;
-    if (start->server_ticks < 0 || end->server_ticks < 0) {
-      return absl::InternalError("cannot read the server's CPU time from /proc");
-    }
-    result->trainer_cpu_ms_per_step = trainer_ticks * tick_ms / result->steps;
-    result->trainer_loop_cpu_ms_per_step = trainer_loop_ticks * tick_ms / result->steps;
-    result->server_cpu_ms_per_step = server_ticks * tick_ms / result->steps;
-    const double ours_ms = (trainer_ticks + server_ticks + self_ticks) * tick_ms;
-    result->cluster_cores = ours_ms / 1000.0 / seconds;
-    result->samples_per_cpu_second =
-        result->cluster_cores > 0.0 ? result->samples_per_second / result->cluster_cores : NAN;
-    if (start->machine.ok && end->machine.ok) {
-      const double busy_ms = (end->machine.busy - start->machine.busy) * tick_ms;
-      result->other_cores = std::max(0.0, busy_ms - ours_ms) / 1000.0 / seconds;
-      result->steal_cores = (end->machine.steal - start->machine.steal) * tick_ms / 1000.0 / seconds;
-    } else {
-      result->other_cores = NAN;
-      result->steal_cores = NAN;
-    }
-    result->load = load.Mean();
-    result->ok = true;
     return absl::OkStatus();
   }
 
@@ -514,42 +350,35 @@ int Main(int argc, char** argv) {
     for (const auto& [rep, r] : results[logging]) values.push_back(r.*field);
     return values;
   };
-  const std::vector<double> on = collect(true, &RunResult::samples_per_second);
-  const std::vector<double> off = collect(false, &RunResult::samples_per_second);
-  const double on_median = Median(on);
-  const double off_median = Median(off);
-  std::vector<double> paired;
-  for (const auto& [rep, r] : results[true]) {
-    auto o = results[false].find(rep);
-    if (o != results[false].end()) paired.push_back(r.samples_per_second / o->second.samples_per_second);
-  }
-  // The verdict: the median of the paired ratios (see the header); the ratio of the medians when
-  // no repetition has both runs.
-  const double ratio = paired.empty() ? on_median / off_median : Median(paired);
-  auto spread = [](const std::vector<double>& v) {
-    if (v.size() < 2) return 0.0;
-    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-    return (*hi - *lo) / Median(v);
-  };
+  std::map<int, WindowResult> on_runs, off_runs;
+  for (const auto& [rep, r] : results[true]) on_runs[rep] = r;
+  for (const auto& [rep, r] : results[false]) off_runs[rep] = r;
+  const PairedComparison compared = ComparePaired(on_runs, off_runs);
+  const std::vector<double>& on = compared.a;
+  const std::vector<double>& off = compared.b;
+  const double on_median = compared.a_median;
+  const double off_median = compared.b_median;
+  const double ratio = compared.ratio;
 
   std::printf("\nthroughput over %d s windows (samples/s = trainer steps x batch %d; study took "
               "%.1f min)\n",
               flags.seconds, batch, study_minutes);
   std::printf("  ON  (logging):    %-30s median %8.1f  (range %.1f%% of the median)\n",
-              JoinFigures(on, 1).c_str(), on_median, 100.0 * spread(on));
+              JoinFigures(on, 1).c_str(), on_median, 100.0 * Spread(on));
   std::printf("  OFF (no logging): %-30s median %8.1f  (range %.1f%% of the median)\n",
-              JoinFigures(off, 1).c_str(), off_median, 100.0 * spread(off));
+              JoinFigures(off, 1).c_str(), off_median, 100.0 * Spread(off));
   std::printf("  ratio ON/OFF of the medians %.4f; paired per repetition %s (median %.4f: the "
               "verdict)\n",
-              on_median / off_median, JoinFigures(paired, 4).c_str(), ratio);
+              on_median / off_median, JoinFigures(compared.paired, 4).c_str(), ratio);
 
-  // The same comparison per core the cluster got (see RunResult::samples_per_cpu_second).
+  // The same comparison per core the cluster got (see WindowResult::samples_per_cpu_second).
   const std::vector<double> on_cpu = collect(true, &RunResult::samples_per_cpu_second);
   const std::vector<double> off_cpu = collect(false, &RunResult::samples_per_cpu_second);
   std::printf("  per cluster CPU-second (load-independent while CPU-bound): ON %s median %.1f, "
               "OFF %s median %.1f, ratio %.4f\n",
-              JoinFigures(on_cpu, 1).c_str(), Median(on_cpu), JoinFigures(off_cpu, 1).c_str(),
-              Median(off_cpu), Median(on_cpu) / Median(off_cpu));
+              JoinFigures(on_cpu, 1).c_str(), compared.a_per_cpu_median,
+              JoinFigures(off_cpu, 1).c_str(), compared.b_per_cpu_median,
+              compared.a_per_cpu_median / compared.b_per_cpu_median);
 
   const double records_s = Median(collect(true, &RunResult::records_per_second));
   const double bytes_s = Median(collect(true, &RunResult::bytes_per_second));

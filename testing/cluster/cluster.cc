@@ -123,7 +123,7 @@ absl::Status Cluster::StartGroup(const std::string& server_config) {
       return absl::InternalError(written.message());
     }
     member.argv = {options_.server_binary, "--config", member.config, "--port_file",
-                   member.port_file};
+                   member.port_file, "--peer_port_file", absl::StrCat(dir, "/peer-port-", i)};
     absl::StatusOr<std::unique_ptr<ChildProcess>> process =
         ChildProcess::Start(member.argv, member.log);
     if (!process.ok()) return process.status();

@@ -84,7 +84,8 @@ struct ClusterOptions {
   // server-0, server-1, ..., each with a fixed port, its own config (server-<i>.pbtxt: the
   // given server config plus the replication block and durability.data_dir <dir>/server-<i>),
   // log (server-<i>.log) and port files, coordinated by an etcd cluster of `etcd_members`
-  // members that StartServer starts first (testing/etcd, its own directory). Workers and the
+  // members that StartServer starts first (testing/etcd, its own directory); member i writes
+  // its peer port to <dir>/peer-port-<i>. Workers and the
   // cluster's own calls get every member's address and follow the leader. 0: one server, no
   // etcd, exactly as before.
   int standbys = 0;

@@ -1,0 +1,296 @@
+// A replicated server group (DESIGN.md §10.1) with real rebound_server members, real etcd
+// members and real rebound_worker trainers on loopback (testing/cluster with standbys): the
+// election and the standbys' view; a SIGKILLed leader, a lost disk, a SIGSTOPped leader and etcd
+// losing members, each during training, with the job then checked exactly: every slot applied
+// every one of its syncs once (no acknowledged sync lost, none applied twice), and at the end
+// every in-sync standby's store holds the leader's center.
+
+#include <catch2/catch.hpp>
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/file.h"
+#include "common/security.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/replication.grpc.pb.h"
+#include "storage/durable_store.h"
+#include "testing/cluster/cluster.h"
+#include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
+
+namespace rebound::testing {
+namespace {
+
+constexpr int kReplicas = 2;
+constexpr int kSyncPeriod = 20;
+constexpr int64_t kMaxSteps = 600;
+constexpr int64_t kRounds = kMaxSteps / kSyncPeriod;
+
+std::string ServerConfigText() {
+  return absl::StrCat(
+      "listen_address: \"127.0.0.1:0\"\n"
+      "max_wait_ms: 2000\n"
+      "job {\n"
+      "  job_id: \"group\"\n"
+      "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
+      "  topology { replicas: ",
+      kReplicas,
+      " }\n"
+      "  weighting { policy: UNIFORM }\n"
+      "  scheduling: DETERMINISTIC\n"
+      "  fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 failure_timeout_ms: 1500 "
+      "reconnect_grace_ms: 8000 }\n"
+      "  data { batch_size: 16 micro_batches: 2 train_limit: 2000 test_limit: 500 }\n"
+      "  adahessian { lr: 0.01 }\n"
+      "  easgd { sync_period: ",
+      kSyncPeriod,
+      " }\n"
+      "  training { max_steps: ",
+      kMaxSteps,
+      " }\n"
+      "}\n");
+}
+
+// Trainers retry quickly (the leader moves), and give up only after a minute.
+const char kWorkerConfig[] =
+    "job_id: \"group\"\n"
+    "backoff_initial_ms: 20\n"
+    "backoff_max_ms: 200\n"
+    "give_up_after_ms: 60000\n";
+
+ClusterOptions GroupOptions(const std::string& name, int etcd_members) {
+  ClusterOptions options;
+  options.server_binary = Runfile("server/rebound_server");
+  options.worker_binary = Runfile("worker/rebound_worker");
+  options.dir = MakeTempDir(name);
+  options.standbys = 1;
+  options.etcd_members = etcd_members;
+  options.leader_lease_ms = 2000;
+  return options;
+}
+
+// The group's status as its leader reports it, once `done` holds.
+GetStatusResponse WaitFor(Cluster& cluster, const std::function<bool(const GetStatusResponse&)>& done,
+                          const std::string& what, absl::Duration limit = absl::Seconds(60)) {
+  absl::StatusOr<GetStatusResponse> status = cluster.WaitForStatus(done, limit, what);
+  INFO(cluster.Logs(30, 8));
+  REQUIRE(status.ok());
+  return *status;
+}
+
+int64_t CenterVersion(const GetStatusResponse& s) {
+  return s.centers_size() > 0 ? s.centers(0).version() : 0;
+}
+
+bool BothInSync(const GetStatusResponse& s) {
+  if (s.group().role() != GroupStatus::LEADER) return false;
+  int in_sync = 0;
+  for (const StandbyStatus& standby : s.group().standbys()) in_sync += standby.in_sync() ? 1 : 0;
+  return in_sync == 1 && s.group().in_sync_size() == 2;
+}
+
+bool Finished(const GetStatusResponse& s) {
+  if (s.slots_size() != kReplicas) return false;
+  for (const SlotStatus& slot : s.slots()) {
+    if (slot.state() != FINISHED) return false;
+  }
+  return true;
+}
+
+// Every slot applied each of its syncs once, the last at max_steps, and the center moved once per
+// sync.
+void CheckExactlyOnce(const GetStatusResponse& s) {
+  REQUIRE(s.slots_size() == kReplicas);
+  for (const SlotStatus& slot : s.slots()) {
+    INFO("slot " << slot.slot().replica());
+    CHECK(slot.update_count() == kRounds);
+    CHECK(slot.snapshot_step() == kMaxSteps);
+  }
+  CHECK(CenterVersion(s) == kRounds * kReplicas);
+}
+
+void StartTrainers(Cluster& cluster) {
+  absl::Status started = cluster.StartTrainers(kReplicas);
+  INFO(started << cluster.Logs(30, 8));
+  REQUIRE(started.ok());
+}
+
+// After StopAll: member `i`'s durable center equals the one the leader served.
+void CheckStoredCenter(const Cluster& cluster, int i, int64_t version) {
+  storage::DurableStoreOptions options;
+  options.data_dir = cluster.member_data_dir(i);
+  auto store = storage::DurableStore::Open(options);
+  INFO(cluster.member_name(i) << ": " << store.status());
+  REQUIRE(store.ok());
+  auto state = (*store)->LoadAll();
+  REQUIRE(state.ok());
+  REQUIRE(state->centers.count(0) == 1);
+  CHECK(state->centers.at(0).version() == version);
+}
+
+int Other(int i) { return 1 - i; }
+
+TEST_CASE("a group elects one leader; the standby serves only its peer port, naming the leader") {
+  Cluster cluster(GroupOptions("group-basic", 1));
+  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
+  INFO(started << cluster.Logs());
+  REQUIRE(started.ok());
+  absl::StatusOr<int> leader = cluster.WaitForLeader(absl::Seconds(30));
+  REQUIRE(leader.ok());
+  const GetStatusResponse status = WaitFor(cluster, BothInSync, "the standby in sync");
+  CHECK(status.group().name() == cluster.member_name(*leader));
+  CHECK(status.group().in_sync(0) == cluster.member_name(*leader));
+  CHECK(status.group().in_sync(1) == cluster.member_name(Other(*leader)));
+  CHECK(status.group().epoch() > 0);
+
+  // The standby does not listen on the workers' port: only the leader is reachable there.
+  const std::vector<std::string> addresses = absl::StrSplit(cluster.address(), ',');
+  REQUIRE(addresses.size() == 2);
+  {
+    auto channel = grpc::CreateChannel(addresses[Other(*leader)], grpc::InsecureChannelCredentials());
+    CHECK_FALSE(channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(1))));
+  }
+  // Its peer port answers: NOT_SERVING, and the leader it follows.
+  const std::optional<int> peer_port =
+      ReadPortFile(absl::StrCat(cluster.dir(), "/peer-port-", Other(*leader)));
+  REQUIRE(peer_port.has_value());
+  auto peer = grpc::CreateChannel(absl::StrCat("127.0.0.1:", *peer_port),
+                                  grpc::InsecureChannelCredentials());
+  {
+    auto health = grpc::health::v1::Health::NewStub(peer);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::health::v1::HealthCheckResponse response;
+    REQUIRE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+    CHECK(response.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  }
+  {
+    auto stub = ServerPeer::NewStub(peer);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    GroupStatus group;
+    REQUIRE(stub->GetGroup(&context, GetGroupRequest(), &group).ok());
+    CHECK(group.role() == GroupStatus::STANDBY);
+    CHECK(group.leader_name() == cluster.member_name(*leader));
+    CHECK(group.leader_address() == addresses[*leader]);
+    // A standby refuses to stream commits to anyone: it does not lead.
+    grpc::ClientContext replicate;
+    replicate.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    auto stream = stub->Replicate(&replicate);
+    ReplicateRequest hello;
+    hello.set_name("intruder");
+    stream->Write(hello);
+    stream->WritesDone();
+    const grpc::Status refused = stream->Finish();
+    CHECK(refused.error_code() == grpc::StatusCode::UNAVAILABLE);
+    CHECK(absl::StrContains(refused.error_message(), "not the leader"));
+  }
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
+}
+
+TEST_CASE("the leader SIGKILLed, then its disk lost: the job finishes with every sync applied once") {
+  Cluster cluster(GroupOptions("group-kill", 3));
+  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
+  INFO(started << cluster.Logs());
+  REQUIRE(started.ok());
+  absl::StatusOr<int> first = cluster.WaitForLeader(absl::Seconds(30));
+  REQUIRE(first.ok());
+  WaitFor(cluster, BothInSync, "the standby in sync");
+  StartTrainers(cluster);
+  WaitFor(cluster, [](const GetStatusResponse& s) { return CenterVersion(s) >= 6; },
+          "six syncs");
+
+  // 1. SIGKILL: the standby takes over.
+  REQUIRE(cluster.KillMember(*first).ok());
+  absl::StatusOr<int> second = cluster.WaitForLeader(absl::Seconds(30));
+  INFO(cluster.Logs(30, 8));
+  REQUIRE(second.ok());
+  CHECK(*second == Other(*first));
+  const int64_t at_takeover = CenterVersion(*cluster.GetStatus());
+  WaitFor(cluster, [&](const GetStatusResponse& s) { return CenterVersion(s) > at_takeover + 2; },
+          "syncs on the new leader");
+
+  // 2. The old leader's disk is lost: it comes back empty, is copied, and joins the in-sync set.
+  REQUIRE(cluster.RestartMember(*first, /*wipe_data=*/true).ok());
+  WaitFor(cluster, BothInSync, "the re-copied member in sync");
+
+  // 3. The new leader is SIGKILLed too: the re-copied member leads with everything.
+  REQUIRE(cluster.KillMember(*second).ok());
+  absl::StatusOr<int> third = cluster.WaitForLeader(absl::Seconds(30));
+  REQUIRE(third.ok());
+  CHECK(*third == *first);
+  REQUIRE(cluster.RestartMember(*second, /*wipe_data=*/false).ok());
+
+  const GetStatusResponse done = WaitFor(cluster, Finished, "every slot FINISHED", absl::Seconds(120));
+  CheckExactlyOnce(done);
+  WaitFor(cluster, BothInSync, "the restarted member in sync");
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
+  for (int i = 0; i < cluster.members(); ++i) CheckStoredCenter(cluster, i, kRounds * kReplicas);
+}
+
+TEST_CASE("a leader SIGSTOPped past its lease never acknowledges again and comes back a standby") {
+  Cluster cluster(GroupOptions("group-stop", 3));
+  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
+  INFO(started << cluster.Logs());
+  REQUIRE(started.ok());
+  absl::StatusOr<int> first = cluster.WaitForLeader(absl::Seconds(30));
+  REQUIRE(first.ok());
+  WaitFor(cluster, BothInSync, "the standby in sync");
+  StartTrainers(cluster);
+  WaitFor(cluster, [](const GetStatusResponse& s) { return CenterVersion(s) >= 6; },
+          "six syncs");
+  cluster.StopMember(*first);
+  absl::StatusOr<int> second = cluster.WaitForLeader(absl::Seconds(30));
+  REQUIRE(second.ok());
+  CHECK(*second == Other(*first));
+  absl::SleepFor(Scaled(absl::Seconds(1)));
+  cluster.ResumeMember(*first);
+  // It fences itself and runs again as a standby of the new leader.
+  WaitFor(cluster, BothInSync, "the old leader back in sync as a standby");
+  const std::string log = ReadFileOrEmpty(absl::StrCat(cluster.dir(), "/", cluster.member_name(*first), ".log"));
+  CHECK(absl::StrContains(log, "no longer acknowledging"));
+  CHECK(absl::StrContains(log, "running again as a standby"));
+  const GetStatusResponse done = WaitFor(cluster, Finished, "every slot FINISHED", absl::Seconds(120));
+  CheckExactlyOnce(done);
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
+  for (int i = 0; i < cluster.members(); ++i) CheckStoredCenter(cluster, i, kRounds * kReplicas);
+}
+
+TEST_CASE("etcd: one member lost changes nothing; all lost pauses the group until they return") {
+  Cluster cluster(GroupOptions("group-etcd", 3));
+  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
+  INFO(started << cluster.Logs());
+  REQUIRE(started.ok());
+  REQUIRE(cluster.WaitForLeader(absl::Seconds(30)).ok());
+  WaitFor(cluster, BothInSync, "the standby in sync");
+  StartTrainers(cluster);
+  WaitFor(cluster, [](const GetStatusResponse& s) { return CenterVersion(s) >= 4; }, "four syncs");
+
+  cluster.etcd()->Kill(0);
+  const int64_t one_down = CenterVersion(*cluster.GetStatus());
+  WaitFor(cluster, [&](const GetStatusResponse& s) { return CenterVersion(s) >= one_down + 4; },
+          "four syncs with one etcd member down");
+
+  cluster.etcd()->Kill(1);
+  cluster.etcd()->Kill(2);
+  // Without etcd the leader cannot renew its lease: within the lease it stops serving.
+  absl::SleepFor(Scaled(absl::Seconds(4)));
+  absl::StatusOr<GetStatusResponse> paused = cluster.GetStatus();
+  CHECK((!paused.ok() || paused->group().role() != GroupStatus::LEADER));
+  for (int i = 0; i < 3; ++i) REQUIRE(cluster.etcd()->Restart(i).ok());
+  REQUIRE(cluster.WaitForLeader(absl::Seconds(60)).ok());
+  const GetStatusResponse done = WaitFor(cluster, Finished, "every slot FINISHED", absl::Seconds(120));
+  CheckExactlyOnce(done);
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
+}
+
+}  // namespace
+}  // namespace rebound::testing
