@@ -113,7 +113,10 @@ absl::Status Cluster::StartGroup(const std::string& server_config) {
       replication->add_etcd_endpoints(endpoint);
     }
     replication->set_standbys(options_.standbys);
-    replication->set_leader_lease_ms(options_.leader_lease_ms);
+    // Scaled like every timing field, in etcd's whole seconds.
+    const int64_t lease_ms = absl::ToInt64Milliseconds(
+        Scaled(absl::Milliseconds(options_.leader_lease_ms)));
+    replication->set_leader_lease_ms(static_cast<int32_t>((lease_ms + 999) / 1000 * 1000));
     replication->set_name(member.name);
     replication->set_peer_listen_address(host + ":0");
     replication->set_sync(options_.replication_sync);

@@ -425,6 +425,56 @@ TEST_CASE("server admission bounds: 0 means sized from the job, others are range
         "for other calls, got 30");
 }
 
+TEST_CASE("a replicated group's block: every field checked, with the fields it needs elsewhere") {
+  const std::string job = "job { model { layers { width: 10 activation: IDENTITY } } }\n";
+  const std::string member = "listen_address: \"0.0.0.0:7070\"\ndurability { data_dir: \"/d\" }\n";
+  auto parsed = ParseServerConfig(
+      job + member + "replication {\n  etcd_endpoints: \"e1:2379\"\n  etcd_endpoints: \"e2:2379\"\n}\n",
+      "server.pbtxt", ".");
+  REQUIRE(parsed.ok());
+  const ReplicationConfig& r = parsed->replication();
+  CHECK(r.standbys() == 1);
+  CHECK(r.leader_lease_ms() == 2000);
+  CHECK(r.group() == "0");
+  CHECK(r.peer_listen_address() == "0.0.0.0:7071");
+  CHECK(r.sync());
+  CHECK(r.max_buffered_bytes() == 268435456);
+  CHECK(!ParseServerConfig(job + member, "server.pbtxt", ".")->has_replication());
+
+  auto error = [&](const std::string& text) {
+    auto config = ParseServerConfig(job + text, "server.pbtxt", ".");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(config.status().message());
+  };
+  CHECK(error(member + "replication {\n  standbys: 1\n}\n") ==
+        "server.pbtxt:4: replication.etcd_endpoints must name at least one etcd member "
+        "(host:port)");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e1\"\n}\n") ==
+        "server.pbtxt:5: replication.etcd_endpoints must be host:port with a port in [0, "
+        "65535], got \"e1\"");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e1:0\"\n}\n") ==
+        "server.pbtxt:5: replication.etcd_endpoints needs a port other than 0, got \"e1:0\"");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e:1\"\n  leader_lease_ms: 1500\n}\n") ==
+        "server.pbtxt:6: replication.leader_lease_ms must be a multiple of 1000 (etcd leases are "
+        "whole seconds) in [1000, 60000], got 1500");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e:1\"\n  standbys: 17\n}\n") ==
+        "server.pbtxt:6: replication.standbys must be in [0, 16], got 17");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e:1\"\n  group: \"a/b\"\n}\n") ==
+        "server.pbtxt:6: replication.group must be [A-Za-z0-9_.-]{1,64}, got \"a/b\"");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e:1\"\n  name: \"s 1\"\n}\n") ==
+        "server.pbtxt:6: replication.name must be [A-Za-z0-9_.-]{1,64}, got \"s 1\"");
+  CHECK(error(member + "replication {\n  etcd_endpoints: \"e:1\"\n  max_buffered_bytes: 10\n}\n") ==
+        "server.pbtxt:6: replication.max_buffered_bytes must be in [1048576, 17179869184], got 10");
+  // What the rest of the config must give a member: a fixed workers' port, a data directory.
+  CHECK(error("listen_address: \"127.0.0.1:0\"\ndurability { data_dir: \"/d\" }\n"
+              "replication { etcd_endpoints: \"e:1\" }\n") ==
+        "server.pbtxt:2: listen_address needs a fixed port in a replicated group (workers reach "
+        "the leader there), got port 0");
+  CHECK(error("listen_address: \"127.0.0.1:7070\"\nreplication { etcd_endpoints: \"e:1\" }\n") ==
+        "server.pbtxt:3: replication needs durability.data_dir (a standby keeps its copy there)");
+}
+
 TEST_CASE("worker configs: syntax error, unknown field, wrong type, out of range") {
   auto error = [](const std::string& text) {
     auto config = ParseWorkerConfig(text, "worker.pbtxt", ".");
