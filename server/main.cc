@@ -90,8 +90,9 @@ struct GroupMember {
 };
 
 // Lets keepalive pings of clients that follow a group's leader through (common/server_addresses.h:
-// every second), and gives the listener the same bounds as the worker-facing one.
+// every second, also without calls): never a GOAWAY "too_many_pings" for them.
 void AllowClientKeepalive(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
 }
@@ -209,6 +210,8 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
     stop.Notify();
     (*standby)->Cancel();
     runner.join();
+    // A campaign won as the signal came: hand it on at once.
+    (void)group->Resign();
     member->Shutdown();
     *exit_code = 0;
     return nullptr;
