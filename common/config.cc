@@ -626,18 +626,6 @@ absl::Status CheckPem(const std::string& text, const std::string& label, const s
   return fail(absl::StrCat("no \"-----BEGIN ", label, "-----\" line"));
 }
 
-absl::Status ValidateHostPort(const std::string& address, const std::string& field) {
-  const std::string prefix = field.empty() ? "" : field + " ";
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "must be host:port with a port in [0, 65535], got \"", address, "\""));
-  }
-  return absl::OkStatus();
-}
-
 RecoveryPolicy EffectiveRecoveryPolicy(const JobConfig& job) {
   const RecoveryPolicy policy = job.fault_tolerance().policy();
   if (policy == REPLAY && job.easgd().mode() == ASYNC_ADAHESSIAN) return RESTART_FROM_CENTER;
@@ -786,7 +774,9 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const std::string& text,
   Checker checker(&locator, "");
   ResolveSecurityPaths(config.mutable_security(), base_dir);
 
-  checker.HostPort("server_address", config.server_address());
+  if (auto listed = ParseServerAddresses(config.server_address(), ""); !listed.ok()) {
+    checker.Fail("server_address", std::string(listed.status().message()));
+  }
   checker.HostPort("peer_listen_address", config.peer_listen_address());
   if (config.has_compute()) {
     checker.InRange("compute.threads", config.compute().threads(), 1, 256);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/server_addresses.h"  // ValidateHostPort, ParseServerAddresses
 #include "proto/config.pb.h"
 
 namespace rebound {
@@ -75,10 +76,6 @@ std::vector<bool> LoggedBoundaries(const JobConfig& job);
 // its whole group, from the group's snapshots and the pairs logged at the group's edges.
 // REQUIRES: a validated job, 0 <= stage < S.
 std::pair<int, int> RecoveryGroup(const JobConfig& job, int stage);
-
-// Splits "host:port" into its parts; INVALID_ARGUMENT unless the port is a number in [0, 65535]
-// and the host is non-empty. `field` names the setting in the message.
-absl::Status ValidateHostPort(const std::string& address, const std::string& field);
 
 // Files the binaries read whole (configs, job files, token files, TLS material) are at most
 // this large.

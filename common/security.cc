@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
+#include "common/server_addresses.h"
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
 #include "grpc/slice.h"
@@ -268,8 +269,21 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
     }
     credentials = grpc::SslCredentials(options);
   }
+  std::string target = address;
+  grpc::ChannelArguments channel_args = args;
+  if (address.find(',') != std::string::npos) {
+    absl::StatusOr<std::string> group = ChannelTarget(address);
+    if (!group.ok()) return group.status();
+    target = *std::move(group);
+    AddFailoverChannelArgs(&channel_args);
+    // The target lists addresses, not a host: the first member's host:port stands for the group
+    // as the calls' authority and as the name the members' certificates are checked against.
+    absl::StatusOr<std::vector<std::string>> members = ParseServerAddresses(address, "");
+    if (!members.ok()) return members.status();
+    channel_args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, members->front());
+  }
   if (security.token_file().empty() && worker == nullptr) {
-    return grpc::CreateCustomChannel(address, credentials, args);
+    return grpc::CreateCustomChannel(target, credentials, channel_args);
   }
   std::string token;
   if (!security.token_file().empty()) {
@@ -279,8 +293,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<CallMetadataInterceptorFactory>(std::move(token), std::move(worker)));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
-                                                                 std::move(factories));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, credentials, channel_args, std::move(factories));
 }
 
 absl::StatusOr<TokenChecker> TokenChecker::FromConfig(const SecurityConfig& security) {

@@ -79,7 +79,13 @@ bool ServesTls(const SecurityConfig& security);
 
 // A channel to `address` with `security`'s credentials; with a token file, every call carries
 // the token; with `worker`, every call carries the worker credential it holds at the call's start
-// (none while it is empty). `args` as for grpc::CreateCustomChannel.
+// (none while it is empty). `args` as for grpc::CreateCustomChannel. `address` may list the
+// members of a replicated group separated by commas (common/server_addresses.h): the channel
+// then goes to ChannelTarget(address) with `args` plus AddFailoverChannelArgs, and follows the
+// leader; the first member's host:port is the calls' authority, so with TLS every member's
+// certificate must be valid for the first member's host (e.g. one certificate naming every
+// member). INVALID_ARGUMENT for an unreadable TLS file or a malformed list; UNAVAILABLE for a
+// member that does not resolve; the token file's errors as ReadBearerToken.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const SecurityConfig& security,
                                                            const grpc::ChannelArguments& args,

@@ -1,6 +1,9 @@
 // reboundctl: the operator's command line for a Rebound server.
 //
-//   reboundctl --server HOST:PORT [--output table|json] [--timeout_ms N] COMMAND
+//   reboundctl --server HOST:PORT[,HOST:PORT...] [--output table|json] [--timeout_ms N] COMMAND
+//
+// --server lists one server, or the members of a replicated group (DESIGN.md §10.1): the calls go
+// to whichever member is the leader (common/server_addresses.h).
 //
 // Commands:
 //   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
@@ -61,7 +64,8 @@
 #include "proto/rebound.grpc.pb.h"
 #include "proto/replication.grpc.pb.h"
 
-DEFINE_string(server, "127.0.0.1:7070", "server host:port");
+DEFINE_string(server, "127.0.0.1:7070",
+              "server host:port, or a replicated group's members as host:port,host:port,...");
 DEFINE_string(peer, "",
               "group: ask this member's peer port (ServerPeer.GetGroup) instead of the leader "
               "through --server; works on standbys");
@@ -533,7 +537,7 @@ int PlanLoggingCommand() {
 }
 
 constexpr char kUsage[] =
-    "usage: reboundctl [--server HOST:PORT] [--output table|json] [--timeout_ms N]\n"
+    "usage: reboundctl [--server HOST:PORT[,HOST:PORT...]] [--output table|json] [--timeout_ms N]\n"
     "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F]\n"
     "                  [--operator_token_file F] COMMAND\n"
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
@@ -575,7 +579,8 @@ int Main(int argc, char** argv) {
   auto made = MakeChannel(FLAGS_server, security, grpc::ChannelArguments());
   if (!made.ok()) {
     std::cerr << "reboundctl: " << made.status().message() << "\n";
-    return kExitUsage;
+    // A group member whose name does not resolve: unreachable, as a single server's would be.
+    return made.status().code() == absl::StatusCode::kUnavailable ? kExitUnreachable : kExitUsage;
   }
   std::shared_ptr<grpc::Channel> channel = *std::move(made);
   const std::string command = argv[1];

@@ -20,6 +20,7 @@
 #include "common/config.h"
 #include "common/process.h"
 #include "common/security.h"
+#include "common/server_addresses.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "absl/synchronization/mutex.h"
@@ -38,7 +39,9 @@
 #include "worker/worker_metrics.h"
 
 DEFINE_string(config, "", "worker config file (.pbtxt); required");
-DEFINE_string(server, "", "server host:port; overrides server_address");
+DEFINE_string(server, "",
+              "server host:port, or a replicated group's members as host:port,host:port,...; "
+              "overrides server_address");
 DEFINE_string(name, "", "worker name; overrides name (default <hostname>-<pid>)");
 DEFINE_string(role, "", "auto|trainer|spare|evaluator; overrides role");
 DEFINE_string(peer_listen, "", "WorkerPeer host:port to listen on; overrides peer_listen_address");
@@ -96,9 +99,9 @@ int Run() {
   }
   WorkerConfig config = *std::move(loaded);
   if (!FLAGS_server.empty()) {
-    absl::Status valid = ValidateHostPort(FLAGS_server, "--server");
+    auto valid = ParseServerAddresses(FLAGS_server, "--server");
     if (!valid.ok()) {
-      LOG(ERROR) << valid.message();
+      LOG(ERROR) << valid.status().message();
       return 2;
     }
     config.set_server_address(FLAGS_server);

@@ -13,6 +13,7 @@ credential is set once at registration (under a lock) and read by every call.
 """
 
 import random
+import socket
 import sys
 import threading
 import time
@@ -25,6 +26,108 @@ CREDENTIAL_KEY = "rebound-worker-credential"
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # The server's default max_message_bytes (ServerConfig): models up to ~60 M float32 parameters.
 MAX_MESSAGE_BYTES = 268435456
+
+
+# What a channel to a replicated server group needs (common/server_addresses.h, DESIGN.md §10.1):
+# the first member that accepts, in the list's order (only the leader listens); reconnects within
+# a second; a connect timeout of 1 s (a member that accepts TCP but hangs costs ~1 s); keepalive
+# pings every second, also without calls, so a hung leader's connection is dropped in ~2 s.
+FAILOVER_OPTIONS = (
+    ("grpc.lb_policy_name", "pick_first"),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+def parse_server_addresses(server):
+    """The entries of ``server``: one host:port, or the members of a replicated group separated
+    by commas (white space around each removed). ValueError naming the entry for an empty entry,
+    one that is not host:port with a port in [1, 65535], a gRPC target URI (only alone) or an
+    entry given twice, as common/server_addresses.h."""
+    if "," not in server:
+        if not server or ":" not in server:
+            raise ValueError("server must be host:port, got %r" % (server,))
+        return [server.strip()]
+    entries = []
+    for number, raw in enumerate(server.split(","), start=1):
+        entry = raw.strip()
+        which = "server entry %d of %r" % (number, server)
+        if not entry:
+            raise ValueError("%s is empty; expected host:port addresses separated by commas"
+                             % which)
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("%s must be host:port with a port in [1, 65535] (a member of the "
+                             "group), got %r" % (which, entry))
+        bracketed = (host.startswith("[") and host.endswith("]") and len(host) > 2
+                     and not any(c in host[1:-1] for c in "[]/"))
+        if not bracketed and any(c in host for c in ":/[]"):
+            raise ValueError("%s must be host:port with one host (an IPv6 address in brackets, "
+                             "[::1]:7070; a gRPC target URI such as dns:///name:7070 only as the "
+                             "single address), got %r" % (which, entry))
+        if entry in entries:
+            raise ValueError("%s repeats entry %d, %r" % (which, entries.index(entry) + 1, entry))
+        entries.append(entry)
+    return entries
+
+
+def channel_target(server):
+    """The gRPC target for ``server``: one address unchanged; a list with every host resolved
+    now (once: a member that moves to another IP is not followed; a DNS name for the whole group
+    can be given alone instead, gRPC re-resolves it) into "ipv4:A:P,B:P" when every host has an
+    IPv4 address (IPv4 taken where a host has both), else "ipv6:[A]:P,..." (IPv4-only hosts as
+    IPv4-mapped addresses). ValueError for a bad list, Unreachable naming a host that does not
+    resolve."""
+    if "," not in server:
+        return server
+    members = []
+    for entry in parse_server_addresses(server):
+        host, _, port = entry.rpartition(":")
+        name = host[1:-1] if host.startswith("[") else host
+        try:
+            found = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+        except socket.gaierror as error:
+            raise Unreachable("cannot resolve the host %r of the server address %r: %s"
+                              % (name, entry, error.strerror)) from None
+        v4, v6 = [], []
+        for family, _, _, _, address in found:
+            into = v4 if family == socket.AF_INET else v6 if family == socket.AF_INET6 else None
+            if into is not None and address[0] not in into:
+                into.append(address[0])
+        if not v4 and not v6:
+            raise Unreachable("the host %r of the server address %r resolves to no IPv4 or IPv6 "
+                              "address" % (name, entry))
+        members.append((v4, v6, port))
+    every_v4 = all(v4 for v4, _, _ in members)
+    targets = []
+    for v4, v6, port in members:
+        if every_v4:
+            listed = ["%s:%s" % (a, port) for a in v4]
+        elif v4:
+            listed = ["[::ffff:%s]:%s" % (a, port) for a in v4]
+        else:
+            listed = ["[%s]:%s" % (a.split("%")[0], port) for a in v6]
+        targets.extend(t for t in listed if t not in targets)
+    return ("ipv4:" if every_v4 else "ipv6:") + ",".join(targets)
+
+
+def open_channel(server, options=()):
+    """An insecure channel to ``server`` (one address or a group's list, as channel_target) with
+    ``options``. For a list, FAILOVER_OPTIONS replace the options of the same keys (gRPC would
+    use the first value given) and the first member's host:port is the calls' authority.
+    ValueError for a bad list; Unreachable naming a member that does not resolve."""
+    options = list(options)
+    if "," in server:
+        failover = dict(FAILOVER_OPTIONS)
+        options = [option for option in options if option[0] not in failover]
+        options += list(FAILOVER_OPTIONS)
+        options.append(("grpc.default_authority", parse_server_addresses(server)[0]))
+    return grpc.insecure_channel(channel_target(server), options=options)
 
 
 def log(message):
@@ -74,12 +177,13 @@ class Backoff:
 
 
 class Options:
-    """How a worker talks to the server (the fields of WorkerConfig that apply to Python)."""
+    """How a worker talks to the server (the fields of WorkerConfig that apply to Python).
+    ``server``: host:port, or the members of a replicated group separated by commas
+    (parse_server_addresses); the Connection then follows the group's leader (open_channel)."""
 
     def __init__(self, server="127.0.0.1:7070", token="", rpc_deadline_s=10.0,
                  backoff_initial_s=0.1, backoff_max_s=5.0, give_up_after_s=120.0):
-        if not server or ":" not in server:
-            raise ValueError("server must be host:port, got %r" % (server,))
+        parse_server_addresses(server)
         for name, value in (("rpc_deadline_s", rpc_deadline_s),
                             ("backoff_initial_s", backoff_initial_s),
                             ("backoff_max_s", backoff_max_s)):
@@ -102,7 +206,7 @@ class Connection:
 
     def __init__(self, options):
         self.options = options
-        self._channel = grpc.insecure_channel(options.server, options=[
+        self._channel = open_channel(options.server, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ])

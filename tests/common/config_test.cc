@@ -497,6 +497,27 @@ TEST_CASE("worker configs: syntax error, unknown field, wrong type, out of range
         "\"no-port\"");
 }
 
+TEST_CASE("a worker's server_address may list a replicated group's members; a bad list names "
+          "file, line, field and entry") {
+  auto group = ParseWorkerConfig(
+      "rpc_deadline_ms: 500\nserver_address: \"10.0.0.1:7070, 10.0.0.2:7070,server-c:7070\"\n",
+      "worker.pbtxt", ".");
+  REQUIRE(group.ok());
+  CHECK(group->server_address() == "10.0.0.1:7070, 10.0.0.2:7070,server-c:7070");
+  auto repeated =
+      ParseWorkerConfig("server_address: \"10.0.0.1:7070,10.0.0.1:7070\"\n", "worker.pbtxt", ".");
+  REQUIRE_FALSE(repeated.ok());
+  CHECK(repeated.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(repeated.status().message() ==
+        "worker.pbtxt:1: server_address entry 2 of \"10.0.0.1:7070,10.0.0.1:7070\" repeats entry "
+        "1, \"10.0.0.1:7070\"");
+  auto port_zero = ParseWorkerConfig("\nserver_address: \"10.0.0.1:7070,10.0.0.2:0\"\n",
+                                     "worker.pbtxt", ".");
+  CHECK(port_zero.status().message() ==
+        "worker.pbtxt:2: server_address entry 2 of \"10.0.0.1:7070,10.0.0.2:0\" must be host:port "
+        "with a port in [1, 65535] (a member of the group), got \"10.0.0.2:0\"");
+}
+
 TEST_CASE("an empty worker config is valid: every field has its documented default") {
   auto config = ParseWorkerConfig("", "worker.pbtxt", ".");
   REQUIRE(config.ok());
