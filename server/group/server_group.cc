@@ -57,9 +57,9 @@ absl::StatusOr<std::unique_ptr<ServerGroup>> ServerGroup::Create(ServerGroupOpti
 }
 
 void ServerGroup::SetState(GroupStatus::Role role, const MemberAddress& leader, int64_t epoch,
-                           std::string detail) {
+                           std::string detail, bool quiet) {
   absl::MutexLock lock(&mu_);
-  if (detail != detail_ && !detail.empty()) LOG(INFO) << "group: " << detail;
+  if (!quiet && detail != detail_ && !detail.empty()) LOG(INFO) << "group: " << detail;
   role_ = role;
   leader_ = leader;
   leader_epoch_ = epoch;
@@ -78,6 +78,9 @@ absl::StatusOr<bool> ServerGroup::MayCampaign(std::string* recorded) {
 }
 
 absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notification* stop) {
+  // The epoch of a leader that could not be followed: tried again every kRetry until its key
+  // goes (e.g. its lease has not expired yet after it died), logged once.
+  int64_t failed_epoch = 0;
   while (!stop->HasBeenNotified()) {
     absl::StatusOr<std::optional<LeaderInfo>> leader = election_->Leader();
     if (!leader.ok()) {
@@ -103,7 +106,8 @@ absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notificat
         continue;
       }
       SetState(GroupStatus::STANDBY, *address, info.epoch,
-               absl::StrCat("following '", address->name, "' (epoch ", info.epoch, ")"));
+               absl::StrCat("following '", address->name, "' (epoch ", info.epoch, ")"),
+               /*quiet=*/failed_epoch == info.epoch);
       // The stream ends as soon as the key is deleted or re-created (another epoch).
       standby->Reset();
       WatchSpec spec;
@@ -133,7 +137,9 @@ absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notificat
       if (!followed_status.ok() && followed_status.code() != absl::StatusCode::kCancelled) {
         SetState(GroupStatus::STANDBY, *address, info.epoch,
                  absl::StrCat("following '", address->name, "' failed: ",
-                              followed_status.message()));
+                              followed_status.message()),
+                 /*quiet=*/failed_epoch == info.epoch);
+        failed_epoch = info.epoch;
         clock_->WaitFor(kRetry, stop);
       }
       continue;

@@ -79,8 +79,9 @@ class ServerGroup {
   ServerGroup(ServerGroupOptions options, const Clock* clock);
   // Whether the recorded in-sync set lets this server campaign, and the set read.
   absl::StatusOr<bool> MayCampaign(std::string* recorded);
+  // Logs the detail when it changed, unless `quiet`.
   void SetState(GroupStatus::Role role, const MemberAddress& leader, int64_t epoch,
-                std::string detail);
+                std::string detail, bool quiet = false);
 
   const ServerGroupOptions options_;
   const Clock* const clock_;

@@ -170,7 +170,20 @@ absl::Status Cluster::KillMember(int i) {
   return absl::OkStatus();
 }
 
-void Cluster::StopMember(int i) { members_.at(i).process->Signal(SIGSTOP); }
+void Cluster::StopMember(int i) {
+  ChildProcess& process = *members_.at(i).process;
+  process.Signal(SIGSTOP);
+  // kill() returns before every thread has stopped: a call sent at once may still be answered.
+  // Wait (bounded) until /proc says the process is stopped ('T').
+  const std::string stat = absl::StrCat("/proc/", process.pid(), "/stat");
+  const absl::Time limit = DefaultClock()->Now() + absl::Seconds(2);
+  while (DefaultClock()->Now() < limit) {
+    const std::string text = ReadFileOrEmpty(stat);
+    const size_t close = text.rfind(')');
+    if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T') return;
+    DefaultClock()->WaitFor(absl::Milliseconds(1), nullptr);
+  }
+}
 void Cluster::ResumeMember(int i) { members_.at(i).process->Signal(SIGCONT); }
 
 absl::Status Cluster::RestartMember(int i, bool wipe_data) {

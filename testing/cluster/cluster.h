@@ -174,7 +174,7 @@ class Cluster {
   absl::StatusOr<int> WaitForLeader(absl::Duration limit);
   // SIGKILLs member i and reaps it; its exit is expected until RestartMember.
   absl::Status KillMember(int i);
-  // SIGSTOP / SIGCONT to member i.
+  // SIGSTOP / SIGCONT to member i; StopMember returns once the process is stopped (or after 2 s).
   void StopMember(int i);
   void ResumeMember(int i);
   // Starts member i again (after KillMember) on its port and data directory, the directory
