@@ -400,11 +400,13 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     // The log is GC'd through the new snapshot's step, or less for a recovery group's member.
     LogRetention::SyncFloor floor = retention_.ForSync(slot, request->step());
     const int64_t gc_step = floor.gc_step;
+    const int64_t previous_floor = updated.log_floor;  // the log below it is deleted already
     updated.log_floor = gc_step;
     tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     storage::WriteBatch batch;
     AddSyncToBatch(layout, slot, *request, version, center, worker_after,
-                   WeightRecordFor(slot, updated), &batch, gc_step);
+                   WeightRecordFor(slot, updated), &batch, gc_step,
+                   /*log_gc_from=*/previous_floor);
     RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
       RETURN_IF_ERROR(store_->Commit(batch));
       books_.Set(slot, updated, ratio);

@@ -29,7 +29,7 @@ void AddHeaderAndViews(const TensorBundle& from, TensorBundle* to,
 void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
                     const SyncRequest& request, int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after, const WeightRecord& weight,
-                    storage::WriteBatch* batch, int64_t log_gc_step) {
+                    storage::WriteBatch* batch, int64_t log_gc_step, int64_t log_gc_from) {
   CenterRecord center_header;
   center_header.set_stage(slot.stage());
   center_header.set_version(version);
@@ -60,7 +60,8 @@ void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
   batch->PutSnapshot(snapshot, std::move(data));
   batch->PutWeight(weight);
   // The new snapshot makes the slot's older step-log records useless (DESIGN §5.2 GC).
-  batch->DeleteLogRange(slot, 0, (log_gc_step < 0 ? request.step() : log_gc_step) + 1);
+  batch->DeleteLogRange(slot, log_gc_from,
+                        (log_gc_step < 0 ? request.step() : log_gc_step) + 1);
 }
 
 }  // namespace rebound::server

@@ -22,10 +22,14 @@ namespace rebound::server {
 // valid and unchanged until the batch's last Commit returns. `slot` is the normalized slot of
 // the request; `center` the stage's center after the move, at `version`. The GC deletes the
 // slot's step log through `log_gc_step` (-1: the request's step; a pipeline slot in a recovery
-// group of several stages keeps its log back to the group's oldest snapshot, DESIGN §5.2).
+// group of several stages keeps its log back to the group's oldest snapshot, DESIGN §5.2),
+// from `log_gc_from` on: the slot's previous floor, below which an earlier sync deleted the log
+// already (a range from step 0 at every sync would pile up overlapping range deletions, which
+// RocksDB replays ever more slowly when it opens the store).
 void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
                     const SyncRequest& request, int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after, const WeightRecord& weight,
-                    storage::WriteBatch* batch, int64_t log_gc_step = -1);
+                    storage::WriteBatch* batch, int64_t log_gc_step = -1,
+                    int64_t log_gc_from = 0);
 
 }  // namespace rebound::server
