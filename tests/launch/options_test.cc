@@ -321,7 +321,7 @@ TEST_CASE("a group member's config loads with the replication block the server r
   CHECK(replication.sync());
 }
 
-TEST_CASE("a group's workers cap their retry backoff at 500 ms, the rest as for one server") {
+TEST_CASE("a group's workers cap their retry backoff at 250 ms, the rest as for one server") {
   const std::string file = TempDir() + "/group-worker.pbtxt";
   WriteFile(file, GroupWorkerConfigText("launched"));
   absl::StatusOr<WorkerConfig> config = LoadWorkerConfig(file);
@@ -329,7 +329,7 @@ TEST_CASE("a group's workers cap their retry backoff at 500 ms, the rest as for 
   CHECK(config->job_id() == "launched");
   CHECK(config->rpc_deadline_ms() == 10000);
   CHECK(config->backoff_initial_ms() == 100);
-  CHECK(config->backoff_max_ms() == 500);
+  CHECK(config->backoff_max_ms() == 250);
   // One server's is unchanged, byte for byte.
   CHECK(WorkerConfigText("launched") ==
         "# Written by rebound_launch.\n"

@@ -337,7 +337,7 @@ std::string GroupMemberConfigText(const std::string& job_file, const GroupMember
 }
 
 std::string GroupWorkerConfigText(const std::string& job_id) {
-  return WorkerConfigWithBackoff(job_id, /*backoff_max_ms=*/500);
+  return WorkerConfigWithBackoff(job_id, /*backoff_max_ms=*/250);
 }
 
 std::string GroupAddressList(const std::vector<GroupMemberPlan>& members) {

@@ -115,7 +115,8 @@ std::string GroupMemberConfigText(const std::string& job_file, const GroupMember
                                   int standbys, const std::vector<std::string>& etcd_endpoints);
 
 // worker.pbtxt for the workers of a group: WorkerConfigText's, with the retry backoff capped at
-// 500 ms, so that a worker finds the new leader within half a second of its taking over.
+// 250 ms (docs/operations.md, "High availability"), so that a worker finds a new leader within
+// a quarter of a second of its taking over.
 std::string GroupWorkerConfigText(const std::string& job_id);
 
 // The workers' --server for a group: every member's 127.0.0.1:<port>, comma-separated.
