@@ -11,7 +11,7 @@
 //     a rise is a sync it acknowledged itself);
 //   * back in sync: from the killed member's restart to the first reply of a leader that lists
 //     it as an in-sync standby.
-// Timings are as precise as the replies are frequent: the launcher polls every 100 ms meanwhile.
+// Timings are as precise as the replies are frequent: the launcher polls every 50 ms meanwhile.
 //
 // Pure: it never talks to a server, so it is unit-tested with hand-built replies. Not
 // thread-safe.
