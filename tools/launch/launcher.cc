@@ -23,6 +23,7 @@
 #include "common/config.h"
 #include "common/file.h"
 #include "common/process.h"
+#include "common/server_addresses.h"
 #include "grpcpp/grpcpp.h"
 #include "testing/etcd/etcd_process.h"
 
@@ -171,15 +172,18 @@ absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
   return ports;
 }
 
-// A channel to every member of a group at once: gRPC's pick_first connects to the first address
-// that accepts, which is the leader's (standbys do not listen on the workers' port). Its own
-// subchannels: the launcher makes a new one after a failed call (PollStatus), because a channel
-// whose connection attempts failed waits out gRPC's reconnect backoff and connect timeout
-// (seconds, 25 s seen) before it tries again, long after a new leader serves.
+// A channel to every member of a group at once, as the workers' (common/server_addresses.h):
+// pick_first connects to the first address that accepts, the leader's (standbys do not listen on
+// the workers' port). With subchannels of its own: the launcher makes a new channel after each
+// failed call (PollStatus) so that its next call tries every member at once, instead of after
+// the reconnect backoff of a channel whose attempts failed; a failover is then seen as soon as
+// the new leader serves.
 std::shared_ptr<grpc::Channel> GroupChannel(const std::string& address_list) {
   grpc::ChannelArguments args;
+  AddFailoverChannelArgs(&args);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(absl::StrCat("ipv4:", address_list),
+  absl::StatusOr<std::string> target = ChannelTarget(address_list);  // numeric: cannot fail
+  return grpc::CreateCustomChannel(target.ok() ? *target : address_list,
                                    grpc::InsecureChannelCredentials(), args);
 }
 
