@@ -9,10 +9,13 @@ ready, the workers' Service routing to it) is coordinated by the etcd StatefulSe
 names; the init containers that give a worker its pod IP as peer address and a server member its
 pod IP as advertised host really write those configs.
 
-Slurm (deploy/slurm/rebound.sbatch): it passes `bash -n`, passes only flags the binaries define,
-names configs that exist, and, run under stand-ins for srun, scontrol and the binaries, starts the
-server on the first node and the workers on the others, restarts a server that dies and a worker
-that is fenced, and stops the workers before the server.
+Slurm (deploy/slurm/rebound.sbatch): it passes `bash -n`, passes only flags the binaries (and
+etcd) define, names configs that exist, and, run under stand-ins for srun, scontrol, etcd and the
+binaries, starts the server on the first node and the workers on the others, restarts a server
+that dies and a worker that is fenced, and stops the workers before the server; with
+REBOUND_STANDBYS, starts etcd on the first nodes (or uses given endpoints) and one member per
+node, gives the workers every member's address, restarts a member that dies, and stops etcd
+last.
 """
 
 import json
@@ -537,6 +540,14 @@ class SlurmTest(unittest.TestCase):
         self.assertLessEqual({("rebound_server", "config"), ("rebound_worker", "config"),
                               ("rebound_worker", "server"), ("rebound_worker", "role"),
                               ("reboundctl", "server")}, used)
+        # The etcd members it starts for a group: etcd's own flags.
+        known = etcd_flags()
+        etcd_lines = [l for l in logical_lines(text) if '"$etcd_bin"' in l]
+        self.assertEqual(len(etcd_lines), 1)
+        names = re.findall(r"(?:^|\s)--([a-z-]+)=", etcd_lines[0].split('"$etcd_bin"', 1)[1])
+        self.assertGreaterEqual(len(names), 8)
+        for name in names:
+            self.assertIn(name, known, f"--{name} is not a flag of etcd")
 
     def test_it_reads_configs_that_exist(self):
         text = read("deploy/slurm/rebound.sbatch")
@@ -601,6 +612,12 @@ end=$((SECONDS + FAKE_WORKER_S))
 while (( SECONDS < end )); do sleep 0.05; done
 """
 
+FAKE_ETCD = r"""#!/bin/bash
+echo "etcd $*" >> "$FAKE_LOG"
+trap 'echo "etcd TERM" >> "$FAKE_LOG"; exit 0' TERM
+while :; do sleep 0.05; done
+"""
+
 FAKE_CTL = r"""#!/bin/bash
 echo "ctl $*" >> "$FAKE_LOG"
 case " $* " in
@@ -620,7 +637,8 @@ class SlurmRunTest(unittest.TestCase):
         for name, text in (("path/srun", FAKE_SRUN), ("path/scontrol", FAKE_SCONTROL),
                            ("bin/server/rebound_server", FAKE_SERVER),
                            ("bin/worker/rebound_worker", FAKE_WORKER),
-                           ("bin/tools/reboundctl", FAKE_CTL)):
+                           ("bin/tools/reboundctl", FAKE_CTL),
+                           ("etcd/etcd", FAKE_ETCD)):
             path = os.path.join(self.dir, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
@@ -636,6 +654,8 @@ class SlurmRunTest(unittest.TestCase):
             "REBOUND_RUN_DIR": self.run_dir,
             "REBOUND_DATA_DIR": os.path.join(self.dir, "data"),
             "FAKE_LOG": self.log, "FAKE_DIR": self.dir,
+            "REBOUND_ETCD_BIN": os.path.join(self.dir, "etcd", "etcd"),
+            "REBOUND_ETCD_DATA_DIR": os.path.join(self.dir, "etcd-data"),
         }
 
     def tearDown(self):
@@ -700,6 +720,109 @@ class SlurmRunTest(unittest.TestCase):
         self.assertEqual(lines[-1], "server TERM")
         last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM")
         self.assertLess(last_worker, lines.index("server TERM"))
+        self.assertFalse([l for l in lines if l.startswith("etcd")], "one server needs no etcd")
+
+    def srun_nodes(self, binary):
+        """The --nodelist of every srun step that ran `binary`, in order."""
+        return [re.search(r"--nodelist=(\S+)", l).group(1) for l in self.lines()
+                if l.startswith("srun") and l.endswith(":: " + binary)]
+
+    def member_config(self, i):
+        return parse_pbtxt(read(os.path.join(self.run_dir, f"server-{i}.pbtxt")))
+
+    def test_a_group_runs_etcd_and_a_member_per_node_and_restarts_a_member_that_dies(self):
+        script = self.start(REBOUND_STANDBYS="1", FAKE_WORKER_S="10", FAKE_CRASH_ONCE="1")
+        output, _ = script.communicate(timeout=60)
+        self.assertEqual(script.returncode, 0, output)
+        lines = self.lines()
+        # etcd: one member on each of the first three nodes, one cluster. (The stand-in srun
+        # starts its steps in the background: its lines come in any order.)
+        self.assertEqual(sorted(self.srun_nodes("etcd")), ["n1", "n2", "n3"])
+        etcd = sorted((dict(split_flags(l.split()[1:])) for l in lines if l.startswith("etcd --")),
+                      key=lambda e: e["name"])
+        self.assertEqual([e["name"] for e in etcd], ["etcd-0", "etcd-1", "etcd-2"])
+        cluster = "etcd-0=http://n1:2380,etcd-1=http://n2:2380,etcd-2=http://n3:2380"
+        for i, e in enumerate(etcd):
+            self.assertEqual(e["initial-cluster"], cluster)
+            self.assertEqual(e["advertise-client-urls"], f"http://n{i + 1}:2379")
+            self.assertEqual(e["data-dir"], os.path.join(self.dir, "etcd-data", f"etcd-{i}"))
+        # The members: server-0 on n1, server-1 on n2, the one that crashed started again on its
+        # node with its config.
+        servers = [l for l in lines if l.startswith("server --")]
+        configs = [re.search(r"--config=(\S+)", l).group(1) for l in servers]
+        self.assertEqual(sorted(configs[:2]), [f"{self.run_dir}/server-{i}.pbtxt" for i in (0, 1)])
+        self.assertEqual(len(servers), 3, output)
+        self.assertIn("server crash", lines)
+        crashed = configs.index(configs[2])
+        self.assertEqual(self.srun_nodes("rebound_server")[2], f"n{crashed + 1}")   # 4 s later
+        self.assertIn(f"server-{crashed} exited (1): restart 1 of 3", output)
+        for i in (0, 1):
+            config = self.member_config(i)
+            self.assertEqual(one(config, "listen_address"), "0.0.0.0:7070")
+            self.assertEqual(one(config, "durability.data_dir"),
+                             os.path.join(self.env["REBOUND_DATA_DIR"], f"server-{i}"))
+            self.assertEqual(config["replication.etcd_endpoints"],
+                             ["n1:2379", "n2:2379", "n3:2379"])
+            self.assertEqual(one(config, "replication.standbys"), "1")
+            self.assertEqual(one(config, "replication.name"), f"server-{i}")
+            self.assertEqual(one(config, "replication.advertise_host"), f"n{i + 1}")
+            self.assertEqual(one(config, "replication.peer_listen_address"), "0.0.0.0:7071")
+            self.assertEqual(one(config, "replication.sync"), "true")
+            self.assertEqual(read(one(config, "job_file")), read("configs/job.pbtxt"))
+        # The workers: on the third node only, with every member's address and a short backoff.
+        workers = [l for l in lines if l.startswith("worker --")]
+        self.assertEqual(len(workers), 7)
+        for l in workers:
+            self.assertIn("--server=n1:7070,n2:7070 ", l)
+        for l in lines:
+            if l.startswith("srun") and "supervise-worker.sh" in l:
+                self.assertIn("--nodelist=n3 ", l)
+        worker = parse_pbtxt(read(os.path.join(self.run_dir, "worker.pbtxt")))
+        self.assertEqual(one(worker, "backoff_max_ms"), "250")
+        # Stopped in order: the members after the workers' end, etcd last.
+        self.assertEqual(lines[-3:], ["etcd TERM"] * 3)
+        self.assertEqual(lines.count("server TERM"), 2)
+        self.assertLess(max(i for i, l in enumerate(lines) if l == "server TERM"),
+                        lines.index("etcd TERM"))
+
+    def test_a_group_on_an_etcd_of_ones_own_starts_no_etcd_and_stops_in_order(self):
+        script = self.start(REBOUND_STANDBYS="2", FAKE_WORKER_S="60",
+                            REBOUND_ETCD_ENDPOINTS="e1:2379,e2:2379")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if os.path.exists(self.log) and sum(
+                    l.startswith("worker --") for l in self.lines()) == 7:
+                break
+            time.sleep(0.1)
+        script.send_signal(signal.SIGTERM)
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 143, output)
+        lines = self.lines()
+        self.assertFalse([l for l in lines if l.startswith("etcd")], output)
+        self.assertEqual(sorted(self.srun_nodes("rebound_server")), ["n1", "n2", "n3"])
+        for i in range(3):
+            self.assertEqual(self.member_config(i)["replication.etcd_endpoints"],
+                             ["e1:2379", "e2:2379"])
+        # Every node holds a member: the workers share the first one's.
+        for l in lines:
+            if l.startswith("worker --"):
+                self.assertIn("--server=n1:7070,n2:7070,n3:7070 ", l)
+        self.assertEqual(lines.count("worker TERM"), 7, output)
+        self.assertEqual(lines.count("server TERM"), 3, output)
+        last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM")
+        self.assertLess(last_worker, lines.index("server TERM"))
+
+    def test_a_group_larger_than_the_allocation_is_refused(self):
+        script = self.start(REBOUND_STANDBYS="3")
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 1, output)
+        self.assertIn("REBOUND_STANDBYS=3 needs 4 nodes, one per member; the allocation has 3",
+                      output)
+        self.assertFalse(os.path.exists(self.log), "nothing started")
+        script = self.start(REBOUND_STANDBYS="1", REBOUND_ETCD_MEMBERS="2")
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 1, output)
+        self.assertIn("REBOUND_ETCD_MEMBERS must be odd, 1 to 9, got '2'", output)
 
 
 if __name__ == "__main__":
