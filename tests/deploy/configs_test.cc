@@ -1,6 +1,6 @@
 // The configs of the Kubernetes ConfigMap (deploy/k8s/config) pass the validation that
-// rebound_server and rebound_worker run at start, as shipped and as the workers' init container
-// rewrites them (the pod IP as the peer address).
+// rebound_server and rebound_worker run at start, as shipped and as the init containers rewrite
+// them (the pod IP as a worker's peer address and as a server member's advertised host).
 
 #include <catch2/catch.hpp>
 
@@ -30,6 +30,14 @@ std::string WithPeerHost(std::string text, const std::string& host) {
   return text.replace(at, from.size(), "peer_listen_address: \"" + host + ":");
 }
 
+// What the server's init container's sed does: the empty advertise_host becomes `host`.
+std::string WithAdvertiseHost(std::string text, const std::string& host) {
+  const std::string from = "  advertise_host: \"\"";
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), "  advertise_host: \"" + host + "\"");
+}
+
 TEST_CASE("the server's config loads with its job from the same ConfigMap") {
   auto server = LoadServerConfig(std::string(kConfigDir) + "/server.pbtxt");
   REQUIRE(server.ok());
@@ -43,10 +51,43 @@ TEST_CASE("the server's config loads with its job from the same ConfigMap") {
   CHECK(server->job().topology().evaluator());
 }
 
+TEST_CASE("the server's config makes each pod a member of a synchronous group of three") {
+  auto server = LoadServerConfig(std::string(kConfigDir) + "/server.pbtxt");
+  REQUIRE(server.ok());
+  REQUIRE(server->has_replication());
+  const ReplicationConfig& replication = server->replication();
+  REQUIRE(replication.etcd_endpoints_size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(replication.etcd_endpoints(i) ==
+          "rebound-etcd-" + std::to_string(i) + ".rebound-etcd:2379");
+  }
+  CHECK(replication.standbys() == 2);
+  CHECK(replication.leader_lease_ms() == 2000);
+  CHECK(replication.group() == "0");
+  CHECK(replication.name().empty());  // --name=$(POD_NAME)
+  CHECK(replication.peer_listen_address() == "0.0.0.0:7071");
+  CHECK(replication.advertise_host().empty());  // written per pod
+  CHECK(replication.sync());
+}
+
+TEST_CASE("the server's config with a pod IP as advertised host is valid, IPv4 and IPv6") {
+  const std::string text = Read(std::string(kConfigDir) + "/server.pbtxt");
+  for (const std::string host : {"10.244.2.9", "[fd00:10:244::9]"}) {
+    auto server = ParseServerConfig(WithAdvertiseHost(text, host), "server.pbtxt", kConfigDir);
+    INFO(host);
+    REQUIRE(server.ok());
+    CHECK(server->replication().advertise_host() == host);
+    CHECK(server->job().job_id() == "fashion-mnist-cluster");
+  }
+}
+
 TEST_CASE("the worker's config loads and joins only the ConfigMap's job") {
   auto worker = LoadWorkerConfig(std::string(kConfigDir) + "/worker.pbtxt");
   REQUIRE(worker.ok());
-  CHECK(worker->server_address() == "rebound-server-0.rebound-server:7070");
+  // The Service that routes to the group's leader; retries fast enough to find a new one soon.
+  CHECK(worker->server_address() == "rebound-server:7070");
+  CHECK(worker->backoff_max_ms() == 250);
+  CHECK(worker->give_up_after_ms() >= 600000);
   CHECK(worker->peer_listen_address() == "0.0.0.0:7071");
   auto job = LoadJobConfig(std::string(kConfigDir) + "/job.pbtxt");
   REQUIRE(job.ok());

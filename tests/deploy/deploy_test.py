@@ -2,14 +2,20 @@
 
 Kubernetes (deploy/k8s): every manifest parses; the containers run the binaries where
 deploy/Dockerfile puts them, with flags those binaries define (the DEFINE_ flags of
-server/main.cc, worker/main.cc) and --config paths that the ConfigMap provides; ports, probes,
-the data volume and the topology agree between the manifests and the configs; the init container
-that gives a worker its pod IP as peer address really writes that config.
+server/main.cc, worker/main.cc; etcd's from `etcd --help`) and --config paths that the ConfigMap
+provides; ports, probes, the data volumes and the topology agree between the manifests and the
+configs; the server group (a StatefulSet of 1 + replication.standbys members, only the leader
+ready, the workers' Service routing to it) is coordinated by the etcd StatefulSet its config
+names; the init containers that give a worker its pod IP as peer address and a server member its
+pod IP as advertised host really write those configs.
 
-Slurm (deploy/slurm/rebound.sbatch): it passes `bash -n`, passes only flags the binaries define,
-names configs that exist, and, run under stand-ins for srun, scontrol and the binaries, starts the
-server on the first node and the workers on the others, restarts a server that dies and a worker
-that is fenced, and stops the workers before the server.
+Slurm (deploy/slurm/rebound.sbatch): it passes `bash -n`, passes only flags the binaries (and
+etcd) define, names configs that exist, and, run under stand-ins for srun, scontrol, etcd and the
+binaries, starts the server on the first node and the workers on the others, restarts a server
+that dies and a worker that is fenced, and stops the workers before the server; with
+REBOUND_STANDBYS, starts etcd on the first nodes (or uses given endpoints) and one member per
+node, gives the workers every member's address, restarts a member that dies, and stops etcd
+last.
 """
 
 import json
@@ -31,6 +37,7 @@ SUPERVISE = os.path.join(ROOT, "deploy", "slurm", "supervise-worker.sh")
 
 SERVER_BIN = "/opt/rebound/server/rebound_server"
 WORKER_BIN = "/opt/rebound/worker/rebound_worker"
+ETCD_BIN = "/usr/bin/etcd"   # Debian's etcd-server, installed by tools/setup.sh and the image
 
 
 def read(path):
@@ -121,6 +128,13 @@ def pod_spec(workload):
     return workload["spec"]["template"]["spec"]
 
 
+def etcd_flags():
+    """The flags `etcd --help` lists: "--initial-cluster ''" -> "initial-cluster"."""
+    assert os.access(ETCD_BIN, os.X_OK), f"{ETCD_BIN} is missing: run tools/setup.sh"
+    result = subprocess.run([ETCD_BIN, "--help"], capture_output=True, text=True, timeout=30)
+    return set(re.findall(r"^\s+--([a-z0-9-]+)", result.stdout + result.stderr, re.M))
+
+
 def config_map_files():
     """The ConfigMap generator's files: {name: {key: path}}."""
     maps = {}
@@ -160,15 +174,21 @@ class KubernetesTest(unittest.TestCase):
         cls.worker_config = parse_pbtxt(read(files["worker.pbtxt"]))
         cls.server_sts = cls.objects[("StatefulSet", "rebound-server")]
         cls.server_svc = cls.objects[("Service", "rebound-server")]
+        cls.peers_svc = cls.objects[("Service", "rebound-server-peers")]
+        cls.etcd_sts = cls.objects[("StatefulSet", "rebound-etcd")]
+        cls.etcd_svc = cls.objects[("Service", "rebound-etcd")]
         cls.trainers = cls.objects[("Job", "rebound-trainer")]
         cls.spares = cls.objects[("Deployment", "rebound-spare")]
         cls.evaluator = cls.objects[("Job", "rebound-evaluator")]
 
     def rebound_containers(self):
-        """(workload, container, binary) for every container that runs a Rebound binary."""
+        """(workload, container, binary) for every container that runs a Rebound binary (all
+        but etcd's)."""
         found = []
         for key, workload in workloads(self.objects).items():
             for container in pod_spec(workload)["containers"]:
+                if container["command"] == [ETCD_BIN]:
+                    continue
                 found.append((key, container, os.path.basename(container["command"][0])))
         return found
 
@@ -190,19 +210,28 @@ class KubernetesTest(unittest.TestCase):
                 self.assertTrue(os.path.isfile(path), path)
 
     def test_the_manifests_hold_what_the_design_asks_for(self):
-        # One server pod behind a headless Service, trainers as an Indexed Job, spares as a
-        # Deployment, one evaluator, the configs in one ConfigMap.
-        self.assertEqual(self.server_sts["spec"]["replicas"], 1)
-        self.assertEqual(self.server_svc["spec"]["clusterIP"], "None")
+        # A server group of three pods (a leader, two standbys) with a headless Service of their
+        # own names and a ClusterIP Service for the workers, three etcd members, trainers as an
+        # Indexed Job, spares as a Deployment, one evaluator, the configs in one ConfigMap.
+        self.assertEqual(self.server_sts["spec"]["replicas"], 3)
+        self.assertEqual(self.peers_svc["spec"]["clusterIP"], "None")
+        self.assertNotIn("clusterIP", self.server_svc["spec"])   # a virtual IP: ready pods only
+        self.assertNotIn("publishNotReadyAddresses", self.server_svc["spec"])
+        self.assertEqual(self.etcd_sts["spec"]["replicas"], 3)
+        self.assertEqual(self.etcd_svc["spec"]["clusterIP"], "None")
         self.assertEqual(self.trainers["spec"]["completionMode"], "Indexed")
         self.assertEqual(list(self.maps), ["rebound-config"])
         self.assertEqual(sorted(f"{kind}/{name}" for kind, name in self.objects),
                          ["Deployment/rebound-spare", "Job/rebound-evaluator",
-                          "Job/rebound-trainer", "Service/rebound-server",
+                          "Job/rebound-trainer", "PodDisruptionBudget/rebound-etcd",
+                          "Service/rebound-etcd", "Service/rebound-server",
+                          "Service/rebound-server-peers", "StatefulSet/rebound-etcd",
                           "StatefulSet/rebound-server"])
 
     def test_every_container_runs_the_image_built_by_the_dockerfile(self):
         self.assertRegex(read("deploy/Dockerfile"), r"(?m)^FROM debian:12\s*$")
+        # etcd.yaml runs Debian's etcd from the same image.
+        self.assertRegex(read("deploy/Dockerfile"), r"(?m)^\s+etcd-server \\$")
         images = {i["name"]: i for i in load_kustomization()["images"]}
         self.assertEqual(images["rebound"].get("newTag"), "latest")
         for key, workload in workloads(self.objects).items():
@@ -220,6 +249,7 @@ class KubernetesTest(unittest.TestCase):
         self.assertEqual(set(copies),
                          {SERVER_BIN, WORKER_BIN, "/opt/rebound/tools/reboundctl"})
         expected = {("StatefulSet", "rebound-server"): SERVER_BIN}
+        self.assertEqual(len(self.rebound_containers()), len(workloads(self.objects)) - 1)
         for key, container, _ in self.rebound_containers():
             self.assertEqual(len(container["command"]), 1, key)
             self.assertEqual(container["command"][0], expected.get(key, WORKER_BIN), key)
@@ -250,6 +280,8 @@ class KubernetesTest(unittest.TestCase):
             spec = pod_spec(workload)
             volumes = {v["name"]: v for v in spec.get("volumes", [])}
             for container in spec["containers"]:
+                if container["command"] == [ETCD_BIN]:
+                    continue   # flags only
                 path = dict(split_flags(container["args"]))["config"]
                 volume, mount_path = mount_of(container, path)
                 self.assertIsNotNone(volume, f"{key}: nothing mounted at {path}")
@@ -271,27 +303,44 @@ class KubernetesTest(unittest.TestCase):
                 template = os.path.join(config_mounts[0]["mountPath"], os.path.basename(path))
                 self.assertIn(template, script, key)
                 self.assertIn(os.path.basename(template), files, key)
-        # The server's job file sits beside its config, in the same ConfigMap.
-        self.assertIn(one(self.server_config, "job_file"), files)
+        # The server's job file sits beside its config, in the same ConfigMap; the init container
+        # that writes the member's copy of the config copies the job beside it.
+        job_file = one(self.server_config, "job_file")
+        self.assertIn(job_file, files)
         self.assertIsNone(one(self.server_config, "job"))
+        [init] = pod_spec(self.server_sts)["initContainers"]
+        self.assertIn(f"cp /etc/rebound/{job_file} /run/rebound/{job_file}", init["args"][0])
 
     def test_ports_agree_between_configs_services_containers_and_probes(self):
         host, port = one(self.server_config, "listen_address").rsplit(":", 1)
         self.assertEqual(host, "0.0.0.0")
         port = int(port)
+        peer_host, server_peer_port = one(
+            self.server_config, "replication.peer_listen_address").rsplit(":", 1)
+        self.assertEqual(peer_host, "0.0.0.0")
+        server_peer_port = int(server_peer_port)
         [container] = pod_spec(self.server_sts)["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        self.assertEqual(ports, {"grpc": port})
+        self.assertEqual(ports, {"grpc": port, "peer": server_peer_port})
         [service_port] = self.server_svc["spec"]["ports"]
         self.assertEqual(service_port["port"], port)
         self.assertEqual(service_port["targetPort"], "grpc")
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            self.assertEqual(container[probe], {**container[probe], "grpc": {"port": port}},
-                             f"{probe} must be a native gRPC probe on port {port}")
-        # Workers reach the server pod by its stable name: <statefulset>-0.<service>.
-        self.assertEqual(self.server_sts["spec"]["serviceName"], "rebound-server")
-        self.assertEqual(one(self.worker_config, "server_address"),
-                         f"rebound-server-0.rebound-server:{port}")
+        self.assertEqual({p["name"]: (p["port"], p["targetPort"])
+                          for p in self.peers_svc["spec"]["ports"]},
+                         {"grpc": (port, "grpc"), "peer": (server_peer_port, "peer")})
+        # Only the leader listens on the workers' port and is SERVING there: the readiness probe
+        # (and so the workers' Service) finds the leader. Every member serves its peer port,
+        # whatever its role and while it loads: startup and liveness knock there.
+        self.assertEqual(container["readinessProbe"],
+                         {**container["readinessProbe"], "grpc": {"port": port}})
+        for probe in ("startupProbe", "livenessProbe"):
+            self.assertEqual(container[probe],
+                             {**container[probe], "tcpSocket": {"port": server_peer_port}}, probe)
+            self.assertNotIn("grpc", container[probe], f"{probe}: a standby is NOT_SERVING")
+        # The members' stable names come from the headless Service; the workers dial the
+        # Service that routes to the ready member.
+        self.assertEqual(self.server_sts["spec"]["serviceName"], "rebound-server-peers")
+        self.assertEqual(one(self.worker_config, "server_address"), f"rebound-server:{port}")
         # The peer port of the worker config is the port the worker pods declare.
         peer_host, peer_port = one(self.worker_config, "peer_listen_address").rsplit(":", 1)
         self.assertEqual(peer_host, "0.0.0.0")
@@ -303,7 +352,14 @@ class KubernetesTest(unittest.TestCase):
     def test_selectors_match_the_pods(self):
         labels = self.server_sts["spec"]["template"]["metadata"]["labels"]
         self.assertLessEqual(self.server_svc["spec"]["selector"].items(), labels.items())
-        for workload in (self.server_sts, self.spares):
+        self.assertLessEqual(self.peers_svc["spec"]["selector"].items(), labels.items())
+        etcd_labels = self.etcd_sts["spec"]["template"]["metadata"]["labels"]
+        self.assertLessEqual(self.etcd_svc["spec"]["selector"].items(), etcd_labels.items())
+        self.assertFalse(self.etcd_svc["spec"]["selector"].items() <= labels.items())
+        self.assertFalse(self.server_svc["spec"]["selector"].items() <= etcd_labels.items())
+        pdb = self.objects[("PodDisruptionBudget", "rebound-etcd")]
+        self.assertEqual(pdb["spec"]["selector"]["matchLabels"], etcd_labels)
+        for workload in (self.server_sts, self.etcd_sts, self.spares):
             self.assertLessEqual(workload["spec"]["selector"]["matchLabels"].items(),
                                  workload["spec"]["template"]["metadata"]["labels"].items())
 
@@ -315,6 +371,97 @@ class KubernetesTest(unittest.TestCase):
         [mount] = [m for m in container["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
         self.assertTrue(data_dir.startswith(mount["mountPath"].rstrip("/") + "/"), data_dir)
         self.assertIn("storage", claim["spec"]["resources"]["requests"])
+
+    def test_the_group_runs_one_member_per_node_and_never_waits_for_a_standby(self):
+        standbys = int(one(self.server_config, "replication.standbys"))
+        self.assertEqual(self.server_sts["spec"]["replicas"], 1 + standbys)
+        self.assertEqual(one(self.server_config, "replication.sync"), "true")
+        # A standby is never ready: neither the pods' start nor an update may wait for it.
+        self.assertEqual(self.server_sts["spec"]["podManagementPolicy"], "Parallel")
+        self.assertEqual(self.server_sts["spec"]["updateStrategy"], {"type": "OnDelete"})
+        self.assertEqual(self.etcd_sts["spec"]["podManagementPolicy"], "Parallel")
+        for sts in (self.server_sts, self.etcd_sts):
+            spec = pod_spec(sts)
+            [term] = spec["affinity"]["podAntiAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"]
+            self.assertEqual(term["topologyKey"], "kubernetes.io/hostname")
+            self.assertEqual(term["labelSelector"]["matchLabels"],
+                             sts["spec"]["template"]["metadata"]["labels"])
+        # Each member its own name (--name) and its own volume.
+        [container] = pod_spec(self.server_sts)["containers"]
+        self.assertEqual(dict(split_flags(container["args"]))["name"], "$(POD_NAME)")
+        self.assertIsNone(one(self.server_config, "replication.name"))
+        self.assertEqual({e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+                          for e in container["env"]}, {"POD_NAME": "metadata.name"})
+
+    def test_the_group_is_coordinated_by_the_etcd_of_the_manifests(self):
+        sts, svc = self.etcd_sts["metadata"]["name"], self.etcd_svc["metadata"]["name"]
+        self.assertEqual(self.etcd_sts["spec"]["serviceName"], svc)
+        self.assertTrue(self.etcd_svc["spec"]["publishNotReadyAddresses"])
+        members = [f"{sts}-{i}" for i in range(self.etcd_sts["spec"]["replicas"])]
+        ports = {p["name"]: p["port"] for p in self.etcd_svc["spec"]["ports"]}
+        self.assertEqual(self.server_config["replication.etcd_endpoints"],
+                         [f"{m}.{svc}:{ports['client']}" for m in members])
+        [container] = pod_spec(self.etcd_sts)["containers"]
+        self.assertEqual(container["command"], [ETCD_BIN])
+        self.assertEqual({p["name"]: p["containerPort"] for p in container["ports"]}, ports)
+        flags = dict(split_flags(container["args"]))
+        known = etcd_flags()
+        for name in flags:
+            self.assertIn(name, known, f"--{name} is not a flag of etcd")
+        self.assertEqual(flags["name"], "$(POD_NAME)")
+        self.assertEqual(flags["initial-cluster"],
+                         ",".join(f"{m}=http://{m}.{svc}:{ports['peer']}" for m in members))
+        self.assertEqual(flags["initial-advertise-peer-urls"],
+                         f"http://$(POD_NAME).{svc}:{ports['peer']}")
+        self.assertEqual(flags["advertise-client-urls"],
+                         f"http://$(POD_NAME).{svc}:{ports['client']}")
+        self.assertEqual(flags["listen-client-urls"], f"http://0.0.0.0:{ports['client']}")
+        self.assertEqual(flags["listen-peer-urls"], f"http://0.0.0.0:{ports['peer']}")
+        self.assertEqual(flags["initial-cluster-state"], "new")
+        self.assertEqual({e["name"] for e in container["env"]}, {"POD_NAME"})
+        # Its data on its own volume, below the mount point.
+        [claim] = self.etcd_sts["spec"]["volumeClaimTemplates"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
+        self.assertTrue(flags["data-dir"].startswith(mount["mountPath"].rstrip("/") + "/"))
+        self.assertEqual(container["readinessProbe"]["httpGet"],
+                         {"path": "/health", "port": ports["client"]})
+
+    def test_the_init_container_gives_each_member_its_pod_ip_as_advertised_host(self):
+        files = self.maps["rebound-config"]
+        [init] = pod_spec(self.server_sts)["initContainers"]
+        self.assertEqual(init["command"], ["/bin/sh", "-c"])
+        self.assertEqual([e["valueFrom"]["fieldRef"]["fieldPath"] for e in init["env"]],
+                         ["status.podIP"])
+        script = init["args"][0]
+        for pod_ip, host in (("10.244.2.9", "10.244.2.9"), ("fd00:10:244::9", "[fd00:10:244::9]")):
+            with tempfile.TemporaryDirectory() as tmp:
+                local = script
+                for mount in init["volumeMounts"]:
+                    here = os.path.join(tmp, mount["name"])
+                    os.makedirs(here)
+                    local = local.replace(mount["mountPath"], here)
+                for name in ("server.pbtxt", "job.pbtxt"):
+                    with open(files[name]) as src, \
+                            open(os.path.join(tmp, "config", name), "w") as dst:
+                        dst.write(src.read())
+                subprocess.run(["/bin/sh", "-c", local], check=True,
+                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                    "POD_IP": pod_ip})
+                with open(os.path.join(tmp, "run", "server.pbtxt")) as f:
+                    rendered = parse_pbtxt(f.read())
+                with open(os.path.join(tmp, "run", "job.pbtxt")) as f:
+                    self.assertEqual(f.read(), read(files["job.pbtxt"]))
+            self.assertEqual(one(rendered, "replication.advertise_host"), host)
+            # Nothing else changes.
+            self.assertEqual({k: v for k, v in rendered.items()
+                              if k != "replication.advertise_host"},
+                             {k: v for k, v in self.server_config.items()
+                              if k != "replication.advertise_host"})
+
+    def test_the_workers_retry_fast_enough_for_a_failover_and_long_enough_for_an_outage(self):
+        self.assertLessEqual(int(one(self.worker_config, "backoff_max_ms")), 500)
+        self.assertGreaterEqual(int(one(self.worker_config, "give_up_after_ms")), 600000)
 
     def test_the_workloads_match_the_jobs_topology(self):
         slots = int(one(self.job, "topology.replicas", "1")) * int(
@@ -393,6 +540,14 @@ class SlurmTest(unittest.TestCase):
         self.assertLessEqual({("rebound_server", "config"), ("rebound_worker", "config"),
                               ("rebound_worker", "server"), ("rebound_worker", "role"),
                               ("reboundctl", "server")}, used)
+        # The etcd members it starts for a group: etcd's own flags.
+        known = etcd_flags()
+        etcd_lines = [l for l in logical_lines(text) if '"$etcd_bin"' in l]
+        self.assertEqual(len(etcd_lines), 1)
+        names = re.findall(r"(?:^|\s)--([a-z-]+)=", etcd_lines[0].split('"$etcd_bin"', 1)[1])
+        self.assertGreaterEqual(len(names), 8)
+        for name in names:
+            self.assertIn(name, known, f"--{name} is not a flag of etcd")
 
     def test_it_reads_configs_that_exist(self):
         text = read("deploy/slurm/rebound.sbatch")
@@ -457,6 +612,12 @@ end=$((SECONDS + FAKE_WORKER_S))
 while (( SECONDS < end )); do sleep 0.05; done
 """
 
+FAKE_ETCD = r"""#!/bin/bash
+echo "etcd $*" >> "$FAKE_LOG"
+trap 'echo "etcd TERM" >> "$FAKE_LOG"; exit 0' TERM
+while :; do sleep 0.05; done
+"""
+
 FAKE_CTL = r"""#!/bin/bash
 echo "ctl $*" >> "$FAKE_LOG"
 case " $* " in
@@ -476,7 +637,8 @@ class SlurmRunTest(unittest.TestCase):
         for name, text in (("path/srun", FAKE_SRUN), ("path/scontrol", FAKE_SCONTROL),
                            ("bin/server/rebound_server", FAKE_SERVER),
                            ("bin/worker/rebound_worker", FAKE_WORKER),
-                           ("bin/tools/reboundctl", FAKE_CTL)):
+                           ("bin/tools/reboundctl", FAKE_CTL),
+                           ("etcd/etcd", FAKE_ETCD)):
             path = os.path.join(self.dir, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
@@ -492,6 +654,8 @@ class SlurmRunTest(unittest.TestCase):
             "REBOUND_RUN_DIR": self.run_dir,
             "REBOUND_DATA_DIR": os.path.join(self.dir, "data"),
             "FAKE_LOG": self.log, "FAKE_DIR": self.dir,
+            "REBOUND_ETCD_BIN": os.path.join(self.dir, "etcd", "etcd"),
+            "REBOUND_ETCD_DATA_DIR": os.path.join(self.dir, "etcd-data"),
         }
 
     def tearDown(self):
@@ -556,6 +720,109 @@ class SlurmRunTest(unittest.TestCase):
         self.assertEqual(lines[-1], "server TERM")
         last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM")
         self.assertLess(last_worker, lines.index("server TERM"))
+        self.assertFalse([l for l in lines if l.startswith("etcd")], "one server needs no etcd")
+
+    def srun_nodes(self, binary):
+        """The --nodelist of every srun step that ran `binary`, in order."""
+        return [re.search(r"--nodelist=(\S+)", l).group(1) for l in self.lines()
+                if l.startswith("srun") and l.endswith(":: " + binary)]
+
+    def member_config(self, i):
+        return parse_pbtxt(read(os.path.join(self.run_dir, f"server-{i}.pbtxt")))
+
+    def test_a_group_runs_etcd_and_a_member_per_node_and_restarts_a_member_that_dies(self):
+        script = self.start(REBOUND_STANDBYS="1", FAKE_WORKER_S="10", FAKE_CRASH_ONCE="1")
+        output, _ = script.communicate(timeout=60)
+        self.assertEqual(script.returncode, 0, output)
+        lines = self.lines()
+        # etcd: one member on each of the first three nodes, one cluster. (The stand-in srun
+        # starts its steps in the background: its lines come in any order.)
+        self.assertEqual(sorted(self.srun_nodes("etcd")), ["n1", "n2", "n3"])
+        etcd = sorted((dict(split_flags(l.split()[1:])) for l in lines if l.startswith("etcd --")),
+                      key=lambda e: e["name"])
+        self.assertEqual([e["name"] for e in etcd], ["etcd-0", "etcd-1", "etcd-2"])
+        cluster = "etcd-0=http://n1:2380,etcd-1=http://n2:2380,etcd-2=http://n3:2380"
+        for i, e in enumerate(etcd):
+            self.assertEqual(e["initial-cluster"], cluster)
+            self.assertEqual(e["advertise-client-urls"], f"http://n{i + 1}:2379")
+            self.assertEqual(e["data-dir"], os.path.join(self.dir, "etcd-data", f"etcd-{i}"))
+        # The members: server-0 on n1, server-1 on n2, the one that crashed started again on its
+        # node with its config.
+        servers = [l for l in lines if l.startswith("server --")]
+        configs = [re.search(r"--config=(\S+)", l).group(1) for l in servers]
+        self.assertEqual(sorted(configs[:2]), [f"{self.run_dir}/server-{i}.pbtxt" for i in (0, 1)])
+        self.assertEqual(len(servers), 3, output)
+        self.assertIn("server crash", lines)
+        crashed = configs.index(configs[2])
+        self.assertEqual(self.srun_nodes("rebound_server")[2], f"n{crashed + 1}")   # 4 s later
+        self.assertIn(f"server-{crashed} exited (1): restart 1 of 3", output)
+        for i in (0, 1):
+            config = self.member_config(i)
+            self.assertEqual(one(config, "listen_address"), "0.0.0.0:7070")
+            self.assertEqual(one(config, "durability.data_dir"),
+                             os.path.join(self.env["REBOUND_DATA_DIR"], f"server-{i}"))
+            self.assertEqual(config["replication.etcd_endpoints"],
+                             ["n1:2379", "n2:2379", "n3:2379"])
+            self.assertEqual(one(config, "replication.standbys"), "1")
+            self.assertEqual(one(config, "replication.name"), f"server-{i}")
+            self.assertEqual(one(config, "replication.advertise_host"), f"n{i + 1}")
+            self.assertEqual(one(config, "replication.peer_listen_address"), "0.0.0.0:7071")
+            self.assertEqual(one(config, "replication.sync"), "true")
+            self.assertEqual(read(one(config, "job_file")), read("configs/job.pbtxt"))
+        # The workers: on the third node only, with every member's address and a short backoff.
+        workers = [l for l in lines if l.startswith("worker --")]
+        self.assertEqual(len(workers), 7)
+        for l in workers:
+            self.assertIn("--server=n1:7070,n2:7070 ", l)
+        for l in lines:
+            if l.startswith("srun") and "supervise-worker.sh" in l:
+                self.assertIn("--nodelist=n3 ", l)
+        worker = parse_pbtxt(read(os.path.join(self.run_dir, "worker.pbtxt")))
+        self.assertEqual(one(worker, "backoff_max_ms"), "250")
+        # Stopped in order: the members after the workers' end, etcd last.
+        self.assertEqual(lines[-3:], ["etcd TERM"] * 3)
+        self.assertEqual(lines.count("server TERM"), 2)
+        self.assertLess(max(i for i, l in enumerate(lines) if l == "server TERM"),
+                        lines.index("etcd TERM"))
+
+    def test_a_group_on_an_etcd_of_ones_own_starts_no_etcd_and_stops_in_order(self):
+        script = self.start(REBOUND_STANDBYS="2", FAKE_WORKER_S="60",
+                            REBOUND_ETCD_ENDPOINTS="e1:2379,e2:2379")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if os.path.exists(self.log) and sum(
+                    l.startswith("worker --") for l in self.lines()) == 7:
+                break
+            time.sleep(0.1)
+        script.send_signal(signal.SIGTERM)
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 143, output)
+        lines = self.lines()
+        self.assertFalse([l for l in lines if l.startswith("etcd")], output)
+        self.assertEqual(sorted(self.srun_nodes("rebound_server")), ["n1", "n2", "n3"])
+        for i in range(3):
+            self.assertEqual(self.member_config(i)["replication.etcd_endpoints"],
+                             ["e1:2379", "e2:2379"])
+        # Every node holds a member: the workers share the first one's.
+        for l in lines:
+            if l.startswith("worker --"):
+                self.assertIn("--server=n1:7070,n2:7070,n3:7070 ", l)
+        self.assertEqual(lines.count("worker TERM"), 7, output)
+        self.assertEqual(lines.count("server TERM"), 3, output)
+        last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM")
+        self.assertLess(last_worker, lines.index("server TERM"))
+
+    def test_a_group_larger_than_the_allocation_is_refused(self):
+        script = self.start(REBOUND_STANDBYS="3")
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 1, output)
+        self.assertIn("REBOUND_STANDBYS=3 needs 4 nodes, one per member; the allocation has 3",
+                      output)
+        self.assertFalse(os.path.exists(self.log), "nothing started")
+        script = self.start(REBOUND_STANDBYS="1", REBOUND_ETCD_MEMBERS="2")
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 1, output)
+        self.assertIn("REBOUND_ETCD_MEMBERS must be odd, 1 to 9, got '2'", output)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,11 @@
 // loopback; checks what it prints, what the server reports, and that no child outlives it.
 
 #include <catch2/catch.hpp>
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -44,42 +42,6 @@ const char kFinishingJob[] =
     "data { batch_size: 32 train_limit: 4000 test_limit: 1000 }\n"
     "adahessian { lr: 0.01 }\n"
     "training { max_steps: 400 eval_every_ms: 200 }\n";
-
-// The largest step printed for slot `slot` ("0,0") in the progress lines of `output`.
-int64_t MaxStepOf(const std::string& output, const std::string& slot) {
-  int64_t best = -1;
-  const std::string prefix = " " + slot + ":";
-  for (size_t at = output.find(prefix); at != std::string::npos;
-       at = output.find(prefix, at + 1)) {
-    size_t end = at + prefix.size();
-    while (end < output.size() && isdigit(static_cast<unsigned char>(output[end]))) ++end;
-    int64_t step = -1;
-    if (absl::SimpleAtoi(output.substr(at + prefix.size(), end - at - prefix.size()), &step)) {
-      best = std::max(best, step);
-    }
-  }
-  return best;
-}
-
-// Pids of every process in /proc whose command line mentions `text`.
-std::vector<int> ProcessesMentioning(const std::string& text) {
-  std::vector<int> found;
-  DIR* proc = opendir("/proc");
-  REQUIRE(proc != nullptr);
-  while (dirent* entry = readdir(proc)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
-    std::string cmdline = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/cmdline"));
-    for (char& c : cmdline) {
-      if (c == '\0') c = ' ';
-    }
-    if (absl::StrContains(cmdline, text)) found.push_back(pid);
-  }
-  closedir(proc);
-  return found;
-}
-
-bool ProcessExists(int pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 
 // Every child the launcher printed as started is gone, and no process runs with its work dir.
 void CheckNoChildLeft(const std::string& output, const std::string& workdir) {

@@ -1,15 +1,20 @@
 #pragma once
 
 // A run of the real rebound_launch for tests: its own temporary directory with the job file,
-// the launcher's output in launch.log, and helpers to read what it printed. Used by
-// launch_test.cc and launch_weights_test.cc.
+// the launcher's output in launch.log, and helpers to read what it printed and to find the
+// processes it left. Used by launch_test.cc, launch_group_test.cc and launch_weights_test.cc.
 //
 // Not thread-safe. Ownership: a Launch owns the launcher process (killed by Subprocess's
 // destructor if still running) and leaves its directory for inspection.
 
 #include <catch2/catch.hpp>
+#include <dirent.h>
+#include <signal.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "testing/cluster/processes.h"
@@ -81,6 +87,42 @@ inline int NumberAfter(const std::string& text, const std::string& prefix) {
   }
   return number;
 }
+
+// The largest step printed for slot `slot` ("0,0") in the progress lines of `output`.
+inline int64_t MaxStepOf(const std::string& output, const std::string& slot) {
+  int64_t best = -1;
+  const std::string prefix = " " + slot + ":";
+  for (size_t at = output.find(prefix); at != std::string::npos;
+       at = output.find(prefix, at + 1)) {
+    size_t end = at + prefix.size();
+    while (end < output.size() && isdigit(static_cast<unsigned char>(output[end]))) ++end;
+    int64_t step = -1;
+    if (absl::SimpleAtoi(output.substr(at + prefix.size(), end - at - prefix.size()), &step)) {
+      best = std::max(best, step);
+    }
+  }
+  return best;
+}
+
+// Pids of every process in /proc whose command line mentions `text`.
+inline std::vector<int> ProcessesMentioning(const std::string& text) {
+  std::vector<int> found;
+  DIR* proc = opendir("/proc");
+  REQUIRE(proc != nullptr);
+  while (dirent* entry = readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
+    std::string cmdline = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/cmdline"));
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    if (absl::StrContains(cmdline, text)) found.push_back(pid);
+  }
+  closedir(proc);
+  return found;
+}
+
+inline bool ProcessExists(int pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 
 // The rest of the line after `prefix`.
 inline std::string LineAfter(const std::string& text, const std::string& prefix) {

@@ -58,6 +58,9 @@ TEST_CASE("only --job is required; everything else has a documented default") {
   CHECK(options->timeout_s == 0);
   CHECK(options->server_binary.empty());
   CHECK(options->worker_binary.empty());
+  CHECK(options->standbys == 0);
+  CHECK(options->etcd_members == 3);
+  CHECK_FALSE(options->kill_leader_at_step.has_value());
   CHECK_FALSE(options->help);
 }
 
@@ -66,7 +69,8 @@ TEST_CASE("every flag is accepted as --name value and as --name=value") {
       {"--job=j.pbtxt", "--data_dir", "/data", "--port=7071", "--workdir", "wd",
        "--kill_trainer_at_step", "40", "--kill_slot=1,2", "--progress_csv", "p.csv",
        "--timeout_s=90", "--server_binary", "/bin/s", "--worker_binary=/bin/w",
-       "--worker_command", "/usr/bin/python3 x.py  --flag"});
+       "--worker_command", "/usr/bin/python3 x.py  --flag", "--standbys=2", "--etcd_members",
+       "5", "--kill_leader_at_step=300"});
   REQUIRE(options.ok());
   CHECK(options->job_file == "j.pbtxt");
   CHECK(options->data_dir == "/data");
@@ -80,6 +84,10 @@ TEST_CASE("every flag is accepted as --name value and as --name=value") {
   CHECK(options->server_binary == "/bin/s");
   CHECK(options->worker_binary == "/bin/w");
   CHECK(options->worker_command == "/usr/bin/python3 x.py  --flag");
+  CHECK(options->standbys == 2);
+  CHECK(options->etcd_members == 5);
+  REQUIRE(options->kill_leader_at_step.has_value());
+  CHECK(*options->kill_leader_at_step == 300);
 }
 
 TEST_CASE("a repeated flag keeps its last value") {
@@ -96,6 +104,9 @@ TEST_CASE("--help needs no other flag") {
   CHECK(options->help);
   CHECK(absl::StrContains(kUsage, "--kill_trainer_at_step N"));
   CHECK(absl::StrContains(kUsage, "143 SIGTERM"));
+  CHECK(absl::StrContains(kUsage, "--standbys N"));
+  CHECK(absl::StrContains(kUsage, "--etcd_members M"));
+  CHECK(absl::StrContains(kUsage, "--kill_leader_at_step S"));
 }
 
 TEST_CASE("a flag error names the flag and what was wrong") {
@@ -117,6 +128,56 @@ TEST_CASE("a flag error names the flag and what was wrong") {
         "--kill_slot: expected R,S (e.g. 0,0), got '1'");
   CHECK(ParseError({"--job", "j", "--kill_slot", "1,0"}) ==
         "--kill_slot needs --kill_trainer_at_step");
+}
+
+TEST_CASE("the group's flags are checked: ranges, odd etcd sizes, and what needs --standbys") {
+  CHECK(ParseError({"--job", "j", "--standbys", "-1"}) == "--standbys: must be in [0, 16], got -1");
+  CHECK(ParseError({"--job", "j", "--standbys", "17"}) == "--standbys: must be in [0, 16], got 17");
+  CHECK(ParseError({"--job", "j", "--standbys", "one"}) ==
+        "--standbys: expected an integer, got 'one'");
+  CHECK(ParseError({"--job", "j", "--standbys", "1", "--etcd_members", "0"}) ==
+        "--etcd_members: must be in [1, 7], got 0");
+  CHECK(ParseError({"--job", "j", "--standbys", "1", "--etcd_members", "9"}) ==
+        "--etcd_members: must be in [1, 7], got 9");
+  CHECK(ParseError({"--job", "j", "--standbys", "1", "--etcd_members", "2"}) ==
+        "--etcd_members: must be odd (an even count tolerates no more failures than one member "
+        "fewer), got 2");
+  CHECK(absl::StartsWith(ParseError({"--job", "j", "--standbys", "1", "--kill_leader_at_step",
+                                     "-1"}),
+                         "--kill_leader_at_step: must be in [0, "));
+  CHECK(ParseError({"--job", "j", "--etcd_members", "3"}) ==
+        "--etcd_members needs --standbys >= 1 (one server needs no etcd)");
+  CHECK(ParseError({"--job", "j", "--standbys", "0", "--kill_leader_at_step", "10"}) ==
+        "--kill_leader_at_step needs --standbys >= 1 (one server has no standby to take over)");
+  CHECK(ParseError({"--job", "j", "--standbys", "2", "--port", "65534"}) ==
+        "--port 65534 with --standbys 2: the members listen on ports 65534 to 65536, above 65535");
+
+  absl::StatusOr<LaunchOptions> options =
+      ParseLaunchArgs({"--job", "j", "--standbys", "2", "--port", "65533"});
+  REQUIRE(options.ok());
+  CHECK(options->standbys == 2);
+  CHECK(options->port == 65533);
+  options = ParseLaunchArgs({"--job", "j", "--standbys", "1", "--etcd_members", "1",
+                             "--kill_leader_at_step", "0", "--kill_trainer_at_step", "5"});
+  REQUIRE(options.ok());
+  CHECK(options->etcd_members == 1);
+  CHECK(*options->kill_leader_at_step == 0);
+  CHECK(*options->kill_trainer_at_step == 5);
+}
+
+TEST_CASE("--kill_leader_at_step must come before the job's last step") {
+  LaunchOptions options;
+  options.standbys = 1;
+  JobConfig job = Job(2, 1, 0, false);
+  job.mutable_training()->set_max_steps(400);
+  options.kill_leader_at_step = 399;
+  CHECK(CheckOptionsAgainstJob(options, job).ok());
+  options.kill_leader_at_step = 400;
+  absl::Status late = CheckOptionsAgainstJob(options, job);
+  CHECK(late.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(late.message() ==
+        "--kill_leader_at_step 400 is not below the job's training.max_steps 400: the trainers "
+        "would finish before the leader is killed");
 }
 
 TEST_CASE("a slot is two non-negative integers R,S") {
@@ -214,6 +275,68 @@ TEST_CASE("the generated worker config joins only the job, with the launcher's d
   CHECK(config->rpc_deadline_ms() == 10000);
   CHECK(config->backoff_initial_ms() == 100);
   CHECK(config->backoff_max_ms() == 2000);
+}
+
+TEST_CASE("a group's members are server-<i> on their ports, with their data under one parent") {
+  const std::vector<GroupMemberPlan> members = PlanGroup(2, {7101, 7205, 7309}, "/w");
+  REQUIRE(members.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    INFO(i);
+    CHECK(members[i].name == absl::StrCat("server-", i));
+    CHECK(members[i].data_dir == absl::StrCat("/w/server-", i));
+  }
+  CHECK(members[0].port == 7101);
+  CHECK(members[2].port == 7309);
+  CHECK(GroupAddressList(members) == "127.0.0.1:7101,127.0.0.1:7205,127.0.0.1:7309");
+  CHECK(PlanGroup(0, {7000}, "/w").size() == 1);
+}
+
+TEST_CASE("a group member's config loads with the replication block the server requires") {
+  const std::string dir = absl::StrCat(TempDir(), "/group config");
+  REQUIRE(system(absl::StrCat("mkdir -p '", dir, "'").c_str()) == 0);
+  const std::string job_file = dir + "/job.pbtxt";
+  WriteFile(job_file,
+            "job_id: \"grouped\"\n"
+            "model { layers { width: 10 activation: IDENTITY } }\n"
+            "topology { replicas: 2 }\n");
+  const std::vector<GroupMemberPlan> members = PlanGroup(1, {7301, 7302}, dir);
+  const std::string config_file = dir + "/server-1.pbtxt";
+  WriteFile(config_file, GroupMemberConfigText(job_file, members[1], 1,
+                                               {"127.0.0.1:2379", "127.0.0.1:2381"}));
+  absl::StatusOr<ServerConfig> config = LoadServerConfig(config_file);
+  INFO(config.status().message());
+  REQUIRE(config.ok());
+  CHECK(config->listen_address() == "127.0.0.1:7302");
+  CHECK(config->job().job_id() == "grouped");
+  CHECK(config->durability().data_dir() == dir + "/server-1");
+  REQUIRE(config->has_replication());
+  const ReplicationConfig& replication = config->replication();
+  REQUIRE(replication.etcd_endpoints_size() == 2);
+  CHECK(replication.etcd_endpoints(0) == "127.0.0.1:2379");
+  CHECK(replication.etcd_endpoints(1) == "127.0.0.1:2381");
+  CHECK(replication.standbys() == 1);
+  CHECK(replication.leader_lease_ms() == 2000);
+  CHECK(replication.name() == "server-1");
+  CHECK(replication.peer_listen_address() == "127.0.0.1:0");
+  CHECK(replication.sync());
+}
+
+TEST_CASE("a group's workers cap their retry backoff at 250 ms, the rest as for one server") {
+  const std::string file = TempDir() + "/group-worker.pbtxt";
+  WriteFile(file, GroupWorkerConfigText("launched"));
+  absl::StatusOr<WorkerConfig> config = LoadWorkerConfig(file);
+  REQUIRE(config.ok());
+  CHECK(config->job_id() == "launched");
+  CHECK(config->rpc_deadline_ms() == 10000);
+  CHECK(config->backoff_initial_ms() == 100);
+  CHECK(config->backoff_max_ms() == 250);
+  // One server's is unchanged, byte for byte.
+  CHECK(WorkerConfigText("launched") ==
+        "# Written by rebound_launch.\n"
+        "job_id: \"launched\"\n"
+        "rpc_deadline_ms: 10000\n"
+        "backoff_initial_ms: 100\n"
+        "backoff_max_ms: 2000\n");
 }
 
 TEST_CASE("relative paths are made absolute against the current directory") {

@@ -1,7 +1,10 @@
 #include "tools/launch/launcher.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,13 +23,18 @@
 #include "common/config.h"
 #include "common/file.h"
 #include "common/process.h"
+#include "common/server_addresses.h"
 #include "grpcpp/grpcpp.h"
+#include "testing/etcd/etcd_process.h"
 
 namespace rebound::launch {
 namespace {
 
 constexpr absl::Duration kStartupWait = absl::Seconds(60);
 constexpr absl::Duration kStatusDeadline = absl::Seconds(5);
+// GetStatus's deadline while a group elects its first leader or fails over: a call that a
+// connection attempt holds up is given up soon and retried on a fresh channel.
+constexpr absl::Duration kElectionStatusDeadline = absl::Seconds(1);
 // --kill_trainer_at_step under REPLAY: how many logged steps past the snapshot to wait for, and
 // for how long at most.
 constexpr int64_t kKillLoggedSteps = 3;
@@ -34,6 +42,15 @@ constexpr absl::Duration kKillAlignLimit = absl::Seconds(5);
 constexpr absl::Duration kProgressPeriod = absl::Seconds(1);
 constexpr absl::Duration kStopGrace = absl::Seconds(10);
 constexpr int kLogTailLines = 20;
+// --kill_leader_at_step: how long to wait for a standby in sync before killing anyway; when to
+// start the killed member again (after the kill, and not before a new leader answered, unless
+// that takes longer than kNewLeaderWait); how often to poll, and for how long at most, while the
+// failover and the return are watched.
+constexpr absl::Duration kInSyncWait = absl::Seconds(60);
+constexpr absl::Duration kRestartDelay = absl::Seconds(5);
+constexpr absl::Duration kNewLeaderWait = absl::Seconds(30);
+constexpr absl::Duration kFailoverPoll = absl::Milliseconds(50);
+constexpr absl::Duration kFailoverWatchLimit = absl::Seconds(120);
 
 constexpr int kExitFinished = 0;
 constexpr int kExitFailed = 1;
@@ -126,6 +143,50 @@ int TakeTerminationSignal(absl::Duration wait) {
   return signal_number > 0 ? signal_number : 0;
 }
 
+// `count` distinct free TCP ports on 127.0.0.1: all bound at once (so none repeats), then
+// released for the group's members to bind.
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  absl::Status status;
+  for (int i = 0; i < count && status.ok(); ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      status = absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", std::strerror(errno)));
+      break;
+    }
+    ports.push_back(ntohs(address.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
+}
+
+// A channel to every member of a group at once, as the workers' (common/server_addresses.h):
+// pick_first connects to the first address that accepts, the leader's (standbys do not listen on
+// the workers' port). With subchannels of its own: the launcher makes a new channel after each
+// failed call (PollStatus) so that its next call tries every member at once, instead of after
+// the reconnect backoff of a channel whose attempts failed; a failover is then seen as soon as
+// the new leader serves.
+std::shared_ptr<grpc::Channel> GroupChannel(const std::string& address_list) {
+  grpc::ChannelArguments args;
+  AddFailoverChannelArgs(&args);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  absl::StatusOr<std::string> target = ChannelTarget(address_list);  // numeric: cannot fail
+  return grpc::CreateCustomChannel(target.ok() ? *target : address_list,
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
 }  // namespace
 
 absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOptions& options) {
@@ -164,6 +225,7 @@ int Launcher::Run() {
   if (!code.has_value()) code = StartWorkers();
   if (!code.has_value()) code = Supervise();
   StopAll();
+  if (const std::string summary = group_watch_.Summary(); !summary.empty()) Print(summary);
   if (tracker_.test_accuracy().has_value()) {
     Print(absl::StrFormat("final test accuracy %.4f%s", *tracker_.test_accuracy(),
                           tracker_.test_loss().has_value()
@@ -198,19 +260,27 @@ std::optional<int> Launcher::PrepareWorkDir() {
   const std::string data_dir = options_.data_dir.empty() ? "" : AbsolutePath(options_.data_dir);
   const std::string server_config = workdir_ + "/server.pbtxt";
   const std::string worker_config = workdir_ + "/worker.pbtxt";
-  for (const auto& [path, text] :
-       {std::make_pair(server_config,
-                       ServerConfigText(AbsolutePath(options_.job_file), options_.port, data_dir)),
-        std::make_pair(worker_config, WorkerConfigText(job_.job_id()))}) {
+  // A group's members get their configs once etcd runs (StartGroup).
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!group()) {
+    files.emplace_back(server_config,
+                       ServerConfigText(AbsolutePath(options_.job_file), options_.port, data_dir));
+  }
+  files.emplace_back(worker_config, group() ? GroupWorkerConfigText(job_.job_id())
+                                            : WorkerConfigText(job_.job_id()));
+  for (const auto& [path, text] : files) {
     if (absl::Status written = WriteFileAtomically(path, text); !written.ok()) {
       Print(std::string(written.message()));
       return kExitFailed;
     }
   }
   // The daemons would reject a bad file only after they started; check both here.
-  if (absl::StatusOr<ServerConfig> loaded = LoadServerConfig(server_config); !loaded.ok()) {
-    Print(absl::StrCat("the generated server config does not load:\n", loaded.status().message()));
-    return kExitFailed;
+  if (!group()) {
+    if (absl::StatusOr<ServerConfig> loaded = LoadServerConfig(server_config); !loaded.ok()) {
+      Print(absl::StrCat("the generated server config does not load:\n",
+                         loaded.status().message()));
+      return kExitFailed;
+    }
   }
   if (absl::StatusOr<WorkerConfig> loaded = LoadWorkerConfig(worker_config); !loaded.ok()) {
     Print(absl::StrCat("the generated worker config does not load:\n", loaded.status().message()));
@@ -231,6 +301,7 @@ std::optional<int> Launcher::PrepareWorkDir() {
 }
 
 std::optional<int> Launcher::StartServer() {
+  if (group()) return StartGroup();
   const std::string port_file = workdir_ + "/server.port";
   unlink(port_file.c_str());  // a port left by an earlier run in the same work dir is stale
   absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
@@ -259,8 +330,99 @@ std::optional<int> Launcher::StartServer() {
     }
   }
   const std::string address = absl::StrCat("127.0.0.1:", port_);
+  server_address_ = address;
   stub_ = ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   Print(absl::StrCat("server listening on ", address));
+  return std::nullopt;
+}
+
+std::optional<int> Launcher::StartGroup() {
+  testing::EtcdClusterOptions etcd_options;
+  etcd_options.members = options_.etcd_members;
+  Print(absl::StrCat("starting etcd: ", etcd_options.members, " member",
+                     etcd_options.members == 1 ? "" : "s", " (", etcd_options.etcd_binary,
+                     ") on loopback"));
+  absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+      testing::EtcdCluster::Start(etcd_options);
+  if (!etcd.ok()) {
+    Print(absl::StrCat("cannot start etcd: ", etcd.status().message()));
+    return kExitFailed;
+  }
+  etcd_ = *std::move(etcd);
+  const std::vector<std::string> endpoints = etcd_->client_endpoints();
+  Print(absl::StrCat("etcd serving on ", absl::StrJoin(endpoints, ","), " (data and logs in ",
+                     etcd_->dir(), ", removed at exit)"));
+
+  const int count = 1 + options_.standbys;
+  std::vector<int> ports;
+  if (options_.port != 0) {
+    for (int i = 0; i < count; ++i) ports.push_back(options_.port + i);
+  } else {
+    absl::StatusOr<std::vector<int>> free_ports = FreeLoopbackPorts(count);
+    if (!free_ports.ok()) {
+      Print(absl::StrCat("cannot find free ports: ", free_ports.status().message()));
+      return kExitFailed;
+    }
+    ports = *std::move(free_ports);
+  }
+  const std::string data_parent =
+      options_.data_dir.empty() ? workdir_ : AbsolutePath(options_.data_dir);
+  for (const GroupMemberPlan& plan : PlanGroup(options_.standbys, ports, data_parent)) {
+    if (options_.data_dir.empty() && std::filesystem::exists(plan.data_dir)) {
+      // Without --data_dir a job starts afresh, as one server's in-memory state does.
+      std::error_code error;
+      std::filesystem::remove_all(plan.data_dir, error);
+      Print(absl::StrCat("removed ", plan.data_dir, ", left by an earlier run in this work dir",
+                         error ? absl::StrCat(" (failed: ", error.message(), ")") : ""));
+    }
+    const std::string config = absl::StrCat(workdir_, "/", plan.name, ".pbtxt");
+    const std::string text = GroupMemberConfigText(AbsolutePath(options_.job_file), plan,
+                                                   options_.standbys, endpoints);
+    if (absl::Status written = WriteFileAtomically(config, text); !written.ok()) {
+      Print(std::string(written.message()));
+      return kExitFailed;
+    }
+    if (absl::StatusOr<ServerConfig> loaded = LoadServerConfig(config); !loaded.ok()) {
+      Print(absl::StrCat("the generated config of ", plan.name, " does not load:\n",
+                         loaded.status().message()));
+      return kExitFailed;
+    }
+    Member member;
+    member.plan = plan;
+    member.argv = {binaries_.server, "--config", config};
+    const std::string log = absl::StrCat(workdir_, "/", plan.name, ".log");
+    absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+        ChildProcess::Start(member.argv, log, FreshLog());
+    if (!started.ok()) {
+      Print(absl::StrCat("cannot start ", plan.name, ": ", started.status().message()));
+      return kExitFailed;
+    }
+    member.process = *std::move(started);
+    Print(absl::StrCat("started ", plan.name, " (rebound_server, pid ", member.process->pid(),
+                       ") for 127.0.0.1:", plan.port, ", data dir ", plan.data_dir, ", log ", log));
+    members_.push_back(std::move(member));
+  }
+  server_address_ = GroupAddressList(PlanGroup(options_.standbys, ports, data_parent));
+  stub_ = ParameterServer::NewStub(GroupChannel(server_address_));
+
+  // Nobody serves the list until a member leads: no need to print each refusal meanwhile.
+  quiet_status_errors_ = true;
+  const absl::Time give_up = clock_->Now() + kStartupWait;
+  while (true) {
+    if (PollStatus().has_value() && !group_watch_.leader().empty()) break;
+    if (std::optional<int> code = Watch(absl::Milliseconds(100))) return code;
+    if (clock_->Now() >= give_up) {
+      Print(absl::StrCat("cannot start the server group: no member leads within ",
+                         absl::FormatDuration(kStartupWait), " (last: ", quiet_status_error_,
+                         "); the last lines of ",
+                         members_.front().plan.name, "'s log:\n",
+                         TailOfFile(members_.front().process->log_path(), kLogTailLines)));
+      return kExitFailed;
+    }
+  }
+  quiet_status_errors_ = false;
+  Print(absl::StrCat("server group up: ", group_watch_.leader(),
+                     " leads; workers get --server ", server_address_));
   return std::nullopt;
 }
 
@@ -268,7 +430,7 @@ std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) 
   const std::string log = absl::StrCat(workdir_, "/", plan.name, ".log");
   std::vector<std::string> argv = binaries_.worker_command;
   if (argv.empty()) argv = {binaries_.worker, "--config", workdir_ + "/worker.pbtxt"};
-  for (const std::string& arg : {std::string("--server"), absl::StrCat("127.0.0.1:", port_),
+  for (const std::string& arg : {std::string("--server"), server_address_,
                                  std::string("--name"), plan.name, std::string("--role"),
                                  std::string(RoleFlag(plan.role))}) {
     argv.push_back(arg);
@@ -355,15 +517,24 @@ std::optional<int> Launcher::WaitForRegistration(const std::vector<size_t>& indi
 
 std::optional<int> Launcher::Supervise() {
   absl::Time next = clock_->Now();
+  absl::Time next_line = next;
   while (true) {
     if (std::optional<int> code = Watch(next - clock_->Now())) return code;
     const absl::Time now = clock_->Now();
     if (now < next) continue;  // woken early; nothing to do yet
-    next = std::max(next + kProgressPeriod, now);
+    // While a failover is watched, poll often enough to time it; print once a second anyway.
+    const bool watching_failover =
+        group_watch_.watching() && now - killed_at_ < kFailoverWatchLimit;
+    next = std::max(next + (watching_failover ? kFailoverPoll : kProgressPeriod), now);
+    MaybeRestartKilledMember();
     if (!PollStatus().has_value()) continue;
-    Print(tracker_.ProgressLine());
-    for (const std::string& row : tracker_.CsvRows(Elapsed())) WriteCsv(row);
+    if (now >= next_line) {
+      next_line = std::max(next_line + kProgressPeriod, now);
+      Print(tracker_.ProgressLine());
+      for (const std::string& row : tracker_.CsvRows(Elapsed())) WriteCsv(row);
+    }
     MaybeKillTrainer();
+    if (MaybeKillLeader()) next = clock_->Now() + kFailoverPoll;  // time the failover from now
     if (tracker_.AllFinished()) {
       Print("every slot FINISHED");
       return kExitFinished;
@@ -384,6 +555,7 @@ std::optional<int> Launcher::Watch(absl::Duration wait) {
       return kExitFailed;
     }
   }
+  if (std::optional<int> code = WatchMembers()) return code;
   for (Worker& w : workers_) {
     if (w.exit_reported) continue;
     std::optional<int> code = w.process->Poll();
@@ -412,11 +584,19 @@ std::optional<int> Launcher::Watch(absl::Duration wait) {
 std::optional<GetStatusResponse> Launcher::PollStatus() {
   GetStatusResponse response;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(clock_->Now() + kStatusDeadline));
+  const bool electing = quiet_status_errors_ || (group_watch_.leader_killed() &&
+                                                 !group_watch_.failover().has_value());
+  context.set_deadline(absl::ToChronoTime(
+      clock_->Now() + (electing ? kElectionStatusDeadline : kStatusDeadline)));
   const grpc::Status status = stub_->GetStatus(&context, GetStatusRequest(), &response);
   if (!status.ok()) {
     const std::string error = absl::StrCat("GetStatus failed: code ", status.error_code(), ": ",
                                            status.error_message());
+    if (group()) stub_ = ParameterServer::NewStub(GroupChannel(server_address_));
+    if (quiet_status_errors_) {
+      quiet_status_error_ = error;
+      return std::nullopt;
+    }
     if (error != last_status_error_) Print(error);
     last_status_error_ = error;
     return std::nullopt;
@@ -426,7 +606,110 @@ std::optional<GetStatusResponse> Launcher::PollStatus() {
     last_status_error_.clear();
   }
   for (const ProgressEvent& event : tracker_.Update(response)) PrintEvent(event);
+  if (group()) {
+    for (std::string& text : group_watch_.Update(response, clock_->Now())) {
+      PrintEvent({std::nullopt, std::move(text)});
+    }
+  }
   return response;
+}
+
+std::optional<int> Launcher::WatchMembers() {
+  bool any_running = false;
+  for (Member& m : members_) {
+    if (m.exit_reported) continue;
+    std::optional<int> code = m.process->Poll();
+    if (!code.has_value()) {
+      any_running = true;
+      continue;
+    }
+    m.exit_reported = true;
+    if (m.killed_by_launcher) {
+      PrintEvent({std::nullopt, absl::StrCat(m.plan.name, " (pid ", m.process->pid(), ") exited: ",
+                                             DescribeExitCode(*code),
+                                             ", as the launcher killed it")});
+      continue;
+    }
+    PrintEvent({std::nullopt,
+                absl::StrCat(m.plan.name, " (rebound_server, pid ", m.process->pid(),
+                             ") exited unexpectedly: ", DescribeExitCode(*code),
+                             "; the last lines of its log:\n",
+                             TailOfFile(m.process->log_path(), kLogTailLines))});
+    if (!cluster_up_) return kExitFailed;
+  }
+  const bool restart_due = killed_member_.has_value() && !restart_done_;
+  if (!members_.empty() && !any_running && !restart_due) {
+    Print("every member of the server group has exited");
+    return kExitFailed;
+  }
+  return std::nullopt;
+}
+
+bool Launcher::MaybeKillLeader() {
+  if (!options_.kill_leader_at_step.has_value() || killed_member_.has_value()) return false;
+  const std::vector<SlotProgress>& slots = tracker_.slots();
+  if (slots.empty()) return false;
+  double mean_step = 0;
+  for (const SlotProgress& s : slots) mean_step += static_cast<double>(s.step);
+  mean_step /= static_cast<double>(slots.size());
+  if (mean_step < static_cast<double>(*options_.kill_leader_at_step)) return false;
+  const absl::Time now = clock_->Now();
+  if (group_watch_.in_sync_standbys() == 0) {
+    // Only an in-sync standby may take over: killed now, the leader would have no successor.
+    if (!waiting_for_in_sync_since_.has_value()) {
+      waiting_for_in_sync_since_ = now;
+      Print(absl::StrCat("mean trainer step ", static_cast<int64_t>(mean_step),
+                         ": waiting (at most ", absl::FormatDuration(kInSyncWait),
+                         ") for a standby in sync before killing the leader"));
+    }
+    if (now - *waiting_for_in_sync_since_ < kInSyncWait) return false;
+    Print("no standby in sync: killing the leader anyway; nobody can take over until it is back");
+  }
+  for (size_t i = 0; i < members_.size(); ++i) {
+    Member& m = members_[i];
+    if (m.plan.name != group_watch_.leader() || m.process->Poll().has_value()) continue;
+    m.process->Signal(SIGKILL);
+    m.killed_by_launcher = true;
+    killed_member_ = i;
+    killed_at_ = now;
+    group_watch_.LeaderKilled(m.plan.name, group_watch_.epoch(), now);
+    PrintEvent({std::nullopt,
+                absl::StrFormat("leader %s (pid %d, epoch %d) SIGKILLed at mean trainer step %d, "
+                                "%d standby(s) in sync: failover under way",
+                                m.plan.name, m.process->pid(), group_watch_.epoch(),
+                                static_cast<int64_t>(mean_step),
+                                group_watch_.in_sync_standbys())});
+    return true;
+  }
+  return false;
+}
+
+void Launcher::MaybeRestartKilledMember() {
+  if (!killed_member_.has_value() || restart_done_) return;
+  Member& m = members_[*killed_member_];
+  const absl::Duration since_kill = clock_->Now() - killed_at_;
+  if (!m.exit_reported || since_kill < kRestartDelay) return;
+  const bool new_leader = group_watch_.new_leader_answered();
+  if (!new_leader && since_kill < kNewLeaderWait) return;
+  restart_done_ = true;
+  // Its log keeps its first life: appended to.
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+      ChildProcess::Start(m.argv, m.process->log_path());
+  if (!started.ok()) {
+    Print(absl::StrCat("cannot start ", m.plan.name, " again: ", started.status().message()));
+    return;
+  }
+  m.process = *std::move(started);
+  m.exit_reported = false;
+  m.killed_by_launcher = false;
+  group_watch_.Restarted(clock_->Now());
+  PrintEvent({std::nullopt,
+              absl::StrCat("started ", m.plan.name, " again (pid ", m.process->pid(), ") ",
+                           absl::FormatDuration(absl::Trunc(since_kill, absl::Milliseconds(100))),
+                           " after the kill, on its data dir ", m.plan.data_dir,
+                           new_leader ? ": it rejoins as a standby"
+                                      : absl::StrCat(": no new leader answered within ",
+                                                     absl::FormatDuration(kNewLeaderWait)))});
 }
 
 void Launcher::MaybeKillTrainer() {
@@ -492,6 +775,25 @@ void Launcher::StopAll() {
     Print(absl::StrCat("stopping rebound_server (SIGTERM, SIGKILL after ",
                        absl::FormatDuration(kStopGrace), ")"));
     StopGroup({server_.get()}, {"rebound_server"});
+  }
+  std::vector<ChildProcess*> members;
+  std::vector<std::string> member_names;
+  for (Member& m : members_) {
+    if (m.process->Poll().has_value()) continue;  // reported by Watch, or never restarted
+    members.push_back(m.process.get());
+    member_names.push_back(m.plan.name);
+  }
+  if (!members.empty()) {
+    stub_.reset();
+    Print(absl::StrCat("stopping the server group's ", members.size(), " running member",
+                       members.size() == 1 ? "" : "s", " (SIGTERM, SIGKILL after ",
+                       absl::FormatDuration(kStopGrace), ")"));
+    StopGroup(members, member_names);
+  }
+  if (etcd_ != nullptr) {
+    const int size = etcd_->size();
+    etcd_.reset();  // SIGKILLs and reaps every member, removes its directory
+    Print(absl::StrCat("stopped etcd (", size, " member", size == 1 ? "" : "s", ")"));
   }
 }
 

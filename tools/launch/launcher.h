@@ -1,7 +1,8 @@
 #pragma once
 
-// The local launcher (DESIGN.md §8): one rebound_server and the job's workers on this machine,
-// started from one job file, watched with a progress line per second, and stopped together.
+// The local launcher (DESIGN.md §8): one rebound_server (or a replicated server group) and the
+// job's workers on this machine, started from one job file, watched with a progress line per
+// second, and stopped together.
 //
 //   Launcher launcher(options, job, binaries);
 //   return launcher.Run();  // the process's exit code
@@ -19,6 +20,21 @@
 // deregister), SIGKILL after 10 s; then the same for the server. A second SIGINT/SIGTERM while
 // stopping escalates to SIGKILL at once.
 //
+// With --standbys N (a replicated server group, DESIGN.md §10.1) Run() first starts
+// --etcd_members etcd members (testing/etcd's EtcdCluster: /usr/bin/etcd on free loopback ports,
+// at most 20 s), then members server-0..server-N, each on a fixed port (--port + i, or a free one)
+// with its data in <--data_dir>/server-<i> (kept: a later run resumes from it) or else in
+// <work dir>/server-<i> (emptied first: a fresh job), its config server-<i>.pbtxt, and
+// waits (at most 60 s) until one leads; workers get every member's address, comma-separated, and
+// follow the leader. It prints who leads and each standby's state as they change. A member that
+// exits is reported, and is fatal only before the cluster is up or once no member runs.
+// --kill_leader_at_step S: once the mean trainer step reaches S (and, for up to 60 s, a standby
+// is in sync), the leader is SIGKILLed; 5 s later, and once a new leader answered (at most 30 s),
+// it is started again on its data dir and rejoins as a standby. Meanwhile the launcher polls
+// every 50 ms (for at most 120 s) and prints the failover (the kill to the new leader's first
+// acknowledged sync) and when the restarted member is back in sync (GroupWatch), and both again
+// at the end. Stopping: the workers, then every member, then etcd (its directory removed).
+//
 // REQUIRES: SIGTERM and SIGINT are blocked in every thread of the process (call
 // BlockTerminationSignals() first thing in main), and Run() is called on the main thread (the
 // children's parent-death signal follows the thread that forked them).
@@ -35,8 +51,13 @@
 #include "proto/rebound.grpc.pb.h"
 #include "common/child_process.h"
 #include "common/clock.h"
+#include "tools/launch/group_watch.h"
 #include "tools/launch/options.h"
 #include "tools/launch/progress.h"
+
+namespace rebound::testing {
+class EtcdCluster;
+}  // namespace rebound::testing
 
 namespace rebound::launch {
 
@@ -78,9 +99,22 @@ class Launcher {
     bool killed_by_launcher = false;
   };
 
+  // A member of the replicated server group (--standbys).
+  struct Member {
+    GroupMemberPlan plan;
+    std::vector<std::string> argv;
+    std::unique_ptr<ChildProcess> process;
+    bool exit_reported = false;
+    bool killed_by_launcher = false;
+  };
+
+  bool group() const { return options_.standbys > 0; }
+
   // Each returns an exit code when the launcher must stop, nullopt to go on.
   std::optional<int> PrepareWorkDir();
   std::optional<int> StartServer();
+  // StartServer for a group: etcd, the members, a leader.
+  std::optional<int> StartGroup();
   std::optional<int> StartWorkers();
   std::optional<int> Supervise();
 
@@ -92,10 +126,18 @@ class Launcher {
 
   // Waits up to `wait` for a termination signal, then checks the deadline and the children.
   std::optional<int> Watch(absl::Duration wait);
-  // GetStatus with a 5 s deadline; a reply is passed to the tracker and its events printed.
+  // GetStatus with a 5 s deadline (1 s while a group elects a leader: a stuck connection attempt
+  // is left for a fresh channel); a reply is passed to the trackers and their events printed.
   std::optional<GetStatusResponse> PollStatus();
   // SIGKILLs the trainer of --kill_slot once its step reaches --kill_trainer_at_step.
   void MaybeKillTrainer();
+  // SIGKILLs the group's leader once the mean trainer step reaches --kill_leader_at_step; true
+  // when it did now.
+  bool MaybeKillLeader();
+  // Starts the killed leader again once it is due (see the file comment).
+  void MaybeRestartKilledMember();
+  // Reports members that exited; an exit code when that ends the launch.
+  std::optional<int> WatchMembers();
   // Stops every child: workers first, then the server (SIGTERM, SIGKILL after 10 s).
   void StopAll();
   void StopGroup(const std::vector<ChildProcess*>& group, const std::vector<std::string>& names);
@@ -117,12 +159,22 @@ class Launcher {
   std::FILE* csv_ = nullptr;
   std::unique_ptr<ChildProcess> server_;
   int port_ = 0;
+  std::string server_address_;  // the workers' --server
+  std::unique_ptr<testing::EtcdCluster> etcd_;  // a group's
+  std::vector<Member> members_;                  // a group's
+  GroupWatch group_watch_;
+  std::optional<size_t> killed_member_;  // the leader --kill_leader_at_step killed
+  absl::Time killed_at_;
+  bool restart_done_ = false;
+  std::optional<absl::Time> waiting_for_in_sync_since_;
   std::unique_ptr<ParameterServer::Stub> stub_;
   std::vector<Worker> workers_;
   ProgressTracker tracker_;
   bool cluster_up_ = false;  // every worker registered once
   bool kill_done_ = false;
   std::string last_status_error_;
+  bool quiet_status_errors_ = false;  // while a group elects its first leader
+  std::string quiet_status_error_;    // the last error meanwhile
 };
 
 }  // namespace rebound::launch

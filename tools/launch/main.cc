@@ -3,6 +3,8 @@
 //   rebound_launch --job FILE [--data_dir DIR] [--port N] [--workdir DIR]
 //                  [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]
 //                  [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]
+//                  [--worker_command CMD]
+//                  [--standbys N [--etcd_members M] [--kill_leader_at_step S]]
 //
 // Exit codes: 0 every slot FINISHED; 1 timeout, the server exited, or the cluster could not
 // start; 2 bad flags or job; 128+N stopped by signal N (130 SIGINT, 143 SIGTERM).

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -19,6 +20,7 @@ const char kUsage[] =
     "                      [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]\n"
     "                      [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]\n"
     "                      [--worker_command CMD]\n"
+    "                      [--standbys N [--etcd_members M] [--kill_leader_at_step S]]\n"
     "\n"
     "Starts a rebound_server and the job's workers on this machine (127.0.0.1): R x S trainers\n"
     "one after another in slot order (trainer-r<r>s<s>), topology.spares spares (spare-<i>) and\n"
@@ -37,6 +39,16 @@ const char kUsage[] =
     "  --worker_binary PATH     rebound_worker to run (default: found next to this binary)\n"
     "  --worker_command CMD     run CMD (split at spaces) as every worker instead, with --server,\n"
     "                           --name and --role appended: a Python worker (docs/python.md)\n"
+    "\n"
+    "A replicated server group (docs/operations.md, \"High availability\"):\n"
+    "  --standbys N             run 1 + N rebound_server members (server-<i>, leader and\n"
+    "                           standbys) coordinated by etcd instead of one server; each has a\n"
+    "                           fixed port (--port N: N + i) and its data in --data_dir/server-<i>\n"
+    "                           (kept) or else in the work dir's server-<i> (emptied first);\n"
+    "                           workers get every member's address (default 0: one server)\n"
+    "  --etcd_members M         the etcd members started for the group (/usr/bin/etcd; default 3)\n"
+    "  --kill_leader_at_step S  SIGKILL the leader once, when the mean trainer step >= S, start it\n"
+    "                           again as a standby a few seconds later, and print the failover\n"
     "\n"
     "Exit codes: 0 every slot FINISHED; 1 timeout, the server exited, or the cluster could not\n"
     "start; 2 bad flags or job; 128+N stopped by signal N (130 SIGINT, 143 SIGTERM).\n";
@@ -60,9 +72,25 @@ absl::Status ParseInt(const std::string& flag, const std::string& value, int64_t
   return absl::OkStatus();
 }
 
+// The bounds of replication.standbys (docs/config.md) and a sane etcd cluster on one machine.
+constexpr int64_t kMaxStandbys = 16;
+constexpr int64_t kMaxEtcdMembers = 7;
+
 absl::Status NonEmpty(const std::string& flag, const std::string& value) {
   if (value.empty()) return FlagError(flag, "must not be empty");
   return absl::OkStatus();
+}
+
+std::string WorkerConfigWithBackoff(const std::string& job_id, int backoff_max_ms) {
+  return absl::StrCat(
+      "# Written by rebound_launch.\n"
+      "job_id: \"",
+      absl::CEscape(job_id),
+      "\"\n"
+      "rpc_deadline_ms: 10000\n"
+      "backoff_initial_ms: 100\n"
+      "backoff_max_ms: ",
+      backoff_max_ms, "\n");
 }
 
 }  // namespace
@@ -85,6 +113,7 @@ absl::StatusOr<SlotCoord> ParseSlot(const std::string& text) {
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   LaunchOptions options;
   bool kill_slot_given = false;
+  bool etcd_members_given = false;
   using Setter = std::function<absl::Status(const std::string&, const std::string&)>;
   auto text = [](std::string* field) -> Setter {
     return [field](const std::string& flag, const std::string& value) {
@@ -120,6 +149,37 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
          int64_t step = 0;
          if (absl::Status s = ParseInt(flag, value, 0, INT64_MAX, &step); !s.ok()) return s;
          options.kill_trainer_at_step = step;
+         return absl::OkStatus();
+       }},
+      {"standbys",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t standbys = 0;
+         if (absl::Status s = ParseInt(flag, value, 0, kMaxStandbys, &standbys); !s.ok()) {
+           return s;
+         }
+         options.standbys = static_cast<int>(standbys);
+         return absl::OkStatus();
+       }},
+      {"etcd_members",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t members = 0;
+         if (absl::Status s = ParseInt(flag, value, 1, kMaxEtcdMembers, &members); !s.ok()) {
+           return s;
+         }
+         if (members % 2 == 0) {
+           return FlagError(flag, absl::StrCat("must be odd (an even count tolerates no more "
+                                               "failures than one member fewer), got ",
+                                               members));
+         }
+         options.etcd_members = static_cast<int>(members);
+         etcd_members_given = true;
+         return absl::OkStatus();
+       }},
+      {"kill_leader_at_step",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t step = 0;
+         if (absl::Status s = ParseInt(flag, value, 0, INT64_MAX, &step); !s.ok()) return s;
+         options.kill_leader_at_step = step;
          return absl::OkStatus();
        }},
       {"kill_slot",
@@ -162,6 +222,22 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   if (kill_slot_given && !options.kill_trainer_at_step.has_value()) {
     return absl::InvalidArgumentError("--kill_slot needs --kill_trainer_at_step");
   }
+  if (options.standbys == 0) {
+    if (etcd_members_given) {
+      return absl::InvalidArgumentError(
+          "--etcd_members needs --standbys >= 1 (one server needs no etcd)");
+    }
+    if (options.kill_leader_at_step.has_value()) {
+      return absl::InvalidArgumentError(
+          "--kill_leader_at_step needs --standbys >= 1 (one server has no standby to take over)");
+    }
+  }
+  if (options.standbys > 0 && options.port != 0 && options.port + options.standbys > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port ", options.port, " with --standbys ", options.standbys,
+                     ": the members listen on ports ", options.port, " to ",
+                     options.port + options.standbys, ", above 65535"));
+  }
   return options;
 }
 
@@ -173,6 +249,13 @@ absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfi
     return absl::InvalidArgumentError(
         absl::StrCat("--kill_slot ", options.kill_slot.replica, ",", options.kill_slot.stage,
                      " is outside the job's ", replicas, " x ", stages, " slots"));
+  }
+  if (options.kill_leader_at_step.has_value() &&
+      *options.kill_leader_at_step >= job.training().max_steps()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kill_leader_at_step ", *options.kill_leader_at_step,
+                     " is not below the job's training.max_steps ", job.training().max_steps(),
+                     ": the trainers would finish before the leader is killed"));
   }
   return absl::OkStatus();
 }
@@ -218,14 +301,51 @@ std::string ServerConfigText(const std::string& job_file, int port, const std::s
 }
 
 std::string WorkerConfigText(const std::string& job_id) {
-  return absl::StrCat(
-      "# Written by rebound_launch.\n"
-      "job_id: \"",
-      absl::CEscape(job_id),
-      "\"\n"
-      "rpc_deadline_ms: 10000\n"
-      "backoff_initial_ms: 100\n"
-      "backoff_max_ms: 2000\n");
+  return WorkerConfigWithBackoff(job_id, /*backoff_max_ms=*/2000);
+}
+
+std::vector<GroupMemberPlan> PlanGroup(int standbys, const std::vector<int>& ports,
+                                       const std::string& data_parent) {
+  std::vector<GroupMemberPlan> members;
+  for (int i = 0; i <= standbys; ++i) {
+    GroupMemberPlan member;
+    member.name = absl::StrCat("server-", i);
+    member.port = ports.at(i);
+    member.data_dir = absl::StrCat(data_parent, "/", member.name);
+    members.push_back(std::move(member));
+  }
+  return members;
+}
+
+std::string GroupMemberConfigText(const std::string& job_file, const GroupMemberPlan& member,
+                                  int standbys, const std::vector<std::string>& etcd_endpoints) {
+  std::string text = ServerConfigText(job_file, member.port, member.data_dir);
+  absl::StrAppend(&text, "replication {\n");
+  for (const std::string& endpoint : etcd_endpoints) {
+    absl::StrAppend(&text, "  etcd_endpoints: \"", absl::CEscape(endpoint), "\"\n");
+  }
+  absl::StrAppend(&text, "  standbys: ", standbys,
+                  "\n"
+                  "  leader_lease_ms: 2000\n"
+                  "  name: \"",
+                  absl::CEscape(member.name),
+                  "\"\n"
+                  "  peer_listen_address: \"127.0.0.1:0\"\n"
+                  "  sync: true\n"
+                  "}\n");
+  return text;
+}
+
+std::string GroupWorkerConfigText(const std::string& job_id) {
+  return WorkerConfigWithBackoff(job_id, /*backoff_max_ms=*/250);
+}
+
+std::string GroupAddressList(const std::vector<GroupMemberPlan>& members) {
+  std::vector<std::string> addresses;
+  for (const GroupMemberPlan& member : members) {
+    addresses.push_back(absl::StrCat("127.0.0.1:", member.port));
+  }
+  return absl::StrJoin(addresses, ",");
 }
 
 std::string AbsolutePath(const std::string& path) {

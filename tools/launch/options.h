@@ -44,12 +44,23 @@ struct LaunchOptions {
   // --worker_command: run this command (split at spaces, no quoting) instead of rebound_worker,
   // with --server, --name and --role appended; e.g. a Python worker (docs/python.md).
   std::string worker_command;
+  // --standbys N: a replicated server group of 1 + N members instead of one server (DESIGN.md
+  // §10.1); 0 = one server, as without the flag.
+  int standbys = 0;
+  // --etcd_members M: the etcd members the launcher starts for a group (--standbys > 0).
+  int etcd_members = 3;
+  // --kill_leader_at_step: SIGKILL the group's leader once the mean trainer step reaches this,
+  // and start it again a few seconds later as a standby (--standbys > 0).
+  std::optional<int64_t> kill_leader_at_step;
   bool help = false;          // --help
 };
 
 // Parses the arguments after argv[0]. Flags are "--name value" or "--name=value"; a repeated
 // flag keeps its last value. INVALID_ARGUMENT names the offending flag for an unknown flag, a
-// missing or malformed value, a positional argument, or a missing --job (unless --help).
+// missing or malformed value, a positional argument, a missing --job (unless --help), or a flag
+// that needs another: --kill_slot without --kill_trainer_at_step; --etcd_members or
+// --kill_leader_at_step without --standbys; --port N with --standbys S when N + S > 65535 (the
+// members listen on N..N+S).
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
 
 // Parses "R,S" (two non-negative integers, optional spaces around them).
@@ -83,6 +94,33 @@ std::string ServerConfigText(const std::string& job_file, int port, const std::s
 // worker.pbtxt for the launcher's workers: joins only `job_id`, 10 s RPC deadline, retry backoff
 // from 100 ms to 2000 ms.
 std::string WorkerConfigText(const std::string& job_id);
+
+// A member of the launcher's replicated server group.
+struct GroupMemberPlan {
+  std::string name;       // "server-<i>": its name in the group, its config, log and data dir
+  int port = 0;           // its workers' port on 127.0.0.1 (served only while it leads)
+  std::string data_dir;   // absolute
+};
+
+// The members of a group of 1 + `standbys` on `ports` (one per member, in order): member i is
+// server-<i>, with its data under <data_parent>/server-<i>. REQUIRES: ports.size() == 1 +
+// standbys.
+std::vector<GroupMemberPlan> PlanGroup(int standbys, const std::vector<int>& ports,
+                                       const std::string& data_parent);
+
+// server-<i>.pbtxt of a group member: ServerConfigText's config (durable, in `member.data_dir`)
+// plus the replication block: every etcd endpoint, `standbys`, the member's name, its peer port
+// any free one on 127.0.0.1, a 2 s leader lease, synchronous replication.
+std::string GroupMemberConfigText(const std::string& job_file, const GroupMemberPlan& member,
+                                  int standbys, const std::vector<std::string>& etcd_endpoints);
+
+// worker.pbtxt for the workers of a group: WorkerConfigText's, with the retry backoff capped at
+// 250 ms (docs/operations.md, "High availability"), so that a worker finds a new leader within
+// a quarter of a second of its taking over.
+std::string GroupWorkerConfigText(const std::string& job_id);
+
+// The workers' --server for a group: every member's 127.0.0.1:<port>, comma-separated.
+std::string GroupAddressList(const std::vector<GroupMemberPlan>& members);
 
 // `path` made absolute against the current directory (lexically; the file need not exist).
 std::string AbsolutePath(const std::string& path);
