@@ -6,8 +6,8 @@
 #   tools/bench.sh --from DIR [--page FILE] [--no-docs]
 #
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
-# failures selective_logging convergence chaos python_overhead peer_torch (about 54 minutes on 2
-# cores, weighting 18 of them, convergence 13). soak
+# failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
+# failover (about 64 minutes on 2 cores, weighting 18 of them, convergence 13). soak
 # (DESIGN.md §9's "server memory over a long run") runs only when --only names it.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
@@ -50,7 +50,7 @@
 set -euo pipefail
 
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
-  selective_logging convergence chaos python_overhead peer_torch)
+  selective_logging convergence chaos python_overhead peer_torch replication_overhead failover)
 readonly kKnown=("${kSuite[@]}" soak)
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
@@ -74,6 +74,8 @@ declare -rA kWhat=(
   [soak]="server heap and data directory over a long run with trainers killed"
   [python_overhead]="the example CNN (Python client) trained through Rebound, tau 8, step log on, one thread"
   [peer_torch]="the shipped MLP with AdaHessian: rebound_train's engine against plain PyTorch (double backward), one thread each"
+  [replication_overhead]="failure-free training throughput of the shipped job with a replicated server group (leader + 1 standby, sync, fsync false)"
+  [failover]="SIGKILL of a group's leader to the first sync the new leader answers, shipped job, 4 trainers"
 )
 # The targets of DESIGN.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -90,18 +92,21 @@ declare -rA kTarget=(
   [soak]="flat: no growth with steps"
   [python_overhead]=">= 0.90x the plain PyTorch loop (R12; not in §9)"
   [peer_torch]=">= 2x PyTorch, expected (R12; not in §9)"
+  [replication_overhead]=">= 0.85x a single server (R13; not in §9)"
+  [failover]="<= lease + 1 s (R13; not in §9)"
 )
 # The ratio a benchmark's RESULT line must reach, for those whose target is one.
 declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
-  [logging_overhead]=0.95 [failures]=1.2 [python_overhead]=0.9 [peer_torch]=2)
+  [logging_overhead]=0.95 [failures]=1.2 [python_overhead]=0.9 [peer_torch]=2
+  [replication_overhead]=0.85)
 # Expected wall time in seconds on the 2-core development machine, with the defaults ...
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
   [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
-  [python_overhead]=240 [peer_torch]=90)
+  [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
   [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150
-  [python_overhead]=40 [peer_torch]=20)
+  [python_overhead]=40 [peer_torch]=20 [replication_overhead]=90 [failover]=60)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -116,6 +121,8 @@ declare -rA kQuickFlags=(
   [soak]="--minutes=2 --warmup_s=30 --kill_every_s=40 --sample_s=5"
   [python_overhead]="--reps=1 --seconds=5"
   [peer_torch]="--reps=1 --seconds=3"
+  [replication_overhead]="--reps=1 --seconds=5 --warmup_seconds=2"
+  [failover]="--kills=2 --steady_seconds=1"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
@@ -343,6 +350,16 @@ END {
     row("plain PyTorch loop: " v["plain_samples_s"] " samples/s",
         "through Rebound: " v["rebound_samples_s"] " samples/s", v["ratio"],
         verdict_of(at_least(v["ratio"], min)))
+  } else if (name == "replication_overhead") {
+    if (!need("replicated_samples_s single_samples_s ratio")) exit
+    row("single server: " v["single_samples_s"] " samples/s",
+        "leader + 1 standby: " v["replicated_samples_s"] " samples/s", v["ratio"],
+        verdict_of(at_least(v["ratio"], min)))
+  } else if (name == "failover") {
+    if (!need("kills median_ms max_ms lease_ms")) exit
+    row("the leader lease: " v["lease_ms"] " ms",
+        v["kills"] " kills: median " v["median_ms"] " ms, max " v["max_ms"] " ms",
+        "—", verdict_of(num(v["max_ms"]) && v["max_ms"] + 0 <= v["lease_ms"] + 1000))
   } else if (name == "peer_torch") {
     if (!need("rebound_samples_s torch_samples_s ratio")) exit
     row("plain PyTorch: " v["torch_samples_s"] " samples/s",
