@@ -485,10 +485,11 @@ void LeaseKeeper::Stop() {
 
 void LeaseKeeper::Run() {
   const Clock* clock = shared_->clock();
-  // A renewal that takes longer than a quarter of the TTL is tried elsewhere: the holder
-  // fences itself at TTL/2 after the last renewal.
-  const absl::Duration deadline = std::min(shared_->options().call_deadline, ttl() / 4);
-  Backoff backoff = shared_->NewBackoff(ttl() / 3);
+  // Renewals every TTL/6, each given TTL/6 before it is tried elsewhere: the holder fences
+  // itself at TTL/2 after the last renewal, so a member lost (or an etcd election, which a
+  // lost raft leader costs: about one election timeout) leaves two more tries before that.
+  const absl::Duration deadline = std::min(shared_->options().call_deadline, ttl() / 6);
+  Backoff backoff = shared_->NewBackoff(ttl() / 6);
   while (!stop_.HasBeenNotified()) {
     const int i = shared_->current();
     absl::Status status;
@@ -513,7 +514,7 @@ void LeaseKeeper::Run() {
           last_renewed_ = sent;
           ttl_ = absl::Seconds(response.ttl());
           ++renewals_;
-          period = ttl_ / 3;
+          period = ttl_ / 6;
         }
         backoff.Reset();
         clock->WaitFor(sent + period - clock->Now(), &stop_);

@@ -136,8 +136,8 @@ struct EtcdEvent {
 
 class EtcdClientShared;  // the channels and the current endpoint, shared with the threads
 
-// Renews one lease on one LeaseKeepAlive stream every ttl/3 from a thread of its own. A failed
-// renewal (the member died, the stream broke, no answer within min(call_deadline, ttl/4)) moves
+// Renews one lease on one LeaseKeepAlive stream every ttl/6 from a thread of its own. A failed
+// renewal (the member died, the stream broke, no answer within min(call_deadline, ttl/6)) moves
 // to the next endpoint and is retried with the client's backoff, until Stop(). When etcd answers
 // that the lease no longer exists, the keeper ends with FAILED_PRECONDITION.
 //

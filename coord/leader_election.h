@@ -5,7 +5,7 @@
 //
 // The election. The leader key (e.g. /rebound/<job>/<group>/leader) is created in a Txn if
 // absent (EtcdClient::PutIfAbsent), bound to a lease of TTL `lease_ttl` that a LeaseKeeper
-// renews every TTL/3; its value is the candidate's address. The winner's epoch is the revision at
+// renews every TTL/6; its value is the candidate's address. The winner's epoch is the revision at
 // which it created the key: epochs of successive leaders strictly increase, so a standby can
 // refuse anything of an older epoch. A candidate that finds the key held watches it and tries
 // again once it is deleted (the holder resigned or its lease expired).

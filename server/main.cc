@@ -227,8 +227,9 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   leader_options.standby_timeout =
       absl::Milliseconds(config.job().fault_tolerance().failure_timeout_ms());
   leader_options.max_wait = absl::Milliseconds(config.max_wait_ms());
-  leader_options.record_in_sync = [group](const std::vector<std::string>& names) {
-    return group->RecordInSync(names);
+  leader_options.record_in_sync = [group](const std::vector<std::string>& names,
+                                          uint64_t floor) {
+    return group->RecordInSync(names, floor);
   };
   leader_options.check_leadership = [group] { return group->CheckLeadership(); };
   leader_options.store = store.get();

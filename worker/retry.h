@@ -9,6 +9,9 @@
 // Thread-safety: stateless; CallWithRetry runs on the calling thread. Ownership: `clock` and
 // `stop` are borrowed for the call.
 //
+// A call the server cancels (CANCELLED while `stop` is not notified: a group's leader shutting
+// down or fencing itself) counts as UNAVAILABLE: retried on whoever leads next.
+//
 // Status codes: CallWithRetry returns the call's status when it is OK or not retryable,
 // UNAVAILABLE "<what> failed for <give_up_after_ms> ms: <last error>" on giving up, and
 // CANCELLED "stopped" when `stop` is notified.
@@ -17,6 +20,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -56,7 +60,13 @@ absl::Status CallWithRetry(const WorkerConfig& config, const Clock* clock,
     // gRPC deadlines are wall-clock time points.
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(config.rpc_deadline_ms()));
-    return FromGrpcStatus(rpc(&context));
+    absl::Status status = FromGrpcStatus(rpc(&context));
+    // The server cancelled the call (a leader shutting down, a deposed one fencing itself): the
+    // same call may succeed on whoever leads next. Only this worker's own stop ends the loop.
+    if (status.code() == absl::StatusCode::kCancelled && !stop.HasBeenNotified()) {
+      status = absl::UnavailableError(absl::StrCat("cancelled by the server: ", status.message()));
+    }
+    return status;
   });
 }
 

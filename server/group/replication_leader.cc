@@ -36,7 +36,14 @@ ReplicationLeader::~ReplicationLeader() { Stop(); }
 
 absl::Status ReplicationLeader::Start() {
   const std::vector<std::string> alone = {options_.name};
-  if (absl::Status recorded = options_.record_in_sync(alone); !recorded.ok()) return recorded;
+  uint64_t floor = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    floor = last_.sequence;
+  }
+  if (absl::Status recorded = options_.record_in_sync(alone, floor); !recorded.ok()) {
+    return recorded;
+  }
   {
     absl::MutexLock lock(&mu_);
     recorded_in_sync_ = alone;
@@ -258,6 +265,15 @@ std::vector<std::string> ReplicationLeader::InSyncWith(const std::string& name, 
   return names;
 }
 
+uint64_t ReplicationLeader::FloorOf(const std::vector<std::string>& names) const {
+  uint64_t floor = last_.sequence;
+  for (const std::string& name : names) {
+    const auto it = standbys_.find(name);
+    if (it != standbys_.end()) floor = std::min(floor, it->second.acked);
+  }
+  return floor;
+}
+
 void ReplicationLeader::Monitor() {
   while (!clock_->WaitFor(options_.tick, &stop_)) MonitorPass();
 }
@@ -266,6 +282,7 @@ void ReplicationLeader::MonitorPass() {
   std::string name;
   bool add = false;
   std::vector<std::string> names;
+  uint64_t floor = 0;
   std::string why;
   {
     absl::MutexLock lock(&mu_);
@@ -307,8 +324,9 @@ void ReplicationLeader::MonitorPass() {
     }
     if (name.empty()) return;
     names = InSyncWith(name, add);
+    floor = FloorOf(names);
   }
-  const absl::Status recorded = options_.record_in_sync(names);
+  const absl::Status recorded = options_.record_in_sync(names, floor);
   absl::MutexLock lock(&mu_);
   auto it = standbys_.find(name);
   if (!recorded.ok()) {

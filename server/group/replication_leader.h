@@ -69,8 +69,11 @@ struct ReplicationLeaderOptions {
   absl::Duration standby_timeout = absl::Seconds(3);  // the job's failure_timeout
   absl::Duration max_wait = absl::Seconds(30);        // bound of one WaitReplicated
   absl::Duration tick = absl::Milliseconds(50);       // the monitor's period
-  // Records the in-sync set (this leader's name first) in etcd, guarded by the leadership.
-  std::function<absl::Status(const std::vector<std::string>& in_sync)> record_in_sync;
+  // Records the in-sync set (this leader's name first) in etcd, guarded by the leadership, with
+  // `floor`: a sequence every member of the set has made durable (a member whose store is
+  // behind it, e.g. one whose disk was lost, must not lead).
+  std::function<absl::Status(const std::vector<std::string>& in_sync, uint64_t floor)>
+      record_in_sync;
   // OK while this server leads (LeaderElection::CheckLeadership).
   std::function<absl::Status()> check_leadership;
   storage::DurableStore* store = nullptr;  // borrowed: checkpoints for catching up
@@ -133,6 +136,8 @@ class ReplicationLeader {
   // The names of the in-sync set to record (this leader first), with `name` added or removed.
   std::vector<std::string> InSyncWith(const std::string& name, bool add) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least sequence the members of `names` have made durable (this leader: its last).
+  uint64_t FloorOf(const std::vector<std::string>& names) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the commit after `sequence` (epoch `epoch`) can be streamed from the buffer.
   bool CanResumeAfter(uint64_t epoch, uint64_t sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllAcked(uint64_t sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

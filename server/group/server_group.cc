@@ -4,6 +4,8 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -66,15 +68,25 @@ void ServerGroup::SetState(GroupStatus::Role role, const MemberAddress& leader, 
   detail_ = std::move(detail);
 }
 
-absl::StatusOr<bool> ServerGroup::MayCampaign(std::string* recorded) {
+absl::StatusOr<bool> ServerGroup::MayCampaign(uint64_t local_sequence, std::string* recorded) {
   ASSIGN_OR_RETURN(const std::optional<EtcdValue> in_sync, etcd_->Get(in_sync_key_));
   if (!in_sync.has_value()) {
     recorded->clear();
     return true;  // a new group: nobody was answered yet
   }
   *recorded = in_sync->value;
-  const std::vector<std::string> names = absl::StrSplit(in_sync->value, ',', absl::SkipEmpty());
-  return std::find(names.begin(), names.end(), options_.self.name) != names.end();
+  const std::vector<std::string> parts = absl::StrSplit(in_sync->value, ' ', absl::SkipEmpty());
+  if (parts.empty()) return false;
+  uint64_t floor = 0;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (absl::StartsWith(parts[i], "floor=") &&
+        !absl::SimpleAtoi(absl::string_view(parts[i]).substr(6), &floor)) {
+      return false;  // unreadable: do not lead on a guess
+    }
+  }
+  const std::vector<std::string> names = absl::StrSplit(parts[0], ',', absl::SkipEmpty());
+  if (std::find(names.begin(), names.end(), options_.self.name) == names.end()) return false;
+  return local_sequence >= floor;
 }
 
 absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notification* stop) {
@@ -146,7 +158,8 @@ absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notificat
     }
     // No leader: campaign if the recorded in-sync set allows it.
     std::string recorded;
-    absl::StatusOr<bool> may = MayCampaign(&recorded);
+    const uint64_t local = standby->store() != nullptr ? standby->store()->LastApplied().sequence : 0;
+    absl::StatusOr<bool> may = MayCampaign(local, &recorded);
     if (!may.ok()) {
       SetState(GroupStatus::CANDIDATE, {}, 0,
                absl::StrCat("etcd unreachable: ", may.status().message()));
@@ -155,8 +168,9 @@ absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notificat
     }
     if (!*may) {
       SetState(GroupStatus::CANDIDATE, {}, 0,
-               absl::StrCat("no leader, and the in-sync set [", recorded,
-                            "] does not name this server: waiting for one of them"));
+               absl::StrCat("no leader, and the in-sync record \"", recorded,
+                            "\" does not name this server or its floor is past this server's "
+                            "last commit ", local, ": waiting for a member that has it"));
       clock_->WaitFor(kRetry, stop);
       continue;
     }
@@ -177,12 +191,12 @@ absl::Status ServerGroup::RunUntilLeader(Standby* standby, const absl::Notificat
   return absl::CancelledError("stopped");
 }
 
-absl::Status ServerGroup::RecordInSync(const std::vector<std::string>& names) {
+absl::Status ServerGroup::RecordInSync(const std::vector<std::string>& names, uint64_t floor) {
   const int64_t epoch = election_->epoch();
   if (epoch <= 0) return absl::FailedPreconditionError("RecordInSync: this server never led");
   ASSIGN_OR_RETURN(const CompareAndPutResult put,
                    etcd_->PutIfCreatedAt(leader_key_, epoch, in_sync_key_,
-                                         absl::StrJoin(names, ",")));
+                                         absl::StrCat(absl::StrJoin(names, ","), " floor=", floor)));
   if (!put.succeeded) {
     return absl::FailedPreconditionError(absl::StrCat(
         "RecordInSync: the leader key of epoch ", epoch, " is gone: this server does not lead"));

@@ -6,14 +6,17 @@
 // Keys, under /rebound/<job_id>/<group>/:
 //   leader    the leader key (coord/leader_election.h): "name=.. serve=.. peer=.." of the
 //             leader, bound to its lease; its create revision is the leader's epoch.
-//   in_sync   the in-sync set, names separated by commas, the leader's first; written only by
-//             the leader, each write guarded by its leader key (PutIfCreatedAt): once the
-//             leader key is gone, the set is final for that epoch.
+//   in_sync   the in-sync set, "<name>,<name>,... floor=<sequence>" (the leader's name first;
+//             every member of the set has made durable every commit up to the floor); written
+//             only by the leader, each write guarded by its leader key (PutIfCreatedAt): once
+//             the leader key is gone, the set is final for that epoch.
 //
 // Roles. RunUntilLeader keeps this server a standby: while a leader holds the key it follows
 // it (Standby::Follow), stopping as soon as the key goes (a watch); while the key is vacant it
-// campaigns, but only when the recorded in-sync set names it (or no set was ever recorded: a
-// new group), reading the set right before each attempt. So a standby that lacks a commit some
+// campaigns, but only when the recorded in-sync set names it and its store holds the set's
+// floor (or no set was ever recorded: a new group), reading the set right before each attempt.
+// A member named in the set whose disk was lost (an empty store, behind the floor) waits for
+// another to lead and copies it. So a standby that lacks a commit some
 // worker was answered for never leads. A key that names this server but that another process
 // holds (this server's earlier life, whose lease has not expired) is waited out.
 //
@@ -64,7 +67,7 @@ class ServerGroup {
   // The leader's side.
   absl::Status CheckLeadership() const { return election_->CheckLeadership(); }
   int64_t epoch() const { return election_->epoch(); }
-  absl::Status RecordInSync(const std::vector<std::string>& names);
+  absl::Status RecordInSync(const std::vector<std::string>& names, uint64_t floor);
   absl::Status Resign() { return election_->Resign(); }
 
   // The role, the leader as last seen and why this server waits, into `status`.
@@ -78,7 +81,7 @@ class ServerGroup {
  private:
   ServerGroup(ServerGroupOptions options, const Clock* clock);
   // Whether the recorded in-sync set lets this server campaign, and the set read.
-  absl::StatusOr<bool> MayCampaign(std::string* recorded);
+  absl::StatusOr<bool> MayCampaign(uint64_t local_sequence, std::string* recorded);
   // Logs the detail when it changed, unless `quiet`.
   void SetState(GroupStatus::Role role, const MemberAddress& leader, int64_t epoch,
                 std::string detail, bool quiet = false);
