@@ -152,6 +152,22 @@ int64_t CenterVersion(const GetStatusResponse& status) {
   return status.centers_size() > 0 ? status.centers(0).version() : 0;
 }
 
+// The last `count` lines of the file at `path` that contain one of `words`, each indented.
+std::string LinesMentioning(const std::string& path, const std::vector<std::string>& words,
+                            size_t count) {
+  std::vector<std::string> found;
+  for (absl::string_view line : absl::StrSplit(ReadFileOrEmpty(path), '\n')) {
+    for (const std::string& word : words) {
+      if (absl::StrContains(line, word)) {
+        found.push_back(absl::StrCat("    ", line, "\n"));
+        break;
+      }
+    }
+  }
+  if (found.size() > count) found.erase(found.begin(), found.end() - count);
+  return absl::StrJoin(found, "");
+}
+
 // The number after `prefix` in `line`, if there is one.
 std::optional<int64_t> NumberAfter(absl::string_view line, absl::string_view prefix) {
   const size_t at = line.find(prefix);
@@ -358,6 +374,9 @@ class ChaosRun {
   std::map<int64_t, std::string> leader_of_epoch_;  // every member reported LEADER, by epoch
   std::vector<bool> etcd_down_;
   bool group_fault_pending_ = false;  // a group fault's restart or resume is pending
+  // A group fault that may move the leadership fired (a leader killed or stopped, etcd lost):
+  // the next leader change is its effect, not news.
+  bool leader_change_expected_ = false;
   // One etcd member is down (kill_etcd_member): a leader change now breaks §10.1's promise.
   std::optional<std::string> etcd_member_fault_;
   absl::Time etcd_member_fault_until_;  // ... and for a lease after its restart
@@ -554,15 +573,22 @@ void ChaosRun::OnNewLeader(int member, const GetStatusResponse& status) {
                    previous, "); center version ", CenterVersion(status), ", before ",
                    last_leader_status_.has_value() ? CenterVersion(*last_leader_status_) : 0));
   if (etcd_member_fault_.has_value() && absl::Now() < etcd_member_fault_until_) {
+    std::string evidence;
+    if (leader_ >= 0 && leader_ != member) {
+      evidence = LinesMentioning(cluster_->member(leader_).log_path(),
+                                 {"lease", "KeepAlive", "no longer acknowledging"}, 6);
+    }
     Violation(absl::StrCat("the leader changed (epoch ", previous, " -> ", epoch_, ", now ", name,
                            ") while ", *etcd_member_fault_,
                            ": a group survives the loss of one etcd member of three (DESIGN.md "
-                           "§10.1)\n",
-                           ServerLogs(8)));
-  } else if (!group_fault_pending_) {
+                           "§10.1); the deposed leader ",
+                           leader_ >= 0 ? members_[leader_].name : std::string("?"),
+                           "'s log about its lease:\n", evidence));
+  } else if (!leader_change_expected_) {
     Note(absl::StrCat("the leader changed (epoch ", previous, " -> ", epoch_,
-                      ") with no group fault pending"));
+                      ") with no fault against the leader or etcd"));
   }
+  leader_change_expected_ = false;
   // The new leader loads its store as a restarted server does: the trainers that owned ACTIVE
   // slots under the old one must come back under their incarnations.
   awaiting_reconnect_.clear();
@@ -604,7 +630,8 @@ void ChaosRun::PollPeers() {
     if (view.role() == GroupStatus::LEADER) {
       NoteLeader(view.epoch(), view.name(), "ServerPeer.GetGroup");
     }
-    if (view.role() != m.last_role) {
+    // A member running again answers for a moment before it knows its role: not worth a line.
+    if (view.role() != m.last_role && view.role() != GroupStatus::ROLE_UNSPECIFIED) {
       m.last_role = view.role();
       Log(absl::StrCat(m.name, " is ", GroupStatus::Role_Name(view.role()),
                        view.role() == GroupStatus::LEADER
@@ -831,8 +858,7 @@ absl::Status ChaosRun::StartGroup() {
     }
     absl::SleepFor(kPoll);
   }
-  Log(absl::StrCat(members_[leader_].name, " leads in epoch ", epoch_,
-                   " with every standby in sync"));
+  Log("every standby in sync");
   return absl::OkStatus();
 }
 
@@ -1137,7 +1163,8 @@ void ChaosRun::Observe(const GetStatusResponse& status) {
         if (std::abs(beat_ms - *it->second.first_beat_ms) > 20) back = true;
       }
       if (back) {
-        Log(absl::StrCat(it->second.name, " reconnected to the restarted server (slot ",
+        Log(absl::StrCat(it->second.name, " reconnected to the ",
+                         group() ? "new leader" : "restarted server", " (slot ",
                          it->second.replica, ", incarnation ", it->first, ")"));
         ++report_.reconnected_trainers;
         it = awaiting_reconnect_.erase(it);
@@ -1351,6 +1378,10 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
                                          CenterVersion(status));
   etcd_member_fault_.reset();
   server_faulted_ = true;
+  leader_change_expected_ = fault.kind == FaultKind::kKillLeader ||
+                            fault.kind == FaultKind::kLeaderDiskLoss ||
+                            fault.kind == FaultKind::kStopLeader ||
+                            fault.kind == FaultKind::kKillAllEtcd;
   switch (fault.kind) {
     case FaultKind::kKillLeader:
     case FaultKind::kLeaderDiskLoss:
