@@ -393,6 +393,9 @@ class ChaosRun {
   std::map<int, int64_t> acked_step_;       // by replica
   int64_t acked_version_ = 0;
   std::set<std::string> reported_;  // violations found by polling, each reported once
+  // An answered sync is gone from the leader: the job cannot end as the fault-free run does
+  // (it may not end at all), so the run stops there.
+  bool acknowledged_lost_ = false;
 
   std::vector<std::unique_ptr<Worker>> workers_;
   std::set<int> byzantine_announced_;  // trainers whose byzantine fault has fired
@@ -712,6 +715,7 @@ void ChaosRun::CheckAcknowledged(int member, const std::string& when) {
                                           when.empty() ? "" : " ", when);
   if (CenterVersion(*status) < acked_version_ &&
       reported_.insert(absl::StrCat("version ", acked_version_)).second) {
+    acknowledged_lost_ = true;
     Violation(absl::StrCat(leader, " has the center at version ", CenterVersion(*status),
                            ", but a trainer was answered version ", acked_version_,
                            ": an acknowledged sync is lost"));
@@ -721,6 +725,7 @@ void ChaosRun::CheckAcknowledged(int member, const std::string& when) {
     const SlotStatus& slot = status->slots(replica);
     if ((slot.snapshot_step() < step || slot.update_count() < step / spec_.sync_period) &&
         reported_.insert(absl::StrCat("slot ", replica, " step ", step)).second) {
+      acknowledged_lost_ = true;
       Violation(absl::StrCat(leader, ": slot ", replica, " last synced step ",
                              slot.snapshot_step(), " after ", slot.update_count(),
                              " syncs, but its trainer was answered the sync of step ", step,
@@ -1067,7 +1072,19 @@ void ChaosRun::ReapWorkers() {
       replace = true;
     } else if (*code == 0) {
       if (!job_finished_ && w.role != "evaluator") {
-        Log(absl::StrCat(w.name, " exited 0 (its slot finished, or the job)"));
+        // Exit 0 before the job's end is a trainer done with its slot, or one told the job is
+        // over; any other is a worker that quit on its own while it still had work.
+        const std::string log = ReadFileOrEmpty(w.process->log_path());
+        if (absl::StrContains(log, "slot trained to max_steps") ||
+            absl::StrContains(log, "the job is finished")) {
+          Log(absl::StrCat(w.name, " exited 0 (its slot finished, or the job)"));
+        } else {
+          Violation(absl::StrCat(w.name, " (started as ", w.role,
+                                 ") exited 0 before the job's end, its slot not finished and "
+                                 "no one having stopped it:\n",
+                                 LastLines(w.process->log_path(), 6)));
+          replace = true;
+        }
       }
     } else if (*code == kExitFenced || *code == kExitUnreachable) {
       Log(absl::StrCat(w.name, " exited ", *code,
@@ -1520,6 +1537,12 @@ void ChaosRun::Loop() {
                              Seconds(options_.time_limit), "); last status:\n",
                              s.has_value() ? s->ShortDebugString() : "(the server does not answer)",
                              "\nserver log:\n", ServerLogs(15)));
+      return;
+    }
+    if (acknowledged_lost_) {
+      Note(absl::StrCat("the run stops: an answered sync was lost (above), so the job cannot "
+                        "end with every sync applied once\n",
+                        ServerLogs(6)));
       return;
     }
     RunDuePending(false);
