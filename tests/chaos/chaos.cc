@@ -396,6 +396,8 @@ class ChaosRun {
   // An answered sync is gone from the leader: the job cannot end as the fault-free run does
   // (it may not end at all), so the run stops there.
   bool acknowledged_lost_ = false;
+  // Cleanup runs what is pending at once: the checks among it did not get their time.
+  bool cleaning_up_ = false;
 
   std::vector<std::unique_ptr<Worker>> workers_;
   std::set<int> byzantine_announced_;  // trainers whose byzantine fault has fired
@@ -735,6 +737,7 @@ void ChaosRun::CheckAcknowledged(int member, const std::string& when) {
 }
 
 void ChaosRun::CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time deadline) {
+  if (cleaning_up_) return;  // a run stopped early: no time to wait for it
   const std::string& name = members_[member].name;
   const std::string path = cluster_->member(member).log_path();
   while (true) {
@@ -1592,7 +1595,8 @@ void ChaosRun::Loop() {
 }
 
 void ChaosRun::CheckReconnected(int life) {
-  if (life != server_life_ || job_finished_) return;  // killed again meanwhile, or done
+  // Killed again meanwhile, done, or a run stopped early (its trainers had no time).
+  if (life != server_life_ || job_finished_ || cleaning_up_) return;
   std::optional<GetStatusResponse> status = Status(absl::Seconds(2));
   if (!status.has_value()) return;  // stopped meanwhile: the next restart checks again
   Observe(*status);
@@ -1901,6 +1905,7 @@ void ChaosRun::StopGroupAndCheckStores(const GetStatusResponse& final_status) {
 }
 
 void ChaosRun::Cleanup() {
+  cleaning_up_ = true;
   RunDuePending(true);
   for (auto& w : workers_) {
     if (!w->exit_code.has_value()) w->exit_code = w->process->Stop(absl::Seconds(5));
