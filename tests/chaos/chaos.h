@@ -37,7 +37,8 @@
 //
 // What a run checks (RunReport::violations; none is allowed):
 //   * the job finished: every slot FINISHED within the time limit, and every worker exited;
-//     no process crashed or exited with an unexpected code;
+//     no process crashed or exited with an unexpected code, and none exited 0 before the job's
+//     end without having finished its slot;
 //   * every recovery the server reported (GetStatus, polled through every server life) that
 //     rebuilt a slot was a REPLAY verified against the logged checksums (bit-identical); none
 //     ended in CHECKSUM_MISMATCH or fell back to another policy;
@@ -59,7 +60,8 @@
 //     slot's last synced step and update count, the center's version). What the leader's
 //     GetStatus shows is not used as "acknowledged": a sync the leader applied but had not yet
 //     answered may be lost with it, and the trainer then sends it again; only the trainers'
-//     answers are certainly acknowledged. No two members ever reported LEADER for one epoch
+//     answers are certainly acknowledged; once one is found lost the run stops (its job cannot
+//     end as the fault-free one). No two members ever reported LEADER for one epoch
 //     (GetStatus and every member's ServerPeer.GetGroup, polled); a leader SIGSTOPped past its
 //     lease said "no longer acknowledging" and ran again as a standby once resumed; one etcd
 //     member of 3 lost never changed the leader; trainers left alone kept their slots across
