@@ -17,9 +17,15 @@
 //   --runs=N (3)  --seed=S (1)  --faults=F (6 per run)
 //   --kinds=LIST  the fault kinds the schedules may use (default all: kill_trainer, stop_trainer,
 //                 kill_spare, stop_spare, kill_evaluator, stop_evaluator, kill_server,
-//                 stop_server, partition, throttle, delay, loss, byzantine), e.g.
-//                 --kinds=stop_server; each schedule holds a kill_trainer, a kill_server, a
+//                 stop_server, partition, throttle, delay, loss, byzantine, and with --standbys
+//                 the group's kill_leader, leader_disk_loss, stop_leader, kill_etcd_member,
+//                 kill_all_etcd, restart_standby_empty), e.g. --kinds=stop_server; each schedule
+//                 holds a kill_trainer, a kill_server (with --standbys a kill_leader), a
 //                 partition and a byzantine trainer when allowed
+//   --standbys=K (0)  group mode: a replicated server group of 1 + K members and etcd of 3
+//                 members (DESIGN.md §10.1; tests/chaos/chaos.h): kill_server and stop_server
+//                 are replaced by the group's kinds, and each run is checked besides for every
+//                 member's store, the syncs answered to trainers and the fenced leaders
 //   --spares=K (2)  --steps=T (6000: each trainer's max_steps, a multiple of the sync period 100)
 //   --async       ASYNC scheduling (the shipped job's choice) instead of DETERMINISTIC
 //   --dynamic     DYNAMIC weights (the shipped job's choice) instead of UNIFORM; with --async
@@ -59,7 +65,7 @@ using ::rebound::testing::IsExecutableFile;
 
 constexpr char kUsage[] =
     "usage: chaos [--runs=N] [--seed=S] [--faults=F] [--kinds=LIST] [--spares=K] [--steps=T] "
-    "[--async] "
+    "[--standbys=K] [--async] "
     "[--dynamic] [--fault_half_life_s=H] [--no_network] "
     "[--time_limit_s=T] [--quiet] [--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
@@ -68,6 +74,7 @@ struct Flags {
   int seed = 1;
   int faults = 6;
   int spares = 2;
+  int standbys = 0;
   int steps = 6000;
   bool async = false;
   bool dynamic = false;
@@ -88,6 +95,7 @@ Flags ParseFlags(int argc, char** argv) {
   command_line.AddInt("seed", &flags.seed);
   command_line.AddInt("faults", &flags.faults);
   command_line.AddInt("spares", &flags.spares);
+  command_line.AddInt("standbys", &flags.standbys);
   command_line.AddInt("steps", &flags.steps);
   command_line.AddSwitch("async", &flags.async);
   command_line.AddSwitch("dynamic", &flags.dynamic);
@@ -121,6 +129,7 @@ Flags ParseFlags(int argc, char** argv) {
   if (flags.seed < 0) command_line.Usage("--seed must be >= 0");
   if (flags.faults < 0 || flags.faults > 32) command_line.Usage("--faults must be in [0, 32]");
   if (flags.spares < 1 || flags.spares > 8) command_line.Usage("--spares must be in [1, 8]");
+  if (flags.standbys < 0 || flags.standbys > 4) command_line.Usage("--standbys must be in [0, 4]");
   if (flags.steps < 400 || flags.steps % 100 != 0) {
     command_line.Usage("--steps must be a multiple of 100 (the sync period), at least 400");
   }
@@ -145,9 +154,12 @@ chaos::ChaosOptions Options(const Flags& flags, uint64_t seed, int faults) {
   options.kinds = flags.kinds;
   // Every run kills a trainer and the server and cuts a link, where --kinds and the machine
   // allow; the rest of the schedule is drawn.
-  options.must_include = {chaos::FaultKind::kKillTrainer, chaos::FaultKind::kKillServer,
+  options.must_include = {chaos::FaultKind::kKillTrainer,
+                          flags.standbys > 0 ? chaos::FaultKind::kKillLeader
+                                             : chaos::FaultKind::kKillServer,
                           chaos::FaultKind::kPartition, chaos::FaultKind::kByzantine};
   options.spares = flags.spares;
+  options.standbys = flags.standbys;
   options.network = !flags.no_network;
   options.time_limit = absl::Seconds(flags.time_limit_s);
   options.server_binary = flags.server_binary;
@@ -179,7 +191,7 @@ int Main(int argc, char** argv) {
   std::printf(
       "job: MLP 784-%d-10, %d trainers + %d spares + evaluator, batch %d, tau %d, %lld "
       "steps, %s, heartbeat %d ms, failure timeout %d ms, reconnect grace %d ms, "
-      "durable server; %ld cores online, load %.2f\n\n",
+      "%s; %ld cores online, load %.2f\n\n",
       job.hidden, job.replicas, flags.spares, job.batch_size, job.sync_period,
       static_cast<long long>(job.max_steps),
       absl::StrCat(job.deterministic ? "DETERMINISTIC" : "ASYNC", " scheduling, ",
@@ -188,6 +200,12 @@ int Main(int argc, char** argv) {
                                        : "UNIFORM weights")
           .c_str(),
       job.heartbeat_interval_ms, job.failure_timeout_ms, job.reconnect_grace_ms,
+      flags.standbys > 0
+          ? absl::StrCat("a replicated server group (a leader and ", flags.standbys,
+                         " standby(s), leader lease ", job.leader_lease_ms,
+                         " ms, etcd of 3 members)")
+                .c_str()
+          : "durable server",
       sysconf(_SC_NPROCESSORS_ONLN), LoadAverage());
   std::fflush(stdout);
 
@@ -207,6 +225,12 @@ int Main(int argc, char** argv) {
   int recoveries = 0;
   int interrupted = 0;
   int restarts = 0;
+  int leader_changes = 0;
+  int member_restarts = 0;
+  int etcd_restarts = 0;
+  int fenced_leaders = 0;
+  int64_t acknowledged = 0;
+  int stores = 0;
   int fenced_by_server_stop = 0;
   int byzantine_refused = 0;
   int64_t steps_replayed = 0;
@@ -225,6 +249,12 @@ int Main(int argc, char** argv) {
     recoveries += r.recoveries;
     interrupted += r.interrupted_recoveries;
     restarts += r.server_restarts;
+    leader_changes += r.leader_changes;
+    member_restarts += r.member_restarts;
+    etcd_restarts += r.etcd_restarts;
+    fenced_leaders += r.fenced_leaders;
+    acknowledged += r.acknowledged_syncs;
+    stores += r.members_compared;
     fenced_by_server_stop += r.fenced_by_server_stop;
     byzantine_refused += r.byzantine_refused;
     steps_replayed += r.steps_replayed;
@@ -237,6 +267,10 @@ int Main(int argc, char** argv) {
 
   std::vector<std::string> kinds;
   for (chaos::FaultKind kind : chaos::AllFaultKinds()) {
+    // The kinds of the mode run: a group's replace the single server's.
+    if (flags.standbys > 0 ? chaos::IsSingleServerFault(kind) : chaos::IsGroupFault(kind)) {
+      continue;
+    }
     const char* name = chaos::FaultKindName(kind);
     kinds.push_back(absl::StrCat(name, "=", by_kind[name]));
   }
@@ -248,6 +282,14 @@ int Main(int argc, char** argv) {
       flags.runs, absl::ToDoubleMinutes(absl::Now() - started), runs_passed, faults,
       absl::StrJoin(kinds, " ").c_str(), recoveries, static_cast<long long>(steps_replayed),
       interrupted, restarts, fenced_by_server_stop, byzantine_refused, violations, errors);
+  if (flags.standbys > 0) {
+    std::printf(
+        "group: leader changes %d; members restarted %d; etcd members restarted %d; stopped "
+        "leaders fenced %d; syncs answered to trainers %lld (every leader at or past them); "
+        "stores read back %d\n",
+        leader_changes, member_restarts, etcd_restarts, fenced_leaders,
+        static_cast<long long>(acknowledged), stores);
+  }
   for (const std::string& note : network_notes) std::printf("%s\n", note.c_str());
   std::printf("RESULT chaos: runs=%d faults=%d recoveries=%d violations=%d\n", flags.runs, faults,
               recoveries, violations);

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
@@ -36,9 +39,12 @@
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
+#include "proto/replication.grpc.pb.h"
 #include "storage/durable_store.h"
+#include "testing/cluster/cluster.h"
 #include "testing/cluster/network.h"
 #include "testing/cluster/processes.h"
+#include "testing/etcd/etcd_process.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/slot_compute.h"
 
@@ -46,6 +52,8 @@ namespace rebound::chaos {
 namespace {
 
 // The harness's processes, partitions and log tails are the testing/cluster library's.
+using ::rebound::testing::Cluster;
+using ::rebound::testing::ClusterOptions;
 using ::rebound::testing::LastLines;
 using ::rebound::testing::NetworkLab;
 using ::rebound::testing::WaitForPortFile;
@@ -58,6 +66,15 @@ constexpr absl::Duration kKillWait = absl::Seconds(10);    // a SIGKILLed proces
 constexpr absl::Duration kTargetWait = absl::Seconds(20);  // a fault waiting for a target
 constexpr absl::Duration kExitWait = absl::Seconds(30);    // workers after the job's end
 constexpr absl::Duration kServerStopWait = absl::Seconds(20);
+// Group mode: a group fault waits this long for the group to be whole again (a leader's restart,
+// a standby's catch-up) before it is skipped.
+constexpr absl::Duration kGroupTargetWait = absl::Seconds(60);
+constexpr absl::Duration kGroupStartWait = absl::Seconds(60);  // a leader, its standbys in sync
+constexpr absl::Duration kInSyncWait = absl::Seconds(60);      // the whole group at the end
+constexpr absl::Duration kPeerPoll = absl::Milliseconds(250);  // every member's GetGroup
+constexpr absl::Duration kAckCheckEvery = absl::Seconds(3);    // leader vs the trainers' answers
+// A resumed leader fences itself within 50 ms, shuts its port (up to 5 s) and runs again.
+constexpr absl::Duration kFenceCheckWait = absl::Seconds(15);
 constexpr double kAccuracyTolerance = 0.01;  // 1 point
 constexpr int kExitFenced = 3;
 constexpr int kExitUnreachable = 4;
@@ -87,6 +104,12 @@ constexpr KindInfo kKinds[] = {
     {FaultKind::kDelay, "delay", 1},
     {FaultKind::kLoss, "loss", 1},
     {FaultKind::kByzantine, "byzantine", 1},
+    {FaultKind::kKillLeader, "kill_leader", 2},
+    {FaultKind::kLeaderDiskLoss, "leader_disk_loss", 1},
+    {FaultKind::kStopLeader, "stop_leader", 1},
+    {FaultKind::kKillEtcdMember, "kill_etcd_member", 1},
+    {FaultKind::kKillAllEtcd, "kill_all_etcd", 1},
+    {FaultKind::kRestartStandbyEmpty, "restart_standby_empty", 1},
 };
 
 const KindInfo& Info(FaultKind kind) {
@@ -113,6 +136,51 @@ bool AllFinished(const GetStatusResponse& s) {
     if (slot.state() != FINISHED) return false;
   }
   return s.slots_size() > 0;
+}
+
+// A channel that notices a server come back quickly (the harness polls every 50 ms).
+std::shared_ptr<grpc::Channel> FastChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 300);
+  args.SetMaxReceiveMessageSize(-1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+int64_t CenterVersion(const GetStatusResponse& status) {
+  return status.centers_size() > 0 ? status.centers(0).version() : 0;
+}
+
+// The last `count` lines of the file at `path` that contain one of `words`, each indented.
+std::string LinesMentioning(const std::string& path, const std::vector<std::string>& words,
+                            size_t count) {
+  std::vector<std::string> found;
+  for (absl::string_view line : absl::StrSplit(ReadFileOrEmpty(path), '\n')) {
+    for (const std::string& word : words) {
+      if (absl::StrContains(line, word)) {
+        found.push_back(absl::StrCat("    ", line, "\n"));
+        break;
+      }
+    }
+  }
+  if (found.size() > count) found.erase(found.begin(), found.end() - count);
+  return absl::StrJoin(found, "");
+}
+
+// The number after `prefix` in `line`, if there is one.
+std::optional<int64_t> NumberAfter(absl::string_view line, absl::string_view prefix) {
+  const size_t at = line.find(prefix);
+  if (at == absl::string_view::npos) return std::nullopt;
+  absl::string_view rest = line.substr(at + prefix.size());
+  size_t end = 0;
+  while (end < rest.size() && (std::isdigit(static_cast<unsigned char>(rest[end])) ||
+                               (end == 0 && rest[end] == '-'))) {
+    ++end;
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(rest.substr(0, end), &value)) return std::nullopt;
+  return value;
 }
 
 // The test accuracy of `center` (chaos jobs have one stage), computed as the evaluator computes
@@ -180,9 +248,14 @@ class ChaosRun {
     Log("note: " + what);
   }
 
+  bool group() const { return options_.standbys > 0; }
+
   absl::Status Setup();
   absl::Status WriteConfigs();
   absl::Status StartServer();
+  // Group mode: etcd and the members (testing/cluster's Cluster), then a leader with every
+  // standby in sync.
+  absl::Status StartGroup();
   absl::Status StartWorker(const std::string& name, const std::string& role,
                            int64_t poison_from_step = 0);
   absl::Status Replace(const Worker& gone);
@@ -198,10 +271,45 @@ class ChaosRun {
   void CheckReconnected(int life);
   void FinishAndCheck();
   void CheckRecoveries();
-  void CheckStore();
+  // Exactly once in the store of `data_dir` (opened once its server stopped); `whose` names it
+  // in violations. Returns its center, if it has one.
+  std::optional<TensorBundle> CheckStore(const std::string& data_dir, const std::string& whose);
+  // Stops the server (SIGTERM) and checks its store.
+  void StopServerAndCheckStore();
+  // Stops every member (the standbys first) and checks the final leader's store and the store of
+  // every member in sync in `final_status`.
+  void StopGroupAndCheckStores(const GetStatusResponse& final_status);
   void Cleanup();
 
   std::optional<GetStatusResponse> Status(absl::Duration deadline = kRpcDeadline);
+  // The stub of the server, or of the group's current leader.
+  ParameterServer::Stub* ServerStub();
+
+  // Group mode.
+  absl::StatusOr<Fired> FireGroupFault(const PlannedFault& fault, const GetStatusResponse& status,
+                                       const std::string& at);
+  // The leader's GetStatus: the member that answered last first, then the others; answers of a
+  // deposed leader (an epoch below the highest seen) are passed over.
+  std::optional<GetStatusResponse> LeaderStatus(absl::Duration deadline);
+  std::optional<GetStatusResponse> MemberStatus(int member, absl::Duration deadline);
+  // A member (by name) reported LEADER in `epoch`: no other may have for that epoch.
+  void NoteLeader(int64_t epoch, const std::string& name, const std::string& how);
+  // Member `member` answered as the leader of an epoch above every one seen before.
+  void OnNewLeader(int member, const GetStatusResponse& status);
+  // Every member's ServerPeer.GetGroup (its peer port re-read from its port file), every
+  // kPeerPoll.
+  void PollPeers();
+  // A leader, every standby recorded in sync and connected, every member and etcd member up,
+  // no group fault pending.
+  bool GroupWhole(const GetStatusResponse& status) const;
+  // Reads what the trainers' logs say was answered to them since the last call.
+  void ReadAcknowledged();
+  // The leader `member` (GetStatus after ReadAcknowledged) is at or past every answer.
+  void CheckAcknowledged(int member, const std::string& when);
+  // A stopped leader resumed at log offset `offset`: it must have fenced itself.
+  void CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time deadline);
+  // The last lines of the server's log, or of every member's.
+  std::string ServerLogs(size_t lines) const;
   double Progress(const GetStatusResponse& status) const;
   Worker* FindByName(const std::string& name);
   // Targets of a worker fault, in name order.
@@ -218,6 +326,8 @@ class ChaosRun {
   absl::Time start_;
   absl::Time deadline_;
   std::string dir_;
+  std::string server_config_;  // the texts WriteConfigs wrote
+  std::string worker_config_;
   std::unique_ptr<NetworkLab> lab_;
 
   std::string server_host_ = "127.0.0.1";
@@ -243,6 +353,52 @@ class ChaosRun {
   };
   std::map<uint64_t, Awaited> awaiting_reconnect_;
 
+  // Group mode: the Cluster owns etcd and the members; the harness talks to each member itself.
+  std::unique_ptr<Cluster> cluster_;
+  struct Member {
+    std::string name;
+    std::string address;  // its workers' port (open only while it leads)
+    std::unique_ptr<ParameterServer::Stub> stub;
+    int peer_port = 0;
+    std::unique_ptr<ServerPeer::Stub> peer;
+    bool down = false;     // SIGKILLed, its restart pending
+    bool stopped = false;  // SIGSTOPped
+    GroupStatus::Role last_role = GroupStatus::ROLE_UNSPECIFIED;
+  };
+  std::vector<Member> members_;
+  int leader_ = -1;     // the member that answered as the leader last
+  int64_t epoch_ = 0;   // the highest epoch a leader answered GetStatus in
+  // The highest epoch any member named (as its own, leading, or as its leader's): a member that
+  // answers as the leader of a lower one has been deposed, whatever it says.
+  int64_t max_epoch_seen_ = 0;
+  std::map<int64_t, std::string> leader_of_epoch_;  // every member reported LEADER, by epoch
+  std::vector<bool> etcd_down_;
+  bool group_fault_pending_ = false;  // a group fault's restart or resume is pending
+  // A group fault that may move the leadership fired (a leader killed or stopped, etcd lost):
+  // the next leader change is its effect, not news.
+  bool leader_change_expected_ = false;
+  // One etcd member is down (kill_etcd_member): a leader change now breaks §10.1's promise.
+  std::optional<std::string> etcd_member_fault_;
+  absl::Time etcd_member_fault_until_;  // ... and for a lease after its restart
+  std::optional<GetStatusResponse> last_leader_status_;  // the latest, of the current epoch
+  absl::Time last_peer_poll_;
+  absl::Time last_ack_check_;
+  // What the trainers' logs say was answered to them: per log, how far it was read and the slot
+  // its worker trains; per slot, the last answered sync's step; the highest center version.
+  struct AckLog {
+    int64_t offset = 0;
+    int replica = -1;
+  };
+  std::map<std::string, AckLog> ack_logs_;  // by log path
+  std::map<int, int64_t> acked_step_;       // by replica
+  int64_t acked_version_ = 0;
+  std::set<std::string> reported_;  // violations found by polling, each reported once
+  // An answered sync is gone from the leader: the job cannot end as the fault-free run does
+  // (it may not end at all), so the run stops there.
+  bool acknowledged_lost_ = false;
+  // Cleanup runs what is pending at once: the checks among it did not get their time.
+  bool cleaning_up_ = false;
+
   std::vector<std::unique_ptr<Worker>> workers_;
   std::set<int> byzantine_announced_;  // trainers whose byzantine fault has fired
   int next_spare_ = 0;
@@ -265,7 +421,13 @@ class ChaosRun {
   std::map<std::pair<int, uint64_t>, RecoveryStatus> recoveries_;
 };
 
+ParameterServer::Stub* ChaosRun::ServerStub() {
+  if (!group()) return stub_.get();
+  return leader_ >= 0 ? members_[leader_].stub.get() : nullptr;
+}
+
 std::optional<GetStatusResponse> ChaosRun::Status(absl::Duration deadline) {
+  if (group()) return LeaderStatus(deadline);
   if (stub_ == nullptr || server_down_ || server_stopped_) return std::nullopt;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
@@ -338,23 +500,284 @@ void ChaosRun::AddPending(absl::Duration after, std::string what, std::function<
   pending_.push_back({absl::Now() + after, std::move(what), std::move(action)});
 }
 
+std::string ChaosRun::ServerLogs(size_t lines) const {
+  if (!group()) return LastLines(dir_ + "/server.log", lines);
+  std::string out;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    absl::StrAppend(&out, "  --- ", members_[i].name, ".log\n",
+                    LastLines(cluster_->member(static_cast<int>(i)).log_path(), lines));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Group mode: the members, who leads, and what the trainers were answered
+
+void ChaosRun::NoteLeader(int64_t epoch, const std::string& name, const std::string& how) {
+  max_epoch_seen_ = std::max(max_epoch_seen_, epoch);
+  auto [it, inserted] = leader_of_epoch_.emplace(epoch, name);
+  if (inserted || it->second == name) return;
+  if (reported_.insert(absl::StrCat("epoch ", epoch, " ", name)).second) {
+    Violation(absl::StrCat(name, " reported LEADER in epoch ", epoch, " (", how, "), and so did ",
+                           it->second, ": two leaders of one epoch"));
+  }
+}
+
+std::optional<GetStatusResponse> ChaosRun::MemberStatus(int member, absl::Duration deadline) {
+  Member& m = members_[member];
+  if (m.down || m.stopped) return std::nullopt;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  GetStatusResponse response;
+  if (!m.stub->GetStatus(&context, GetStatusRequest(), &response).ok()) return std::nullopt;
+  if (response.group().role() != GroupStatus::LEADER) return std::nullopt;
+  NoteLeader(response.group().epoch(), response.group().name(), "GetStatus");
+  if (response.group().name() != m.name) {
+    Error(absl::StrCat("the workers' port of ", m.name, " (", m.address, ") is served by '",
+                       response.group().name(), "'"));
+    return std::nullopt;
+  }
+  return response;
+}
+
+std::optional<GetStatusResponse> ChaosRun::LeaderStatus(absl::Duration deadline) {
+  if (absl::Now() - last_peer_poll_ >= kPeerPoll) PollPeers();
+  std::vector<int> order;
+  if (leader_ >= 0) order.push_back(leader_);
+  for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
+    if (i != leader_) order.push_back(i);
+  }
+  for (int i : order) {
+    std::optional<GetStatusResponse> status = MemberStatus(i, deadline);
+    // A deposed leader may answer for a moment before it fences itself: not the group's state.
+    if (!status.has_value() || status->group().epoch() < std::max(epoch_, max_epoch_seen_)) {
+      continue;
+    }
+    if (status->group().epoch() > epoch_) OnNewLeader(i, *status);
+    leader_ = i;
+    last_leader_status_ = *status;
+    if (absl::Now() - last_ack_check_ >= kAckCheckEvery) CheckAcknowledged(i, "");
+    return status;
+  }
+  return std::nullopt;
+}
+
+void ChaosRun::OnNewLeader(int member, const GetStatusResponse& status) {
+  const int64_t previous = epoch_;
+  epoch_ = status.group().epoch();
+  const std::string& name = members_[member].name;
+  if (previous == 0) {
+    Log(absl::StrCat(name, " leads in epoch ", epoch_));
+    leader_ = member;
+    return;
+  }
+  ++report_.leader_changes;
+  ++server_life_;
+  Log(absl::StrCat(name, " leads in epoch ", epoch_, " (",
+                   leader_ >= 0 ? members_[leader_].name : std::string("?"), " led epoch ",
+                   previous, "); center version ", CenterVersion(status), ", before ",
+                   last_leader_status_.has_value() ? CenterVersion(*last_leader_status_) : 0));
+  if (etcd_member_fault_.has_value() && absl::Now() < etcd_member_fault_until_) {
+    std::string evidence;
+    if (leader_ >= 0 && leader_ != member) {
+      evidence = LinesMentioning(cluster_->member(leader_).log_path(),
+                                 {"lease", "KeepAlive", "no longer acknowledging"}, 6);
+    }
+    Violation(absl::StrCat("the leader changed (epoch ", previous, " -> ", epoch_, ", now ", name,
+                           ") while ", *etcd_member_fault_,
+                           ": a group survives the loss of one etcd member of three (DESIGN.md "
+                           "§10.1); the deposed leader ",
+                           leader_ >= 0 ? members_[leader_].name : std::string("?"),
+                           "'s log about its lease:\n", evidence));
+  } else if (!leader_change_expected_) {
+    Note(absl::StrCat("the leader changed (epoch ", previous, " -> ", epoch_,
+                      ") with no fault against the leader or etcd"));
+  }
+  leader_change_expected_ = false;
+  // The new leader loads its store as a restarted server does: the trainers that owned ACTIVE
+  // slots under the old one must come back under their incarnations.
+  awaiting_reconnect_.clear();
+  if (last_leader_status_.has_value()) {
+    for (const SlotStatus& slot : last_leader_status_->slots()) {
+      if (slot.state() != ACTIVE) continue;
+      for (const WorkerStatus& w : last_leader_status_->workers()) {
+        if (w.incarnation() == slot.owner_incarnation()) {
+          awaiting_reconnect_[w.incarnation()] = {slot.slot().replica(), w.name(), {}};
+        }
+      }
+    }
+  }
+  last_leader_status_.reset();
+  before_kill_life_ = server_life_ - 1;
+  const int life = server_life_;
+  AddPending(absl::Milliseconds(spec_.reconnect_grace_ms + spec_.failure_timeout_ms + 1000),
+             absl::StrCat("check that the trainers reconnected to ", name),
+             [this, life] { CheckReconnected(life); });
+  CheckAcknowledged(member, absl::StrCat("as it took over in epoch ", epoch_));
+}
+
+void ChaosRun::PollPeers() {
+  last_peer_poll_ = absl::Now();
+  for (size_t i = 0; i < members_.size(); ++i) {
+    Member& m = members_[i];
+    if (m.down || m.stopped) continue;
+    const std::optional<int> port = ReadPortFile(absl::StrCat(dir_, "/peer-port-", i));
+    if (!port.has_value()) continue;
+    if (m.peer == nullptr || *port != m.peer_port) {
+      m.peer_port = *port;
+      m.peer = ServerPeer::NewStub(FastChannel(absl::StrCat(server_host_, ":", *port)));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    rebound::GroupStatus view;
+    if (!m.peer->GetGroup(&context, GetGroupRequest(), &view).ok()) continue;
+    max_epoch_seen_ = std::max(max_epoch_seen_, view.epoch());
+    if (view.role() == GroupStatus::LEADER) {
+      NoteLeader(view.epoch(), view.name(), "ServerPeer.GetGroup");
+    }
+    // A member running again answers for a moment before it knows its role: not worth a line.
+    if (view.role() != m.last_role && view.role() != GroupStatus::ROLE_UNSPECIFIED) {
+      m.last_role = view.role();
+      Log(absl::StrCat(m.name, " is ", GroupStatus::Role_Name(view.role()),
+                       view.role() == GroupStatus::LEADER
+                           ? absl::StrCat(" in epoch ", view.epoch())
+                           : absl::StrCat(" (leader '", view.leader_name(), "', epoch ",
+                                          view.epoch(), ")")));
+    }
+  }
+}
+
+bool ChaosRun::GroupWhole(const GetStatusResponse& status) const {
+  if (group_fault_pending_) return false;
+  for (const Member& m : members_) {
+    if (m.down || m.stopped) return false;
+  }
+  for (bool down : etcd_down_) {
+    if (down) return false;
+  }
+  const rebound::GroupStatus& g = status.group();
+  if (g.role() != GroupStatus::LEADER || g.in_sync_size() != static_cast<int>(members_.size()) ||
+      g.standbys_size() != options_.standbys) {
+    return false;
+  }
+  for (const StandbyStatus& standby : g.standbys()) {
+    if (!standby.in_sync()) return false;
+  }
+  return true;
+}
+
+void ChaosRun::ReadAcknowledged() {
+  for (const auto& w : workers_) {
+    if (w->role == "evaluator") continue;
+    AckLog& log = ack_logs_[w->process->log_path()];
+    std::ifstream in(w->process->log_path(), std::ios::binary);
+    if (!in) continue;
+    in.seekg(log.offset);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t complete = text.rfind('\n');
+    if (complete == std::string::npos) continue;
+    log.offset += static_cast<int64_t>(complete + 1);
+    for (absl::string_view line : absl::StrSplit(absl::string_view(text).substr(0, complete), '\n')) {
+      if (std::optional<int64_t> replica = NumberAfter(line, "] training slot (")) {
+        log.replica = static_cast<int>(*replica);
+        continue;
+      }
+      const std::optional<int64_t> step = NumberAfter(line, "] synced step ");
+      const std::optional<int64_t> version = NumberAfter(line, " center version ");
+      if (!step.has_value() || !version.has_value()) continue;
+      ++report_.acknowledged_syncs;
+      acked_version_ = std::max(acked_version_, *version);
+      if (log.replica >= 0) {
+        int64_t& acked = acked_step_[log.replica];
+        acked = std::max(acked, *step);
+      }
+    }
+  }
+}
+
+void ChaosRun::CheckAcknowledged(int member, const std::string& when) {
+  // The answers first, then the leader's state: whatever was answered before the read is in it.
+  ReadAcknowledged();
+  last_ack_check_ = absl::Now();
+  const std::optional<GetStatusResponse> status = MemberStatus(member, kRpcDeadline);
+  if (!status.has_value() || status->group().epoch() < epoch_) return;  // the next check
+  bool behind = CenterVersion(*status) < acked_version_;
+  for (const auto& [replica, step] : acked_step_) {
+    if (replica < 0 || replica >= status->slots_size()) continue;
+    const SlotStatus& slot = status->slots(replica);
+    behind = behind || slot.snapshot_step() < step || slot.update_count() < step / spec_.sync_period;
+  }
+  if (!behind) return;
+  // Behind an answer: a violation only if it still led the group after that status (a deposed
+  // leader may answer for a moment on resuming, with its old state).
+  PollPeers();
+  if (max_epoch_seen_ > status->group().epoch()) return;
+  const std::string leader = absl::StrCat(members_[member].name, " (leader in epoch ",
+                                          status->group().epoch(), ")",
+                                          when.empty() ? "" : " ", when);
+  if (CenterVersion(*status) < acked_version_ &&
+      reported_.insert(absl::StrCat("version ", acked_version_)).second) {
+    acknowledged_lost_ = true;
+    Violation(absl::StrCat(leader, " has the center at version ", CenterVersion(*status),
+                           ", but a trainer was answered version ", acked_version_,
+                           ": an acknowledged sync is lost"));
+  }
+  for (const auto& [replica, step] : acked_step_) {
+    if (replica < 0 || replica >= status->slots_size()) continue;
+    const SlotStatus& slot = status->slots(replica);
+    if ((slot.snapshot_step() < step || slot.update_count() < step / spec_.sync_period) &&
+        reported_.insert(absl::StrCat("slot ", replica, " step ", step)).second) {
+      acknowledged_lost_ = true;
+      Violation(absl::StrCat(leader, ": slot ", replica, " last synced step ",
+                             slot.snapshot_step(), " after ", slot.update_count(),
+                             " syncs, but its trainer was answered the sync of step ", step,
+                             " (", step / spec_.sync_period, " syncs): an acknowledged sync is lost"));
+    }
+  }
+}
+
+void ChaosRun::CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time deadline) {
+  if (cleaning_up_) return;  // a run stopped early: no time to wait for it
+  const std::string& name = members_[member].name;
+  const std::string path = cluster_->member(member).log_path();
+  while (true) {
+    const std::string log = ReadFileOrEmpty(path);
+    const std::string since = offset < static_cast<int64_t>(log.size()) ? log.substr(offset) : "";
+    const bool fenced = absl::StrContains(since, "no longer acknowledging");
+    const bool again = absl::StrContains(since, "running again as a standby");
+    if (fenced && again) {
+      ++report_.fenced_leaders;
+      Log(absl::StrCat(name, " (leader in epoch ", epoch,
+                       " until SIGSTOPped) fenced itself on resuming and runs again as a standby"));
+      return;
+    }
+    if (absl::Now() >= deadline) {
+      Violation(absl::StrCat(
+          name, " led epoch ", epoch, ", was SIGSTOPped past its lease and resumed, and within ",
+          Seconds(kFenceCheckWait), " its log did not say ",
+          fenced ? "" : "'no longer acknowledging'", fenced || again ? "" : " nor ",
+          again ? "" : "'running again as a standby'", ":\n", LastLines(path, 12)));
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
 absl::Status ChaosRun::WriteConfigs() {
   ServerConfig server;
   server.set_listen_address("127.0.0.1:0");  // --listen overrides it
   *server.mutable_job() = job_;
   server.mutable_durability()->set_data_dir(dir_ + "/data");
   server.set_max_wait_ms(500);
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(server, &text);
-  absl::Status written = WriteFile(dir_ + "/server.pbtxt", text);
-  if (written.ok()) {
-    written = WriteFile(dir_ + "/worker.pbtxt", absl::StrCat("job_id: \"", kJobId,
-                                                             "\"\n"
-                                                             "backoff_initial_ms: 20\n"
-                                                             "backoff_max_ms: 300\n"
-                                                             "give_up_after_ms: 60000\n"
-                                                             "rpc_deadline_ms: 3000\n"));
-  }
+  google::protobuf::TextFormat::PrintToString(server, &server_config_);
+  worker_config_ = absl::StrCat("job_id: \"", kJobId,
+                                "\"\n"
+                                "backoff_initial_ms: 20\n"
+                                "backoff_max_ms: 300\n"
+                                "give_up_after_ms: 60000\n"
+                                "rpc_deadline_ms: 3000\n");
+  absl::Status written = WriteFile(dir_ + "/server.pbtxt", server_config_);
+  if (written.ok()) written = WriteFile(dir_ + "/worker.pbtxt", worker_config_);
   if (!written.ok()) {
     return absl::InternalError(absl::StrCat("cannot write the configs in ", dir_, ": ",
                                             written.message()));
@@ -386,15 +809,64 @@ absl::Status ChaosRun::StartServer() {
   }
   port_ = port;
   address_ = absl::StrCat(server_host_, ":", port_);
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 300);
-  args.SetMaxReceiveMessageSize(-1);
-  stub_ = ParameterServer::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  stub_ = ParameterServer::NewStub(FastChannel(address_));
   server_down_ = false;
   server_stopped_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status ChaosRun::StartGroup() {
+  ClusterOptions options;
+  options.server_binary = options_.server_binary;
+  options.worker_binary = options_.worker_binary;
+  options.dir = dir_;
+  options.standbys = options_.standbys;
+  options.etcd_members = options_.etcd_members;
+  options.leader_lease_ms = spec_.leader_lease_ms;
+  options.network = lab_.get();
+  options.fail_on_exit = false;  // the harness reaps the members itself
+  options.start_wait = kPortWait;
+  cluster_ = std::make_unique<Cluster>(options);
+  RETURN_IF_ERROR(cluster_->StartServer(server_config_, worker_config_));
+  address_ = cluster_->address();
+  const std::vector<std::string> addresses = absl::StrSplit(address_, ',');
+  if (static_cast<int>(addresses.size()) != cluster_->members()) {
+    return absl::InternalError(absl::StrCat("the group's address '", address_, "' does not name ",
+                                            cluster_->members(), " members"));
+  }
+  for (int i = 0; i < cluster_->members(); ++i) {
+    Member m;
+    m.name = cluster_->member_name(i);
+    m.address = addresses[i];
+    m.stub = ParameterServer::NewStub(FastChannel(m.address));
+    members_.push_back(std::move(m));
+  }
+  etcd_down_.assign(cluster_->etcd()->size(), false);
+  std::vector<std::string> names;
+  for (int i = 0; i < cluster_->members(); ++i) {
+    names.push_back(absl::StrCat(members_[i].name, " (", members_[i].address, ", data in ",
+                                 cluster_->member_data_dir(i), ")"));
+  }
+  report_.group = absl::StrCat(
+      "server group: ", absl::StrJoin(names, ", "), "; leader lease ", spec_.leader_lease_ms,
+      " ms, synchronous replication; etcd of ", cluster_->etcd()->size(), " members at ",
+      absl::StrJoin(cluster_->etcd()->client_endpoints(), ","));
+  Log(report_.group);
+  // Training starts on a whole group: a leader and every standby in sync.
+  const absl::Time until = absl::Now() + kGroupStartWait;
+  while (true) {
+    std::optional<GetStatusResponse> s = Status();
+    if (s.has_value() && GroupWhole(*s)) break;
+    if (absl::Now() > until) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the group was not whole (a leader, every standby in sync) within ",
+          Seconds(kGroupStartWait), "; last: ",
+          s.has_value() ? s->group().ShortDebugString() : std::string("no leader answers"), "\n",
+          ServerLogs(10)));
+    }
+    absl::SleepFor(kPoll);
+  }
+  Log("every standby in sync");
   return absl::OkStatus();
 }
 
@@ -416,6 +888,8 @@ absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& r
   if (poison_from_step > 0) {
     argv.push_back(absl::StrCat("--fault_poison_from_step=", poison_from_step));
   }
+  // Group mode: every sync answered to a trainer is logged (ReadAcknowledged).
+  if (group() && role != "evaluator") argv.push_back("--vmodule=easgd_trainer=1");
   int netns_fd = -1;
   if (lab_ != nullptr && role != "evaluator") {
     ASSIGN_OR_RETURN(NetworkLab::Host host, lab_->AddHost());
@@ -474,7 +948,14 @@ absl::Status ChaosRun::Setup() {
                                            : "network faults off: every process on 127.0.0.1";
   }
   std::vector<std::string> left_out;
+  std::vector<std::string> replaced;  // group mode: the single server's kinds
   for (FaultKind kind : options_.kinds) {
+    // One server has no group faults (nothing to say); a group replaces the server's kinds.
+    if (IsGroupFault(kind) && !group()) continue;
+    if (IsSingleServerFault(kind) && group()) {
+      replaced.push_back(FaultKindName(kind));
+      continue;
+    }
     bool ok = !IsNetworkFault(kind) || lab_ != nullptr;
     if (ok && kind == FaultKind::kThrottle) ok = lab_->tbf();
     if (ok && (kind == FaultKind::kDelay || kind == FaultKind::kLoss)) ok = lab_->netem();
@@ -489,6 +970,10 @@ absl::Status ChaosRun::Setup() {
                     "; left out of the schedule: ", absl::StrJoin(left_out, ", "));
   }
   Log(report_.network);
+  if (!replaced.empty() && options_.faults > 0) {
+    Log(absl::StrCat("server group: ", absl::StrJoin(replaced, ", "),
+                     " left out (the leader's kinds replace them)"));
+  }
   report_.schedule =
       PlanFaults(options_.seed, options_.faults, allowed, options_.must_include, spec_);
   report_.faults_planned = static_cast<int>(report_.schedule.size());
@@ -496,8 +981,12 @@ absl::Status ChaosRun::Setup() {
   // A server stop can fence every worker at once.
   replacement_budget_ = (options_.faults + 1) * (spec_.replicas + options_.spares + 1) + 4;
 
-  RETURN_IF_ERROR(StartServer());
-  Log(absl::StrCat("rebound_server serving on ", address_, ", data in ", dir_, "/data"));
+  if (group()) {
+    RETURN_IF_ERROR(StartGroup());
+  } else {
+    RETURN_IF_ERROR(StartServer());
+    Log(absl::StrCat("rebound_server serving on ", address_, ", data in ", dir_, "/data"));
+  }
   RETURN_IF_ERROR(StartWorker("evaluator", "evaluator"));
   for (int i = 0; i < options_.spares; ++i) {
     RETURN_IF_ERROR(StartWorker(absl::StrCat("spare-", next_spare_++), "spare"));
@@ -586,7 +1075,19 @@ void ChaosRun::ReapWorkers() {
       replace = true;
     } else if (*code == 0) {
       if (!job_finished_ && w.role != "evaluator") {
-        Log(absl::StrCat(w.name, " exited 0 (its slot finished, or the job)"));
+        // Exit 0 before the job's end is a trainer done with its slot, or one told the job is
+        // over; any other is a worker that quit on its own while it still had work.
+        const std::string log = ReadFileOrEmpty(w.process->log_path());
+        if (absl::StrContains(log, "slot trained to max_steps") ||
+            absl::StrContains(log, "the job is finished")) {
+          Log(absl::StrCat(w.name, " exited 0 (its slot finished, or the job)"));
+        } else {
+          Violation(absl::StrCat(w.name, " (started as ", w.role,
+                                 ") exited 0 before the job's end, its slot not finished and "
+                                 "no one having stopped it:\n",
+                                 LastLines(w.process->log_path(), 6)));
+          replace = true;
+        }
       }
     } else if (*code == kExitFenced || *code == kExitUnreachable) {
       Log(absl::StrCat(w.name, " exited ", *code,
@@ -622,6 +1123,22 @@ void ChaosRun::ReapWorkers() {
 }
 
 void ChaosRun::ReapServer() {
+  if (group()) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      Member& m = members_[i];
+      if (m.down) continue;
+      const std::optional<int> code = cluster_->member(static_cast<int>(i)).Poll();
+      if (!code.has_value()) continue;
+      Violation(absl::StrCat(m.name, " exited with code ", *code,
+                             " without being killed by the harness:\n",
+                             LastLines(cluster_->member(static_cast<int>(i)).log_path(), 15)));
+      if (absl::Status s = cluster_->RestartMember(static_cast<int>(i), false); !s.ok()) {
+        Error(absl::StrCat("cannot restart ", m.name, ": ", s.message()));
+        m.down = true;
+      }
+    }
+    return;
+  }
   if (server_ == nullptr || server_down_) return;
   const std::optional<int> code = server_->Poll();
   if (!code.has_value()) return;
@@ -666,7 +1183,8 @@ void ChaosRun::Observe(const GetStatusResponse& status) {
         if (std::abs(beat_ms - *it->second.first_beat_ms) > 20) back = true;
       }
       if (back) {
-        Log(absl::StrCat(it->second.name, " reconnected to the restarted server (slot ",
+        Log(absl::StrCat(it->second.name, " reconnected to the ",
+                         group() ? "new leader" : "restarted server", " (slot ",
                          it->second.replica, ", incarnation ", it->first, ")"));
         ++report_.reconnected_trainers;
         it = awaiting_reconnect_.erase(it);
@@ -719,6 +1237,12 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
     return "";
   };
   const std::string at = absl::StrFormat("progress %.2f: ", Progress(status));
+  if (IsGroupFault(fault.kind)) {
+    if (!group()) return absl::InternalError("a group fault without a server group");
+    ASSIGN_OR_RETURN(const Fired fired, FireGroupFault(fault, status, at));
+    if (fired == Fired::kDone) ++report_.faults[kind];
+    return fired;
+  }
 
   switch (fault.kind) {
     case FaultKind::kByzantine: {
@@ -856,8 +1380,154 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
       });
       break;
     }
+    default:
+      return absl::InternalError(absl::StrCat("no way to inject ", kind));
   }
   ++report_.faults[kind];
+  return Fired::kDone;
+}
+
+absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fault,
+                                                        const GetStatusResponse& status,
+                                                        const std::string& at) {
+  // Only while the group is whole: §10.1 promises nothing for a second fault on a degraded group.
+  if (!GroupWhole(status) || leader_ < 0) return Fired::kNoTarget;
+  const std::string kind = FaultKindName(fault.kind);
+  const int leader = leader_;
+  const std::string state = absl::StrCat("epoch ", epoch_, ", center version ",
+                                         CenterVersion(status));
+  etcd_member_fault_.reset();
+  server_faulted_ = true;
+  leader_change_expected_ = fault.kind == FaultKind::kKillLeader ||
+                            fault.kind == FaultKind::kLeaderDiskLoss ||
+                            fault.kind == FaultKind::kStopLeader ||
+                            fault.kind == FaultKind::kKillAllEtcd;
+  switch (fault.kind) {
+    case FaultKind::kKillLeader:
+    case FaultKind::kLeaderDiskLoss:
+    case FaultKind::kRestartStandbyEmpty: {
+      int target = leader;
+      if (fault.kind == FaultKind::kRestartStandbyEmpty) {
+        std::vector<int> standbys;
+        for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
+          if (i != leader) standbys.push_back(i);
+        }
+        target = standbys[fault.pick % standbys.size()];
+      }
+      const bool wipe = fault.kind != FaultKind::kKillLeader;
+      Member& m = members_[target];
+      Log(absl::StrCat(at, kind, ": SIGKILL ", m.name,
+                       target == leader ? absl::StrCat(" (the leader: ", state, ")")
+                                        : std::string(" (a standby in sync)"),
+                       wipe ? " and delete its data directory" : "", "; restart in ",
+                       Seconds(fault.duration),
+                       wipe ? " with an empty data directory" : " on its data directory"));
+      m.down = true;
+      group_fault_pending_ = true;
+      RETURN_IF_ERROR(cluster_->KillMember(target));
+      if (wipe) {
+        std::error_code failed;
+        std::filesystem::remove_all(cluster_->member_data_dir(target), failed);
+        if (failed) {
+          return absl::InternalError(absl::StrCat("cannot delete ",
+                                                  cluster_->member_data_dir(target), ": ",
+                                                  failed.message()));
+        }
+      }
+      AddPending(
+          fault.duration,
+          absl::StrCat("restart ", m.name,
+                       wipe ? " with an empty data directory" : " on its data directory"),
+          [this, target, wipe] {
+            Member& m = members_[target];
+            std::ofstream(cluster_->member(target).log_path(), std::ios::app)
+                << "----- chaos: " << m.name << " restarted"
+                << (wipe ? " with an empty data directory" : "") << " -----\n";
+            if (absl::Status s = cluster_->RestartMember(target, wipe); !s.ok()) {
+              Error(absl::StrCat("cannot restart ", m.name, ": ", s.message()));
+              return;
+            }
+            m.down = false;
+            m.last_role = GroupStatus::ROLE_UNSPECIFIED;
+            group_fault_pending_ = false;
+            ++report_.member_restarts;
+          });
+      break;
+    }
+    case FaultKind::kStopLeader: {
+      Member& m = members_[leader];
+      const int64_t offset = static_cast<int64_t>(
+          ReadFileOrEmpty(cluster_->member(leader).log_path()).size());
+      Log(absl::StrCat(at, kind, ": SIGSTOP ", m.name, " (the leader: ", state, ") for ",
+                       Seconds(fault.duration), ", past its lease of ",
+                       Seconds(absl::Milliseconds(spec_.leader_lease_ms))));
+      m.stopped = true;
+      group_fault_pending_ = true;
+      cluster_->StopMember(leader);
+      const int64_t epoch = epoch_;
+      AddPending(fault.duration, absl::StrCat("SIGCONT ", m.name), [this, leader, offset, epoch] {
+        cluster_->ResumeMember(leader);
+        members_[leader].stopped = false;
+        group_fault_pending_ = false;
+        const absl::Time deadline = absl::Now() + kFenceCheckWait;
+        AddPending(kFenceCheckWait,
+                   absl::StrCat("check that ", members_[leader].name, " fenced itself"),
+                   [this, leader, offset, epoch, deadline] {
+                     CheckFenced(leader, offset, epoch, deadline);
+                   });
+      });
+      break;
+    }
+    case FaultKind::kKillEtcdMember: {
+      testing::EtcdCluster& etcd = *cluster_->etcd();
+      const int i = static_cast<int>(fault.pick % static_cast<uint32_t>(etcd.size()));
+      Log(absl::StrCat(at, kind, ": SIGKILL etcd member ", i, " of ", etcd.size(), " (",
+                       etcd.client_endpoint(i), "; ", state, "), restart in ",
+                       Seconds(fault.duration)));
+      etcd.Kill(i);
+      etcd_down_[i] = true;
+      group_fault_pending_ = true;
+      etcd_member_fault_ = absl::StrCat("etcd member ", i, " of ", etcd.size(), " was down");
+      etcd_member_fault_until_ = absl::InfiniteFuture();
+      AddPending(fault.duration, absl::StrCat("restart etcd member ", i), [this, i] {
+        if (absl::Status s = cluster_->etcd()->Restart(i); !s.ok()) {
+          Error(absl::StrCat("cannot restart etcd member ", i, ": ", s.message()));
+          return;
+        }
+        etcd_down_[i] = false;
+        group_fault_pending_ = false;
+        ++report_.etcd_restarts;
+        // A leader that missed its renewals while the member was down fences within a lease.
+        etcd_member_fault_until_ = absl::Now() + absl::Milliseconds(2 * spec_.leader_lease_ms);
+      });
+      break;
+    }
+    case FaultKind::kKillAllEtcd: {
+      testing::EtcdCluster& etcd = *cluster_->etcd();
+      Log(absl::StrCat(at, kind, ": SIGKILL every etcd member (", etcd.size(), "; ", state,
+                       "), restart in ", Seconds(fault.duration)));
+      for (int i = 0; i < etcd.size(); ++i) {
+        etcd.Kill(i);
+        etcd_down_[i] = true;
+      }
+      group_fault_pending_ = true;
+      AddPending(fault.duration, "restart every etcd member", [this] {
+        testing::EtcdCluster& etcd = *cluster_->etcd();
+        for (int i = 0; i < etcd.size(); ++i) {
+          if (absl::Status s = etcd.Restart(i); !s.ok()) {
+            Error(absl::StrCat("cannot restart etcd member ", i, ": ", s.message()));
+            return;
+          }
+          etcd_down_[i] = false;
+          ++report_.etcd_restarts;
+        }
+        group_fault_pending_ = false;
+      });
+      break;
+    }
+    default:
+      return absl::InternalError(absl::StrCat(kind, " is no group fault"));
+  }
   return Fired::kDone;
 }
 
@@ -869,7 +1539,13 @@ void ChaosRun::Loop() {
       Violation(absl::StrCat("the job did not finish within the time limit (",
                              Seconds(options_.time_limit), "); last status:\n",
                              s.has_value() ? s->ShortDebugString() : "(the server does not answer)",
-                             "\nserver log:\n", LastLines(dir_ + "/server.log", 15)));
+                             "\nserver log:\n", ServerLogs(15)));
+      return;
+    }
+    if (acknowledged_lost_) {
+      Note(absl::StrCat("the run stops: an answered sync was lost (above), so the job cannot "
+                        "end with every sync applied once\n",
+                        ServerLogs(6)));
       return;
     }
     RunDuePending(false);
@@ -899,8 +1575,11 @@ void ChaosRun::Loop() {
         } else if (!state.waiting_since.has_value()) {
           state.waiting_since = absl::Now();
           continue;
-        } else if (absl::Now() - *state.waiting_since > kTargetWait) {
-          Note(absl::StrCat("skipped (no target for ", Seconds(kTargetWait),
+        } else if (absl::Now() - *state.waiting_since >
+                   (IsGroupFault(fault.kind) ? kGroupTargetWait : kTargetWait)) {
+          Note(absl::StrCat("skipped (no target for ",
+                            Seconds(IsGroupFault(fault.kind) ? kGroupTargetWait : kTargetWait),
+                            IsGroupFault(fault.kind) ? ": the group was not whole" : "",
                             "): ", fault.ToString()));
           ++report_.skipped_faults;
           state.done = true;
@@ -916,7 +1595,8 @@ void ChaosRun::Loop() {
 }
 
 void ChaosRun::CheckReconnected(int life) {
-  if (life != server_life_ || job_finished_) return;  // killed again meanwhile, or done
+  // Killed again meanwhile, done, or a run stopped early (its trainers had no time).
+  if (life != server_life_ || job_finished_ || cleaning_up_) return;
   std::optional<GetStatusResponse> status = Status(absl::Seconds(2));
   if (!status.has_value()) return;  // stopped meanwhile: the next restart checks again
   Observe(*status);
@@ -929,8 +1609,11 @@ void ChaosRun::CheckReconnected(int life) {
     const SlotStatus* slot = replica < status->slots_size() ? &status->slots(replica) : nullptr;
     Violation(absl::StrCat(
         name, " (incarnation ", incarnation, ") owned slot ", replica,
-        " when the server was killed, was left alone, and did not come back to the restarted "
-        "server within reconnect_grace + failure_timeout: the slot is ",
+        group() ? " when the leader changed, was left alone, and did not come back to the new "
+                  "leader"
+                : " when the server was killed, was left alone, and did not come back to the "
+                  "restarted server",
+        " within reconnect_grace + failure_timeout: the slot is ",
         slot != nullptr ? SlotState_Name(slot->state()) : "?", " (",
         slot != nullptr ? slot->detail() : "", ")\n", LastLines(w->process->log_path(), 6)));
   }
@@ -970,31 +1653,34 @@ void ChaosRun::CheckRecoveries() {
   }
 }
 
-void ChaosRun::CheckStore() {
+std::optional<TensorBundle> ChaosRun::CheckStore(const std::string& data_dir,
+                                                 const std::string& whose) {
   storage::DurableStoreOptions options;
-  options.data_dir = dir_ + "/data";
+  options.data_dir = data_dir;
   auto store = storage::DurableStore::Open(options);
   if (!store.ok()) {
-    Violation(absl::StrCat("cannot open the server's store after it stopped: ",
-                           store.status().message()));
-    return;
+    Violation(absl::StrCat("cannot open ", whose, " after it stopped: ", store.status().message()));
+    return std::nullopt;
   }
   auto state = (*store)->LoadAll();
   if (!state.ok()) {
-    Violation(absl::StrCat("cannot read the server's store back: ", state.status().message()));
-    return;
+    Violation(absl::StrCat("cannot read ", whose, " back: ", state.status().message()));
+    return std::nullopt;
   }
+  std::optional<TensorBundle> stored;
   auto center = state->centers.find(0);
   if (center == state->centers.end()) {
-    Violation("the store holds no center");
+    Violation(absl::StrCat(whose, " holds no center"));
   } else {
+    stored = center->second.params();
     if (center->second.version() != rounds_ * spec_.replicas) {
-      Violation(absl::StrCat("the stored center is at version ", center->second.version(), ", not ",
-                             rounds_ * spec_.replicas, " (", spec_.replicas, " slots x ", rounds_,
-                             " syncs)"));
+      Violation(absl::StrCat("the center in ", whose, " is at version ", center->second.version(),
+                             ", not ", rounds_ * spec_.replicas, " (", spec_.replicas,
+                             " slots x ", rounds_, " syncs)"));
     }
     if (!SameBytes(center->second.params(), report_.center)) {
-      Violation("the stored center differs from the one the server served at the end");
+      Violation(absl::StrCat("the center in ", whose,
+                             " differs from the one the server served at the end"));
     }
   }
   for (int r = 0; r < spec_.replicas; ++r) {
@@ -1004,7 +1690,7 @@ void ChaosRun::CheckStore() {
     if (weight == state->weights.end() || weight->second.update_count() != rounds_ ||
         weight->second.last_update_step() != spec_.max_steps) {
       Violation(absl::StrCat(
-          "stored slot ", r, ": ",
+          "slot ", r, " in ", whose, ": ",
           weight == state->weights.end()
               ? std::string("no weight record")
               : absl::StrCat(weight->second.update_count(), " syncs applied, the last at step ",
@@ -1012,14 +1698,15 @@ void ChaosRun::CheckStore() {
           "; expected ", rounds_, " syncs, the last at step ", spec_.max_steps));
     }
     if (snapshot == state->snapshots.end() || snapshot->second.step() != spec_.max_steps) {
-      Violation(absl::StrCat("stored slot ", r, ": snapshot at step ",
+      Violation(absl::StrCat("slot ", r, " in ", whose, ": snapshot at step ",
                              snapshot == state->snapshots.end() ? -1 : snapshot->second.step(),
                              ", expected ", spec_.max_steps));
     }
     if (slot == state->slots.end() || slot->second.state() != FINISHED) {
-      Violation(absl::StrCat("stored slot ", r, " is not FINISHED"));
+      Violation(absl::StrCat("slot ", r, " in ", whose, " is not FINISHED"));
     }
   }
+  return stored;
 }
 
 void ChaosRun::FinishAndCheck() {
@@ -1042,12 +1729,34 @@ void ChaosRun::FinishAndCheck() {
     w->exit_code = w->process->Stop(absl::Seconds(5));
   }
 
+  if (group()) {
+    // Every member restarted during the run must be back in sync (it caught up, it rejoined).
+    const absl::Time in_sync_by = absl::Now() + kInSyncWait;
+    std::optional<GetStatusResponse> last;
+    while (true) {
+      RunDuePending(true);
+      ReapServer();
+      last = Status();
+      if (last.has_value() && GroupWhole(*last)) break;
+      if (absl::Now() > in_sync_by) {
+        Violation(absl::StrCat(
+            "the group was not whole again (a leader, every standby in sync) within ",
+            Seconds(kInSyncWait), " of the job's end; last: ",
+            last.has_value() ? last->group().ShortDebugString() : std::string("no leader answers"),
+            "\n", ServerLogs(8)));
+        break;
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
   std::optional<GetStatusResponse> status = Status(absl::Seconds(5));
   if (!status.has_value()) {
-    Error("the server does not answer after the job's end");
+    Error(group() ? "no leader answers after the job's end"
+                  : "the server does not answer after the job's end");
     return;
   }
   Observe(*status);
+  ParameterServer::Stub* stub = ServerStub();
   // The final center, pulled by an observer (a spare that never heartbeats).
   RegisterRequest request;
   request.set_job_id(kJobId);
@@ -1058,7 +1767,7 @@ void ChaosRun::FinishAndCheck() {
   {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    const grpc::Status s = stub_->Register(&context, request, &registered);
+    const grpc::Status s = stub->Register(&context, request, &registered);
     if (!s.ok()) {
       Error(absl::StrCat("cannot register an observer: ", s.error_message()));
       return;
@@ -1071,7 +1780,7 @@ void ChaosRun::FinishAndCheck() {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     context.AddMetadata(kWorkerCredentialKey, registered.credential());
-    const grpc::Status s = stub_->Pull(&context, pull, &pulled);
+    const grpc::Status s = stub->Pull(&context, pull, &pulled);
     if (!s.ok()) {
       Error(absl::StrCat("cannot pull the final center: ", s.error_message()));
       return;
@@ -1114,7 +1823,24 @@ void ChaosRun::FinishAndCheck() {
                            " syncs)"));
   }
   CheckRecoveries();
+  if (group()) {
+    CheckAcknowledged(leader_, "at the job's end");
+    StopGroupAndCheckStores(*status);
+  } else {
+    StopServerAndCheckStore();
+  }
 
+  absl::StatusOr<double> accuracy = TestAccuracy(job_, report_.center);
+  if (accuracy.ok()) {
+    report_.accuracy = *accuracy;
+    Log(absl::StrFormat("final center: version %d, test accuracy %.4f", report_.center_version,
+                        report_.accuracy));
+  } else {
+    Error(absl::StrCat("cannot evaluate the final center: ", accuracy.status().message()));
+  }
+}
+
+void ChaosRun::StopServerAndCheckStore() {
   // The durable record, read back once the server has stopped.
   server_->Signal(SIGTERM);
   const std::optional<int> code = server_->WaitFor(kServerStopWait);
@@ -1128,19 +1854,58 @@ void ChaosRun::FinishAndCheck() {
   }
   Log(absl::StrCat("rebound_server stopped (exit ", code.value_or(-1),
                    "); reading its store back"));
-  CheckStore();
+  CheckStore(dir_ + "/data", "the server's store");
+}
 
-  absl::StatusOr<double> accuracy = TestAccuracy(job_, report_.center);
-  if (accuracy.ok()) {
-    report_.accuracy = *accuracy;
-    Log(absl::StrFormat("final center: version %d, test accuracy %.4f", report_.center_version,
-                        report_.accuracy));
-  } else {
-    Error(absl::StrCat("cannot evaluate the final center: ", accuracy.status().message()));
+void ChaosRun::StopGroupAndCheckStores(const GetStatusResponse& final_status) {
+  // The standbys first, then the leader: a leader stopped first would hand over to a standby.
+  const int leader = leader_;
+  std::vector<int> order;
+  for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
+    if (i != leader) order.push_back(i);
+  }
+  order.push_back(leader);
+  for (int i : order) {
+    Member& m = members_[i];
+    if (m.down) continue;
+    ChildProcess& process = cluster_->member(i);
+    process.Signal(SIGCONT);
+    process.Signal(SIGTERM);
+    const std::optional<int> code = process.WaitFor(kServerStopWait);
+    if (code != 0) {
+      Violation(absl::StrCat(
+          m.name, i == leader ? " (the leader)" : " (a standby)",
+          " did not stop cleanly on SIGTERM (",
+          code.has_value() ? absl::StrCat("exit ", *code) : std::string("still running"), "):\n",
+          LastLines(process.log_path(), 10)));
+      process.Signal(SIGKILL);
+      process.WaitFor(kKillWait);
+    }
+    m.down = true;  // stopped for good
+  }
+  Log(absl::StrCat("every member stopped (", members_[leader].name,
+                   " led last); reading their stores back"));
+  // The final leader's store, then every member the leader had in sync at the end: each must
+  // hold every sync once and the center the leader served.
+  std::set<std::string> in_sync(final_status.group().in_sync().begin(),
+                                final_status.group().in_sync().end());
+  CheckStore(cluster_->member_data_dir(leader),
+             absl::StrCat(members_[leader].name, "'s store (the final leader's)"));
+  ++report_.members_compared;
+  for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
+    if (i == leader) continue;
+    if (in_sync.count(members_[i].name) == 0) {
+      Note(absl::StrCat(members_[i].name, " was not in sync at the end: its store is not compared"));
+      continue;
+    }
+    CheckStore(cluster_->member_data_dir(i),
+               absl::StrCat(members_[i].name, "'s store (in sync at the end)"));
+    ++report_.members_compared;
   }
 }
 
 void ChaosRun::Cleanup() {
+  cleaning_up_ = true;
   RunDuePending(true);
   for (auto& w : workers_) {
     if (!w->exit_code.has_value()) w->exit_code = w->process->Stop(absl::Seconds(5));
@@ -1148,6 +1913,8 @@ void ChaosRun::Cleanup() {
   if (server_ != nullptr && !server_->Poll().has_value()) server_->Stop(absl::Seconds(10));
   workers_.clear();
   server_.reset();
+  members_.clear();
+  cluster_.reset();  // its members, then etcd
   lab_.reset();
 }
 
@@ -1257,6 +2024,35 @@ bool IsNetworkFault(FaultKind kind) {
          kind == FaultKind::kDelay || kind == FaultKind::kLoss;
 }
 
+const std::vector<FaultKind>& GroupFaultKinds() {
+  static const std::vector<FaultKind>* kGroup = [] {
+    auto* kinds = new std::vector<FaultKind>;
+    for (const KindInfo& info : kKinds) {
+      if (IsGroupFault(info.kind)) kinds->push_back(info.kind);
+    }
+    return kinds;
+  }();
+  return *kGroup;
+}
+
+bool IsGroupFault(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kKillLeader:
+    case FaultKind::kLeaderDiskLoss:
+    case FaultKind::kStopLeader:
+    case FaultKind::kKillEtcdMember:
+    case FaultKind::kKillAllEtcd:
+    case FaultKind::kRestartStandbyEmpty:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsSingleServerFault(FaultKind kind) {
+  return kind == FaultKind::kKillServer || kind == FaultKind::kStopServer;
+}
+
 std::string PlannedFault::ToString() const {
   std::string out = absl::StrFormat("%s at progress %.2f", FaultKindName(kind), at_progress);
   switch (kind) {
@@ -1266,7 +2062,14 @@ std::string PlannedFault::ToString() const {
     case FaultKind::kByzantine:
       break;
     case FaultKind::kKillServer:
+    case FaultKind::kKillLeader:
+    case FaultKind::kKillEtcdMember:
+    case FaultKind::kKillAllEtcd:
       absl::StrAppend(&out, ", restarted after ", Seconds(duration));
+      break;
+    case FaultKind::kLeaderDiskLoss:
+    case FaultKind::kRestartStandbyEmpty:
+      absl::StrAppend(&out, ", restarted empty after ", Seconds(duration));
       break;
     case FaultKind::kThrottle:
       absl::StrAppend(&out, ", ", rate_kbit, " kbit/s for ", Seconds(duration));
@@ -1340,6 +2143,25 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, int count,
       case FaultKind::kLoss:
         f.duration = absl::Milliseconds(uniform(1000, 4000));
         break;
+      case FaultKind::kKillLeader:
+      case FaultKind::kLeaderDiskLoss:
+        // Shorter and longer than the lease the standby waits out before it takes over.
+        f.duration = absl::Milliseconds(uniform(500, 4000));
+        break;
+      case FaultKind::kRestartStandbyEmpty:
+        f.duration = absl::Milliseconds(uniform(0, 2000));
+        break;
+      case FaultKind::kStopLeader:
+        // Past the lease, so that a standby has taken over when it resumes.
+        f.duration = absl::Milliseconds(uniform(1.6, 2.6) * job.leader_lease_ms);
+        break;
+      case FaultKind::kKillEtcdMember:
+        f.duration = absl::Milliseconds(uniform(1000, 5000));
+        break;
+      case FaultKind::kKillAllEtcd:
+        // From about the leader's self-fencing (half a lease) to well past the lease.
+        f.duration = absl::Milliseconds(uniform(0.5, 2.0) * job.leader_lease_ms);
+        break;
       default:
         break;
     }
@@ -1349,6 +2171,11 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, int count,
     plan.push_back(f);
   }
   return plan;
+}
+
+absl::Duration MaxFaultDuration(const ChaosJob& job) {
+  return std::max({absl::Milliseconds(2.5 * job.failure_timeout_ms),
+                   absl::Milliseconds(2.6 * job.leader_lease_ms), absl::Seconds(5)});
 }
 
 int RunReport::total_faults() const {
@@ -1392,6 +2219,15 @@ std::string RunReport::Summary() const {
                     "(it counted its own stop as their silence: a violation)\n");
   }
   absl::StrAppend(&out, "  ", network, "\n");
+  if (!group.empty()) {
+    absl::StrAppend(
+        &out, "  ", group, "\n",
+        absl::StrFormat("  leader changes %d; members restarted %d; etcd members restarted %d; "
+                        "stopped leaders fenced %d; syncs answered to trainers %d (every leader "
+                        "at or past them); stores read back %d\n",
+                        leader_changes, member_restarts, etcd_restarts, fenced_leaders,
+                        acknowledged_syncs, members_compared));
+  }
   if (accuracy >= 0) {
     absl::StrAppend(&out, absl::StrFormat("  final center: version %d, test accuracy %.4f",
                                           center_version, accuracy));

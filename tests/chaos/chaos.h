@@ -15,6 +15,20 @@
 //     spare runs in a namespace of its own and a trainer's link can be cut (partition) or
 //     slowed (tbf throttle; netem delay and loss where the kernel has netem). Where not, the
 //     run says so and leaves those kinds out of the schedule.
+//   * in group mode (ChaosOptions::standbys > 0: a replicated server group of DESIGN.md §10.1,
+//     started by testing/cluster's Cluster: members server-0, server-1, ... with fixed ports and
+//     data directories of their own, etcd of ChaosOptions::etcd_members real members), the
+//     server kinds are the group's instead (kill_server and stop_server are left out):
+//     SIGKILL of the leader, restarted on its data directory after a drawn outage (kill_leader)
+//     or with its data directory deleted (leader_disk_loss: it catches up from a checkpoint);
+//     SIGSTOP of the leader for longer than its lease, then SIGCONT (stop_leader: it must fence
+//     itself and run again as a standby); SIGKILL of one etcd member, or of all, restarted after
+//     a drawn outage (kill_etcd_member, kill_all_etcd); SIGKILL of a standby, its data directory
+//     deleted, restarted (restart_standby_empty). A group fault fires only while the group is
+//     whole (a leader, every standby in sync, every etcd member up, no group fault pending), so
+//     that no schedule asks for more than §10.1 promises (a disk lost while the group was already
+//     degraded is the loss window the product states, not a bug). Workers get every member's
+//     address and follow the leader.
 // A worker that is killed, or that exits fenced (3) or unreachable (4), is replaced by a fresh
 // spare (a replacement machine), a killed evaluator by a new evaluator, so the job can finish.
 // Every schedule has a bounded number of faults, every fault a bounded duration, every wait a
@@ -23,7 +37,8 @@
 //
 // What a run checks (RunReport::violations; none is allowed):
 //   * the job finished: every slot FINISHED within the time limit, and every worker exited;
-//     no process crashed or exited with an unexpected code;
+//     no process crashed or exited with an unexpected code, and none exited 0 before the job's
+//     end without having finished its slot;
 //   * every recovery the server reported (GetStatus, polled through every server life) that
 //     rebuilt a slot was a REPLAY verified against the logged checksums (bit-identical); none
 //     ended in CHECKSUM_MISMATCH or fell back to another policy;
@@ -36,6 +51,21 @@
 //   * center integrity (issue R9): the final center is finite; a byzantine trainer exits 1
 //     only because the server refused a poisoned sync (its log says so), and no more syncs were
 //     refused than byzantine trainers sent (an honest sync is never refused);
+//   * in group mode, besides: exactly once from the durable record of the FINAL leader's store,
+//     and every member (each must be back in sync at the end) holds the same records and the
+//     center the leader served (its store read back after every member stopped); nothing
+//     ACKNOWLEDGED is ever gone: each trainer logs every sync answered to it (glog
+//     --vmodule=easgd_trainer=1: "synced step t ... center version v"), and every leader, first
+//     when it takes over and then every few seconds, must be at or past every such answer (each
+//     slot's last synced step and update count, the center's version). What the leader's
+//     GetStatus shows is not used as "acknowledged": a sync the leader applied but had not yet
+//     answered may be lost with it, and the trainer then sends it again; only the trainers'
+//     answers are certainly acknowledged; once one is found lost the run stops (its job cannot
+//     end as the fault-free one). No two members ever reported LEADER for one epoch
+//     (GetStatus and every member's ServerPeer.GetGroup, polled); a leader SIGSTOPped past its
+//     lease said "no longer acknowledging" and ran again as a standby once resumed; one etcd
+//     member of 3 lost never changed the leader; trainers left alone kept their slots across
+//     each leader change (as across a server restart);
 //   * against a fault-free run of the same job (RunReport* reference): the final center's test
 //     accuracy (computed as the evaluator does) within 1 point; with DETERMINISTIC scheduling
 //     and UNIFORM weights (the default) the final center bit-identical (DESIGN.md §5.6).
@@ -75,6 +105,9 @@ struct ChaosJob {
   int reconnect_grace_ms = 3000;
   int recovery_parallelism = 1;
   int eval_every_ms = 1000;
+  // The leader's lease (replication.leader_lease_ms) in group mode; stop_leader draws its stops
+  // longer than this.
+  int leader_lease_ms = 2000;
 };
 
 // The JobConfig of `job` (job id "chaos", policy REPLAY, step-log linger 20 ms).
@@ -98,19 +131,34 @@ enum class FaultKind {
   // point every sync it sends carries +-3.4e38; the server must refuse it (INVALID_ARGUMENT),
   // the trainer exits 1 saying so, and a spare replays its slot from the last accepted sync.
   kByzantine,
+  // Group mode only (ChaosOptions::standbys > 0), each while the group is whole:
+  kKillLeader,           // SIGKILL the leader; restarted on its data directory after `duration`
+  kLeaderDiskLoss,       // SIGKILL the leader and delete its data directory; restarted empty
+  kStopLeader,           // SIGSTOP the leader for `duration` (longer than its lease), SIGCONT
+  kKillEtcdMember,       // SIGKILL one etcd member; restarted after `duration`
+  kKillAllEtcd,          // SIGKILL every etcd member; restarted after `duration`
+  kRestartStandbyEmpty,  // SIGKILL a standby, delete its data directory, restart after `duration`
 };
 
 // Every kind, in the order above.
 const std::vector<FaultKind>& AllFaultKinds();
-// "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss", "byzantine".
+// The kinds that act on the server group (kKillLeader ... kRestartStandbyEmpty): group mode only.
+const std::vector<FaultKind>& GroupFaultKinds();
+// "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss", "byzantine",
+// "kill_leader", "leader_disk_loss", "stop_leader", "kill_etcd_member", "kill_all_etcd",
+// "restart_standby_empty".
 const char* FaultKindName(FaultKind kind);
 bool IsNetworkFault(FaultKind kind);
+bool IsGroupFault(FaultKind kind);
+// The kinds of single-server mode only (kKillServer, kStopServer): a group has its own.
+bool IsSingleServerFault(FaultKind kind);
 
 struct PlannedFault {
   FaultKind kind = FaultKind::kKillTrainer;
   // Fires once the slots' mean step reaches this fraction of max_steps.
   double at_progress = 0;
-  // How long a stop, a link fault or a server outage lasts (not used by worker kills).
+  // How long a stop, a link fault, a server, member or etcd outage lasts (not used by worker
+  // kills).
   absl::Duration duration;
   // Picks the target among the candidates at that moment (in name order): pick % count.
   uint32_t pick = 0;
@@ -125,11 +173,16 @@ struct PlannedFault {
 // stops, server kills and partitions are drawn more often), each `must_include` kind at least
 // once (when allowed and count permits), at progress points in [0.08, 0.8] in increasing order.
 // Durations are drawn around `job`'s failure timeout, so some stops and partitions end before
-// the server notices and some after. The same arguments give the same schedule.
+// the server notices and some after; a leader's stop lasts 1.6 to 2.6 leases, an etcd outage
+// 0.5 to 2 leases, a member's outage up to 4 s. Every duration is at most MaxFaultDuration.
+// The same arguments give the same schedule.
 std::vector<PlannedFault> PlanFaults(uint64_t seed, int count,
                                      const std::vector<FaultKind>& allowed,
                                      const std::vector<FaultKind>& must_include,
                                      const ChaosJob& job);
+
+// The longest duration PlanFaults draws for any kind under `job`.
+absl::Duration MaxFaultDuration(const ChaosJob& job);
 
 struct ChaosOptions {
   uint64_t seed = 1;
@@ -137,6 +190,10 @@ struct ChaosOptions {
   std::vector<FaultKind> kinds = AllFaultKinds();  // the kinds the schedule may use
   std::vector<FaultKind> must_include;             // ... and must use
   int spares = 2;
+  // Group mode: a replicated server group of 1 + `standbys` members coordinated by etcd of
+  // `etcd_members` members (see the top of this file). 0: one server, no etcd.
+  int standbys = 0;
+  int etcd_members = 3;
   bool network = true;  // try network namespaces (needs root); the run says what it found
   absl::Duration time_limit = absl::Minutes(4);  // for the whole run, start to checks
   std::string server_binary;                     // absolute paths
@@ -151,6 +208,7 @@ struct RunReport {
   uint64_t seed = 0;
   int faults_planned = 0;
   std::string network;  // the network faults' setting on this machine, or why they are off
+  std::string group;    // group mode: the members and etcd; empty for one server
   std::vector<PlannedFault> schedule;
   std::map<std::string, int> faults;  // injected, by FaultKindName
   int skipped_faults = 0;             // planned, no target in time (never counted as injected)
@@ -158,8 +216,15 @@ struct RunReport {
   int recoveries = 0;                 // slots rebuilt (REPLAY, verified)
   int interrupted_recoveries = 0;     // ended by a fault on their spares or on the server
   int64_t steps_replayed = 0;         // by those recoveries
-  int server_restarts = 0;
-  int reconnected_trainers = 0;  // trainers that kept their slot across a server restart
+  int server_restarts = 0;       // single server: restarts after kill_server
+  int leader_changes = 0;        // group mode: a new leader (a higher epoch) took over
+  int member_restarts = 0;       // group mode: members restarted after a kill
+  int etcd_restarts = 0;         // group mode: etcd members restarted after a kill
+  int fenced_leaders = 0;        // group mode: stopped leaders that fenced themselves on resuming
+  int64_t acknowledged_syncs = 0;  // group mode: syncs answered to trainers (their logs)
+  int members_compared = 0;        // group mode: stores read back and compared at the end
+  int reconnected_trainers = 0;  // trainers that kept their slot across a server restart or
+                                 // a leader change
   int replacements = 0;          // fresh spares and evaluators started for workers gone
   int byzantine_refused = 0;     // byzantine trainers that exited after a refused sync
   // Workers no fault was aimed at that the server fenced as soon as it resumed from a SIGSTOP

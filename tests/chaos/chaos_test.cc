@@ -7,6 +7,15 @@
 //
 // The seed is printed; REBOUND_CHAOS_SEED=<n> replays another schedule, e.g.
 //   bazel test //tests/chaos:chaos_test --test_env=REBOUND_CHAOS_SEED=7 --test_output=all
+//
+// The cases tagged [group] (//tests/chaos:chaos_group_test runs them, //tests/chaos:chaos_test
+// the others) run the same job on a replicated server group (a leader, a standby, etcd of 3
+// members; DESIGN.md §10.1): a fault-free group run, then two fixed seeds whose schedules hold,
+// between them, every group fault kind (the leader SIGKILLed, its disk lost, the leader
+// SIGSTOPped past its lease, one etcd member lost, every etcd member lost, a standby's disk
+// lost) besides a trainer kill; each must finish exactly once in the final leader's store and
+// in every member's, lose no sync a trainer was answered, and end on the fault-free run's
+// center bit for bit.
 
 #include "tests/chaos/chaos.h"
 
@@ -25,6 +34,18 @@ namespace {
 
 constexpr uint64_t kDefaultSeed = 20241203;
 constexpr int kFaults = 5;
+
+// Group mode: two seeds whose schedules hold, between them, every group fault kind.
+constexpr int64_t kGroupSteps = 9600;
+constexpr int kGroupFaults = 4;  // three group kinds and a trainer kill or another drawn kind
+struct GroupSeed {
+  uint64_t seed;
+  std::vector<FaultKind> must;
+};
+const GroupSeed kGroupSeeds[] = {
+    {11, {FaultKind::kKillLeader, FaultKind::kLeaderDiskLoss, FaultKind::kKillEtcdMember}},
+    {12, {FaultKind::kStopLeader, FaultKind::kKillAllEtcd, FaultKind::kRestartStandbyEmpty}},
+};
 
 std::string Runfile(const std::string& path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
@@ -47,7 +68,8 @@ ChaosOptions Options(uint64_t seed, int faults) {
   return options;
 }
 
-TEST_CASE("a seed plans the same bounded schedule every time, with the kinds it must hold") {
+TEST_CASE("a seed plans the same bounded schedule every time, with the kinds it must hold",
+          "[plan]") {
   const ChaosJob job;
   const std::vector<FaultKind> must = {FaultKind::kKillTrainer, FaultKind::kKillServer};
   const std::vector<PlannedFault> a = PlanFaults(42, 8, AllFaultKinds(), must, job);
@@ -62,7 +84,10 @@ TEST_CASE("a seed plans the same bounded schedule every time, with the kinds it 
     CHECK(a[i].at_progress >= 0.08);
     CHECK(a[i].at_progress <= 0.8);
     if (i > 0) CHECK(a[i].at_progress >= a[i - 1].at_progress);
-    CHECK(a[i].duration <= absl::Milliseconds(2.5 * job.failure_timeout_ms));
+    CHECK(a[i].duration <= MaxFaultDuration(job));
+    if (!IsGroupFault(a[i].kind)) {
+      CHECK(a[i].duration <= absl::Milliseconds(2.5 * job.failure_timeout_ms));
+    }
     kinds.insert(a[i].kind);
   }
   CHECK(kinds.count(FaultKind::kKillTrainer) == 1);
@@ -79,9 +104,37 @@ TEST_CASE("a seed plans the same bounded schedule every time, with the kinds it 
   CHECK(PlanFaults(7, 0, AllFaultKinds(), must, job).empty());
 }
 
+TEST_CASE("a group schedule holds its kinds, stops the leader past its lease, and bounds outages",
+          "[plan]") {
+  const ChaosJob job;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const std::vector<PlannedFault> plan =
+        PlanFaults(seed, 6, GroupFaultKinds(), GroupFaultKinds(), job);
+    REQUIRE(plan.size() == 6);
+    std::set<FaultKind> kinds;
+    for (const PlannedFault& f : plan) {
+      INFO("seed " << seed << ": " << f.ToString());
+      CHECK(IsGroupFault(f.kind));
+      CHECK_FALSE(IsSingleServerFault(f.kind));
+      CHECK(f.duration >= absl::ZeroDuration());
+      CHECK(f.duration <= MaxFaultDuration(job));
+      if (f.kind == FaultKind::kStopLeader) {
+        CHECK(f.duration > absl::Milliseconds(1.5 * job.leader_lease_ms));
+      }
+      kinds.insert(f.kind);
+    }
+    CHECK(kinds.size() == GroupFaultKinds().size());  // each must-include kind once
+  }
+  CHECK(GroupFaultKinds().size() == 6);
+  for (FaultKind kind : GroupFaultKinds()) CHECK_FALSE(IsNetworkFault(kind));
+  CHECK(IsSingleServerFault(FaultKind::kKillServer));
+  CHECK(IsSingleServerFault(FaultKind::kStopServer));
+}
+
 TEST_CASE(
     "a seeded chaos run finishes with every sync applied once, every rebuilt slot a "
-    "verified replay, and the fault-free run's center") {
+    "verified replay, and the fault-free run's center",
+    "[single]") {
   uint64_t seed = kDefaultSeed;
   if (const char* text = std::getenv("REBOUND_CHAOS_SEED"); text != nullptr) {
     REQUIRE(absl::SimpleAtoi(text, &seed));
@@ -110,6 +163,67 @@ TEST_CASE(
   CHECK(run.accuracy > 0.5);  // it learned
   CHECK(run.accuracy == reference.accuracy);
   CHECK(run.center_identical);
+}
+
+// The group's job: long enough that three group faults, each waiting for the group to be whole
+// again (a failover, a restart, a catch-up from a checkpoint), all fire before its end.
+ChaosJob GroupJob() {
+  ChaosJob job;
+  job.max_steps = kGroupSteps;
+  return job;
+}
+
+ChaosOptions GroupOptions(uint64_t seed, int faults, const std::vector<FaultKind>& must) {
+  ChaosOptions options = Options(seed, faults);
+  options.standbys = 1;
+  options.etcd_members = 3;
+  options.network = false;  // the same schedule on every machine
+  options.kinds = must;
+  options.kinds.push_back(FaultKind::kKillTrainer);
+  options.must_include = must;
+  options.time_limit = absl::Minutes(3);
+  return options;
+}
+
+TEST_CASE(
+    "a replicated group under chaos loses no answered sync, applies every sync once in every "
+    "member's store, and ends on the fault-free run's center",
+    "[group]") {
+  const ChaosJob job = GroupJob();
+  const RunReport reference = RunChaos(job, GroupOptions(kGroupSeeds[0].seed, 0, {}));
+  std::cout << "chaos_test: fault-free group run: " << reference.Summary() << std::endl;
+  INFO("fault-free group run: " << reference.Summary());
+  REQUIRE(reference.ok());
+  REQUIRE(reference.finished);
+  CHECK(reference.leader_changes == 0);
+  CHECK(reference.members_compared == 2);  // the leader's store and the standby's
+
+  std::set<std::string> injected;
+  for (const GroupSeed& g : kGroupSeeds) {
+    const RunReport run = RunChaos(job, GroupOptions(g.seed, kGroupFaults, g.must), &reference);
+    std::cout << "chaos_test: group run: " << run.Summary() << std::endl;
+    INFO("seed " << g.seed << "\n" << run.Summary());
+    CHECK(run.errors.empty());
+    CHECK(run.violations.empty());
+    REQUIRE(run.finished);
+    CHECK(run.total_faults() + run.skipped_faults + run.unfired_faults == kGroupFaults);
+    for (FaultKind kind : g.must) {
+      INFO(FaultKindName(kind));
+      CHECK(run.faults.count(FaultKindName(kind)) == 1);
+      if (run.faults.count(FaultKindName(kind)) == 1) injected.insert(FaultKindName(kind));
+    }
+    CHECK(run.leader_changes >= 1);
+    CHECK(run.acknowledged_syncs > 0);
+    CHECK(run.members_compared == 2);
+    CHECK(run.accuracy > 0.5);
+    CHECK(run.accuracy == reference.accuracy);
+    CHECK(run.center_identical);
+  }
+  // Between them, the seeds hold every group kind.
+  for (FaultKind kind : GroupFaultKinds()) {
+    INFO(FaultKindName(kind));
+    CHECK(injected.count(FaultKindName(kind)) == 1);
+  }
 }
 
 }  // namespace
