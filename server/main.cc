@@ -553,8 +553,9 @@ int Run() {
     LOG(INFO) << "signal " << signal_number << ": shutting down";
   }
   server->GetHealthCheckService()->SetServingStatus(false);
-  // No call is answered from here on: the barrier fails every waiting commit.
-  if (member.leader != nullptr) member.leader->Stop();
+  // No call is answered from here on: the barrier fails every waiting commit. (Not waiting for
+  // the monitor here: it may be in an etcd call that etcd's absence makes last seconds.)
+  if (member.leader != nullptr) member.leader->BeginStop();
   stop.Notify();
   detector_thread.join();
   if (fence_thread.joinable()) fence_thread.join();

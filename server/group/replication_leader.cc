@@ -19,6 +19,8 @@ namespace {
 constexpr uint64_t kJoinWindow = 64;
 // Checkpoint files go to the standby in chunks of this size.
 constexpr size_t kChunkBytes = size_t{1} << 20;
+// How often, at most, the in-sync record's floor is moved up to the commits its members hold.
+constexpr absl::Duration kFloorPeriod = absl::Seconds(1);
 // How often a waiting writer or barrier looks at the leadership and its stop conditions.
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
 
@@ -47,12 +49,14 @@ absl::Status ReplicationLeader::Start() {
   {
     absl::MutexLock lock(&mu_);
     recorded_in_sync_ = alone;
+    recorded_floor_ = floor;
+    floor_recorded_at_ = clock_->Now();
   }
   monitor_ = std::thread([this] { Monitor(); });
   return absl::OkStatus();
 }
 
-void ReplicationLeader::Stop() {
+void ReplicationLeader::BeginStop() {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
@@ -62,6 +66,10 @@ void ReplicationLeader::Stop() {
     }
   }
   stop_.Notify();
+}
+
+void ReplicationLeader::Stop() {
+  BeginStop();
   if (monitor_.joinable()) monitor_.join();
 }
 
@@ -322,19 +330,29 @@ void ReplicationLeader::MonitorPass() {
         }
       }
     }
-    if (name.empty()) return;
-    names = InSyncWith(name, add);
-    floor = FloorOf(names);
+    if (name.empty()) {
+      // No change of the set: its floor follows the commits, at most once a period, so that a
+      // member that loses its disk is soon behind it (an empty store never leads).
+      names = recorded_in_sync_;
+      floor = FloorOf(names);
+      if (floor <= recorded_floor_ || now - floor_recorded_at_ < kFloorPeriod) return;
+    } else {
+      names = InSyncWith(name, add);
+      floor = FloorOf(names);
+    }
   }
   const absl::Status recorded = options_.record_in_sync(names, floor);
   absl::MutexLock lock(&mu_);
-  auto it = standbys_.find(name);
   if (!recorded.ok()) {
     LOG_EVERY_N(WARNING, 20) << "cannot record the in-sync set [" << absl::StrJoin(names, ", ")
                              << "] in etcd: " << recorded;
     return;
   }
   recorded_in_sync_ = names;
+  recorded_floor_ = floor;
+  floor_recorded_at_ = clock_->Now();
+  if (name.empty()) return;
+  auto it = standbys_.find(name);
   if (it == standbys_.end()) return;
   if (add) {
     it->second.recorded = true;

@@ -16,7 +16,9 @@
 // makes it eligible to take over. A standby that leaves a commit unacknowledged for
 // standby_timeout is recorded out of the set first and then no longer waited for: the set in
 // etcd never names a standby that lacks an answered commit. Only the monitor thread changes the
-// set, one change at a time.
+// set, one change at a time. The record also carries a floor (every member holds the commits up
+// to it), moved up at most once a second while commits go on: a member whose disk is lost is
+// behind it and does not campaign (server/group/server_group.h).
 //
 // Resuming. A standby's first message says where its store stands (epoch, sequence). The
 // leader streams from the next commit when it can tell that commit's predecessor is the
@@ -94,6 +96,9 @@ class ReplicationLeader {
   absl::Status Start();
   // Ends every stream and the monitor; WaitReplicated fails from now on. Idempotent.
   void Stop();
+  // Stop's first half, without waiting for the monitor (which may be in an etcd call): from now
+  // on nothing is answered and the streams end. Idempotent; Stop() still joins.
+  void BeginStop();
 
   // The store's replication sink.
   void Append(ReplicatedCommit commit);
@@ -153,6 +158,9 @@ class ReplicationLeader {
   storage::DurableStore::Position last_ ABSL_GUARDED_BY(mu_);  // the last appended
   std::map<std::string, Standby> standbys_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recorded_in_sync_ ABSL_GUARDED_BY(mu_);
+  uint64_t recorded_floor_ ABSL_GUARDED_BY(mu_) = 0;      // the floor recorded with it
+  absl::Time floor_recorded_at_ ABSL_GUARDED_BY(mu_);     // when
+
   uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;

@@ -63,6 +63,7 @@ void ServerGroup::SetState(GroupStatus::Role role, const MemberAddress& leader, 
   absl::MutexLock lock(&mu_);
   if (!quiet && detail != detail_ && !detail.empty()) LOG(INFO) << "group: " << detail;
   role_ = role;
+  role_leader_.store(role == GroupStatus::LEADER);
   leader_ = leader;
   leader_epoch_ = epoch;
   detail_ = std::move(detail);
@@ -205,10 +206,17 @@ absl::Status ServerGroup::RecordInSync(const std::vector<std::string>& names, ui
 }
 
 void ServerGroup::FillStatus(GroupStatus* status) const {
+  // A leader whose lease lapsed is about to run again as a standby: it must not claim to lead.
+  const absl::Status leading = role_leader_.load() ? election_->CheckLeadership() : absl::OkStatus();
   absl::MutexLock lock(&mu_);
   status->set_group(options_.group);
   status->set_name(options_.self.name);
-  status->set_role(role_);
+  status->set_role(leading.ok() ? role_ : GroupStatus::CANDIDATE);
+  if (!leading.ok()) {
+    status->set_detail(std::string(leading.message()));
+    status->set_epoch(leader_epoch_);
+    return;
+  }
   status->set_epoch(leader_epoch_);
   status->set_leader_name(leader_.name);
   status->set_leader_address(leader_.serve_address);

@@ -27,6 +27,7 @@
 //
 // Thread-safety: RunUntilLeader from one thread; everything else from any.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -95,6 +96,7 @@ class ServerGroup {
 
   mutable absl::Mutex mu_;
   GroupStatus::Role role_ ABSL_GUARDED_BY(mu_) = GroupStatus::CANDIDATE;
+  std::atomic<bool> role_leader_{false};  // role_ == LEADER, read without mu_
   MemberAddress leader_ ABSL_GUARDED_BY(mu_);
   int64_t leader_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::string detail_ ABSL_GUARDED_BY(mu_);

@@ -268,7 +268,8 @@ class ChaosRun {
   // Once the restarted server (life `life`) has waited reconnect_grace + failure_timeout: each
   // trainer that owned an ACTIVE slot at the kill, and was left alone since, must have come
   // back under its incarnation (Observe saw it heartbeat), unless its slot finished.
-  void CheckReconnected(int life);
+  // `epoch` (group mode): the leader's the trainers had to reconnect to; 0 for one server.
+  void CheckReconnected(int life, int64_t epoch = 0);
   void FinishAndCheck();
   void CheckRecoveries();
   // Exactly once in the store of `data_dir` (opened once its server stopped); `whose` names it
@@ -610,9 +611,10 @@ void ChaosRun::OnNewLeader(int member, const GetStatusResponse& status) {
   last_leader_status_.reset();
   before_kill_life_ = server_life_ - 1;
   const int life = server_life_;
+  const int64_t epoch = epoch_;
   AddPending(absl::Milliseconds(spec_.reconnect_grace_ms + spec_.failure_timeout_ms + 1000),
              absl::StrCat("check that the trainers reconnected to ", name),
-             [this, life] { CheckReconnected(life); });
+             [this, life, epoch] { CheckReconnected(life, epoch); });
   CheckAcknowledged(member, absl::StrCat("as it took over in epoch ", epoch_));
 }
 
@@ -1594,11 +1596,13 @@ void ChaosRun::Loop() {
   }
 }
 
-void ChaosRun::CheckReconnected(int life) {
+void ChaosRun::CheckReconnected(int life, int64_t epoch) {
   // Killed again meanwhile, done, or a run stopped early (its trainers had no time).
   if (life != server_life_ || job_finished_ || cleaning_up_) return;
   std::optional<GetStatusResponse> status = Status(absl::Seconds(2));
   if (!status.has_value()) return;  // stopped meanwhile: the next restart checks again
+  // A newer leader answers, not yet noted as such: its own takeover checks the trainers then.
+  if (epoch != 0 && status->group().epoch() != epoch) return;
   Observe(*status);
   for (const auto& [incarnation, awaited] : awaiting_reconnect_) {
     const int replica = awaited.replica;
