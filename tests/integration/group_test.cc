@@ -203,6 +203,46 @@ TEST_CASE("a group elects one leader; the standby serves only its peer port, nam
     CHECK(refused.error_code() == grpc::StatusCode::UNAVAILABLE);
     CHECK(absl::StrContains(refused.error_message(), "not the leader"));
   }
+  // The leader's peer port refuses hostile or confused peers precisely, and keeps serving.
+  const std::optional<int> leader_peer =
+      ReadPortFile(absl::StrCat(cluster.dir(), "/peer-port-", *leader));
+  REQUIRE(leader_peer.has_value());
+  auto leader_stub = ServerPeer::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", *leader_peer), grpc::InsecureChannelCredentials()));
+  auto replicate = [&](const ReplicateRequest& hello) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    auto stream = leader_stub->Replicate(&context);
+    stream->Write(hello);
+    stream->WritesDone();
+    ReplicateResponse ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return stream->Finish();
+  };
+  ReplicateRequest hello;
+  grpc::Status refused = replicate(hello);  // no name
+  CHECK(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  hello.set_name(cluster.member_name(*leader));  // the leader's own name
+  refused = replicate(hello);
+  CHECK(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  hello.set_name("stranger");
+  hello.set_leader_epoch(static_cast<uint64_t>(status.group().epoch()) + 1000);  // another epoch
+  refused = replicate(hello);
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    FetchCheckpointRequest request;
+    request.set_name("stranger");
+    request.set_leader_epoch(static_cast<uint64_t>(status.group().epoch()) + 1000);
+    auto reader = leader_stub->FetchCheckpoint(&context, request);
+    CheckpointChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    CHECK(reader->Finish().error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  CHECK(BothInSync(*cluster.GetStatus()));
   StopAll(cluster);
 }
 
