@@ -87,6 +87,7 @@
 #include "bench/figures.h"
 #include "bench/flags.h"
 #include "bench/local_cluster.h"
+#include "bench/throughput_window.h"
 #include "bench/load_average.h"
 #include "common/config.h"
 #include "proto/config.pb.h"
@@ -106,46 +107,8 @@ constexpr double kTargetRatio = 1.6;
 // a k = 2 replay needs both cores.
 constexpr double kDisturbedCores = 0.15;
 
-// ---------------------------------------------------------------------------------------------
-// CPU accounting, in clock ticks (sysconf(_SC_CLK_TCK) per second)
-
-// utime + stime of a process (every thread, exited ones included), or -1 when it cannot be read.
-int64_t ProcessCpuTicks(pid_t pid) {
-  const std::string text = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
-  // The command name (field 2) may hold spaces; utime and stime are fields 14 and 15.
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::vector<std::string> fields =
-      absl::StrSplit(text.substr(close + 1), ' ', absl::SkipWhitespace());
-  int64_t utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
-      !absl::SimpleAtoi(fields[12], &stime)) {
-    return -1;
-  }
-  return utime + stime;
-}
-
-// The machine's CPU time from the "cpu" line of /proc/stat; -1s when it cannot be read.
-struct MachineCpu {
-  int64_t busy = -1;   // user + nice + system + irq + softirq
-  int64_t steal = -1;  // taken by the hypervisor for other guests
-};
-
-MachineCpu ReadMachineCpu() {
-  MachineCpu cpu;
-  const std::string text = ReadFileOrEmpty("/proc/stat");
-  std::vector<std::string> fields =
-      absl::StrSplit(text.substr(0, text.find('\n')), ' ', absl::SkipWhitespace());
-  // cpu user nice system idle iowait irq softirq steal ...
-  if (fields.size() < 9 || fields[0] != "cpu") return cpu;
-  int64_t v[8] = {0};
-  for (int i = 0; i < 8; ++i) {
-    if (!absl::SimpleAtoi(fields[i + 1], &v[i])) return cpu;
-  }
-  cpu.busy = v[0] + v[1] + v[2] + v[5] + v[6];
-  cpu.steal = v[7];
-  return cpu;
-}
+// CPU accounting: ProcessCpuTicks and ReadMachineCpu (bench/throughput_window.h), in clock
+// ticks (sysconf(_SC_CLK_TCK) per second).
 
 // ---------------------------------------------------------------------------------------------
 // Flags
@@ -452,7 +415,7 @@ class Run {
     for (const auto& [name, ticks] : end.workers) ours += ticks - start.workers.at(name);
     ours += (end.server - start.server) + (end.self - start.self);
     result->server_cores = (end.server - start.server) * tick_s / seconds;
-    const bool machine_ok = start.machine.busy >= 0 && end.machine.busy >= 0;
+    const bool machine_ok = start.machine.ok && end.machine.ok;
     result->other_cores =
         machine_ok
             ? std::max<int64_t>(0, (end.machine.busy - start.machine.busy) - ours) * tick_s / seconds

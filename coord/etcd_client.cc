@@ -246,6 +246,22 @@ absl::StatusOr<PutIfAbsentResult> EtcdClient::PutIfAbsent(const std::string& key
   return result;
 }
 
+namespace {
+
+// A Txn: if `compare` holds, put `key` = `value` (bound to `lease_id` unless 0).
+etcdserverpb::TxnRequest GuardedPut(etcdserverpb::Compare compare, const std::string& key,
+                                    const std::string& value, int64_t lease_id) {
+  etcdserverpb::TxnRequest request;
+  *request.add_compare() = std::move(compare);
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease_id);
+  return request;
+}
+
+}  // namespace
+
 absl::StatusOr<CompareAndPutResult> EtcdClient::CompareAndPut(const std::string& key,
                                                               int64_t expected_mod_revision,
                                                               const std::string& value,
@@ -254,27 +270,13 @@ absl::StatusOr<CompareAndPutResult> EtcdClient::CompareAndPut(const std::string&
   if (expected_mod_revision < 0) {
     return absl::InvalidArgumentError("etcd CompareAndPut: negative expected_mod_revision");
   }
-  etcdserverpb::TxnRequest request;
-  etcdserverpb::Compare* compare = request.add_compare();
-  compare->set_key(key);
-  compare->set_target(etcdserverpb::Compare::MOD);
-  compare->set_result(etcdserverpb::Compare::EQUAL);
-  compare->set_mod_revision(expected_mod_revision);
-  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
-  put->set_key(key);
-  put->set_value(value);
-  put->set_lease(lease_id);
-  etcdserverpb::TxnResponse response;
-  absl::Status status =
-      shared_->Call(absl::StrCat("CompareAndPut ", key), [&](grpc::ClientContext* context, int i) {
-        response.Clear();
-        return shared_->kv(i)->Txn(context, request, &response);
-      });
-  if (!status.ok()) return status;
-  CompareAndPutResult result;
-  result.succeeded = response.succeeded();
-  result.revision = response.header().revision();
-  return result;
+  etcdserverpb::Compare compare;
+  compare.set_key(key);
+  compare.set_target(etcdserverpb::Compare::MOD);
+  compare.set_result(etcdserverpb::Compare::EQUAL);
+  compare.set_mod_revision(expected_mod_revision);
+  return GuardedTxn(absl::StrCat("CompareAndPut ", key),
+                    GuardedPut(std::move(compare), key, value, lease_id));
 }
 
 absl::StatusOr<CompareAndPutResult> EtcdClient::PutIfCreatedAt(const std::string& guard_key,
@@ -286,21 +288,22 @@ absl::StatusOr<CompareAndPutResult> EtcdClient::PutIfCreatedAt(const std::string
   if (guard_create_revision <= 0) {
     return absl::InvalidArgumentError("etcd PutIfCreatedAt: guard revision must be > 0");
   }
-  etcdserverpb::TxnRequest request;
-  etcdserverpb::Compare* compare = request.add_compare();
-  compare->set_key(guard_key);
-  compare->set_target(etcdserverpb::Compare::CREATE);
-  compare->set_result(etcdserverpb::Compare::EQUAL);
-  compare->set_create_revision(guard_create_revision);
-  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
-  put->set_key(key);
-  put->set_value(value);
+  etcdserverpb::Compare compare;
+  compare.set_key(guard_key);
+  compare.set_target(etcdserverpb::Compare::CREATE);
+  compare.set_result(etcdserverpb::Compare::EQUAL);
+  compare.set_create_revision(guard_create_revision);
+  return GuardedTxn(absl::StrCat("PutIfCreatedAt ", key),
+                    GuardedPut(std::move(compare), key, value, /*lease_id=*/0));
+}
+
+absl::StatusOr<CompareAndPutResult> EtcdClient::GuardedTxn(
+    const std::string& what, const etcdserverpb::TxnRequest& request) {
   etcdserverpb::TxnResponse response;
-  absl::Status status =
-      shared_->Call(absl::StrCat("PutIfCreatedAt ", key), [&](grpc::ClientContext* context, int i) {
-        response.Clear();
-        return shared_->kv(i)->Txn(context, request, &response);
-      });
+  absl::Status status = shared_->Call(what, [&](grpc::ClientContext* context, int i) {
+    response.Clear();
+    return shared_->kv(i)->Txn(context, request, &response);
+  });
   if (!status.ok()) return status;
   CompareAndPutResult result;
   result.succeeded = response.succeeded();

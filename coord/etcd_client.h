@@ -70,6 +70,10 @@
 #include "common/clock.h"
 #include "common/retry.h"
 
+namespace etcdserverpb {
+class TxnRequest;
+}  // namespace etcdserverpb
+
 namespace rebound {
 
 struct EtcdClientOptions {
@@ -293,6 +297,9 @@ class EtcdClient {
 
  private:
   explicit EtcdClient(std::shared_ptr<EtcdClientShared> shared) : shared_(std::move(shared)) {}
+  // One conditional put Txn (CompareAndPut, PutIfCreatedAt), retried as every call.
+  absl::StatusOr<CompareAndPutResult> GuardedTxn(const std::string& what,
+                                                 const etcdserverpb::TxnRequest& request);
   const std::shared_ptr<EtcdClientShared> shared_;
 };
 

@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,24 @@ void StopAll(Cluster& cluster) {
   });
 }
 
+// Starts the group and waits until it leads with its standby in sync; with `syncs` > 0 also
+// starts the trainers and waits until the center moved that many times. Returns the leader's
+// index.
+int StartGroup(Cluster& cluster, int syncs) {
+  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
+  INFO(started << cluster.Logs());
+  REQUIRE(started.ok());
+  absl::StatusOr<int> leader = cluster.WaitForLeader(absl::Seconds(30));
+  REQUIRE(leader.ok());
+  WaitFor(cluster, BothInSync, "the standby in sync");
+  if (syncs > 0) {
+    StartTrainers(cluster);
+    WaitFor(cluster, [syncs](const GetStatusResponse& s) { return CenterVersion(s) >= syncs; },
+            absl::StrCat(syncs, " syncs"));
+  }
+  return *leader;
+}
+
 TEST_CASE("a group elects one leader; the standby serves only its peer port, naming the leader") {
   Cluster cluster(GroupOptions("group-basic", 1));
   absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
@@ -248,15 +267,7 @@ TEST_CASE("a group elects one leader; the standby serves only its peer port, nam
 
 TEST_CASE("the leader SIGKILLed, then its disk lost: the job finishes with every sync applied once") {
   Cluster cluster(GroupOptions("group-kill", 3));
-  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
-  INFO(started << cluster.Logs());
-  REQUIRE(started.ok());
-  absl::StatusOr<int> first = cluster.WaitForLeader(absl::Seconds(30));
-  REQUIRE(first.ok());
-  WaitFor(cluster, BothInSync, "the standby in sync");
-  StartTrainers(cluster);
-  WaitFor(cluster, [](const GetStatusResponse& s) { return CenterVersion(s) >= 6; },
-          "six syncs");
+  const std::optional<int> first = StartGroup(cluster, 6);
 
   // 1. SIGKILL: the standby takes over.
   REQUIRE(cluster.KillMember(*first).ok());
@@ -290,15 +301,7 @@ TEST_CASE("the leader SIGKILLed, then its disk lost: the job finishes with every
 
 TEST_CASE("a leader SIGSTOPped past its lease never acknowledges again and comes back a standby") {
   Cluster cluster(GroupOptions("group-stop", 3));
-  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
-  INFO(started << cluster.Logs());
-  REQUIRE(started.ok());
-  absl::StatusOr<int> first = cluster.WaitForLeader(absl::Seconds(30));
-  REQUIRE(first.ok());
-  WaitFor(cluster, BothInSync, "the standby in sync");
-  StartTrainers(cluster);
-  WaitFor(cluster, [](const GetStatusResponse& s) { return CenterVersion(s) >= 6; },
-          "six syncs");
+  const std::optional<int> first = StartGroup(cluster, 6);
   cluster.StopMember(*first);
   absl::StatusOr<int> second = cluster.WaitForLeader(absl::Seconds(30));
   REQUIRE(second.ok());
@@ -318,13 +321,7 @@ TEST_CASE("a leader SIGSTOPped past its lease never acknowledges again and comes
 
 TEST_CASE("etcd: one member lost changes nothing; all lost pauses the group until they return") {
   Cluster cluster(GroupOptions("group-etcd", 3));
-  absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
-  INFO(started << cluster.Logs());
-  REQUIRE(started.ok());
-  REQUIRE(cluster.WaitForLeader(absl::Seconds(30)).ok());
-  WaitFor(cluster, BothInSync, "the standby in sync");
-  StartTrainers(cluster);
-  WaitFor(cluster, [](const GetStatusResponse& s) { return CenterVersion(s) >= 4; }, "four syncs");
+  StartGroup(cluster, 4);
 
   cluster.etcd()->Kill(0);
   const int64_t one_down = CenterVersion(*cluster.GetStatus());
