@@ -417,6 +417,54 @@ void CheckJob(const JobConfig& job, Checker& c) {
 
   c.AtLeast("training.max_steps", job.training().max_steps(), int64_t{1});
   c.AtLeast("training.eval_every_ms", job.training().eval_every_ms(), 100);
+
+  // The center sharded across K groups (DESIGN.md §10.2, docs/sharding.md). What this wave
+  // shards: EASGD syncs of a model spec under REPLAY or RESTART_FROM_CENTER.
+  const ShardingConfig& sharding = job.sharding();
+  c.InRange("sharding.groups", sharding.groups(), 1, kMaxShardGroups);
+  if (sharding.groups() > 1) {
+    if (job.easgd().mode() != EASGD) {
+      c.Fail("sharding.groups", "> 1 needs easgd.mode EASGD (ASYNC_ADAHESSIAN is not sharded)");
+    }
+    if (job.model().declared_by_worker()) {
+      c.Fail("sharding.groups",
+             "> 1 needs a model spec with layers (a model declared by its workers is not sharded)");
+    }
+    if (ft.policy() == GLOBAL_CHECKPOINT) {
+      c.Fail("sharding.groups",
+             "> 1 needs fault_tolerance.policy REPLAY or RESTART_FROM_CENTER (GLOBAL_CHECKPOINT "
+             "is not sharded)");
+    }
+  }
+}
+
+// A server of a sharded job: its group and every group's address (docs/sharding.md).
+void CheckShard(const ServerConfig& config, Checker& c) {
+  const int groups = config.job().sharding().groups();
+  if (groups <= 1) {
+    if (config.has_shard()) {
+      c.Fail("shard", "is set but the job's sharding.groups is 1: one group holds the center");
+    }
+    return;
+  }
+  if (!config.has_shard()) {
+    c.Fail("shard", absl::StrCat("must say this server's group and the ", groups,
+                                 " groups' addresses (the job's sharding.groups is ", groups, ")"));
+    return;
+  }
+  const ShardConfig& shard = config.shard();
+  c.InRange("shard.group", shard.group(), 0, groups - 1);
+  if (shard.group_addresses_size() != groups) {
+    c.Fail("shard.group_addresses",
+           absl::StrCat("must have one entry per group (sharding.groups = ", groups, "), got ",
+                        shard.group_addresses_size()));
+    return;
+  }
+  for (const std::string& entry : shard.group_addresses()) {
+    for (absl::string_view member : absl::StrSplit(entry, ',')) {
+      c.HostPort("shard.group_addresses", std::string(member));
+    }
+  }
 }
 
 void CheckMetrics(const MetricsConfig& metrics, Checker& c) {
@@ -754,6 +802,10 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
     *config.mutable_job() = *std::move(job);
     config.clear_job_file();
   }
+  Checker shard_checker(&locator, "");
+  CheckShard(config, shard_checker);
+  valid = ErrorsToStatus(shard_checker.errors());
+  if (!valid.ok()) return valid;
   return config;
 }
 

@@ -81,6 +81,9 @@ std::pair<int, int> RecoveryGroup(const JobConfig& job, int stage);
 // this large.
 inline constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
 
+// The most server groups a center is sharded across (sharding.groups).
+inline constexpr int kMaxShardGroups = 64;
+
 // The contents of `path`, a regular file of at most kMaxConfigFileBytes: common/file.h's ReadFile
 // with that limit. `what` names the file's role in messages ("config file",
 // "security.tls.cert_file"). NOT_FOUND if it cannot be opened; INVALID_ARGUMENT naming the path

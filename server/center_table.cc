@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/status_macros.h"
 #include "compute/adahessian.h"
+#include "compute/shard_ranges.h"
 #include "compute/tensor_bundle.h"
 
 namespace rebound::server {
@@ -134,7 +135,8 @@ double Norm(absl::Span<const float> a) {
   return std::sqrt(SumOfSquares(a.data(), nullptr, a.size()));
 }
 
-absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig& job) {
+absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig& job,
+                                                                int range) {
   std::unique_ptr<CenterTable> table(new CenterTable());
   const double max_abs = job.weighting().max_abs_value();
   table->max_abs_value_ = max_abs > 0.0 && max_abs < std::numeric_limits<float>::max()
@@ -158,6 +160,25 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
     table->stages_.push_back(std::move(stage));
   }
   table->num_stages_.store(static_cast<int>(table->stages_.size()), std::memory_order_release);
+  if (job.sharding().groups() <= 1) return table;
+  // A sharded job: this group's range of each stage, a one-tensor stage of its own, starting
+  // from the same slice of the same initialisation.
+  const int groups = job.sharding().groups();
+  if (range < 0 || range >= groups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range ", range, " of a job sharded across ", groups, " groups"));
+  }
+  for (std::unique_ptr<Stage>& stage : table->stages_) {
+    const int64_t n = stage->layout.packed_size();
+    const int s = static_cast<int>(&stage - table->stages_.data());
+    ASSIGN_OR_RETURN(compute::StageLayout layout, compute::RangeLayout(s, n, groups, range));
+    auto ranged = std::make_unique<Stage>(std::move(layout));
+    absl::MutexLock full_lock(&stage->mu);
+    absl::MutexLock lock(&ranged->mu);
+    ranged->center.assign(stage->center.begin() + compute::RangeBegin(n, groups, range),
+                          stage->center.begin() + compute::RangeBegin(n, groups, range + 1));
+    stage.swap(ranged);
+  }
   return table;
 }
 

@@ -50,7 +50,12 @@ class CenterTable {
   // trainer starts from). A job whose model is declared by its workers
   // (model.declared_by_worker, DESIGN.md §11) has no stage until Declare. INVALID_ARGUMENT for
   // an invalid job.
-  static absl::StatusOr<std::unique_ptr<CenterTable>> Create(const JobConfig& job);
+  //
+  // A sharded job (sharding.groups = K > 1, DESIGN.md §10.2): the table holds range `range` of
+  // every stage (compute/shard_ranges.h), each a one-tensor stage of its own, starting from the
+  // same slice of the initialisation; INVALID_ARGUMENT if `range` is not in [0, K) or a range
+  // would be empty. `range` is ignored for K = 1.
+  static absl::StatusOr<std::unique_ptr<CenterTable>> Create(const JobConfig& job, int range = 0);
 
   CenterTable(const CenterTable&) = delete;
   CenterTable& operator=(const CenterTable&) = delete;

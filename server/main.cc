@@ -44,6 +44,8 @@
 #include "server/reliability.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
+#include "server/shard/range_service.h"
+#include "server/shard/remote_authorizer.h"
 #include "storage/durable_store.h"
 
 DEFINE_string(config, "", "server config file (.pbtxt); required");
@@ -263,12 +265,15 @@ constexpr absl::Duration kReleaseFreeHeapEvery = absl::Seconds(5);
 constexpr size_t kKeepFreeHeapBytes = size_t{32} << 20;
 
 // Restores centers, weights, bookkeeping and membership from a previous server life.
+// A sharded job's range group (`ranges`, null otherwise) gets its kept range snapshots.
 absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membership* membership,
                        CenterTable* centers, ReliabilityTracker* tracker,
-                       ParameterServerService* service) {
+                       ParameterServerService* service, RangeService* ranges) {
   auto state = store->LoadAll();
   if (!state.ok()) return state.status();
-  if (!state->server.has_value()) {
+  // A range group (group > 0) registers no worker, so its store has no server record: its
+  // centers and range snapshots are its whole state.
+  if (!state->server.has_value() && state->centers.empty()) {
     LOG(INFO) << "fresh data directory: starting from the model's initialisation";
     return absl::OkStatus();
   }
@@ -287,6 +292,12 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
                                               " does not fit the job's model: ",
                                               restored.message()));
     }
+  }
+  if (ranges != nullptr) ranges->Restore(*state);
+  if (!state->server.has_value()) {
+    LOG(INFO) << "restored " << state->centers.size() << " range centers and "
+              << state->range_snapshots.size() << " range snapshots";
+    return absl::OkStatus();
   }
   // Fault scores follow the workers' names (DESIGN §4.5): each slot's owner in the stored
   // membership first, so that a weight record of the old form (a fault score per slot) gives its
@@ -366,7 +377,9 @@ int Run() {
     LOG(ERROR) << "cannot open the data directory: " << store.status();
     return 1;
   }
-  auto centers = CenterTable::Create(job);
+  // A sharded job (DESIGN.md §10.2): this group holds its range of every stage.
+  const bool sharded = job.sharding().groups() > 1;
+  auto centers = CenterTable::Create(job, sharded ? config.shard().group() : 0);
   if (!centers.ok()) {
     LOG(ERROR) << centers.status();
     return 2;
@@ -397,6 +410,35 @@ int Run() {
   ParameterServerService service(config, &membership, centers->get(), &tracker, db, &clock,
                                  *std::move(token), std::move(operator_token));
 
+  // A sharded job's range service; group 0 authorizes in process, the others ask group 0.
+  std::unique_ptr<RemoteAuthorizer> remote_authorizer;
+  std::unique_ptr<RangeService> range_service;
+  if (sharded) {
+    RangeService::Authorizer authorize;
+    if (config.shard().group() == 0) {
+      authorize = [&service](const grpc::ServerContext* context,
+                             const AuthorizeRangeRequest& request) {
+        return service.Authorize(context, request);
+      };
+    } else {
+      auto made = RemoteAuthorizer::Create(config);
+      if (!made.ok()) {
+        LOG(ERROR) << "shard.group_addresses[0]: " << made.status();
+        return 2;
+      }
+      remote_authorizer = *std::move(made);
+      authorize = [authorizer = remote_authorizer.get()](const grpc::ServerContext* context,
+                                                         const AuthorizeRangeRequest& request) {
+        return authorizer->Authorize(context, request);
+      };
+    }
+    range_service = std::make_unique<RangeService>(
+        config, centers->get(), db, std::move(authorize),
+        [&service](const grpc::ServerContext* context) { return service.CheckServing(context); });
+    service.SetShardingStatus(
+        [ranges = range_service.get()](ShardingStatus* status) { ranges->FillStatus(status); });
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -415,6 +457,7 @@ int Run() {
   builder.SetMaxReceiveMessageSize(config.max_message_bytes());
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   builder.RegisterService(&service);
+  if (range_service != nullptr) builder.RegisterService(range_service.get());
   // Metrics (docs/operations.md#metrics): every RPC counted and timed, the status at each scrape.
   MetricsRegistry metrics;
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
@@ -429,7 +472,8 @@ int Run() {
   }
   // Health says NOT_SERVING (and the service UNAVAILABLE) until the durable state is loaded.
   server->GetHealthCheckService()->SetServingStatus(false);
-  absl::Status loaded_state = LoadState(job, db, &membership, centers->get(), &tracker, &service);
+  absl::Status loaded_state = LoadState(job, db, &membership, centers->get(), &tracker, &service,
+                                        range_service.get());
   if (!loaded_state.ok()) {
     LOG(ERROR) << "cannot load the durable state from '" << config.durability().data_dir()
                << "': " << loaded_state;

@@ -217,6 +217,9 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               RegisterResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (absl::Status coordinator = CheckCoordinator(); !coordinator.ok()) {
+    return ToGrpcStatus(coordinator);
+  }
   if (absl::Status model = CheckDeclaredModel(*request); !model.ok()) {
     LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
                  << context->peer() << ": " << model;
@@ -229,6 +232,9 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
     return ToGrpcStatus(registered.status());
   }
   *response = *std::move(registered);
+  if (job_.sharding().groups() > 1) {
+    *response->mutable_range_addresses() = config_.shard().group_addresses();
+  }
   if (response->has_slot()) {
     tracker_->SetOwner(response->slot(), request->worker_name());
     tracker_->SetLive(response->slot(), true);
@@ -319,6 +325,9 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
+  }
+  if (absl::Status unsharded = CheckUnsharded("Sync"); !unsharded.ok()) {
+    return ToGrpcStatus(unsharded);
   }
   const SlotId slot = Normalized(request->slot());
   if (absl::Status valid = ValidateSlot(slot); !valid.ok()) return ToGrpcStatus(valid);
@@ -590,6 +599,9 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
+  if (absl::Status unsharded = CheckUnsharded("Pull"); !unsharded.ok()) {
+    return ToGrpcStatus(unsharded);
+  }
   const int stage = request->stage();
   if (stage < 0 || stage >= centers_->num_stages()) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -719,6 +731,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     if (!metrics_address_.empty()) response->set_metrics_address(metrics_address_);
   }
   if (group_status_) group_status_(response->mutable_group());
+  if (sharding_status_) sharding_status_(response->mutable_sharding());
   return grpc::Status::OK;
 }
 

@@ -9,6 +9,10 @@
 //                                               turns), LogRetention (GC floors) and the
 //                                               coordinator's sync barrier (GLOBAL_CHECKPOINT)
 //   Pull                                     -> CenterTable
+//   AuthorizeRange, CommitSync               -> a sharded job's group 0 (DESIGN.md §10.2): the
+//                                               range groups' authorizations and the syncs'
+//                                               commits (SlotBooks, ReliabilityTracker,
+//                                               LogRetention), docs/sharding.md
 //   AppendLog, ReadLog                       -> StepLogService
 //   WaitForTask, ReportRecovery              -> RecoveryCoordinator (server/recovery_coordinator.h)
 //                                               (ReadLog asks it for the task's slot)
@@ -96,8 +100,28 @@ class ParameterServerService final : public ParameterServer::Service {
   // MarkReady; unset for a single server.
   void SetGroupStatus(std::function<void(GroupStatus*)> fill) { group_status_ = std::move(fill); }
 
+  // A sharded job's server (DESIGN.md §10.2): fills GetStatusResponse.sharding. Set before
+  // MarkReady.
+  void SetShardingStatus(std::function<void(ShardingStatus*)> fill) {
+    sharding_status_ = std::move(fill);
+  }
+
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true); }
+
+  // The bearer token (if one is configured), then readiness: what every call is checked for
+  // first. Shared with the CenterRange service of a sharded job's server.
+  absl::Status CheckServing(const grpc::ServerContext* context) const { return CheckCall(context); }
+
+  // A sharded job's group 0 (DESIGN.md §10.2, docs/sharding.md): whether a worker's call to a
+  // range group may proceed (the call in `context` carries the worker's credential), and for
+  // RANGE_SYNC the sync's weight, decided when the slot's previous sync was committed. The
+  // credential (UNAUTHENTICATED), a live incarnation (ABORTED / FAILED_PRECONDITION), for a sync
+  // the slot's ownership (FAILED_PRECONDITION) and its step: at most the slot's next sync point
+  // after its committed one (INVALID_ARGUMENT). FAILED_PRECONDITION on a server that is not a
+  // sharded job's group 0.
+  absl::StatusOr<AuthorizeRangeResponse> Authorize(const grpc::ServerContext* context,
+                                                   const AuthorizeRangeRequest& request);
 
   grpc::Status Register(grpc::ServerContext* context, const RegisterRequest* request,
                         RegisterResponse* response) override;
@@ -126,6 +150,10 @@ class ParameterServerService final : public ParameterServer::Service {
                               ReportRecoveryResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const DrainRequest* request,
                      DrainResponse* response) override;
+  grpc::Status AuthorizeRange(grpc::ServerContext* context, const AuthorizeRangeRequest* request,
+                              AuthorizeRangeResponse* response) override;
+  grpc::Status CommitSync(grpc::ServerContext* context, const CommitSyncRequest* request,
+                          CommitSyncResponse* response) override;
 
   // What AppendLog and ReadLog do, on the stream interfaces: for in-process callers that have no
   // gRPC call (fuzz/service_fuzzer.cc). `context` may be null: an in-process call, trusted.
@@ -206,6 +234,15 @@ class ParameterServerService final : public ParameterServer::Service {
   mutable absl::Mutex metrics_mu_;
   std::string metrics_address_ ABSL_GUARDED_BY(metrics_mu_);
   std::function<void(GroupStatus*)> group_status_;  // set before MarkReady, then read-only
+  std::function<void(ShardingStatus*)> sharding_status_;  // likewise
+  // A sharded job (K > 1): FAILED_PRECONDITION naming the calls to use instead, for Sync and
+  // Pull; OK for an unsharded job.
+  absl::Status CheckUnsharded(const char* what) const;
+  // A sharded job's range group (group > 0) registers nobody: FAILED_PRECONDITION naming group 0.
+  absl::Status CheckCoordinator() const;
+  // Serializes CommitSync's check-and-record of a slot's step (in the lock order where the
+  // CenterTable stage locks are: it is held across the commit, never with a stage lock).
+  absl::Mutex commit_mu_;
 };
 
 // The version string reported in GetStatus.

@@ -13,6 +13,7 @@ WeightRecord WithBook(WeightRecord weights, const SlotId& slot, const SlotBook& 
   weights.set_last_update_step(book.last_update_step);
   weights.set_update_count(book.update_count);
   weights.set_applied_sequence(book.applied_sequence);
+  weights.set_next_sync_weight(book.next_weight);
   return weights;
 }
 
@@ -43,6 +44,7 @@ void SlotBooks::Restore(const std::vector<WeightRecord>& records) {
     book.last_update_step = record.last_update_step();
     book.update_count = record.update_count();
     book.applied_sequence = record.applied_sequence();
+    book.next_weight = record.has_next_sync_weight() ? record.next_sync_weight() : 1.0;
   }
 }
 

@@ -38,6 +38,9 @@ struct SlotBook {
   int64_t log_floor = 0;
   int64_t update_count = 0;
   uint64_t applied_sequence = 0;
+  // A sharded job (DESIGN.md §10.2): the weight of the slot's next sync, decided when group 0
+  // committed its previous one (1 before the first).
+  double next_weight = 1.0;
 };
 
 // The weight record stored with every update of `slot`: `weights` (its

@@ -9,9 +9,6 @@
 #include "compute/tensor_bundle.h"
 
 namespace rebound::server {
-namespace {
-
-// Copies the tensors' metadata of `from` to `to` and appends views of their bytes to `data`.
 void AddHeaderAndViews(const TensorBundle& from, TensorBundle* to,
                        std::vector<absl::string_view>* data) {
   for (const Tensor& tensor : from.tensors()) {
@@ -23,8 +20,6 @@ void AddHeaderAndViews(const TensorBundle& from, TensorBundle* to,
     data->push_back(tensor.data());
   }
 }
-
-}  // namespace
 
 void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
                     const SyncRequest& request, int64_t version, absl::Span<const float> center,

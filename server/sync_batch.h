@@ -17,6 +17,11 @@
 
 namespace rebound::server {
 
+// Copies the tensors' metadata of `from` to `to` and appends views of their bytes to `data`
+// (the bytes stay `from`'s).
+void AddHeaderAndViews(const TensorBundle& from, TensorBundle* to,
+                       std::vector<absl::string_view>* data);
+
 // Adds the sync's records to `batch`. The tensors are referenced, not copied (the store writes
 // them to tensor files from where they are): `center`, `worker_after` and `request` must stay
 // valid and unchanged until the batch's last Commit returns. `slot` is the normalized slot of

@@ -483,6 +483,22 @@ void WriteBatch::PutSnapshot(const Snapshot& header, std::vector<absl::string_vi
                  SlotPrefix("snapshot", header.slot()), header, std::move(data), nullptr);
 }
 
+void WriteBatch::PutRangeSnapshot(const Snapshot& header, std::vector<absl::string_view> data,
+                                  int copy) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutRangeSnapshot", header.has_slot(), header.slot());
+  if (valid.ok() && copy != 0 && copy != 1) {
+    valid = absl::InvalidArgumentError(absl::StrCat("PutRangeSnapshot: copy must be 0 or 1, got ",
+                                                    copy));
+  }
+  if (valid.ok()) valid = CheckTensorData("PutRangeSnapshot", header, data);
+  if (!valid.ok()) return Reject(std::move(valid));
+  PutWithTensors(ColumnFamily::kSnapshot,
+                 EncodeRangeSnapshotKey(header.slot().replica(), header.slot().stage(), copy),
+                 absl::StrCat(SlotPrefix("range", header.slot()), "-c", copy), header,
+                 std::move(data), nullptr);
+}
+
 void WriteBatch::PutWeight(const WeightRecord& record) {
   if (!status_.ok()) return;
   absl::Status valid = ValidateSlot("PutWeight", record.has_slot(), record.slot());
@@ -1168,6 +1184,19 @@ absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
   };
   auto load_snapshot = [this, &state](absl::string_view key, absl::string_view value)
                        ABSL_SHARED_LOCKS_REQUIRED(files_mu_) -> absl::Status {
+    if (key.size() == kRangeSnapshotKeySize) {
+      // A range group's: the header only (the tensors are read when asked for).
+      const std::optional<RangeSnapshotKeyFields> range = ParseRangeSnapshotKey(key);
+      if (!range.has_value()) return MalformedKey(ColumnFamily::kSnapshot, key);
+      Snapshot record;
+      RETURN_IF_ERROR(DecodeValue(ColumnFamily::kSnapshot, key, value, &record));
+      RETURN_IF_ERROR(CheckSlot(ColumnFamily::kSnapshot, key, range->slot, record.has_slot(),
+                                record.slot()));
+      state.range_snapshots.emplace(
+          std::make_pair(ReplicaStage(range->slot.replica, range->slot.stage), range->copy),
+          std::move(record));
+      return absl::OkStatus();
+    }
     const std::optional<SlotKeyFields> slot = ParseSlotKey(key);
     if (!slot.has_value()) return MalformedKey(ColumnFamily::kSnapshot, key);
     Snapshot record;
@@ -1279,6 +1308,34 @@ absl::StatusOr<Snapshot> DurableStore::ReadSnapshot(const SlotId& slot) const {
   if (status.IsNotFound()) {
     return absl::NotFoundError(
         absl::StrCat("no snapshot of slot ", SlotText(slot.replica(), slot.stage())));
+  }
+  RETURN_IF_ERROR(
+      FromRocksDb(status, absl::StrCat("reading ", DescribeKey(ColumnFamily::kSnapshot, key))));
+  Snapshot snapshot;
+  RETURN_IF_ERROR(DecodeValue(ColumnFamily::kSnapshot, key,
+                              absl::string_view(value.data(), value.size()), &snapshot));
+  RETURN_IF_ERROR(CheckSlot(ColumnFamily::kSnapshot, key,
+                            SlotKeyFields{slot.replica(), slot.stage()}, snapshot.has_slot(),
+                            snapshot.slot()));
+  RETURN_IF_ERROR(LoadTensors(ColumnFamily::kSnapshot, key, &snapshot));
+  return snapshot;
+}
+
+absl::StatusOr<Snapshot> DurableStore::ReadRangeSnapshot(const SlotId& slot, int copy) const {
+  RETURN_IF_ERROR(ValidateReadSlot("ReadRangeSnapshot", slot));
+  if (copy != 0 && copy != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadRangeSnapshot: copy must be 0 or 1, got ", copy));
+  }
+  const std::string key = EncodeRangeSnapshotKey(slot.replica(), slot.stage(), copy);
+  absl::ReaderMutexLock files_lock(&files_mu_);
+  rocksdb::PinnableSlice value;
+  const rocksdb::Status status =
+      db_->Get(rocksdb::ReadOptions(), Handle(ColumnFamily::kSnapshot), key, &value);
+  if (status.IsNotFound()) {
+    return absl::NotFoundError(absl::StrCat("no range snapshot of slot ",
+                                            SlotText(slot.replica(), slot.stage()), " copy ",
+                                            copy));
   }
   RETURN_IF_ERROR(
       FromRocksDb(status, absl::StrCat("reading ", DescribeKey(ColumnFamily::kSnapshot, key))));

@@ -158,6 +158,9 @@ struct LoadedState {
   std::map<int32_t, CenterRecord> centers;         // by stage
   std::map<int32_t, CenterOptRecord> center_opts;  // by stage
   std::map<ReplicaStage, Snapshot> snapshots;
+  // A range group's (sharded job): the headers of each slot's range snapshots (copies 0 and 1;
+  // their tensors stay on disk: ReadRangeSnapshot), keyed by (replica, stage) and copy.
+  std::map<std::pair<ReplicaStage, int>, Snapshot> range_snapshots;
   std::map<ReplicaStage, WeightRecord> weights;
   std::map<ReplicaStage, SlotRecord> slots;
   std::optional<ServerRecord> server;  // absent in a store that never had one written
@@ -214,6 +217,8 @@ class WriteBatch {
   void PutCenter(const CenterRecord& header, std::vector<absl::string_view> data);
   void PutCenterOpt(const CenterOptRecord& header, std::vector<absl::string_view> data);
   void PutSnapshot(const Snapshot& header, std::vector<absl::string_view> data);
+  // A range group's snapshot of a slot's range (sharded job, storage/keys.h), copy 0 or 1.
+  void PutRangeSnapshot(const Snapshot& header, std::vector<absl::string_view> data, int copy);
   void PutWeight(const WeightRecord& record);
   void PutSlot(const SlotRecord& record);
   void PutServer(const ServerRecord& record);
@@ -364,6 +369,8 @@ class DurableStore {
 
   // The snapshot of `slot`; NOT_FOUND if it has none, DATA_LOSS if it is corrupt.
   absl::StatusOr<Snapshot> ReadSnapshot(const SlotId& slot) const;
+  // A range group's range snapshot of `slot`, copy 0 or 1, with its tensors; NOT_FOUND if none.
+  absl::StatusOr<Snapshot> ReadRangeSnapshot(const SlotId& slot, int copy) const;
 
   // Size estimates for metrics; cheap (RocksDB properties, no scan).
   absl::StatusOr<StoreStats> Stats() const;

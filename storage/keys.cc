@@ -86,6 +86,22 @@ std::string EncodeSlotKey(int32_t replica, int32_t stage) {
   return key;
 }
 
+std::string EncodeRangeSnapshotKey(int32_t replica, int32_t stage, int copy) {
+  assert(copy == 0 || copy == 1);
+  std::string key = EncodeSlotKey(replica, stage);
+  key.push_back(static_cast<char>(copy));
+  return key;
+}
+
+std::optional<RangeSnapshotKeyFields> ParseRangeSnapshotKey(absl::string_view key) {
+  if (key.size() != kRangeSnapshotKeySize) return std::nullopt;
+  const int copy = static_cast<unsigned char>(key.back());
+  if (copy > 1) return std::nullopt;
+  std::optional<SlotKeyFields> slot = ParseSlotKey(key.substr(0, kSlotKeySize));
+  if (!slot.has_value()) return std::nullopt;
+  return RangeSnapshotKeyFields{*slot, copy};
+}
+
 std::string EncodeLogKey(int32_t replica, int32_t stage, uint64_t step, int32_t micro_batch,
                          int32_t part) {
   assert(replica >= 0 && stage >= 0 && micro_batch >= -1 && part >= 0 && part <= kMaxLogPart);
@@ -152,6 +168,13 @@ std::string DescribeKey(ColumnFamily family, absl::string_view key) {
       return absl::StrFormat("%s key (s=%d)", name, *stage);
     }
     case ColumnFamily::kSnapshot:
+      if (key.size() == kRangeSnapshotKeySize) {
+        std::optional<RangeSnapshotKeyFields> range = ParseRangeSnapshotKey(key);
+        if (!range.has_value()) return Malformed(family, key);
+        return absl::StrFormat("%s key (r=%d, s=%d, range copy %d)", name, range->slot.replica,
+                               range->slot.stage, range->copy);
+      }
+      [[fallthrough]];
     case ColumnFamily::kWeights: {
       std::optional<SlotKeyFields> slot = ParseSlotKey(key);
       if (!slot.has_value()) return Malformed(family, key);

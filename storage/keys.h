@@ -10,6 +10,8 @@
 // | `center`      | stage u32                             | 4     | rebound.CenterRecord    |
 // | `center_opt`  | stage u32                             | 4     | rebound.CenterOptRecord |
 // | `snapshot`    | replica u32, stage u32                | 8     | rebound.Snapshot        |
+// | `snapshot`    | replica u32, stage u32, copy u8       | 9     | rebound.Snapshot (a     |
+// |               |                                       |       | range group's, below)   |
 // | `weights`     | replica u32, stage u32                | 8     | rebound.WeightRecord    |
 // | `steplog`     | replica u32, stage u32, step u64,     | 20    | rebound.LogRecord       |
 // |               | (micro_batch + 1) u32                 |       |                         |
@@ -21,6 +23,10 @@
 // step's parameter checksum) is 0 and sorts before micro-batch 0 of the same step. All of a
 // slot's log keys share the 8-byte (replica, stage) prefix, so the records of steps [a, b) are
 // exactly the keys in [LogKey(r, s, a, -1), LogKey(r, s, b, -1)).
+//
+// A range group of a sharded job (DESIGN.md §10.2) keeps a slot's last two range snapshots,
+// copy (sync number mod 2) 0 and 1, under the 9-byte snapshot keys; a server of an unsharded job
+// never writes them.
 //
 // Replica, stage and step are never negative in a key; the encoders require it and the parsers
 // reject keys whose fields would not fit their signed types (int32 / int64).
@@ -56,6 +62,7 @@ const char* ColumnFamilyName(ColumnFamily family);
 inline constexpr size_t kStageKeySize = 4;
 inline constexpr size_t kSlotKeySize = 8;
 inline constexpr size_t kLogKeySize = 20;
+inline constexpr size_t kRangeSnapshotKeySize = 9;
 inline constexpr char kServerMetaKey[] = "server";
 inline constexpr char kSlotMetaKeyPrefix[] = "slot/";
 // (epoch, sequence) of the last replicated commit (DurableStore, docs/storage.md).
@@ -93,6 +100,16 @@ std::string EncodeStageKey(int32_t stage);
 // Key of the `snapshot` and `weights` families, and the prefix of a slot's step-log keys.
 // REQUIRES: replica >= 0, stage >= 0.
 std::string EncodeSlotKey(int32_t replica, int32_t stage);
+
+// A range group's snapshot key: EncodeSlotKey(replica, stage) and the copy byte. REQUIRES:
+// replica >= 0, stage >= 0, copy in {0, 1}.
+std::string EncodeRangeSnapshotKey(int32_t replica, int32_t stage, int copy);
+
+struct RangeSnapshotKeyFields {
+  SlotKeyFields slot;
+  int copy = 0;
+};
+std::optional<RangeSnapshotKeyFields> ParseRangeSnapshotKey(absl::string_view key);
 
 // Key of the `steplog` family. REQUIRES: replica >= 0, stage >= 0, micro_batch >= -1,
 // part in [0, kMaxLogPart]. `step` is unsigned so that a range bound one past the largest int64

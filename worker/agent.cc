@@ -206,7 +206,24 @@ bool WorkerAgent::RegisterWithRetry() {
     if (status.ok()) {
       // Before the registration is published: every call that names it must carry it.
       if (credential_ != nullptr) credential_->Set(response.credential());
+      std::shared_ptr<const RangeClient> ranges;
+      if (response.range_addresses_size() > 0) {
+        auto made = RangeClient::Create(
+            config_, response.job(),
+            std::vector<std::string>(response.range_addresses().begin(),
+                                     response.range_addresses().end()),
+            credential_, clock_);
+        if (!made.ok()) {
+          absl::MutexLock lock(&mu_);
+          exit_ = AgentExit::kRejected;
+          exit_reason_ = absl::StrCat("cannot reach the job's range groups: ",
+                                      made.status().message());
+          return false;
+        }
+        ranges = *std::move(made);
+      }
       absl::MutexLock lock(&mu_);
+      registration_.ranges = std::move(ranges);
       registration_.incarnation = response.incarnation();
       registration_.role = response.role();
       registration_.has_slot = response.has_slot();

@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "common/security.h"
 #include "proto/config.pb.h"
+#include "worker/range_client.h"
 #include "proto/rebound.grpc.pb.h"
 
 namespace rebound::worker {
@@ -51,6 +52,8 @@ struct Registration {
   SlotId slot;
   JobConfig job;
   int64_t start_step = 0;  // steps the slot has done (> 0 when taking over a lost slot)
+  // A sharded job (DESIGN.md §10.2): the K server groups' ranges (null for a job of one group).
+  std::shared_ptr<const RangeClient> ranges;
 };
 
 class WorkerAgent {

@@ -12,7 +12,9 @@ namespace rebound::worker {
 absl::StatusOr<PullResponse> PullCenter(const WorkerConfig& config, const Clock* clock,
                                         const absl::Notification& stop,
                                         ParameterServer::Stub* stub, uint64_t incarnation,
-                                        int stage_index, const compute::StageLayout& layout) {
+                                        int stage_index, const compute::StageLayout& layout,
+                                        const RangeClient* ranges) {
+  if (ranges != nullptr) return ranges->Pull(stop, incarnation, stage_index, layout);
   PullRequest pull;
   pull.set_incarnation(incarnation);
   pull.set_stage(stage_index);

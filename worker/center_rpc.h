@@ -23,14 +23,17 @@
 #include "compute/model_layout.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "worker/range_client.h"
 
 namespace rebound::worker {
 
-// The center of stage `stage_index`, as incarnation `incarnation` sees it.
+// The center of stage `stage_index`, as incarnation `incarnation` sees it. A sharded job's
+// (`ranges` not null): gathered from its K server groups (RangeClient::Pull).
 absl::StatusOr<PullResponse> PullCenter(const WorkerConfig& config, const Clock* clock,
                                         const absl::Notification& stop,
                                         ParameterServer::Stub* stub, uint64_t incarnation,
-                                        int stage_index, const compute::StageLayout& layout);
+                                        int stage_index, const compute::StageLayout& layout,
+                                        const RangeClient* ranges = nullptr);
 
 // The trainer's end when the server refuses its update (`what`: "sync" or "push") of step t as
 // invalid (malformed, non-finite, or breaking the center's integrity): retrying would send the

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <csignal>
 #include <cmath>
 #include <utility>
 
@@ -89,7 +90,7 @@ absl::Status EasgdTrainer::Start() {
     const compute::StageLayout& layout = stage.layout();
     ASSIGN_OR_RETURN(const PullResponse center,
                      PullCenter(config_, clock_, stop_, stub_.get(), registration_.incarnation,
-                                slot_.stage(), layout));
+                                slot_.stage(), layout, registration_.ranges.get()));
     RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
     RETURN_IF_ERROR(compute_->SeekAfter(start));
     LOG(INFO) << "restarting slot " << SlotName(slot_) << " from the center (version "
@@ -168,6 +169,8 @@ absl::Status EasgdTrainer::Sync(int64_t t, float loss) {
   RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x_)));
   RETURN_IF_ERROR(compute_->trainer->optimizer(0).GetState(
       absl::MakeSpan(m_), absl::MakeSpan(v_), absl::MakeSpan(d_)));
+  // A sharded job (DESIGN.md §10.2): every range to its group, then the commit at group 0.
+  if (registration_.ranges != nullptr) return SyncRanges(t, loss);
   SyncRequest request;
   // This role's incarnation, not the agent's current one: once the agent has registered again
   // (a rollback, a server restart), this trainer's syncs must be refused as its own, not be
@@ -213,6 +216,40 @@ absl::Status EasgdTrainer::Sync(int64_t t, float loss) {
   if (agent_->drain_requested()) agent_->MarkDrained();
   VLOG(1) << "synced step " << t << " loss " << loss << " weight " << response.weight()
           << " center version " << response.center_version();
+  return absl::OkStatus();
+}
+
+absl::Status EasgdTrainer::SyncRanges(int64_t t, float loss) {
+  compute::MlpStage& stage = compute_->trainer->stage(0);
+  const compute::StageLayout& layout = stage.layout();
+  RangeClient::SyncState state;
+  state.x = absl::MakeSpan(x_);
+  state.m = m_;
+  state.v = v_;
+  state.d = d_;
+  state.loss = loss;
+  state.data_epoch = compute_->sampler->cursor().epoch;
+  state.data_offset = compute_->sampler->cursor().offset;
+  const bool die = faults_.die_in_sync_at_step > 0 && t == faults_.die_in_sync_at_step;
+  absl::StatusOr<CommitSyncResponse> committed;
+  {
+    ScopedLatency timed(Metrics().sync_seconds);
+    committed = registration_.ranges->Sync(
+        stop_, stub_.get(), registration_.incarnation, slot_, t, layout, state,
+        die ? faults_.die_in_sync_ranges : RangeClient::kAllRanges);
+  }
+  if (die) {
+    LOG(ERROR) << "fault injection: synced step " << t << " to ranges [0, "
+               << faults_.die_in_sync_ranges << ") only; dying before the commit";
+    raise(SIGKILL);
+  }
+  RETURN_IF_ERROR(RefusedUpdate("sync", t, committed.status()));
+  Metrics().syncs->Increment();
+  Metrics().weight->Set(committed->weight());
+  RETURN_IF_ERROR(stage.SetParams(x_));
+  if (agent_->drain_requested()) agent_->MarkDrained();
+  VLOG(1) << "synced step " << t << " across " << registration_.ranges->groups()
+          << " ranges, loss " << loss << " weight " << committed->weight();
   return absl::OkStatus();
 }
 

@@ -40,7 +40,8 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     for (int s = 0; s < model->num_stages(); ++s) {
       const compute::StageLayout& layout = model->stage(s).layout();
       ASSIGN_OR_RETURN(const PullResponse center,
-                       PullCenter(config, clock, stop, stub.get(), registration.incarnation, s, layout));
+                       PullCenter(config, clock, stop, stub.get(), registration.incarnation, s, layout,
+                                  registration.ranges.get()));
       RETURN_IF_ERROR(
           model->stage(s).SetParams(compute::PackedFromBundle(layout, center.center())));
       versions.push_back(center.center_version());

@@ -57,6 +57,10 @@ DEFINE_int64(fault_poison_from_step, 0,
              "testing only: a byzantine trainer; its syncs (pushes) from this step on carry "
              "+-fault_poison_value in every element");
 DEFINE_double(fault_poison_value, 3.4e38, "testing only: see fault_poison_from_step");
+DEFINE_int64(fault_die_in_sync_at_step, 0,
+             "testing only: a sharded job's trainer sends its sync of this step to ranges "
+             "[0, fault_die_in_sync_ranges) only and then dies (SIGKILL), before the commit");
+DEFINE_int32(fault_die_in_sync_ranges, 1, "testing only: see fault_die_in_sync_at_step");
 
 namespace rebound::worker {
 namespace {
@@ -257,6 +261,8 @@ int Run() {
       faults.reset_every_steps = FLAGS_fault_reset_every_steps;
       faults.poison_from_step = FLAGS_fault_poison_from_step;
       faults.poison_value = static_cast<float>(FLAGS_fault_poison_value);
+      faults.die_in_sync_at_step = FLAGS_fault_die_in_sync_at_step;
+      faults.die_in_sync_ranges = FLAGS_fault_die_in_sync_ranges;
       work = RunTrainer(config, registration, channel, agent.get(), stop, clock, &data_sets,
                         faults, nullptr, &pipeline_port);
       if (work.ok() && !agent->drained()) LOG(INFO) << "slot trained to max_steps; leaving";

@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
@@ -15,6 +17,33 @@
 #include "worker/worker_metrics.h"
 
 namespace rebound::worker {
+
+namespace {
+
+// A sharded job's recovery task names its snapshots' steps; their tensors are the range groups'
+// (DESIGN.md §10.2). Fills every snapshot of the task at a step > 0 (step 0 is the model's
+// initialisation, which the replay builds itself).
+absl::Status FillRangeSnapshots(const Registration& registration, const absl::Notification& stop,
+                                RecoveryTask* task) {
+  if (registration.ranges == nullptr) return absl::OkStatus();
+  const JobConfig& job = registration.job;
+  const std::vector<int> starts = StageLayerStarts(job);
+  auto fill = [&](Snapshot* snapshot) -> absl::Status {
+    if (snapshot->step() == 0 || snapshot->params().tensors_size() > 0) return absl::OkStatus();
+    const int stage = snapshot->slot().stage();
+    if (stage < 0 || stage + 1 >= static_cast<int>(starts.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("a snapshot of stage ", stage));
+    }
+    ASSIGN_OR_RETURN(const compute::StageLayout layout,
+                     compute::StageLayout::Create(job.model(), starts[stage], starts[stage + 1]));
+    return registration.ranges->FillSnapshot(stop, registration.incarnation, layout, snapshot);
+  };
+  RETURN_IF_ERROR(fill(task->mutable_snapshot()));
+  for (Snapshot& snapshot : *task->mutable_group_snapshots()) RETURN_IF_ERROR(fill(&snapshot));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
                                                       const Registration& registration,
@@ -63,7 +92,7 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
       continue;
     }
     if (!response.has_task()) continue;
-    const RecoveryTask& task = response.task();
+    RecoveryTask& task = *response.mutable_task();
     const bool leader = task.rank() == 0;
     LOG(WARNING) << "replay task " << task.task_id() << ": rebuilding slot "
                  << SlotName(task.slot()) << " from step "
@@ -79,7 +108,12 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
     data_loaded = false;  // moved into the replay's state
     Metrics().recoveries->Increment();
     mailbox->Open(task.task_id());
-    auto rebuilt = engine.Replay(registration.job, task, registration.incarnation, &data, &report);
+    // A sharded job's snapshots come from its K server groups.
+    const absl::Status filled = FillRangeSnapshots(registration, stop, &task);
+    absl::StatusOr<std::unique_ptr<SlotCompute>> rebuilt =
+        filled.ok() ? engine.Replay(registration.job, task, registration.incarnation, &data,
+                                    &report)
+                    : absl::StatusOr<std::unique_ptr<SlotCompute>>(filled);
     mailbox->Close();
     if (!rebuilt.ok()) {
       if (report.outcome() != CHECKSUM_MISMATCH) {

@@ -48,7 +48,7 @@ absl::Status Cluster::StartServer(const std::string& server_config,
       !written.ok()) {
     return absl::InternalError(written.message());
   }
-  if (options_.standbys > 0) return StartGroup(server_config);
+  if (options_.standbys > 0 || options_.shard_groups > 1) return StartGroups(server_config);
   if (absl::Status written =
           WriteFile(dir + "/server.pbtxt", ScaledServerConfig(server_config));
       !written.ok()) {
@@ -78,55 +78,80 @@ absl::Status Cluster::StartServer(const std::string& server_config,
   return absl::OkStatus();
 }
 
-absl::Status Cluster::StartGroup(const std::string& server_config) {
+absl::Status Cluster::StartGroups(const std::string& server_config) {
   const std::string& dir = options_.dir;
   ServerConfig base;
   if (!google::protobuf::TextFormat::ParseFromString(ScaledServerConfig(server_config), &base)) {
     return absl::InvalidArgumentError("the server config does not parse as a ServerConfig");
   }
-  EtcdClusterOptions etcd;
-  etcd.members = options_.etcd_members;
-  absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(etcd);
-  if (!started.ok()) return started.status();
-  etcd_ = *std::move(started);
-  const int count = 1 + options_.standbys;
-  absl::StatusOr<std::vector<int>> ports = FreeLoopbackPorts(count);
+  const bool replicated = options_.standbys > 0;
+  const bool sharded = options_.shard_groups > 1;
+  if (replicated) {
+    EtcdClusterOptions etcd;
+    etcd.members = options_.etcd_members;
+    absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(etcd);
+    if (!started.ok()) return started.status();
+    etcd_ = *std::move(started);
+  }
+  const int groups = std::max(1, options_.shard_groups);
+  const int per_group = 1 + options_.standbys;
+  absl::StatusOr<std::vector<int>> ports = FreeLoopbackPorts(groups * per_group);
   if (!ports.ok()) return ports.status();
   const std::string host =
       options_.network != nullptr ? options_.network->gateway() : std::string("127.0.0.1");
-  std::vector<std::string> addresses;
-  for (int i = 0; i < count; ++i) {
+  std::vector<std::vector<std::string>> addresses(groups);
+  for (int i = 0; i < groups * per_group; ++i) {
+    addresses[i / per_group].push_back(absl::StrCat(host, ":", (*ports)[i]));
+  }
+  group_addresses_.clear();
+  for (const std::vector<std::string>& group : addresses) {
+    group_addresses_.push_back(absl::StrJoin(group, ","));
+  }
+  if (sharded) base.mutable_job()->mutable_sharding()->set_groups(groups);
+  for (int i = 0; i < groups * per_group; ++i) {
+    const int g = i / per_group;
+    const int index = i % per_group;
     Member member;
-    member.name = absl::StrCat("server-", i);
+    member.name = sharded ? absl::StrCat("g", g, "-server-", index) : absl::StrCat("server-", i);
     member.config = absl::StrCat(dir, "/", member.name, ".pbtxt");
-    member.data_dir = absl::StrCat(dir, "/", member.name);
     member.port_file = absl::StrCat(dir, "/port-", i);
     member.log = absl::StrCat(dir, "/", member.name, ".log");
     ServerConfig config = base;
-    const std::string address = absl::StrCat(host, ":", (*ports)[i]);
-    addresses.push_back(address);
-    config.set_listen_address(address);
-    config.mutable_durability()->set_data_dir(member.data_dir);
-    ReplicationConfig* replication = config.mutable_replication();
-    replication->clear_etcd_endpoints();
-    for (const std::string& endpoint : etcd_->client_endpoints()) {
-      replication->add_etcd_endpoints(endpoint);
+    config.set_listen_address(addresses[g][index]);
+    if (replicated || config.durability().data_dir() != "") {
+      member.data_dir = absl::StrCat(dir, "/", member.name);
+      config.mutable_durability()->set_data_dir(member.data_dir);
     }
-    replication->set_standbys(options_.standbys);
-    // Scaled like every timing field, in etcd's whole seconds.
-    const int64_t lease_ms = absl::ToInt64Milliseconds(
-        Scaled(absl::Milliseconds(options_.leader_lease_ms)));
-    replication->set_leader_lease_ms(static_cast<int32_t>((lease_ms + 999) / 1000 * 1000));
-    replication->set_name(member.name);
-    replication->set_peer_listen_address(host + ":0");
-    replication->set_sync(options_.replication_sync);
+    if (sharded) {
+      ShardConfig* shard = config.mutable_shard();
+      shard->set_group(g);
+      for (const std::string& address : group_addresses_) shard->add_group_addresses(address);
+    }
+    member.argv = {options_.server_binary, "--config", member.config, "--port_file",
+                   member.port_file};
+    if (replicated) {
+      ReplicationConfig* replication = config.mutable_replication();
+      replication->clear_etcd_endpoints();
+      for (const std::string& endpoint : etcd_->client_endpoints()) {
+        replication->add_etcd_endpoints(endpoint);
+      }
+      replication->set_standbys(options_.standbys);
+      // Scaled like every timing field, in etcd's whole seconds.
+      const int64_t lease_ms = absl::ToInt64Milliseconds(
+          Scaled(absl::Milliseconds(options_.leader_lease_ms)));
+      replication->set_leader_lease_ms(static_cast<int32_t>((lease_ms + 999) / 1000 * 1000));
+      replication->set_group(absl::StrCat(g));
+      replication->set_name(member.name);
+      replication->set_peer_listen_address(host + ":0");
+      replication->set_sync(options_.replication_sync);
+      member.argv.push_back("--peer_port_file");
+      member.argv.push_back(absl::StrCat(dir, "/peer-port-", i));
+    }
     std::string text;
     google::protobuf::TextFormat::PrintToString(config, &text);
     if (absl::Status written = WriteFile(member.config, text); !written.ok()) {
       return absl::InternalError(written.message());
     }
-    member.argv = {options_.server_binary, "--config", member.config, "--port_file",
-                   member.port_file, "--peer_port_file", absl::StrCat(dir, "/peer-port-", i)};
     absl::StatusOr<std::unique_ptr<ChildProcess>> process =
         ChildProcess::Start(member.argv, member.log);
     if (!process.ok()) return process.status();
@@ -134,16 +159,61 @@ absl::Status Cluster::StartGroup(const std::string& server_config) {
     members_.push_back(std::move(member));
   }
   server_ = members_.front().process.get();
-  address_ = absl::StrJoin(addresses, ",");
+  address_ = group_addresses_.front();
+  group_stubs_.clear();
+  for (const std::string& address : group_addresses_) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeChannel(address, options_.client_security, grpc::ChannelArguments());
+    if (!channel.ok()) return channel.status();
+    group_stubs_.push_back(ParameterServer::NewStub(*channel));
+  }
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       MakeChannel(address_, options_.client_security, grpc::ChannelArguments());
   if (!channel.ok()) return channel.status();
   stub_ = ParameterServer::NewStub(*channel);
+  if (sharded) return WaitForShardGroups(Scaled(options_.start_wait));
   absl::StatusOr<int> leader = WaitForLeader(options_.start_wait);
   if (!leader.ok()) {
     return absl::Status(leader.status().code(),
                         absl::StrCat("the server group did not elect a leader: ",
                                      leader.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GetStatusResponse> Cluster::GetGroupStatus(int g) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(DefaultClock()->Now() + Scaled(options_.rpc_deadline)));
+  GetStatusResponse response;
+  const grpc::Status status = group_stubs_.at(g)->GetStatus(&context, GetStatusRequest(), &response);
+  if (!status.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("GetStatus of group ", g, " failed: ", status.error_message()));
+  }
+  return response;
+}
+
+absl::Status Cluster::WaitForShardGroups(absl::Duration limit) {
+  const absl::Time deadline = DefaultClock()->Now() + limit;
+  for (int g = 0; g < static_cast<int>(group_stubs_.size()); ++g) {
+    std::string last = "no answer";
+    while (true) {
+      if (absl::Status children = CheckChildren(); !children.ok()) return children;
+      absl::StatusOr<GetStatusResponse> status = GetGroupStatus(g);
+      if (status.ok()) {
+        const bool ready = options_.standbys == 0 ? status->has_sharding()
+                                                  : status->group().role() == GroupStatus::LEADER;
+        if (ready) break;
+        last = status->ShortDebugString().substr(0, 200);
+      } else {
+        last = std::string(status.status().message());
+      }
+      if (DefaultClock()->Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("shard group ", g, " did not start: ", last));
+      }
+      DefaultClock()->WaitFor(absl::Milliseconds(100), nullptr);
+    }
   }
   return absl::OkStatus();
 }

@@ -92,6 +92,14 @@ struct ClusterOptions {
   int etcd_members = 3;
   int leader_lease_ms = 2000;
   bool replication_sync = true;
+  // The center sharded across `shard_groups` server groups (DESIGN.md §10.2, docs/sharding.md):
+  // K > 1 starts K groups, each a single server or (standbys > 0) a replicated group of
+  // 1 + standbys members sharing one etcd cluster; the job's sharding.groups is set to K and
+  // every member's config gets its shard block (its group, every group's addresses). Members
+  // are numbered group by group: member g * (1 + standbys) + i is member i of group g, named
+  // g<g>-server-<i>, its data directory <dir>/g<g>-server-<i>. Workers and the cluster's own
+  // calls go to group 0. 1: one group, exactly as before.
+  int shard_groups = 1;
 };
 
 class Cluster {
@@ -182,6 +190,13 @@ class Cluster {
   absl::Status RestartMember(int i, bool wipe_data);
   // The group's etcd cluster; null for a single server.
   EtcdCluster* etcd() { return etcd_.get(); }
+  // A sharded cluster (shard_groups > 1): the members of each group; member i's group.
+  int members_per_group() const { return 1 + options_.standbys; }
+  int group_of(int member) const { return member / members_per_group(); }
+  // Group g's address (its members' host:port, separated by commas) and one GetStatus of it.
+  // REQUIRES: StartServer succeeded, 0 <= g < shard_groups.
+  const std::string& group_address(int g) const { return group_addresses_.at(g); }
+  absl::StatusOr<GetStatusResponse> GetGroupStatus(int g);
 
   // One GetStatus call (rpc_deadline). UNAVAILABLE, with gRPC's message, when it fails.
   absl::StatusOr<GetStatusResponse> GetStatus();
@@ -253,8 +268,11 @@ class Cluster {
     bool expect_exit = false;  // killed, not restarted yet
   };
 
-  // StartServer for a replicated group.
-  absl::Status StartGroup(const std::string& server_config);
+  // StartServer for a replicated group or several shard groups.
+  absl::Status StartGroups(const std::string& server_config);
+  // Waits (limit) until every group of a sharded cluster answers GetStatus ready (a replicated
+  // group: its leader). DEADLINE_EXCEEDED naming the group.
+  absl::Status WaitForShardGroups(absl::Duration limit);
 
   const ClusterOptions options_;
   std::unique_ptr<EtcdCluster> etcd_;
@@ -267,6 +285,8 @@ class Cluster {
   std::string worker_config_;  // as StartServer was given it, unscaled
   std::string address_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  std::vector<std::string> group_addresses_;  // a sharded cluster's, by group
+  std::vector<std::unique_ptr<ParameterServer::Stub>> group_stubs_;
 };
 
 }  // namespace rebound::testing

@@ -1,0 +1,309 @@
+#include "server/shard/range_service.h"
+
+#include <glog/logging.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/grpc_status.h"
+#include "common/slot.h"
+#include "common/status_macros.h"
+#include "compute/shard_ranges.h"
+#include "compute/tensor_bundle.h"
+#include "server/sync_batch.h"
+
+namespace rebound::server {
+
+namespace {
+
+// What the weight function returns to make CenterTable decline a sync another call applied
+// meanwhile; the caller reads its own flag, never this status.
+absl::Status AppliedMeanwhile() { return absl::CancelledError("sync applied meanwhile"); }
+
+}  // namespace
+
+RangeService::RangeService(const ServerConfig& config, CenterTable* centers,
+                           storage::DurableStore* store, Authorizer authorize,
+                           CallCheck check_call)
+    : config_(config),
+      job_(config_.job()),
+      group_(config_.shard().group()),
+      centers_(centers),
+      store_(store),
+      authorize_(std::move(authorize)),
+      check_call_(std::move(check_call)),
+      books_(job_) {}
+
+void RangeService::Restore(const storage::LoadedState& state) {
+  std::vector<WeightRecord> books;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, snapshot] : state.range_snapshots) {
+      const auto& [slot, copy] = key;
+      kept_[Key(slot.first, slot.second)].step[copy] = snapshot.step();
+    }
+    for (const auto& [key, kept] : kept_) {
+      WeightRecord book;
+      book.mutable_slot()->set_replica(key.first);
+      book.mutable_slot()->set_stage(key.second);
+      book.set_last_update_step(kept.last());
+      const int64_t tau = job_.easgd().sync_period();
+      book.set_update_count((kept.last() + tau - 1) / tau);
+      books.push_back(std::move(book));
+    }
+  }
+  books_.Restore(books);
+}
+
+void RangeService::FillStatus(ShardingStatus* status) const {
+  status->set_groups(job_.sharding().groups());
+  status->set_group(group_);
+  *status->mutable_group_addresses() = config_.shard().group_addresses();
+  const std::vector<int> starts = StageLayerStarts(job_);
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    auto layout = compute::StageLayout::Create(job_.model(), starts[s], starts[s + 1]);
+    if (!layout.ok()) continue;
+    ShardingStatus::StageRanges* stage = status->add_stages();
+    stage->set_stage(static_cast<int>(s));
+    stage->set_parameters(layout->packed_size());
+    const std::vector<int64_t> begins =
+        compute::RangeBegins(layout->packed_size(), job_.sharding().groups());
+    for (size_t k = 0; k + 1 < begins.size(); ++k) stage->add_range_begin(begins[k]);
+  }
+}
+
+int RangeService::CopyOf(int64_t step) const {
+  const int64_t tau = job_.easgd().sync_period();
+  return static_cast<int>(((step + tau - 1) / tau) % 2);
+}
+
+absl::Status RangeService::CheckRange(int range) const {
+  if (range != group_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this server group holds range ", group_, " of the center, the call names range ", range,
+        " (its address is shard.group_addresses[", range, "])"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RangeService::CheckSlot(const SlotId& slot) const {
+  if (slot.replica() < 0 || slot.replica() >= job_.topology().replicas() || slot.stage() < 0 ||
+      slot.stage() >= job_.topology().stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", SlotName(slot), " is outside the ",
+                                                   job_.topology().replicas(), " x ",
+                                                   job_.topology().stages(), " topology"));
+  }
+  return absl::OkStatus();
+}
+
+RangeService::Kept RangeService::GetKept(const SlotId& slot) const {
+  absl::MutexLock lock(&mu_);
+  auto it = kept_.find(Key(slot.replica(), slot.stage()));
+  return it == kept_.end() ? Kept() : it->second;
+}
+
+absl::Status RangeService::CheckNextStep(const SlotId& slot, int64_t last, int64_t step) const {
+  const int64_t tau = job_.easgd().sync_period();
+  const int64_t max_steps = job_.training().max_steps();
+  if ((step % tau != 0 && step != max_steps) || step > last + tau) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step must be the slot's next sync point: a multiple of easgd.sync_period = ", tau,
+        " (or training.max_steps = ", max_steps, ") at most ", last + tau, " (slot ",
+        SlotName(slot), " last synced step ", last, " in range ", group_, "), got ", step));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status RangeService::AnswerApplied(const SlotId& slot, int64_t step,
+                                         SyncRangeResponse* response) const {
+  const Kept kept = GetKept(slot);
+  for (int copy = 0; copy < 2; ++copy) {
+    if (kept.step[copy] != step) continue;
+    auto snapshot = store_->ReadRangeSnapshot(slot, copy);
+    if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+    if (snapshot->step() != step) break;  // replaced meanwhile: stale by now
+    LOG(INFO) << "sync of slot " << SlotName(slot) << " step " << step << " in range " << group_
+              << " was applied before: answered from its kept snapshot";
+    *response->mutable_worker_params_after() = std::move(*snapshot->mutable_params());
+    response->set_center_version(centers_->version(slot.stage()));
+    response->set_moving_rate(EffectiveMovingRate(job_));
+    return grpc::Status::OK;
+  }
+  return ToGrpcStatus(absl::FailedPreconditionError(
+      absl::StrCat("stale sync: slot ", SlotName(slot), " already synced step ",
+                   GetKept(slot).last(), " in range ", group_, ", got step ", step)));
+}
+
+grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
+                                     const SyncRangeRequest* request,
+                                     SyncRangeResponse* response) {
+  if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  const int64_t step = request->step();
+  if (step < 1 || step > job_.training().max_steps()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "step must be in [1, training.max_steps = ", job_.training().max_steps(), "], got ",
+        step)));
+  }
+  const int stage = slot.stage();
+  // The tensors first: a malformed request is refused before group 0 is asked anything.
+  if (absl::Status ok = centers_->ValidateBundle(stage, request->params(), "params"); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  const OptimizerState& optimizer = request->optimizer();
+  for (const auto& [bundle, name] :
+       {std::pair<const TensorBundle*, const char*>{&optimizer.m(), "optimizer.m"},
+        {&optimizer.v(), "optimizer.v"},
+        {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
+    // The range snapshot is what a spare resumes from: it needs the whole optimizer state.
+    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
+      return ToGrpcStatus(ok);
+    }
+  }
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(request->incarnation());
+  ask.set_access(RANGE_SYNC);
+  *ask.mutable_slot() = slot;
+  ask.set_step(step);
+  ask.set_range(group_);
+  absl::StatusOr<AuthorizeRangeResponse> allowed = authorize_(context, ask);
+  if (!allowed.ok()) return ToGrpcStatus(allowed.status());
+
+  if (step <= GetKept(slot).last()) return AnswerApplied(slot, step, response);
+  if (absl::Status ok = CheckNextStep(slot, GetKept(slot).last(), step); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  if (job_.scheduling() == DETERMINISTIC) {
+    absl::Status turn = books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms()));
+    if (!turn.ok()) return ToGrpcStatus(turn);
+  }
+
+  const std::vector<float> x = centers_->Unbundle(stage, request->params());
+  const double alpha = EffectiveMovingRate(job_);
+  const compute::StageLayout& layout = centers_->layout(stage);
+  bool applied_meanwhile = false;
+  double partial_sq_norm = 0.0;
+  auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
+    // Again under the stage lock: another call of the same step may have applied it.
+    const int64_t last = GetKept(slot).last();
+    if (step <= last) {
+      applied_meanwhile = true;
+      return AppliedMeanwhile();
+    }
+    RETURN_IF_ERROR(CheckNextStep(slot, last, step));
+    partial_sq_norm = norm * norm;
+    return allowed->weight();
+  };
+  auto commit = [&](int64_t version, absl::Span<const float> center,
+                    absl::Span<const float> worker_after,
+                    absl::Span<const float> center_before) -> absl::Status {
+    storage::WriteBatch batch;
+    CenterRecord center_header;
+    center_header.set_stage(stage);
+    center_header.set_version(version);
+    *center_header.mutable_params() = compute::BundleHeader(layout);
+    std::vector<absl::string_view> center_data;
+    compute::AppendTensorViews(layout, center, &center_data);
+    batch.PutCenter(center_header, std::move(center_data));
+    Snapshot snapshot;
+    *snapshot.mutable_slot() = slot;
+    snapshot.set_step(step);
+    *snapshot.mutable_params() = compute::BundleHeader(layout);
+    std::vector<absl::string_view> data;
+    compute::AppendTensorViews(layout, worker_after, &data);
+    OptimizerState* state = snapshot.mutable_optimizer();
+    state->set_step(optimizer.step());
+    AddHeaderAndViews(optimizer.m(), state->mutable_m(), &data);
+    AddHeaderAndViews(optimizer.v(), state->mutable_v(), &data);
+    AddHeaderAndViews(optimizer.last_hdiag(), state->mutable_last_hdiag(), &data);
+    const int copy = CopyOf(step);
+    batch.PutRangeSnapshot(snapshot, std::move(data), copy);
+    RETURN_IF_ERROR(store_->Commit(batch));
+    {
+      absl::MutexLock lock(&mu_);
+      kept_[Key(slot.replica(), slot.stage())].step[copy] = step;
+    }
+    SlotBook book = books_.Get(slot);
+    book.last_update_step = step;
+    book.update_count += 1;
+    books_.Set(slot, book, 0.0);
+    *response->mutable_center_before() = centers_->Bundle(stage, center_before);
+    return absl::OkStatus();
+  };
+  const size_t n = x.size();
+  std::unique_ptr<float[]> worker_after(new float[n]);  // written in full by ElasticSync
+  absl::StatusOr<int64_t> version = centers_->ElasticSync(
+      stage, x, alpha, weight, commit, absl::MakeSpan(worker_after.get(), n));
+  if (applied_meanwhile) return AnswerApplied(slot, step, response);
+  if (!version.ok()) {
+    if (version.status().code() != absl::StatusCode::kInvalidArgument) {
+      LOG(ERROR) << "sync of slot " << SlotName(slot) << " range " << group_
+                 << " failed: " << version.status();
+    }
+    return ToGrpcStatus(version.status());
+  }
+  response->set_center_version(*version);
+  response->set_weight(allowed->weight());
+  response->set_moving_rate(alpha);
+  response->set_partial_sq_norm(partial_sq_norm);
+  return grpc::Status::OK;
+}
+
+grpc::Status RangeService::PullRange(grpc::ServerContext* context,
+                                     const PullRangeRequest* request,
+                                     PullRangeResponse* response) {
+  if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  if (request->stage() < 0 || request->stage() >= centers_->num_stages()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("stage must be in [0, ", centers_->num_stages(), "), got ",
+                     request->stage())));
+  }
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(request->incarnation());
+  ask.set_access(RANGE_READ);
+  ask.set_range(group_);
+  if (auto allowed = authorize_(context, ask); !allowed.ok()) {
+    return ToGrpcStatus(allowed.status());
+  }
+  auto center = centers_->Read(request->stage());
+  if (!center.ok()) return ToGrpcStatus(center.status());
+  *response->mutable_center() = centers_->Bundle(request->stage(), center->first);
+  response->set_center_version(center->second);
+  return grpc::Status::OK;
+}
+
+grpc::Status RangeService::ReadRangeSnapshot(grpc::ServerContext* context,
+                                             const ReadRangeSnapshotRequest* request,
+                                             Snapshot* response) {
+  if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(request->incarnation());
+  ask.set_access(RANGE_READ);
+  ask.set_range(group_);
+  if (auto allowed = authorize_(context, ask); !allowed.ok()) {
+    return ToGrpcStatus(allowed.status());
+  }
+  const Kept kept = GetKept(slot);
+  for (int copy = 0; copy < 2; ++copy) {
+    if (kept.step[copy] != request->step() || request->step() == 0) continue;
+    auto snapshot = store_->ReadRangeSnapshot(slot, copy);
+    if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+    if (snapshot->step() != request->step()) break;
+    snapshot->clear_stored_tensors();
+    *response = *std::move(snapshot);
+    return grpc::Status::OK;
+  }
+  return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+      "range ", group_, " holds no snapshot of slot ", SlotName(slot), " at step ",
+      request->step(), " (it holds steps ", kept.step[0], " and ", kept.step[1], ")")));
+}
+
+}  // namespace rebound::server

@@ -1,0 +1,113 @@
+#pragma once
+
+// RangeService: the CenterRange service of one server group of a sharded job (DESIGN.md §10.2,
+// docs/sharding.md): the group's range k of every stage's center, and each slot's snapshots of
+// that range.
+//
+// Exactly once per (slot, step). A trainer sends its sync of step t to every group in parallel
+// and commits it at group 0 (ParameterServer.CommitSync) once every group answered, before it
+// syncs again; so a group's last applied step of a slot is the committed step C or C + tau.
+// The group keeps the slot's range snapshots of its last two syncs (copies by sync number mod 2,
+// durable with the center move in one write batch), so that
+//   * a sync of a step the group applied already (a lost reply, or the trainer died before every
+//     group had the step and its rebuilt successor syncs the step again) is answered with the
+//     stored post-sync range and changes nothing;
+//   * a spare finds every group's snapshot at the committed step C, whichever groups had
+//     applied C + tau (ReadRangeSnapshot).
+// A sync below both kept steps is stale (FAILED_PRECONDITION); one that is not the slot's next
+// sync point is INVALID_ARGUMENT.
+//
+// Identity. Every call names a worker incarnation and carries its credential; the group asks
+// `authorize` (group 0's ParameterServer.AuthorizeRange: in process for group 0, over gRPC for
+// the others) before it reads or changes anything. Group 0 checks the credential, that the
+// incarnation is alive and owns the slot, and that the step is at most one sync past the slot's
+// committed one, and decides the sync's weight (from the slot's previous sync).
+//
+// DETERMINISTIC scheduling: a new sync waits for its turn in the round (the group's own
+// SlotBooks: the same order as group 0 keeps), so every range's center moves in slot order and
+// the K ranges together equal the one-group center bit for bit (UNIFORM weights).
+//
+// Thread-safety: thread-safe; the slots' kept steps under one mutex (a leaf, never held across
+// a call to another unit), the center under CenterTable's stage locks. Ownership: every pointer
+// and function given to the constructor is borrowed/kept and must outlive the service.
+// Status codes: as ParameterServer's (proto/rebound.proto) plus NOT_FOUND for a snapshot the
+// group does not hold.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "proto/config.pb.h"
+#include "proto/rebound.pb.h"
+#include "proto/sharding.grpc.pb.h"
+#include "server/center_table.h"
+#include "server/slot_books.h"
+#include "storage/durable_store.h"
+
+namespace rebound::server {
+
+class RangeService final : public CenterRange::Service {
+ public:
+  // Group 0's answer to an AuthorizeRangeRequest for the call in `context` (whose metadata holds
+  // the worker's credential), or its refusal.
+  using Authorizer = std::function<absl::StatusOr<AuthorizeRangeResponse>(
+      const grpc::ServerContext* context, const AuthorizeRangeRequest& request)>;
+  // The server's own check of every call: its bearer token and its readiness.
+  using CallCheck = std::function<absl::Status(const grpc::ServerContext* context)>;
+
+  // `centers` holds range config.shard().group() of every stage (CenterTable::Create).
+  RangeService(const ServerConfig& config, CenterTable* centers, storage::DurableStore* store,
+               Authorizer authorize, CallCheck check_call);
+
+  // The kept steps of every slot, from the headers of the stored range snapshots (after a
+  // server restart). Call before the server is ready.
+  void Restore(const storage::LoadedState& state);
+
+  // This group's place and the ranges, for GetStatus.
+  void FillStatus(ShardingStatus* status) const;
+
+  grpc::Status SyncRange(grpc::ServerContext* context, const SyncRangeRequest* request,
+                         SyncRangeResponse* response) override;
+  grpc::Status PullRange(grpc::ServerContext* context, const PullRangeRequest* request,
+                         PullRangeResponse* response) override;
+  grpc::Status ReadRangeSnapshot(grpc::ServerContext* context,
+                                 const ReadRangeSnapshotRequest* request,
+                                 Snapshot* response) override;
+
+ private:
+  // The steps of a slot's two kept range snapshots (0: none), by copy.
+  struct Kept {
+    int64_t step[2] = {0, 0};
+    int64_t last() const { return std::max(step[0], step[1]); }
+  };
+  using Key = std::pair<int, int>;
+
+  // The copy a sync of step t goes to: its sync number (ceil(t / tau)) mod 2.
+  int CopyOf(int64_t step) const;
+  absl::Status CheckRange(int range) const;
+  absl::Status CheckSlot(const SlotId& slot) const;
+  Kept GetKept(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The step rule of a sync above the slot's last kept step.
+  absl::Status CheckNextStep(const SlotId& slot, int64_t last, int64_t step) const;
+  // The answer to a sync of a step the group applied already, or FAILED_PRECONDITION (stale).
+  grpc::Status AnswerApplied(const SlotId& slot, int64_t step, SyncRangeResponse* response) const;
+
+  const ServerConfig config_;
+  const JobConfig& job_;
+  const int group_;
+  CenterTable* const centers_;
+  storage::DurableStore* const store_;
+  const Authorizer authorize_;
+  const CallCheck check_call_;
+  SlotBooks books_;  // DETERMINISTIC turns of this group's syncs
+
+  mutable absl::Mutex mu_;
+  std::map<Key, Kept> kept_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rebound::server

@@ -1,0 +1,254 @@
+// The center sharded across K server groups (DESIGN.md §10.2, docs/sharding.md), with real
+// rebound_server groups and real rebound_worker trainers and spares on loopback
+// (testing/cluster with shard_groups): every range applies every sync exactly once, a trainer
+// killed between its ranges leaves nothing applied twice or lost, DETERMINISTIC runs end
+// bit-identical to one group, and the range groups refuse what they must.
+
+#include <catch2/catch.hpp>
+#include <signal.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/security.h"
+#include "compute/shard_ranges.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.grpc.pb.h"
+#include "proto/sharding.grpc.pb.h"
+#include "testing/cluster/cluster.h"
+#include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
+
+namespace rebound::testing {
+namespace {
+
+constexpr int kReplicas = 2;
+constexpr int kSyncPeriod = 20;
+constexpr int64_t kMaxSteps = 400;
+constexpr int64_t kRounds = kMaxSteps / kSyncPeriod;
+
+std::string ServerConfigText(const std::string& policy = "REPLAY") {
+  return absl::StrCat(
+      "listen_address: \"127.0.0.1:0\"\n"
+      "max_wait_ms: 2000\n"
+      "job {\n"
+      "  job_id: \"shard\"\n"
+      "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
+      "  topology { replicas: ", kReplicas, " }\n"
+      "  weighting { policy: UNIFORM }\n"
+      "  scheduling: DETERMINISTIC\n"
+      "  fault_tolerance { policy: ", policy, " heartbeat_interval_ms: 100 "
+      "failure_timeout_ms: 1500 }\n"
+      "  data { batch_size: 16 micro_batches: 2 train_limit: 2000 test_limit: 500 }\n"
+      "  adahessian { lr: 0.01 }\n"
+      "  step_log { linger_ms: 0 }\n"
+      "  easgd { sync_period: ", kSyncPeriod, " }\n"
+      "  training { max_steps: ", kMaxSteps, " }\n"
+      "}\n");
+}
+
+const char kWorkerConfig[] =
+    "job_id: \"shard\"\n"
+    "backoff_initial_ms: 20\n"
+    "backoff_max_ms: 200\n"
+    "give_up_after_ms: 60000\n";
+
+ClusterOptions ShardOptions(const std::string& name, int groups) {
+  ClusterOptions options;
+  options.server_binary = Runfile("server/rebound_server");
+  options.worker_binary = Runfile("worker/rebound_worker");
+  options.dir = MakeTempDir(name);
+  options.shard_groups = groups;
+  // Trainers exit 0 once the job is done; StopAll checks every exit code.
+  options.fail_on_exit = false;
+  return options;
+}
+
+bool Finished(const GetStatusResponse& s) {
+  if (s.slots_size() != kReplicas) return false;
+  for (const SlotStatus& slot : s.slots()) {
+    if (slot.state() != FINISHED) return false;
+  }
+  return true;
+}
+
+GetStatusResponse WaitFor(Cluster& cluster,
+                          const std::function<bool(const GetStatusResponse&)>& done,
+                          const std::string& what, absl::Duration limit = absl::Seconds(120)) {
+  absl::StatusOr<GetStatusResponse> status = cluster.WaitForStatus(done, limit, what);
+  INFO(cluster.Logs(30, 10));
+  REQUIRE(status.ok());
+  return *status;
+}
+
+// A test client registered with group 0 as a spare: its credential reads the ranges.
+struct Observer {
+  RegisterResponse registration;
+};
+
+Observer Register(Cluster& cluster) {
+  RegisterRequest request;
+  request.set_worker_name("observer");
+  request.set_requested_role(SPARE);
+  Observer observer;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+  const grpc::Status status = cluster.stub().Register(&context, request, &observer.registration);
+  INFO(status.error_message());
+  REQUIRE(status.ok());
+  return observer;
+}
+
+std::unique_ptr<CenterRange::Stub> RangeStub(const Cluster& cluster, int group) {
+  return CenterRange::NewStub(
+      grpc::CreateChannel(cluster.group_address(group), grpc::InsecureChannelCredentials()));
+}
+
+// The whole center of stage 0, gathered range by range (as a worker does), with each range's
+// version.
+std::vector<float> GatherCenter(Cluster& cluster, const Observer& observer, int groups,
+                                std::vector<int64_t>* versions) {
+  std::vector<float> center;
+  for (int g = 0; g < groups; ++g) {
+    PullRangeRequest request;
+    request.set_incarnation(observer.registration.incarnation());
+    request.set_stage(0);
+    request.set_range(g);
+    PullRangeResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    context.AddMetadata(kWorkerCredentialKey, observer.registration.credential());
+    const grpc::Status status = RangeStub(cluster, g)->PullRange(&context, request, &response);
+    INFO("range " << g << ": " << status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(response.center().tensors_size() == 1);
+    const std::string& bytes = response.center().tensors(0).data();
+    const float* values = reinterpret_cast<const float*>(bytes.data());
+    center.insert(center.end(), values, values + bytes.size() / sizeof(float));
+    versions->push_back(response.center_version());
+  }
+  return center;
+}
+
+// The one-group center of the same job, pulled whole.
+std::vector<float> PullCenter(Cluster& cluster, const Observer& observer) {
+  PullRequest request;
+  request.set_incarnation(observer.registration.incarnation());
+  request.set_stage(0);
+  PullResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+  context.AddMetadata(kWorkerCredentialKey, observer.registration.credential());
+  REQUIRE(cluster.stub().Pull(&context, request, &response).ok());
+  std::vector<float> center;
+  for (const Tensor& tensor : response.center().tensors()) {
+    const float* values = reinterpret_cast<const float*>(tensor.data().data());
+    center.insert(center.end(), values, values + tensor.data().size() / sizeof(float));
+  }
+  return center;
+}
+
+struct RunResult {
+  std::vector<float> center;
+  GetStatusResponse status;  // group 0's at the end
+};
+
+// Runs the job with `groups` groups and two trainers; with `die_at` > 0 trainer 1 sends its sync
+// of that step to range 0 only and dies, and a spare rebuilds its slot.
+RunResult RunJob(int groups, int64_t die_at = 0, const std::string& policy = "REPLAY") {
+  Cluster cluster(ShardOptions(absl::StrCat("shard", groups), groups));
+  {
+    absl::Status started = cluster.StartServer(ServerConfigText(policy), kWorkerConfig);
+    INFO(started << cluster.Logs(30, 8));
+    REQUIRE(started.ok());
+  }
+  if (die_at > 0) {
+    // The spare first, so that it is waiting when the trainer dies.
+    absl::Status spare = cluster.StartSpares({"spare"}, /*until_polling=*/policy != "RESTART_FROM_CENTER");
+    INFO(spare << cluster.Logs(30, 8));
+    REQUIRE(spare.ok());
+  }
+  absl::Status trainers = cluster.StartTrainers(kReplicas, [&](int trainer) {
+    std::vector<std::string> flags;
+    if (die_at > 0 && trainer == 1) {
+      flags = {absl::StrCat("--fault_die_in_sync_at_step=", die_at), "--fault_die_in_sync_ranges=1"};
+    }
+    return flags;
+  });
+  INFO(trainers << cluster.Logs(30, 8));
+  REQUIRE(trainers.ok());
+  if (die_at > 0) cluster.ExpectExit("trainer-1");
+  RunResult result;
+  result.status = WaitFor(cluster, Finished, "every slot FINISHED");
+  const Observer observer = Register(cluster);
+  if (groups == 1) {
+    result.center = PullCenter(cluster, observer);
+    CHECK(result.status.centers(0).version() == kRounds * kReplicas);
+  } else {
+    std::vector<int64_t> versions;
+    result.center = GatherCenter(cluster, observer, groups, &versions);
+    // Every range applied every sync of every slot exactly once.
+    for (int g = 0; g < groups; ++g) {
+      INFO("range " << g);
+      CHECK(versions[g] == kRounds * kReplicas);
+    }
+    REQUIRE(result.status.has_sharding());
+    CHECK(result.status.sharding().groups() == groups);
+  }
+  for (const SlotStatus& slot : result.status.slots()) {
+    INFO("slot " << slot.slot().replica());
+    CHECK(slot.update_count() == kRounds);
+    CHECK(slot.snapshot_step() == kMaxSteps);
+  }
+  if (die_at > 0) {
+    const ChildProcess* dead = cluster.FindWorker("trainer-1");
+    REQUIRE(dead != nullptr);
+    REQUIRE(result.status.recoveries_size() >= 1);
+    INFO(result.status.recoveries(0).DebugString() << cluster.Logs(40, 20));
+    CHECK(result.status.recoveries(0).outcome() == RECOVERED);
+    CHECK(absl::StrContains(ReadFileOrEmpty(cluster.dir() + "/trainer-1.log"),
+                            "dying before the commit"));
+  }
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
+  return result;
+}
+
+TEST_CASE("a center sharded across 2 and 3 groups trains to the end, each range applying every "
+          "sync once, bit-identical to one group") {
+  const RunResult one = RunJob(1);
+  const RunResult two = RunJob(2);
+  const RunResult three = RunJob(3);
+  REQUIRE(one.center.size() == two.center.size());
+  REQUIRE(one.center.size() == three.center.size());
+  CHECK(std::memcmp(one.center.data(), two.center.data(), one.center.size() * 4) == 0);
+  CHECK(std::memcmp(one.center.data(), three.center.data(), one.center.size() * 4) == 0);
+  // The ranges are byte-balanced: their sizes differ by at most one element.
+  const ShardingStatus& sharding = three.status.sharding();
+  REQUIRE(sharding.stages_size() == 1);
+  const auto& begins = sharding.stages(0).range_begin();
+  REQUIRE(begins.size() == 3);
+  const int64_t n = sharding.stages(0).parameters();
+  CHECK(n == static_cast<int64_t>(one.center.size()));
+  for (int k = 0; k < 3; ++k) {
+    const int64_t end = k + 1 < 3 ? begins[k + 1] : n;
+    CHECK(end - begins[k] >= n / 3);
+    CHECK(end - begins[k] <= n / 3 + 1);
+  }
+}
+
+TEST_CASE("a trainer killed between its sync to range 0 and range 1 is rebuilt by replay, every "
+          "range applies the step once, and the run ends bit-identical to one group") {
+  const RunResult clean = RunJob(1);
+  const RunResult killed = RunJob(3, /*die_at=*/10 * kSyncPeriod);
+  REQUIRE(clean.center.size() == killed.center.size());
+  CHECK(std::memcmp(clean.center.data(), killed.center.data(), clean.center.size() * 4) == 0);
+}
+
+}  // namespace
+}  // namespace rebound::testing

@@ -1,0 +1,218 @@
+#include "worker/range_client.h"
+
+#include <glog/logging.h>
+
+#include <cmath>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compute/adahessian.h"
+#include "compute/shard_ranges.h"
+#include "compute/tensor_bundle.h"
+#include "worker/retry.h"
+
+namespace rebound::worker {
+
+namespace {
+
+// Range k of `packed` (a stage's packed vector of n elements).
+template <typename T>
+absl::Span<T> RangeOf(absl::Span<T> packed, int groups, int k) {
+  const int64_t n = static_cast<int64_t>(packed.size());
+  const int64_t begin = compute::RangeBegin(n, groups, k);
+  return packed.subspan(begin, compute::RangeBegin(n, groups, k + 1) - begin);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<RangeClient>> RangeClient::Create(
+    const WorkerConfig& config, const JobConfig& job, const std::vector<std::string>& addresses,
+    std::shared_ptr<const WorkerCredential> credential, const Clock* clock) {
+  if (static_cast<int>(addresses.size()) != job.sharding().groups()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the server named ", addresses.size(), " range groups for a job sharded across ",
+        job.sharding().groups()));
+  }
+  std::shared_ptr<RangeClient> client(new RangeClient(config, clock));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, config.backoff_initial_ms());
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, config.backoff_max_ms());
+  for (const std::string& address : addresses) {
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     MakeChannel(address, config.security(), args, credential));
+    client->stubs_.push_back(CenterRange::NewStub(channel));
+  }
+  return client;
+}
+
+absl::Status RangeClient::ForEachRange(int ranges,
+                                       const std::function<absl::Status(int)>& fn) const {
+  std::vector<absl::Status> statuses(ranges);
+  std::vector<std::thread> threads;
+  threads.reserve(ranges);
+  for (int k = 0; k < ranges; ++k) {
+    threads.emplace_back([&statuses, &fn, k] { statuses[k] = fn(k); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int k = 0; k < ranges; ++k) {
+    if (!statuses[k].ok()) {
+      return absl::Status(statuses[k].code(),
+                          absl::StrCat("range ", k, ": ", statuses[k].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CommitSyncResponse> RangeClient::Sync(const absl::Notification& stop,
+                                                     ParameterServer::Stub* coordinator,
+                                                     uint64_t incarnation, const SlotId& slot,
+                                                     int64_t t, const compute::StageLayout& layout,
+                                                     const SyncState& state, int ranges) const {
+  const int groups = this->groups();
+  const int64_t n = layout.packed_size();
+  std::vector<RangeSyncResult> results(groups);
+  auto sync_range = [&](int k) -> absl::Status {
+    ASSIGN_OR_RETURN(const compute::StageLayout range,
+                     compute::RangeLayout(slot.stage(), n, groups, k));
+    SyncRangeRequest request;
+    request.set_incarnation(incarnation);
+    *request.mutable_slot() = slot;
+    request.set_step(t);
+    request.set_range(k);
+    const absl::Span<float> x = RangeOf(state.x, groups, k);
+    *request.mutable_params() = compute::BundleFromPacked(range, x);
+    OptimizerState* optimizer = request.mutable_optimizer();
+    optimizer->set_step(t);
+    *optimizer->mutable_m() = compute::BundleFromPacked(range, RangeOf(state.m, groups, k));
+    *optimizer->mutable_v() = compute::BundleFromPacked(range, RangeOf(state.v, groups, k));
+    *optimizer->mutable_last_hdiag() =
+        compute::BundleFromPacked(range, RangeOf(state.d, groups, k));
+    SyncRangeResponse response;
+    const std::string what = absl::StrCat("sync of range ", k);
+    RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, what.c_str(),
+                                  [&](grpc::ClientContext* context) {
+                                    response.Clear();
+                                    return stubs_[k]->SyncRange(context, request, &response);
+                                  }));
+    if (response.has_worker_params_after()) {
+      // Applied before (a lost reply, or this step's replay): the stored post-sync range.
+      RETURN_IF_ERROR(compute::ValidateBundle(range, response.worker_params_after(),
+                                              "worker_params_after"));
+      const std::vector<float> after =
+          compute::PackedFromBundle(range, response.worker_params_after());
+      std::copy(after.begin(), after.end(), x.begin());
+    } else {
+      RETURN_IF_ERROR(compute::ValidateBundle(range, response.center_before(), "center_before"));
+      const std::vector<float> c_before =
+          compute::PackedFromBundle(range, response.center_before());
+      RETURN_IF_ERROR(compute::ElasticPullWorker(response.moving_rate(), c_before, x));
+    }
+    results[k].set_range(k);
+    results[k].set_center_version(response.center_version());
+    results[k].set_partial_sq_norm(response.partial_sq_norm());
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(ForEachRange(ranges == kAllRanges ? groups : ranges, sync_range));
+  if (ranges != kAllRanges) {
+    return absl::AbortedError(absl::StrCat("synced ranges [0, ", ranges, ") only (test hook)"));
+  }
+  CommitSyncRequest commit;
+  commit.set_incarnation(incarnation);
+  *commit.mutable_slot() = slot;
+  commit.set_step(t);
+  if (std::isfinite(state.loss)) commit.set_loss(state.loss);
+  commit.set_data_epoch(state.data_epoch);
+  commit.set_data_offset(state.data_offset);
+  for (RangeSyncResult& result : results) *commit.add_ranges() = std::move(result);
+  CommitSyncResponse committed;
+  RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, "commit of the sync",
+                                [&](grpc::ClientContext* context) {
+                                  committed.Clear();
+                                  return coordinator->CommitSync(context, commit, &committed);
+                                }));
+  return committed;
+}
+
+absl::StatusOr<PullResponse> RangeClient::Pull(const absl::Notification& stop,
+                                               uint64_t incarnation, int stage,
+                                               const compute::StageLayout& layout) const {
+  const int groups = this->groups();
+  const int64_t n = layout.packed_size();
+  std::vector<float> center(n);
+  int64_t version = 0;
+  RETURN_IF_ERROR(ForEachRange(groups, [&](int k) -> absl::Status {
+    ASSIGN_OR_RETURN(const compute::StageLayout range, compute::RangeLayout(stage, n, groups, k));
+    PullRangeRequest request;
+    request.set_incarnation(incarnation);
+    request.set_stage(stage);
+    request.set_range(k);
+    PullRangeResponse response;
+    const std::string what = absl::StrCat("pull of range ", k);
+    RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, what.c_str(),
+                                  [&](grpc::ClientContext* context) {
+                                    response.Clear();
+                                    return stubs_[k]->PullRange(context, request, &response);
+                                  }));
+    RETURN_IF_ERROR(compute::ValidateBundle(range, response.center(), "center"));
+    const std::vector<float> values = compute::PackedFromBundle(range, response.center());
+    std::copy(values.begin(), values.end(),
+              RangeOf(absl::MakeSpan(center), groups, k).begin());
+    if (k == 0) version = response.center_version();
+    return absl::OkStatus();
+  }));
+  PullResponse pulled;
+  *pulled.mutable_center() = compute::BundleFromPacked(layout, center);
+  pulled.set_center_version(version);
+  return pulled;
+}
+
+absl::Status RangeClient::FillSnapshot(const absl::Notification& stop, uint64_t incarnation,
+                                       const compute::StageLayout& layout,
+                                       Snapshot* snapshot) const {
+  const int groups = this->groups();
+  const int64_t n = layout.packed_size();
+  const int stage = snapshot->slot().stage();
+  std::vector<float> params(n), m(n), v(n), d(n);
+  RETURN_IF_ERROR(ForEachRange(groups, [&](int k) -> absl::Status {
+    ASSIGN_OR_RETURN(const compute::StageLayout range, compute::RangeLayout(stage, n, groups, k));
+    ReadRangeSnapshotRequest request;
+    request.set_incarnation(incarnation);
+    *request.mutable_slot() = snapshot->slot();
+    request.set_step(snapshot->step());
+    request.set_range(k);
+    Snapshot part;
+    const std::string what = absl::StrCat("read of range ", k, "'s snapshot");
+    RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, what.c_str(),
+                                  [&](grpc::ClientContext* context) {
+                                    part.Clear();
+                                    return stubs_[k]->ReadRangeSnapshot(context, request, &part);
+                                  }));
+    if (part.step() != snapshot->step()) {
+      return absl::InvalidArgumentError(absl::StrCat("the snapshot is of step ", part.step(),
+                                                     ", not ", snapshot->step()));
+    }
+    for (const auto& [bundle, out, name] :
+         {std::tuple<const TensorBundle*, std::vector<float>*, const char*>{
+              &part.params(), &params, "params"},
+          {&part.optimizer().m(), &m, "optimizer.m"},
+          {&part.optimizer().v(), &v, "optimizer.v"},
+          {&part.optimizer().last_hdiag(), &d, "optimizer.last_hdiag"}}) {
+      RETURN_IF_ERROR(compute::ValidateBundle(range, *bundle, name));
+      const std::vector<float> values = compute::PackedFromBundle(range, *bundle);
+      std::copy(values.begin(), values.end(), RangeOf(absl::MakeSpan(*out), groups, k).begin());
+    }
+    return absl::OkStatus();
+  }));
+  *snapshot->mutable_params() = compute::BundleFromPacked(layout, params);
+  OptimizerState* optimizer = snapshot->mutable_optimizer();
+  *optimizer->mutable_m() = compute::BundleFromPacked(layout, m);
+  *optimizer->mutable_v() = compute::BundleFromPacked(layout, v);
+  *optimizer->mutable_last_hdiag() = compute::BundleFromPacked(layout, d);
+  return absl::OkStatus();
+}
+
+}  // namespace rebound::worker
