@@ -483,6 +483,15 @@ void WriteBatch::PutSnapshot(const Snapshot& header, std::vector<absl::string_vi
                  SlotPrefix("snapshot", header.slot()), header, std::move(data), nullptr);
 }
 
+void WriteBatch::PutRangeSnapshot(const Snapshot& snapshot, int copy) {
+  if (!status_.ok()) return;
+  Snapshot header = snapshot;
+  auto owned = std::make_unique<std::vector<std::string>>();
+  std::vector<absl::string_view> data = TakeTensorData(&header, owned.get());
+  PutRangeSnapshot(header, std::move(data), copy);
+  if (status_.ok()) operations_.back().owned = std::move(owned);
+}
+
 void WriteBatch::PutRangeSnapshot(const Snapshot& header, std::vector<absl::string_view> data,
                                   int copy) {
   if (!status_.ok()) return;

@@ -217,7 +217,9 @@ class WriteBatch {
   void PutCenter(const CenterRecord& header, std::vector<absl::string_view> data);
   void PutCenterOpt(const CenterOptRecord& header, std::vector<absl::string_view> data);
   void PutSnapshot(const Snapshot& header, std::vector<absl::string_view> data);
-  // A range group's snapshot of a slot's range (sharded job, storage/keys.h), copy 0 or 1.
+  // A range group's snapshot of a slot's range (sharded job, storage/keys.h), copy 0 or 1: a
+  // copying put and one that references `data` as the other zero-copy puts do.
+  void PutRangeSnapshot(const Snapshot& snapshot, int copy);
   void PutRangeSnapshot(const Snapshot& header, std::vector<absl::string_view> data, int copy);
   void PutWeight(const WeightRecord& record);
   void PutSlot(const SlotRecord& record);

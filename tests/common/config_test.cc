@@ -475,6 +475,61 @@ TEST_CASE("a replicated group's block: every field checked, with the fields it n
         "server.pbtxt:3: replication needs durability.data_dir (a standby keeps its copy there)");
 }
 
+TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked together") {
+  const std::string job =
+      "job {\n  model { layers { width: 10 activation: IDENTITY } }\n  sharding { groups: 2 }\n}\n";
+  const std::string shard =
+      "shard {\n  group: 1\n  group_addresses: \"a:1\"\n  group_addresses: \"b:1,c:1\"\n}\n";
+  auto parsed = ParseServerConfig(job + shard, "server.pbtxt", ".");
+  INFO(parsed.status());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->job().sharding().groups() == 2);
+  CHECK(parsed->shard().group() == 1);
+  CHECK(parsed->shard().group_addresses(1) == "b:1,c:1");
+  // One group needs no shard block and refuses one.
+  const std::string plain = "job {\n  model { layers { width: 10 activation: IDENTITY } }\n}\n";
+  CHECK(ParseServerConfig(plain, "server.pbtxt", ".").ok());
+
+  auto error = [&](const std::string& text) {
+    auto config = ParseServerConfig(text, "server.pbtxt", ".");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(config.status().message());
+  };
+  CHECK(error(plain + shard) ==
+        "server.pbtxt:4: shard is set but the job's sharding.groups is 1: one group holds the "
+        "center");
+  CHECK(error(job) ==
+        "server.pbtxt: shard must say this server's group and the 2 groups' addresses (the job's "
+        "sharding.groups is 2)");
+  CHECK(error(job + "shard {\n  group: 2\n  group_addresses: \"a:1\"\n  group_addresses: "
+                    "\"b:1\"\n}\n") ==
+        "server.pbtxt:6: shard.group must be in [0, 1], got 2");
+  CHECK(error(job + "shard {\n  group_addresses: \"a:1\"\n}\n") ==
+        "server.pbtxt:6: shard.group_addresses must have one entry per group (sharding.groups = "
+        "2), got 1");
+  CHECK(error(job + "shard {\n  group_addresses: \"a:1\"\n  group_addresses: \"b\"\n}\n") ==
+        "server.pbtxt:6: shard.group_addresses must be host:port with a port in [0, 65535], got "
+        "\"b\"");
+  auto job_error = [&](const std::string& text) {
+    auto config = ParseJobConfig(text, "job.pbtxt");
+    REQUIRE_FALSE(config.ok());
+    return std::string(config.status().message());
+  };
+  const std::string model = "model { layers { width: 10 activation: IDENTITY } }\n";
+  CHECK(job_error(model + "sharding { groups: 65 }\n") ==
+        "job.pbtxt:2: sharding.groups must be in [1, 64], got 65");
+  CHECK(job_error(model + "sharding { groups: 2 }\neasgd { mode: ASYNC_ADAHESSIAN }\n") ==
+        "job.pbtxt:2: sharding.groups > 1 needs easgd.mode EASGD (ASYNC_ADAHESSIAN is not "
+        "sharded)");
+  CHECK(job_error(model + "sharding { groups: 2 }\nfault_tolerance { policy: GLOBAL_CHECKPOINT }\n") ==
+        "job.pbtxt:2: sharding.groups > 1 needs fault_tolerance.policy REPLAY or "
+        "RESTART_FROM_CENTER (GLOBAL_CHECKPOINT is not sharded)");
+  CHECK(job_error("model { declared_by_worker: true }\nsharding { groups: 2 }\n") ==
+        "job.pbtxt:2: sharding.groups > 1 needs a model spec with layers (a model declared by its "
+        "workers is not sharded)");
+}
+
 TEST_CASE("worker configs: syntax error, unknown field, wrong type, out of range") {
   auto error = [](const std::string& text) {
     auto config = ParseWorkerConfig(text, "worker.pbtxt", ".");

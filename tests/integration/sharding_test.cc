@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -248,6 +250,243 @@ TEST_CASE("a trainer killed between its sync to range 0 and range 1 is rebuilt b
   const RunResult killed = RunJob(3, /*die_at=*/10 * kSyncPeriod);
   REQUIRE(clean.center.size() == killed.center.size());
   CHECK(std::memcmp(clean.center.data(), killed.center.data(), clean.center.size() * 4) == 0);
+}
+
+// A test client on a sharded cluster: its own registrations' credentials on every call.
+class Client {
+ public:
+  explicit Client(Cluster& cluster) : cluster_(cluster) {}
+
+  RegisterResponse Register(const std::string& name, WorkerRole role) {
+    RegisterRequest request;
+    request.set_worker_name(name);
+    request.set_requested_role(role);
+    RegisterResponse response;
+    grpc::ClientContext context;
+    Deadline(&context);
+    const grpc::Status status = cluster_.stub().Register(&context, request, &response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    return response;
+  }
+
+  grpc::Status SyncRange(int group, const SyncRangeRequest& request, const std::string& credential,
+                         SyncRangeResponse* response) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    if (!credential.empty()) context.AddMetadata(kWorkerCredentialKey, credential);
+    return RangeStub(cluster_, group)->SyncRange(&context, request, response);
+  }
+
+  grpc::Status Commit(const CommitSyncRequest& request, const std::string& credential,
+                      CommitSyncResponse* response) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    context.AddMetadata(kWorkerCredentialKey, credential);
+    return cluster_.stub().CommitSync(&context, request, response);
+  }
+
+  PullRangeResponse Pull(int group, const RegisterResponse& who) {
+    PullRangeRequest request;
+    request.set_incarnation(who.incarnation());
+    request.set_stage(0);
+    request.set_range(group);
+    PullRangeResponse response;
+    grpc::ClientContext context;
+    Deadline(&context);
+    context.AddMetadata(kWorkerCredentialKey, who.credential());
+    const grpc::Status status = RangeStub(cluster_, group)->PullRange(&context, request, &response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    return response;
+  }
+
+ private:
+  static void Deadline(grpc::ClientContext* context) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+  }
+  Cluster& cluster_;
+};
+
+// A sync of range `group` at `step` whose x is the range's center shifted by `shift`, with a
+// zero optimizer state.
+SyncRangeRequest MakeSyncRange(const RegisterResponse& trainer, int group, int64_t step,
+                               const TensorBundle& center, float shift) {
+  SyncRangeRequest request;
+  request.set_incarnation(trainer.incarnation());
+  *request.mutable_slot() = trainer.slot();
+  request.set_step(step);
+  request.set_range(group);
+  TensorBundle x = center;
+  std::string& bytes = *x.mutable_tensors(0)->mutable_data();
+  float* values = reinterpret_cast<float*>(bytes.data());
+  for (size_t i = 0; i < bytes.size() / sizeof(float); ++i) values[i] += shift;
+  *request.mutable_params() = x;
+  TensorBundle zero = center;
+  std::fill(zero.mutable_tensors(0)->mutable_data()->begin(),
+            zero.mutable_tensors(0)->mutable_data()->end(), '\0');
+  *request.mutable_optimizer()->mutable_m() = zero;
+  *request.mutable_optimizer()->mutable_v() = zero;
+  *request.mutable_optimizer()->mutable_last_hdiag() = zero;
+  return request;
+}
+
+TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely and change "
+          "nothing") {
+  Cluster cluster(ShardOptions("shard-bad", 2));
+  {
+    absl::Status started = cluster.StartServer(ServerConfigText(), kWorkerConfig);
+    INFO(started << cluster.Logs(30, 8));
+    REQUIRE(started.ok());
+  }
+  Client client(cluster);
+  const RegisterResponse trainer = client.Register("t0", TRAINER);
+  const RegisterResponse other = client.Register("t1", TRAINER);
+  const RegisterResponse spare = client.Register("s0", SPARE);
+  REQUIRE(trainer.range_addresses_size() == 2);
+  CHECK(trainer.range_addresses(1) == cluster.group_address(1));
+  const TensorBundle center1 = client.Pull(1, trainer).center();
+  auto version1 = [&] { return client.Pull(1, spare).center_version(); };
+  REQUIRE(version1() == 0);
+  SyncRangeResponse reply;
+
+  // Identity: no credential, another worker's credential, a spare that owns no slot.
+  const SyncRangeRequest good = MakeSyncRange(trainer, 1, kSyncPeriod, center1, 0.5f);
+  CHECK(client.SyncRange(1, good, "", &reply).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(client.SyncRange(1, good, other.credential(), &reply).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  SyncRangeRequest by_spare = good;
+  by_spare.set_incarnation(spare.incarnation());
+  CHECK(client.SyncRange(1, by_spare, spare.credential(), &reply).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+  // Malformed: another group's range, a step that is no sync point or skips one, a range of the
+  // wrong size, a non-finite value, an extreme finite value (weighting.max_abs_value).
+  SyncRangeRequest wrong_range = good;
+  wrong_range.set_range(0);
+  grpc::Status status = client.SyncRange(1, wrong_range, trainer.credential(), &reply);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "holds range 1"));
+  SyncRangeRequest skips = MakeSyncRange(trainer, 1, 2 * kSyncPeriod, center1, 0.5f);
+  CHECK(client.SyncRange(1, skips, trainer.credential(), &reply).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  SyncRangeRequest short_range = good;
+  short_range.mutable_params()->mutable_tensors(0)->mutable_data()->resize(4);
+  CHECK(client.SyncRange(1, short_range, trainer.credential(), &reply).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  SyncRangeRequest nan = good;
+  float* x = reinterpret_cast<float*>(nan.mutable_params()->mutable_tensors(0)->mutable_data()->data());
+  x[3] = std::nanf("");
+  CHECK(client.SyncRange(1, nan, trainer.credential(), &reply).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  SyncRangeRequest extreme = good;
+  x = reinterpret_cast<float*>(extreme.mutable_params()->mutable_tensors(0)->mutable_data()->data());
+  x[0] = 3.0e38f;
+  status = client.SyncRange(1, extreme, trainer.credential(), &reply);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "max_abs_value"));
+  CHECK(version1() == 0);
+
+  // The sync itself, then the same again (a lost reply): answered from the kept snapshot.
+  status = client.SyncRange(1, good, trainer.credential(), &reply);
+  INFO(status.error_message());
+  REQUIRE(status.ok());
+  CHECK(reply.has_center_before());
+  CHECK(reply.center_version() == 1);
+  CHECK(reply.partial_sq_norm() > 0.0);
+  SyncRangeResponse again;
+  REQUIRE(client.SyncRange(1, good, trainer.credential(), &again).ok());
+  CHECK(again.has_worker_params_after());
+  CHECK(version1() == 1);
+  // Group 0 has not committed step 20: the next step is refused by group 0's step rule.
+  const SyncRangeRequest next = MakeSyncRange(trainer, 1, 2 * kSyncPeriod, center1, 0.5f);
+  CHECK(client.SyncRange(1, next, trainer.credential(), &reply).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(version1() == 1);
+
+  // The commit: one result per range, each well-formed.
+  CommitSyncRequest commit;
+  commit.set_incarnation(trainer.incarnation());
+  *commit.mutable_slot() = trainer.slot();
+  commit.set_step(kSyncPeriod);
+  for (int k = 0; k < 2; ++k) {
+    RangeSyncResult* range = commit.add_ranges();
+    range->set_range(k);
+    range->set_center_version(1);
+    range->set_partial_sq_norm(1.0);
+  }
+  CommitSyncResponse committed;
+  CommitSyncRequest one_range = commit;
+  one_range.mutable_ranges()->RemoveLast();
+  CHECK(client.Commit(one_range, trainer.credential(), &committed).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  CommitSyncRequest negative = commit;
+  negative.mutable_ranges(1)->set_partial_sq_norm(-1.0);
+  CHECK(client.Commit(negative, trainer.credential(), &committed).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(client.Commit(commit, other.credential(), &committed).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  REQUIRE(client.Commit(commit, trainer.credential(), &committed).ok());
+  CHECK_FALSE(committed.duplicate());
+  REQUIRE(client.Commit(commit, trainer.credential(), &committed).ok());
+  CHECK(committed.duplicate());
+  const GetStatusResponse after = *cluster.GetStatus();
+  CHECK(after.slots(0).update_count() == 1);
+  CHECK(after.slots(0).snapshot_step() == kSyncPeriod);
+
+  // Calls that belong elsewhere: Register at a range group, Sync and Pull at group 0.
+  {
+    std::unique_ptr<ParameterServer::Stub> range_group = ParameterServer::NewStub(
+        grpc::CreateChannel(cluster.group_address(1), grpc::InsecureChannelCredentials()));
+    RegisterRequest request;
+    request.set_worker_name("lost");
+    RegisterResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    status = range_group->Register(&context, request, &response);
+    CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(absl::StrContains(status.error_message(), cluster.group_address(0)));
+  }
+  {
+    SyncRequest request;
+    request.set_incarnation(trainer.incarnation());
+    *request.mutable_slot() = trainer.slot();
+    request.set_step(2 * kSyncPeriod);
+    SyncResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    context.AddMetadata(kWorkerCredentialKey, trainer.credential());
+    status = cluster.stub().Sync(&context, request, &response);
+    CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(absl::StrContains(status.error_message(), "sharded"));
+  }
+  // A snapshot the group does not hold.
+  {
+    ReadRangeSnapshotRequest request;
+    request.set_incarnation(spare.incarnation());
+    *request.mutable_slot() = trainer.slot();
+    request.set_step(3 * kSyncPeriod);
+    request.set_range(1);
+    Snapshot response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    context.AddMetadata(kWorkerCredentialKey, spare.credential());
+    CHECK(RangeStub(cluster, 1)->ReadRangeSnapshot(&context, request, &response).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+  // A fenced worker never writes again.
+  {
+    DeregisterRequest leave;
+    leave.set_incarnation(trainer.incarnation());
+    DeregisterResponse left;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    context.AddMetadata(kWorkerCredentialKey, trainer.credential());
+    REQUIRE(cluster.stub().Deregister(&context, leave, &left).ok());
+  }
+  CHECK(client.SyncRange(1, next, trainer.credential(), &reply).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(version1() == 1);
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
 }
 
 }  // namespace

@@ -252,6 +252,40 @@ TEST_CASE("every record kind survives closing and reopening the directory") {
   CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(1, 0))), MakeSnapshot(1, 0, 24)));
 }
 
+TEST_CASE("a range group's two range snapshots per slot sit beside the slot's own snapshot") {
+  const std::string dir = TempDir("ranges");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    batch.PutSnapshot(MakeSnapshot(0, 0, 8));
+    batch.PutRangeSnapshot(MakeSnapshot(0, 0, 16), 0);
+    batch.PutRangeSnapshot(MakeSnapshot(0, 0, 24), 1);
+    batch.PutRangeSnapshot(MakeSnapshot(1, 0, 24), 1);
+    REQUIRE_OK(store->Commit(batch));
+    // The next sync replaces copy 0 only.
+    WriteBatch next;
+    next.PutRangeSnapshot(MakeSnapshot(0, 0, 32), 0);
+    REQUIRE_OK(store->Commit(next));
+    WriteBatch bad;
+    bad.PutRangeSnapshot(MakeSnapshot(0, 0, 40), 2);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  REQUIRE(state.snapshots.size() == 1);
+  CHECK(state.snapshots.at({0, 0}).step() == 8);
+  REQUIRE(state.range_snapshots.size() == 3);
+  CHECK(state.range_snapshots.at({{0, 0}, 0}).step() == 32);
+  CHECK(state.range_snapshots.at({{0, 0}, 1}).step() == 24);
+  CHECK(state.range_snapshots.at({{1, 0}, 1}).step() == 24);
+  // LoadAll keeps the headers; ReadRangeSnapshot brings the tensors.
+  CHECK(state.range_snapshots.at({{0, 0}, 0}).params().tensors(0).data().empty());
+  CHECK(SameProto(ValueOrFail(store->ReadRangeSnapshot(Slot(0, 0), 0)), MakeSnapshot(0, 0, 32)));
+  CHECK(SameProto(ValueOrFail(store->ReadRangeSnapshot(Slot(1, 0), 1)), MakeSnapshot(1, 0, 24)));
+  CHECK(store->ReadRangeSnapshot(Slot(1, 0), 0).status().code() == absl::StatusCode::kNotFound);
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 0))), MakeSnapshot(0, 0, 8)));
+}
+
 TEST_CASE("a fresh store loads empty") {
   std::unique_ptr<DurableStore> store = OpenOrFail(TempDir("fresh"));
   const LoadedState state = ValueOrFail(store->LoadAll());

@@ -149,6 +149,16 @@ TEST_CASE("keys are described readably, malformed ones in escaped hex") {
   CHECK(DescribeKey(ColumnFamily::kMeta, "slot/x") == "meta key \"slot/x\" (malformed, 6 bytes)");
 }
 
+TEST_CASE("a range group's snapshot keys: the slot key and a copy byte") {
+  CHECK(EncodeRangeSnapshotKey(1, 2, 1) == EncodeSlotKey(1, 2) + std::string(1, '\x01'));
+  CHECK(ParseRangeSnapshotKey(EncodeRangeSnapshotKey(3, 0, 0))->slot == SlotKeyFields{3, 0});
+  CHECK(ParseRangeSnapshotKey(EncodeRangeSnapshotKey(3, 0, 1))->copy == 1);
+  CHECK_FALSE(ParseRangeSnapshotKey(EncodeSlotKey(3, 0) + std::string(1, '\x02')).has_value());
+  CHECK_FALSE(ParseRangeSnapshotKey(EncodeSlotKey(3, 0)).has_value());
+  CHECK(DescribeKey(ColumnFamily::kSnapshot, EncodeRangeSnapshotKey(0, 1, 1)) ==
+        "snapshot key (r=0, s=1, range copy 1)");
+}
+
 TEST_CASE("column families have their documented names") {
   CHECK(std::string(ColumnFamilyName(ColumnFamily::kCenter)) == "center");
   CHECK(std::string(ColumnFamilyName(ColumnFamily::kCenterOpt)) == "center_opt");
