@@ -33,9 +33,8 @@ namespace {
 constexpr int kReplicas = 2;
 constexpr int kSyncPeriod = 20;
 constexpr int64_t kMaxSteps = 400;
-constexpr int64_t kRounds = kMaxSteps / kSyncPeriod;
 
-std::string ServerConfigText(const std::string& policy = "REPLAY") {
+std::string ServerConfigText(const std::string& policy = "REPLAY", int64_t max_steps = kMaxSteps) {
   return absl::StrCat(
       "listen_address: \"127.0.0.1:0\"\n"
       "max_wait_ms: 2000\n"
@@ -51,7 +50,7 @@ std::string ServerConfigText(const std::string& policy = "REPLAY") {
       "  adahessian { lr: 0.01 }\n"
       "  step_log { linger_ms: 0 }\n"
       "  easgd { sync_period: ", kSyncPeriod, " }\n"
-      "  training { max_steps: ", kMaxSteps, " }\n"
+      "  training { max_steps: ", max_steps, " }\n"
       "}\n");
 }
 
@@ -61,8 +60,9 @@ const char kWorkerConfig[] =
     "backoff_max_ms: 200\n"
     "give_up_after_ms: 60000\n";
 
-ClusterOptions ShardOptions(const std::string& name, int groups) {
+ClusterOptions ShardOptions(const std::string& name, int groups, int standbys = 0) {
   ClusterOptions options;
+  options.standbys = standbys;
   options.server_binary = Runfile("server/rebound_server");
   options.worker_binary = Runfile("worker/rebound_worker");
   options.dir = MakeTempDir(name);
@@ -107,9 +107,12 @@ Observer Register(Cluster& cluster) {
   return observer;
 }
 
+// A stub on group `group` (a replicated group's channel follows its leader).
 std::unique_ptr<CenterRange::Stub> RangeStub(const Cluster& cluster, int group) {
-  return CenterRange::NewStub(
-      grpc::CreateChannel(cluster.group_address(group), grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannel(cluster.group_address(group), SecurityConfig(), grpc::ChannelArguments());
+  REQUIRE(channel.ok());
+  return CenterRange::NewStub(*channel);
 }
 
 // The whole center of stage 0, gathered range by range (as a worker does), with each range's
@@ -161,12 +164,26 @@ struct RunResult {
   GetStatusResponse status;  // group 0's at the end
 };
 
-// Runs the job with `groups` groups and two trainers; with `die_at` > 0 trainer 1 sends its sync
-// of that step to range 0 only and dies, and a spare rebuilds its slot.
-RunResult RunJob(int groups, int64_t die_at = 0, const std::string& policy = "REPLAY") {
-  Cluster cluster(ShardOptions(absl::StrCat("shard", groups), groups));
+struct RunOptions {
+  int64_t max_steps = kMaxSteps;
+  // > 0: trainer 1 sends its sync of this step to range 0 only and dies; a spare rebuilds it.
+  int64_t die_at = 0;
+  std::string policy = "REPLAY";
+  int standbys = 0;  // per group
+  // >= 0: once slot 0 passes `kill_at`, the leader of this group is SIGKILLed (standbys > 0).
+  int kill_leader_of = -1;
+  int64_t kill_at = 0;
+};
+
+// Runs the job with `groups` groups and two trainers.
+RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
+  const int64_t die_at = run.die_at;
+  const std::string& policy = run.policy;
+  const int64_t rounds = run.max_steps / kSyncPeriod;
+  Cluster cluster(ShardOptions(absl::StrCat("shard", groups), groups, run.standbys));
   {
-    absl::Status started = cluster.StartServer(ServerConfigText(policy), kWorkerConfig);
+    absl::Status started =
+        cluster.StartServer(ServerConfigText(policy, run.max_steps), kWorkerConfig);
     INFO(started << cluster.Logs(30, 8));
     REQUIRE(started.ok());
   }
@@ -186,27 +203,42 @@ RunResult RunJob(int groups, int64_t die_at = 0, const std::string& policy = "RE
   INFO(trainers << cluster.Logs(30, 8));
   REQUIRE(trainers.ok());
   if (die_at > 0) cluster.ExpectExit("trainer-1");
+  if (run.kill_leader_of >= 0) {
+    WaitFor(cluster, [&](const GetStatusResponse& s) {
+      return s.slots_size() > 0 && s.slots(0).step() >= run.kill_at;
+    }, "slot 0 past the kill step");
+    absl::StatusOr<GetStatusResponse> group = cluster.GetGroupStatus(run.kill_leader_of);
+    REQUIRE(group.ok());
+    REQUIRE(group->group().role() == GroupStatus::LEADER);
+    int leader = -1;
+    for (int i = 0; i < cluster.members(); ++i) {
+      if (cluster.member_name(i) == group->group().name()) leader = i;
+    }
+    REQUIRE(leader >= 0);
+    REQUIRE(cluster.group_of(leader) == run.kill_leader_of);
+    REQUIRE(cluster.KillMember(leader).ok());
+  }
   RunResult result;
   result.status = WaitFor(cluster, Finished, "every slot FINISHED");
   const Observer observer = Register(cluster);
   if (groups == 1) {
     result.center = PullCenter(cluster, observer);
-    CHECK(result.status.centers(0).version() == kRounds * kReplicas);
+    CHECK(result.status.centers(0).version() == rounds * kReplicas);
   } else {
     std::vector<int64_t> versions;
     result.center = GatherCenter(cluster, observer, groups, &versions);
     // Every range applied every sync of every slot exactly once.
     for (int g = 0; g < groups; ++g) {
       INFO("range " << g);
-      CHECK(versions[g] == kRounds * kReplicas);
+      CHECK(versions[g] == rounds * kReplicas);
     }
     REQUIRE(result.status.has_sharding());
     CHECK(result.status.sharding().groups() == groups);
   }
   for (const SlotStatus& slot : result.status.slots()) {
     INFO("slot " << slot.slot().replica());
-    CHECK(slot.update_count() == kRounds);
-    CHECK(slot.snapshot_step() == kMaxSteps);
+    CHECK(slot.update_count() == rounds);
+    CHECK(slot.snapshot_step() == run.max_steps);
   }
   if (die_at > 0) {
     const ChildProcess* dead = cluster.FindWorker("trainer-1");
@@ -247,9 +279,33 @@ TEST_CASE("a center sharded across 2 and 3 groups trains to the end, each range 
 TEST_CASE("a trainer killed between its sync to range 0 and range 1 is rebuilt by replay, every "
           "range applies the step once, and the run ends bit-identical to one group") {
   const RunResult clean = RunJob(1);
-  const RunResult killed = RunJob(3, /*die_at=*/10 * kSyncPeriod);
+  RunOptions die;
+  die.die_at = 10 * kSyncPeriod;
+  const RunResult killed = RunJob(3, die);
   REQUIRE(clean.center.size() == killed.center.size());
   CHECK(std::memcmp(clean.center.data(), killed.center.data(), clean.center.size() * 4) == 0);
+}
+
+TEST_CASE("under RESTART_FROM_CENTER a trainer killed between its ranges is replaced and every "
+          "range still applies each step once") {
+  RunOptions die;
+  die.die_at = 10 * kSyncPeriod;
+  die.policy = "RESTART_FROM_CENTER";
+  const RunResult restarted = RunJob(2, die);  // RunJob checks the counts and versions
+  CHECK(restarted.status.recoveries(0).policy() == RESTART_FROM_CENTER);
+}
+
+TEST_CASE("a range group's leader SIGKILLed mid-training (R13 standbys) loses no sync and applies "
+          "none twice: the run ends bit-identical to one group") {
+  RunOptions options;
+  options.max_steps = 3000;
+  const RunResult clean = RunJob(1, options);
+  options.standbys = 1;
+  options.kill_leader_of = 1;
+  options.kill_at = 1000;
+  const RunResult failed_over = RunJob(2, options);
+  REQUIRE(clean.center.size() == failed_over.center.size());
+  CHECK(std::memcmp(clean.center.data(), failed_over.center.data(), clean.center.size() * 4) == 0);
 }
 
 // A test client on a sharded cluster: its own registrations' credentials on every call.
