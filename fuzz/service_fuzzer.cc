@@ -14,7 +14,9 @@
 //     center now has;
 //   * an OK Pull returns the stage's tensors;
 //   * a recovery task's spare rank and micro-batch block lie inside the task and the job;
-//   * GetStatus answers OK at the end and describes the job's topology.
+//   * GetStatus answers OK at the end and describes the job's topology;
+//   * a sharded job (group 0): an authorized or committed weight lies in (0, 1]; an OK SyncRange
+//     reports the range's version and answers one tensor of the range's size.
 
 #include <algorithm>
 #include <cstdint>
@@ -37,6 +39,7 @@
 #include "server/membership.h"
 #include "server/reliability.h"
 #include "server/service.h"
+#include "server/shard/range_service.h"
 #include "storage/durable_store.h"
 
 namespace rebound::fuzz {
@@ -89,6 +92,13 @@ constexpr const char* kJobs[] = {
     R"(model { declared_by_worker: true }
        topology { replicas: 2 stages: 1 spares: 1 }
        easgd { sync_period: 2 }
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 6: the center sharded across 2 groups (DESIGN.md §10.2); the server is group 0, with its
+    // CenterRange service for range 0 (range 1's group is not there: nothing calls it).
+    R"(topology { replicas: 2 stages: 2 spares: 1 }
+       easgd { sync_period: 2 }
+       scheduling: DETERMINISTIC
+       sharding { groups: 2 }
        fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
 };
 // kModel without its `model { ... }` line, for a job that declares its own model.
@@ -164,11 +174,17 @@ class Server {
     config_.set_listen_address("127.0.0.1:0");
     config_.set_max_wait_ms(0);
     *config_.mutable_job() = job;
+    if (job.sharding().groups() > 1) {
+      config_.mutable_shard()->set_group(0);
+      for (int g = 0; g < job.sharding().groups(); ++g) {
+        config_.mutable_shard()->add_group_addresses(absl::StrCat("127.0.0.1:", 7070 + g));
+      }
+    }
     auto store = storage::DurableStore::Open(
         storage::DurableStoreOptions::FromConfig(DurabilityConfig(), job.step_log()));
     FUZZ_CHECK(store.ok());
     store_ = *std::move(store);
-    auto centers = CenterTable::Create(job);
+    auto centers = CenterTable::Create(job, /*range=*/0);
     FUZZ_CHECK(centers.ok());
     centers_ = *std::move(centers);
     tracker_ = std::make_unique<ReliabilityTracker>(job.weighting(), job.topology().replicas());
@@ -184,6 +200,23 @@ class Server {
                                                         tracker_.get(), store_.get(), &clock_);
     if (EffectiveRecoveryPolicy(job) == GLOBAL_CHECKPOINT) {
       FUZZ_CHECK(service_->EnableGlobalCheckpoint("").ok());
+    }
+    if (job.sharding().groups() > 1) {
+      ParameterServerService* service = service_.get();
+      ranges_ = std::make_unique<server::RangeService>(
+          config_, centers_.get(), store_.get(),
+          [service](const grpc::ServerContext* context, const AuthorizeRangeRequest& request) {
+            return service->Authorize(context, request);
+          },
+          [service](const grpc::ServerContext* context) { return service->CheckServing(context); });
+      // Range 0 is checked as the server checks it; range 1's group is not there, and is taken
+      // to hold what range 0 holds.
+      server::RangeService* ranges = ranges_.get();
+      service_->SetRangeCheck([ranges](const SlotId& slot, int64_t step) {
+        return ranges->Holds(slot, step)
+                   ? absl::OkStatus()
+                   : absl::FailedPreconditionError("range 0 has not applied the sync");
+      });
     }
     service_->MarkReady();
     for (int s = 0; s < centers_->num_stages(); ++s) versions_.push_back(centers_->version(s));
@@ -291,6 +324,50 @@ class Server {
         clock_.Advance(absl::Milliseconds(call.advance_clock_ms()));
         DetectFailures();
         break;
+      case ServerCall::kAuthorizeRange: {
+        AuthorizeRangeResponse response;
+        status = service_->AuthorizeRange(in_process, &call.authorize_range(), &response);
+        if (status.ok() && call.authorize_range().access() == RANGE_SYNC) {
+          FUZZ_CHECK(response.weight() > 0.0 && response.weight() <= 1.0);
+        }
+        break;
+      }
+      case ServerCall::kCommitSync: {
+        CommitSyncResponse response;
+        status = service_->CommitSync(in_process, &call.commit_sync(), &response);
+        if (status.ok()) FUZZ_CHECK(response.next_weight() > 0.0 && response.next_weight() <= 1.0);
+        break;
+      }
+      case ServerCall::kSyncRange: {
+        if (ranges_ == nullptr) break;
+        SyncRangeResponse response;
+        status = ranges_->SyncRange(in_process, &call.sync_range(), &response);
+        if (status.ok()) {
+          CheckReportedVersion(call.sync_range().slot().stage(), response.center_version());
+          // Either the fresh reply or the kept one, each one tensor of the range's size.
+          const TensorBundle& range = response.has_worker_params_after()
+                                          ? response.worker_params_after()
+                                          : response.center_before();
+          FUZZ_CHECK(range.tensors_size() == 1);
+          FUZZ_CHECK(static_cast<int64_t>(range.tensors(0).data().size()) ==
+                     4 * centers_->layout(call.sync_range().slot().stage()).packed_size());
+        }
+        break;
+      }
+      case ServerCall::kPullRange: {
+        if (ranges_ == nullptr) break;
+        PullRangeResponse response;
+        status = ranges_->PullRange(in_process, &call.pull_range(), &response);
+        if (status.ok()) CheckReportedVersion(call.pull_range().stage(), response.center_version());
+        break;
+      }
+      case ServerCall::kReadRangeSnapshot: {
+        if (ranges_ == nullptr) break;
+        Snapshot response;
+        status = ranges_->ReadRangeSnapshot(in_process, &call.read_range_snapshot(), &response);
+        if (status.ok()) FUZZ_CHECK(response.step() == call.read_range_snapshot().step());
+        break;
+      }
       case ServerCall::CALL_NOT_SET:
         break;
     }
@@ -354,6 +431,21 @@ class Server {
       case ServerCall::kRegisterWorker:
         call->mutable_register_worker()->set_previous_incarnation(incarnation);
         break;
+      case ServerCall::kAuthorizeRange:
+        call->mutable_authorize_range()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kCommitSync:
+        call->mutable_commit_sync()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kSyncRange:
+        call->mutable_sync_range()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kPullRange:
+        call->mutable_pull_range()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kReadRangeSnapshot:
+        call->mutable_read_range_snapshot()->set_incarnation(incarnation);
+        break;
       default:
         break;
     }
@@ -402,6 +494,7 @@ class Server {
   std::unique_ptr<ReliabilityTracker> tracker_;
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<server::RangeService> ranges_;  // a sharded job's range 0
   std::vector<uint64_t> incarnations_;
   std::vector<int64_t> versions_;
 };

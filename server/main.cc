@@ -44,6 +44,7 @@
 #include "server/reliability.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
+#include "server/shard/range_check.h"
 #include "server/shard/range_service.h"
 #include "server/shard/remote_authorizer.h"
 #include "storage/durable_store.h"
@@ -413,6 +414,7 @@ int Run() {
   // A sharded job's range service; group 0 authorizes in process, the others ask group 0.
   std::unique_ptr<RemoteAuthorizer> remote_authorizer;
   std::unique_ptr<RangeService> range_service;
+  std::unique_ptr<RangeCheck> range_check;
   if (sharded) {
     RangeService::Authorizer authorize;
     if (config.shard().group() == 0) {
@@ -437,6 +439,17 @@ int Run() {
         [&service](const grpc::ServerContext* context) { return service.CheckServing(context); });
     service.SetShardingStatus(
         [ranges = range_service.get()](ShardingStatus* status) { ranges->FillStatus(status); });
+    if (config.shard().group() == 0) {
+      auto check = RangeCheck::Create(config, range_service.get());
+      if (!check.ok()) {
+        LOG(ERROR) << "shard.group_addresses: " << check.status();
+        return 2;
+      }
+      range_check = *std::move(check);
+      service.SetRangeCheck([check = range_check.get()](const SlotId& slot, int64_t step) {
+        return check->Check(slot, step);
+      });
+    }
   }
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -106,6 +106,13 @@ class ParameterServerService final : public ParameterServer::Service {
     sharding_status_ = std::move(fill);
   }
 
+  // A sharded job's group 0: whether every range holds a slot's sync of a step, asked before
+  // CommitSync commits it (server/shard/range_check.h; its error is the commit's). Set before
+  // MarkReady; unset, CommitSync is FAILED_PRECONDITION.
+  void SetRangeCheck(std::function<absl::Status(const SlotId& slot, int64_t step)> check) {
+    range_check_ = std::move(check);
+  }
+
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true); }
 
@@ -235,6 +242,7 @@ class ParameterServerService final : public ParameterServer::Service {
   std::string metrics_address_ ABSL_GUARDED_BY(metrics_mu_);
   std::function<void(GroupStatus*)> group_status_;  // set before MarkReady, then read-only
   std::function<void(ShardingStatus*)> sharding_status_;  // likewise
+  std::function<absl::Status(const SlotId&, int64_t)> range_check_;  // likewise
   // A sharded job (K > 1): FAILED_PRECONDITION naming the calls to use instead, for Sync and
   // Pull; OK for an unsharded job.
   absl::Status CheckUnsharded(const char* what) const;

@@ -116,6 +116,12 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
     }
     sum_of_squares += range.partial_sq_norm();
   }
+  // Every range must hold the sync before group 0 records it: the committed step is what a
+  // recovery reads every range's snapshot at.
+  if (!range_check_) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this server cannot check its ranges"));
+  }
+  if (absl::Status held = range_check_(slot, step); !held.ok()) return ToGrpcStatus(held);
   const uint64_t checkpoint_epoch = recovery_->SyncEpoch();
   {
     absl::MutexLock lock(&commit_mu_);

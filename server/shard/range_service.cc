@@ -306,4 +306,21 @@ grpc::Status RangeService::ReadRangeSnapshot(grpc::ServerContext* context,
       request->step(), " (it holds steps ", kept.step[0], " and ", kept.step[1], ")")));
 }
 
+grpc::Status RangeService::RangeSteps(grpc::ServerContext* context,
+                                      const RangeStepsRequest* request,
+                                      RangeStepsResponse* response) {
+  if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  const Kept kept = GetKept(slot);
+  response->add_steps(kept.step[0]);
+  response->add_steps(kept.step[1]);
+  return grpc::Status::OK;
+}
+
+bool RangeService::Holds(const SlotId& slot, int64_t step) const {
+  const Kept kept = GetKept(Normalized(slot));
+  return step > 0 && (kept.step[0] == step || kept.step[1] == step);
+}
+
 }  // namespace rebound::server

@@ -78,6 +78,11 @@ class RangeService final : public CenterRange::Service {
   grpc::Status ReadRangeSnapshot(grpc::ServerContext* context,
                                  const ReadRangeSnapshotRequest* request,
                                  Snapshot* response) override;
+  grpc::Status RangeSteps(grpc::ServerContext* context, const RangeStepsRequest* request,
+                          RangeStepsResponse* response) override;
+
+  // Whether this group's range holds the slot's sync of `step` (one of its two kept snapshots).
+  bool Holds(const SlotId& slot, int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The steps of a slot's two kept range snapshots (0: none), by copy.

@@ -1,0 +1,67 @@
+#include "server/shard/range_check.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/security.h"
+#include "common/slot.h"
+#include "common/status_macros.h"
+
+namespace rebound::server {
+
+absl::StatusOr<std::unique_ptr<RangeCheck>> RangeCheck::Create(const ServerConfig& config,
+                                                               const RangeService* local) {
+  const absl::Duration deadline =
+      std::min(absl::Milliseconds(config.max_wait_ms()), absl::Seconds(5));
+  std::unique_ptr<RangeCheck> check(new RangeCheck(local, deadline));
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  for (int k = 1; k < config.shard().group_addresses_size(); ++k) {
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     MakeChannel(config.shard().group_addresses(k), config.security(), args));
+    check->stubs_.push_back(CenterRange::NewStub(channel));
+  }
+  return check;
+}
+
+absl::Status RangeCheck::Check(const SlotId& slot, int64_t step) const {
+  if (!local_->Holds(slot, step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "range 0 has not applied the sync of slot ", SlotName(slot), " at step ", step,
+        ": sync every range (CenterRange.SyncRange) before the commit"));
+  }
+  std::vector<absl::Status> statuses(stubs_.size());
+  std::vector<std::thread> threads;
+  threads.reserve(stubs_.size());
+  for (size_t i = 0; i < stubs_.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const int range = static_cast<int>(i) + 1;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline_)));
+      RangeStepsRequest request;
+      *request.mutable_slot() = slot;
+      RangeStepsResponse response;
+      const absl::Status status = FromGrpcStatus(stubs_[i]->RangeSteps(&context, request, &response));
+      if (!status.ok()) {
+        statuses[i] = absl::UnavailableError(absl::StrCat(
+            "range ", range, " did not say whether it holds the sync: ", status.message()));
+      } else if (std::find(response.steps().begin(), response.steps().end(), step) ==
+                 response.steps().end()) {
+        statuses[i] = absl::FailedPreconditionError(absl::StrCat(
+            "range ", range, " has not applied the sync of slot ", SlotName(slot), " at step ",
+            step, ": sync every range (CenterRange.SyncRange) before the commit"));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
+  return absl::OkStatus();
+}
+
+}  // namespace rebound::server
