@@ -34,14 +34,15 @@ constexpr int kReplicas = 2;
 constexpr int kSyncPeriod = 20;
 constexpr int64_t kMaxSteps = 400;
 
-std::string ServerConfigText(const std::string& policy = "REPLAY", int64_t max_steps = kMaxSteps) {
+std::string ServerConfigText(const std::string& policy = "REPLAY", int64_t max_steps = kMaxSteps,
+                             int stages = 1) {
   return absl::StrCat(
       "listen_address: \"127.0.0.1:0\"\n"
       "max_wait_ms: 2000\n"
       "job {\n"
       "  job_id: \"shard\"\n"
       "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
-      "  topology { replicas: ", kReplicas, " }\n"
+      "  topology { replicas: ", kReplicas, " stages: ", stages, " }\n"
       "  weighting { policy: UNIFORM }\n"
       "  scheduling: DETERMINISTIC\n"
       "  fault_tolerance { policy: ", policy, " heartbeat_interval_ms: 100 "
@@ -73,7 +74,7 @@ ClusterOptions ShardOptions(const std::string& name, int groups, int standbys = 
 }
 
 bool Finished(const GetStatusResponse& s) {
-  if (s.slots_size() != kReplicas) return false;
+  if (s.slots_size() < kReplicas) return false;
   for (const SlotStatus& slot : s.slots()) {
     if (slot.state() != FINISHED) return false;
   }
@@ -118,12 +119,13 @@ std::unique_ptr<CenterRange::Stub> RangeStub(const Cluster& cluster, int group) 
 // The whole center of stage 0, gathered range by range (as a worker does), with each range's
 // version.
 std::vector<float> GatherCenter(Cluster& cluster, const Observer& observer, int groups,
-                                std::vector<int64_t>* versions) {
+                                int stages, std::vector<int64_t>* versions) {
   std::vector<float> center;
-  for (int g = 0; g < groups; ++g) {
+  for (int i = 0; i < stages * groups; ++i) {
+    const int g = i % groups;
     PullRangeRequest request;
     request.set_incarnation(observer.registration.incarnation());
-    request.set_stage(0);
+    request.set_stage(i / groups);
     request.set_range(g);
     PullRangeResponse response;
     grpc::ClientContext context;
@@ -141,20 +143,22 @@ std::vector<float> GatherCenter(Cluster& cluster, const Observer& observer, int 
   return center;
 }
 
-// The one-group center of the same job, pulled whole.
-std::vector<float> PullCenter(Cluster& cluster, const Observer& observer) {
-  PullRequest request;
-  request.set_incarnation(observer.registration.incarnation());
-  request.set_stage(0);
-  PullResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
-  context.AddMetadata(kWorkerCredentialKey, observer.registration.credential());
-  REQUIRE(cluster.stub().Pull(&context, request, &response).ok());
+// The one-group center of the same job, pulled whole, stage after stage.
+std::vector<float> PullCenter(Cluster& cluster, const Observer& observer, int stages) {
   std::vector<float> center;
-  for (const Tensor& tensor : response.center().tensors()) {
-    const float* values = reinterpret_cast<const float*>(tensor.data().data());
-    center.insert(center.end(), values, values + tensor.data().size() / sizeof(float));
+  for (int stage = 0; stage < stages; ++stage) {
+    PullRequest request;
+    request.set_incarnation(observer.registration.incarnation());
+    request.set_stage(stage);
+    PullResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    context.AddMetadata(kWorkerCredentialKey, observer.registration.credential());
+    REQUIRE(cluster.stub().Pull(&context, request, &response).ok());
+    for (const Tensor& tensor : response.center().tensors()) {
+      const float* values = reinterpret_cast<const float*>(tensor.data().data());
+      center.insert(center.end(), values, values + tensor.data().size() / sizeof(float));
+    }
   }
   return center;
 }
@@ -173,6 +177,7 @@ struct RunOptions {
   // >= 0: once slot 0 passes `kill_at`, the leader of this group is SIGKILLed (standbys > 0).
   int kill_leader_of = -1;
   int64_t kill_at = 0;
+  int stages = 1;  // pipeline stages per replica
 };
 
 // Runs the job with `groups` groups and two trainers.
@@ -183,7 +188,7 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
   Cluster cluster(ShardOptions(absl::StrCat("shard", groups), groups, run.standbys));
   {
     absl::Status started =
-        cluster.StartServer(ServerConfigText(policy, run.max_steps), kWorkerConfig);
+        cluster.StartServer(ServerConfigText(policy, run.max_steps, run.stages), kWorkerConfig);
     INFO(started << cluster.Logs(30, 8));
     REQUIRE(started.ok());
   }
@@ -193,13 +198,23 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
     INFO(spare << cluster.Logs(30, 8));
     REQUIRE(spare.ok());
   }
-  absl::Status trainers = cluster.StartTrainers(kReplicas, [&](int trainer) {
-    std::vector<std::string> flags;
-    if (die_at > 0 && trainer == 1) {
-      flags = {absl::StrCat("--fault_die_in_sync_at_step=", die_at), "--fault_die_in_sync_ranges=1"};
+  absl::Status trainers;
+  if (run.stages == 1) {
+    // One at a time, so that trainer i owns slot i (the fault goes to trainer 1's).
+    trainers = cluster.StartTrainers(kReplicas, [&](int trainer) {
+      std::vector<std::string> flags;
+      if (die_at > 0 && trainer == 1) {
+        flags = {absl::StrCat("--fault_die_in_sync_at_step=", die_at),
+                 "--fault_die_in_sync_ranges=1"};
+      }
+      return flags;
+    });
+  } else {
+    // A pipeline's slots are each a function of (replica, stage) only: who owns which is moot.
+    for (int i = 0; i < kReplicas * run.stages && trainers.ok(); ++i) {
+      trainers = cluster.StartWorker(absl::StrCat("trainer-", i), "trainer");
     }
-    return flags;
-  });
+  }
   INFO(trainers << cluster.Logs(30, 8));
   REQUIRE(trainers.ok());
   if (die_at > 0) cluster.ExpectExit("trainer-1");
@@ -232,16 +247,19 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
   RunResult result;
   result.status = WaitFor(cluster, Finished, "every slot FINISHED");
   const Observer observer = Register(cluster);
+  REQUIRE(result.status.slots_size() == kReplicas * run.stages);
   if (groups == 1) {
-    result.center = PullCenter(cluster, observer);
-    CHECK(result.status.centers(0).version() == rounds * kReplicas);
+    result.center = PullCenter(cluster, observer, run.stages);
+    for (const CenterStatus& center : result.status.centers()) {
+      CHECK(center.version() == rounds * kReplicas);
+    }
   } else {
     std::vector<int64_t> versions;
-    result.center = GatherCenter(cluster, observer, groups, &versions);
-    // Every range applied every sync of every slot exactly once.
-    for (int g = 0; g < groups; ++g) {
-      INFO("range " << g);
-      CHECK(versions[g] == rounds * kReplicas);
+    result.center = GatherCenter(cluster, observer, groups, run.stages, &versions);
+    // Every range of every stage applied every sync of every slot exactly once.
+    for (size_t i = 0; i < versions.size(); ++i) {
+      INFO("stage " << i / groups << " range " << i % groups);
+      CHECK(versions[i] == rounds * kReplicas);
     }
     REQUIRE(result.status.has_sharding());
     CHECK(result.status.sharding().groups() == groups);
@@ -396,6 +414,16 @@ SyncRangeRequest MakeSyncRange(const RegisterResponse& trainer, int group, int64
   *request.mutable_optimizer()->mutable_v() = zero;
   *request.mutable_optimizer()->mutable_last_hdiag() = zero;
   return request;
+}
+
+TEST_CASE("a two-stage pipeline sharded across 2 groups trains bit-identical to one group") {
+  RunOptions options;
+  options.stages = 2;
+  const RunResult one = RunJob(1, options);
+  const RunResult two = RunJob(2, options);
+  REQUIRE(one.center.size() == two.center.size());
+  CHECK(std::memcmp(one.center.data(), two.center.data(), one.center.size() * 4) == 0);
+  REQUIRE(two.status.sharding().stages_size() == 2);
 }
 
 TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely and change "
