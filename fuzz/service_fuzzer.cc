@@ -208,7 +208,8 @@ class Server {
           [service](const grpc::ServerContext* context, const AuthorizeRangeRequest& request) {
             return service->Authorize(context, request);
           },
-          [service](const grpc::ServerContext* context) { return service->CheckServing(context); });
+          [service](const grpc::ServerContext* context) { return service->CheckServing(context); },
+          service->admission().inflight_bytes);
       // Range 0 is checked as the server checks it; range 1's group is not there, and is taken
       // to hold what range 0 holds.
       server::RangeService* ranges = ranges_.get();

@@ -436,7 +436,8 @@ int Run() {
     }
     range_service = std::make_unique<RangeService>(
         config, centers->get(), db, std::move(authorize),
-        [&service](const grpc::ServerContext* context) { return service.CheckServing(context); });
+        [&service](const grpc::ServerContext* context) { return service.CheckServing(context); },
+        service.admission().inflight_bytes);
     service.SetShardingStatus(
         [ranges = range_service.get()](ShardingStatus* status) { ranges->FillStatus(status); });
     if (config.shard().group() == 0) {

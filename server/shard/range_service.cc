@@ -26,7 +26,7 @@ absl::Status AppliedMeanwhile() { return absl::CancelledError("sync applied mean
 
 RangeService::RangeService(const ServerConfig& config, CenterTable* centers,
                            storage::DurableStore* store, Authorizer authorize,
-                           CallCheck check_call)
+                           CallCheck check_call, int64_t inflight_bytes)
     : config_(config),
       job_(config_.job()),
       group_(config_.shard().group()),
@@ -34,7 +34,8 @@ RangeService::RangeService(const ServerConfig& config, CenterTable* centers,
       store_(store),
       authorize_(std::move(authorize)),
       check_call_(std::move(check_call)),
-      books_(job_) {}
+      books_(job_),
+      inflight_("request bytes in flight (max_inflight_bytes)", "bytes", inflight_bytes) {}
 
 void RangeService::Restore(const storage::LoadedState& state) {
   std::vector<WeightRecord> books;
@@ -140,6 +141,8 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
                                      const SyncRangeRequest* request,
                                      SyncRangeResponse* response) {
   if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  auto admitted = inflight_.Enter(static_cast<int64_t>(request->ByteSizeLong()));
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);

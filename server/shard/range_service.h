@@ -45,6 +45,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/sharding.grpc.pb.h"
+#include "server/call_gate.h"
 #include "server/center_table.h"
 #include "server/slot_books.h"
 #include "storage/durable_store.h"
@@ -61,8 +62,10 @@ class RangeService final : public CenterRange::Service {
   using CallCheck = std::function<absl::Status(const grpc::ServerContext* context)>;
 
   // `centers` holds range config.shard().group() of every stage (CenterTable::Create).
+  // `inflight_bytes` bounds the SyncRange request bytes handled at once (RESOURCE_EXHAUSTED
+  // beyond: the server's max_inflight_bytes, as the ParameterServer's own Sync gate).
   RangeService(const ServerConfig& config, CenterTable* centers, storage::DurableStore* store,
-               Authorizer authorize, CallCheck check_call);
+               Authorizer authorize, CallCheck check_call, int64_t inflight_bytes);
 
   // The kept steps of every slot, from the headers of the stored range snapshots (after a
   // server restart). Call before the server is ready.
@@ -110,6 +113,7 @@ class RangeService final : public CenterRange::Service {
   const Authorizer authorize_;
   const CallCheck check_call_;
   SlotBooks books_;  // DETERMINISTIC turns of this group's syncs
+  CallGate inflight_;
 
   mutable absl::Mutex mu_;
   std::map<Key, Kept> kept_ ABSL_GUARDED_BY(mu_);
