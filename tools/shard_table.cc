@@ -1,10 +1,12 @@
 #include "tools/shard_table.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace rebound::tools {
@@ -103,17 +105,17 @@ std::string DescribeMismatch(const ShardGroupView& view, int groups) {
 
 std::string FormatShardTable(const std::vector<ShardGroupView>& views) {
   const int groups = static_cast<int>(views.size());
-  std::string text = absl::StrFormat("%-5s %-34s %-9s %-42s %-16s %s\n", "GROUP", "ADDRESS",
-                                     "REACHABLE", "ROLE", "CENTERS", "DETAIL");
+  // Cells first, then each column as wide as its widest cell.
+  std::vector<std::vector<std::string>> rows = {
+      {"GROUP", "ADDRESS", "REACHABLE", "ROLE", "CENTERS", "DETAIL"}};
   std::vector<std::string> degraded;
   for (const ShardGroupView& view : views) {
     const bool reachable = view.status.has_value();
     const std::string mismatch = DescribeMismatch(view, groups);
-    const std::string detail = reachable ? mismatch : view.error;
-    absl::StrAppendFormat(&text, "%-5d %-34s %-9s %-42s %-16s %s\n", view.group, view.address,
-                          reachable ? "yes" : "NO",
-                          reachable ? DescribeRole(*view.status) : std::string("-"),
-                          reachable ? DescribeCenters(*view.status) : std::string("-"), detail);
+    rows.push_back({absl::StrCat(view.group), view.address, reachable ? "yes" : "NO",
+                    reachable ? DescribeRole(*view.status) : "-",
+                    reachable ? DescribeCenters(*view.status) : "-",
+                    reachable ? mismatch : view.error});
     if (!reachable) {
       degraded.push_back(absl::StrCat("DEGRADED: group ", view.group, " (", view.address,
                                       ") does not answer: ", view.error,
@@ -122,6 +124,19 @@ std::string FormatShardTable(const std::vector<ShardGroupView>& views) {
       degraded.push_back(absl::StrCat("DEGRADED: group ", view.group, " (", view.address, ") ",
                                       mismatch));
     }
+  }
+  std::vector<size_t> widths(rows.front().size(), 0);
+  for (const std::vector<std::string>& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  std::string text;
+  for (const std::vector<std::string>& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, c == 0 ? "" : "  ", row[c]);
+      if (c + 1 < row.size()) line.append(widths[c] - row[c].size(), ' ');
+    }
+    absl::StrAppend(&text, absl::StripTrailingAsciiWhitespace(line), "\n");
   }
   if (degraded.empty()) {
     absl::StrAppend(&text, "all ", groups, " groups answer\n");

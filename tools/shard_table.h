@@ -49,7 +49,7 @@ std::string DescribeCenters(const GetStatusResponse& status);
 std::string DescribeMismatch(const ShardGroupView& view, int groups);
 
 // The table of `reboundctl shards`: a header, one row per group (GROUP, ADDRESS, REACHABLE,
-// ROLE, CENTERS, DETAIL), then either "all K groups answer" or one "DEGRADED: ..." line per
+// ROLE, CENTERS, DETAIL; each column as wide as its widest cell), then either "all K groups answer" or one "DEGRADED: ..." line per
 // group that did not answer (a trainer's syncs wait for every range: training stalls until it
 // is back) or that answered wrongly.
 std::string FormatShardTable(const std::vector<ShardGroupView>& views);
