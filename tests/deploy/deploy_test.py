@@ -593,8 +593,9 @@ printf '%s\n' n1 n2 n3
 
 FAKE_SERVER = r"""#!/bin/bash
 echo "server $*" >> "$FAKE_LOG"
-if [[ -n ${FAKE_CRASH_ONCE:-} && ! -e $FAKE_DIR/crashed ]]; then
-  touch "$FAKE_DIR/serving" "$FAKE_DIR/crashed"; sleep 4
+# mkdir is atomic: of servers started at once (a group's members), exactly one crashes.
+if [[ -n ${FAKE_CRASH_ONCE:-} ]] && mkdir "$FAKE_DIR/crashed" 2> /dev/null; then
+  touch "$FAKE_DIR/serving"; sleep 4
   rm "$FAKE_DIR/serving"; echo "server crash" >> "$FAKE_LOG"; exit 1
 fi
 trap 'rm -f "$FAKE_DIR/serving"; echo "server TERM" >> "$FAKE_LOG"; exit 0' TERM
@@ -753,7 +754,8 @@ class SlurmRunTest(unittest.TestCase):
         self.assertEqual(sorted(configs[:2]), [f"{self.run_dir}/server-{i}.pbtxt" for i in (0, 1)])
         self.assertEqual(len(servers), 3, output)
         self.assertIn("server crash", lines)
-        crashed = configs.index(configs[2])
+        # (The first two start at once: their lines come in any order; the third is the restart.)
+        crashed = int(re.search(r"/server-(\d+)\.pbtxt$", configs[2]).group(1))
         self.assertEqual(self.srun_nodes("rebound_server")[2], f"n{crashed + 1}")   # 4 s later
         self.assertIn(f"server-{crashed} exited (1): restart 1 of 3", output)
         for i in (0, 1):
