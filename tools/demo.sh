@@ -7,7 +7,7 @@
 # and plots test accuracy and reliability weights over time, with the kill, the failure and the
 # recovery marked (tools/plot_progress.sh). About two minutes on 2 cores after the build.
 #
-#   tools/demo.sh [--ha] [extra rebound_launch flags]
+#   tools/demo.sh [--ha] [--sharded K] [extra rebound_launch flags]
 #
 # Writes to $DEMO_OUT (default /tmp/rebound-demo): work/ (every process's log), progress.csv and
 # progress.png. Exits with rebound_launch's status; the plot is drawn even when the job failed.
@@ -19,43 +19,85 @@
 # is started again on its data dir and rejoins as a standby. Prints the failover (from the kill
 # to the first sync the new leader acknowledged) at the end. Writes to $DEMO_OUT (default
 # /tmp/rebound-demo-ha), the launcher's output also to launch.log there.
+#
+# --sharded K (2 to 64; 1 is the default demo): the same job with its center sharded across K server groups
+# (docs/operations.md, "Sharding"): K rebound_servers, each holding one range of the center; the
+# trainers sync every range in parallel, and the trainer is killed and rebuilt as in the default
+# demo. Prints each group and the ranges at the start and each group's center version at the end
+# (equal: every sync reached every range once). With --ha as well, each group is a leader and a
+# standby, and group 0's leader is killed. Writes to $DEMO_OUT (default /tmp/rebound-demo-sharded,
+# or /tmp/rebound-demo-ha-sharded with --ha), the launcher's output also to launch.log there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ha=0
+shards=1
 args=()
-for arg in "$@"; do
-  if [ "$arg" = --ha ]; then ha=1; else args+=("$arg"); fi
+while [ $# -gt 0 ]; do
+  case $1 in
+    --ha) ha=1 ;;
+    --sharded=*) shards=${1#--sharded=} ;;
+    --sharded)
+      if [ $# -lt 2 ]; then
+        echo "tools/demo.sh: --sharded needs a number of groups, 1 to 64" >&2
+        exit 2
+      fi
+      shards=$2
+      shift
+      ;;
+    *) args+=("$1") ;;
+  esac
+  shift
 done
+if ! [[ $shards =~ ^[0-9]+$ ]] || ((10#$shards < 1 || 10#$shards > 64)); then
+  echo "tools/demo.sh: --sharded takes a number of groups, 1 to 64 (1: not sharded); got" \
+    "'$shards'" >&2
+  exit 2
+fi
+shards=$((10#$shards))
 set -- "${args[@]+"${args[@]}"}"
 
 tools/setup.sh
 bazel build -c opt //server:rebound_server //worker:rebound_worker //tools:reboundctl \
   //tools/launch:rebound_launch
 
-if [ "$ha" -eq 1 ]; then
-  out=${DEMO_OUT:-/tmp/rebound-demo-ha}
-else
-  out=${DEMO_OUT:-/tmp/rebound-demo}
+suffix=
+if [ "$ha" -eq 1 ]; then suffix=-ha; fi
+shard_flags=()
+if [ "$shards" -gt 1 ]; then
+  suffix=$suffix-sharded
+  shard_flags=(--shard_groups "$shards")
 fi
+out=${DEMO_OUT:-/tmp/rebound-demo$suffix}
 rm -rf "$out"
 mkdir -p "$out"
+where="a server"
+if [ "$shards" -gt 1 ]; then where="$shards server groups, each holding a range of the center"; fi
 if [ "$ha" -eq 1 ]; then
   max_steps=$(awk '/^[[:space:]]*max_steps:/ {print $2; exit}' configs/job.pbtxt)
   leader_step=$(( ${max_steps:-1000} / 2 ))
-  echo "== training configs/job.pbtxt on a server group (a leader, a standby, 3 etcd members);" \
-    "trainer (1,0) is killed at step 1000, the leader at mean step $leader_step; logs in $out/work"
+  leader="the leader"
+  if [ "$shards" -gt 1 ]; then
+    where="$shards server groups (each a leader and a standby, one range of the center each)"
+    leader="group 0's leader"
+  else
+    where="a server group (a leader, a standby)"
+  fi
+  echo "== training configs/job.pbtxt on $where, 3 etcd members;" \
+    "trainer (1,0) is killed at step 1000, $leader at mean step $leader_step; logs in $out/work"
   rc=0
   bazel-bin/tools/launch/rebound_launch --job configs/job.pbtxt --workdir "$out/work" \
     --kill_trainer_at_step 1000 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
-    --standbys 1 --kill_leader_at_step "$leader_step" \
+    --standbys 1 --kill_leader_at_step "$leader_step" "${shard_flags[@]+"${shard_flags[@]}"}" \
     --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
 else
-  echo "== training configs/job.pbtxt; trainer (1,0) is killed at step 1000; logs in $out/work"
+  echo "== training configs/job.pbtxt on $where; trainer (1,0) is killed at step 1000;" \
+    "logs in $out/work"
   rc=0
   bazel-bin/tools/launch/rebound_launch --job configs/job.pbtxt --workdir "$out/work" \
     --kill_trainer_at_step 1000 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
-    --timeout_s 900 "$@" || rc=$?
+    "${shard_flags[@]+"${shard_flags[@]}"}" \
+    --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
 fi
 echo "== progress table: $out/progress.csv"
 if [ -s "$out/progress.csv" ]; then
@@ -66,9 +108,19 @@ if [ -s "$out/progress.csv" ]; then
     [ "$rc" -ne 0 ] || rc=1
   fi
 fi
+member='(g0-)?server-[0-9]+'
 if [ "$ha" -eq 1 ]; then
   echo "== the server group's failover (the launcher's lines; all of it in $out/launch.log):"
-  grep -E '\] (leader server-[0-9]+ .*SIGKILLed|group: server-[0-9]+ leads|failover: |started server-[0-9]+ again|group: server-[0-9]+ is back in sync|failover summary: )' \
+  grep -E "\\] (leader $member .*SIGKILLed|group: $member leads|failover: |started $member again|group: $member is back in sync|failover summary: )" \
     "$out/launch.log" | sed 's/^/   /' || echo "   (none: the leader was not killed; see above)"
+fi
+if [ "$shards" -gt 1 ]; then
+  echo "== the shard groups: their ranges, and each group's center version at the end (equal:" \
+    "every sync reached every range once; all of it in $out/launch.log):"
+  # The line and its continuation lines (indented): one per stage, then the workers' address.
+  awk '/\] center sharded across /{p = 1; print; next} p && /^ /{print; next} {p = 0}' \
+    "$out/launch.log" | sed 's/^/   /'
+  grep -E '\] shard group [0-9]+ \(.*\): ' "$out/launch.log" | sed 's/^/   /' ||
+    echo "   (none: the job did not get that far; see above)"
 fi
 exit "$rc"

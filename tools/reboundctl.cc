@@ -8,7 +8,9 @@
 // Commands:
 //   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
 //   status   centers, last evaluation, slots (state, owner, step, weight and its inputs) and
-//            workers (role, state, incarnation, step, last heartbeat)
+//            workers (role, state, incarnation, step, last heartbeat); for a sharded job
+//            (DESIGN.md §10.2) also K, this server's group and each stage's ranges, [begin, end)
+//            per group (this group's marked *)
 //   recoveries  every recovery: slot, policy, outcome, failed step, steps replayed, spares,
 //               phases (detection, snapshot transfer, replay, takeover), verified bit-identical
 //   workers  every worker the server knows: incarnation, name, role, state, slot, step,
@@ -21,6 +23,12 @@
 //            lag and state; from the leader through --server (a list of the members' addresses
 //            reaches it), or with --peer HOST:PORT from any member's peer port (a standby says
 //            which leader it follows and why it waits)
+//   shards   a sharded job's groups: asks --server for sharding.group_addresses, then every
+//            group (in parallel, --timeout_ms each) and prints a row per group: its index,
+//            address, whether it answered, its role (single server, or its leader's name, epoch
+//            and in-sync standbys), its center version per stage; then "all K groups answer" or
+//            a DEGRADED line per group that does not answer or answers as another group. Exit 1
+//            when degraded or the job is not sharded
 //   plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]
 //            (offline, no server) which stage boundaries to log within a log budget of N bytes, by
 //            SWIFT's greedy rule (common/logging_plan.h); --stage_ms gives each stage's measured
@@ -42,9 +50,11 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -63,6 +73,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "proto/replication.grpc.pb.h"
+#include "tools/shard_table.h"
 
 DEFINE_string(server, "127.0.0.1:7070",
               "server host:port, or a replicated group's members as host:port,host:port,...");
@@ -211,6 +222,17 @@ void PrintStatusTable(const GetStatusResponse& s) {
     std::printf("center stage %d: version %lld, %lld parameters\n", center.stage(),
                 static_cast<long long>(center.version()),
                 static_cast<long long>(center.parameter_count()));
+  }
+  if (s.has_sharding()) {
+    const ShardingStatus& sharding = s.sharding();
+    const int group = sharding.group();
+    std::printf("center sharded across %d groups; this server is group %d (%s) and holds the "
+                "ranges marked *:\n%s",
+                sharding.groups(), group,
+                group < sharding.group_addresses_size()
+                    ? sharding.group_addresses(group).c_str()
+                    : "?",
+                tools::FormatRanges(sharding, group).c_str());
   }
   if (s.has_last_eval()) {
     std::printf("test accuracy %.2f%%, test loss %.4f (center version %lld, %s ago)\n",
@@ -381,6 +403,52 @@ absl::StatusOr<GetStatusResponse> FetchStatus(const std::shared_ptr<grpc::Channe
   return response;
 }
 
+// A sharded job's groups (DESIGN.md §10.2): the addresses from --server's reply, then one
+// GetStatus of each group, all at once (a group that does not answer costs --timeout_ms, not
+// --timeout_ms per group).
+int Shards(const std::shared_ptr<grpc::Channel>& channel, const SecurityConfig& security) {
+  grpc::Status failure;
+  auto first = FetchStatus(channel, &failure);
+  if (!first.ok()) return ReportError(failure);
+  if (!first->has_sharding()) {
+    std::cerr << "reboundctl: the job at " << FLAGS_server
+              << " is not sharded (sharding.groups 1: one server group holds the whole center)\n";
+    return kExitFailed;
+  }
+  const ShardingStatus& sharding = first->sharding();
+  std::vector<tools::ShardGroupView> views(sharding.group_addresses_size());
+  std::vector<std::thread> askers;
+  for (int g = 0; g < sharding.group_addresses_size(); ++g) {
+    views[g].group = g;
+    views[g].address = sharding.group_addresses(g);
+    askers.emplace_back([&view = views[g], &security] {
+      auto made = MakeChannel(view.address, security, grpc::ChannelArguments());
+      if (!made.ok()) {
+        view.error = std::string(made.status().message());
+        return;
+      }
+      grpc::Status failed;
+      auto status = FetchStatus(*made, &failed);
+      if (status.ok()) {
+        view.status = *std::move(status);
+      } else {
+        view.error = absl::StrCat(
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(failed.error_code())), ": ",
+            failed.error_message());
+      }
+    });
+  }
+  for (std::thread& asker : askers) asker.join();
+  if (FLAGS_output == "json") {
+    std::cout << tools::ShardTableJson(views) << "\n";
+  } else {
+    std::printf("job %s: center sharded across %d groups (asked through %s, group %d)\n%s",
+                first->job_id().c_str(), sharding.groups(), FLAGS_server.c_str(),
+                sharding.group(), tools::FormatShardTable(views).c_str());
+  }
+  return tools::Degraded(views) ? kExitFailed : kExitOk;
+}
+
 int Workers(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::Status failure;
   auto status = FetchStatus(channel, &failure);
@@ -542,6 +610,7 @@ constexpr char kUsage[] =
     "                  [--operator_token_file F] COMMAND\n"
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
     "  group [--peer HOST:PORT]   (a replicated server group: leader, standbys, in-sync, lag)\n"
+    "  shards                     (a sharded job: every group, reachable?, role, versions)\n"
     "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
     "   (offline)\n";
 
@@ -602,6 +671,7 @@ int Main(int argc, char** argv) {
   if (command == "recoveries") return Recoveries(channel);
   if (command == "watch") return Watch(channel);
   if (command == "group") return Group(channel, security);
+  if (command == "shards") return Shards(channel, security);
   std::cerr << "reboundctl: unknown command '" << command << "'\n" << kUsage;
   return kExitUsage;
 }
@@ -612,7 +682,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "
-      "health|status|workers|recoveries|watch|drain R,S|group|plan-logging");
+      "health|status|workers|recoveries|watch|drain R,S|group|shards|plan-logging");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }

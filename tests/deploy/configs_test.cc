@@ -1,12 +1,14 @@
-// The configs of the Kubernetes ConfigMap (deploy/k8s/config) pass the validation that
-// rebound_server and rebound_worker run at start, as shipped and as the init containers rewrite
-// them (the pod IP as a worker's peer address and as a server member's advertised host).
+// The configs of the Kubernetes ConfigMap (deploy/k8s/config, and deploy/k8s-sharded/config's
+// for the sharded overlay) pass the validation that rebound_server and rebound_worker run at
+// start, as shipped and as the init containers rewrite them (the pod IP as a worker's peer
+// address and as a server member's advertised host).
 
 #include <catch2/catch.hpp>
 
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 
@@ -102,6 +104,35 @@ TEST_CASE("the worker's config with a pod IP as peer host is valid, IPv4 and IPv
     REQUIRE(worker.ok());
     CHECK(worker->peer_listen_address() == host + ":7071");
   }
+}
+
+// deploy/k8s-sharded: group g's config, as its StatefulSet's init container renders it.
+constexpr char kShardedConfigDir[] = "deploy/k8s-sharded/config";
+
+TEST_CASE("the sharded overlay's group configs load: each its group, every group's Service") {
+  const std::vector<std::string> services = {"rebound-server:7070", "rebound-server-g1:7070"};
+  for (int g = 0; g < 2; ++g) {
+    const std::string file = g == 0 ? "server.pbtxt" : "server-g1.pbtxt";
+    INFO(file);
+    const std::string text = Read(std::string(kShardedConfigDir) + "/" + file);
+    auto server = ParseServerConfig(WithAdvertiseHost(text, "10.244.3.4"), file,
+                                    kShardedConfigDir);
+    INFO(server.status().message());
+    REQUIRE(server.ok());
+    CHECK(server->job().job_id() == "fashion-mnist-cluster");
+    CHECK(server->job().sharding().groups() == 2);
+    CHECK(server->shard().group() == g);
+    CHECK(std::vector<std::string>(server->shard().group_addresses().begin(),
+                                   server->shard().group_addresses().end()) == services);
+    // Its own leader election, in the one etcd.
+    CHECK(server->replication().group() == std::to_string(g));
+    CHECK(server->replication().etcd_endpoints_size() == 3);
+    CHECK(server->replication().advertise_host() == "10.244.3.4");
+  }
+  // The workers of the base reach group 0, the first entry.
+  auto worker = LoadWorkerConfig(std::string(kConfigDir) + "/worker.pbtxt");
+  REQUIRE(worker.ok());
+  CHECK(worker->server_address() == services[0]);
 }
 
 }  // namespace

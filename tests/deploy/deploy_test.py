@@ -15,12 +15,21 @@ binaries, starts the server on the first node and the workers on the others, res
 that dies and a worker that is fenced, and stops the workers before the server; with
 REBOUND_STANDBYS, starts etcd on the first nodes (or uses given endpoints) and one member per
 node, gives the workers every member's address, restarts a member that dies, and stops etcd
-last.
+last; with REBOUND_SHARD_GROUPS, starts one server (or group) per shard group on the first
+nodes, each config with its shard block naming every group, the job with sharding.groups, and
+refuses a count that disagrees with the job or the allocation.
+
+Kubernetes, sharded (deploy/k8s-sharded, an overlay of deploy/k8s): one StatefulSet and Services
+per shard group beyond group 0's; every group's config names every group's Service in the same
+order, its own group and its own etcd keys; the overlay's configs equal the base's but for the
+sharding; each group's StatefulSet is group 0's but for its names, labels and config; and,
+where kubectl is installed, `kubectl kustomize` builds what this test reads.
 """
 
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -32,6 +41,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K8S = os.path.join(ROOT, "deploy", "k8s")
+K8S_SHARDED = os.path.join(ROOT, "deploy", "k8s-sharded")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "rebound.sbatch")
 SUPERVISE = os.path.join(ROOT, "deploy", "slurm", "supervise-worker.sh")
 
@@ -109,16 +119,21 @@ def split_flags(args):
     return flags
 
 
-def load_kustomization():
-    with open(os.path.join(K8S, "kustomization.yaml")) as f:
+def load_kustomization(root=K8S):
+    with open(os.path.join(root, "kustomization.yaml")) as f:
         return yaml.safe_load(f)
 
 
-def load_manifests():
-    """{(kind, name): object} over the kustomization's resources."""
+def load_manifests(root=K8S):
+    """{(kind, name): object} over the kustomization's resources; a resource that is a directory
+    is a base (its own kustomization), as kustomize reads it."""
     objects = {}
-    for resource in load_kustomization()["resources"]:
-        with open(os.path.join(K8S, resource)) as f:
+    for resource in load_kustomization(root)["resources"]:
+        path = os.path.normpath(os.path.join(root, resource))
+        if os.path.isdir(path):
+            objects.update(load_manifests(path))
+            continue
+        with open(path) as f:
             for doc in yaml.safe_load_all(f):
                 objects[(doc["kind"], doc["metadata"]["name"])] = doc
     return objects
@@ -135,12 +150,21 @@ def etcd_flags():
     return set(re.findall(r"^\s+--([a-z0-9-]+)", result.stdout + result.stderr, re.M))
 
 
-def config_map_files():
-    """The ConfigMap generator's files: {name: {key: path}}."""
+def config_map_files(root=K8S):
+    """The ConfigMap generators' files: {name: {key: path}}, a base's first, then the overlay's
+    (behavior merge: its keys replace or add to the base's)."""
     maps = {}
-    for generator in load_kustomization()["configMapGenerator"]:
-        maps[generator["name"]] = {os.path.basename(f): os.path.join(K8S, f)
-                                   for f in generator["files"]}
+    kustomization = load_kustomization(root)
+    for resource in kustomization.get("resources", []):
+        path = os.path.normpath(os.path.join(root, resource))
+        if os.path.isdir(path):
+            maps.update(config_map_files(path))
+    for generator in kustomization.get("configMapGenerator", []):
+        files = {os.path.basename(f): os.path.join(root, f) for f in generator["files"]}
+        if generator.get("behavior") == "merge":
+            maps.setdefault(generator["name"], {}).update(files)
+        else:
+            maps[generator["name"]] = files
     return maps
 
 
@@ -511,6 +535,161 @@ class KubernetesTest(unittest.TestCase):
                               if k != "peer_listen_address"})
 
 
+class ShardedKubernetesTest(unittest.TestCase):
+    """deploy/k8s-sharded: the base's job with its center sharded across the overlay's groups."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.kustomization = load_kustomization(K8S_SHARDED)
+        cls.objects = load_manifests(K8S_SHARDED)
+        cls.base_objects = load_manifests(K8S)
+        cls.files = config_map_files(K8S_SHARDED)["rebound-config"]
+        cls.base_files = config_map_files(K8S)["rebound-config"]
+        cls.job = parse_pbtxt(read(cls.files["job.pbtxt"]))
+        cls.groups = int(one(cls.job, "sharding.groups"))
+        # Group g: its StatefulSet, its Services and the config its members run.
+        cls.sts, cls.svc, cls.peers, cls.config_key = [], [], [], []
+        for g in range(cls.groups):
+            name = "rebound-server" if g == 0 else f"rebound-server-g{g}"
+            cls.sts.append(cls.objects[("StatefulSet", name)])
+            cls.svc.append(cls.objects[("Service", name)])
+            cls.peers.append(cls.objects[("Service", f"{name}-peers")])
+            cls.config_key.append("server.pbtxt" if g == 0 else f"server-g{g}.pbtxt")
+        cls.configs = [parse_pbtxt(read(cls.files[key])) for key in cls.config_key]
+
+    def test_the_overlay_is_the_base_plus_one_statefulset_and_two_services_per_group(self):
+        self.assertEqual(self.kustomization["resources"][0], "../k8s")
+        self.assertGreaterEqual(self.groups, 2)
+        added = set(self.objects) - set(self.base_objects)
+        self.assertEqual(added, {(kind, f"rebound-server-g{g}{suffix}")
+                                 for g in range(1, self.groups)
+                                 for kind, suffix in (("StatefulSet", ""), ("Service", ""),
+                                                      ("Service", "-peers"))})
+        self.assertEqual(len([k for k in self.objects if k[0] == "StatefulSet"]),
+                         self.groups + 1)   # + etcd
+        [generator] = self.kustomization["configMapGenerator"]
+        self.assertEqual(generator["name"], "rebound-config")
+        self.assertEqual(generator["behavior"], "merge")
+        self.assertEqual(set(self.files), {"job.pbtxt", "worker.pbtxt"} | set(self.config_key))
+        self.assertEqual(self.files["worker.pbtxt"], self.base_files["worker.pbtxt"])
+        # The workers are the base's: they dial group 0 and learn the others at registration.
+        for key in self.objects:
+            if key[0] in ("Job", "Deployment"):
+                self.assertEqual(self.objects[key], self.base_objects[key], key)
+
+    def test_every_group_names_every_groups_service_in_order_and_its_own_group(self):
+        port = int(one(self.configs[0], "listen_address").rsplit(":", 1)[1])
+        expected = []
+        for g in range(self.groups):
+            [service_port] = self.svc[g]["spec"]["ports"]
+            self.assertEqual(service_port["port"], port)
+            self.assertNotIn("clusterIP", self.svc[g]["spec"])   # a virtual IP: the leader only
+            expected.append(f"{self.svc[g]['metadata']['name']}:{port}")
+        for g, config in enumerate(self.configs):
+            self.assertEqual(config["shard.group_addresses"], expected, self.config_key[g])
+            self.assertEqual(one(config, "shard.group"), str(g), self.config_key[g])
+        # Each group elects its own leader under its own etcd keys, in the one etcd.
+        self.assertEqual([one(c, "replication.group") for c in self.configs],
+                         [str(g) for g in range(self.groups)])
+        for config in self.configs:
+            self.assertEqual(config["replication.etcd_endpoints"],
+                             self.configs[0]["replication.etcd_endpoints"])
+        # The workers dial group 0's Service, the first entry.
+        worker = parse_pbtxt(read(self.files["worker.pbtxt"]))
+        self.assertEqual(one(worker, "server_address"), expected[0])
+
+    def test_each_group_runs_its_own_config_with_its_own_size(self):
+        for g in range(self.groups):
+            spec = pod_spec(self.sts[g])
+            [init] = spec["initContainers"]
+            script = init["args"][0]
+            self.assertIn(f"/etc/rebound/{self.config_key[g]} > /run/rebound/server.pbtxt",
+                          script)
+            self.assertIn("cp /etc/rebound/job.pbtxt /run/rebound/job.pbtxt", script)
+            [container] = spec["containers"]
+            self.assertEqual(dict(split_flags(container["args"]))["config"],
+                             "/run/rebound/server.pbtxt")
+            self.assertEqual(self.sts[g]["spec"]["replicas"],
+                             1 + int(one(self.configs[g], "replication.standbys")))
+            self.assertEqual(one(self.configs[g], "job_file"), "job.pbtxt")
+
+    def test_each_groups_services_and_anti_affinity_select_its_own_pods_only(self):
+        labels = [sts["spec"]["template"]["metadata"]["labels"] for sts in self.sts]
+        for g in range(self.groups):
+            self.assertEqual(self.sts[g]["spec"]["serviceName"],
+                             self.peers[g]["metadata"]["name"])
+            self.assertEqual(self.peers[g]["spec"]["clusterIP"], "None")
+            term = pod_spec(self.sts[g])["affinity"]["podAntiAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"][0]
+            for selector in (self.svc[g]["spec"]["selector"], self.peers[g]["spec"]["selector"],
+                             self.sts[g]["spec"]["selector"]["matchLabels"],
+                             term["labelSelector"]["matchLabels"]):
+                for h in range(self.groups):
+                    self.assertEqual(selector.items() <= labels[h].items(), g == h, (g, h))
+
+    def test_each_group_is_group_0_but_for_its_names_labels_and_config(self):
+        def renamed(obj, g):
+            text = yaml.safe_dump(obj, sort_keys=True)
+            text = text.replace(f"rebound-server-g{g}", "rebound-server")
+            text = text.replace(f"component: server-g{g}", "component: server")
+            text = text.replace(f"/etc/rebound/server-g{g}.pbtxt", "/etc/rebound/server.pbtxt")
+            return yaml.safe_load(text)
+        for g in range(1, self.groups):
+            for kind, i in (("StatefulSet", self.sts), ("Service", self.svc),
+                            ("Service", self.peers)):
+                self.assertEqual(renamed(i[g], g), i[0], (kind, g))
+
+    def test_the_overlays_configs_are_the_bases_but_for_the_sharding(self):
+        base_job = parse_pbtxt(read(self.base_files["job.pbtxt"]))
+        self.assertEqual({k: v for k, v in self.job.items() if not k.startswith("sharding.")},
+                         base_job)
+        base_server = parse_pbtxt(read(self.base_files["server.pbtxt"]))
+        for g, config in enumerate(self.configs):
+            self.assertEqual({k: v for k, v in config.items()
+                              if not k.startswith("shard.") and k != "replication.group"},
+                             {k: v for k, v in base_server.items() if k != "replication.group"},
+                             self.config_key[g])
+
+    def test_the_init_container_renders_each_groups_config_with_the_pod_ip(self):
+        for g in range(self.groups):
+            [init] = pod_spec(self.sts[g])["initContainers"]
+            with tempfile.TemporaryDirectory() as tmp:
+                local = init["args"][0]
+                for mount in init["volumeMounts"]:
+                    here = os.path.join(tmp, mount["name"])
+                    os.makedirs(here)
+                    local = local.replace(mount["mountPath"], here)
+                for name in (self.config_key[g], "job.pbtxt"):
+                    with open(self.files[name]) as src, \
+                            open(os.path.join(tmp, "config", name), "w") as dst:
+                        dst.write(src.read())
+                subprocess.run(["/bin/sh", "-c", local], check=True,
+                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                    "POD_IP": "10.244.3.4"})
+                with open(os.path.join(tmp, "run", "server.pbtxt")) as f:
+                    rendered = parse_pbtxt(f.read())
+            self.assertEqual(one(rendered, "replication.advertise_host"), "10.244.3.4")
+            self.assertEqual(one(rendered, "shard.group"), str(g))
+
+    def test_kubectl_kustomize_builds_what_this_test_reads(self):
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            self.skipTest("kubectl is not installed (it is no Debian package here)")
+        # A copy: kustomize does not take the symlinks of Bazel's runfiles for files.
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(os.path.join(ROOT, "deploy"), os.path.join(tmp, "deploy"))
+            result = subprocess.run([kubectl, "kustomize", os.path.join(tmp, "deploy",
+                                                                        "k8s-sharded")],
+                                    capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        built = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(result.stdout)}
+        config_map = built.pop(("ConfigMap", "rebound-config"))
+        self.assertEqual(set(built), set(self.objects))
+        for key, obj in self.objects.items():
+            self.assertEqual(built[key]["spec"], obj["spec"], key)
+        self.assertEqual(config_map["data"], {key: read(path) for key, path in self.files.items()})
+
+
 def logical_lines(text):
     return text.replace("\\\n", " ").splitlines()
 
@@ -588,13 +767,14 @@ exit $rc
 
 FAKE_SCONTROL = r"""#!/bin/bash
 [[ $1 == show && $2 == hostnames ]] || exit 1
-printf '%s\n' n1 n2 n3
+printf '%s\n' ${FAKE_NODES:-n1 n2 n3}
 """
 
 FAKE_SERVER = r"""#!/bin/bash
 echo "server $*" >> "$FAKE_LOG"
-if [[ -n ${FAKE_CRASH_ONCE:-} && ! -e $FAKE_DIR/crashed ]]; then
-  touch "$FAKE_DIR/serving" "$FAKE_DIR/crashed"; sleep 4
+# mkdir is atomic: of servers started at once (a group's members), exactly one crashes.
+if [[ -n ${FAKE_CRASH_ONCE:-} ]] && mkdir "$FAKE_DIR/crashed" 2> /dev/null; then
+  touch "$FAKE_DIR/serving"; sleep 4
   rm "$FAKE_DIR/serving"; echo "server crash" >> "$FAKE_LOG"; exit 1
 fi
 trap 'rm -f "$FAKE_DIR/serving"; echo "server TERM" >> "$FAKE_LOG"; exit 0' TERM
@@ -753,7 +933,8 @@ class SlurmRunTest(unittest.TestCase):
         self.assertEqual(sorted(configs[:2]), [f"{self.run_dir}/server-{i}.pbtxt" for i in (0, 1)])
         self.assertEqual(len(servers), 3, output)
         self.assertIn("server crash", lines)
-        crashed = configs.index(configs[2])
+        # (The first two start at once: their lines come in any order; the third is the restart.)
+        crashed = int(re.search(r"/server-(\d+)\.pbtxt$", configs[2]).group(1))
         self.assertEqual(self.srun_nodes("rebound_server")[2], f"n{crashed + 1}")   # 4 s later
         self.assertIn(f"server-{crashed} exited (1): restart 1 of 3", output)
         for i in (0, 1):
@@ -811,6 +992,113 @@ class SlurmRunTest(unittest.TestCase):
         self.assertEqual(lines.count("server TERM"), 3, output)
         last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM")
         self.assertLess(last_worker, lines.index("server TERM"))
+
+    def without_sharding(self, fields):
+        return {k: v for k, v in fields.items() if not k.startswith("sharding.")}
+
+    def test_shard_groups_run_a_server_per_node_each_naming_every_group(self):
+        script = self.start(REBOUND_SHARD_GROUPS="2", FAKE_WORKER_S="10", FAKE_CRASH_ONCE="1")
+        output, _ = script.communicate(timeout=60)
+        self.assertEqual(script.returncode, 0, output)
+        lines = self.lines()
+        self.assertFalse([l for l in lines if l.startswith("etcd")], "one server a group: no etcd")
+        # g0-server on n1, g1-server on n2; the one that crashed started again on its node.
+        servers = [l for l in lines if l.startswith("server --")]
+        configs = [re.search(r"--config=(\S+)", l).group(1) for l in servers]
+        self.assertEqual(sorted(configs[:2]),
+                         [f"{self.run_dir}/g{g}-server.pbtxt" for g in (0, 1)])
+        self.assertEqual(len(servers), 3, output)
+        crashed = 0 if configs[2].endswith("/g0-server.pbtxt") else 1
+        self.assertIn(f"g{crashed}-server exited (1): restart 1 of 3", output)
+        self.assertEqual(self.srun_nodes("rebound_server")[2], f"n{crashed + 1}")
+        self.assertEqual(sorted(self.srun_nodes("rebound_server")[:2]), ["n1", "n2"])
+        # The job without a sharding block runs as a copy with sharding.groups 2.
+        job = os.path.join(self.run_dir, "job.pbtxt")
+        copied = parse_pbtxt(read(job))
+        self.assertEqual(one(copied, "sharding.groups"), "2")
+        self.assertEqual(self.without_sharding(copied), parse_pbtxt(read("configs/job.pbtxt")))
+        for g in (0, 1):
+            config = parse_pbtxt(read(os.path.join(self.run_dir, f"g{g}-server.pbtxt")))
+            self.assertEqual(one(config, "shard.group"), str(g))
+            self.assertEqual(config["shard.group_addresses"], ["n1:7070", "n2:7070"])
+            self.assertEqual(one(config, "job_file"), job)
+            self.assertEqual(one(config, "durability.data_dir"),
+                             os.path.join(self.env["REBOUND_DATA_DIR"], f"g{g}-server"))
+            self.assertFalse([k for k in config if k.startswith("replication.")])
+        # Every group is waited for; the workers get group 0 only, on the third node.
+        for address in ("n1:7070", "n2:7070"):
+            self.assertIn(f"ctl --server={address} --timeout_ms=2000 health", lines)
+        workers = [l for l in lines if l.startswith("worker --")]
+        self.assertEqual(len(workers), 7)
+        for l in workers:
+            self.assertIn("--server=n1:7070 ", l)
+        self.assertIn("ctl --server=n1:7070 shards", lines)
+        self.assertTrue(os.path.exists(os.path.join(self.run_dir, "shards.txt")))
+        self.assertEqual(lines.count("server TERM"), 2)
+        last_worker = max(i for i, l in enumerate(lines) if l == "worker TERM" or
+                          l.startswith("worker --"))
+        self.assertLess(last_worker, lines.index("server TERM"))
+
+    def test_replicated_shard_groups_take_a_node_per_member_and_their_own_etcd_keys(self):
+        script = self.start(FAKE_NODES="n1 n2 n3 n4 n5", REBOUND_SHARD_GROUPS="2",
+                            REBOUND_STANDBYS="1", FAKE_WORKER_S="3")
+        output, _ = script.communicate(timeout=60)
+        self.assertEqual(script.returncode, 0, output)
+        lines = self.lines()
+        self.assertEqual(sorted(self.srun_nodes("etcd")), ["n1", "n2", "n3"])
+        self.assertEqual(sorted(self.srun_nodes("rebound_server")), ["n1", "n2", "n3", "n4"])
+        names = ["g0-server-0", "g0-server-1", "g1-server-0", "g1-server-1"]
+        for i, name in enumerate(names):
+            config = parse_pbtxt(read(os.path.join(self.run_dir, f"{name}.pbtxt")))
+            self.assertEqual(one(config, "replication.name"), name)
+            self.assertEqual(one(config, "replication.group"), name[1])
+            self.assertEqual(one(config, "replication.standbys"), "1")
+            self.assertEqual(one(config, "replication.advertise_host"), f"n{i + 1}")
+            self.assertEqual(one(config, "shard.group"), name[1])
+            self.assertEqual(config["shard.group_addresses"],
+                             ["n1:7070,n2:7070", "n3:7070,n4:7070"])
+            self.assertEqual(one(config, "durability.data_dir"),
+                             os.path.join(self.env["REBOUND_DATA_DIR"], name))
+        for l in lines:
+            if l.startswith("worker --"):
+                self.assertIn("--server=n1:7070,n2:7070 ", l)
+            if l.startswith("srun") and "supervise-worker.sh" in l:
+                self.assertIn("--nodelist=n5 ", l)
+        self.assertEqual(lines[-3:], ["etcd TERM"] * 3)
+        self.assertEqual(lines.count("server TERM"), 4)
+
+    def test_a_job_that_shards_itself_runs_as_is_and_a_count_that_disagrees_is_refused(self):
+        job = os.path.join(self.dir, "sharded-job.pbtxt")
+        with open(job, "w") as f:
+            f.write(read("configs/job.pbtxt") + "\nsharding { groups: 2 }  # two groups\n")
+        script = self.start(REBOUND_JOB=job, FAKE_WORKER_S="1")
+        output, _ = script.communicate(timeout=60)
+        self.assertEqual(script.returncode, 0, output)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "job.pbtxt")))
+        config = parse_pbtxt(read(os.path.join(self.run_dir, "g1-server.pbtxt")))
+        self.assertEqual(one(config, "job_file"), job)
+        self.assertEqual(one(config, "shard.group"), "1")
+
+        os.remove(self.log)
+        script = self.start(REBOUND_JOB=job, REBOUND_SHARD_GROUPS="3")
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 1, output)
+        self.assertIn("REBOUND_SHARD_GROUPS=3 disagrees with the job's sharding.groups 2", output)
+        self.assertFalse(os.path.exists(self.log), "nothing started")
+
+    def test_a_bad_or_too_large_shard_count_is_refused(self):
+        for value in ("0", "65", "two"):
+            script = self.start(REBOUND_SHARD_GROUPS=value)
+            output, _ = script.communicate(timeout=30)
+            self.assertEqual(script.returncode, 1, output)
+            self.assertIn(f"REBOUND_SHARD_GROUPS must be a number in [1, 64], got '{value}'",
+                          output)
+        script = self.start(REBOUND_SHARD_GROUPS="2", REBOUND_STANDBYS="1")
+        output, _ = script.communicate(timeout=30)
+        self.assertEqual(script.returncode, 1, output)
+        self.assertIn("REBOUND_SHARD_GROUPS=2 with REBOUND_STANDBYS=1 needs 4 nodes, one per "
+                      "server; the allocation has 3", output)
+        self.assertFalse(os.path.exists(self.log), "nothing started")
 
     def test_a_group_larger_than_the_allocation_is_refused(self):
         script = self.start(REBOUND_STANDBYS="3")

@@ -61,6 +61,7 @@ TEST_CASE("only --job is required; everything else has a documented default") {
   CHECK(options->standbys == 0);
   CHECK(options->etcd_members == 3);
   CHECK_FALSE(options->kill_leader_at_step.has_value());
+  CHECK_FALSE(options->shard_groups.has_value());
   CHECK_FALSE(options->help);
 }
 
@@ -70,7 +71,7 @@ TEST_CASE("every flag is accepted as --name value and as --name=value") {
        "--kill_trainer_at_step", "40", "--kill_slot=1,2", "--progress_csv", "p.csv",
        "--timeout_s=90", "--server_binary", "/bin/s", "--worker_binary=/bin/w",
        "--worker_command", "/usr/bin/python3 x.py  --flag", "--standbys=2", "--etcd_members",
-       "5", "--kill_leader_at_step=300"});
+       "5", "--kill_leader_at_step=300", "--shard_groups=3"});
   REQUIRE(options.ok());
   CHECK(options->job_file == "j.pbtxt");
   CHECK(options->data_dir == "/data");
@@ -88,6 +89,7 @@ TEST_CASE("every flag is accepted as --name value and as --name=value") {
   CHECK(options->etcd_members == 5);
   REQUIRE(options->kill_leader_at_step.has_value());
   CHECK(*options->kill_leader_at_step == 300);
+  CHECK(options->shard_groups == 3);
 }
 
 TEST_CASE("a repeated flag keeps its last value") {
@@ -107,6 +109,7 @@ TEST_CASE("--help needs no other flag") {
   CHECK(absl::StrContains(kUsage, "--standbys N"));
   CHECK(absl::StrContains(kUsage, "--etcd_members M"));
   CHECK(absl::StrContains(kUsage, "--kill_leader_at_step S"));
+  CHECK(absl::StrContains(kUsage, "--shard_groups K"));
 }
 
 TEST_CASE("a flag error names the flag and what was wrong") {
@@ -163,6 +166,181 @@ TEST_CASE("the group's flags are checked: ranges, odd etcd sizes, and what needs
   CHECK(options->etcd_members == 1);
   CHECK(*options->kill_leader_at_step == 0);
   CHECK(*options->kill_trainer_at_step == 5);
+}
+
+TEST_CASE("--shard_groups is 1 to 64, and --port must leave room for every server's port") {
+  CHECK(ParseError({"--job", "j", "--shard_groups", "0"}) ==
+        "--shard_groups: must be in [1, 64], got 0");
+  CHECK(ParseError({"--job", "j", "--shard_groups", "65"}) ==
+        "--shard_groups: must be in [1, 64], got 65");
+  CHECK(ParseError({"--job", "j", "--shard_groups", "two"}) ==
+        "--shard_groups: expected an integer, got 'two'");
+  CHECK(ParseError({"--job", "j", "--shard_groups="}) ==
+        "--shard_groups: expected an integer, got ''");
+  // K groups of 1 + S servers each listen on --port, --port + 1, ...
+  CHECK(ParseError({"--job", "j", "--shard_groups", "3", "--port", "65534"}) ==
+        "--port 65534 with --shard_groups 3: the 3 servers listen on ports 65534 to 65536, above "
+        "65535");
+  CHECK(ParseError({"--job", "j", "--shard_groups", "2", "--standbys", "1", "--port", "65533"}) ==
+        "--port 65533 with --shard_groups 2 and --standbys 1: the 4 servers listen on ports 65533 "
+        "to 65536, above 65535");
+  absl::StatusOr<LaunchOptions> options =
+      ParseLaunchArgs({"--job", "j", "--shard_groups", "2", "--standbys", "1", "--port", "65532"});
+  REQUIRE(options.ok());
+  CHECK(options->shard_groups == 2);
+  // Group 0's leader is the one --kill_leader_at_step kills; it needs standbys as ever.
+  options = ParseLaunchArgs({"--job", "j", "--shard_groups", "2", "--standbys", "1",
+                             "--kill_leader_at_step", "50"});
+  REQUIRE(options.ok());
+  CHECK(ParseError({"--job", "j", "--shard_groups", "2", "--kill_leader_at_step", "50"}) ==
+        "--kill_leader_at_step needs --standbys >= 1 (one server has no standby to take over)");
+}
+
+// A job that --shard_groups can shard: EASGD (the default), a model spec, REPLAY (the default).
+JobConfig ShardableJob() {
+  JobConfig job = Job(2, 1, 1, false);
+  job.mutable_model()->add_layers()->set_width(16);
+  LayerSpec* output = job.mutable_model()->add_layers();
+  output->set_width(10);
+  output->set_activation(IDENTITY);
+  return job;
+}
+
+TEST_CASE("--shard_groups shards a job that does not, and must agree with one that does") {
+  LaunchOptions options;
+  JobConfig job = ShardableJob();
+  REQUIRE(ValidateJobConfig(job).ok());
+  // Without the flag: the job's sharding.groups.
+  CHECK(CheckOptionsAgainstJob(options, job).ok());
+  CHECK(ShardGroups(options, job) == 1);
+  options.shard_groups = 3;
+  CHECK(CheckOptionsAgainstJob(options, job).ok());
+  CHECK(ShardGroups(options, job) == 3);
+
+  job.mutable_sharding()->set_groups(2);
+  options.shard_groups.reset();
+  CHECK(ShardGroups(options, job) == 2);
+  options.shard_groups = 2;
+  CHECK(CheckOptionsAgainstJob(options, job).ok());
+  for (int groups : {1, 3}) {
+    options.shard_groups = groups;
+    absl::Status disagrees = CheckOptionsAgainstJob(options, job);
+    CHECK(disagrees.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(disagrees.message() ==
+          absl::StrCat("--shard_groups ", groups,
+                       " disagrees with the job's sharding.groups 2: leave the flag out or give 2"));
+  }
+}
+
+TEST_CASE("--shard_groups on a job that cannot be sharded says why, in the job's own words") {
+  LaunchOptions options;
+  options.shard_groups = 2;
+  JobConfig job = ShardableJob();
+  job.mutable_easgd()->set_mode(ASYNC_ADAHESSIAN);
+  absl::Status refused = CheckOptionsAgainstJob(options, job);
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StartsWith(refused.message(), "--shard_groups 2: the job cannot be sharded: "));
+  CHECK(absl::StrContains(refused.message(), "sharding.groups"));
+  CHECK(absl::StrContains(refused.message(), "EASGD"));
+  // One group is always fine.
+  options.shard_groups = 1;
+  CHECK(CheckOptionsAgainstJob(options, job).ok());
+}
+
+TEST_CASE("the sharded copy of a job is the job with sharding.groups = K and nothing else") {
+  JobConfig job = ShardableJob();
+  job.set_job_id("copy-me");
+  const std::string text = ShardedJobText(job, 4, "/jobs/j.pbtxt");
+  CHECK(absl::StartsWith(text, "# Written by rebound_launch --shard_groups 4: /jobs/j.pbtxt with "
+                               "sharding.groups = 4.\n"));
+  absl::StatusOr<JobConfig> parsed = ParseJobConfig(text, "copy.pbtxt");
+  INFO(text << "\n" << parsed.status().message());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->sharding().groups() == 4);
+  parsed->clear_sharding();
+  CHECK(parsed->SerializeAsString() == job.SerializeAsString());
+}
+
+TEST_CASE("shard groups are planned group by group on consecutive ports, named by group") {
+  // One server per group: g<g>-server.
+  std::vector<GroupMemberPlan> servers = PlanShardGroups(3, 0, {7000, 7001, 7002}, "/d");
+  REQUIRE(servers.size() == 3);
+  for (int g = 0; g < 3; ++g) {
+    INFO(g);
+    CHECK(servers[g].name == absl::StrCat("g", g, "-server"));
+    CHECK(servers[g].port == 7000 + g);
+    CHECK(servers[g].shard_group == g);
+    CHECK(servers[g].data_dir == absl::StrCat("/d/g", g, "-server"));
+  }
+  CHECK(ShardAddressLists(servers, 3) ==
+        std::vector<std::string>{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"});
+  // Without a data parent, in memory.
+  for (const GroupMemberPlan& server : PlanShardGroups(2, 0, {1, 2}, "")) {
+    CHECK(server.data_dir.empty());
+  }
+  // Replicated groups: g<g>-server-<i>, member i of group g on port g * (1 + S) + i.
+  std::vector<GroupMemberPlan> members = PlanShardGroups(2, 1, {10, 11, 20, 21}, "/d");
+  REQUIRE(members.size() == 4);
+  CHECK(members[0].name == "g0-server-0");
+  CHECK(members[1].name == "g0-server-1");
+  CHECK(members[2].name == "g1-server-0");
+  CHECK(members[3].name == "g1-server-1");
+  CHECK(members[3].port == 21);
+  CHECK(members[3].shard_group == 1);
+  CHECK(members[3].data_dir == "/d/g1-server-1");
+  CHECK(ShardAddressLists(members, 2) ==
+        std::vector<std::string>{"127.0.0.1:10,127.0.0.1:11", "127.0.0.1:20,127.0.0.1:21"});
+  // One group is the replicated group of PlanGroup, named as ever.
+  const std::vector<GroupMemberPlan> one = PlanShardGroups(1, 1, {5, 6}, "/d");
+  REQUIRE(one.size() == 2);
+  CHECK(one[1].name == "server-1");
+  CHECK(one[1].shard_group == 0);
+}
+
+TEST_CASE("a shard group's server config loads with its shard block, replicated or not") {
+  const std::string dir = absl::StrCat(TempDir(), "/shard config");
+  REQUIRE(system(absl::StrCat("mkdir -p '", dir, "'").c_str()) == 0);
+  const std::string job_file = dir + "/job.pbtxt";
+  WriteFile(job_file, ShardedJobText(ShardableJob(), 2, "test"));
+
+  // A group of one server, in memory.
+  std::vector<GroupMemberPlan> servers = PlanShardGroups(2, 0, {7401, 7402}, "");
+  const std::vector<std::string> addresses = ShardAddressLists(servers, 2);
+  const std::string config_file = dir + "/g1-server.pbtxt";
+  WriteFile(config_file, ShardMemberConfigText(job_file, servers[1], 0, {}, addresses));
+  absl::StatusOr<ServerConfig> config = LoadServerConfig(config_file);
+  INFO(config.status().message());
+  REQUIRE(config.ok());
+  CHECK(config->listen_address() == "127.0.0.1:7402");
+  CHECK_FALSE(config->has_durability());
+  CHECK_FALSE(config->has_replication());
+  CHECK(config->job().sharding().groups() == 2);
+  CHECK(config->shard().group() == 1);
+  CHECK(std::vector<std::string>(config->shard().group_addresses().begin(),
+                                 config->shard().group_addresses().end()) == addresses);
+
+  // A replicated group: its own replication.group, so that each group elects its own leader.
+  std::vector<GroupMemberPlan> members = PlanShardGroups(2, 1, {7501, 7502, 7503, 7504}, dir);
+  const std::vector<std::string> lists = ShardAddressLists(members, 2);
+  for (const GroupMemberPlan& member : members) {
+    INFO(member.name);
+    const std::string file = absl::StrCat(dir, "/", member.name, ".pbtxt");
+    WriteFile(file, ShardMemberConfigText(job_file, member, 1, {"127.0.0.1:2379"}, lists));
+    absl::StatusOr<ServerConfig> loaded = LoadServerConfig(file);
+    INFO(loaded.status().message());
+    REQUIRE(loaded.ok());
+    CHECK(loaded->durability().data_dir() == absl::StrCat(dir, "/", member.name));
+    CHECK(loaded->replication().group() == absl::StrCat(member.shard_group));
+    CHECK(loaded->replication().name() == member.name);
+    CHECK(loaded->replication().standbys() == 1);
+    CHECK(loaded->shard().group() == member.shard_group);
+    REQUIRE(loaded->shard().group_addresses_size() == 2);
+    CHECK(loaded->shard().group_addresses(1) == "127.0.0.1:7503,127.0.0.1:7504");
+  }
+  // The unsharded group's config is unchanged: no group line, no shard block.
+  const std::string plain = GroupMemberConfigText(job_file, members[0], 1, {"127.0.0.1:2379"});
+  CHECK_FALSE(absl::StrContains(plain, "  group: "));
+  CHECK_FALSE(absl::StrContains(plain, "shard {"));
 }
 
 TEST_CASE("--kill_leader_at_step must come before the job's last step") {

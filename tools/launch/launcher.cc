@@ -26,6 +26,7 @@
 #include "common/server_addresses.h"
 #include "grpcpp/grpcpp.h"
 #include "testing/etcd/etcd_process.h"
+#include "tools/shard_table.h"
 
 namespace rebound::launch {
 namespace {
@@ -209,6 +210,7 @@ absl::StatusOr<Binaries> FindBinaries(const std::string& argv0, const LaunchOpti
 Launcher::Launcher(LaunchOptions options, JobConfig job, Binaries binaries, const Clock* clock)
     : options_(std::move(options)),
       job_(std::move(job)),
+      shard_groups_(ShardGroups(options_, job_)),
       binaries_(std::move(binaries)),
       clock_(clock),
       start_(clock_->Now()) {
@@ -224,6 +226,7 @@ int Launcher::Run() {
   if (!code.has_value()) code = StartServer();
   if (!code.has_value()) code = StartWorkers();
   if (!code.has_value()) code = Supervise();
+  if (sharded() && !shard_stubs_.empty()) PrintShardSummary();
   StopAll();
   if (const std::string summary = group_watch_.Summary(); !summary.empty()) Print(summary);
   if (tracker_.test_accuracy().has_value()) {
@@ -260,14 +263,22 @@ std::optional<int> Launcher::PrepareWorkDir() {
   const std::string data_dir = options_.data_dir.empty() ? "" : AbsolutePath(options_.data_dir);
   const std::string server_config = workdir_ + "/server.pbtxt";
   const std::string worker_config = workdir_ + "/worker.pbtxt";
-  // A group's members get their configs once etcd runs (StartGroup).
+  job_file_ = AbsolutePath(options_.job_file);
   std::vector<std::pair<std::string, std::string>> files;
-  if (!group()) {
-    files.emplace_back(server_config,
-                       ServerConfigText(AbsolutePath(options_.job_file), options_.port, data_dir));
+  if (job_.sharding().groups() != shard_groups_) {
+    // The job file does not shard (CheckOptionsAgainstJob): its copy with sharding.groups = K.
+    const std::string copy = workdir_ + "/job.sharded.pbtxt";
+    files.emplace_back(copy, ShardedJobText(job_, shard_groups_, job_file_));
+    job_file_ = copy;
+    Print(absl::StrCat("the servers read ", copy, ": the job with sharding.groups = ",
+                       shard_groups_));
   }
-  files.emplace_back(worker_config, group() ? GroupWorkerConfigText(job_.job_id())
-                                            : WorkerConfigText(job_.job_id()));
+  // The members get their configs once etcd runs and their ports are known (StartMembers).
+  if (!uses_members()) {
+    files.emplace_back(server_config, ServerConfigText(job_file_, options_.port, data_dir));
+  }
+  files.emplace_back(worker_config, replicated() ? GroupWorkerConfigText(job_.job_id())
+                                                 : WorkerConfigText(job_.job_id()));
   for (const auto& [path, text] : files) {
     if (absl::Status written = WriteFileAtomically(path, text); !written.ok()) {
       Print(std::string(written.message()));
@@ -275,7 +286,7 @@ std::optional<int> Launcher::PrepareWorkDir() {
     }
   }
   // The daemons would reject a bad file only after they started; check both here.
-  if (!group()) {
+  if (!uses_members()) {
     if (absl::StatusOr<ServerConfig> loaded = LoadServerConfig(server_config); !loaded.ok()) {
       Print(absl::StrCat("the generated server config does not load:\n",
                          loaded.status().message()));
@@ -301,7 +312,7 @@ std::optional<int> Launcher::PrepareWorkDir() {
 }
 
 std::optional<int> Launcher::StartServer() {
-  if (group()) return StartGroup();
+  if (uses_members()) return StartMembers();
   const std::string port_file = workdir_ + "/server.port";
   unlink(port_file.c_str());  // a port left by an earlier run in the same work dir is stale
   absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
@@ -336,24 +347,27 @@ std::optional<int> Launcher::StartServer() {
   return std::nullopt;
 }
 
-std::optional<int> Launcher::StartGroup() {
-  testing::EtcdClusterOptions etcd_options;
-  etcd_options.members = options_.etcd_members;
-  Print(absl::StrCat("starting etcd: ", etcd_options.members, " member",
-                     etcd_options.members == 1 ? "" : "s", " (", etcd_options.etcd_binary,
-                     ") on loopback"));
-  absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
-      testing::EtcdCluster::Start(etcd_options);
-  if (!etcd.ok()) {
-    Print(absl::StrCat("cannot start etcd: ", etcd.status().message()));
-    return kExitFailed;
+std::optional<int> Launcher::StartMembers() {
+  std::vector<std::string> endpoints;
+  if (replicated()) {
+    testing::EtcdClusterOptions etcd_options;
+    etcd_options.members = options_.etcd_members;
+    Print(absl::StrCat("starting etcd: ", etcd_options.members, " member",
+                       etcd_options.members == 1 ? "" : "s", " (", etcd_options.etcd_binary,
+                       ") on loopback"));
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+        testing::EtcdCluster::Start(etcd_options);
+    if (!etcd.ok()) {
+      Print(absl::StrCat("cannot start etcd: ", etcd.status().message()));
+      return kExitFailed;
+    }
+    etcd_ = *std::move(etcd);
+    endpoints = etcd_->client_endpoints();
+    Print(absl::StrCat("etcd serving on ", absl::StrJoin(endpoints, ","), " (data and logs in ",
+                       etcd_->dir(), ", removed at exit)"));
   }
-  etcd_ = *std::move(etcd);
-  const std::vector<std::string> endpoints = etcd_->client_endpoints();
-  Print(absl::StrCat("etcd serving on ", absl::StrJoin(endpoints, ","), " (data and logs in ",
-                     etcd_->dir(), ", removed at exit)"));
 
-  const int count = 1 + options_.standbys;
+  const int count = shard_groups_ * (1 + options_.standbys);
   std::vector<int> ports;
   if (options_.port != 0) {
     for (int i = 0; i < count; ++i) ports.push_back(options_.port + i);
@@ -365,10 +379,21 @@ std::optional<int> Launcher::StartGroup() {
     }
     ports = *std::move(free_ports);
   }
-  const std::string data_parent =
-      options_.data_dir.empty() ? workdir_ : AbsolutePath(options_.data_dir);
-  for (const GroupMemberPlan& plan : PlanGroup(options_.standbys, ports, data_parent)) {
-    if (options_.data_dir.empty() && std::filesystem::exists(plan.data_dir)) {
+  // A replicated group's members keep their state on disk (a standby catches up from it), in
+  // the work dir without --data_dir; a shard group of one server keeps it in memory then, as one
+  // server does.
+  std::string data_parent;
+  if (!options_.data_dir.empty()) {
+    data_parent = AbsolutePath(options_.data_dir);
+  } else if (replicated()) {
+    data_parent = workdir_;
+  }
+  const std::vector<GroupMemberPlan> plans =
+      PlanShardGroups(shard_groups_, options_.standbys, ports, data_parent);
+  shard_addresses_ = ShardAddressLists(plans, shard_groups_);
+  for (const GroupMemberPlan& plan : plans) {
+    if (options_.data_dir.empty() && !plan.data_dir.empty() &&
+        std::filesystem::exists(plan.data_dir)) {
       // Without --data_dir a job starts afresh, as one server's in-memory state does.
       std::error_code error;
       std::filesystem::remove_all(plan.data_dir, error);
@@ -376,8 +401,10 @@ std::optional<int> Launcher::StartGroup() {
                          error ? absl::StrCat(" (failed: ", error.message(), ")") : ""));
     }
     const std::string config = absl::StrCat(workdir_, "/", plan.name, ".pbtxt");
-    const std::string text = GroupMemberConfigText(AbsolutePath(options_.job_file), plan,
-                                                   options_.standbys, endpoints);
+    const std::string text =
+        sharded() ? ShardMemberConfigText(job_file_, plan, options_.standbys, endpoints,
+                                          shard_addresses_)
+                  : GroupMemberConfigText(job_file_, plan, options_.standbys, endpoints);
     if (absl::Status written = WriteFileAtomically(config, text); !written.ok()) {
       Print(std::string(written.message()));
       return kExitFailed;
@@ -399,11 +426,16 @@ std::optional<int> Launcher::StartGroup() {
     }
     member.process = *std::move(started);
     Print(absl::StrCat("started ", plan.name, " (rebound_server, pid ", member.process->pid(),
-                       ") for 127.0.0.1:", plan.port, ", data dir ", plan.data_dir, ", log ", log));
+                       ") for 127.0.0.1:", plan.port,
+                       sharded() ? absl::StrCat(", shard group ", plan.shard_group) : "",
+                       plan.data_dir.empty() ? ", state in memory"
+                                             : absl::StrCat(", data dir ", plan.data_dir),
+                       ", log ", log));
     members_.push_back(std::move(member));
   }
-  server_address_ = GroupAddressList(PlanGroup(options_.standbys, ports, data_parent));
+  server_address_ = shard_addresses_.front();
   stub_ = ParameterServer::NewStub(GroupChannel(server_address_));
+  if (sharded()) return WaitForShardGroups();
 
   // Nobody serves the list until a member leads: no need to print each refusal meanwhile.
   quiet_status_errors_ = true;
@@ -424,6 +456,79 @@ std::optional<int> Launcher::StartGroup() {
   Print(absl::StrCat("server group up: ", group_watch_.leader(),
                      " leads; workers get --server ", server_address_));
   return std::nullopt;
+}
+
+std::optional<int> Launcher::WaitForShardGroups() {
+  for (const std::string& address : shard_addresses_) {
+    shard_stubs_.push_back(ParameterServer::NewStub(GroupChannel(address)));
+  }
+  const absl::Time give_up = clock_->Now() + kStartupWait;
+  GetStatusResponse group0;
+  for (int g = 0; g < shard_groups_; ++g) {
+    std::string last = "no answer yet";
+    while (true) {
+      GetStatusResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(clock_->Now() + kElectionStatusDeadline));
+      const grpc::Status status = shard_stubs_[g]->GetStatus(&context, GetStatusRequest(),
+                                                            &response);
+      if (status.ok()) {
+        const bool leads =
+            !replicated() || response.group().role() == GroupStatus::LEADER;
+        if (response.has_sharding() && response.sharding().group() != g) {
+          Print(absl::StrCat("cannot start the shard groups: the server at ", shard_addresses_[g],
+                             " says it holds range ", response.sharding().group(), ", not ", g));
+          return kExitFailed;
+        }
+        if (response.has_sharding() && leads) {
+          Print(absl::StrCat("shard group ", g, " up at ", shard_addresses_[g], ": ",
+                             tools::DescribeRole(response)));
+          if (g == 0) group0 = std::move(response);
+          break;
+        }
+        last = response.has_sharding() ? "no member leads yet" : "no sharding status";
+      } else {
+        last = absl::StrCat("GetStatus failed: code ", status.error_code(), ": ",
+                            status.error_message());
+        // A fresh channel: the next call tries every member at once (see GroupChannel).
+        shard_stubs_[g] = ParameterServer::NewStub(GroupChannel(shard_addresses_[g]));
+      }
+      if (std::optional<int> code = Watch(absl::Milliseconds(100))) return code;
+      if (clock_->Now() >= give_up) {
+        const Member* first = nullptr;
+        for (const Member& m : members_) {
+          if (m.plan.shard_group == g) {
+            first = &m;
+            break;
+          }
+        }
+        Print(absl::StrCat("cannot start shard group ", g, " (", shard_addresses_[g],
+                           "): not ready within ", absl::FormatDuration(kStartupWait), " (last: ",
+                           last, "); the last lines of ", first->plan.name, "'s log:\n",
+                           TailOfFile(first->process->log_path(), kLogTailLines)));
+        return kExitFailed;
+      }
+    }
+  }
+  Print(absl::StrCat("center sharded across ", shard_groups_,
+                     " groups; each holds one range of every stage:\n",
+                     tools::FormatRanges(group0.sharding(), std::nullopt),
+                     "workers get group 0's address: --server ", server_address_));
+  return std::nullopt;
+}
+
+void Launcher::PrintShardSummary() {
+  for (int g = 0; g < static_cast<int>(shard_stubs_.size()); ++g) {
+    GetStatusResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(clock_->Now() + absl::Seconds(2)));
+    const grpc::Status status =
+        shard_stubs_[g]->GetStatus(&context, GetStatusRequest(), &response);
+    Print(absl::StrCat("shard group ", g, " (", shard_addresses_[g], "): ",
+                       status.ok() ? absl::StrCat("center versions ",
+                                                  tools::DescribeCenters(response))
+                                   : absl::StrCat("no answer: ", status.error_message())));
+  }
 }
 
 std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) {
@@ -592,7 +697,7 @@ std::optional<GetStatusResponse> Launcher::PollStatus() {
   if (!status.ok()) {
     const std::string error = absl::StrCat("GetStatus failed: code ", status.error_code(), ": ",
                                            status.error_message());
-    if (group()) stub_ = ParameterServer::NewStub(GroupChannel(server_address_));
+    if (uses_members()) stub_ = ParameterServer::NewStub(GroupChannel(server_address_));
     if (quiet_status_errors_) {
       quiet_status_error_ = error;
       return std::nullopt;
@@ -606,7 +711,7 @@ std::optional<GetStatusResponse> Launcher::PollStatus() {
     last_status_error_.clear();
   }
   for (const ProgressEvent& event : tracker_.Update(response)) PrintEvent(event);
-  if (group()) {
+  if (replicated()) {
     for (std::string& text : group_watch_.Update(response, clock_->Now())) {
       PrintEvent({std::nullopt, std::move(text)});
     }
@@ -615,12 +720,12 @@ std::optional<GetStatusResponse> Launcher::PollStatus() {
 }
 
 std::optional<int> Launcher::WatchMembers() {
-  bool any_running = false;
+  std::vector<bool> running(shard_groups_, false);  // by shard group
   for (Member& m : members_) {
     if (m.exit_reported) continue;
     std::optional<int> code = m.process->Poll();
     if (!code.has_value()) {
-      any_running = true;
+      running[m.plan.shard_group] = true;
       continue;
     }
     m.exit_reported = true;
@@ -637,9 +742,17 @@ std::optional<int> Launcher::WatchMembers() {
                              TailOfFile(m.process->log_path(), kLogTailLines))});
     if (!cluster_up_) return kExitFailed;
   }
+  if (members_.empty()) return std::nullopt;
   const bool restart_due = killed_member_.has_value() && !restart_done_;
-  if (!members_.empty() && !any_running && !restart_due) {
-    Print("every member of the server group has exited");
+  for (int g = 0; g < shard_groups_; ++g) {
+    if (running[g]) continue;
+    if (restart_due && members_[*killed_member_].plan.shard_group == g) continue;
+    if (!sharded()) {
+      Print("every member of the server group has exited");
+    } else {
+      Print(absl::StrCat(replicated() ? "every member of shard group " : "the server of shard group ",
+                         g, " has exited: its range of the center is gone, training cannot go on"));
+    }
     return kExitFailed;
   }
   return std::nullopt;
@@ -785,8 +898,13 @@ void Launcher::StopAll() {
   }
   if (!members.empty()) {
     stub_.reset();
-    Print(absl::StrCat("stopping the server group's ", members.size(), " running member",
-                       members.size() == 1 ? "" : "s", " (SIGTERM, SIGKILL after ",
+    shard_stubs_.clear();
+    const std::string what =
+        sharded() ? absl::StrCat(members.size(), " running server", members.size() == 1 ? "" : "s",
+                                 " of the ", shard_groups_, " shard groups")
+                  : absl::StrCat("the server group's ", members.size(), " running member",
+                                 members.size() == 1 ? "" : "s");
+    Print(absl::StrCat("stopping ", what, " (SIGTERM, SIGKILL after ",
                        absl::FormatDuration(kStopGrace), ")"));
     StopGroup(members, member_names);
   }

@@ -1,7 +1,7 @@
 #pragma once
 
-// The local launcher (DESIGN.md §8): one rebound_server (or a replicated server group) and the
-// job's workers on this machine, started from one job file, watched with a progress line per
+// The local launcher (DESIGN.md §8): one rebound_server (or a replicated server group, or the
+// shard groups of a sharded center) and the job's workers on this machine, started from one job file, watched with a progress line per
 // second, and stopped together.
 //
 //   Launcher launcher(options, job, binaries);
@@ -34,6 +34,21 @@
 // every 50 ms (for at most 120 s) and prints the failover (the kill to the new leader's first
 // acknowledged sync) and when the restarted member is back in sync (GroupWatch), and both again
 // at the end. Stopping: the workers, then every member, then etcd (its directory removed).
+//
+// With --shard_groups K > 1 (the center sharded across K server groups, DESIGN.md §10.2) Run()
+// starts K groups instead: group g is one server, g<g>-server, or with --standbys N the
+// replicated group g<g>-server-0..N (etcd first, one cluster for every group, each group its own
+// replication.group "<g>"); every server has a fixed port (--port + its index, group by group,
+// or a free one), its config g<g>-server[-<i>].pbtxt with the shard block (its group, every
+// group's addresses), its log, and its data in <--data_dir>/<name> (kept) or else, for a
+// replicated group, in <work dir>/<name> (emptied first), or else in memory. The servers read
+// the job file itself when its sharding.groups is K, else a copy with sharding.groups = K in the
+// work dir (job.sharded.pbtxt). Run() waits (at most 60 s) until every group answers GetStatus
+// with its sharding status (a replicated group: from its leader), prints each group and the
+// ranges, and gives the workers group 0's address. Progress, kills and the failover watch are
+// group 0's (--kill_leader_at_step kills group 0's leader); a group none of whose servers runs
+// any more ends the launch (exit 1): its range of the center is gone. Before stopping, it prints
+// each group's center versions.
 //
 // REQUIRES: SIGTERM and SIGINT are blocked in every thread of the process (call
 // BlockTerminationSignals() first thing in main), and Run() is called on the main thread (the
@@ -99,7 +114,8 @@ class Launcher {
     bool killed_by_launcher = false;
   };
 
-  // A member of the replicated server group (--standbys).
+  // A member of the replicated server group (--standbys), or a server of a shard group
+  // (--shard_groups).
   struct Member {
     GroupMemberPlan plan;
     std::vector<std::string> argv;
@@ -108,13 +124,22 @@ class Launcher {
     bool killed_by_launcher = false;
   };
 
-  bool group() const { return options_.standbys > 0; }
+  bool replicated() const { return options_.standbys > 0; }
+  bool sharded() const { return shard_groups_ > 1; }
+  // The servers are members_ (fixed ports, configs of their own), not server_.
+  bool uses_members() const { return replicated() || sharded(); }
 
   // Each returns an exit code when the launcher must stop, nullopt to go on.
   std::optional<int> PrepareWorkDir();
   std::optional<int> StartServer();
-  // StartServer for a group: etcd, the members, a leader.
-  std::optional<int> StartGroup();
+  // StartServer for a replicated group or for shard groups: etcd (if replicated), the members,
+  // a leader in each group.
+  std::optional<int> StartMembers();
+  // Waits until every shard group answers GetStatus, from its leader if replicated (at most
+  // 60 s in all), and prints the groups and the ranges.
+  std::optional<int> WaitForShardGroups();
+  // Prints each shard group's center versions (one GetStatus each, 2 s deadline).
+  void PrintShardSummary();
   std::optional<int> StartWorkers();
   std::optional<int> Supervise();
 
@@ -150,6 +175,7 @@ class Launcher {
 
   const LaunchOptions options_;
   const JobConfig job_;
+  const int shard_groups_;  // K: ShardGroups(options_, job_)
   const Binaries binaries_;
   const Clock* const clock_;
   const absl::Time start_;
@@ -159,7 +185,10 @@ class Launcher {
   std::FILE* csv_ = nullptr;
   std::unique_ptr<ChildProcess> server_;
   int port_ = 0;
-  std::string server_address_;  // the workers' --server
+  std::string job_file_;        // what the servers read: the job file, or its sharded copy
+  std::string server_address_;  // the workers' --server (group 0's, when sharded)
+  std::vector<std::string> shard_addresses_;  // each shard group's address list (sharded)
+  std::vector<std::unique_ptr<ParameterServer::Stub>> shard_stubs_;  // one per shard group
   std::unique_ptr<testing::EtcdCluster> etcd_;  // a group's
   std::vector<Member> members_;                  // a group's
   GroupWatch group_watch_;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -12,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/config.h"
+#include "google/protobuf/text_format.h"
 
 namespace rebound::launch {
 
@@ -21,6 +24,7 @@ const char kUsage[] =
     "                      [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]\n"
     "                      [--worker_command CMD]\n"
     "                      [--standbys N [--etcd_members M] [--kill_leader_at_step S]]\n"
+    "                      [--shard_groups K]\n"
     "\n"
     "Starts a rebound_server and the job's workers on this machine (127.0.0.1): R x S trainers\n"
     "one after another in slot order (trainer-r<r>s<s>), topology.spares spares (spare-<i>) and\n"
@@ -50,6 +54,15 @@ const char kUsage[] =
     "  --kill_leader_at_step S  SIGKILL the leader once, when the mean trainer step >= S, start it\n"
     "                           again as a standby a few seconds later, and print the failover\n"
     "\n"
+    "The center sharded across server groups (docs/operations.md, \"Sharding\"):\n"
+    "  --shard_groups K         K server groups (1 to 64; default: the job's sharding.groups), each\n"
+    "                           holding one range of every stage's center: one server each\n"
+    "                           (g<g>-server), or with --standbys N a replicated group each\n"
+    "                           (g<g>-server-<i>, one etcd for all, group 0's leader the one\n"
+    "                           --kill_leader_at_step kills); fixed ports (--port N: group by\n"
+    "                           group from N); a job that does not shard gets sharding.groups K in\n"
+    "                           a copy in the work dir; workers get group 0's address\n"
+    "\n"
     "Exit codes: 0 every slot FINISHED; 1 timeout, the server exited, or the cluster could not\n"
     "start; 2 bad flags or job; 128+N stopped by signal N (130 SIGINT, 143 SIGTERM).\n";
 
@@ -75,6 +88,7 @@ absl::Status ParseInt(const std::string& flag, const std::string& value, int64_t
 // The bounds of replication.standbys (docs/config.md) and a sane etcd cluster on one machine.
 constexpr int64_t kMaxStandbys = 16;
 constexpr int64_t kMaxEtcdMembers = 7;
+constexpr int64_t kMaxPort = 65535;
 
 absl::Status NonEmpty(const std::string& flag, const std::string& value) {
   if (value.empty()) return FlagError(flag, "must not be empty");
@@ -91,6 +105,27 @@ std::string WorkerConfigWithBackoff(const std::string& job_id, int backoff_max_m
       "backoff_initial_ms: 100\n"
       "backoff_max_ms: ",
       backoff_max_ms, "\n");
+}
+
+// The replication block of a group member; `group` names its group (replication.group) when set.
+std::string ReplicationBlock(const GroupMemberPlan& member, int standbys,
+                             const std::vector<std::string>& etcd_endpoints,
+                             std::optional<int> group) {
+  std::string text = "replication {\n";
+  for (const std::string& endpoint : etcd_endpoints) {
+    absl::StrAppend(&text, "  etcd_endpoints: \"", absl::CEscape(endpoint), "\"\n");
+  }
+  absl::StrAppend(&text, "  standbys: ", standbys,
+                  "\n"
+                  "  leader_lease_ms: 2000\n");
+  if (group.has_value()) absl::StrAppend(&text, "  group: \"", *group, "\"\n");
+  absl::StrAppend(&text,
+                  "  name: \"", absl::CEscape(member.name),
+                  "\"\n"
+                  "  peer_listen_address: \"127.0.0.1:0\"\n"
+                  "  sync: true\n"
+                  "}\n");
+  return text;
 }
 
 }  // namespace
@@ -182,6 +217,15 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
          options.kill_leader_at_step = step;
          return absl::OkStatus();
        }},
+      {"shard_groups",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t groups = 0;
+         if (absl::Status s = ParseInt(flag, value, 1, kMaxShardGroups, &groups); !s.ok()) {
+           return s;
+         }
+         options.shard_groups = static_cast<int>(groups);
+         return absl::OkStatus();
+       }},
       {"kill_slot",
        [&](const std::string& flag, const std::string& value) {
          absl::StatusOr<SlotCoord> slot = ParseSlot(value);
@@ -232,11 +276,21 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
           "--kill_leader_at_step needs --standbys >= 1 (one server has no standby to take over)");
     }
   }
-  if (options.standbys > 0 && options.port != 0 && options.port + options.standbys > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--port ", options.port, " with --standbys ", options.standbys,
-                     ": the members listen on ports ", options.port, " to ",
-                     options.port + options.standbys, ", above 65535"));
+  const int groups = options.shard_groups.value_or(1);
+  const int64_t last_port =
+      static_cast<int64_t>(options.port) + int64_t{groups} * (1 + options.standbys) - 1;
+  if (options.port != 0 && last_port > kMaxPort) {
+    if (groups == 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--port ", options.port, " with --standbys ", options.standbys,
+                       ": the members listen on ports ", options.port, " to ", last_port,
+                       ", above 65535"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--port ", options.port, " with --shard_groups ", groups,
+        options.standbys > 0 ? absl::StrCat(" and --standbys ", options.standbys) : "",
+        ": the ", groups * (1 + options.standbys), " servers listen on ports ", options.port,
+        " to ", last_port, ", above 65535"));
   }
   return options;
 }
@@ -257,7 +311,36 @@ absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfi
                      " is not below the job's training.max_steps ", job.training().max_steps(),
                      ": the trainers would finish before the leader is killed"));
   }
+  if (!options.shard_groups.has_value()) return absl::OkStatus();
+  const int groups = *options.shard_groups;
+  const int job_groups = job.sharding().groups();
+  if (job_groups > 1 && groups != job_groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard_groups ", groups, " disagrees with the job's sharding.groups ", job_groups,
+        ": leave the flag out or give ", job_groups));
+  }
+  if (groups > 1 && job_groups == 1) {
+    JobConfig sharded = job;
+    sharded.mutable_sharding()->set_groups(groups);
+    if (absl::Status valid = ValidateJobConfig(sharded); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shard_groups ", groups, ": the job cannot be sharded: ", valid.message()));
+    }
+  }
   return absl::OkStatus();
+}
+
+int ShardGroups(const LaunchOptions& options, const JobConfig& job) {
+  return options.shard_groups.value_or(job.sharding().groups());
+}
+
+std::string ShardedJobText(const JobConfig& job, int groups, const std::string& source) {
+  JobConfig sharded = job;
+  sharded.mutable_sharding()->set_groups(groups);
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(sharded, &text);
+  return absl::StrCat("# Written by rebound_launch --shard_groups ", groups, ": ", source,
+                      " with sharding.groups = ", groups, ".\n", text);
 }
 
 const char* RoleFlag(LaunchRole role) {
@@ -306,33 +389,61 @@ std::string WorkerConfigText(const std::string& job_id) {
 
 std::vector<GroupMemberPlan> PlanGroup(int standbys, const std::vector<int>& ports,
                                        const std::string& data_parent) {
-  std::vector<GroupMemberPlan> members;
-  for (int i = 0; i <= standbys; ++i) {
-    GroupMemberPlan member;
-    member.name = absl::StrCat("server-", i);
-    member.port = ports.at(i);
-    member.data_dir = absl::StrCat(data_parent, "/", member.name);
-    members.push_back(std::move(member));
-  }
-  return members;
+  return PlanShardGroups(/*groups=*/1, standbys, ports, data_parent);
 }
 
 std::string GroupMemberConfigText(const std::string& job_file, const GroupMemberPlan& member,
                                   int standbys, const std::vector<std::string>& etcd_endpoints) {
-  std::string text = ServerConfigText(job_file, member.port, member.data_dir);
-  absl::StrAppend(&text, "replication {\n");
-  for (const std::string& endpoint : etcd_endpoints) {
-    absl::StrAppend(&text, "  etcd_endpoints: \"", absl::CEscape(endpoint), "\"\n");
+  return ServerConfigText(job_file, member.port, member.data_dir) +
+         ReplicationBlock(member, standbys, etcd_endpoints, /*group=*/std::nullopt);
+}
+
+std::vector<GroupMemberPlan> PlanShardGroups(int groups, int standbys,
+                                             const std::vector<int>& ports,
+                                             const std::string& data_parent) {
+  std::vector<GroupMemberPlan> members;
+  for (int g = 0; g < groups; ++g) {
+    for (int i = 0; i <= standbys; ++i) {
+      GroupMemberPlan member;
+      if (groups == 1) {
+        member.name = absl::StrCat("server-", i);
+      } else {
+        member.name = standbys == 0 ? absl::StrCat("g", g, "-server")
+                                    : absl::StrCat("g", g, "-server-", i);
+      }
+      member.port = ports.at(g * (1 + standbys) + i);
+      if (!data_parent.empty()) member.data_dir = absl::StrCat(data_parent, "/", member.name);
+      member.shard_group = g;
+      members.push_back(std::move(member));
+    }
   }
-  absl::StrAppend(&text, "  standbys: ", standbys,
-                  "\n"
-                  "  leader_lease_ms: 2000\n"
-                  "  name: \"",
-                  absl::CEscape(member.name),
-                  "\"\n"
-                  "  peer_listen_address: \"127.0.0.1:0\"\n"
-                  "  sync: true\n"
-                  "}\n");
+  return members;
+}
+
+std::vector<std::string> ShardAddressLists(const std::vector<GroupMemberPlan>& members,
+                                           int groups) {
+  std::vector<std::vector<GroupMemberPlan>> by_group(groups);
+  for (const GroupMemberPlan& member : members) by_group.at(member.shard_group).push_back(member);
+  std::vector<std::string> lists;
+  for (const std::vector<GroupMemberPlan>& group : by_group) {
+    lists.push_back(GroupAddressList(group));
+  }
+  return lists;
+}
+
+std::string ShardMemberConfigText(const std::string& job_file, const GroupMemberPlan& member,
+                                  int standbys, const std::vector<std::string>& etcd_endpoints,
+                                  const std::vector<std::string>& shard_addresses) {
+  std::string text = ServerConfigText(job_file, member.port, member.data_dir);
+  if (!etcd_endpoints.empty()) {
+    // Each shard group elects its own leader under its own etcd keys, /rebound/<job>/<g>/.
+    absl::StrAppend(&text, ReplicationBlock(member, standbys, etcd_endpoints, member.shard_group));
+  }
+  absl::StrAppend(&text, "shard {\n  group: ", member.shard_group, "\n");
+  for (const std::string& address : shard_addresses) {
+    absl::StrAppend(&text, "  group_addresses: \"", absl::CEscape(address), "\"\n");
+  }
+  absl::StrAppend(&text, "}\n");
   return text;
 }
 

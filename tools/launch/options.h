@@ -52,6 +52,10 @@ struct LaunchOptions {
   // --kill_leader_at_step: SIGKILL the group's leader once the mean trainer step reaches this,
   // and start it again a few seconds later as a standby (--standbys > 0).
   std::optional<int64_t> kill_leader_at_step;
+  // --shard_groups K: the center sharded across K server groups (DESIGN.md §10.2), each one
+  // server or, with --standbys, a replicated group; unset = the job's sharding.groups (1 unless
+  // the job shards). See ShardGroups().
+  std::optional<int> shard_groups;
   bool help = false;          // --help
 };
 
@@ -59,15 +63,28 @@ struct LaunchOptions {
 // flag keeps its last value. INVALID_ARGUMENT names the offending flag for an unknown flag, a
 // missing or malformed value, a positional argument, a missing --job (unless --help), or a flag
 // that needs another: --kill_slot without --kill_trainer_at_step; --etcd_members or
-// --kill_leader_at_step without --standbys; --port N with --standbys S when N + S > 65535 (the
-// members listen on N..N+S).
+// --kill_leader_at_step without --standbys; --port N when the servers' ports N..N+M-1 go past
+// 65535 (M = shard groups x (1 + standbys) servers, each on its own port).
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
 
 // Parses "R,S" (two non-negative integers, optional spaces around them).
 absl::StatusOr<SlotCoord> ParseSlot(const std::string& text);
 
-// Checks the options that depend on the job: --kill_slot must lie inside the R x S grid.
+// Checks the options that depend on the job: --kill_slot must lie inside the R x S grid;
+// --kill_leader_at_step must come before training.max_steps; --shard_groups K must equal the
+// job's sharding.groups when the job shards (K > 1 there), and a job that does not shard must
+// pass the job validation with sharding.groups = K (mode EASGD, a model spec, a policy that
+// shards, every stage at least K parameters).
 absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfig& job);
+
+// The number of shard groups the launcher starts: --shard_groups when given, else the job's
+// sharding.groups. REQUIRES: CheckOptionsAgainstJob(options, job) is OK.
+int ShardGroups(const LaunchOptions& options, const JobConfig& job);
+
+// The job text the servers read when --shard_groups K shards a job whose file does not (its
+// sharding.groups is 1): `job` printed as protobuf text with sharding.groups = K, under a comment
+// naming `source` (the original file).
+std::string ShardedJobText(const JobConfig& job, int groups, const std::string& source);
 
 enum class LaunchRole { kTrainer, kSpare, kEvaluator };
 
@@ -95,11 +112,15 @@ std::string ServerConfigText(const std::string& job_file, int port, const std::s
 // from 100 ms to 2000 ms.
 std::string WorkerConfigText(const std::string& job_id);
 
-// A member of the launcher's replicated server group.
+// A member of the launcher's replicated server group, or a server of one of its shard groups.
 struct GroupMemberPlan {
-  std::string name;       // "server-<i>": its name in the group, its config, log and data dir
+  // Its name in the group, its config, log and data dir: "server-<i>" (one replicated group),
+  // "g<g>-server" (a shard group of one server), "g<g>-server-<i>" (a replicated shard group).
+  std::string name;
   int port = 0;           // its workers' port on 127.0.0.1 (served only while it leads)
-  std::string data_dir;   // absolute
+  std::string data_dir;   // absolute; empty: state in memory only (a shard group of one server
+                          // without --data_dir, as one server without it)
+  int shard_group = 0;    // the shard group it belongs to (0 when the center is not sharded)
 };
 
 // The members of a group of 1 + `standbys` on `ports` (one per member, in order): member i is
@@ -113,6 +134,28 @@ std::vector<GroupMemberPlan> PlanGroup(int standbys, const std::vector<int>& por
 // any free one on 127.0.0.1, a 2 s leader lease, synchronous replication.
 std::string GroupMemberConfigText(const std::string& job_file, const GroupMemberPlan& member,
                                   int standbys, const std::vector<std::string>& etcd_endpoints);
+
+// The servers of `groups` shard groups of 1 + `standbys` members each, on `ports` (one per
+// server, group by group: server i of group g on ports[g * (1 + standbys) + i]), named as
+// GroupMemberPlan says, each with its data in <data_parent>/<name> (none when `data_parent` is
+// empty). groups = 1 is PlanGroup's group. REQUIRES: ports.size() == groups * (1 + standbys).
+std::vector<GroupMemberPlan> PlanShardGroups(int groups, int standbys,
+                                             const std::vector<int>& ports,
+                                             const std::string& data_parent);
+
+// Each shard group's address as shard.group_addresses holds it: its members' 127.0.0.1:<port>,
+// comma-separated, group by group. REQUIRES: every member's shard_group in [0, groups).
+std::vector<std::string> ShardAddressLists(const std::vector<GroupMemberPlan>& members,
+                                           int groups);
+
+// The config of a server of a sharded job: ServerConfigText's config (in `member.data_dir`, or in
+// memory when it is empty), the replication block of GroupMemberConfigText when `etcd_endpoints`
+// is not empty (with group "<shard_group>": each shard group its own etcd keys), and the shard
+// block: the member's shard group and every group's address (`shard_addresses`, group by
+// group). REQUIRES: shard_addresses.size() >= 2.
+std::string ShardMemberConfigText(const std::string& job_file, const GroupMemberPlan& member,
+                                  int standbys, const std::vector<std::string>& etcd_endpoints,
+                                  const std::vector<std::string>& shard_addresses);
 
 // worker.pbtxt for the workers of a group: WorkerConfigText's, with the retry backoff capped at
 // 250 ms (docs/operations.md, "High availability"), so that a worker finds a new leader within
