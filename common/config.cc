@@ -419,13 +419,11 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("training.eval_every_ms", job.training().eval_every_ms(), 100);
 
   // The center sharded across K groups (DESIGN.md §10.2, docs/sharding.md). What this wave
-  // shards: EASGD syncs of a model spec under REPLAY or RESTART_FROM_CENTER.
+  // shards: EASGD syncs and ASYNC_ADAHESSIAN pushes of a model spec under REPLAY or
+  // RESTART_FROM_CENTER.
   const ShardingConfig& sharding = job.sharding();
   c.InRange("sharding.groups", sharding.groups(), 1, kMaxShardGroups);
   if (sharding.groups() > 1) {
-    if (job.easgd().mode() != EASGD) {
-      c.Fail("sharding.groups", "> 1 needs easgd.mode EASGD (ASYNC_ADAHESSIAN is not sharded)");
-    }
     if (job.model().declared_by_worker()) {
       c.Fail("sharding.groups",
              "> 1 needs a model spec with layers (a model declared by its workers is not sharded)");

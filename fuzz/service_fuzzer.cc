@@ -100,6 +100,11 @@ constexpr const char* kJobs[] = {
        scheduling: DETERMINISTIC
        sharding { groups: 2 }
        fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 7: ASYNC_ADAHESSIAN sharded across 2 groups (PushRange, CommitPush, PullRange).
+    R"(topology { replicas: 2 stages: 1 }
+       easgd { mode: ASYNC_ADAHESSIAN sync_period: 2 }
+       sharding { groups: 2 }
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
 };
 // kModel without its `model { ... }` line, for a job that declares its own model.
 std::string WithoutMlp(const std::string& model) {
@@ -217,6 +222,11 @@ class Server {
         return ranges->Holds(slot, step)
                    ? absl::OkStatus()
                    : absl::FailedPreconditionError("range 0 has not applied the sync");
+      });
+      service_->SetPushCheck([ranges](const SlotId& slot, uint64_t sequence) {
+        return ranges->AppliedSequence(slot) >= sequence
+                   ? absl::OkStatus()
+                   : absl::FailedPreconditionError("range 0 has not applied the push");
       });
     }
     service_->MarkReady();
@@ -355,6 +365,22 @@ class Server {
         }
         break;
       }
+      case ServerCall::kPushRange: {
+        if (ranges_ == nullptr) break;
+        PushRangeResponse response;
+        status = ranges_->PushRange(in_process, &call.push_range(), &response);
+        if (status.ok()) {
+          CheckReportedVersion(call.push_range().slot().stage(), response.center_version());
+          FUZZ_CHECK(response.applied_sequence() >= call.push_range().sequence());
+        }
+        break;
+      }
+      case ServerCall::kCommitPush: {
+        CommitPushResponse response;
+        status = service_->CommitPush(in_process, &call.commit_push(), &response);
+        if (status.ok()) FUZZ_CHECK(response.applied_sequence() >= call.commit_push().sequence());
+        break;
+      }
       case ServerCall::kPullRange: {
         if (ranges_ == nullptr) break;
         PullRangeResponse response;
@@ -443,6 +469,12 @@ class Server {
         break;
       case ServerCall::kPullRange:
         call->mutable_pull_range()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kPushRange:
+        call->mutable_push_range()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kCommitPush:
+        call->mutable_commit_push()->set_incarnation(incarnation);
         break;
       case ServerCall::kReadRangeSnapshot:
         call->mutable_read_range_snapshot()->set_incarnation(incarnation);

@@ -450,6 +450,9 @@ int Run() {
       service.SetRangeCheck([check = range_check.get()](const SlotId& slot, int64_t step) {
         return check->Check(slot, step);
       });
+      service.SetPushCheck([check = range_check.get()](const SlotId& slot, uint64_t sequence) {
+        return check->CheckPushed(slot, sequence);
+      });
     }
   }
 

@@ -485,6 +485,9 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
   }
+  if (absl::Status unsharded = CheckUnsharded("Push"); !unsharded.ok()) {
+    return ToGrpcStatus(unsharded);
+  }
   const SlotId slot = Normalized(request->slot());
   if (absl::Status valid = ValidateSlot(slot); !valid.ok()) return ToGrpcStatus(valid);
   if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
@@ -543,22 +546,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   auto commit = [&](int64_t version, absl::Span<const float> center, int64_t opt_step,
                     absl::Span<const float> m, absl::Span<const float> v) {
     storage::WriteBatch batch;
-    CenterRecord center_header;
-    center_header.set_stage(stage);
-    center_header.set_version(version);
-    *center_header.mutable_params() = compute::BundleHeader(layout);
-    std::vector<absl::string_view> center_data;
-    compute::AppendTensorViews(layout, center, &center_data);
-    batch.PutCenter(center_header, std::move(center_data));
-    CenterOptRecord opt;
-    opt.set_stage(stage);
-    opt.mutable_state()->set_step(opt_step);
-    *opt.mutable_state()->mutable_m() = compute::BundleHeader(layout);
-    *opt.mutable_state()->mutable_v() = compute::BundleHeader(layout);
-    std::vector<absl::string_view> opt_data;
-    compute::AppendTensorViews(layout, m, &opt_data);
-    compute::AppendTensorViews(layout, v, &opt_data);
-    batch.PutCenterOpt(opt, std::move(opt_data));
+    AddCenterAndOptToBatch(layout, stage, version, center, opt_step, m, v, &batch);
     tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     batch.PutWeight(WeightRecordFor(slot, updated));
     RETURN_IF_ERROR(store_->Commit(batch));

@@ -112,6 +112,10 @@ class ParameterServerService final : public ParameterServer::Service {
   void SetRangeCheck(std::function<absl::Status(const SlotId& slot, int64_t step)> check) {
     range_check_ = std::move(check);
   }
+  // Likewise for a push (mode ASYNC_ADAHESSIAN): every range applied the slot's `sequence`.
+  void SetPushCheck(std::function<absl::Status(const SlotId& slot, uint64_t sequence)> check) {
+    push_check_ = std::move(check);
+  }
 
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true); }
@@ -161,6 +165,8 @@ class ParameterServerService final : public ParameterServer::Service {
                               AuthorizeRangeResponse* response) override;
   grpc::Status CommitSync(grpc::ServerContext* context, const CommitSyncRequest* request,
                           CommitSyncResponse* response) override;
+  grpc::Status CommitPush(grpc::ServerContext* context, const CommitPushRequest* request,
+                          CommitPushResponse* response) override;
 
   // What AppendLog and ReadLog do, on the stream interfaces: for in-process callers that have no
   // gRPC call (fuzz/service_fuzzer.cc). `context` may be null: an in-process call, trusted.
@@ -176,6 +182,10 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Status CheckCall(const grpc::ServerContext* context) const;
   // CheckCall, then the call's worker credential for `incarnation` (Membership::Authenticate).
   absl::Status CheckWorker(const grpc::ServerContext* context, uint64_t incarnation) const;
+  // CommitSync's and CommitPush's checks of the K range results: range k in order, a version
+  // >= 0, a finite partial sum of squares >= 0; their sum. INVALID_ARGUMENT otherwise.
+  absl::StatusOr<double> SumOfRangeSquares(
+      const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const;
   // CheckCall, then the operator token (or, without one configured, a peer on this host):
   // UNAUTHENTICATED / PERMISSION_DENIED.
   absl::Status CheckOperator(const grpc::ServerContext* context) const;
@@ -243,6 +253,7 @@ class ParameterServerService final : public ParameterServer::Service {
   std::function<void(GroupStatus*)> group_status_;  // set before MarkReady, then read-only
   std::function<void(ShardingStatus*)> sharding_status_;  // likewise
   std::function<absl::Status(const SlotId&, int64_t)> range_check_;  // likewise
+  std::function<absl::Status(const SlotId&, uint64_t)> push_check_;  // likewise
   // A sharded job (K > 1): FAILED_PRECONDITION naming the calls to use instead, for Sync and
   // Pull; OK for an unsharded job.
   absl::Status CheckUnsharded(const char* what) const;

@@ -21,6 +21,28 @@ void AddHeaderAndViews(const TensorBundle& from, TensorBundle* to,
   }
 }
 
+void AddCenterAndOptToBatch(const compute::StageLayout& layout, int stage, int64_t version,
+                            absl::Span<const float> center, int64_t opt_step,
+                            absl::Span<const float> m, absl::Span<const float> v,
+                            storage::WriteBatch* batch) {
+  CenterRecord center_header;
+  center_header.set_stage(stage);
+  center_header.set_version(version);
+  *center_header.mutable_params() = compute::BundleHeader(layout);
+  std::vector<absl::string_view> center_data;
+  compute::AppendTensorViews(layout, center, &center_data);
+  batch->PutCenter(center_header, std::move(center_data));
+  CenterOptRecord opt;
+  opt.set_stage(stage);
+  opt.mutable_state()->set_step(opt_step);
+  *opt.mutable_state()->mutable_m() = compute::BundleHeader(layout);
+  *opt.mutable_state()->mutable_v() = compute::BundleHeader(layout);
+  std::vector<absl::string_view> opt_data;
+  compute::AppendTensorViews(layout, m, &opt_data);
+  compute::AppendTensorViews(layout, v, &opt_data);
+  batch->PutCenterOpt(opt, std::move(opt_data));
+}
+
 void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
                     const SyncRequest& request, int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after, const WeightRecord& weight,

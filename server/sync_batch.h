@@ -22,6 +22,14 @@ namespace rebound::server {
 void AddHeaderAndViews(const TensorBundle& from, TensorBundle* to,
                        std::vector<absl::string_view>* data);
 
+// Adds the center of `stage` at `version` and its AdaHessian state (step `opt_step`, m, v) to
+// `batch`: the records of an applied push (mode ASYNC_ADAHESSIAN). The tensors are referenced:
+// the spans must stay valid until the batch's last Commit returns.
+void AddCenterAndOptToBatch(const compute::StageLayout& layout, int stage, int64_t version,
+                            absl::Span<const float> center, int64_t opt_step,
+                            absl::Span<const float> m, absl::Span<const float> v,
+                            storage::WriteBatch* batch);
+
 // Adds the sync's records to `batch`. The tensors are referenced, not copied (the store writes
 // them to tensor files from where they are): `center`, `worker_after` and `request` must stay
 // valid and unchanged until the batch's last Commit returns. `slot` is the normalized slot of

@@ -524,6 +524,14 @@ void WriteBatch::PutSlot(const SlotRecord& record) {
       record);
 }
 
+void WriteBatch::PutRangeBook(const WeightRecord& record) {
+  if (!status_.ok()) return;
+  absl::Status valid = ValidateSlot("PutRangeBook", record.has_slot(), record.slot());
+  if (!valid.ok()) return Reject(std::move(valid));
+  Put(ColumnFamily::kMeta, EncodeRangeMetaKey(record.slot().replica(), record.slot().stage()),
+      record);
+}
+
 void WriteBatch::PutServer(const ServerRecord& record) {
   if (!status_.ok()) return;
   Put(ColumnFamily::kMeta, kServerMetaKey, record);
@@ -1240,6 +1248,15 @@ absl::StatusOr<LoadedState> DurableStore::LoadAll() const {
       RETURN_IF_ERROR(DecodeValue(ColumnFamily::kMeta, key, value, &record));
       RETURN_IF_ERROR(CheckSlot(ColumnFamily::kMeta, key, *slot, record.has_slot(), record.slot()));
       state.slots.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
+      return absl::OkStatus();
+    }
+    if (absl::StartsWith(key, kRangeMetaKeyPrefix)) {
+      const std::optional<SlotKeyFields> slot = ParseRangeMetaKey(key);
+      if (!slot.has_value()) return MalformedKey(ColumnFamily::kMeta, key);
+      WeightRecord record;
+      RETURN_IF_ERROR(DecodeValue(ColumnFamily::kMeta, key, value, &record));
+      RETURN_IF_ERROR(CheckSlot(ColumnFamily::kMeta, key, *slot, record.has_slot(), record.slot()));
+      state.range_books.emplace(ReplicaStage(slot->replica, slot->stage), std::move(record));
       return absl::OkStatus();
     }
     if (key == kReplicationMetaKey) return absl::OkStatus();  // LastApplied()

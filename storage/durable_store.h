@@ -161,6 +161,8 @@ struct LoadedState {
   // A range group's (sharded job): the headers of each slot's range snapshots (copies 0 and 1;
   // their tensors stay on disk: ReadRangeSnapshot), keyed by (replica, stage) and copy.
   std::map<std::pair<ReplicaStage, int>, Snapshot> range_snapshots;
+  // A range group's push books (sharded ASYNC_ADAHESSIAN): each slot's applied sequence.
+  std::map<ReplicaStage, WeightRecord> range_books;
   std::map<ReplicaStage, WeightRecord> weights;
   std::map<ReplicaStage, SlotRecord> slots;
   std::optional<ServerRecord> server;  // absent in a store that never had one written
@@ -223,6 +225,8 @@ class WriteBatch {
   void PutRangeSnapshot(const Snapshot& header, std::vector<absl::string_view> data, int copy);
   void PutWeight(const WeightRecord& record);
   void PutSlot(const SlotRecord& record);
+  // A range group's push book of a slot (sharded ASYNC_ADAHESSIAN, storage/keys.h).
+  void PutRangeBook(const WeightRecord& record);
   void PutServer(const ServerRecord& record);
   void PutLogRecord(const LogRecord& record);
 

@@ -153,6 +153,17 @@ std::optional<LogKeyFields> ParseLogKey(absl::string_view key) {
                       part};
 }
 
+std::string EncodeRangeMetaKey(int32_t replica, int32_t stage) {
+  std::string key = kRangeMetaKeyPrefix;
+  key += EncodeSlotKey(replica, stage);
+  return key;
+}
+
+std::optional<SlotKeyFields> ParseRangeMetaKey(absl::string_view key) {
+  if (!absl::ConsumePrefix(&key, kRangeMetaKeyPrefix)) return std::nullopt;
+  return ParseSlotKey(key);
+}
+
 std::optional<SlotKeyFields> ParseSlotMetaKey(absl::string_view key) {
   if (!absl::ConsumePrefix(&key, kSlotMetaKeyPrefix)) return std::nullopt;
   return ParseSlotKey(key);
@@ -191,6 +202,12 @@ std::string DescribeKey(ColumnFamily family, absl::string_view key) {
     }
     case ColumnFamily::kMeta: {
       if (key == kServerMetaKey) return absl::StrFormat("%s key \"%s\"", name, kServerMetaKey);
+      if (absl::StartsWith(key, kRangeMetaKeyPrefix)) {
+        std::optional<SlotKeyFields> slot = ParseRangeMetaKey(key);
+        if (!slot.has_value()) return Malformed(family, key);
+        return absl::StrFormat("%s key %s(r=%d, s=%d)", name, kRangeMetaKeyPrefix, slot->replica,
+                               slot->stage);
+      }
       if (absl::StartsWith(key, kSlotMetaKeyPrefix)) {
         std::optional<SlotKeyFields> slot = ParseSlotMetaKey(key);
         if (!slot.has_value()) return Malformed(family, key);

@@ -18,6 +18,8 @@
 // | `meta`        | "server"                              | 6     | rebound.ServerRecord    |
 // | `meta`        | "slot/", replica u32, stage u32       | 13    | rebound.SlotRecord      |
 // | `meta`        | "replication"                         | 11    | rebound.ReplicationRecord |
+// | `meta`        | "range/", replica u32, stage u32      | 14    | rebound.WeightRecord (a |
+// |               |                                       |       | range group's push book)|
 //
 // The step-log key stores micro_batch + 1 so that the per-step record (micro_batch = -1, the
 // step's parameter checksum) is 0 and sorts before micro-batch 0 of the same step. All of a
@@ -65,6 +67,8 @@ inline constexpr size_t kLogKeySize = 20;
 inline constexpr size_t kRangeSnapshotKeySize = 9;
 inline constexpr char kServerMetaKey[] = "server";
 inline constexpr char kSlotMetaKeyPrefix[] = "slot/";
+// A range group's book of a slot's pushes (sharded ASYNC_ADAHESSIAN): its applied sequence.
+inline constexpr char kRangeMetaKeyPrefix[] = "range/";
 // (epoch, sequence) of the last replicated commit (DurableStore, docs/storage.md).
 inline constexpr char kReplicationMetaKey[] = "replication";
 
@@ -130,6 +134,9 @@ std::optional<SlotKeyFields> ParseSlotKey(absl::string_view key);
 std::optional<LogKeyFields> ParseLogKey(absl::string_view key);
 // Parses a "slot/..." meta key; nullopt for any other meta key.
 std::optional<SlotKeyFields> ParseSlotMetaKey(absl::string_view key);
+// A range group's push book key: "range/" + EncodeSlotKey(replica, stage), and its parser.
+std::string EncodeRangeMetaKey(int32_t replica, int32_t stage);
+std::optional<SlotKeyFields> ParseRangeMetaKey(absl::string_view key);
 
 // A readable description of `key` in `family`, for error messages and logs, e.g.
 //   "steplog key (r=0, s=1, step=17, mb=3)", "center key (s=2)", "meta key \"server\"",

@@ -137,6 +137,60 @@ absl::StatusOr<CommitSyncResponse> RangeClient::Sync(const absl::Notification& s
   return committed;
 }
 
+absl::StatusOr<PushResponse> RangeClient::Push(const absl::Notification& stop,
+                                               ParameterServer::Stub* coordinator,
+                                               uint64_t incarnation, const SlotId& slot,
+                                               int64_t t, uint64_t sequence,
+                                               const compute::StageLayout& layout,
+                                               absl::Span<const float> g,
+                                               absl::Span<const float> d, double loss) const {
+  const int groups = this->groups();
+  const int64_t n = layout.packed_size();
+  std::vector<RangeSyncResult> results(groups);
+  RETURN_IF_ERROR(ForEachRange(groups, [&](int k) -> absl::Status {
+    ASSIGN_OR_RETURN(const compute::StageLayout range,
+                     compute::RangeLayout(slot.stage(), n, groups, k));
+    PushRangeRequest request;
+    request.set_incarnation(incarnation);
+    *request.mutable_slot() = slot;
+    request.set_sequence(sequence);
+    request.set_step(t);
+    request.set_range(k);
+    *request.mutable_gradient() = compute::BundleFromPacked(range, RangeOf(g, groups, k));
+    *request.mutable_hessian_diag() = compute::BundleFromPacked(range, RangeOf(d, groups, k));
+    PushRangeResponse response;
+    const std::string what = absl::StrCat("push of range ", k);
+    RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, what.c_str(),
+                                  [&](grpc::ClientContext* context) {
+                                    response.Clear();
+                                    return stubs_[k]->PushRange(context, request, &response);
+                                  }));
+    results[k].set_range(k);
+    results[k].set_center_version(response.center_version());
+    results[k].set_partial_sq_norm(response.partial_sq_norm());
+    return absl::OkStatus();
+  }));
+  CommitPushRequest commit;
+  commit.set_incarnation(incarnation);
+  *commit.mutable_slot() = slot;
+  commit.set_sequence(sequence);
+  commit.set_step(t);
+  if (std::isfinite(loss)) commit.set_loss(loss);
+  for (RangeSyncResult& result : results) *commit.add_ranges() = std::move(result);
+  CommitPushResponse committed;
+  RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, "commit of the push",
+                                [&](grpc::ClientContext* context) {
+                                  committed.Clear();
+                                  return coordinator->CommitPush(context, commit, &committed);
+                                }));
+  PushResponse pushed;
+  pushed.set_applied(committed.applied());
+  pushed.set_applied_sequence(committed.applied_sequence());
+  pushed.set_weight(committed.weight());
+  pushed.set_center_version(commit.ranges(0).center_version());
+  return pushed;
+}
+
 absl::StatusOr<PullResponse> RangeClient::Pull(const absl::Notification& stop,
                                                uint64_t incarnation, int stage,
                                                const compute::StageLayout& layout) const {

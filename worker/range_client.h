@@ -66,6 +66,16 @@ class RangeClient {
                                           const compute::StageLayout& layout,
                                           const SyncState& state, int ranges = kAllRanges) const;
 
+  // Mode ASYNC_ADAHESSIAN: the push of (g, D) with `sequence` at step t: every range's part in
+  // parallel (a range that applied the sequence already answers applied: false), then the commit
+  // at group 0. Returns the commit's answer as a PushResponse (applied: false when group 0 had
+  // committed the sequence already; applied_sequence: the slot's committed one).
+  absl::StatusOr<PushResponse> Push(const absl::Notification& stop,
+                                    ParameterServer::Stub* coordinator, uint64_t incarnation,
+                                    const SlotId& slot, int64_t t, uint64_t sequence,
+                                    const compute::StageLayout& layout, absl::Span<const float> g,
+                                    absl::Span<const float> d, double loss) const;
+
   // The center of stage `stage`, gathered from every range (center_version: range 0's).
   absl::StatusOr<PullResponse> Pull(const absl::Notification& stop, uint64_t incarnation,
                                     int stage, const compute::StageLayout& layout) const;

@@ -43,7 +43,8 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
   // Loads the current center into the local parameters.
   auto pull = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const PullResponse center,
-                     PullCenter(config, clock, stop, stub, incarnation, slot.stage(), layout));
+                     PullCenter(config, clock, stop, stub, incarnation, slot.stage(), layout,
+                                registration.ranges.get()));
     RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
     VLOG(1) << "pulled center version " << center.center_version();
     return absl::OkStatus();
@@ -88,7 +89,15 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
     PushResponse response;
     // A retry after a lost reply is harmless: the server recognises the sequence and answers
     // applied: false.
-    {
+    if (registration.ranges != nullptr) {
+      // A sharded job (DESIGN.md §10.2): every range, then the commit at group 0.
+      ScopedLatency timed(Metrics().sync_seconds);
+      absl::StatusOr<PushResponse> pushed =
+          registration.ranges->Push(stop, stub, incarnation, slot, t, static_cast<uint64_t>(t),
+                                    layout, g, d, loss);
+      RETURN_IF_ERROR(RefusedUpdate("push", t, pushed.status()));
+      response = *std::move(pushed);
+    } else {
       ScopedLatency timed(Metrics().sync_seconds);
       RETURN_IF_ERROR(RefusedUpdate(
           "push", t, CallWithRetry(config, clock, stop, "push", [&](grpc::ClientContext* context) {

@@ -19,8 +19,9 @@ absl::Status ParameterServerService::CheckUnsharded(const char* what) const {
   if (job_.sharding().groups() <= 1) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "this job's center is sharded across ", job_.sharding().groups(),
-      " server groups: trainers sync each range with CenterRange.SyncRange and commit with "
-      "CommitSync, and read it with CenterRange.PullRange (docs/sharding.md); ",
+      " server groups: trainers sync (push) each range with CenterRange.SyncRange (PushRange) and "
+      "commit with CommitSync (CommitPush), and read it with CenterRange.PullRange "
+      "(docs/sharding.md); ",
       what, " is for unsharded jobs"));
 }
 
@@ -49,6 +50,24 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
     case RANGE_READ:
       RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
       return response;
+    case RANGE_PUSH: {
+      const SlotId slot = Normalized(request.slot());
+      RETURN_IF_ERROR(ValidateSlot(slot));
+      RETURN_IF_ERROR(membership_->CheckOwner(request.incarnation(), slot));
+      if (request.sequence() < 1 || request.step() < 1) {
+        return absl::InvalidArgumentError("sequence and step must be >= 1");
+      }
+      RETURN_IF_ERROR(CheckStepInJob(request.step()));
+      // At most one push past the committed one, as for syncs.
+      const SlotBook book = books_.Get(slot);
+      if (request.sequence() > book.applied_sequence + 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "push sequence ", request.sequence(), " of slot ", SlotName(slot),
+            " skips ahead: the next one is ", book.applied_sequence + 1));
+      }
+      response.set_weight(book.next_weight);
+      return response;
+    }
     case RANGE_SYNC: {
       const SlotId slot = Normalized(request.slot());
       RETURN_IF_ERROR(ValidateSlot(slot));
@@ -64,7 +83,7 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
       return response;
     }
     default:
-      return absl::InvalidArgumentError("access must be RANGE_SYNC or RANGE_READ");
+      return absl::InvalidArgumentError("access must be RANGE_SYNC, RANGE_PUSH or RANGE_READ");
   }
 }
 
@@ -77,6 +96,28 @@ grpc::Status ParameterServerService::AuthorizeRange(grpc::ServerContext* context
   return grpc::Status::OK;
 }
 
+absl::StatusOr<double> ParameterServerService::SumOfRangeSquares(
+    const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const {
+  const int groups = job_.sharding().groups();
+  if (ranges.size() != groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranges must hold one result per range (", groups, "), got ", ranges.size()));
+  }
+  double sum_of_squares = 0.0;
+  for (int k = 0; k < groups; ++k) {
+    const RangeSyncResult& range = ranges.Get(k);
+    if (range.range() != k || range.center_version() < 0 ||
+        !(range.partial_sq_norm() >= 0.0 && std::isfinite(range.partial_sq_norm()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranges[", k, "] must be range ", k, " with a center_version >= 0 and a finite "
+          "partial_sq_norm >= 0, got range ", range.range(), ", version ", range.center_version(),
+          ", partial_sq_norm ", range.partial_sq_norm()));
+    }
+    sum_of_squares += range.partial_sq_norm();
+  }
+  return sum_of_squares;
+}
+
 grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
                                                 const CommitSyncRequest* request,
                                                 CommitSyncResponse* response) {
@@ -85,9 +126,9 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
   const int groups = job_.sharding().groups();
-  if (groups <= 1 || config_.shard().group() != 0) {
+  if (groups <= 1 || config_.shard().group() != 0 || job_.easgd().mode() != EASGD) {
     return ToGrpcStatus(absl::FailedPreconditionError(
-        "CommitSync is for a sharded job's group 0; an unsharded job's trainers Sync"));
+        "CommitSync is for a sharded EASGD job's group 0; an unsharded job's trainers Sync"));
   }
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = ValidateSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
@@ -100,22 +141,9 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
   }
   if (absl::Status ok = CheckStepInJob(step); !ok.ok()) return ToGrpcStatus(ok);
   if (absl::Status ok = CheckNextSyncStep(slot, step); !ok.ok()) return ToGrpcStatus(ok);
-  if (request->ranges_size() != groups) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "ranges must hold one result per range (", groups, "), got ", request->ranges_size())));
-  }
-  double sum_of_squares = 0.0;
-  for (int k = 0; k < groups; ++k) {
-    const RangeSyncResult& range = request->ranges(k);
-    if (range.range() != k || range.center_version() < 0 ||
-        !(range.partial_sq_norm() >= 0.0 && std::isfinite(range.partial_sq_norm()))) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "ranges[", k, "] must be range ", k, " with a center_version >= 0 and a finite "
-          "partial_sq_norm >= 0, got range ", range.range(), ", version ", range.center_version(),
-          ", partial_sq_norm ", range.partial_sq_norm())));
-    }
-    sum_of_squares += range.partial_sq_norm();
-  }
+  absl::StatusOr<double> summed = SumOfRangeSquares(request->ranges());
+  if (!summed.ok()) return ToGrpcStatus(summed.status());
+  const double sum_of_squares = *summed;
   // Every range must hold the sync before group 0 records it: the committed step is what a
   // recovery reads every range's snapshot at.
   if (!range_check_) {
@@ -187,6 +215,81 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
   }
   if (absl::Status barrier = recovery_->AfterSync(slot, step, checkpoint_epoch); !barrier.ok()) {
     return ToGrpcStatus(barrier);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::CommitPush(grpc::ServerContext* context,
+                                                const CommitPushRequest* request,
+                                                CommitPushResponse* response) {
+  if (absl::Status ok = CheckWorker(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (job_.sharding().groups() <= 1 || config_.shard().group() != 0 ||
+      job_.easgd().mode() != ASYNC_ADAHESSIAN) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "CommitPush is for a sharded ASYNC_ADAHESSIAN job's group 0; an unsharded job's "
+        "trainers Push"));
+  }
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = ValidateSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = membership_->CheckOwner(request->incarnation(), slot); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  const uint64_t sequence = request->sequence();
+  if (sequence < 1 || request->step() < 1) {
+    return ToGrpcStatus(absl::InvalidArgumentError("sequence and step must be >= 1"));
+  }
+  if (absl::Status ok = CheckStepInJob(request->step()); !ok.ok()) return ToGrpcStatus(ok);
+  absl::StatusOr<double> summed = SumOfRangeSquares(request->ranges());
+  if (!summed.ok()) return ToGrpcStatus(summed.status());
+  if (!push_check_) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this server cannot check its ranges"));
+  }
+  if (absl::Status held = push_check_(slot, sequence); !held.ok()) return ToGrpcStatus(held);
+  {
+    absl::MutexLock lock(&commit_mu_);
+    if (absl::Status ok = membership_->CheckOwner(request->incarnation(), slot); !ok.ok()) {
+      return ToGrpcStatus(ok);
+    }
+    const SlotBook book = books_.Get(slot);
+    if (sequence <= book.applied_sequence) {
+      response->set_applied(false);
+      response->set_applied_sequence(book.applied_sequence);
+      return grpc::Status::OK;
+    }
+    if (sequence != book.applied_sequence + 1) {
+      return ToGrpcStatus(absl::FailedPreconditionError(
+          absl::StrCat("push sequence ", sequence, " of slot ", SlotName(slot),
+                       " skips ahead: the next one is ", book.applied_sequence + 1)));
+    }
+    // As CommitSync: this push's inputs decide the next one's weight (||g|| from the K partial
+    // sums; range 0's version stands for the center's).
+    const absl::Time now = clock_->Now();
+    const int64_t version_before = std::max<int64_t>(0, request->ranges(0).center_version() - 1);
+    const double norm = std::sqrt(*summed);
+    const WeightInputs inputs = tracker_->Measure(slot, now, version_before, norm);
+    SlotBook updated = book;
+    updated.applied_sequence = sequence;
+    updated.last_update_step = request->step();
+    updated.update_count = book.update_count + 1;
+    updated.next_weight = inputs.weight();
+    tracker_->Record(slot, now, version_before, norm, inputs);
+    storage::WriteBatch batch;
+    batch.PutWeight(WeightRecordFor(slot, updated));
+    if (absl::Status committed = store_->Commit(batch); !committed.ok()) {
+      LOG(ERROR) << "commit of slot " << SlotName(slot) << " push " << sequence
+                 << " failed: " << committed;
+      return ToGrpcStatus(committed);
+    }
+    books_.Set(slot, updated, 0.0);
+    response->set_applied(true);
+    response->set_applied_sequence(sequence);
+    response->set_weight(book.next_weight);
+  }
+  if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
+    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step();
   }
   return grpc::Status::OK;
 }

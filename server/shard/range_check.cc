@@ -30,11 +30,38 @@ absl::StatusOr<std::unique_ptr<RangeCheck>> RangeCheck::Create(const ServerConfi
 }
 
 absl::Status RangeCheck::Check(const SlotId& slot, int64_t step) const {
+  const std::string what = absl::StrCat("the sync of slot ", SlotName(slot), " at step ", step,
+                                        ": sync every range (CenterRange.SyncRange)");
   if (!local_->Holds(slot, step)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "range 0 has not applied the sync of slot ", SlotName(slot), " at step ", step,
-        ": sync every range (CenterRange.SyncRange) before the commit"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("range 0 has not applied ", what, " before the commit"));
   }
+  return AskRanges(
+      slot,
+      [step](const RangeStepsResponse& reply) {
+        return std::find(reply.steps().begin(), reply.steps().end(), step) != reply.steps().end();
+      },
+      what);
+}
+
+absl::Status RangeCheck::CheckPushed(const SlotId& slot, uint64_t sequence) const {
+  const std::string what = absl::StrCat("the push of slot ", SlotName(slot), " with sequence ",
+                                        sequence, ": push every range (CenterRange.PushRange)");
+  if (local_->AppliedSequence(slot) < sequence) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("range 0 has not applied ", what, " before the commit"));
+  }
+  return AskRanges(
+      slot,
+      [sequence](const RangeStepsResponse& reply) {
+        return reply.applied_sequence() >= sequence;
+      },
+      what);
+}
+
+absl::Status RangeCheck::AskRanges(const SlotId& slot,
+                                   const std::function<bool(const RangeStepsResponse&)>& held,
+                                   const std::string& what) const {
   std::vector<absl::Status> statuses(stubs_.size());
   std::vector<std::thread> threads;
   threads.reserve(stubs_.size());
@@ -47,15 +74,14 @@ absl::Status RangeCheck::Check(const SlotId& slot, int64_t step) const {
       RangeStepsRequest request;
       *request.mutable_slot() = slot;
       RangeStepsResponse response;
-      const absl::Status status = FromGrpcStatus(stubs_[i]->RangeSteps(&context, request, &response));
+      const absl::Status status =
+          FromGrpcStatus(stubs_[i]->RangeSteps(&context, request, &response));
       if (!status.ok()) {
         statuses[i] = absl::UnavailableError(absl::StrCat(
-            "range ", range, " did not say whether it holds the sync: ", status.message()));
-      } else if (std::find(response.steps().begin(), response.steps().end(), step) ==
-                 response.steps().end()) {
-        statuses[i] = absl::FailedPreconditionError(absl::StrCat(
-            "range ", range, " has not applied the sync of slot ", SlotName(slot), " at step ",
-            step, ": sync every range (CenterRange.SyncRange) before the commit"));
+            "range ", range, " did not say whether it holds ", what, ": ", status.message()));
+      } else if (!held(response)) {
+        statuses[i] = absl::FailedPreconditionError(
+            absl::StrCat("range ", range, " has not applied ", what, " before the commit"));
       }
     });
   }

@@ -13,6 +13,8 @@
 // (the trainer retries its commit).
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -34,10 +36,18 @@ class RangeCheck {
 
   // OK iff every range holds the slot's sync of `step`.
   absl::Status Check(const SlotId& slot, int64_t step) const;
+  // Mode ASYNC_ADAHESSIAN: OK iff every range applied the slot's push of `sequence`.
+  absl::Status CheckPushed(const SlotId& slot, uint64_t sequence) const;
 
  private:
   RangeCheck(const RangeService* local, absl::Duration deadline)
       : local_(local), deadline_(deadline) {}
+
+  // Asks every range group k > 0 at once for the slot's steps; `held(k, reply)` says whether
+  // range k holds what the caller needs. `what` names it in the error.
+  absl::Status AskRanges(const SlotId& slot,
+                         const std::function<bool(const RangeStepsResponse&)>& held,
+                         const std::string& what) const;
 
   const RangeService* const local_;
   const absl::Duration deadline_;

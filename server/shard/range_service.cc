@@ -45,6 +45,11 @@ void RangeService::Restore(const storage::LoadedState& state) {
       const auto& [slot, copy] = key;
       kept_[Key(slot.first, slot.second)].step[copy] = snapshot.step();
     }
+    for (const auto& [slot, book] : state.range_books) {
+      Kept& kept = kept_[Key(slot.first, slot.second)];
+      kept.sequence = book.applied_sequence();
+      kept.pushes = book.update_count();
+    }
     for (const auto& [key, kept] : kept_) {
       WeightRecord book;
       book.mutable_slot()->set_replica(key.first);
@@ -256,6 +261,110 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status RangeService::PushRange(grpc::ServerContext* context,
+                                     const PushRangeRequest* request,
+                                     PushRangeResponse* response) {
+  if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  auto admitted = inflight_.Enter(static_cast<int64_t>(request->ByteSizeLong()));
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
+  if (job_.easgd().mode() != ASYNC_ADAHESSIAN) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this job runs mode EASGD: trainers sync ranges (SyncRange), they do not push"));
+  }
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  const uint64_t sequence = request->sequence();
+  if (sequence < 1 || request->step() < 1 || request->step() > job_.training().max_steps()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "sequence must be >= 1 and step in [1, training.max_steps = ",
+        job_.training().max_steps(), "], got sequence ", sequence, ", step ", request->step())));
+  }
+  const int stage = slot.stage();
+  for (const auto& [bundle, name] :
+       {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
+        {&request->hessian_diag(), "hessian_diag"}}) {
+    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
+      return ToGrpcStatus(ok);
+    }
+  }
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(request->incarnation());
+  ask.set_access(RANGE_PUSH);
+  *ask.mutable_slot() = slot;
+  ask.set_step(request->step());
+  ask.set_sequence(sequence);
+  ask.set_range(group_);
+  absl::StatusOr<AuthorizeRangeResponse> allowed = authorize_(context, ask);
+  if (!allowed.ok()) return ToGrpcStatus(allowed.status());
+
+  auto answer_applied = [&]() {
+    response->set_applied(false);
+    response->set_applied_sequence(GetKept(slot).sequence);
+    response->set_center_version(centers_->version(stage));
+    return grpc::Status::OK;
+  };
+  auto next = [&](uint64_t applied) -> absl::Status {
+    if (sequence == applied + 1) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("push sequence ", sequence, " of slot ", SlotName(slot), " skips ahead in range ",
+                     group_, ": the next one is ", applied + 1));
+  };
+  if (sequence <= GetKept(slot).sequence) return answer_applied();
+  if (absl::Status ok = next(GetKept(slot).sequence); !ok.ok()) return ToGrpcStatus(ok);
+
+  const std::vector<float> g = centers_->Unbundle(stage, request->gradient());
+  const std::vector<float> d = centers_->Unbundle(stage, request->hessian_diag());
+  const compute::StageLayout& layout = centers_->layout(stage);
+  bool applied_meanwhile = false;
+  double partial_sq_norm = 0.0;
+  auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
+    const uint64_t applied = GetKept(slot).sequence;
+    if (sequence <= applied) {
+      applied_meanwhile = true;
+      return AppliedMeanwhile();
+    }
+    RETURN_IF_ERROR(next(applied));
+    partial_sq_norm = norm * norm;
+    return allowed->weight();
+  };
+  auto commit = [&](int64_t version, absl::Span<const float> center, int64_t opt_step,
+                    absl::Span<const float> m, absl::Span<const float> v) -> absl::Status {
+    storage::WriteBatch batch;
+    AddCenterAndOptToBatch(layout, stage, version, center, opt_step, m, v, &batch);
+    const Kept kept = GetKept(slot);
+    WeightRecord book;
+    *book.mutable_slot() = slot;
+    book.set_applied_sequence(sequence);
+    book.set_last_update_step(request->step());
+    book.set_update_count(kept.pushes + 1);
+    batch.PutRangeBook(book);
+    RETURN_IF_ERROR(store_->Commit(batch));
+    absl::MutexLock lock(&mu_);
+    Kept& now = kept_[Key(slot.replica(), slot.stage())];
+    now.sequence = sequence;
+    now.pushes = kept.pushes + 1;
+    return absl::OkStatus();
+  };
+  absl::StatusOr<int64_t> version = centers_->ApplyAdaHessian(
+      stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
+  if (applied_meanwhile) return answer_applied();
+  if (!version.ok()) {
+    if (version.status().code() != absl::StatusCode::kInvalidArgument &&
+        version.status().code() != absl::StatusCode::kFailedPrecondition) {
+      LOG(ERROR) << "push of slot " << SlotName(slot) << " range " << group_
+                 << " failed: " << version.status();
+    }
+    return ToGrpcStatus(version.status());
+  }
+  response->set_applied(true);
+  response->set_applied_sequence(sequence);
+  response->set_center_version(*version);
+  response->set_weight(allowed->weight());
+  response->set_partial_sq_norm(partial_sq_norm);
+  return grpc::Status::OK;
+}
+
 grpc::Status RangeService::PullRange(grpc::ServerContext* context,
                                      const PullRangeRequest* request,
                                      PullRangeResponse* response) {
@@ -318,7 +427,12 @@ grpc::Status RangeService::RangeSteps(grpc::ServerContext* context,
   const Kept kept = GetKept(slot);
   response->add_steps(kept.step[0]);
   response->add_steps(kept.step[1]);
+  response->set_applied_sequence(kept.sequence);
   return grpc::Status::OK;
+}
+
+uint64_t RangeService::AppliedSequence(const SlotId& slot) const {
+  return GetKept(Normalized(slot)).sequence;
 }
 
 bool RangeService::Holds(const SlotId& slot, int64_t step) const {

@@ -17,6 +17,11 @@
 // A sync below both kept steps is stale (FAILED_PRECONDITION); one that is not the slot's next
 // sync point is INVALID_ARGUMENT.
 //
+// Mode ASYNC_ADAHESSIAN (PushRange): the range applies the slot's pushes in sequence, once each
+// (its applied sequence durable with the center and its m, v in one batch: a "range/" meta
+// record); a push at or below it answers applied: false and changes nothing, one that skips
+// ahead is FAILED_PRECONDITION. Group 0 commits a push only once every range applied it.
+//
 // Identity. Every call names a worker incarnation and carries its credential; the group asks
 // `authorize` (group 0's ParameterServer.AuthorizeRange: in process for group 0, over gRPC for
 // the others) before it reads or changes anything. Group 0 checks the credential, that the
@@ -76,6 +81,8 @@ class RangeService final : public CenterRange::Service {
 
   grpc::Status SyncRange(grpc::ServerContext* context, const SyncRangeRequest* request,
                          SyncRangeResponse* response) override;
+  grpc::Status PushRange(grpc::ServerContext* context, const PushRangeRequest* request,
+                         PushRangeResponse* response) override;
   grpc::Status PullRange(grpc::ServerContext* context, const PullRangeRequest* request,
                          PullRangeResponse* response) override;
   grpc::Status ReadRangeSnapshot(grpc::ServerContext* context,
@@ -86,12 +93,17 @@ class RangeService final : public CenterRange::Service {
 
   // Whether this group's range holds the slot's sync of `step` (one of its two kept snapshots).
   bool Holds(const SlotId& slot, int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Mode ASYNC_ADAHESSIAN: the slot's applied push sequence in this range.
+  uint64_t AppliedSequence(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The steps of a slot's two kept range snapshots (0: none), by copy.
   struct Kept {
     int64_t step[2] = {0, 0};
     int64_t last() const { return std::max(step[0], step[1]); }
+    // Mode ASYNC_ADAHESSIAN: the slot's applied push sequence and how many it applied.
+    uint64_t sequence = 0;
+    int64_t pushes = 0;
   };
   using Key = std::pair<int, int>;
 

@@ -286,6 +286,27 @@ TEST_CASE("a range group's two range snapshots per slot sit beside the slot's ow
   CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 0))), MakeSnapshot(0, 0, 8)));
 }
 
+TEST_CASE("a range group's push books load back, apart from the slots' weight records") {
+  const std::string dir = TempDir("range-books");
+  {
+    std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+    WriteBatch batch;
+    WeightRecord book;
+    *book.mutable_slot() = Slot(1, 0);
+    book.set_applied_sequence(17);
+    book.set_update_count(17);
+    batch.PutRangeBook(book);
+    batch.PutWeight(Weight(1, 0, 0.5));
+    REQUIRE_OK(store->Commit(batch));
+  }
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  const LoadedState state = ValueOrFail(store->LoadAll());
+  REQUIRE(state.range_books.size() == 1);
+  CHECK(state.range_books.at({1, 0}).applied_sequence() == 17);
+  REQUIRE(state.weights.size() == 1);
+  CHECK(state.weights.at({1, 0}).weight() == 0.5);
+}
+
 TEST_CASE("a fresh store loads empty") {
   std::unique_ptr<DurableStore> store = OpenOrFail(TempDir("fresh"));
   const LoadedState state = ValueOrFail(store->LoadAll());

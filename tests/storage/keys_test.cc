@@ -157,6 +157,11 @@ TEST_CASE("a range group's snapshot keys: the slot key and a copy byte") {
   CHECK_FALSE(ParseRangeSnapshotKey(EncodeSlotKey(3, 0)).has_value());
   CHECK(DescribeKey(ColumnFamily::kSnapshot, EncodeRangeSnapshotKey(0, 1, 1)) ==
         "snapshot key (r=0, s=1, range copy 1)");
+  // A range group's push book.
+  CHECK(EncodeRangeMetaKey(2, 1) == "range/" + EncodeSlotKey(2, 1));
+  CHECK(ParseRangeMetaKey(EncodeRangeMetaKey(2, 1)) == SlotKeyFields{2, 1});
+  CHECK_FALSE(ParseRangeMetaKey(EncodeSlotMetaKey(2, 1)).has_value());
+  CHECK(DescribeKey(ColumnFamily::kMeta, EncodeRangeMetaKey(2, 1)) == "meta key range/(r=2, s=1)");
 }
 
 TEST_CASE("column families have their documented names") {
