@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "testing/cluster/processes.h"
 #include "tests/launch/launch_testing.h"
@@ -193,13 +194,15 @@ TEST_CASE("replicated shard groups: group 0's leader fails over, group 1 is unto
 
 TEST_CASE("--shard_groups is refused with exit 2 for a job it cannot shard, before anything") {
   Launch launch("launch-shard-bad", kJob);
-  WriteFileOrDie(launch.job_file(), std::string(kJob) + "easgd { mode: ASYNC_ADAHESSIAN }\n");
+  WriteFileOrDie(launch.job_file(),
+                 absl::StrReplaceAll(kJob, {{"fault_tolerance {",
+                                             "fault_tolerance { policy: GLOBAL_CHECKPOINT"}}));
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir, "--shard_groups", "2"});
   REQUIRE(launch.WaitForExit() == 2);
   CHECK(absl::StrContains(launch.Output(),
                           "--shard_groups 2: the job cannot be sharded: sharding.groups > 1 needs "
-                          "easgd.mode EASGD"));
+                          "fault_tolerance.policy REPLAY or RESTART_FROM_CENTER"));
   CHECK_FALSE(std::filesystem::exists(workdir));
 
   Launch disagree("launch-shard-disagree", kShardedLongJob);

@@ -236,12 +236,12 @@ TEST_CASE("--shard_groups on a job that cannot be sharded says why, in the job's
   LaunchOptions options;
   options.shard_groups = 2;
   JobConfig job = ShardableJob();
-  job.mutable_easgd()->set_mode(ASYNC_ADAHESSIAN);
+  job.mutable_fault_tolerance()->set_policy(GLOBAL_CHECKPOINT);
   absl::Status refused = CheckOptionsAgainstJob(options, job);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StartsWith(refused.message(), "--shard_groups 2: the job cannot be sharded: "));
   CHECK(absl::StrContains(refused.message(), "sharding.groups"));
-  CHECK(absl::StrContains(refused.message(), "EASGD"));
+  CHECK(absl::StrContains(refused.message(), "GLOBAL_CHECKPOINT is not sharded"));
   // One group is always fine.
   options.shard_groups = 1;
   CHECK(CheckOptionsAgainstJob(options, job).ok());

@@ -73,8 +73,8 @@ absl::StatusOr<SlotCoord> ParseSlot(const std::string& text);
 // Checks the options that depend on the job: --kill_slot must lie inside the R x S grid;
 // --kill_leader_at_step must come before training.max_steps; --shard_groups K must equal the
 // job's sharding.groups when the job shards (K > 1 there), and a job that does not shard must
-// pass the job validation with sharding.groups = K (mode EASGD, a model spec, a policy that
-// shards, every stage at least K parameters).
+// pass the job validation with sharding.groups = K (a model spec, a policy that shards,
+// every stage at least K parameters).
 absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfig& job);
 
 // The number of shard groups the launcher starts: --shard_groups when given, else the job's
