@@ -1611,11 +1611,16 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
   if (etcd_fault && !AllGroupsWhole()) return Fired::kNoTarget;
   const std::string kind = FaultKindName(fault.kind);
   const int leader = group.leader;
-  const std::string state =
-      etcd_fault ? absl::StrCat("group 0 in epoch ", group.epoch)
-                 : absl::StrCat(sharded() ? absl::StrCat("group ", g, ", ") : std::string(),
-                                "epoch ", group.epoch, ", center version ",
-                                CenterVersion(*group_status));
+  std::string state = absl::StrCat(sharded() ? absl::StrCat("group ", g, ", ") : std::string(),
+                                   "epoch ", group.epoch, ", center version ",
+                                   CenterVersion(*group_status));
+  if (etcd_fault && sharded()) {
+    std::vector<std::string> epochs;
+    for (int each = 0; each < shard_groups(); ++each) {
+      epochs.push_back(absl::StrCat("group ", each, " in epoch ", groups_[each].epoch));
+    }
+    state = absl::StrJoin(epochs, ", ");
+  }
   etcd_member_fault_.reset();
   server_faulted_ = true;
   if (fault.kind == FaultKind::kKillAllEtcd) {

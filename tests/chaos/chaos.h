@@ -255,7 +255,8 @@ struct RunReport {
   int recoveries = 0;                 // slots rebuilt (REPLAY, verified)
   int interrupted_recoveries = 0;     // ended by a fault on their spares or on the server
   int64_t steps_replayed = 0;         // by those recoveries
-  int server_restarts = 0;       // single server: restarts after kill_server
+  int server_restarts = 0;       // a server (sharded: a group's one server) restarted after
+                                 // kill_server
   int leader_changes = 0;        // group mode: a new leader (a higher epoch) took over
   int member_restarts = 0;       // group mode: members restarted after a kill
   int etcd_restarts = 0;         // group mode: etcd members restarted after a kill
