@@ -1243,7 +1243,9 @@ void ChaosRun::ReapWorkers() {
     } else if (w.faults.die_at_step > 0 && *code == kKilledBySigkill &&
                absl::StrContains(LastLines(w.process->log_path(), 30),
                                  "dying before the commit")) {
-      // die_between_ranges: it killed itself in its sync, after some ranges.
+      // die_between_ranges: it killed itself in its sync, after some ranges. A fault was aimed
+      // at it: CheckReconnected expects nothing of it.
+      w.was_faulted = true;
       ++report_.died_between_ranges;
       Log(absl::StrCat(w.name, " died in its sync of step ", w.faults.die_at_step,
                        " after ranges [0, ", w.faults.die_ranges, ") of ", shard_groups(),
