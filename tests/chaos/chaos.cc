@@ -647,6 +647,15 @@ void ChaosRun::OnNewLeader(int member, const GetStatusResponse& status) {
       evidence = LinesMentioning(cluster_->member(old_leader).log_path(),
                                  {"lease", "KeepAlive", "no longer acknowledging"}, 6);
     }
+    // etcd's own account of its raft leadership (which member led, how long its election took).
+    for (int i = 0; i < cluster_->etcd()->size(); ++i) {
+      absl::StrAppend(&evidence, "  etcd member ", i, " (", cluster_->etcd()->client_endpoint(i),
+                      "):\n",
+                      LinesMentioning(cluster_->etcd()->log_path(i),
+                                      {"elected leader", "lost leader", "became leader",
+                                       "starting a new election", "became candidate"},
+                                      4));
+    }
     Violation(absl::StrCat("the leader", of_group, " changed (epoch ", previous, " -> ",
                            group.epoch, ", now ", name, ") while ", *etcd_member_fault_,
                            ": a group survives the loss of one etcd member of three (DESIGN.md "
