@@ -19,13 +19,22 @@
 //                 kill_spare, stop_spare, kill_evaluator, stop_evaluator, kill_server,
 //                 stop_server, partition, throttle, delay, loss, byzantine, and with --standbys
 //                 the group's kill_leader, leader_disk_loss, stop_leader, kill_etcd_member,
-//                 kill_all_etcd, restart_standby_empty), e.g. --kinds=stop_server; each schedule
-//                 holds a kill_trainer, a kill_server (with --standbys a kill_leader), a
-//                 partition and a byzantine trainer when allowed
+//                 kill_all_etcd, restart_standby_empty, and with --shard_groups
+//                 die_between_ranges), e.g. --kinds=stop_server; each schedule holds a
+//                 kill_trainer, a kill_server (with --standbys a kill_leader), a partition, a
+//                 byzantine trainer (unsharded) and a die_between_ranges (sharded) when allowed
 //   --standbys=K (0)  group mode: a replicated server group of 1 + K members and etcd of 3
 //                 members (DESIGN.md §10.1; tests/chaos/chaos.h): kill_server and stop_server
 //                 are replaced by the group's kinds, and each run is checked besides for every
 //                 member's store, the syncs answered to trainers and the fenced leaders
+//   --shard_groups=K (1)  sharded mode: the center split across K server groups (DESIGN.md
+//                 §10.2; tests/chaos/chaos.h), each a single server or, with --standbys, a
+//                 replicated group; kill_server and stop_server act on a drawn group's server,
+//                 the group kinds on a drawn group's leader or standby; die_between_ranges is
+//                 added and byzantine left out. Each run is checked per range (versions, stores,
+//                 answered syncs) and its center gathered from the ranges; besides, a fault-free
+//                 run of the same job unsharded must end on the sharded fault-free run's center
+//                 bit for bit
 //   --spares=K (2)  --steps=T (6000: each trainer's max_steps, a multiple of the sync period 100)
 //   --async       ASYNC scheduling (the shipped job's choice) instead of DETERMINISTIC
 //   --dynamic     DYNAMIC weights (the shipped job's choice) instead of UNIFORM; with --async
@@ -65,7 +74,7 @@ using ::rebound::testing::IsExecutableFile;
 
 constexpr char kUsage[] =
     "usage: chaos [--runs=N] [--seed=S] [--faults=F] [--kinds=LIST] [--spares=K] [--steps=T] "
-    "[--standbys=K] [--async] "
+    "[--standbys=K] [--shard_groups=K] [--async] "
     "[--dynamic] [--fault_half_life_s=H] [--no_network] "
     "[--time_limit_s=T] [--quiet] [--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
@@ -75,6 +84,7 @@ struct Flags {
   int faults = 6;
   int spares = 2;
   int standbys = 0;
+  int shard_groups = 1;
   int steps = 6000;
   bool async = false;
   bool dynamic = false;
@@ -96,6 +106,7 @@ Flags ParseFlags(int argc, char** argv) {
   command_line.AddInt("faults", &flags.faults);
   command_line.AddInt("spares", &flags.spares);
   command_line.AddInt("standbys", &flags.standbys);
+  command_line.AddInt("shard_groups", &flags.shard_groups);
   command_line.AddInt("steps", &flags.steps);
   command_line.AddSwitch("async", &flags.async);
   command_line.AddSwitch("dynamic", &flags.dynamic);
@@ -130,6 +141,9 @@ Flags ParseFlags(int argc, char** argv) {
   if (flags.faults < 0 || flags.faults > 32) command_line.Usage("--faults must be in [0, 32]");
   if (flags.spares < 1 || flags.spares > 8) command_line.Usage("--spares must be in [1, 8]");
   if (flags.standbys < 0 || flags.standbys > 4) command_line.Usage("--standbys must be in [0, 4]");
+  if (flags.shard_groups < 1 || flags.shard_groups > 4) {
+    command_line.Usage("--shard_groups must be in [1, 4]");
+  }
   if (flags.steps < 400 || flags.steps % 100 != 0) {
     command_line.Usage("--steps must be a multiple of 100 (the sync period), at least 400");
   }
@@ -157,9 +171,11 @@ chaos::ChaosOptions Options(const Flags& flags, uint64_t seed, int faults) {
   options.must_include = {chaos::FaultKind::kKillTrainer,
                           flags.standbys > 0 ? chaos::FaultKind::kKillLeader
                                              : chaos::FaultKind::kKillServer,
-                          chaos::FaultKind::kPartition, chaos::FaultKind::kByzantine};
+                          chaos::FaultKind::kPartition, chaos::FaultKind::kByzantine,
+                          chaos::FaultKind::kDieBetweenRanges};
   options.spares = flags.spares;
   options.standbys = flags.standbys;
+  options.shard_groups = flags.shard_groups;
   options.network = !flags.no_network;
   options.time_limit = absl::Seconds(flags.time_limit_s);
   options.server_binary = flags.server_binary;
@@ -191,7 +207,7 @@ int Main(int argc, char** argv) {
   std::printf(
       "job: MLP 784-%d-10, %d trainers + %d spares + evaluator, batch %d, tau %d, %lld "
       "steps, %s, heartbeat %d ms, failure timeout %d ms, reconnect grace %d ms, "
-      "%s; %ld cores online, load %.2f\n\n",
+      "%s%s; %ld cores online, load %.2f\n\n",
       job.hidden, job.replicas, flags.spares, job.batch_size, job.sync_period,
       static_cast<long long>(job.max_steps),
       absl::StrCat(job.deterministic ? "DETERMINISTIC" : "ASYNC", " scheduling, ",
@@ -206,6 +222,11 @@ int Main(int argc, char** argv) {
                          " ms, etcd of 3 members)")
                 .c_str()
           : "durable server",
+      flags.shard_groups > 1
+          ? absl::StrCat(", the center sharded across ", flags.shard_groups,
+                         " server groups (each as above)")
+                .c_str()
+          : "",
       sysconf(_SC_NPROCESSORS_ONLN), LoadAverage());
   std::fflush(stdout);
 
@@ -220,6 +241,27 @@ int Main(int argc, char** argv) {
     std::printf("RESULT chaos: runs=0 faults=0 recoveries=0 violations=%d\n", violations);
     return 1;
   }
+  if (flags.shard_groups > 1) {
+    // Sharding itself must not change the result (docs/sharding.md): the same job on one
+    // group of the same kind, fault-free, ends on the same center byte for byte under
+    // DETERMINISTIC scheduling with UNIFORM weights.
+    Flags one_group = flags;
+    one_group.shard_groups = 1;
+    std::printf("fault-free run of the same job unsharded:\n");
+    const chaos::RunReport unsharded =
+        chaos::RunChaos(job, Options(one_group, flags.seed, 0), &reference);
+    std::printf("%s\n", unsharded.Summary().c_str());
+    violations += static_cast<int>(unsharded.violations.size());
+    errors += static_cast<int>(unsharded.errors.size());
+    const bool identical = chaos::SameCenter(reference, unsharded);
+    std::printf("sharded (%d groups) vs unsharded fault-free runs: accuracy %.4f vs %.4f, center "
+                "%s\n\n",
+                flags.shard_groups, reference.accuracy, unsharded.accuracy,
+                identical ? "bit-identical" : "NOT bit-identical");
+    if (!unsharded.ok() || !unsharded.finished) {
+      std::printf("the unsharded fault-free run failed\n");
+    }
+  }
 
   int faults = 0;
   int recoveries = 0;
@@ -233,6 +275,7 @@ int Main(int argc, char** argv) {
   int stores = 0;
   int fenced_by_server_stop = 0;
   int byzantine_refused = 0;
+  int died_between_ranges = 0;
   int64_t steps_replayed = 0;
   int runs_passed = 0;
   std::map<std::string, int> by_kind;
@@ -257,6 +300,7 @@ int Main(int argc, char** argv) {
     stores += r.members_compared;
     fenced_by_server_stop += r.fenced_by_server_stop;
     byzantine_refused += r.byzantine_refused;
+    died_between_ranges += r.died_between_ranges;
     steps_replayed += r.steps_replayed;
     violations += static_cast<int>(r.violations.size());
     errors += static_cast<int>(r.errors.size());
@@ -266,11 +310,10 @@ int Main(int argc, char** argv) {
   }
 
   std::vector<std::string> kinds;
+  const chaos::ChaosOptions mode = Options(flags, flags.seed, flags.faults);
   for (chaos::FaultKind kind : chaos::AllFaultKinds()) {
-    // The kinds of the mode run: a group's replace the single server's.
-    if (flags.standbys > 0 ? chaos::IsSingleServerFault(kind) : chaos::IsGroupFault(kind)) {
-      continue;
-    }
+    // The kinds of the mode run: a group's replace the single server's, and so on.
+    if (!chaos::KindFitsMode(kind, mode)) continue;
     const char* name = chaos::FaultKindName(kind);
     kinds.push_back(absl::StrCat(name, "=", by_kind[name]));
   }
@@ -282,6 +325,12 @@ int Main(int argc, char** argv) {
       flags.runs, absl::ToDoubleMinutes(absl::Now() - started), runs_passed, faults,
       absl::StrJoin(kinds, " ").c_str(), recoveries, static_cast<long long>(steps_replayed),
       interrupted, restarts, fenced_by_server_stop, byzantine_refused, violations, errors);
+  if (flags.shard_groups > 1) {
+    std::printf(
+        "sharded: %d groups; trainers died between ranges %d; syncs answered to trainers %lld "
+        "(every group at or past them); stores read back %d\n",
+        flags.shard_groups, died_between_ranges, static_cast<long long>(acknowledged), stores);
+  }
   if (flags.standbys > 0) {
     std::printf(
         "group: leader changes %d; members restarted %d; etcd members restarted %d; stopped "

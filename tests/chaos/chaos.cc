@@ -34,12 +34,15 @@
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "compute/cpu/cpu_backend.h"
+#include "compute/model_layout.h"
+#include "compute/shard_ranges.h"
 #include "compute/step.h"
 #include "compute/tensor_bundle.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "proto/replication.grpc.pb.h"
+#include "proto/sharding.grpc.pb.h"
 #include "storage/durable_store.h"
 #include "testing/cluster/cluster.h"
 #include "testing/cluster/network.h"
@@ -110,6 +113,7 @@ constexpr KindInfo kKinds[] = {
     {FaultKind::kKillEtcdMember, "kill_etcd_member", 1},
     {FaultKind::kKillAllEtcd, "kill_all_etcd", 1},
     {FaultKind::kRestartStandbyEmpty, "restart_standby_empty", 1},
+    {FaultKind::kDieBetweenRanges, "die_between_ranges", 2},
 };
 
 const KindInfo& Info(FaultKind kind) {
@@ -203,6 +207,13 @@ absl::StatusOr<double> TestAccuracy(const JobConfig& job, const TensorBundle& ce
 // ---------------------------------------------------------------------------------------------
 // One run
 
+// The faults a trainer is started with (its testing-only flags, worker/main.cc).
+struct TrainerFaults {
+  int64_t poison_from_step = 0;  // byzantine: it poisons its syncs from this step
+  int64_t die_at_step = 0;       // die_between_ranges: it dies in its sync of this step
+  int die_ranges = 0;            // ... after syncing ranges [0, die_ranges)
+};
+
 // A worker process of the run. Its name is unique in the run and is what the server reports.
 struct Worker {
   std::string name;
@@ -212,7 +223,7 @@ struct Worker {
   bool killed = false;       // SIGKILLed by the harness: exit 137 expected
   bool faulted = false;      // stopped or its link faulted right now: left alone by other faults
   bool was_faulted = false;  // ever stopped or its link cut (a fenced exit is then expected)
-  int64_t poison_from_step = 0;  // a byzantine trainer: it poisons its syncs from this step
+  TrainerFaults faults;  // the faults it was started with
   std::optional<int> exit_code;
 };
 
@@ -248,64 +259,92 @@ class ChaosRun {
     Log("note: " + what);
   }
 
-  bool group() const { return options_.standbys > 0; }
+  // Group mode: every server group is replicated (a leader and standbys, etcd).
+  bool replicated() const { return options_.standbys > 0; }
+  // Sharded mode: the center split across K server groups.
+  bool sharded() const { return options_.shard_groups > 1; }
+  // The servers are testing/cluster's Cluster's members (group or sharded mode), not the
+  // harness's own single server.
+  bool clustered() const { return replicated() || sharded(); }
+  int shard_groups() const { return std::max(1, options_.shard_groups); }
 
   absl::Status Setup();
   absl::Status WriteConfigs();
   absl::Status StartServer();
-  // Group mode: etcd and the members (testing/cluster's Cluster), then a leader with every
-  // standby in sync.
-  absl::Status StartGroup();
+  // Group or sharded mode: etcd (group mode) and the members (testing/cluster's Cluster), then
+  // every group ready (group mode: a leader with every standby in sync).
+  absl::Status StartCluster();
   absl::Status StartWorker(const std::string& name, const std::string& role,
-                           int64_t poison_from_step = 0);
+                           const TrainerFaults& faults = {});
   absl::Status Replace(const Worker& gone);
   void Loop();
   void RunDuePending(bool all);
   void ReapWorkers();
   void ReapServer();
   void Observe(const GetStatusResponse& status);
+  // Sharded mode: the range groups' GetStatus (their leaders'), every kPeerPoll.
+  void PollRangeGroups();
   absl::StatusOr<Fired> Fire(const PlannedFault& fault, const GetStatusResponse& status);
   // Once the restarted server (life `life`) has waited reconnect_grace + failure_timeout: each
   // trainer that owned an ACTIVE slot at the kill, and was left alone since, must have come
   // back under its incarnation (Observe saw it heartbeat), unless its slot finished.
   // `epoch` (group mode): the leader's the trainers had to reconnect to; 0 for one server.
   void CheckReconnected(int life, int64_t epoch = 0);
+  // The trainers a restarted group 0 (or its new leader) should find again: the owners of the
+  // ACTIVE slots in `before`, its last status.
+  void AwaitReconnect(const GetStatusResponse& before);
   void FinishAndCheck();
   void CheckRecoveries();
-  // Exactly once in the store of `data_dir` (opened once its server stopped); `whose` names it
-  // in violations. Returns its center, if it has one.
-  std::optional<TensorBundle> CheckStore(const std::string& data_dir, const std::string& whose);
+  // Exactly once in the store of `data_dir` (opened once its server stopped), a server of group
+  // g's (0 unless sharded); `whose` names it in violations. Returns its center (sharded: its
+  // range), if it has one.
+  std::optional<TensorBundle> CheckStore(const std::string& data_dir, const std::string& whose,
+                                         int g);
   // Stops the server (SIGTERM) and checks its store.
   void StopServerAndCheckStore();
-  // Stops every member (the standbys first) and checks the final leader's store and the store of
-  // every member in sync in `final_status`.
-  void StopGroupAndCheckStores(const GetStatusResponse& final_status);
+  // Stops every member (the standbys first, then the leaders) and checks each group's final
+  // leader's store and the store of every member in sync in its group's `final_statuses` entry.
+  void StopClusterAndCheckStores(const std::vector<GetStatusResponse>& final_statuses);
+  // Sharded mode: the whole center gathered from the ranges (PullRange at each group's leader,
+  // with the observer's credential) into report_.center; each range's answer is kept in
+  // range_centers_. False (with an error) when a range cannot be read.
+  bool GatherCenter(const RegisterResponse& observer);
   void Cleanup();
 
+  // The status of the server, or of group 0's leader (the coordinator's).
   std::optional<GetStatusResponse> Status(absl::Duration deadline = kRpcDeadline);
-  // The stub of the server, or of the group's current leader.
+  // The stub of the server, or of group 0's current leader.
   ParameterServer::Stub* ServerStub();
 
-  // Group mode.
+  // Group and sharded mode.
   absl::StatusOr<Fired> FireGroupFault(const PlannedFault& fault, const GetStatusResponse& status,
                                        const std::string& at);
-  // The leader's GetStatus: the member that answered last first, then the others; answers of a
-  // deposed leader (an epoch below the highest seen) are passed over.
-  std::optional<GetStatusResponse> LeaderStatus(absl::Duration deadline);
+  // Sharded mode without standbys: kill_server and stop_server on a drawn group's server.
+  absl::StatusOr<Fired> FireShardServerFault(const PlannedFault& fault, const std::string& at);
+  // The GetStatus of group g's leader: the member that answered last first, then the others;
+  // answers of a deposed leader (an epoch below the highest seen) are passed over. Without
+  // standbys, the group's one server.
+  std::optional<GetStatusResponse> LeaderStatus(int g, absl::Duration deadline);
   std::optional<GetStatusResponse> MemberStatus(int member, absl::Duration deadline);
-  // A member (by name) reported LEADER in `epoch`: no other may have for that epoch.
-  void NoteLeader(int64_t epoch, const std::string& name, const std::string& how);
-  // Member `member` answered as the leader of an epoch above every one seen before.
+  // A member (by name) of group g reported LEADER in `epoch`: no other may have for that epoch.
+  void NoteLeader(int g, int64_t epoch, const std::string& name, const std::string& how);
+  // Member `member` answered as the leader of an epoch above every one its group saw before.
   void OnNewLeader(int member, const GetStatusResponse& status);
   // Every member's ServerPeer.GetGroup (its peer port re-read from its port file), every
   // kPeerPoll.
   void PollPeers();
-  // A leader, every standby recorded in sync and connected, every member and etcd member up,
-  // no group fault pending.
-  bool GroupWhole(const GetStatusResponse& status) const;
+  // Group g: a leader, every standby recorded in sync and connected, every member and etcd
+  // member up, no group fault pending on it.
+  bool GroupWhole(int g, const GetStatusResponse& status) const;
+  // Every group whole (LeaderStatus of each).
+  bool AllGroupsWhole();
   // Reads what the trainers' logs say was answered to them since the last call.
   void ReadAcknowledged();
-  // The leader `member` (GetStatus after ReadAcknowledged) is at or past every answer.
+  // The sum over slots of the syncs answered to their trainers: a lower bound of every range's
+  // version (each range applied each of them once).
+  int64_t AcknowledgedSyncs() const;
+  // The leader `member` of its group (GetStatus after ReadAcknowledged) is at or past every
+  // answer.
   void CheckAcknowledged(int member, const std::string& when);
   // A stopped leader resumed at log offset `offset`: it must have fenced itself.
   void CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time deadline);
@@ -358,8 +397,10 @@ class ChaosRun {
   std::unique_ptr<Cluster> cluster_;
   struct Member {
     std::string name;
+    int group = 0;        // its server group (sharded mode; 0 otherwise)
     std::string address;  // its workers' port (open only while it leads)
     std::unique_ptr<ParameterServer::Stub> stub;
+    std::unique_ptr<CenterRange::Stub> range;  // sharded mode, on the same channel
     int peer_port = 0;
     std::unique_ptr<ServerPeer::Stub> peer;
     bool down = false;     // SIGKILLed, its restart pending
@@ -367,23 +408,35 @@ class ChaosRun {
     GroupStatus::Role last_role = GroupStatus::ROLE_UNSPECIFIED;
   };
   std::vector<Member> members_;
-  int leader_ = -1;     // the member that answered as the leader last
-  int64_t epoch_ = 0;   // the highest epoch a leader answered GetStatus in
-  // The highest epoch any member named (as its own, leading, or as its leader's): a member that
-  // answers as the leader of a lower one has been deposed, whatever it says.
-  int64_t max_epoch_seen_ = 0;
-  std::map<int64_t, std::string> leader_of_epoch_;  // every member reported LEADER, by epoch
+  // A server group: its members (one without standbys) and who leads it.
+  struct ServerGroup {
+    std::vector<int> members;  // indices into members_
+    int leader = -1;     // the member that answered as the leader last
+    int64_t epoch = 0;   // the highest epoch a leader answered GetStatus in
+    // The highest epoch any member named (as its own, leading, or as its leader's): a member
+    // that answers as the leader of a lower one has been deposed, whatever it says.
+    int64_t max_epoch_seen = 0;
+    std::map<int64_t, std::string> leader_of_epoch;  // every member reported LEADER, by epoch
+    bool fault_pending = false;  // a group fault's restart or resume is pending
+    // A group fault that may move the leadership fired (a leader killed or stopped, etcd lost):
+    // the next leader change is its effect, not news.
+    bool leader_change_expected = false;
+    std::optional<GetStatusResponse> last_leader_status;  // the latest, of the current epoch
+    absl::Time last_ack_check;
+    // Sharded mode without standbys, a range group's server killed: its status before the kill,
+    // which its first answer after the restart must not be behind.
+    std::optional<GetStatusResponse> before_kill;
+  };
+  std::vector<ServerGroup> groups_;  // by group index: one unless sharded
   std::vector<bool> etcd_down_;
-  bool group_fault_pending_ = false;  // a group fault's restart or resume is pending
-  // A group fault that may move the leadership fired (a leader killed or stopped, etcd lost):
-  // the next leader change is its effect, not news.
-  bool leader_change_expected_ = false;
+  bool etcd_fault_pending_ = false;  // an etcd fault's restart is pending
   // One etcd member is down (kill_etcd_member): a leader change now breaks §10.1's promise.
   std::optional<std::string> etcd_member_fault_;
   absl::Time etcd_member_fault_until_;  // ... and for a lease after its restart
-  std::optional<GetStatusResponse> last_leader_status_;  // the latest, of the current epoch
   absl::Time last_peer_poll_;
-  absl::Time last_ack_check_;
+  absl::Time last_range_poll_;
+  // Sharded mode: each range as PullRange answered it at the end, by group.
+  std::vector<PullRangeResponse> range_centers_;
   // What the trainers' logs say was answered to them: per log, how far it was read and the slot
   // its worker trains; per slot, the last answered sync's step; the highest center version.
   struct AckLog {
@@ -392,7 +445,7 @@ class ChaosRun {
   };
   std::map<std::string, AckLog> ack_logs_;  // by log path
   std::map<int, int64_t> acked_step_;       // by replica
-  int64_t acked_version_ = 0;
+  int64_t acked_version_ = 0;               // unsharded: the highest center version answered
   std::set<std::string> reported_;  // violations found by polling, each reported once
   // An answered sync is gone from the leader: the job cannot end as the fault-free run does
   // (it may not end at all), so the run stops there.
@@ -402,6 +455,7 @@ class ChaosRun {
 
   std::vector<std::unique_ptr<Worker>> workers_;
   std::set<int> byzantine_announced_;  // trainers whose byzantine fault has fired
+  std::set<int> die_announced_;        // trainers whose die_between_ranges fault has fired
   int next_spare_ = 0;
   int next_evaluator_ = 0;
   int replacement_budget_ = 0;
@@ -423,12 +477,12 @@ class ChaosRun {
 };
 
 ParameterServer::Stub* ChaosRun::ServerStub() {
-  if (!group()) return stub_.get();
-  return leader_ >= 0 ? members_[leader_].stub.get() : nullptr;
+  if (!clustered()) return stub_.get();
+  return groups_[0].leader >= 0 ? members_[groups_[0].leader].stub.get() : nullptr;
 }
 
 std::optional<GetStatusResponse> ChaosRun::Status(absl::Duration deadline) {
-  if (group()) return LeaderStatus(deadline);
+  if (clustered()) return LeaderStatus(0, deadline);
   if (stub_ == nullptr || server_down_ || server_stopped_) return std::nullopt;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
@@ -502,7 +556,7 @@ void ChaosRun::AddPending(absl::Duration after, std::string what, std::function<
 }
 
 std::string ChaosRun::ServerLogs(size_t lines) const {
-  if (!group()) return LastLines(dir_ + "/server.log", lines);
+  if (!clustered()) return LastLines(dir_ + "/server.log", lines);
   std::string out;
   for (size_t i = 0; i < members_.size(); ++i) {
     absl::StrAppend(&out, "  --- ", members_[i].name, ".log\n",
@@ -514,9 +568,11 @@ std::string ChaosRun::ServerLogs(size_t lines) const {
 // ---------------------------------------------------------------------------------------------
 // Group mode: the members, who leads, and what the trainers were answered
 
-void ChaosRun::NoteLeader(int64_t epoch, const std::string& name, const std::string& how) {
-  max_epoch_seen_ = std::max(max_epoch_seen_, epoch);
-  auto [it, inserted] = leader_of_epoch_.emplace(epoch, name);
+void ChaosRun::NoteLeader(int g, int64_t epoch, const std::string& name,
+                          const std::string& how) {
+  ServerGroup& group = groups_[g];
+  group.max_epoch_seen = std::max(group.max_epoch_seen, epoch);
+  auto [it, inserted] = group.leader_of_epoch.emplace(epoch, name);
   if (inserted || it->second == name) return;
   if (reported_.insert(absl::StrCat("epoch ", epoch, " ", name)).second) {
     Violation(absl::StrCat(name, " reported LEADER in epoch ", epoch, " (", how, "), and so did ",
@@ -531,8 +587,9 @@ std::optional<GetStatusResponse> ChaosRun::MemberStatus(int member, absl::Durati
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   GetStatusResponse response;
   if (!m.stub->GetStatus(&context, GetStatusRequest(), &response).ok()) return std::nullopt;
+  if (!replicated()) return response;  // a group of one server: it is the group
   if (response.group().role() != GroupStatus::LEADER) return std::nullopt;
-  NoteLeader(response.group().epoch(), response.group().name(), "GetStatus");
+  NoteLeader(m.group, response.group().epoch(), response.group().name(), "GetStatus");
   if (response.group().name() != m.name) {
     Error(absl::StrCat("the workers' port of ", m.name, " (", m.address, ") is served by '",
                        response.group().name(), "'"));
@@ -541,81 +598,91 @@ std::optional<GetStatusResponse> ChaosRun::MemberStatus(int member, absl::Durati
   return response;
 }
 
-std::optional<GetStatusResponse> ChaosRun::LeaderStatus(absl::Duration deadline) {
-  if (absl::Now() - last_peer_poll_ >= kPeerPoll) PollPeers();
+std::optional<GetStatusResponse> ChaosRun::LeaderStatus(int g, absl::Duration deadline) {
+  if (replicated() && absl::Now() - last_peer_poll_ >= kPeerPoll) PollPeers();
+  ServerGroup& group = groups_[g];
   std::vector<int> order;
-  if (leader_ >= 0) order.push_back(leader_);
-  for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
-    if (i != leader_) order.push_back(i);
+  if (group.leader >= 0) order.push_back(group.leader);
+  for (int i : group.members) {
+    if (i != group.leader) order.push_back(i);
   }
   for (int i : order) {
     std::optional<GetStatusResponse> status = MemberStatus(i, deadline);
     // A deposed leader may answer for a moment before it fences itself: not the group's state.
-    if (!status.has_value() || status->group().epoch() < std::max(epoch_, max_epoch_seen_)) {
+    if (!status.has_value() ||
+        status->group().epoch() < std::max(group.epoch, group.max_epoch_seen)) {
       continue;
     }
-    if (status->group().epoch() > epoch_) OnNewLeader(i, *status);
-    leader_ = i;
-    last_leader_status_ = *status;
-    if (absl::Now() - last_ack_check_ >= kAckCheckEvery) CheckAcknowledged(i, "");
+    if (status->group().epoch() > group.epoch) OnNewLeader(i, *status);
+    group.leader = i;
+    group.last_leader_status = *status;
+    if (absl::Now() - group.last_ack_check >= kAckCheckEvery) CheckAcknowledged(i, "");
     return status;
   }
   return std::nullopt;
 }
 
 void ChaosRun::OnNewLeader(int member, const GetStatusResponse& status) {
-  const int64_t previous = epoch_;
-  epoch_ = status.group().epoch();
+  const int g = members_[member].group;
+  ServerGroup& group = groups_[g];
+  const int64_t previous = group.epoch;
+  group.epoch = status.group().epoch();
   const std::string& name = members_[member].name;
+  const std::string of_group = sharded() ? absl::StrCat(" (group ", g, ")") : "";
   if (previous == 0) {
-    Log(absl::StrCat(name, " leads in epoch ", epoch_));
-    leader_ = member;
+    Log(absl::StrCat(name, " leads", of_group, " in epoch ", group.epoch));
+    group.leader = member;
     return;
   }
   ++report_.leader_changes;
-  ++server_life_;
-  Log(absl::StrCat(name, " leads in epoch ", epoch_, " (",
-                   leader_ >= 0 ? members_[leader_].name : std::string("?"), " led epoch ",
+  const int old_leader = group.leader;
+  Log(absl::StrCat(name, " leads", of_group, " in epoch ", group.epoch, " (",
+                   old_leader >= 0 ? members_[old_leader].name : std::string("?"), " led epoch ",
                    previous, "); center version ", CenterVersion(status), ", before ",
-                   last_leader_status_.has_value() ? CenterVersion(*last_leader_status_) : 0));
+                   group.last_leader_status.has_value() ? CenterVersion(*group.last_leader_status)
+                                                        : 0));
   if (etcd_member_fault_.has_value() && absl::Now() < etcd_member_fault_until_) {
     std::string evidence;
-    if (leader_ >= 0 && leader_ != member) {
-      evidence = LinesMentioning(cluster_->member(leader_).log_path(),
+    if (old_leader >= 0 && old_leader != member) {
+      evidence = LinesMentioning(cluster_->member(old_leader).log_path(),
                                  {"lease", "KeepAlive", "no longer acknowledging"}, 6);
     }
-    Violation(absl::StrCat("the leader changed (epoch ", previous, " -> ", epoch_, ", now ", name,
-                           ") while ", *etcd_member_fault_,
+    // etcd's own account of its raft leadership (which member led, how long its election took).
+    for (int i = 0; i < cluster_->etcd()->size(); ++i) {
+      absl::StrAppend(&evidence, "  etcd member ", i, " (", cluster_->etcd()->client_endpoint(i),
+                      "):\n",
+                      LinesMentioning(cluster_->etcd()->log_path(i),
+                                      {"elected leader", "lost leader", "became leader",
+                                       "starting a new election", "became candidate"},
+                                      4));
+    }
+    Violation(absl::StrCat("the leader", of_group, " changed (epoch ", previous, " -> ",
+                           group.epoch, ", now ", name, ") while ", *etcd_member_fault_,
                            ": a group survives the loss of one etcd member of three (DESIGN.md "
                            "§10.1); the deposed leader ",
-                           leader_ >= 0 ? members_[leader_].name : std::string("?"),
+                           old_leader >= 0 ? members_[old_leader].name : std::string("?"),
                            "'s log about its lease:\n", evidence));
-  } else if (!leader_change_expected_) {
-    Note(absl::StrCat("the leader changed (epoch ", previous, " -> ", epoch_,
+  } else if (!group.leader_change_expected) {
+    Note(absl::StrCat("the leader", of_group, " changed (epoch ", previous, " -> ", group.epoch,
                       ") with no fault against the leader or etcd"));
   }
-  leader_change_expected_ = false;
-  // The new leader loads its store as a restarted server does: the trainers that owned ACTIVE
-  // slots under the old one must come back under their incarnations.
-  awaiting_reconnect_.clear();
-  if (last_leader_status_.has_value()) {
-    for (const SlotStatus& slot : last_leader_status_->slots()) {
-      if (slot.state() != ACTIVE) continue;
-      for (const WorkerStatus& w : last_leader_status_->workers()) {
-        if (w.incarnation() == slot.owner_incarnation()) {
-          awaiting_reconnect_[w.incarnation()] = {slot.slot().replica(), w.name(), {}};
-        }
-      }
-    }
+  group.leader_change_expected = false;
+  if (g == 0) {
+    // The new leader loads its store as a restarted server does: the trainers that owned ACTIVE
+    // slots under the old one must come back under their incarnations. (Workers talk to group
+    // 0 only: a range group's new leader has no trainers to find again.)
+    ++server_life_;
+    awaiting_reconnect_.clear();
+    if (group.last_leader_status.has_value()) AwaitReconnect(*group.last_leader_status);
+    before_kill_life_ = server_life_ - 1;
+    const int life = server_life_;
+    const int64_t epoch = group.epoch;
+    AddPending(absl::Milliseconds(spec_.reconnect_grace_ms + spec_.failure_timeout_ms + 1000),
+               absl::StrCat("check that the trainers reconnected to ", name),
+               [this, life, epoch] { CheckReconnected(life, epoch); });
   }
-  last_leader_status_.reset();
-  before_kill_life_ = server_life_ - 1;
-  const int life = server_life_;
-  const int64_t epoch = epoch_;
-  AddPending(absl::Milliseconds(spec_.reconnect_grace_ms + spec_.failure_timeout_ms + 1000),
-             absl::StrCat("check that the trainers reconnected to ", name),
-             [this, life, epoch] { CheckReconnected(life, epoch); });
-  CheckAcknowledged(member, absl::StrCat("as it took over in epoch ", epoch_));
+  group.last_leader_status.reset();
+  CheckAcknowledged(member, absl::StrCat("as it took over in epoch ", group.epoch));
 }
 
 void ChaosRun::PollPeers() {
@@ -633,9 +700,10 @@ void ChaosRun::PollPeers() {
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
     rebound::GroupStatus view;
     if (!m.peer->GetGroup(&context, GetGroupRequest(), &view).ok()) continue;
-    max_epoch_seen_ = std::max(max_epoch_seen_, view.epoch());
+    ServerGroup& group = groups_[m.group];
+    group.max_epoch_seen = std::max(group.max_epoch_seen, view.epoch());
     if (view.role() == GroupStatus::LEADER) {
-      NoteLeader(view.epoch(), view.name(), "ServerPeer.GetGroup");
+      NoteLeader(m.group, view.epoch(), view.name(), "ServerPeer.GetGroup");
     }
     // A member running again answers for a moment before it knows its role: not worth a line.
     if (view.role() != m.last_role && view.role() != GroupStatus::ROLE_UNSPECIFIED) {
@@ -649,21 +717,32 @@ void ChaosRun::PollPeers() {
   }
 }
 
-bool ChaosRun::GroupWhole(const GetStatusResponse& status) const {
-  if (group_fault_pending_) return false;
-  for (const Member& m : members_) {
-    if (m.down || m.stopped) return false;
+bool ChaosRun::GroupWhole(int g, const GetStatusResponse& status) const {
+  const ServerGroup& group = groups_[g];
+  if (group.fault_pending || etcd_fault_pending_) return false;
+  for (int i : group.members) {
+    if (members_[i].down || members_[i].stopped) return false;
   }
   for (bool down : etcd_down_) {
     if (down) return false;
   }
-  const rebound::GroupStatus& g = status.group();
-  if (g.role() != GroupStatus::LEADER || g.in_sync_size() != static_cast<int>(members_.size()) ||
-      g.standbys_size() != options_.standbys) {
+  if (!replicated()) return true;
+  const rebound::GroupStatus& view = status.group();
+  if (view.role() != GroupStatus::LEADER ||
+      view.in_sync_size() != static_cast<int>(group.members.size()) ||
+      view.standbys_size() != options_.standbys) {
     return false;
   }
-  for (const StandbyStatus& standby : g.standbys()) {
+  for (const StandbyStatus& standby : view.standbys()) {
     if (!standby.in_sync()) return false;
+  }
+  return true;
+}
+
+bool ChaosRun::AllGroupsWhole() {
+  for (int g = 0; g < shard_groups(); ++g) {
+    const std::optional<GetStatusResponse> status = LeaderStatus(g, kRpcDeadline);
+    if (!status.has_value() || !GroupWhole(g, *status)) return false;
   }
   return true;
 }
@@ -684,11 +763,18 @@ void ChaosRun::ReadAcknowledged() {
         log.replica = static_cast<int>(*replica);
         continue;
       }
+      // Unsharded: "synced step T loss ... center version V"; sharded: "synced step T across K
+      // ranges, loss ...", logged once group 0 committed the step (every range had applied it).
       const std::optional<int64_t> step = NumberAfter(line, "] synced step ");
-      const std::optional<int64_t> version = NumberAfter(line, " center version ");
-      if (!step.has_value() || !version.has_value()) continue;
+      if (!step.has_value()) continue;
+      if (sharded()) {
+        if (!absl::StrContains(line, " ranges, loss ")) continue;
+      } else {
+        const std::optional<int64_t> version = NumberAfter(line, " center version ");
+        if (!version.has_value()) continue;
+        acked_version_ = std::max(acked_version_, *version);
+      }
       ++report_.acknowledged_syncs;
-      acked_version_ = std::max(acked_version_, *version);
       if (log.replica >= 0) {
         int64_t& acked = acked_step_[log.replica];
         acked = std::max(acked, *step);
@@ -697,33 +783,59 @@ void ChaosRun::ReadAcknowledged() {
   }
 }
 
+int64_t ChaosRun::AcknowledgedSyncs() const {
+  int64_t syncs = 0;
+  for (const auto& [replica, step] : acked_step_) syncs += step / spec_.sync_period;
+  return syncs;
+}
+
 void ChaosRun::CheckAcknowledged(int member, const std::string& when) {
   // The answers first, then the leader's state: whatever was answered before the read is in it.
+  const int g = members_[member].group;
+  ServerGroup& group = groups_[g];
   ReadAcknowledged();
-  last_ack_check_ = absl::Now();
+  group.last_ack_check = absl::Now();
   const std::optional<GetStatusResponse> status = MemberStatus(member, kRpcDeadline);
-  if (!status.has_value() || status->group().epoch() < epoch_) return;  // the next check
-  bool behind = CenterVersion(*status) < acked_version_;
-  for (const auto& [replica, step] : acked_step_) {
-    if (replica < 0 || replica >= status->slots_size()) continue;
-    const SlotStatus& slot = status->slots(replica);
-    behind = behind || slot.snapshot_step() < step || slot.update_count() < step / spec_.sync_period;
+  if (!status.has_value() || status->group().epoch() < group.epoch) return;  // the next check
+  // The center (unsharded) must be at or past the highest version answered; every range
+  // (sharded) at or past the syncs answered, summed over slots; group 0's slots at or past
+  // their answered steps.
+  const int64_t version_floor = sharded() ? AcknowledgedSyncs() : acked_version_;
+  bool behind = CenterVersion(*status) < version_floor;
+  if (g == 0) {
+    for (const auto& [replica, step] : acked_step_) {
+      if (replica < 0 || replica >= status->slots_size()) continue;
+      const SlotStatus& slot = status->slots(replica);
+      behind = behind || slot.snapshot_step() < step ||
+               slot.update_count() < step / spec_.sync_period;
+    }
   }
   if (!behind) return;
   // Behind an answer: a violation only if it still led the group after that status (a deposed
   // leader may answer for a moment on resuming, with its old state).
-  PollPeers();
-  if (max_epoch_seen_ > status->group().epoch()) return;
-  const std::string leader = absl::StrCat(members_[member].name, " (leader in epoch ",
-                                          status->group().epoch(), ")",
-                                          when.empty() ? "" : " ", when);
-  if (CenterVersion(*status) < acked_version_ &&
-      reported_.insert(absl::StrCat("version ", acked_version_)).second) {
-    acknowledged_lost_ = true;
-    Violation(absl::StrCat(leader, " has the center at version ", CenterVersion(*status),
-                           ", but a trainer was answered version ", acked_version_,
-                           ": an acknowledged sync is lost"));
+  if (replicated()) {
+    PollPeers();
+    if (group.max_epoch_seen > status->group().epoch()) return;
   }
+  const std::string leader =
+      absl::StrCat(members_[member].name,
+                   replicated() ? absl::StrCat(" (leader in epoch ", status->group().epoch(), ")")
+                                : std::string(),
+                   sharded() ? absl::StrCat(" (group ", g, ")") : std::string(),
+                   when.empty() ? "" : " ", when);
+  if (CenterVersion(*status) < version_floor &&
+      reported_.insert(absl::StrCat("group ", g, " version ", version_floor)).second) {
+    acknowledged_lost_ = true;
+    Violation(sharded()
+                  ? absl::StrCat(leader, " has its range at version ", CenterVersion(*status),
+                                 ", but the trainers were answered ", version_floor,
+                                 " syncs in all (every range applied each): an acknowledged "
+                                 "sync is lost")
+                  : absl::StrCat(leader, " has the center at version ", CenterVersion(*status),
+                                 ", but a trainer was answered version ", version_floor,
+                                 ": an acknowledged sync is lost"));
+  }
+  if (g != 0) return;
   for (const auto& [replica, step] : acked_step_) {
     if (replica < 0 || replica >= status->slots_size()) continue;
     const SlotStatus& slot = status->slots(replica);
@@ -735,6 +847,28 @@ void ChaosRun::CheckAcknowledged(int member, const std::string& when) {
                              " syncs, but its trainer was answered the sync of step ", step,
                              " (", step / spec_.sync_period, " syncs): an acknowledged sync is lost"));
     }
+  }
+}
+
+void ChaosRun::PollRangeGroups() {
+  if (!sharded() || absl::Now() - last_range_poll_ < kPeerPoll) return;
+  last_range_poll_ = absl::Now();
+  for (int g = 1; g < shard_groups(); ++g) {
+    const std::optional<GetStatusResponse> status = LeaderStatus(g, kRpcDeadline);
+    ServerGroup& group = groups_[g];
+    if (!status.has_value() || !group.before_kill.has_value()) continue;
+    // The first answer of a range group's restarted server: nothing it had is gone, and it is at
+    // or past every sync answered to the trainers.
+    const int64_t before = CenterVersion(*group.before_kill);
+    group.before_kill.reset();
+    Log(absl::StrCat("group ", g, "'s restarted server answers: range version ",
+                     CenterVersion(*status), " (before the kill: ", before, ")"));
+    if (CenterVersion(*status) < before) {
+      Violation(absl::StrCat("group ", g, "'s range was at version ", before,
+                             " before its server was killed, and at ", CenterVersion(*status),
+                             " after its restart"));
+    }
+    CheckAcknowledged(group.leader, "as it restarted");
   }
 }
 
@@ -817,7 +951,7 @@ absl::Status ChaosRun::StartServer() {
   return absl::OkStatus();
 }
 
-absl::Status ChaosRun::StartGroup() {
+absl::Status ChaosRun::StartCluster() {
   ClusterOptions options;
   options.server_binary = options_.server_binary;
   options.worker_binary = options_.worker_binary;
@@ -825,59 +959,89 @@ absl::Status ChaosRun::StartGroup() {
   options.standbys = options_.standbys;
   options.etcd_members = options_.etcd_members;
   options.leader_lease_ms = spec_.leader_lease_ms;
+  options.shard_groups = shard_groups();
   options.network = lab_.get();
   options.fail_on_exit = false;  // the harness reaps the members itself
   options.start_wait = kPortWait;
   cluster_ = std::make_unique<Cluster>(options);
   RETURN_IF_ERROR(cluster_->StartServer(server_config_, worker_config_));
-  address_ = cluster_->address();
-  const std::vector<std::string> addresses = absl::StrSplit(address_, ',');
-  if (static_cast<int>(addresses.size()) != cluster_->members()) {
-    return absl::InternalError(absl::StrCat("the group's address '", address_, "' does not name ",
-                                            cluster_->members(), " members"));
+  address_ = cluster_->address();  // group 0's: the workers talk to it only
+  groups_.assign(shard_groups(), ServerGroup());
+  for (int g = 0; g < shard_groups(); ++g) {
+    const std::string group_address = sharded() ? cluster_->group_address(g) : address_;
+    const std::vector<std::string> addresses = absl::StrSplit(group_address, ',');
+    if (static_cast<int>(addresses.size()) != cluster_->members_per_group()) {
+      return absl::InternalError(absl::StrCat("group ", g, "'s address '", group_address,
+                                              "' does not name ", cluster_->members_per_group(),
+                                              " members"));
+    }
+    for (int index = 0; index < cluster_->members_per_group(); ++index) {
+      const int i = g * cluster_->members_per_group() + index;
+      Member m;
+      m.name = cluster_->member_name(i);
+      m.group = g;
+      m.address = addresses[index];
+      std::shared_ptr<grpc::Channel> channel = FastChannel(m.address);
+      m.stub = ParameterServer::NewStub(channel);
+      m.range = CenterRange::NewStub(channel);
+      members_.push_back(std::move(m));
+      groups_[g].members.push_back(i);
+    }
+    // A group of one server leads itself.
+    if (!replicated()) groups_[g].leader = groups_[g].members.front();
   }
-  for (int i = 0; i < cluster_->members(); ++i) {
-    Member m;
-    m.name = cluster_->member_name(i);
-    m.address = addresses[i];
-    m.stub = ParameterServer::NewStub(FastChannel(m.address));
-    members_.push_back(std::move(m));
+  if (static_cast<int>(members_.size()) != cluster_->members()) {
+    return absl::InternalError(absl::StrCat("the cluster has ", cluster_->members(),
+                                            " members, not ", members_.size()));
   }
-  etcd_down_.assign(cluster_->etcd()->size(), false);
+  if (cluster_->etcd() != nullptr) etcd_down_.assign(cluster_->etcd()->size(), false);
   std::vector<std::string> names;
   for (int i = 0; i < cluster_->members(); ++i) {
     names.push_back(absl::StrCat(members_[i].name, " (", members_[i].address, ", data in ",
                                  cluster_->member_data_dir(i), ")"));
   }
-  report_.group = absl::StrCat(
-      "server group: ", absl::StrJoin(names, ", "), "; leader lease ", spec_.leader_lease_ms,
-      " ms, synchronous replication; etcd of ", cluster_->etcd()->size(), " members at ",
-      absl::StrJoin(cluster_->etcd()->client_endpoints(), ","));
-  Log(report_.group);
-  // Training starts on a whole group: a leader and every standby in sync.
-  const absl::Time until = absl::Now() + kGroupStartWait;
-  while (true) {
-    std::optional<GetStatusResponse> s = Status();
-    if (s.has_value() && GroupWhole(*s)) break;
-    if (absl::Now() > until) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the group was not whole (a leader, every standby in sync) within ",
-          Seconds(kGroupStartWait), "; last: ",
-          s.has_value() ? s->group().ShortDebugString() : std::string("no leader answers"), "\n",
-          ServerLogs(10)));
-    }
-    absl::SleepFor(kPoll);
+  if (replicated()) {
+    report_.group = absl::StrCat(
+        sharded() ? absl::StrCat(shard_groups(), " server groups: ") : "server group: ",
+        absl::StrJoin(names, ", "), "; leader lease ", spec_.leader_lease_ms,
+        " ms, synchronous replication; etcd of ", cluster_->etcd()->size(), " members at ",
+        absl::StrJoin(cluster_->etcd()->client_endpoints(), ","));
+  } else {
+    report_.group = absl::StrCat(shard_groups(), " server groups of one server each: ",
+                                 absl::StrJoin(names, ", "));
   }
-  Log("every standby in sync");
+  if (sharded()) {
+    absl::StrAppend(&report_.group, "; the center sharded in ", shard_groups(),
+                    " ranges (group k holds range k; group 0 coordinates)");
+  }
+  Log(report_.group);
+  // Training starts on whole groups: each a leader and every standby in sync.
+  const absl::Time until = absl::Now() + kGroupStartWait;
+  for (int g = 0; g < shard_groups(); ++g) {
+    while (true) {
+      std::optional<GetStatusResponse> s = LeaderStatus(g, kRpcDeadline);
+      if (s.has_value() && GroupWhole(g, *s)) break;
+      if (absl::Now() > until) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            sharded() ? absl::StrCat("group ", g) : std::string("the group"),
+            " was not ready (a leader, every standby in sync) within ", Seconds(kGroupStartWait),
+            "; last: ",
+            s.has_value() ? s->group().ShortDebugString() : std::string("no leader answers"), "\n",
+            ServerLogs(10)));
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+  Log(replicated() ? "every standby in sync" : "every group answers");
   return absl::OkStatus();
 }
 
 absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& role,
-                                   int64_t poison_from_step) {
+                                   const TrainerFaults& faults) {
   auto worker = std::make_unique<Worker>();
   worker->name = name;
   worker->role = role;
-  worker->poison_from_step = poison_from_step;
+  worker->faults = faults;
   std::vector<std::string> argv = {options_.worker_binary,
                                    "--config",
                                    dir_ + "/worker.pbtxt",
@@ -887,11 +1051,15 @@ absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& r
                                    name,
                                    "--role",
                                    role};
-  if (poison_from_step > 0) {
-    argv.push_back(absl::StrCat("--fault_poison_from_step=", poison_from_step));
+  if (faults.poison_from_step > 0) {
+    argv.push_back(absl::StrCat("--fault_poison_from_step=", faults.poison_from_step));
   }
-  // Group mode: every sync answered to a trainer is logged (ReadAcknowledged).
-  if (group() && role != "evaluator") argv.push_back("--vmodule=easgd_trainer=1");
+  if (faults.die_at_step > 0) {
+    argv.push_back(absl::StrCat("--fault_die_in_sync_at_step=", faults.die_at_step));
+    argv.push_back(absl::StrCat("--fault_die_in_sync_ranges=", faults.die_ranges));
+  }
+  // Group and sharded mode: every sync answered to a trainer is logged (ReadAcknowledged).
+  if (clustered() && role != "evaluator") argv.push_back("--vmodule=easgd_trainer=1");
   int netns_fd = -1;
   if (lab_ != nullptr && role != "evaluator") {
     ASSIGN_OR_RETURN(NetworkLab::Host host, lab_->AddHost());
@@ -951,11 +1119,13 @@ absl::Status ChaosRun::Setup() {
   }
   std::vector<std::string> left_out;
   std::vector<std::string> replaced;  // group mode: the single server's kinds
+  bool byzantine_left_out = false;    // sharded mode
   for (FaultKind kind : options_.kinds) {
-    // One server has no group faults (nothing to say); a group replaces the server's kinds.
-    if (IsGroupFault(kind) && !group()) continue;
-    if (IsSingleServerFault(kind) && group()) {
-      replaced.push_back(FaultKindName(kind));
+    if (!KindFitsMode(kind, options_)) {
+      // One server has no group faults, an unsharded job no ranges (nothing to say); a group
+      // replaces the server's kinds; a sharded job has no byzantine trainers (below).
+      if (IsSingleServerFault(kind) && replicated()) replaced.push_back(FaultKindName(kind));
+      if (kind == FaultKind::kByzantine) byzantine_left_out = true;
       continue;
     }
     bool ok = !IsNetworkFault(kind) || lab_ != nullptr;
@@ -976,6 +1146,10 @@ absl::Status ChaosRun::Setup() {
     Log(absl::StrCat("server group: ", absl::StrJoin(replaced, ", "),
                      " left out (the leader's kinds replace them)"));
   }
+  if (byzantine_left_out && options_.faults > 0) {
+    Log("sharded job: byzantine left out (a trainer poisons only the unsharded Sync: "
+        "worker/easgd_trainer.cc; a range group's own value checks are not chaos-tested here)");
+  }
   report_.schedule =
       PlanFaults(options_.seed, options_.faults, allowed, options_.must_include, spec_);
   report_.faults_planned = static_cast<int>(report_.schedule.size());
@@ -983,8 +1157,8 @@ absl::Status ChaosRun::Setup() {
   // A server stop can fence every worker at once.
   replacement_budget_ = (options_.faults + 1) * (spec_.replicas + options_.spares + 1) + 4;
 
-  if (group()) {
-    RETURN_IF_ERROR(StartGroup());
+  if (clustered()) {
+    RETURN_IF_ERROR(StartCluster());
   } else {
     RETURN_IF_ERROR(StartServer());
     Log(absl::StrCat("rebound_server serving on ", address_, ", data in ", dir_, "/data"));
@@ -994,21 +1168,31 @@ absl::Status ChaosRun::Setup() {
     RETURN_IF_ERROR(StartWorker(absl::StrCat("spare-", next_spare_++), "spare"));
   }
   // A byzantine fault turns trainer (pick % replicas) byzantine from the first sync step at or
-  // after its progress point; a second one drawn for the same trainer changes nothing (it is
-  // skipped when its turn comes).
-  std::map<int, int64_t> poison_from;
+  // after its progress point; a die_between_ranges fault makes it die in its sync of that step,
+  // after ranges [0, 1 + (pick / replicas) % K). A second one drawn for the same trainer changes
+  // nothing (it is skipped when its turn comes).
+  std::map<int, TrainerFaults> trainer_faults;
   for (const PlannedFault& f : report_.schedule) {
-    if (f.kind != FaultKind::kByzantine) continue;
-    const int trainer = static_cast<int>(f.pick % static_cast<uint32_t>(spec_.replicas));
+    if (f.kind != FaultKind::kByzantine && f.kind != FaultKind::kDieBetweenRanges) continue;
+    const uint32_t replicas = static_cast<uint32_t>(spec_.replicas);
+    const int trainer = static_cast<int>(f.pick % replicas);
     const int64_t tau = spec_.sync_period;
     const int64_t step = std::max<int64_t>(
         tau, static_cast<int64_t>(std::ceil(f.at_progress * spec_.max_steps / tau)) * tau);
-    poison_from.emplace(trainer, step);
+    TrainerFaults& faults = trainer_faults[trainer];
+    if (f.kind == FaultKind::kByzantine && faults.poison_from_step == 0) {
+      faults.poison_from_step = step;
+    }
+    if (f.kind == FaultKind::kDieBetweenRanges && faults.die_at_step == 0) {
+      faults.die_at_step = step;
+      faults.die_ranges =
+          1 + static_cast<int>((f.pick / replicas) % static_cast<uint32_t>(shard_groups()));
+      Log(absl::StrCat("trainer-", trainer, " will die in its sync of step ", step,
+                       " after ranges [0, ", faults.die_ranges, ") of ", shard_groups()));
+    }
   }
   for (int i = 0; i < spec_.replicas; ++i) {
-    auto poison = poison_from.find(i);
-    RETURN_IF_ERROR(StartWorker(absl::StrCat("trainer-", i), "trainer",
-                                poison != poison_from.end() ? poison->second : 0));
+    RETURN_IF_ERROR(StartWorker(absl::StrCat("trainer-", i), "trainer", trainer_faults[i]));
   }
   const absl::Time until = absl::Now() + kStartWait;
   while (true) {
@@ -1065,7 +1249,18 @@ void ChaosRun::ReapWorkers() {
     bool replace = false;
     if (w.killed && *code == kKilledBySigkill) {
       replace = true;
-    } else if (w.poison_from_step > 0 && *code == 1) {
+    } else if (w.faults.die_at_step > 0 && *code == kKilledBySigkill &&
+               absl::StrContains(LastLines(w.process->log_path(), 30),
+                                 "dying before the commit")) {
+      // die_between_ranges: it killed itself in its sync, after some ranges. A fault was aimed
+      // at it: CheckReconnected expects nothing of it.
+      w.was_faulted = true;
+      ++report_.died_between_ranges;
+      Log(absl::StrCat(w.name, " died in its sync of step ", w.faults.die_at_step,
+                       " after ranges [0, ", w.faults.die_ranges, ") of ", shard_groups(),
+                       ", before the commit"));
+      replace = true;
+    } else if (w.faults.poison_from_step > 0 && *code == 1) {
       // A byzantine trainer must have been refused, and must have said so.
       const std::string tail = LastLines(w.process->log_path(), 30);
       if (absl::StrContains(tail, "the server refused this trainer's sync of step")) {
@@ -1125,7 +1320,7 @@ void ChaosRun::ReapWorkers() {
 }
 
 void ChaosRun::ReapServer() {
-  if (group()) {
+  if (clustered()) {
     for (size_t i = 0; i < members_.size(); ++i) {
       Member& m = members_[i];
       if (m.down) continue;
@@ -1186,7 +1381,7 @@ void ChaosRun::Observe(const GetStatusResponse& status) {
       }
       if (back) {
         Log(absl::StrCat(it->second.name, " reconnected to the ",
-                         group() ? "new leader" : "restarted server", " (slot ",
+                         replicated() ? "new leader" : "restarted server", " (slot ",
                          it->second.replica, ", incarnation ", it->first, ")"));
         ++report_.reconnected_trainers;
         it = awaiting_reconnect_.erase(it);
@@ -1240,25 +1435,47 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
   };
   const std::string at = absl::StrFormat("progress %.2f: ", Progress(status));
   if (IsGroupFault(fault.kind)) {
-    if (!group()) return absl::InternalError("a group fault without a server group");
+    if (!replicated()) return absl::InternalError("a group fault without a server group");
     ASSIGN_OR_RETURN(const Fired fired, FireGroupFault(fault, status, at));
+    if (fired == Fired::kDone) ++report_.faults[kind];
+    return fired;
+  }
+  if (IsSingleServerFault(fault.kind) && sharded()) {
+    ASSIGN_OR_RETURN(const Fired fired, FireShardServerFault(fault, at));
     if (fired == Fired::kDone) ++report_.faults[kind];
     return fired;
   }
 
   switch (fault.kind) {
+    case FaultKind::kDieBetweenRanges: {
+      // Armed when the trainer started (its --fault_die_in_sync_at_step); counted once the
+      // trainer has died so (ReapWorkers saw it), a target lacking until then. Another fault
+      // that ended the trainer first leaves it without a target (skipped).
+      const int trainer = static_cast<int>(fault.pick % static_cast<uint32_t>(spec_.replicas));
+      Worker* w = FindByName(absl::StrCat("trainer-", trainer));
+      if (w == nullptr || w->faults.die_at_step == 0 || w->killed ||
+          w->exit_code != kKilledBySigkill || die_announced_.count(trainer) > 0) {
+        return Fired::kNoTarget;
+      }
+      const std::string log = ReadFileOrEmpty(w->process->log_path());
+      if (!absl::StrContains(log, "dying before the commit")) return Fired::kNoTarget;
+      die_announced_.insert(trainer);
+      Log(absl::StrCat(at, kind, ": ", w->name, " died in its sync of step ",
+                       w->faults.die_at_step, " after ranges [0, ", w->faults.die_ranges, ")"));
+      break;
+    }
     case FaultKind::kByzantine: {
       // Armed when the trainer started (its --fault_poison_from_step): now only said, unless
       // another fault ended that trainer first or an earlier byzantine fault already took it.
       const int trainer = static_cast<int>(fault.pick % static_cast<uint32_t>(spec_.replicas));
       Worker* w = FindByName(absl::StrCat("trainer-", trainer));
-      if (w == nullptr || w->poison_from_step == 0 || w->killed ||
+      if (w == nullptr || w->faults.poison_from_step == 0 || w->killed ||
           (w->exit_code.has_value() && *w->exit_code != 1) ||
           !byzantine_announced_.insert(trainer).second) {
         return Fired::kNoTarget;
       }
       Log(absl::StrCat(at, kind, ": ", w->name, slot_of(*w), " poisons its syncs from step ",
-                       w->poison_from_step));
+                       w->faults.poison_from_step));
       break;
     }
     case FaultKind::kKillTrainer:
@@ -1306,16 +1523,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
       if (!server_->WaitFor(kKillWait).has_value()) {
         return absl::InternalError("rebound_server survived SIGKILL");
       }
-      // The trainers the restarted server should find again: the owners of ACTIVE slots.
-      awaiting_reconnect_.clear();
-      for (const SlotStatus& slot : before_kill_->slots()) {
-        if (slot.state() != ACTIVE) continue;
-        for (const WorkerStatus& w : before_kill_->workers()) {
-          if (w.incarnation() == slot.owner_incarnation()) {
-            awaiting_reconnect_[w.incarnation()] = {slot.slot().replica(), w.name(), {}};
-          }
-        }
-      }
+      AwaitReconnect(*before_kill_);
       AddPending(
           fault.duration, "restart rebound_server on the same data directory and port", [this] {
             if (absl::Status s = StartServer(); !s.ok()) {
@@ -1393,17 +1601,46 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
                                                         const GetStatusResponse& status,
                                                         const std::string& at) {
   // Only while the group is whole: §10.1 promises nothing for a second fault on a degraded group.
-  if (!GroupWhole(status) || leader_ < 0) return Fired::kNoTarget;
+  // A leader's or standby's fault acts on a drawn group (pick % K; the rest of the pick chooses
+  // the standby), and needs that group whole; etcd is every group's, and an etcd fault needs
+  // every group whole.
+  const bool etcd_fault =
+      fault.kind == FaultKind::kKillEtcdMember || fault.kind == FaultKind::kKillAllEtcd;
+  const uint32_t k = static_cast<uint32_t>(shard_groups());
+  const int g = etcd_fault ? 0 : static_cast<int>(fault.pick % k);
+  const uint32_t pick = fault.pick / k;
+  ServerGroup& group = groups_[g];
+  std::optional<GetStatusResponse> group_status;
+  if (g == 0) {
+    group_status = status;
+  } else {
+    group_status = LeaderStatus(g, kRpcDeadline);
+  }
+  if (!group_status.has_value() || !GroupWhole(g, *group_status) || group.leader < 0) {
+    return Fired::kNoTarget;
+  }
+  if (etcd_fault && !AllGroupsWhole()) return Fired::kNoTarget;
   const std::string kind = FaultKindName(fault.kind);
-  const int leader = leader_;
-  const std::string state = absl::StrCat("epoch ", epoch_, ", center version ",
-                                         CenterVersion(status));
+  const int leader = group.leader;
+  std::string state = absl::StrCat(sharded() ? absl::StrCat("group ", g, ", ") : std::string(),
+                                   "epoch ", group.epoch, ", center version ",
+                                   CenterVersion(*group_status));
+  if (etcd_fault && sharded()) {
+    std::vector<std::string> epochs;
+    for (int each = 0; each < shard_groups(); ++each) {
+      epochs.push_back(absl::StrCat("group ", each, " in epoch ", groups_[each].epoch));
+    }
+    state = absl::StrJoin(epochs, ", ");
+  }
   etcd_member_fault_.reset();
   server_faulted_ = true;
-  leader_change_expected_ = fault.kind == FaultKind::kKillLeader ||
-                            fault.kind == FaultKind::kLeaderDiskLoss ||
-                            fault.kind == FaultKind::kStopLeader ||
-                            fault.kind == FaultKind::kKillAllEtcd;
+  if (fault.kind == FaultKind::kKillAllEtcd) {
+    for (ServerGroup& each : groups_) each.leader_change_expected = true;
+  } else {
+    group.leader_change_expected = fault.kind == FaultKind::kKillLeader ||
+                                   fault.kind == FaultKind::kLeaderDiskLoss ||
+                                   fault.kind == FaultKind::kStopLeader;
+  }
   switch (fault.kind) {
     case FaultKind::kKillLeader:
     case FaultKind::kLeaderDiskLoss:
@@ -1411,10 +1648,10 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
       int target = leader;
       if (fault.kind == FaultKind::kRestartStandbyEmpty) {
         std::vector<int> standbys;
-        for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
+        for (int i : group.members) {
           if (i != leader) standbys.push_back(i);
         }
-        target = standbys[fault.pick % standbys.size()];
+        target = standbys[pick % standbys.size()];
       }
       const bool wipe = fault.kind != FaultKind::kKillLeader;
       Member& m = members_[target];
@@ -1425,7 +1662,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
                        Seconds(fault.duration),
                        wipe ? " with an empty data directory" : " on its data directory"));
       m.down = true;
-      group_fault_pending_ = true;
+      group.fault_pending = true;
       RETURN_IF_ERROR(cluster_->KillMember(target));
       if (wipe) {
         std::error_code failed;
@@ -1440,7 +1677,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
           fault.duration,
           absl::StrCat("restart ", m.name,
                        wipe ? " with an empty data directory" : " on its data directory"),
-          [this, target, wipe] {
+          [this, target, wipe, g] {
             Member& m = members_[target];
             std::ofstream(cluster_->member(target).log_path(), std::ios::app)
                 << "----- chaos: " << m.name << " restarted"
@@ -1451,7 +1688,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
             }
             m.down = false;
             m.last_role = GroupStatus::ROLE_UNSPECIFIED;
-            group_fault_pending_ = false;
+            groups_[g].fault_pending = false;
             ++report_.member_restarts;
           });
       break;
@@ -1464,13 +1701,14 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
                        Seconds(fault.duration), ", past its lease of ",
                        Seconds(absl::Milliseconds(spec_.leader_lease_ms))));
       m.stopped = true;
-      group_fault_pending_ = true;
+      group.fault_pending = true;
       cluster_->StopMember(leader);
-      const int64_t epoch = epoch_;
-      AddPending(fault.duration, absl::StrCat("SIGCONT ", m.name), [this, leader, offset, epoch] {
+      const int64_t epoch = group.epoch;
+      AddPending(fault.duration, absl::StrCat("SIGCONT ", m.name),
+                 [this, leader, offset, epoch, g] {
         cluster_->ResumeMember(leader);
         members_[leader].stopped = false;
-        group_fault_pending_ = false;
+        groups_[g].fault_pending = false;
         const absl::Time deadline = absl::Now() + kFenceCheckWait;
         AddPending(kFenceCheckWait,
                    absl::StrCat("check that ", members_[leader].name, " fenced itself"),
@@ -1488,7 +1726,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
                        Seconds(fault.duration)));
       etcd.Kill(i);
       etcd_down_[i] = true;
-      group_fault_pending_ = true;
+      etcd_fault_pending_ = true;
       etcd_member_fault_ = absl::StrCat("etcd member ", i, " of ", etcd.size(), " was down");
       etcd_member_fault_until_ = absl::InfiniteFuture();
       AddPending(fault.duration, absl::StrCat("restart etcd member ", i), [this, i] {
@@ -1497,7 +1735,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
           return;
         }
         etcd_down_[i] = false;
-        group_fault_pending_ = false;
+        etcd_fault_pending_ = false;
         ++report_.etcd_restarts;
         // A leader that missed its renewals while the member was down fences within a lease.
         etcd_member_fault_until_ = absl::Now() + absl::Milliseconds(2 * spec_.leader_lease_ms);
@@ -1512,7 +1750,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
         etcd.Kill(i);
         etcd_down_[i] = true;
       }
-      group_fault_pending_ = true;
+      etcd_fault_pending_ = true;
       AddPending(fault.duration, "restart every etcd member", [this] {
         testing::EtcdCluster& etcd = *cluster_->etcd();
         for (int i = 0; i < etcd.size(); ++i) {
@@ -1523,13 +1761,91 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
           etcd_down_[i] = false;
           ++report_.etcd_restarts;
         }
-        group_fault_pending_ = false;
+        etcd_fault_pending_ = false;
       });
       break;
     }
     default:
       return absl::InternalError(absl::StrCat(kind, " is no group fault"));
   }
+  return Fired::kDone;
+}
+
+absl::StatusOr<ChaosRun::Fired> ChaosRun::FireShardServerFault(const PlannedFault& fault,
+                                                              const std::string& at) {
+  const int g = static_cast<int>(fault.pick % static_cast<uint32_t>(shard_groups()));
+  ServerGroup& group = groups_[g];
+  const int target = group.members.front();
+  Member& m = members_[target];
+  if (m.down || m.stopped || group.fault_pending) return Fired::kNoTarget;
+  const std::optional<GetStatusResponse> before = MemberStatus(target, kRpcDeadline);
+  if (!before.has_value()) return Fired::kNoTarget;
+  const std::string kind = FaultKindName(fault.kind);
+  const std::string what =
+      absl::StrCat(m.name, " (group ", g, g == 0 ? ", the coordinator" : "", "; range version ",
+                   CenterVersion(*before), ")");
+  server_faulted_ = true;
+  group.fault_pending = true;
+  if (fault.kind == FaultKind::kStopServer) {
+    Log(absl::StrCat(at, kind, ": SIGSTOP ", what, " for ", Seconds(fault.duration)));
+    m.stopped = true;
+    if (g == 0) server_stopped_ = true;
+    cluster_->StopMember(target);
+    AddPending(fault.duration, absl::StrCat("SIGCONT ", m.name), [this, target, g, fault] {
+      cluster_->ResumeMember(target);
+      members_[target].stopped = false;
+      groups_[g].fault_pending = false;
+      if (g == 0) {
+        // The coordinator's failure detector must not count its own stop as the workers'
+        // silence (ReapWorkers).
+        server_stopped_ = false;
+        last_server_stop_ = fault.duration;
+        last_server_resume_ = absl::Now();
+      }
+    });
+    return Fired::kDone;
+  }
+  if (fault.kind != FaultKind::kKillServer) {
+    return absl::InternalError(absl::StrCat(kind, " is no server fault"));
+  }
+  Log(absl::StrCat(at, kind, ": SIGKILL ", what, ", restart in ", Seconds(fault.duration)));
+  m.down = true;
+  if (g == 0) {
+    // As a single server's kill: the restarted coordinator must not be behind, and its trainers
+    // must come back under their incarnations.
+    before_kill_ = *before;
+    before_kill_life_ = server_life_;
+    AwaitReconnect(*before);
+  } else {
+    group.before_kill = *before;
+  }
+  RETURN_IF_ERROR(cluster_->KillMember(target));
+  AddPending(
+      fault.duration, absl::StrCat("restart ", m.name, " on its data directory and port"),
+      [this, target, g] {
+        Member& m = members_[target];
+        std::ofstream(cluster_->member(target).log_path(), std::ios::app)
+            << "----- chaos: " << m.name << " restarted -----\n";
+        if (absl::Status s = cluster_->RestartMember(target, false); !s.ok()) {
+          Error(absl::StrCat("cannot restart ", m.name, ": ", s.message()));
+          return;
+        }
+        // The cluster's port file of member i (testing/cluster/cluster.cc).
+        absl::StatusOr<int> port = WaitForPortFile(absl::StrCat(dir_, "/port-", target),
+                                                   cluster_->member(target), kPortWait);
+        if (!port.ok()) {
+          Error(absl::StrCat(m.name, " did not start again: ", port.status().message()));
+          return;
+        }
+        m.down = false;
+        groups_[g].fault_pending = false;
+        ++report_.server_restarts;
+        if (g != 0) return;  // PollRangeGroups checks its first answer
+        ++server_life_;
+        const int life = server_life_;
+        AddPending(absl::Milliseconds(spec_.reconnect_grace_ms + spec_.failure_timeout_ms + 1000),
+                   "check that the trainers reconnected", [this, life] { CheckReconnected(life); });
+      });
   return Fired::kDone;
 }
 
@@ -1553,6 +1869,7 @@ void ChaosRun::Loop() {
     RunDuePending(false);
     ReapWorkers();
     ReapServer();
+    PollRangeGroups();
     std::optional<GetStatusResponse> status = Status();
     if (status.has_value()) {
       Observe(*status);
@@ -1596,6 +1913,18 @@ void ChaosRun::Loop() {
   }
 }
 
+void ChaosRun::AwaitReconnect(const GetStatusResponse& before) {
+  awaiting_reconnect_.clear();
+  for (const SlotStatus& slot : before.slots()) {
+    if (slot.state() != ACTIVE) continue;
+    for (const WorkerStatus& w : before.workers()) {
+      if (w.incarnation() == slot.owner_incarnation()) {
+        awaiting_reconnect_[w.incarnation()] = {slot.slot().replica(), w.name(), {}};
+      }
+    }
+  }
+}
+
 void ChaosRun::CheckReconnected(int life, int64_t epoch) {
   // Killed again meanwhile, done, or a run stopped early (its trainers had no time).
   if (life != server_life_ || job_finished_ || cleaning_up_) return;
@@ -1613,7 +1942,7 @@ void ChaosRun::CheckReconnected(int life, int64_t epoch) {
     const SlotStatus* slot = replica < status->slots_size() ? &status->slots(replica) : nullptr;
     Violation(absl::StrCat(
         name, " (incarnation ", incarnation, ") owned slot ", replica,
-        group() ? " when the leader changed, was left alone, and did not come back to the new "
+        replicated() ? " when the leader changed, was left alone, and did not come back to the new "
                   "leader"
                 : " when the server was killed, was left alone, and did not come back to the "
                   "restarted server",
@@ -1658,7 +1987,7 @@ void ChaosRun::CheckRecoveries() {
 }
 
 std::optional<TensorBundle> ChaosRun::CheckStore(const std::string& data_dir,
-                                                 const std::string& whose) {
+                                                 const std::string& whose, int g) {
   storage::DurableStoreOptions options;
   options.data_dir = data_dir;
   auto store = storage::DurableStore::Open(options);
@@ -1682,10 +2011,32 @@ std::optional<TensorBundle> ChaosRun::CheckStore(const std::string& data_dir,
                              ", not ", rounds_ * spec_.replicas, " (", spec_.replicas,
                              " slots x ", rounds_, " syncs)"));
     }
-    if (!SameBytes(center->second.params(), report_.center)) {
-      Violation(absl::StrCat("the center in ", whose,
+    const TensorBundle& served =
+        sharded() && g < static_cast<int>(range_centers_.size()) ? range_centers_[g].center()
+                                                                 : report_.center;
+    if (!SameBytes(center->second.params(), served)) {
+      Violation(absl::StrCat("the ", sharded() ? "range" : "center", " in ", whose,
                              " differs from the one the server served at the end"));
     }
+  }
+  if (sharded()) {
+    // Each slot's last two range snapshots (copy = sync number mod 2): the syncs of
+    // max_steps - tau and max_steps, each applied once.
+    const std::set<int64_t> expected = {spec_.max_steps - spec_.sync_period, spec_.max_steps};
+    for (int r = 0; r < spec_.replicas; ++r) {
+      std::set<int64_t> steps;
+      for (int copy = 0; copy < 2; ++copy) {
+        auto kept = state->range_snapshots.find({{r, 0}, copy});
+        if (kept != state->range_snapshots.end()) steps.insert(kept->second.step());
+      }
+      if (steps != expected) {
+        Violation(absl::StrCat("slot ", r, " in ", whose, ": range snapshots at steps [",
+                               absl::StrJoin(steps, ", "), "], expected [",
+                               absl::StrJoin(expected, ", "), "]"));
+      }
+    }
+    // The slots' books (weights, snapshot headers, states) are group 0's.
+    if (g != 0) return stored;
   }
   for (int r = 0; r < spec_.replicas; ++r) {
     auto weight = state->weights.find({r, 0});
@@ -1733,30 +2084,45 @@ void ChaosRun::FinishAndCheck() {
     w->exit_code = w->process->Stop(absl::Seconds(5));
   }
 
-  if (group()) {
-    // Every member restarted during the run must be back in sync (it caught up, it rejoined).
+  std::vector<GetStatusResponse> final_statuses;  // group or sharded mode: each group's
+  if (clustered()) {
+    // Every member restarted during the run must be back in sync (it caught up, it rejoined),
+    // every group's server answering.
     const absl::Time in_sync_by = absl::Now() + kInSyncWait;
-    std::optional<GetStatusResponse> last;
-    while (true) {
-      RunDuePending(true);
-      ReapServer();
-      last = Status();
-      if (last.has_value() && GroupWhole(*last)) break;
-      if (absl::Now() > in_sync_by) {
-        Violation(absl::StrCat(
-            "the group was not whole again (a leader, every standby in sync) within ",
-            Seconds(kInSyncWait), " of the job's end; last: ",
-            last.has_value() ? last->group().ShortDebugString() : std::string("no leader answers"),
-            "\n", ServerLogs(8)));
-        break;
+    for (int g = 0; g < shard_groups(); ++g) {
+      std::optional<GetStatusResponse> last;
+      while (true) {
+        RunDuePending(true);
+        ReapServer();
+        last = LeaderStatus(g, kRpcDeadline);
+        if (last.has_value() && GroupWhole(g, *last)) break;
+        if (absl::Now() > in_sync_by) {
+          Violation(absl::StrCat(
+              sharded() ? absl::StrCat("group ", g) : std::string("the group"),
+              " was not whole again (a leader, every standby in sync) within ",
+              Seconds(kInSyncWait), " of the job's end; last: ",
+              last.has_value() ? last->group().ShortDebugString()
+                               : std::string("no leader answers"),
+              "\n", ServerLogs(8)));
+          break;
+        }
+        absl::SleepFor(kPoll);
       }
-      absl::SleepFor(kPoll);
+    }
+    for (int g = 0; g < shard_groups(); ++g) {
+      std::optional<GetStatusResponse> last = LeaderStatus(g, absl::Seconds(5));
+      if (!last.has_value()) {
+        Error(absl::StrCat("no leader of ", sharded() ? absl::StrCat("group ", g) : "the group",
+                           " answers after the job's end"));
+        return;
+      }
+      final_statuses.push_back(*last);
     }
   }
   std::optional<GetStatusResponse> status = Status(absl::Seconds(5));
   if (!status.has_value()) {
-    Error(group() ? "no leader answers after the job's end"
-                  : "the server does not answer after the job's end");
+    Error(clustered() ? "no leader answers after the job's end"
+                      : "the server does not answer after the job's end");
     return;
   }
   Observe(*status);
@@ -1767,7 +2133,6 @@ void ChaosRun::FinishAndCheck() {
   request.set_worker_name("chaos-observer");
   request.set_requested_role(SPARE);
   RegisterResponse registered;
-  PullResponse pulled;
   {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -1777,23 +2142,26 @@ void ChaosRun::FinishAndCheck() {
       return;
     }
   }
-  {
+  if (sharded()) {
+    if (!GatherCenter(registered)) return;
+  } else {
     PullRequest pull;
     pull.set_incarnation(registered.incarnation());
     pull.set_stage(0);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     context.AddMetadata(kWorkerCredentialKey, registered.credential());
+    PullResponse pulled;
     const grpc::Status s = stub->Pull(&context, pull, &pulled);
     if (!s.ok()) {
       Error(absl::StrCat("cannot pull the final center: ", s.error_message()));
       return;
     }
+    report_.center = pulled.center();
+    report_.center_version = pulled.center_version();
   }
-  report_.center = pulled.center();
-  report_.center_version = pulled.center_version();
 
-  // Exactly once, as the server reports it.
+  // Exactly once, as the server reports it (group 0's books in sharded mode).
   for (const SlotStatus& slot : status->slots()) {
     if (slot.update_count() != rounds_ || slot.snapshot_step() != spec_.max_steps) {
       Violation(absl::StrCat("slot ", slot.slot().replica(), " applied ", slot.update_count(),
@@ -1821,15 +2189,30 @@ void ChaosRun::FinishAndCheck() {
                              report_.byzantine_refused, " came from byzantine trainers"));
     }
   }
-  if (report_.center_version != rounds_ * spec_.replicas) {
+  if (sharded()) {
+    // Exactly once per range: every group's range moved once per sync of every slot, as its
+    // GetStatus and its PullRange say.
+    for (int g = 0; g < shard_groups(); ++g) {
+      const int64_t reported = CenterVersion(final_statuses[g]);
+      const int64_t pulled = range_centers_[g].center_version();
+      report_.range_versions.push_back(pulled);
+      if (reported != rounds_ * spec_.replicas || pulled != rounds_ * spec_.replicas) {
+        Violation(absl::StrCat("range ", g, " moved ", reported, " times (GetStatus of group ", g,
+                               "; PullRange: ", pulled, "), not ", rounds_ * spec_.replicas, " (",
+                               spec_.replicas, " slots x ", rounds_, " syncs)"));
+      }
+    }
+  } else if (report_.center_version != rounds_ * spec_.replicas) {
     Violation(absl::StrCat("the center moved ", report_.center_version, " times, not ",
                            rounds_ * spec_.replicas, " (", spec_.replicas, " slots x ", rounds_,
                            " syncs)"));
   }
   CheckRecoveries();
-  if (group()) {
-    CheckAcknowledged(leader_, "at the job's end");
-    StopGroupAndCheckStores(*status);
+  if (clustered()) {
+    for (int g = 0; g < shard_groups(); ++g) {
+      if (groups_[g].leader >= 0) CheckAcknowledged(groups_[g].leader, "at the job's end");
+    }
+    StopClusterAndCheckStores(final_statuses);
   } else {
     StopServerAndCheckStore();
   }
@@ -1842,6 +2225,57 @@ void ChaosRun::FinishAndCheck() {
   } else {
     Error(absl::StrCat("cannot evaluate the final center: ", accuracy.status().message()));
   }
+}
+
+bool ChaosRun::GatherCenter(const RegisterResponse& observer) {
+  absl::StatusOr<compute::StageLayout> layout =
+      compute::StageLayout::Create(job_.model(), 0, job_.model().layers_size());
+  if (!layout.ok()) {
+    Error(absl::StrCat("the job's layout: ", layout.status().message()));
+    return false;
+  }
+  const std::vector<int64_t> begins = compute::RangeBegins(layout->packed_size(), shard_groups());
+  std::vector<float> packed;
+  packed.reserve(layout->packed_size());
+  range_centers_.clear();
+  for (int g = 0; g < shard_groups(); ++g) {
+    const int leader = groups_[g].leader;
+    if (leader < 0) {
+      Error(absl::StrCat("group ", g, " has no leader to pull range ", g, " from"));
+      return false;
+    }
+    PullRangeRequest pull;
+    pull.set_incarnation(observer.incarnation());
+    pull.set_stage(0);
+    pull.set_range(g);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    context.AddMetadata(kWorkerCredentialKey, observer.credential());
+    PullRangeResponse pulled;
+    const grpc::Status s = members_[leader].range->PullRange(&context, pull, &pulled);
+    if (!s.ok()) {
+      Error(absl::StrCat("cannot pull range ", g, " from ", members_[leader].name, ": ",
+                         s.error_message()));
+      return false;
+    }
+    const int64_t expected = begins[g + 1] - begins[g];
+    if (pulled.center().tensors_size() != 1 ||
+        static_cast<int64_t>(pulled.center().tensors(0).data().size()) !=
+            expected * static_cast<int64_t>(sizeof(float))) {
+      Violation(absl::StrCat("range ", g, " as pulled from ", members_[leader].name, " is not ",
+                             expected, " floats in one tensor: ",
+                             pulled.center().ShortDebugString().substr(0, 200)));
+      return false;
+    }
+    const std::string& bytes = pulled.center().tensors(0).data();
+    const size_t at = packed.size();
+    packed.resize(at + expected);
+    std::memcpy(packed.data() + at, bytes.data(), bytes.size());
+    range_centers_.push_back(std::move(pulled));
+  }
+  report_.center = compute::BundleFromPacked(*layout, packed);
+  report_.center_version = range_centers_[0].center_version();
+  return true;
 }
 
 void ChaosRun::StopServerAndCheckStore() {
@@ -1858,27 +2292,32 @@ void ChaosRun::StopServerAndCheckStore() {
   }
   Log(absl::StrCat("rebound_server stopped (exit ", code.value_or(-1),
                    "); reading its store back"));
-  CheckStore(dir_ + "/data", "the server's store");
+  CheckStore(dir_ + "/data", "the server's store", 0);
 }
 
-void ChaosRun::StopGroupAndCheckStores(const GetStatusResponse& final_status) {
-  // The standbys first, then the leader: a leader stopped first would hand over to a standby.
-  const int leader = leader_;
+void ChaosRun::StopClusterAndCheckStores(const std::vector<GetStatusResponse>& final_statuses) {
+  // Every group's standbys first, then the leaders: a leader stopped first would hand over to a
+  // standby.
   std::vector<int> order;
-  for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
-    if (i != leader) order.push_back(i);
+  for (const ServerGroup& group : groups_) {
+    for (int i : group.members) {
+      if (i != group.leader) order.push_back(i);
+    }
   }
-  order.push_back(leader);
+  for (const ServerGroup& group : groups_) {
+    if (group.leader >= 0) order.push_back(group.leader);
+  }
   for (int i : order) {
     Member& m = members_[i];
     if (m.down) continue;
+    const bool leader = i == groups_[m.group].leader;
     ChildProcess& process = cluster_->member(i);
     process.Signal(SIGCONT);
     process.Signal(SIGTERM);
     const std::optional<int> code = process.WaitFor(kServerStopWait);
     if (code != 0) {
       Violation(absl::StrCat(
-          m.name, i == leader ? " (the leader)" : " (a standby)",
+          m.name, !replicated() ? "" : leader ? " (the leader)" : " (a standby)",
           " did not stop cleanly on SIGTERM (",
           code.has_value() ? absl::StrCat("exit ", *code) : std::string("still running"), "):\n",
           LastLines(process.log_path(), 10)));
@@ -1887,24 +2326,40 @@ void ChaosRun::StopGroupAndCheckStores(const GetStatusResponse& final_status) {
     }
     m.down = true;  // stopped for good
   }
-  Log(absl::StrCat("every member stopped (", members_[leader].name,
-                   " led last); reading their stores back"));
-  // The final leader's store, then every member the leader had in sync at the end: each must
-  // hold every sync once and the center the leader served.
-  std::set<std::string> in_sync(final_status.group().in_sync().begin(),
-                                final_status.group().in_sync().end());
-  CheckStore(cluster_->member_data_dir(leader),
-             absl::StrCat(members_[leader].name, "'s store (the final leader's)"));
-  ++report_.members_compared;
-  for (int i = 0; i < static_cast<int>(members_.size()); ++i) {
-    if (i == leader) continue;
-    if (in_sync.count(members_[i].name) == 0) {
-      Note(absl::StrCat(members_[i].name, " was not in sync at the end: its store is not compared"));
-      continue;
+  Log("every member stopped; reading their stores back");
+  for (int g = 0; g < shard_groups(); ++g) {
+    if (groups_[g].leader < 0) {
+      Error(absl::StrCat("no leader of group ", g, " known at the end: no store compared"));
+      return;
     }
-    CheckStore(cluster_->member_data_dir(i),
-               absl::StrCat(members_[i].name, "'s store (in sync at the end)"));
+  }
+  // Each group's final leader's store, then every member the leader had in sync at the end: each
+  // must hold every sync once and the center (range) the leader served.
+  for (int g = 0; g < shard_groups(); ++g) {
+    const ServerGroup& group = groups_[g];
+    const int leader = group.leader;
+    const std::string of_group = sharded() ? absl::StrCat(" of group ", g) : "";
+    CheckStore(cluster_->member_data_dir(leader),
+               absl::StrCat(members_[leader].name, "'s store",
+                            replicated() ? absl::StrCat(" (the final leader", of_group, ")")
+                                         : of_group),
+               g);
     ++report_.members_compared;
+    if (!replicated()) continue;
+    const GetStatusResponse& final_status = final_statuses[g];
+    std::set<std::string> in_sync(final_status.group().in_sync().begin(),
+                                  final_status.group().in_sync().end());
+    for (int i : group.members) {
+      if (i == leader) continue;
+      if (in_sync.count(members_[i].name) == 0) {
+        Note(absl::StrCat(members_[i].name,
+                          " was not in sync at the end: its store is not compared"));
+        continue;
+      }
+      CheckStore(cluster_->member_data_dir(i),
+                 absl::StrCat(members_[i].name, "'s store (in sync at the end", of_group, ")"), g);
+      ++report_.members_compared;
+    }
   }
 }
 
@@ -1926,6 +2381,7 @@ RunReport ChaosRun::Execute(const RunReport* reference) {
   start_ = absl::Now();
   deadline_ = start_ + options_.time_limit;
   report_.seed = options_.seed;
+  report_.shard_groups = shard_groups();
   if (options_.server_binary.empty() || options_.worker_binary.empty()) {
     Error("ChaosOptions: server_binary and worker_binary are required");
     return report_;
@@ -2057,6 +2513,21 @@ bool IsSingleServerFault(FaultKind kind) {
   return kind == FaultKind::kKillServer || kind == FaultKind::kStopServer;
 }
 
+bool IsShardedFault(FaultKind kind) { return kind == FaultKind::kDieBetweenRanges; }
+
+bool KindFitsMode(FaultKind kind, const ChaosOptions& options) {
+  const bool replicated = options.standbys > 0;
+  const bool sharded = options.shard_groups > 1;
+  if (IsGroupFault(kind)) return replicated;
+  if (IsSingleServerFault(kind)) return !replicated;
+  if (IsShardedFault(kind)) return sharded;
+  // The trainer poisons only the unsharded Sync (worker/easgd_trainer.cc).
+  if (kind == FaultKind::kByzantine) return !sharded;
+  return true;
+}
+
+bool SameCenter(const RunReport& a, const RunReport& b) { return SameBytes(a.center, b.center); }
+
 std::string PlannedFault::ToString() const {
   std::string out = absl::StrFormat("%s at progress %.2f", FaultKindName(kind), at_progress);
   switch (kind) {
@@ -2064,6 +2535,7 @@ std::string PlannedFault::ToString() const {
     case FaultKind::kKillSpare:
     case FaultKind::kKillEvaluator:
     case FaultKind::kByzantine:
+    case FaultKind::kDieBetweenRanges:
       break;
     case FaultKind::kKillServer:
     case FaultKind::kKillLeader:
@@ -2224,13 +2696,27 @@ std::string RunReport::Summary() const {
   }
   absl::StrAppend(&out, "  ", network, "\n");
   if (!group.empty()) {
-    absl::StrAppend(
-        &out, "  ", group, "\n",
-        absl::StrFormat("  leader changes %d; members restarted %d; etcd members restarted %d; "
-                        "stopped leaders fenced %d; syncs answered to trainers %d (every leader "
-                        "at or past them); stores read back %d\n",
-                        leader_changes, member_restarts, etcd_restarts, fenced_leaders,
-                        acknowledged_syncs, members_compared));
+    absl::StrAppend(&out, "  ", group, "\n");
+    if (shard_groups > 1) {
+      absl::StrAppend(
+          &out,
+          absl::StrFormat("  sharded: %d groups, range versions [%s]; trainers died between "
+                          "ranges %d; server restarts %d; leader changes %d; members restarted "
+                          "%d; etcd members restarted %d; stopped leaders fenced %d; syncs "
+                          "answered to trainers %d (every group at or past them); stores read "
+                          "back %d\n",
+                          shard_groups, absl::StrJoin(range_versions, ", "), died_between_ranges,
+                          server_restarts, leader_changes, member_restarts, etcd_restarts,
+                          fenced_leaders, acknowledged_syncs, members_compared));
+    } else {
+      absl::StrAppend(
+          &out,
+          absl::StrFormat("  leader changes %d; members restarted %d; etcd members restarted %d; "
+                          "stopped leaders fenced %d; syncs answered to trainers %d (every "
+                          "leader at or past them); stores read back %d\n",
+                          leader_changes, member_restarts, etcd_restarts, fenced_leaders,
+                          acknowledged_syncs, members_compared));
+    }
   }
   if (accuracy >= 0) {
     absl::StrAppend(&out, absl::StrFormat("  final center: version %d, test accuracy %.4f",

@@ -29,6 +29,16 @@
 //     that no schedule asks for more than §10.1 promises (a disk lost while the group was already
 //     degraded is the loss window the product states, not a bug). Workers get every member's
 //     address and follow the leader.
+//   * in sharded mode (ChaosOptions::shard_groups = K > 1: the center split across K server
+//     groups, DESIGN.md §10.2, docs/sharding.md; testing/cluster's Cluster starts them, member
+//     g * (1 + standbys) + i named g<g>-server-<i>), composable with group mode: kill_server and
+//     stop_server act on a drawn group's server (standbys = 0), the group kinds on a drawn
+//     group's leader or standby (standbys > 0; etcd, shared by the groups, is lost for all of
+//     them, and such a fault waits until every group is whole); besides, die_between_ranges: a
+//     trainer started with --fault_die_in_sync_at_step sends its sync of a drawn step to ranges
+//     [0, j) only (j drawn in [1, K]) and SIGKILLs itself before the commit, the case the
+//     exactly-once rule of docs/sharding.md is about. Byzantine trainers are left out (their
+//     poison path is in the unsharded Sync only).
 // A worker that is killed, or that exits fenced (3) or unreachable (4), is replaced by a fresh
 // spare (a replacement machine), a killed evaluator by a new evaluator, so the job can finish.
 // Every schedule has a bounded number of faults, every fault a bounded duration, every wait a
@@ -69,6 +79,17 @@
 //   * against a fault-free run of the same job (RunReport* reference): the final center's test
 //     accuracy (computed as the evaluator does) within 1 point; with DETERMINISTIC scheduling
 //     and UNIFORM weights (the default) the final center bit-identical (DESIGN.md §5.6).
+//   * in sharded mode, besides (each per group, read as "the leader of the moment" of group g
+//     with standbys): exactly once per range: every group's center version (its GetStatus, its
+//     PullRange, and its store read back after it stopped) is slots x syncs, and each store holds
+//     the range the group served and each slot's last two range snapshots at max_steps - tau and
+//     max_steps; group 0's slots each applied max_steps / tau syncs. Nothing acknowledged lost:
+//     the trainers log each committed sync ("synced step t across K ranges"), and group 0 (each
+//     slot's committed step and update count) and every group (its range's version, at least
+//     the sum over slots of the syncs answered) must be at or past them, every few seconds and
+//     when a group's server comes back. The whole center, gathered from the K ranges, is what
+//     the accuracy and the bit-for-bit comparison use (a sharded job ends bit-identical to the
+//     same job unsharded: sharding.md).
 
 #include <cstdint>
 #include <functional>
@@ -138,6 +159,12 @@ enum class FaultKind {
   kKillEtcdMember,       // SIGKILL one etcd member; restarted after `duration`
   kKillAllEtcd,          // SIGKILL every etcd member; restarted after `duration`
   kRestartStandbyEmpty,  // SIGKILL a standby, delete its data directory, restart after `duration`
+  // Sharded mode only (ChaosOptions::shard_groups > 1): trainer (pick % replicas) is started with
+  // --fault_die_in_sync_at_step=S (S: the first sync step at or after the fault's progress point)
+  // and --fault_die_in_sync_ranges=j (j = 1 + (pick / replicas) % K): it syncs step S to ranges
+  // [0, j) only and SIGKILLs itself before the commit; a spare replays the slot and syncs S
+  // again, which each range must apply exactly once.
+  kDieBetweenRanges,
 };
 
 // Every kind, in the order above.
@@ -146,12 +173,15 @@ const std::vector<FaultKind>& AllFaultKinds();
 const std::vector<FaultKind>& GroupFaultKinds();
 // "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss", "byzantine",
 // "kill_leader", "leader_disk_loss", "stop_leader", "kill_etcd_member", "kill_all_etcd",
-// "restart_standby_empty".
+// "restart_standby_empty", "die_between_ranges".
 const char* FaultKindName(FaultKind kind);
 bool IsNetworkFault(FaultKind kind);
 bool IsGroupFault(FaultKind kind);
-// The kinds of single-server mode only (kKillServer, kStopServer): a group has its own.
+// The kinds of single-server mode only (kKillServer, kStopServer): a group has its own. In
+// sharded mode without standbys they act on a drawn group's server.
 bool IsSingleServerFault(FaultKind kind);
+// The kinds of sharded mode only (kDieBetweenRanges).
+bool IsShardedFault(FaultKind kind);
 
 struct PlannedFault {
   FaultKind kind = FaultKind::kKillTrainer;
@@ -194,6 +224,9 @@ struct ChaosOptions {
   // `etcd_members` members (see the top of this file). 0: one server, no etcd.
   int standbys = 0;
   int etcd_members = 3;
+  // Sharded mode: the center split across `shard_groups` server groups (each one server, or a
+  // replicated group with `standbys`), see the top of this file. 1: one group.
+  int shard_groups = 1;
   bool network = true;  // try network namespaces (needs root); the run says what it found
   absl::Duration time_limit = absl::Minutes(4);  // for the whole run, start to checks
   std::string server_binary;                     // absolute paths
@@ -204,11 +237,17 @@ struct ChaosOptions {
   std::function<void(const std::string&)> log;
 };
 
+// Whether `kind` can be injected into a run of `options` (its mode, before what the machine
+// permits): group kinds need standbys, server kinds none, kDieBetweenRanges shard groups, and
+// kByzantine an unsharded job.
+bool KindFitsMode(FaultKind kind, const ChaosOptions& options);
+
 struct RunReport {
   uint64_t seed = 0;
   int faults_planned = 0;
   std::string network;  // the network faults' setting on this machine, or why they are off
   std::string group;    // group mode: the members and etcd; empty for one server
+  int shard_groups = 1;  // sharded mode: K
   std::vector<PlannedFault> schedule;
   std::map<std::string, int> faults;  // injected, by FaultKindName
   int skipped_faults = 0;             // planned, no target in time (never counted as injected)
@@ -216,13 +255,18 @@ struct RunReport {
   int recoveries = 0;                 // slots rebuilt (REPLAY, verified)
   int interrupted_recoveries = 0;     // ended by a fault on their spares or on the server
   int64_t steps_replayed = 0;         // by those recoveries
-  int server_restarts = 0;       // single server: restarts after kill_server
+  int server_restarts = 0;       // a server (sharded: a group's one server) restarted after
+                                 // kill_server
   int leader_changes = 0;        // group mode: a new leader (a higher epoch) took over
   int member_restarts = 0;       // group mode: members restarted after a kill
   int etcd_restarts = 0;         // group mode: etcd members restarted after a kill
   int fenced_leaders = 0;        // group mode: stopped leaders that fenced themselves on resuming
-  int64_t acknowledged_syncs = 0;  // group mode: syncs answered to trainers (their logs)
-  int members_compared = 0;        // group mode: stores read back and compared at the end
+  // Group or sharded mode: syncs answered to trainers (their logs), and the stores read back and
+  // compared at the end (each group's final leader's and every in-sync member's).
+  int64_t acknowledged_syncs = 0;
+  int members_compared = 0;
+  int died_between_ranges = 0;   // sharded mode: trainers that died after syncing some ranges
+  std::vector<int64_t> range_versions;  // sharded mode: each group's final range version
   int reconnected_trainers = 0;  // trainers that kept their slot across a server restart or
                                  // a leader change
   int replacements = 0;          // fresh spares and evaluators started for workers gone
@@ -235,7 +279,7 @@ struct RunReport {
   std::vector<std::string> violations;  // broken promises of the product
   std::vector<std::string> errors;      // the harness could not do its part
   std::vector<std::string> notes;       // worth knowing, not a failure
-  TensorBundle center;                  // the final center
+  TensorBundle center;                  // the final center (sharded: gathered from the ranges)
   int64_t center_version = 0;
   double accuracy = -1;            // the final center's test accuracy
   double reference_accuracy = -1;  // the fault-free run's, when compared
@@ -250,6 +294,9 @@ struct RunReport {
   // Several lines: what was injected, the recoveries, each check, violations and errors.
   std::string Summary() const;
 };
+
+// Whether two runs ended on the same center, byte for byte (each tensor's data).
+bool SameCenter(const RunReport& a, const RunReport& b);
 
 // Runs `job` once under `options` and checks it (see the top of this file). `reference`, a
 // fault-free RunReport of the same job, adds the comparisons with it.

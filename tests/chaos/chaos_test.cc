@@ -16,6 +16,14 @@
 // lost) besides a trainer kill; each must finish exactly once in the final leader's store and
 // in every member's, lose no sync a trainer was answered, and end on the fault-free run's
 // center bit for bit.
+//
+// The case tagged [sharded] (//tests/chaos:chaos_sharded_test runs it) runs the job with its
+// center sharded across 2 server groups of one server each (DESIGN.md §10.2, docs/sharding.md)
+// under a fixed seed whose schedule holds a trainer that dies between its ranges (after range
+// 0, before range 1 and the commit), a range group's server SIGKILLed and restarted, and a
+// trainer kill; it must apply every sync once in every range (status, PullRange and each group's
+// store), lose no sync a trainer was answered, and end bit for bit on the center of a fault-free
+// run of the same job UNSHARDED (sharding changes no bit of the result).
 
 #include "tests/chaos/chaos.h"
 
@@ -25,6 +33,7 @@
 #include <iostream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -46,6 +55,20 @@ const GroupSeed kGroupSeeds[] = {
     {11, {FaultKind::kKillLeader, FaultKind::kLeaderDiskLoss, FaultKind::kKillEtcdMember}},
     {12, {FaultKind::kStopLeader, FaultKind::kKillAllEtcd, FaultKind::kRestartStandbyEmpty}},
 };
+
+// Sharded mode: 2 groups; a seed whose schedule (process kinds only, the same on every machine)
+// kills a range group's server (pick % 2 == 1) and has trainers die after range 0 of 2: seed 2
+// kills trainer-1 at progress 0.10, trainer-0 dies in its sync of step 400 and trainer-2 in its
+// sync of step 600, group 1's server is killed at progress 0.18 for 0.5 s, and the third
+// die_between_ranges (trainer-1's) finds its trainer gone.
+constexpr int kShardGroups = 2;
+constexpr uint64_t kShardSeed = 2;
+constexpr int kShardFaults = 5;
+const std::vector<FaultKind> kShardKinds = {
+    FaultKind::kKillTrainer, FaultKind::kStopTrainer, FaultKind::kKillSpare,
+    FaultKind::kKillServer,  FaultKind::kStopServer,  FaultKind::kDieBetweenRanges};
+const std::vector<FaultKind> kShardMust = {FaultKind::kKillTrainer, FaultKind::kKillServer,
+                                           FaultKind::kDieBetweenRanges};
 
 std::string Runfile(const std::string& path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
@@ -165,6 +188,47 @@ TEST_CASE(
   CHECK(run.center_identical);
 }
 
+TEST_CASE("each mode has its kinds: group kinds need standbys, die_between_ranges shard groups, "
+          "and a sharded job has no byzantine trainer",
+          "[plan]") {
+  ChaosOptions single;
+  ChaosOptions group;
+  group.standbys = 1;
+  ChaosOptions sharded;
+  sharded.shard_groups = 2;
+  ChaosOptions sharded_group = group;
+  sharded_group.shard_groups = 2;
+  for (FaultKind kind : AllFaultKinds()) {
+    INFO(FaultKindName(kind));
+    CHECK(KindFitsMode(kind, single) == !(IsGroupFault(kind) || IsShardedFault(kind)));
+    CHECK(KindFitsMode(kind, group) == !(IsSingleServerFault(kind) || IsShardedFault(kind)));
+    CHECK(KindFitsMode(kind, sharded) == !(IsGroupFault(kind) || kind == FaultKind::kByzantine));
+    CHECK(KindFitsMode(kind, sharded_group) ==
+          !(IsSingleServerFault(kind) || kind == FaultKind::kByzantine));
+  }
+  CHECK(IsShardedFault(FaultKind::kDieBetweenRanges));
+  CHECK_FALSE(IsGroupFault(FaultKind::kDieBetweenRanges));
+  CHECK_FALSE(IsNetworkFault(FaultKind::kDieBetweenRanges));
+  CHECK(std::string(FaultKindName(FaultKind::kDieBetweenRanges)) == "die_between_ranges");
+  // The test's sharded seed: a range group's server killed, a trainer dying after range 0 of 2.
+  const ChaosJob job;
+  const std::vector<PlannedFault> plan =
+      PlanFaults(kShardSeed, kShardFaults, kShardKinds, kShardMust, job);
+  REQUIRE(plan.size() == kShardFaults);
+  bool range_server_killed = false;
+  bool dies_after_range_0 = false;
+  for (const PlannedFault& f : plan) {
+    INFO(f.ToString());
+    if (f.kind == FaultKind::kKillServer && f.pick % kShardGroups == 1) range_server_killed = true;
+    if (f.kind == FaultKind::kDieBetweenRanges &&
+        (f.pick / static_cast<uint32_t>(job.replicas)) % kShardGroups == 0) {
+      dies_after_range_0 = true;
+    }
+  }
+  CHECK(range_server_killed);
+  CHECK(dies_after_range_0);
+}
+
 // The group's job: long enough that three group faults, each waiting for the group to be whole
 // again (a failover, a restart, a catch-up from a checkpoint), all fire before its end.
 ChaosJob GroupJob() {
@@ -224,6 +288,59 @@ TEST_CASE(
     INFO(FaultKindName(kind));
     CHECK(injected.count(FaultKindName(kind)) == 1);
   }
+}
+
+ChaosOptions ShardOptions(uint64_t seed, int faults) {
+  ChaosOptions options = Options(seed, faults);
+  options.shard_groups = kShardGroups;
+  options.network = false;  // the same schedule on every machine
+  options.kinds = kShardKinds;
+  options.must_include = kShardMust;
+  return options;
+}
+
+TEST_CASE(
+    "a center sharded across 2 groups under chaos applies every sync once in every range, loses "
+    "no answered sync, and ends on the unsharded fault-free run's center bit for bit",
+    "[sharded]") {
+  uint64_t seed = kShardSeed;
+  if (const char* text = std::getenv("REBOUND_CHAOS_SEED"); text != nullptr) {
+    REQUIRE(absl::SimpleAtoi(text, &seed));
+  }
+  std::cout << "chaos_test: sharded seed " << seed << " (REBOUND_CHAOS_SEED overrides it)"
+            << std::endl;
+  const ChaosJob job;  // 3 trainers, DETERMINISTIC, UNIFORM
+  // The reference: the same job on one server, fault-free.
+  ChaosOptions unsharded = Options(seed, 0);
+  unsharded.network = false;
+  const RunReport reference = RunChaos(job, unsharded);
+  std::cout << "chaos_test: fault-free unsharded run: " << reference.Summary() << std::endl;
+  INFO("fault-free unsharded run: " << reference.Summary());
+  REQUIRE(reference.ok());
+  REQUIRE(reference.finished);
+
+  const RunReport run = RunChaos(job, ShardOptions(seed, kShardFaults), &reference);
+  std::cout << "chaos_test: sharded run with faults: " << run.Summary() << std::endl;
+  INFO("seed " << seed << "\n" << run.Summary());
+  CHECK(run.errors.empty());
+  CHECK(run.violations.empty());
+  REQUIRE(run.finished);
+  CHECK(run.shard_groups == kShardGroups);
+  CHECK(run.total_faults() + run.skipped_faults + run.unfired_faults == kShardFaults);
+  CHECK(run.faults.count("kill_trainer") == 1);
+  CHECK(run.faults.count("kill_server") == 1);
+  CHECK(run.faults.count("die_between_ranges") == 1);
+  CHECK(run.died_between_ranges >= 1);
+  CHECK(run.server_restarts >= 1);
+  CHECK(run.recoveries >= 2);  // the killed trainer's slot and those that died mid-sync
+  const int64_t syncs = job.replicas * (job.max_steps / job.sync_period);
+  REQUIRE(run.range_versions.size() == static_cast<size_t>(kShardGroups));
+  for (int64_t version : run.range_versions) CHECK(version == syncs);
+  CHECK(run.acknowledged_syncs > 0);
+  CHECK(run.members_compared == kShardGroups);
+  CHECK(run.accuracy > 0.5);
+  CHECK(run.accuracy == reference.accuracy);
+  CHECK(run.center_identical);
 }
 
 }  // namespace
