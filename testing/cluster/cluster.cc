@@ -223,9 +223,15 @@ absl::Status Cluster::StartGroups(const std::string& server_config) {
   server_ = members_.front().process.get();
   address_ = group_addresses_.front();
   group_stubs_.clear();
+  // The groups start at once, each answering when it is ready: a channel that found its group
+  // not listening yet tries again soon, not after gRPC's default backoff (1 s, then 1.6 s, ...).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const std::string& address : group_addresses_) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        MakeChannel(address, options_.client_security, grpc::ChannelArguments());
+        MakeChannel(address, options_.client_security, args);
     if (!channel.ok()) return channel.status();
     group_stubs_.push_back(ParameterServer::NewStub(*channel));
   }

@@ -11,12 +11,12 @@
 // from --port_file) or, with a NetworkLab (ClusterOptions::network), on the lab's gateway with
 // every trainer and spare in a network namespace of its own, so that their links can be cut
 // (Partition) and healed (with ClusterOptions::groups_in_hosts, each server group in a lab host
-// of its own too, behind a link of its own); its config and log in the cluster's directory (server.pbtxt, server.log,
-// port); workers are known by the unique names they are started with (which the server reports
-// in GetStatus), each with its log <name>.log beside the workers' config (worker.pbtxt, or
-// worker-<name>.pbtxt with a worker's own additions). The cluster kills (SIGKILL), stops
-// (SIGSTOP) and resumes (SIGCONT) workers, partitions them where it has a lab, kills and stops
-// the server, watches everything through GetStatus, and stops it all in order.
+// of its own too, behind a link of its own); its config and log in the cluster's directory
+// (server.pbtxt, server.log, port); workers are known by the unique names they are started with
+// (which the server reports in GetStatus), each with its log <name>.log beside the workers'
+// config (worker.pbtxt, or worker-<name>.pbtxt with a worker's own additions). The cluster kills
+// (SIGKILL), stops (SIGSTOP) and resumes (SIGCONT) workers, partitions them where it has a lab,
+// kills and stops the server, watches everything through GetStatus, and stops it all in order.
 //
 // A worker killed through KillWorker, or named to ExpectExit, is expected to be gone; with
 // ClusterOptions::fail_on_exit, any other child that exits before StopAll fails the waits
