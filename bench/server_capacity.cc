@@ -29,7 +29,8 @@
 // Last line (K = 1, R = 64, 16 MiB, against the echo at R = 64, 16 MiB):
 //   RESULT server_capacity: r64_16mib_syncs_s=<x> echo_limit_syncs_s=<y> ratio=<x/y>
 // Target (R14): ratio >= 0.7. Exit code 0 when every point ran or was skipped (whatever the
-// verdict), 1 when one failed, 2 on bad flags.
+// verdict), 1 when one failed, 2 on bad flags. The servers' data directories (up to GBs for a
+// point) are removed after each point, with --keep_logs too; the logs and configs stay.
 //
 // Flags: --trainers=1,4,16,64 --centers=1,16,64 --groups=1,2 --seconds=S (6) --min_syncs=N (20)
 // --warmup_seconds=S (2) --max_server_gib=G (12) --job=PATH --server_binary=PATH
@@ -539,6 +540,7 @@ int Main(int argc, char** argv) {
                    ? RunEcho(flags, dir, point, k1.request_bytes, k1.reply_bytes, &result)
                    : absl::FailedPreconditionError("no K = 1 sync sizes (that point did not run)");
     }
+    RemoveDataDirectories(dir);
     dirs->FinishRun(dir, status.ok());
     const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
     if (!status.ok()) {

@@ -37,10 +37,11 @@
 //     small_job_ratio=<r>
 // Targets (R14): k2_ratio >= 1.7, k4_ratio >= 3, small_job_ratio >= 0.9. Exit code 0 when every
 // run completed (whatever the verdict), 1 when a run failed (or part 1 could not run: network
-// namespaces need root), 2 on bad flags.
+// namespaces need root), 2 on bad flags. The servers' data directories (GBs for the 64 MiB
+// center) are removed after each run, with --keep_logs too; the logs and configs stay.
 //
-// Flags: --rate_mbit=N (400) --seconds=S (20) --window_syncs=N (3) --reps=N (1) --small_reps=N (2)
-// --small_seconds=S (15) --small_warmup_seconds=S (5) --skip_links (part 1) --skip_small (part 2)
+// Flags: --rate_mbit=N (400) --seconds=S (20) --window_syncs=N (3) --reps=N (1) --small_reps=N (3)
+// --small_seconds=S (10) --small_warmup_seconds=S (5) --skip_links (part 1) --skip_small (part 2)
 // --job=PATH --server_binary=PATH
 // --worker_binary=PATH --keep_logs.
 
@@ -92,8 +93,8 @@ struct Flags {
   int seconds = 20;
   int window_syncs = 3;
   int reps = 1;
-  int small_reps = 2;
-  int small_seconds = 15;
+  int small_reps = 3;
+  int small_seconds = 10;
   int small_warmup_seconds = 5;
   bool skip_links = false;
   bool skip_small = false;
@@ -369,6 +370,7 @@ int Main(int argc, char** argv) {
       const absl::Time run_start = absl::Now();
       const absl::Status status = RunLinks(flags, *base, dir, groups, &run);
       const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+      RemoveDataDirectories(dir);
       dirs->FinishRun(dir, status.ok());
       if (!status.ok()) {
         std::printf("rep %d K = %d: FAILED after %.0f s: %s\n  (logs in %s)\n", rep, groups,
@@ -420,6 +422,7 @@ int Main(int argc, char** argv) {
         const absl::Time run_start = absl::Now();
         WindowResult result = RunSmall(flags, *base, dir, groups);
         const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+        RemoveDataDirectories(dir);
         dirs->FinishRun(dir, result.ok);
         if (!result.ok) {
           std::printf("small job rep %d K = %d: FAILED after %.0f s: %s\n  (logs in %s)\n", rep,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -183,6 +184,17 @@ absl::StatusOr<LoopRun> RunClosedLoop(
   run.end = absl::Now();
   if (!first_error.ok()) return first_error;
   return run;
+}
+
+void RemoveDataDirectories(const std::string& run_dir) {
+  std::error_code error;
+  std::vector<std::filesystem::path> directories;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, error)) {
+    if (entry.is_directory(error)) directories.push_back(entry.path());
+  }
+  for (const std::filesystem::path& directory : directories) {
+    std::filesystem::remove_all(directory, error);
+  }
 }
 
 struct SyntheticTrainers::Trainer {

@@ -130,6 +130,11 @@ struct SyntheticOptions {
   absl::Duration rpc_deadline = absl::Minutes(10);
 };
 
+// Removes every directory inside `run_dir`: the data directories of the servers a run started
+// (RocksDB and tensor files: GBs for a large center), which are kept neither with --keep_logs nor
+// after a failed run; the logs and configs, files beside them, stay.
+void RemoveDataDirectories(const std::string& run_dir);
+
 class SyntheticTrainers {
  public:
   // Builds the shared request parts, registers `trainers` trainers one after the other and
