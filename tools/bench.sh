@@ -7,7 +7,7 @@
 #
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
 # failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
-# failover sharding server_capacity (about 76 minutes on 2 cores, weighting 18 of them,
+# failover sharding server_capacity (about 80 minutes on 2 cores, weighting 18 of them,
 # convergence 13). soak (DESIGN.md §9's "server memory over a long run") runs only when --only
 # names it. sharding needs root (network namespaces and tbf); without it its row says failed.
 #
@@ -108,8 +108,8 @@ declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
 # Expected wall time in seconds on the 2-core development machine, with the defaults ...
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
   [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
-  [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240 [sharding]=360
-  [server_capacity]=480)
+  [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240 [sharding]=450
+  [server_capacity]=600)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
   [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150

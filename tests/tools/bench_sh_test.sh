@@ -383,7 +383,7 @@ expect_contains "plan" "soak               ~11 min  timeout 24 min  bench/soak
 " "$out
 "
 bench --dry-run
-expect_contains "plan" "expected about 1 h 16 min after the build" "$out"
+expect_contains "plan" "expected about 1 h 20 min after the build" "$out"
 
 scenario "usage errors exit 64 and name the problem"
 bench --only compute,nope --dry-run
