@@ -7,8 +7,9 @@
 #
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
 # failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
-# failover (about 64 minutes on 2 cores, weighting 18 of them, convergence 13). soak
-# (DESIGN.md §9's "server memory over a long run") runs only when --only names it.
+# failover sharding server_capacity (about 80 minutes on 2 cores, weighting 18 of them,
+# convergence 13). soak (DESIGN.md §9's "server memory over a long run") runs only when --only
+# names it. sharding needs root (network namespaces and tbf); without it its row says failed.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
 # convergence study is //study/convergence, see package_of), then
@@ -50,7 +51,8 @@
 set -euo pipefail
 
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
-  selective_logging convergence chaos python_overhead peer_torch replication_overhead failover)
+  selective_logging convergence chaos python_overhead peer_torch replication_overhead failover
+  sharding server_capacity)
 readonly kKnown=("${kSuite[@]}" soak)
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
@@ -76,6 +78,8 @@ declare -rA kWhat=(
   [peer_torch]="the shipped MLP with AdaHessian: rebound_train's engine against plain PyTorch (double backward), one thread each"
   [replication_overhead]="failure-free training throughput of the shipped job with a replicated server group (leader + 1 standby, sync, fsync false)"
   [failover]="SIGKILL of a group's leader to the first sync the new leader answers, shipped job, 4 trainers"
+  [sharding]="sync throughput of a 64 MiB center, 4 synthetic trainers, K = 1, 2, 4 server groups each behind a tbf-limited link; the shipped job on loopback, K = 2"
+  [server_capacity]="syncs/s one server group answers: synthetic trainers R = 1 to 64, centers of 1, 16 and 64 MiB, K = 1 and 2"
 )
 # The targets of DESIGN.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -94,19 +98,23 @@ declare -rA kTarget=(
   [peer_torch]=">= 2x PyTorch, expected (R12; not in §9)"
   [replication_overhead]=">= 0.85x a single server (R13; not in §9)"
   [failover]="<= lease + 1 s (R13; not in §9)"
+  [sharding]="K = 2 >= 1.7x and K = 4 >= 3x K = 1; the shipped job K = 2 >= 0.9x K = 1 (R14; not in §9)"
+  [server_capacity]=">= 0.7x the echo limit at R = 64, 16 MiB, K = 1 (R14; not in §9)"
 )
 # The ratio a benchmark's RESULT line must reach, for those whose target is one.
 declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
   [logging_overhead]=0.95 [failures]=1.2 [python_overhead]=0.9 [peer_torch]=2
-  [replication_overhead]=0.85)
+  [replication_overhead]=0.85 [server_capacity]=0.7)
 # Expected wall time in seconds on the 2-core development machine, with the defaults ...
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
   [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
-  [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240)
+  [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240 [sharding]=450
+  [server_capacity]=600)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
   [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150
-  [python_overhead]=40 [peer_torch]=20 [replication_overhead]=90 [failover]=60)
+  [python_overhead]=40 [peer_torch]=20 [replication_overhead]=90 [failover]=60 [sharding]=150
+  [server_capacity]=45)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -123,6 +131,8 @@ declare -rA kQuickFlags=(
   [peer_torch]="--reps=1 --seconds=3"
   [replication_overhead]="--reps=1 --seconds=5 --warmup_seconds=2"
   [failover]="--kills=2 --steady_seconds=1"
+  [sharding]="--rate_mbit=1000 --seconds=2 --window_syncs=2 --small_reps=1 --small_seconds=5 --small_warmup_seconds=2"
+  [server_capacity]="--trainers=64 --centers=16 --groups=1 --seconds=3 --warmup_seconds=1"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
@@ -360,6 +370,19 @@ END {
     row("the leader lease: " v["lease_ms"] " ms",
         v["kills"] " kills: median " v["median_ms"] " ms, max " v["max_ms"] " ms",
         "—", verdict_of(num(v["max_ms"]) && v["max_ms"] + 0 <= v["lease_ms"] + 1000))
+  } else if (name == "sharding") {
+    if (!need("k1_mib_s k2_mib_s k4_mib_s k2_ratio k4_ratio small_job_ratio")) exit
+    row("K = 1: " v["k1_mib_s"] " MiB/s",
+        "K = 2: " v["k2_mib_s"] " MiB/s, K = 4: " v["k4_mib_s"] " MiB/s; small job K = 2 / K = 1: " \
+          v["small_job_ratio"],
+        "K = 2 " v["k2_ratio"] ", K = 4 " v["k4_ratio"] ", small " v["small_job_ratio"],
+        verdict_of(at_least(v["k2_ratio"], 1.7) && at_least(v["k4_ratio"], 3) && \
+                   at_least(v["small_job_ratio"], 0.9)))
+  } else if (name == "server_capacity") {
+    if (!need("r64_16mib_syncs_s echo_limit_syncs_s ratio")) exit
+    row("bare gRPC echo of the same bytes, 64 clients: " v["echo_limit_syncs_s"] " calls/s",
+        "R = 64, 16 MiB, K = 1: " v["r64_16mib_syncs_s"] " syncs/s", v["ratio"],
+        verdict_of(at_least(v["ratio"], min)))
   } else if (name == "peer_torch") {
     if (!need("rebound_samples_s torch_samples_s ratio")) exit
     row("plain PyTorch: " v["torch_samples_s"] " samples/s",

@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/file.h"
 #include "common/security.h"
+#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "testing/cluster/processes.h"
@@ -23,6 +24,22 @@ namespace {
 
 constexpr absl::Duration kFirstSyncWait = absl::Seconds(120);
 constexpr size_t kExitLogLines = 15;
+
+class IgnoreErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
+};
+
+// The sharding.groups of the config's inline job; 1 when it has none or does not parse (the
+// server then says why).
+int JobShardGroups(const std::string& server_config) {
+  google::protobuf::TextFormat::Parser parser;
+  IgnoreErrors ignore;
+  parser.RecordErrorsTo(&ignore);
+  ServerConfig parsed;
+  if (!parser.ParseFromString(server_config, &parsed)) return 1;
+  return std::max(1, parsed.job().sharding().groups());
+}
 
 }  // namespace
 
@@ -42,28 +59,37 @@ absl::Status Cluster::StartServer(const std::string& server_config,
                                   const std::string& worker_config) {
   if (!members_.empty()) return absl::FailedPreconditionError("the server was started before");
   const std::string& dir = options_.dir;
+  if (options_.groups_in_hosts && (options_.network == nullptr || options_.standbys > 0)) {
+    return absl::InvalidArgumentError(
+        "groups_in_hosts needs a network lab and no standbys (etcd listens on loopback)");
+  }
   worker_config_ = worker_config;
   if (absl::Status written =
           WriteFile(dir + "/worker.pbtxt", ScaledWorkerConfig(worker_config));
       !written.ok()) {
     return absl::InternalError(written.message());
   }
-  if (options_.standbys > 0 || options_.shard_groups > 1) return StartGroups(server_config);
+  shard_groups_ = std::max(1, options_.shard_groups);
+  if (shard_groups_ == 1) shard_groups_ = JobShardGroups(server_config);
+  if (options_.standbys > 0 || shard_groups_ > 1) return StartGroups(server_config);
   if (absl::Status written =
           WriteFile(dir + "/server.pbtxt", ScaledServerConfig(server_config));
       !written.ok()) {
     return absl::InternalError(written.message());
   }
   const std::string port_file = dir + "/port";
-  const std::string host =
-      options_.network != nullptr ? options_.network->gateway() : std::string("127.0.0.1");
+  absl::StatusOr<std::pair<std::string, int>> place = GroupHostAddress(0);
+  if (!place.ok()) return place.status();
+  const auto& [host, netns_fd] = *place;
+  ChildProcessOptions child;
+  child.netns_fd = netns_fd;
+  std::vector<std::string> argv = {options_.server_binary, "--config", dir + "/server.pbtxt",
+                                   "--listen", host + ":0", "--port_file", port_file};
   absl::StatusOr<std::unique_ptr<ChildProcess>> server =
-      ChildProcess::Start({options_.server_binary, "--config", dir + "/server.pbtxt", "--listen",
-                           host + ":0", "--port_file", port_file},
-                          dir + "/server.log");
+      ChildProcess::Start(argv, dir + "/server.log", child);
   if (!server.ok()) return server.status();
   members_.push_back(Member{"server", dir + "/server.pbtxt", "", port_file, dir + "/server.log",
-                            {}, *std::move(server)});
+                            std::move(argv), *std::move(server), false, netns_fd});
   server_ = members_.back().process.get();
   absl::StatusOr<int> port = WaitForPortFile(port_file, *server_, Scaled(options_.start_wait));
   if (!port.ok()) {
@@ -75,7 +101,33 @@ absl::Status Cluster::StartServer(const std::string& server_config,
       MakeChannel(address_, options_.client_security, grpc::ChannelArguments());
   if (!channel.ok()) return channel.status();
   stub_ = ParameterServer::NewStub(*channel);
+  // The one group's address and status, as a sharded cluster's group 0's.
+  group_addresses_ = {address_};
+  group_stubs_.push_back(ParameterServer::NewStub(*channel));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, int>> Cluster::GroupHostAddress(int g) {
+  if (!options_.groups_in_hosts) {
+    return std::make_pair(
+        options_.network != nullptr ? options_.network->gateway() : std::string("127.0.0.1"), -1);
+  }
+  while (static_cast<int>(group_hosts_.size()) <= g) {
+    absl::StatusOr<NetworkLab::Host> host = options_.network->AddHost();
+    if (!host.ok()) return host.status();
+    group_hosts_.push_back(*host);
+  }
+  return std::make_pair(group_hosts_[g].address, group_hosts_[g].netns_fd);
+}
+
+absl::StatusOr<int> Cluster::GroupHost(int g) const {
+  if (!options_.groups_in_hosts) {
+    return absl::FailedPreconditionError("the server groups do not run in lab hosts");
+  }
+  if (g < 0 || g >= static_cast<int>(group_hosts_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no group ", g));
+  }
+  return group_hosts_[g].index;
 }
 
 absl::Status Cluster::StartGroups(const std::string& server_config) {
@@ -85,7 +137,7 @@ absl::Status Cluster::StartGroups(const std::string& server_config) {
     return absl::InvalidArgumentError("the server config does not parse as a ServerConfig");
   }
   const bool replicated = options_.standbys > 0;
-  const bool sharded = options_.shard_groups > 1;
+  const bool sharded = shard_groups_ > 1;
   if (replicated) {
     EtcdClusterOptions etcd;
     etcd.members = options_.etcd_members;
@@ -93,15 +145,22 @@ absl::Status Cluster::StartGroups(const std::string& server_config) {
     if (!started.ok()) return started.status();
     etcd_ = *std::move(started);
   }
-  const int groups = std::max(1, options_.shard_groups);
+  const int groups = shard_groups_;
   const int per_group = 1 + options_.standbys;
+  // Free here; a lab host's namespace has every port free.
   absl::StatusOr<std::vector<int>> ports = FreeLoopbackPorts(groups * per_group);
   if (!ports.ok()) return ports.status();
-  const std::string host =
-      options_.network != nullptr ? options_.network->gateway() : std::string("127.0.0.1");
+  std::vector<std::pair<std::string, int>> places;  // each group's host and namespace
+  for (int g = 0; g < groups; ++g) {
+    absl::StatusOr<std::pair<std::string, int>> place = GroupHostAddress(g);
+    if (!place.ok()) return place.status();
+    places.push_back(*place);
+  }
+  // A replicated group's peers listen beside their members (without groups_in_hosts: here).
+  const std::string host = places.front().first;
   std::vector<std::vector<std::string>> addresses(groups);
   for (int i = 0; i < groups * per_group; ++i) {
-    addresses[i / per_group].push_back(absl::StrCat(host, ":", (*ports)[i]));
+    addresses[i / per_group].push_back(absl::StrCat(places[i / per_group].first, ":", (*ports)[i]));
   }
   group_addresses_.clear();
   for (const std::vector<std::string>& group : addresses) {
@@ -152,8 +211,11 @@ absl::Status Cluster::StartGroups(const std::string& server_config) {
     if (absl::Status written = WriteFile(member.config, text); !written.ok()) {
       return absl::InternalError(written.message());
     }
+    member.netns_fd = places[g].second;
+    ChildProcessOptions child;
+    child.netns_fd = member.netns_fd;
     absl::StatusOr<std::unique_ptr<ChildProcess>> process =
-        ChildProcess::Start(member.argv, member.log);
+        ChildProcess::Start(member.argv, member.log, child);
     if (!process.ok()) return process.status();
     member.process = *std::move(process);
     members_.push_back(std::move(member));
@@ -161,9 +223,15 @@ absl::Status Cluster::StartGroups(const std::string& server_config) {
   server_ = members_.front().process.get();
   address_ = group_addresses_.front();
   group_stubs_.clear();
+  // The groups start at once, each answering when it is ready: a channel that found its group
+  // not listening yet tries again soon, not after gRPC's default backoff (1 s, then 1.6 s, ...).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const std::string& address : group_addresses_) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        MakeChannel(address, options_.client_security, grpc::ChannelArguments());
+        MakeChannel(address, options_.client_security, args);
     if (!channel.ok()) return channel.status();
     group_stubs_.push_back(ParameterServer::NewStub(*channel));
   }
@@ -266,8 +334,10 @@ absl::Status Cluster::RestartMember(int i, bool wipe_data) {
     std::filesystem::remove_all(member.data_dir, ignored);
   }
   std::remove(member.port_file.c_str());
+  ChildProcessOptions child;
+  child.netns_fd = member.netns_fd;
   absl::StatusOr<std::unique_ptr<ChildProcess>> process =
-      ChildProcess::Start(member.argv, member.log);
+      ChildProcess::Start(member.argv, member.log, child);
   if (!process.ok()) return process.status();
   member.process = *std::move(process);
   member.expect_exit = false;

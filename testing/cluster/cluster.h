@@ -10,12 +10,13 @@
 // The server runs on 127.0.0.1 with a port of its choosing (--listen 127.0.0.1:0, the port read
 // from --port_file) or, with a NetworkLab (ClusterOptions::network), on the lab's gateway with
 // every trainer and spare in a network namespace of its own, so that their links can be cut
-// (Partition) and healed; its config and log in the cluster's directory (server.pbtxt, server.log,
-// port); workers are known by the unique names they are started with (which the server reports
-// in GetStatus), each with its log <name>.log beside the workers' config (worker.pbtxt, or
-// worker-<name>.pbtxt with a worker's own additions). The cluster kills (SIGKILL), stops
-// (SIGSTOP) and resumes (SIGCONT) workers, partitions them where it has a lab, kills and stops
-// the server, watches everything through GetStatus, and stops it all in order.
+// (Partition) and healed (with ClusterOptions::groups_in_hosts, each server group in a lab host
+// of its own too, behind a link of its own); its config and log in the cluster's directory
+// (server.pbtxt, server.log, port); workers are known by the unique names they are started with
+// (which the server reports in GetStatus), each with its log <name>.log beside the workers'
+// config (worker.pbtxt, or worker-<name>.pbtxt with a worker's own additions). The cluster kills
+// (SIGKILL), stops (SIGSTOP) and resumes (SIGCONT) workers, partitions them where it has a lab,
+// kills and stops the server, watches everything through GetStatus, and stops it all in order.
 //
 // A worker killed through KillWorker, or named to ExpectExit, is expected to be gone; with
 // ClusterOptions::fail_on_exit, any other child that exits before StopAll fails the waits
@@ -98,8 +99,16 @@ struct ClusterOptions {
   // every member's config gets its shard block (its group, every group's addresses). Members
   // are numbered group by group: member g * (1 + standbys) + i is member i of group g, named
   // g<g>-server-<i>, its data directory <dir>/g<g>-server-<i>. Workers and the cluster's own
-  // calls go to group 0. 1: one group, exactly as before.
+  // calls go to group 0. 1: as many groups as the server config's inline job names in
+  // sharding.groups (one group, exactly as before, when it names none).
   int shard_groups = 1;
+  // With a `network` and no standbys: every server group (the single server too) runs in a lab
+  // host of its own and listens on that host's address, so that all of a group's traffic (the
+  // workers', the other groups', the cluster's own calls) crosses that host's link, which
+  // NetworkLab::Throttle, Netem or Partition shape or cut (GroupHost names the host). Workers
+  // are placed as without it. StartServer refuses it with INVALID_ARGUMENT without a network
+  // or with standbys (their etcd members listen on the harness's loopback).
+  bool groups_in_hosts = false;
 };
 
 class Cluster {
@@ -193,9 +202,16 @@ class Cluster {
   // A sharded cluster (shard_groups > 1): the members of each group; member i's group.
   int members_per_group() const { return 1 + options_.standbys; }
   int group_of(int member) const { return member / members_per_group(); }
+  // The number of server groups: ClusterOptions::shard_groups, or the job's sharding.groups.
+  // REQUIRES: StartServer succeeded.
+  int shard_groups() const { return shard_groups_; }
   // Group g's address (its members' host:port, separated by commas) and one GetStatus of it.
-  // REQUIRES: StartServer succeeded, 0 <= g < shard_groups.
+  // REQUIRES: StartServer succeeded, 0 <= g < shard_groups().
   const std::string& group_address(int g) const { return group_addresses_.at(g); }
+  // The NetworkLab host group g runs in (ClusterOptions::groups_in_hosts): the index that
+  // NetworkLab::Throttle and Partition take. FAILED_PRECONDITION when the groups do not run in
+  // lab hosts; INVALID_ARGUMENT for a group that does not exist.
+  absl::StatusOr<int> GroupHost(int g) const;
   absl::StatusOr<GetStatusResponse> GetGroupStatus(int g);
 
   // One GetStatus call (rpc_deadline). UNAVAILABLE, with gRPC's message, when it fails.
@@ -266,7 +282,12 @@ class Cluster {
     std::vector<std::string> argv;
     std::unique_ptr<ChildProcess> process;
     bool expect_exit = false;  // killed, not restarted yet
+    int netns_fd = -1;         // its lab host's namespace (groups_in_hosts); -1: the cluster's
   };
+
+  // The address a group's members listen on (groups_in_hosts: group g's lab host, added here on
+  // first use; else the gateway or loopback) and the namespace they run in (-1: the cluster's).
+  absl::StatusOr<std::pair<std::string, int>> GroupHostAddress(int g);
 
   // StartServer for a replicated group or several shard groups.
   absl::Status StartGroups(const std::string& server_config);
@@ -285,7 +306,9 @@ class Cluster {
   std::string worker_config_;  // as StartServer was given it, unscaled
   std::string address_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  int shard_groups_ = 1;
   std::vector<std::string> group_addresses_;  // a sharded cluster's, by group
+  std::vector<NetworkLab::Host> group_hosts_;  // groups_in_hosts: group g's lab host
   std::vector<std::unique_ptr<ParameterServer::Stub>> group_stubs_;
 };
 

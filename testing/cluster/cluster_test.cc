@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "testing/cluster/processes.h"
 
 namespace rebound::testing {
@@ -25,6 +26,13 @@ constexpr char kServerConfig[] =
     "  training { max_steps: 1000000 eval_every_ms: 200 }\n"
     "}\n";
 constexpr char kWorkerConfig[] = "backoff_initial_ms: 20\nbackoff_max_ms: 200\n";
+
+// kServerConfig with `job_fields` added to its job.
+std::string ServerConfigWith(const std::string& job_fields) {
+  std::string config = kServerConfig;
+  config.insert(config.rfind('}'), job_fields);
+  return config;
+}
 
 ClusterOptions Options(const std::string& name) {
   ClusterOptions options;
@@ -148,6 +156,89 @@ TEST_CASE("with a network lab, a partitioned trainer is declared failed") {
   INFO(failed.status() << cluster.Logs());
   CHECK(failed.ok());
   CHECK(cluster.Heal("trainer-0").ok());
+}
+
+// The job's sharding.groups decides the number of groups when ClusterOptions::shard_groups is
+// left at 1: a sharded job cannot run on one server.
+TEST_CASE("a job that names sharding.groups gets that many server groups") {
+  Cluster cluster(Options("job-sharded"));
+  const std::string config = ServerConfigWith("  sharding { groups: 2 }\n");
+  absl::Status status = cluster.StartServer(config, kWorkerConfig);
+  INFO(config << status << cluster.Logs());
+  REQUIRE(status.ok());
+  CHECK(cluster.shard_groups() == 2);
+  CHECK(cluster.members() == 2);
+  CHECK(cluster.member_name(1) == "g1-server-0");
+  for (int g = 0; g < 2; ++g) {
+    const absl::StatusOr<GetStatusResponse> group = cluster.GetGroupStatus(g);
+    INFO("group " << g << ": " << group.status());
+    REQUIRE(group.ok());
+    CHECK(group->sharding().groups() == 2);
+    CHECK(group->sharding().group() == g);
+  }
+  CHECK(cluster.GroupHost(0).status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(cluster.StartTrainers(1).ok());
+  status = cluster.WaitForFirstSyncs(1);
+  INFO(status << cluster.Logs());
+  CHECK(status.ok());
+}
+
+TEST_CASE("groups_in_hosts needs a network lab") {
+  ClusterOptions options = Options("hosts-without-lab");
+  options.groups_in_hosts = true;
+  Cluster cluster(options);
+  CHECK(cluster.StartServer(kServerConfig, kWorkerConfig).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+// Needs network namespaces (root); where the machine refuses them the test says so and passes.
+TEST_CASE("with groups_in_hosts, each server group listens in a lab host of its own") {
+  absl::StatusOr<std::unique_ptr<NetworkLab>> lab = NetworkLab::Create();
+  if (!lab.ok()) {
+    WARN("no network lab on this machine, groups in hosts not tested: " << lab.status().message());
+    return;
+  }
+  for (const int groups : {1, 2}) {
+    INFO(groups << " group(s)");
+    ClusterOptions options = Options(absl::StrCat("hosts-", groups));
+    options.network = lab->get();
+    options.groups_in_hosts = true;
+    options.shard_groups = groups;
+    options.rpc_deadline = absl::Seconds(1);  // the partitioned group's GetStatus
+    Cluster cluster(options);
+    absl::Status status = cluster.StartServer(kServerConfig, kWorkerConfig);
+    INFO(status << cluster.Logs());
+    REQUIRE(status.ok());
+    std::vector<int> hosts;
+    for (int g = 0; g < groups; ++g) {
+      const absl::StatusOr<int> host = cluster.GroupHost(g);
+      REQUIRE(host.ok());
+      hosts.push_back(*host);
+      // The lab's hosts are 10.a.b.(10 + index); the gateway is 10.a.b.1.
+      const std::string prefix = (*lab)->gateway().substr(0, (*lab)->gateway().size() - 1);
+      const std::string address = cluster.group_address(g);
+      CHECK(absl::StartsWith(address, absl::StrCat(prefix, 10 + *host, ":")));
+      CHECK(cluster.GetGroupStatus(g).ok());
+    }
+    if (groups == 2) CHECK(hosts[0] != hosts[1]);
+    CHECK(cluster.GroupHost(groups).status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(cluster.StartTrainers(1).ok());
+    status = cluster.WaitForFirstSyncs(1);
+    INFO(status << cluster.Logs());
+    REQUIRE(status.ok());
+
+    // Cut off, the last group answers nothing; healed, it answers again.
+    REQUIRE((*lab)->Partition(hosts.back()).ok());
+    CHECK(!cluster.GetGroupStatus(groups - 1).ok());
+    REQUIRE((*lab)->Heal(hosts.back()).ok());
+    const absl::Time limit = absl::Now() + absl::Seconds(30);
+    while (!cluster.GetGroupStatus(groups - 1).ok() && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    CHECK(cluster.GetGroupStatus(groups - 1).ok());
+    cluster.StopAll(/*report=*/true, [](const ChildProcess&, int) {});
+    CHECK(cluster.server().Poll() == 0);
+  }
 }
 
 }  // namespace
