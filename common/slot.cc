@@ -15,4 +15,14 @@ SlotId Normalized(const SlotId& slot) {
   return out;
 }
 
+absl::Status CheckSlotInTopology(const SlotId& slot, const TopologyConfig& topology) {
+  if (slot.replica() < 0 || slot.replica() >= topology.replicas() || slot.stage() < 0 ||
+      slot.stage() >= topology.stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", SlotName(slot), " is outside the ",
+                                                   topology.replicas(), " x ",
+                                                   topology.stages(), " topology"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace rebound

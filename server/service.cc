@@ -127,13 +127,7 @@ absl::Status ParameterServerService::CheckReady() const {
 }
 
 absl::Status ParameterServerService::ValidateSlot(const SlotId& slot) const {
-  if (slot.replica() < 0 || slot.replica() >= job_.topology().replicas() || slot.stage() < 0 ||
-      slot.stage() >= job_.topology().stages()) {
-    return absl::InvalidArgumentError(absl::StrCat("slot ", SlotName(slot), " is outside the ",
-                                                   job_.topology().replicas(), " x ",
-                                                   job_.topology().stages(), " topology"));
-  }
-  return absl::OkStatus();
+  return CheckSlotInTopology(slot, job_.topology());
 }
 
 absl::Status ParameterServerService::CheckStepInJob(int64_t step) const {

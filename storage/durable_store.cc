@@ -1326,25 +1326,8 @@ absl::StatusOr<std::vector<LogRecord>> DurableStore::ReadLog(const SlotId& slot,
 
 absl::StatusOr<Snapshot> DurableStore::ReadSnapshot(const SlotId& slot) const {
   RETURN_IF_ERROR(ValidateReadSlot("ReadSnapshot", slot));
-  const std::string key = EncodeSlotKey(slot.replica(), slot.stage());
-  absl::ReaderMutexLock files_lock(&files_mu_);
-  rocksdb::PinnableSlice value;
-  const rocksdb::Status status =
-      db_->Get(rocksdb::ReadOptions(), Handle(ColumnFamily::kSnapshot), key, &value);
-  if (status.IsNotFound()) {
-    return absl::NotFoundError(
-        absl::StrCat("no snapshot of slot ", SlotText(slot.replica(), slot.stage())));
-  }
-  RETURN_IF_ERROR(
-      FromRocksDb(status, absl::StrCat("reading ", DescribeKey(ColumnFamily::kSnapshot, key))));
-  Snapshot snapshot;
-  RETURN_IF_ERROR(DecodeValue(ColumnFamily::kSnapshot, key,
-                              absl::string_view(value.data(), value.size()), &snapshot));
-  RETURN_IF_ERROR(CheckSlot(ColumnFamily::kSnapshot, key,
-                            SlotKeyFields{slot.replica(), slot.stage()}, snapshot.has_slot(),
-                            snapshot.slot()));
-  RETURN_IF_ERROR(LoadTensors(ColumnFamily::kSnapshot, key, &snapshot));
-  return snapshot;
+  return ReadSnapshotAt(EncodeSlotKey(slot.replica(), slot.stage()), slot,
+                        absl::StrCat("no snapshot of slot ", SlotText(slot.replica(), slot.stage())));
 }
 
 absl::StatusOr<Snapshot> DurableStore::ReadRangeSnapshot(const SlotId& slot, int copy) const {
@@ -1353,16 +1336,18 @@ absl::StatusOr<Snapshot> DurableStore::ReadRangeSnapshot(const SlotId& slot, int
     return absl::InvalidArgumentError(
         absl::StrCat("ReadRangeSnapshot: copy must be 0 or 1, got ", copy));
   }
-  const std::string key = EncodeRangeSnapshotKey(slot.replica(), slot.stage(), copy);
+  return ReadSnapshotAt(EncodeRangeSnapshotKey(slot.replica(), slot.stage(), copy), slot,
+                        absl::StrCat("no range snapshot of slot ",
+                                     SlotText(slot.replica(), slot.stage()), " copy ", copy));
+}
+
+absl::StatusOr<Snapshot> DurableStore::ReadSnapshotAt(const std::string& key, const SlotId& slot,
+                                                      const std::string& not_found) const {
   absl::ReaderMutexLock files_lock(&files_mu_);
   rocksdb::PinnableSlice value;
   const rocksdb::Status status =
       db_->Get(rocksdb::ReadOptions(), Handle(ColumnFamily::kSnapshot), key, &value);
-  if (status.IsNotFound()) {
-    return absl::NotFoundError(absl::StrCat("no range snapshot of slot ",
-                                            SlotText(slot.replica(), slot.stage()), " copy ",
-                                            copy));
-  }
+  if (status.IsNotFound()) return absl::NotFoundError(not_found);
   RETURN_IF_ERROR(
       FromRocksDb(status, absl::StrCat("reading ", DescribeKey(ColumnFamily::kSnapshot, key))));
   Snapshot snapshot;

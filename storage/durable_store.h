@@ -422,6 +422,11 @@ class DurableStore {
                                ReplicatedCommit* commit);
   // Opens the tensor files, removing those no record names.
   absl::Status OpenTensorFiles();
+  // The snapshot record under `key` of the snapshot family, with its tensors; NOT_FOUND with
+  // `not_found` when there is none. REQUIRES: `slot` validated.
+  absl::StatusOr<Snapshot> ReadSnapshotAt(const std::string& key, const SlotId& slot,
+                                          const std::string& not_found) const
+      ABSL_LOCKS_EXCLUDED(files_mu_);
   rocksdb::ColumnFamilyHandle* Handle(ColumnFamily family) const;
   // Fills in the data of a decoded record's tensors from its tensor file (no-op for a record
   // stored inline). DATA_LOSS naming the key. Holding files_mu_ (shared) keeps the file from

@@ -95,13 +95,7 @@ absl::Status RangeService::CheckRange(int range) const {
 }
 
 absl::Status RangeService::CheckSlot(const SlotId& slot) const {
-  if (slot.replica() < 0 || slot.replica() >= job_.topology().replicas() || slot.stage() < 0 ||
-      slot.stage() >= job_.topology().stages()) {
-    return absl::InvalidArgumentError(absl::StrCat("slot ", SlotName(slot), " is outside the ",
-                                                   job_.topology().replicas(), " x ",
-                                                   job_.topology().stages(), " topology"));
-  }
-  return absl::OkStatus();
+  return CheckSlotInTopology(slot, job_.topology());
 }
 
 RangeService::Kept RangeService::GetKept(const SlotId& slot) const {
