@@ -1,5 +1,11 @@
 #include "common/file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -12,6 +18,30 @@ namespace rebound {
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
+
+absl::Status WriteAndSync(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot fsync ", path, ": ", why));
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
 
 std::string LimitText(int64_t max_bytes) {
   if (max_bytes % kMiB == 0) return absl::StrCat(max_bytes / kMiB, " MiB");
@@ -69,6 +99,26 @@ std::optional<int> ReadPortFile(const std::string& path) {
   const std::string text(absl::StripAsciiWhitespace(ReadFileOrEmpty(path)));
   if (!text.empty() && absl::SimpleAtoi(text, &port) && port > 0) return port;
   return std::nullopt;
+}
+
+absl::Status WriteFileDurably(const std::string& path, const std::string& content) {
+  const std::string temp = absl::StrCat(path, ".tmp");
+  if (absl::Status written = WriteAndSync(temp, content); !written.ok()) {
+    std::remove(temp.c_str());
+    return written;
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    std::remove(temp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path));
+  }
+  // The directory entry too.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rebound

@@ -40,6 +40,12 @@ std::string ReadFileOrEmpty(const std::string& path);
 // cannot be written.
 absl::Status WriteFile(const std::string& path, const std::string& content);
 
+// Replaces `path` with `content` so that a crash leaves the old file or the new one, whole, and a
+// returned OK means the new one survives a power loss: written to "<path>.tmp", fsynced, renamed,
+// and the directory fsynced. UNAVAILABLE naming the path when a step fails (the temporary file
+// is removed). For files a server must find after a restart (GLOBAL_CHECKPOINT checkpoints).
+absl::Status WriteFileDurably(const std::string& path, const std::string& content);
+
 // The port in a port file, as a daemon's --port_file writes it once it serves ("<port>\n",
 // written atomically); nullopt while the file is missing, empty or holds no port > 0.
 std::optional<int> ReadPortFile(const std::string& path);

@@ -1,12 +1,8 @@
 #include "server/global_checkpoint.h"
 
-#include <fcntl.h>
 #include <glog/logging.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -15,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file.h"
+#include "common/status_macros.h"
 
 namespace rebound::server {
 namespace {
@@ -30,30 +27,6 @@ int64_t StepOfFile(const std::string& name) {
   int64_t step = -1;
   if (!absl::SimpleAtoi(digits, &step) || step < 0) return -1;
   return step;
-}
-
-absl::Status WriteAndSync(const std::string& path, const std::string& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot fsync ", path, ": ", why));
-  }
-  ::close(fd);
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -122,24 +95,12 @@ absl::Status GlobalCheckpoint::Persist(const CheckpointRecord& record) const {
     return absl::UnavailableError(absl::StrCat("cannot create ", dir_, ": ", error.message()));
   const std::string name = absl::StrCat(kPrefix, record.step(), kSuffix);
   const std::string path = absl::StrCat(dir_, "/", name);
-  const std::string temp = absl::StrCat(path, ".tmp");
   std::string bytes;
   if (!record.SerializeToString(&bytes)) {
     return absl::InternalError("cannot serialize the checkpoint");
   }
-  if (absl::Status written = WriteAndSync(temp, bytes); !written.ok()) {
-    std::remove(temp.c_str());
-    return written;
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    std::remove(temp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path));
-  }
-  // The directory entry too, then the older checkpoints go.
-  if (const int dir_fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  RETURN_IF_ERROR(WriteFileDurably(path, bytes));
+  // Then the older checkpoints go.
   for (const auto& entry : std::filesystem::directory_iterator(dir_, error)) {
     const std::string file = entry.path().filename().string();
     const int64_t step = StepOfFile(file);
@@ -178,7 +139,7 @@ absl::Status GlobalCheckpoint::Arrive(int slot_index, int64_t step, uint64_t epo
   arrived_.emplace(slot_index, now);  // a retry keeps its first arrival
   if (static_cast<int>(arrived_.size()) == num_slots_) {
     const absl::Time started = clock_->Now();
-    absl::StatusOr<CheckpointRecord> record = take(step);
+    absl::StatusOr<CheckpointRecord> record = take(step, current_.step());
     if (record.ok()) {
       record->set_job_id(job_id_);
       record->set_step(step);

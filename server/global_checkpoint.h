@@ -67,8 +67,11 @@ class GlobalCheckpoint {
   // True iff a sync at `step` must wait at a barrier.
   bool IsCut(int64_t step) const;
 
-  // Gathers the checkpoint of a completed cut (the caller reads the centers and snapshots).
-  using TakeFn = std::function<absl::StatusOr<CheckpointRecord>(int64_t step)>;
+  // Gathers the checkpoint of a completed cut (the caller reads the centers and snapshots);
+  // `current_step` is the checkpoint kept until this one is persisted (what a rollback restores
+  // if this one fails).
+  using TakeFn =
+      std::function<absl::StatusOr<CheckpointRecord>(int64_t step, int64_t current_step)>;
 
   // The number of rollbacks so far. A sync reads it before it is applied and passes it to
   // Arrive, so that a sync applied just before a rollback never arrives at a barrier after it.

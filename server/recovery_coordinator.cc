@@ -266,7 +266,9 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
     const int index = slot.replica() * job_.topology().stages() + slot.stage();
     return checkpoint_->Arrive(index, step, epoch,
                                absl::Milliseconds(u_.config->max_wait_ms()),
-                               [this](int64_t cut) { return Gather(cut); });
+                               [this](int64_t cut, int64_t /*current*/) {
+                                 return Gather(cut);
+                               });
   }
 
   // If a trainer was lost since the last call, rolls every slot and the center back to the last

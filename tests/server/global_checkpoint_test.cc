@@ -36,10 +36,12 @@ CheckpointRecord Initial() {
   return record;
 }
 
-// Gathers a checkpoint whose center version is the cut's step, counting the calls.
-GlobalCheckpoint::TakeFn Taker(int* calls) {
-  return [calls](int64_t step) -> absl::StatusOr<CheckpointRecord> {
+// Gathers a checkpoint whose center version is the cut's step, counting the calls; `current`
+// (optional) gets the step of the checkpoint kept until this one is persisted.
+GlobalCheckpoint::TakeFn Taker(int* calls, int64_t* current = nullptr) {
+  return [calls, current](int64_t step, int64_t current_step) -> absl::StatusOr<CheckpointRecord> {
     ++*calls;
+    if (current != nullptr) *current = current_step;
     CheckpointRecord record;
     CenterRecord* center = record.add_centers();
     center->set_stage(0);
@@ -110,7 +112,9 @@ TEST_CASE("the last slot to arrive takes the checkpoint and releases the others"
   // The next cut replaces the file.
   CHECK(checkpoint.Arrive(0, 40, 0, absl::Milliseconds(1), Taker(&calls)).code() ==
         absl::StatusCode::kUnavailable);
-  CHECK(checkpoint.Arrive(1, 40, 0, absl::Milliseconds(1), Taker(&calls)).ok());
+  int64_t kept_until_taken = -1;
+  CHECK(checkpoint.Arrive(1, 40, 0, absl::Milliseconds(1), Taker(&calls, &kept_until_taken)).ok());
+  CHECK(kept_until_taken == 20);  // the taker learns which checkpoint a failure would keep
   CHECK(std::filesystem::exists(dir + "/checkpoint-40.pb"));
   CHECK_FALSE(std::filesystem::exists(dir + "/checkpoint-20.pb"));
 }
