@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "common/security.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
+#include "server/shard/range_groups.h"
 
 namespace rebound::server {
 
@@ -17,15 +16,7 @@ absl::StatusOr<std::unique_ptr<RangeCheck>> RangeCheck::Create(const ServerConfi
   const absl::Duration deadline =
       std::min(absl::Milliseconds(config.max_wait_ms()), absl::Seconds(5));
   std::unique_ptr<RangeCheck> check(new RangeCheck(local, deadline));
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  for (int k = 1; k < config.shard().group_addresses_size(); ++k) {
-    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                     MakeChannel(config.shard().group_addresses(k), config.security(), args));
-    check->stubs_.push_back(CenterRange::NewStub(channel));
-  }
+  ASSIGN_OR_RETURN(check->stubs_, RangeGroupStubs(config));
   return check;
 }
 
@@ -62,30 +53,26 @@ absl::Status RangeCheck::CheckPushed(const SlotId& slot, uint64_t sequence) cons
 absl::Status RangeCheck::AskRanges(const SlotId& slot,
                                    const std::function<bool(const RangeStepsResponse&)>& held,
                                    const std::string& what) const {
-  std::vector<absl::Status> statuses(stubs_.size());
-  std::vector<std::thread> threads;
-  threads.reserve(stubs_.size());
-  for (size_t i = 0; i < stubs_.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const int range = static_cast<int>(i) + 1;
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline_)));
-      RangeStepsRequest request;
-      *request.mutable_slot() = slot;
-      RangeStepsResponse response;
-      const absl::Status status =
-          FromGrpcStatus(stubs_[i]->RangeSteps(&context, request, &response));
-      if (!status.ok()) {
-        statuses[i] = absl::UnavailableError(absl::StrCat(
-            "range ", range, " did not say whether it holds ", what, ": ", status.message()));
-      } else if (!held(response)) {
-        statuses[i] = absl::FailedPreconditionError(
-            absl::StrCat("range ", range, " has not applied ", what, " before the commit"));
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  const std::vector<absl::Status> statuses = OnEachGroup(stubs_.size(), [&](size_t i) {
+    const int range = static_cast<int>(i) + 1;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline_)));
+    RangeStepsRequest request;
+    *request.mutable_slot() = slot;
+    RangeStepsResponse response;
+    const absl::Status status =
+        FromGrpcStatus(stubs_[i]->RangeSteps(&context, request, &response));
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "range ", range, " did not say whether it holds ", what, ": ", status.message()));
+    }
+    if (!held(response)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("range ", range, " has not applied ", what, " before the commit"));
+    }
+    return absl::OkStatus();
+  });
   for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
   return absl::OkStatus();
 }
