@@ -419,19 +419,13 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("training.eval_every_ms", job.training().eval_every_ms(), 100);
 
   // The center sharded across K groups (DESIGN.md §10.2, docs/sharding.md). What this wave
-  // shards: EASGD syncs and ASYNC_ADAHESSIAN pushes of a model spec under REPLAY or
-  // RESTART_FROM_CENTER.
+  // shards: EASGD syncs and ASYNC_ADAHESSIAN pushes of a model spec, under every policy.
   const ShardingConfig& sharding = job.sharding();
   c.InRange("sharding.groups", sharding.groups(), 1, kMaxShardGroups);
   if (sharding.groups() > 1) {
     if (job.model().declared_by_worker()) {
       c.Fail("sharding.groups",
              "> 1 needs a model spec with layers (a model declared by its workers is not sharded)");
-    }
-    if (ft.policy() == GLOBAL_CHECKPOINT) {
-      c.Fail("sharding.groups",
-             "> 1 needs fault_tolerance.policy REPLAY or RESTART_FROM_CENTER (GLOBAL_CHECKPOINT "
-             "is not sharded)");
     }
   }
 }
@@ -458,10 +452,26 @@ void CheckShard(const ServerConfig& config, Checker& c) {
                         shard.group_addresses_size()));
     return;
   }
+  std::string remote;  // a member on another host, if any
   for (const std::string& entry : shard.group_addresses()) {
     for (absl::string_view member : absl::StrSplit(entry, ',')) {
       c.HostPort("shard.group_addresses", std::string(member));
+      const size_t colon = member.rfind(':');
+      const absl::string_view host = member.substr(0, colon == absl::string_view::npos ? 0 : colon);
+      if (remote.empty() && host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+        remote = std::string(member);
+      }
     }
+  }
+  // GLOBAL_CHECKPOINT: group 0's CheckpointRange and RollbackRange are operator calls, which a
+  // server takes from another host only with the operator token.
+  if (config.job().fault_tolerance().policy() == GLOBAL_CHECKPOINT && !remote.empty() &&
+      config.security().operator_token_file().empty()) {
+    c.Fail("security.operator_token_file",
+           absl::StrCat("must be set, the same on every group, in a sharded GLOBAL_CHECKPOINT job "
+                        "across hosts: group 0 asks the range groups to keep and roll back their "
+                        "ranges with it (docs/sharding.md#global-checkpoint); shard.group_addresses "
+                        "names ", remote));
   }
 }
 

@@ -17,6 +17,8 @@
 //   * GetStatus answers OK at the end and describes the job's topology;
 //   * a sharded job (group 0): an authorized or committed weight lies in (0, 1]; an OK SyncRange
 //     reports the range's version and answers one tensor of the range's size.
+//   * a sharded GLOBAL_CHECKPOINT job: an OK CheckpointRange kept bytes; an OK RollbackRange
+//     reports every stage's range version as it now is.
 
 #include <algorithm>
 #include <cstdint>
@@ -105,6 +107,13 @@ constexpr const char* kJobs[] = {
        easgd { mode: ASYNC_ADAHESSIAN sync_period: 2 }
        sharding { groups: 2 }
        fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 8: GLOBAL_CHECKPOINT sharded across 2 groups: group 0's cuts and rollbacks reach range 0
+    // in process (CheckpointRange, RollbackRange: the fuzzer may call them as group 0 would).
+    R"(topology { replicas: 2 stages: 1 spares: 1 }
+       easgd { sync_period: 2 }
+       sharding { groups: 2 }
+       fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 2
+                         heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
 };
 // kModel without its `model { ... }` line, for a job that declares its own model.
 std::string WithoutMlp(const std::string& model) {
@@ -203,9 +212,6 @@ class Server {
         });
     service_ = std::make_unique<ParameterServerService>(config_, membership_.get(), centers_.get(),
                                                         tracker_.get(), store_.get(), &clock_);
-    if (EffectiveRecoveryPolicy(job) == GLOBAL_CHECKPOINT) {
-      FUZZ_CHECK(service_->EnableGlobalCheckpoint("").ok());
-    }
     if (job.sharding().groups() > 1) {
       ParameterServerService* service = service_.get();
       ranges_ = std::make_unique<server::RangeService>(
@@ -228,6 +234,24 @@ class Server {
                    ? absl::OkStatus()
                    : absl::FailedPreconditionError("range 0 has not applied the push");
       });
+    }
+    if (EffectiveRecoveryPolicy(job) == GLOBAL_CHECKPOINT) {
+      server::RangeCheckpointCalls calls;
+      if (ranges_ != nullptr) {
+        // Operator calls are the fuzzer's to make (it plays group 0); range 1 is range 0's twin.
+        FUZZ_CHECK(ranges_
+                       ->EnableGlobalCheckpoint(
+                           "", [](const grpc::ServerContext*) { return absl::OkStatus(); })
+                       .ok());
+        server::RangeService* ranges = ranges_.get();
+        calls.take = [ranges](int64_t step, int64_t keep_from) {
+          return ranges->TakeCheckpoint(step, keep_from).status();
+        };
+        calls.roll_back = [ranges](int64_t step, uint64_t epoch) {
+          return ranges->RollBack(step, epoch).status();
+        };
+      }
+      FUZZ_CHECK(service_->EnableGlobalCheckpoint("", std::move(calls)).ok());
     }
     service_->MarkReady();
     for (int s = 0; s < centers_->num_stages(); ++s) versions_.push_back(centers_->version(s));
@@ -393,6 +417,25 @@ class Server {
         Snapshot response;
         status = ranges_->ReadRangeSnapshot(in_process, &call.read_range_snapshot(), &response);
         if (status.ok()) FUZZ_CHECK(response.step() == call.read_range_snapshot().step());
+        break;
+      }
+      case ServerCall::kCheckpointRange: {
+        if (ranges_ == nullptr) break;
+        CheckpointRangeResponse response;
+        status = ranges_->CheckpointRange(in_process, &call.checkpoint_range(), &response);
+        if (status.ok()) FUZZ_CHECK(response.bytes() > 0);
+        break;
+      }
+      case ServerCall::kRollbackRange: {
+        if (ranges_ == nullptr) break;
+        RollbackRangeResponse response;
+        status = ranges_->RollbackRange(in_process, &call.rollback_range(), &response);
+        if (status.ok()) {
+          FUZZ_CHECK(response.center_versions_size() == centers_->num_stages());
+          for (int s = 0; s < response.center_versions_size(); ++s) {
+            CheckReportedVersion(s, response.center_versions(s));
+          }
+        }
         break;
       }
       case ServerCall::CALL_NOT_SET:

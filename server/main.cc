@@ -45,6 +45,7 @@
 #include "server/server_metrics.h"
 #include "server/service.h"
 #include "server/shard/range_check.h"
+#include "server/shard/range_checkpoints.h"
 #include "server/shard/range_service.h"
 #include "server/shard/remote_authorizer.h"
 #include "storage/durable_store.h"
@@ -409,7 +410,7 @@ int Run() {
     operator_token = *std::move(read);
   }
   ParameterServerService service(config, &membership, centers->get(), &tracker, db, &clock,
-                                 *std::move(token), std::move(operator_token));
+                                 *std::move(token), operator_token);
 
   // A sharded job's range service; group 0 authorizes in process, the others ask group 0.
   std::unique_ptr<RemoteAuthorizer> remote_authorizer;
@@ -497,14 +498,48 @@ int Run() {
     server->Shutdown();
     return 1;
   }
+  std::unique_ptr<RangeCheckpoints> range_checkpoints;
   if (EffectiveRecoveryPolicy(job) == GLOBAL_CHECKPOINT) {
-    const std::string dir = config.durability().data_dir().empty()
-                                ? std::string()
-                                : config.durability().data_dir() + "/checkpoints";
-    if (absl::Status enabled = service.EnableGlobalCheckpoint(dir); !enabled.ok()) {
-      LOG(ERROR) << "cannot load the global checkpoint from '" << dir << "': " << enabled;
-      server->Shutdown();
-      return 1;
+    const std::string& data_dir = config.durability().data_dir();
+    RangeCheckpointCalls ranges;
+    if (sharded) {
+      // Every group keeps its range of each cut (docs/sharding.md#global-checkpoint).
+      const std::string range_dir =
+          data_dir.empty() ? std::string() : data_dir + "/range_checkpoints";
+      absl::Status enabled = range_service->EnableGlobalCheckpoint(
+          range_dir, [&service](const grpc::ServerContext* context) {
+            return service.CheckOperator(context);
+          });
+      if (!enabled.ok()) {
+        LOG(ERROR) << "cannot keep range checkpoints in '" << range_dir << "': " << enabled;
+        server->Shutdown();
+        return 1;
+      }
+      if (config.shard().group() == 0) {
+        auto made = RangeCheckpoints::Create(config, range_service.get(), operator_token);
+        if (!made.ok()) {
+          LOG(ERROR) << "shard.group_addresses: " << made.status();
+          server->Shutdown();
+          return 2;
+        }
+        range_checkpoints = *std::move(made);
+        ranges.take = [calls = range_checkpoints.get()](int64_t step, int64_t keep_from) {
+          return calls->Take(step, keep_from);
+        };
+        ranges.roll_back = [calls = range_checkpoints.get()](int64_t step, uint64_t epoch) {
+          return calls->RollBack(step, epoch);
+        };
+      }
+    }
+    // The barrier, the rollback and the slots' checkpoints are group 0's (or the one server's).
+    if (!sharded || config.shard().group() == 0) {
+      const std::string dir = data_dir.empty() ? std::string() : data_dir + "/checkpoints";
+      if (absl::Status enabled = service.EnableGlobalCheckpoint(dir, std::move(ranges));
+          !enabled.ok()) {
+        LOG(ERROR) << "cannot load the global checkpoint from '" << dir << "': " << enabled;
+        server->Shutdown();
+        return 1;
+      }
     }
   }
   std::unique_ptr<MetricsHttpServer> metrics_http;

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -207,11 +208,12 @@ class RestartFromCenterPolicy : public ReplayPolicy {
 class GlobalCheckpointPolicy : public RecoveryPolicy {
  public:
   GlobalCheckpointPolicy(const RecoveryUnits& units, RecoveryCoordinator* coordinator,
-                         std::unique_ptr<GlobalCheckpoint> checkpoint)
+                         std::unique_ptr<GlobalCheckpoint> checkpoint, RangeCheckpointCalls ranges)
       : u_(units),
         job_(units.config->job()),
         coordinator_(coordinator),
-        checkpoint_(std::move(checkpoint)) {}
+        checkpoint_(std::move(checkpoint)),
+        ranges_(std::move(ranges)) {}
 
   rebound::RecoveryPolicy kind() const override { return GLOBAL_CHECKPOINT; }
 
@@ -266,8 +268,8 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
     const int index = slot.replica() * job_.topology().stages() + slot.stage();
     return checkpoint_->Arrive(index, step, epoch,
                                absl::Milliseconds(u_.config->max_wait_ms()),
-                               [this](int64_t cut, int64_t /*current*/) {
-                                 return Gather(cut);
+                               [this](int64_t cut, int64_t current) {
+                                 return Gather(cut, current);
                                });
   }
 
@@ -275,6 +277,11 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   // checkpoint: every trainer is fenced as ROLLED_BACK (it registers again, as a spare), every
   // slot is restored by a spare from its checkpointed snapshot.
   void AfterDetection() override {
+    // A sharded job's rollback waits for every range group (one may be restarting).
+    if (range_rollback_.has_value()) {
+      FinishRangeRollback();
+      return;
+    }
     std::string why;
     if (!u_.membership->TakeRollbackRequest(&why)) return;
     // 1. The checkpoint to go back to is fixed first: a cut completing between here and the
@@ -293,7 +300,10 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
     // 3. The centers go back to the checkpoint (their versions keep increasing), and the store
     //    holds what was restored: the centers and every slot's checkpointed snapshot.
     storage::WriteBatch batch;
+    // A sharded job's centers are its range groups' (range 0 is this server's range service):
+    // each restores its own below.
     for (CenterRecord center : restored.centers()) {
+      if (ranges_.roll_back) break;
       center.set_version(u_.centers->version(center.stage()) + 1);
       if (absl::Status ok = u_.centers->Restore(center, nullptr); !ok.ok()) {
         LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot restore the center of stage " << center.stage()
@@ -322,7 +332,12 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
       }
     }
     // 4. Only now may spares restore the slots: a restore handed out earlier would sync against
-    //    the center and bookkeeping of before the rollback.
+    //    the center and bookkeeping of before the rollback. A sharded job's ranges first.
+    if (ranges_.roll_back) {
+      range_rollback_ = std::make_pair(restored.step(), checkpoint_->epoch());
+      FinishRangeRollback();
+      return;
+    }
     u_.membership->FinishRollback();
   }
 
@@ -331,9 +346,25 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   }
 
  private:
+  // Every range group goes back to the rollback's checkpoint; then the restores are handed out.
+  // Until every group answered, retried after each detection pass.
+  void FinishRangeRollback() {
+    const auto [step, epoch] = *range_rollback_;
+    if (absl::Status rolled = ranges_.roll_back(step, epoch); !rolled.ok()) {
+      LOG(WARNING) << "GLOBAL_CHECKPOINT: rollback " << epoch << " to step " << step
+                   << " waits for the range groups (retried after the next detection pass): "
+                   << rolled;
+      return;
+    }
+    range_rollback_.reset();
+    LOG(WARNING) << "GLOBAL_CHECKPOINT: every range rolled back to step " << step;
+    u_.membership->FinishRollback();
+  }
+
   // The checkpoint of a complete cut: every stage's center and every slot's stored snapshot,
-  // which the barrier guarantees are all at `step`.
-  absl::StatusOr<CheckpointRecord> Gather(int64_t step) const {
+  // which the barrier guarantees are all at `step`. A sharded job's: the slots' headers and
+  // books, once every range group kept its part (`current`: the checkpoint kept until then).
+  absl::StatusOr<CheckpointRecord> Gather(int64_t step, int64_t current) const {
     CheckpointRecord record;
     record.set_step(step);
     record.set_taken_unix_ms(absl::ToUnixMillis(u_.clock->Now()));
@@ -361,6 +392,7 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
             WithBook(u_.tracker->ExportSlot(slot, u_.clock->Now()), slot, u_.books->Get(slot));
       }
     }
+    if (ranges_.take) RETURN_IF_ERROR(ranges_.take(step, current));
     return record;
   }
 
@@ -368,6 +400,10 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   const JobConfig& job_;
   RecoveryCoordinator* const coordinator_;
   const std::unique_ptr<GlobalCheckpoint> checkpoint_;
+  const RangeCheckpointCalls ranges_;
+  // A sharded rollback not yet done in every range: (step, epoch). The failure detector's
+  // thread only (AfterDetection).
+  std::optional<std::pair<int64_t, uint64_t>> range_rollback_;
 };
 
 }  // namespace
@@ -383,7 +419,8 @@ RecoveryCoordinator::RecoveryCoordinator(const RecoveryUnits& units)
 
 RecoveryCoordinator::~RecoveryCoordinator() { units_.membership->SetRecoveryObserver(nullptr); }
 
-absl::Status RecoveryCoordinator::EnableGlobalCheckpoint(const std::string& dir) {
+absl::Status RecoveryCoordinator::EnableGlobalCheckpoint(const std::string& dir,
+                                                         RangeCheckpointCalls ranges) {
   CheckpointRecord initial;
   for (int stage = 0; stage < units_.centers->num_stages(); ++stage) {
     ASSIGN_OR_RETURN(auto center, units_.centers->Read(stage));
@@ -395,7 +432,8 @@ absl::Status RecoveryCoordinator::EnableGlobalCheckpoint(const std::string& dir)
   auto checkpoint = std::make_unique<GlobalCheckpoint>(units_.config->job(), dir,
                                                        std::move(initial), units_.clock);
   absl::Status loaded = checkpoint->Load();
-  checkpoint_ = std::make_unique<GlobalCheckpointPolicy>(units_, this, std::move(checkpoint));
+  checkpoint_ = std::make_unique<GlobalCheckpointPolicy>(units_, this, std::move(checkpoint),
+                                                         std::move(ranges));
   policy_.store(checkpoint_.get(), std::memory_order_release);
   return loaded;
 }

@@ -58,6 +58,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -96,6 +97,15 @@ struct RecoveryUnits {
   SlotBooks* books = nullptr;
   LogRetention* retention = nullptr;
   const Clock* clock = nullptr;
+};
+
+// A sharded job's range groups under GLOBAL_CHECKPOINT (server/shard/range_checkpoints.h), as
+// group 0 calls them: `take` asks every range to keep its part of a complete cut (older than
+// `keep_from` may go), `roll_back` to go back to its part of `step` under rollback `epoch`.
+// Unset for an unsharded job: the center is group 0's alone.
+struct RangeCheckpointCalls {
+  std::function<absl::Status(int64_t step, int64_t keep_from)> take;
+  std::function<absl::Status(int64_t step, uint64_t epoch)> roll_back;
 };
 
 // A replay task as one of its spares receives it (ClaimReplay).
@@ -162,8 +172,10 @@ class RecoveryCoordinator : private RecoveryObserver {
   // Policy GLOBAL_CHECKPOINT: sets up the barrier checkpoints (server/global_checkpoint.h), kept
   // in `dir` (empty: in memory) and loaded from there; the job's start (the centers as they are
   // now) is the checkpoint until the first cut. Call once, after the durable state is loaded and
-  // before the service is marked ready.
-  absl::Status EnableGlobalCheckpoint(const std::string& dir);
+  // before the service is marked ready. A sharded job's group 0 passes its range groups'
+  // calls: a cut counts once every range kept its part, and a rollback hands out restores only
+  // once every range went back (retried after each detection pass until then).
+  absl::Status EnableGlobalCheckpoint(const std::string& dir, RangeCheckpointCalls ranges = {});
 
   // WaitForTask: waits up to `wait` for work for spare `incarnation`; the task it claimed, or
   // nothing.

@@ -200,8 +200,9 @@ WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
   return WithBook(tracker_->ExportSlot(slot, clock_->Now()), slot, book);
 }
 
-absl::Status ParameterServerService::EnableGlobalCheckpoint(const std::string& dir) {
-  return recovery_->EnableGlobalCheckpoint(dir);
+absl::Status ParameterServerService::EnableGlobalCheckpoint(const std::string& dir,
+                                                            RangeCheckpointCalls ranges) {
+  return recovery_->EnableGlobalCheckpoint(dir, std::move(ranges));
 }
 
 void ParameterServerService::MaybeRollBack() { recovery_->AfterDetection(); }

@@ -80,7 +80,7 @@ class ParameterServerService final : public ParameterServer::Service {
 
   // Policy GLOBAL_CHECKPOINT: RecoveryCoordinator::EnableGlobalCheckpoint. Call after the
   // durable state is loaded, before MarkReady.
-  absl::Status EnableGlobalCheckpoint(const std::string& dir);
+  absl::Status EnableGlobalCheckpoint(const std::string& dir, RangeCheckpointCalls ranges = {});
 
   // RecoveryCoordinator::AfterDetection (the GLOBAL_CHECKPOINT rollback). Called by the server's
   // failure detector after each pass.
@@ -123,6 +123,10 @@ class ParameterServerService final : public ParameterServer::Service {
   // The bearer token (if one is configured), then readiness: what every call is checked for
   // first. Shared with the CenterRange service of a sharded job's server.
   absl::Status CheckServing(const grpc::ServerContext* context) const { return CheckCall(context); }
+  // CheckCall, then the operator token (or, without one configured, a peer on this host):
+  // UNAUTHENTICATED / PERMISSION_DENIED. Also a sharded GLOBAL_CHECKPOINT job's CheckpointRange
+  // and RollbackRange (group 0's calls to the range groups).
+  absl::Status CheckOperator(const grpc::ServerContext* context) const;
 
   // A sharded job's group 0 (DESIGN.md §10.2, docs/sharding.md): whether a worker's call to a
   // range group may proceed (the call in `context` carries the worker's credential), and for
@@ -186,9 +190,6 @@ class ParameterServerService final : public ParameterServer::Service {
   // >= 0, a finite partial sum of squares >= 0; their sum. INVALID_ARGUMENT otherwise.
   absl::StatusOr<double> SumOfRangeSquares(
       const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const;
-  // CheckCall, then the operator token (or, without one configured, a peer on this host):
-  // UNAUTHENTICATED / PERMISSION_DENIED.
-  absl::Status CheckOperator(const grpc::ServerContext* context) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
   // INVALID_ARGUMENT for a Sync or Push step beyond training.max_steps.
   absl::Status CheckStepInJob(int64_t step) const;

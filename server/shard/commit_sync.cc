@@ -164,53 +164,57 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
             absl::StrCat("stale commit: slot ", SlotName(slot), " already committed step ",
                          book.last_update_step, ", got step ", step)));
       }
+      // A retried commit (its answer was lost, or the barrier's wait timed out): back to the
+      // barrier of its cut below (GLOBAL_CHECKPOINT), which a complete cut passes at once.
       response->set_duplicate(true);
       response->set_next_weight(book.next_weight);
-      return grpc::Status::OK;
+    } else {
+      // The weighting inputs of this sync decide the next one's weight (the divergence lags one
+      // sync: docs/weighting.md#sharded-jobs). Range 0's version stands for the center's: every
+      // range applies every sync.
+      const absl::Time now = clock_->Now();
+      const int64_t version_before =
+          std::max<int64_t>(0, request->ranges(0).center_version() - 1);
+      const double norm = std::sqrt(sum_of_squares);
+      const WeightInputs inputs = tracker_->Measure(slot, now, version_before, norm);
+      SlotBook updated = book;
+      updated.last_update_step = step;
+      updated.update_count = book.update_count + 1;
+      updated.next_weight = inputs.weight();
+      LogRetention::SyncFloor floor = retention_.ForSync(slot, step);
+      const int64_t gc_step = floor.gc_step;
+      const int64_t previous_floor = book.log_floor;
+      updated.log_floor = gc_step;
+      tracker_->Record(slot, now, version_before, norm, inputs);
+      // The slot's snapshot here is its header (step, data cursor): the tensors are the range
+      // groups' (CenterRange.ReadRangeSnapshot at this step).
+      Snapshot snapshot;
+      *snapshot.mutable_slot() = slot;
+      snapshot.set_step(step);
+      snapshot.set_data_epoch(request->data_epoch());
+      snapshot.set_data_offset(request->data_offset());
+      snapshot.mutable_optimizer()->set_step(step);
+      storage::WriteBatch batch;
+      batch.PutSnapshot(snapshot, {});
+      batch.PutWeight(WeightRecordFor(slot, updated));
+      batch.DeleteLogRange(slot, previous_floor, gc_step + 1);
+      absl::Status committed = step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
+        RETURN_IF_ERROR(store_->Commit(batch));
+        books_.Set(slot, updated, 0.0);
+        return absl::OkStatus();
+      });
+      if (!committed.ok()) {
+        LOG(ERROR) << "commit of slot " << SlotName(slot) << " step " << step
+                   << " failed: " << committed;
+        return ToGrpcStatus(committed);
+      }
+      retention_.Committed(slot, std::move(floor));
+      response->set_weight(book.next_weight);
+      response->set_next_weight(updated.next_weight);
     }
-    // The weighting inputs of this sync decide the next one's weight (the divergence lags one
-    // sync: docs/weighting.md#sharded-jobs). Range 0's version stands for the center's: every
-    // range applies every sync.
-    const absl::Time now = clock_->Now();
-    const int64_t version_before = std::max<int64_t>(0, request->ranges(0).center_version() - 1);
-    const double norm = std::sqrt(sum_of_squares);
-    const WeightInputs inputs = tracker_->Measure(slot, now, version_before, norm);
-    SlotBook updated = book;
-    updated.last_update_step = step;
-    updated.update_count = book.update_count + 1;
-    updated.next_weight = inputs.weight();
-    LogRetention::SyncFloor floor = retention_.ForSync(slot, step);
-    const int64_t gc_step = floor.gc_step;
-    const int64_t previous_floor = book.log_floor;
-    updated.log_floor = gc_step;
-    tracker_->Record(slot, now, version_before, norm, inputs);
-    // The slot's snapshot here is its header (step, data cursor): the tensors are the range
-    // groups' (CenterRange.ReadRangeSnapshot at this step).
-    Snapshot snapshot;
-    *snapshot.mutable_slot() = slot;
-    snapshot.set_step(step);
-    snapshot.set_data_epoch(request->data_epoch());
-    snapshot.set_data_offset(request->data_offset());
-    snapshot.mutable_optimizer()->set_step(step);
-    storage::WriteBatch batch;
-    batch.PutSnapshot(snapshot, {});
-    batch.PutWeight(WeightRecordFor(slot, updated));
-    batch.DeleteLogRange(slot, previous_floor, gc_step + 1);
-    absl::Status committed = step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
-      RETURN_IF_ERROR(store_->Commit(batch));
-      books_.Set(slot, updated, 0.0);
-      return absl::OkStatus();
-    });
-    if (!committed.ok()) {
-      LOG(ERROR) << "commit of slot " << SlotName(slot) << " step " << step
-                 << " failed: " << committed;
-      return ToGrpcStatus(committed);
-    }
-    retention_.Committed(slot, std::move(floor));
-    response->set_weight(book.next_weight);
-    response->set_next_weight(updated.next_weight);
   }
-  if (membership_->RecordProgress(slot, step, job_.training().max_steps())) {
+  if (!response->duplicate() &&
+      membership_->RecordProgress(slot, step, job_.training().max_steps())) {
     LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << step;
   }
   if (absl::Status barrier = recovery_->AfterSync(slot, step, checkpoint_epoch); !barrier.ok()) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/slot.h"
@@ -98,6 +99,11 @@ absl::Status RangeService::CheckSlot(const SlotId& slot) const {
   return CheckSlotInTopology(slot, job_.topology());
 }
 
+uint64_t RangeService::Generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
 RangeService::Kept RangeService::GetKept(const SlotId& slot) const {
   absl::MutexLock lock(&mu_);
   auto it = kept_.find(Key(slot.replica(), slot.stage()));
@@ -166,6 +172,8 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
       return ToGrpcStatus(ok);
     }
   }
+  // Read before the authorization: a rollback after it refuses this sync (see `weight`).
+  const uint64_t generation = Generation();
   AuthorizeRangeRequest ask;
   ask.set_incarnation(request->incarnation());
   ask.set_access(RANGE_SYNC);
@@ -190,6 +198,13 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   bool applied_meanwhile = false;
   double partial_sq_norm = 0.0;
   auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
+    // GLOBAL_CHECKPOINT: authorized before a rollback, this sync must not move the restored
+    // center (its sender is fenced by now).
+    if (Generation() != generation) {
+      return absl::AbortedError(absl::StrCat(
+          "GLOBAL_CHECKPOINT: range ", group_, " was rolled back while this sync of slot ",
+          SlotName(slot), " step ", step, " waited; it is undone"));
+    }
     // Again under the stage lock: another call of the same step may have applied it.
     const int64_t last = GetKept(slot).last();
     if (step <= last) {
@@ -242,7 +257,8 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
       stage, x, alpha, weight, commit, absl::MakeSpan(worker_after.get(), n));
   if (applied_meanwhile) return AnswerApplied(slot, step, response);
   if (!version.ok()) {
-    if (version.status().code() != absl::StatusCode::kInvalidArgument) {
+    if (version.status().code() != absl::StatusCode::kInvalidArgument &&
+        version.status().code() != absl::StatusCode::kAborted) {
       LOG(ERROR) << "sync of slot " << SlotName(slot) << " range " << group_
                  << " failed: " << version.status();
     }
@@ -432,6 +448,217 @@ uint64_t RangeService::AppliedSequence(const SlotId& slot) const {
 bool RangeService::Holds(const SlotId& slot, int64_t step) const {
   const Kept kept = GetKept(Normalized(slot));
   return step > 0 && (kept.step[0] == step || kept.step[1] == step);
+}
+
+// --- GLOBAL_CHECKPOINT (docs/sharding.md#global-checkpoint) ---
+
+absl::Status RangeService::EnableGlobalCheckpoint(const std::string& dir,
+                                                  CallCheck check_operator) {
+  checkpoints_ = std::make_unique<RangeCheckpointFiles>(job_.job_id(), group_, dir);
+  check_operator_ = std::move(check_operator);
+  ASSIGN_OR_RETURN(const std::vector<int64_t> held, checkpoints_->Steps());
+  if (!held.empty()) {
+    LOG(INFO) << "range " << group_ << " holds the checkpoints of steps " << held.front()
+              << " to " << held.back();
+    return absl::OkStatus();
+  }
+  // The job's start: what a rollback before the first cut restores.
+  return TakeCheckpoint(0, 0).status();
+}
+
+absl::Status RangeService::CheckOperatorCall(const grpc::ServerContext* context) const {
+  RETURN_IF_ERROR(check_call_(context));
+  if (checkpoints_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "CheckpointRange and RollbackRange are group 0's calls in a job under "
+        "fault_tolerance.policy GLOBAL_CHECKPOINT; this job's policy is another");
+  }
+  return check_operator_(context);
+}
+
+absl::StatusOr<int64_t> RangeService::TakeCheckpoint(int64_t step, int64_t keep_from) {
+  if (checkpoints_ == nullptr) {
+    return absl::FailedPreconditionError("this job is not under GLOBAL_CHECKPOINT");
+  }
+  if (step < 0 || step > job_.training().max_steps() || keep_from < 0 || keep_from > step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step must be in [0, training.max_steps = ", job_.training().max_steps(),
+        "] and keep_from in [0, step], got step ", step, ", keep_from ", keep_from));
+  }
+  absl::MutexLock lock(&checkpoint_mu_);
+  CheckpointRecord record;
+  record.set_step(step);
+  record.set_taken_unix_ms(absl::ToUnixMillis(absl::Now()));
+  for (int stage = 0; stage < centers_->num_stages(); ++stage) {
+    ASSIGN_OR_RETURN(auto center, centers_->Read(stage));
+    CenterRecord* out = record.add_centers();
+    out->set_stage(stage);
+    out->set_version(center.second);
+    *out->mutable_params() = centers_->Bundle(stage, center.first);
+  }
+  if (step > 0) {
+    // Every slot's range snapshot at the cut: the trainers wait at group 0's barrier, so none
+    // has synced past it (the other copy holds the sync before).
+    for (int r = 0; r < job_.topology().replicas(); ++r) {
+      for (int s = 0; s < job_.topology().stages(); ++s) {
+        SlotId slot;
+        slot.set_replica(r);
+        slot.set_stage(s);
+        const Kept kept = GetKept(slot);
+        const int copy = kept.step[0] == step ? 0 : (kept.step[1] == step ? 1 : -1);
+        if (copy < 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "range ", group_, " holds slot ", SlotName(slot), "'s syncs of steps ",
+              kept.step[0], " and ", kept.step[1], ", not the cut ", step));
+        }
+        ASSIGN_OR_RETURN(Snapshot snapshot, store_->ReadRangeSnapshot(slot, copy));
+        if (snapshot.step() != step) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "slot ", SlotName(slot), "'s range snapshot moved on to step ", snapshot.step(),
+              " during the checkpoint of step ", step));
+        }
+        snapshot.clear_stored_tensors();
+        *record.add_snapshots() = std::move(snapshot);
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t bytes, checkpoints_->Put(std::move(record), keep_from));
+  LOG(INFO) << "range " << group_ << " kept its checkpoint of step " << step << " (" << bytes
+            << " bytes)";
+  return bytes;
+}
+
+absl::StatusOr<std::vector<int64_t>> RangeService::RollBack(int64_t step, uint64_t epoch) {
+  if (checkpoints_ == nullptr) {
+    return absl::FailedPreconditionError("this job is not under GLOBAL_CHECKPOINT");
+  }
+  if (epoch < 1) return absl::InvalidArgumentError("epoch must be >= 1");
+  absl::MutexLock lock(&checkpoint_mu_);
+  auto versions = [this] {
+    std::vector<int64_t> out;
+    for (int stage = 0; stage < centers_->num_stages(); ++stage) {
+      out.push_back(centers_->version(stage));
+    }
+    return out;
+  };
+  bool done = false;
+  {
+    absl::MutexLock kept_lock(&mu_);
+    done = epoch <= rolled_back_epoch_;
+  }
+  if (done) return versions();  // a repeat (group 0's retry of a lost answer)
+  ASSIGN_OR_RETURN(CheckpointRecord record, checkpoints_->Get(step));
+  // The record must be this range's whole state at `step`.
+  const int stages = centers_->num_stages();
+  const int slots = job_.topology().replicas() * job_.topology().stages();
+  if (record.centers_size() != stages || (step > 0 && record.snapshots_size() != slots)) {
+    return absl::DataLossError(absl::StrCat(
+        "range ", group_, "'s checkpoint of step ", step, " holds ", record.centers_size(),
+        " centers and ", record.snapshots_size(), " snapshots; the job has ", stages,
+        " stages and ", slots, " slots"));
+  }
+  for (int stage = 0; stage < stages; ++stage) {
+    const CenterRecord& center = record.centers(stage);
+    if (center.stage() != stage) {
+      return absl::DataLossError(absl::StrCat("range ", group_, "'s checkpoint of step ", step,
+                                              " holds stage ", center.stage(), " at ", stage));
+    }
+    RETURN_IF_ERROR(centers_->ValidateBundle(stage, center.params(), "checkpoint center"));
+  }
+  std::map<Key, const Snapshot*> snapshots;
+  for (const Snapshot& snapshot : record.snapshots()) {
+    RETURN_IF_ERROR(CheckSlot(snapshot.slot()));
+    if (snapshot.step() != step) {
+      return absl::DataLossError(absl::StrCat("range ", group_, "'s checkpoint of step ", step,
+                                              " holds a snapshot of step ", snapshot.step()));
+    }
+    snapshots[Key(snapshot.slot().replica(), snapshot.slot().stage())] = &snapshot;
+  }
+  if (step > 0 && static_cast<int>(snapshots.size()) != slots) {
+    return absl::DataLossError(absl::StrCat("range ", group_, "'s checkpoint of step ", step,
+                                            " does not hold one snapshot per slot"));
+  }
+  {
+    // From here a sync authorized before the rollback no longer moves a center.
+    absl::MutexLock kept_lock(&mu_);
+    ++generation_;
+  }
+  storage::WriteBatch batch;
+  for (int stage = 0; stage < stages; ++stage) {
+    CenterRecord center = record.centers(stage);
+    center.set_version(centers_->version(stage) + 1);
+    // Under the stage lock: a sync of the old generation that holds it finishes first.
+    RETURN_IF_ERROR(centers_->Restore(center, nullptr));
+    batch.PutCenter(center);
+  }
+  const int copy = step > 0 ? CopyOf(step) : 0;
+  std::vector<WeightRecord> books;
+  for (int r = 0; r < job_.topology().replicas(); ++r) {
+    for (int s = 0; s < job_.topology().stages(); ++s) {
+      Snapshot empty;  // step 0: "none" (RangeService::Restore reads the headers' steps)
+      empty.mutable_slot()->set_replica(r);
+      empty.mutable_slot()->set_stage(s);
+      if (step > 0) {
+        batch.PutRangeSnapshot(*snapshots[Key(r, s)], copy);
+        batch.PutRangeSnapshot(empty, 1 - copy);
+      } else {
+        batch.PutRangeSnapshot(empty, 0);
+        batch.PutRangeSnapshot(empty, 1);
+      }
+      WeightRecord book;
+      *book.mutable_slot() = empty.slot();
+      book.set_last_update_step(step);
+      const int64_t tau = job_.easgd().sync_period();
+      book.set_update_count((step + tau - 1) / tau);
+      books.push_back(std::move(book));
+    }
+  }
+  RETURN_IF_ERROR(store_->Commit(batch));
+  {
+    absl::MutexLock kept_lock(&mu_);
+    for (const WeightRecord& book : books) {
+      Kept kept;
+      if (step > 0) kept.step[copy] = step;
+      kept_[Key(book.slot().replica(), book.slot().stage())] = kept;
+    }
+  }
+  // DETERMINISTIC turns as group 0 keeps them after the rollback: every slot at the cut.
+  books_.Clear();
+  if (step > 0) books_.Restore(books);
+  {
+    absl::MutexLock kept_lock(&mu_);
+    rolled_back_epoch_ = epoch;
+  }
+  LOG(WARNING) << "range " << group_ << " rolled back to its checkpoint of step " << step
+               << " (rollback " << epoch << ")";
+  return versions();
+}
+
+grpc::Status RangeService::CheckpointRange(grpc::ServerContext* context,
+                                           const CheckpointRangeRequest* request,
+                                           CheckpointRangeResponse* response) {
+  if (absl::Status ok = CheckOperatorCall(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  absl::StatusOr<int64_t> bytes = TakeCheckpoint(request->step(), request->keep_from());
+  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  response->set_bytes(*bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status RangeService::RollbackRange(grpc::ServerContext* context,
+                                         const RollbackRangeRequest* request,
+                                         RollbackRangeResponse* response) {
+  if (absl::Status ok = CheckOperatorCall(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  if (request->step() < 0 || request->step() > job_.training().max_steps()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "step must be in [0, training.max_steps = ", job_.training().max_steps(), "], got ",
+        request->step())));
+  }
+  absl::StatusOr<std::vector<int64_t>> versions = RollBack(request->step(), request->epoch());
+  if (!versions.ok()) return ToGrpcStatus(versions.status());
+  for (int64_t version : *versions) response->add_center_versions(version);
+  return grpc::Status::OK;
 }
 
 }  // namespace rebound::server

@@ -32,16 +32,27 @@
 // SlotBooks: the same order as group 0 keeps), so every range's center moves in slot order and
 // the K ranges together equal the one-group center bit for bit (UNIFORM weights).
 //
+// Policy GLOBAL_CHECKPOINT (docs/sharding.md#global-checkpoint): at a complete cut group 0 asks
+// every range to keep its part (CheckpointRange: the range of every stage's center and every
+// slot's range snapshot at the cut, server/shard/range_checkpoint_files.h); at a rollback, to go
+// back to it (RollbackRange): the centers are restored with new versions, each slot's kept
+// snapshot is the cut's again (its other copy emptied) and a sync authorized before the rollback
+// that has not reached the center yet is refused (ABORTED) instead of moving the restored one.
+//
 // Thread-safety: thread-safe; the slots' kept steps under one mutex (a leaf, never held across
-// a call to another unit), the center under CenterTable's stage locks. Ownership: every pointer
-// and function given to the constructor is borrowed/kept and must outlive the service.
-// Status codes: as ParameterServer's (proto/rebound.proto) plus NOT_FOUND for a snapshot the
-// group does not hold.
+// a call to another unit), the center under CenterTable's stage locks. Lock order:
+// checkpoint_mu_ (a whole checkpoint or rollback) -> CenterTable's stage locks -> mu_.
+// Ownership: every pointer and function given to the constructor is borrowed/kept and must
+// outlive the service. Status codes: as ParameterServer's (proto/rebound.proto) plus NOT_FOUND
+// for a snapshot (or a range checkpoint) the group does not hold.
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +62,7 @@
 #include "proto/rebound.pb.h"
 #include "proto/sharding.grpc.pb.h"
 #include "server/call_gate.h"
+#include "server/shard/range_checkpoint_files.h"
 #include "server/center_table.h"
 #include "server/slot_books.h"
 #include "storage/durable_store.h"
@@ -76,6 +88,22 @@ class RangeService final : public CenterRange::Service {
   // server restart). Call before the server is ready.
   void Restore(const storage::LoadedState& state);
 
+  // Policy GLOBAL_CHECKPOINT: the group keeps its range checkpoints in `dir` (empty: in memory)
+  // and keeps the job's start (step 0: the centers as they are now) if it holds none yet.
+  // `check_operator` admits CheckpointRange and RollbackRange (the server's operator check:
+  // group 0 sends the operator token). Until this is called both are FAILED_PRECONDITION. Call
+  // once, after Restore, before the server is ready.
+  absl::Status EnableGlobalCheckpoint(const std::string& dir, CallCheck check_operator);
+
+  // What CheckpointRange and RollbackRange do, callable in process (group 0's own range).
+  // TakeCheckpoint: FAILED_PRECONDITION unless every slot's kept range snapshot holds `step`;
+  // returns the range checkpoint's bytes. RollBack: a done `epoch` again changes nothing;
+  // NOT_FOUND without a checkpoint of `step`; returns every stage's range version after it.
+  absl::StatusOr<int64_t> TakeCheckpoint(int64_t step, int64_t keep_from)
+      ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
+  absl::StatusOr<std::vector<int64_t>> RollBack(int64_t step, uint64_t epoch)
+      ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
+
   // This group's place and the ranges, for GetStatus.
   void FillStatus(ShardingStatus* status) const;
 
@@ -90,6 +118,11 @@ class RangeService final : public CenterRange::Service {
                                  Snapshot* response) override;
   grpc::Status RangeSteps(grpc::ServerContext* context, const RangeStepsRequest* request,
                           RangeStepsResponse* response) override;
+  grpc::Status CheckpointRange(grpc::ServerContext* context,
+                               const CheckpointRangeRequest* request,
+                               CheckpointRangeResponse* response) override;
+  grpc::Status RollbackRange(grpc::ServerContext* context, const RollbackRangeRequest* request,
+                             RollbackRangeResponse* response) override;
 
   // Whether this group's range holds the slot's sync of `step` (one of its two kept snapshots).
   bool Holds(const SlotId& slot, int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -112,6 +145,9 @@ class RangeService final : public CenterRange::Service {
   absl::Status CheckRange(int range) const;
   absl::Status CheckSlot(const SlotId& slot) const;
   Kept GetKept(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t Generation() const ABSL_LOCKS_EXCLUDED(mu_);
+  // CheckpointRange and RollbackRange: the server's checks, then its operator check.
+  absl::Status CheckOperatorCall(const grpc::ServerContext* context) const;
   // The step rule of a sync above the slot's last kept step.
   absl::Status CheckNextStep(const SlotId& slot, int64_t last, int64_t step) const;
   // The answer to a sync of a step the group applied already, or FAILED_PRECONDITION (stale).
@@ -127,8 +163,16 @@ class RangeService final : public CenterRange::Service {
   SlotBooks books_;  // DETERMINISTIC turns of this group's syncs
   CallGate inflight_;
 
+  // GLOBAL_CHECKPOINT: set once by EnableGlobalCheckpoint, before the server is ready.
+  std::unique_ptr<RangeCheckpointFiles> checkpoints_;
+  CallCheck check_operator_;
+  absl::Mutex checkpoint_mu_;  // one checkpoint or rollback at a time
+
   mutable absl::Mutex mu_;
   std::map<Key, Kept> kept_ ABSL_GUARDED_BY(mu_);
+  // The last rollback (RollbackRange's epoch) done in full.
+  uint64_t rolled_back_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // rollbacks begun (a sync compares it)
 };
 
 }  // namespace rebound::server

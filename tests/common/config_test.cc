@@ -511,6 +511,19 @@ TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked
   CHECK(error(job + "shard {\n  group_addresses: \"a:1\"\n  group_addresses: \"b\"\n}\n") ==
         "server.pbtxt:6: shard.group_addresses must be host:port with a port in [0, 65535], got "
         "\"b\"");
+  // GLOBAL_CHECKPOINT across hosts: group 0's calls to the range groups need the operator token.
+  const std::string checkpointed =
+      "job {\n  model { layers { width: 10 activation: IDENTITY } }\n  sharding { groups: 2 }\n"
+      "  fault_tolerance { policy: GLOBAL_CHECKPOINT }\n}\n";
+  CHECK(error(checkpointed + shard) ==
+        "server.pbtxt: security.operator_token_file must be set, the same on every group, in a "
+        "sharded GLOBAL_CHECKPOINT job across hosts: group 0 asks the range groups to keep and "
+        "roll back their ranges with it (docs/sharding.md#global-checkpoint); "
+        "shard.group_addresses names a:1");
+  CHECK(ParseServerConfig(checkpointed + "shard {\n  group_addresses: \"127.0.0.1:1\"\n  "
+                                         "group_addresses: \"localhost:2\"\n}\n",
+                          "server.pbtxt", ".")
+            .ok());
   auto job_error = [&](const std::string& text) {
     auto config = ParseJobConfig(text, "job.pbtxt");
     REQUIRE_FALSE(config.ok());
@@ -522,9 +535,9 @@ TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked
   CHECK(ParseJobConfig(model + "sharding { groups: 2 }\neasgd { mode: ASYNC_ADAHESSIAN }\n",
                        "job.pbtxt")
             .ok());
-  CHECK(job_error(model + "sharding { groups: 2 }\nfault_tolerance { policy: GLOBAL_CHECKPOINT }\n") ==
-        "job.pbtxt:2: sharding.groups > 1 needs fault_tolerance.policy REPLAY or "
-        "RESTART_FROM_CENTER (GLOBAL_CHECKPOINT is not sharded)");
+  CHECK(ParseJobConfig(model + "sharding { groups: 2 }\nfault_tolerance { policy: GLOBAL_CHECKPOINT }\n",
+                       "job.pbtxt")
+            .ok());
   CHECK(job_error("model { declared_by_worker: true }\nsharding { groups: 2 }\n") ==
         "job.pbtxt:2: sharding.groups > 1 needs a model spec with layers (a model declared by its "
         "workers is not sharded)");

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/file.h"
 #include "common/security.h"
 #include "compute/shard_ranges.h"
 #include "grpcpp/grpcpp.h"
@@ -34,11 +36,14 @@ constexpr int kReplicas = 2;
 constexpr int kSyncPeriod = 20;
 constexpr int64_t kMaxSteps = 400;
 
+// `policy`: the fault_tolerance block's policy and any other fields of it; `extra`: more
+// top-level server fields.
 std::string ServerConfigText(const std::string& policy = "REPLAY", int64_t max_steps = kMaxSteps,
-                             int stages = 1, const std::string& mode = "EASGD") {
+                             int stages = 1, const std::string& mode = "EASGD",
+                             const std::string& extra = "") {
   return absl::StrCat(
       "listen_address: \"127.0.0.1:0\"\n"
-      "max_wait_ms: 2000\n"
+      "max_wait_ms: 2000\n", extra,
       "job {\n"
       "  job_id: \"shard\"\n"
       "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n"
@@ -182,6 +187,12 @@ struct RunOptions {
   bool async = false;
   // > 0: trainer 1 is SIGKILLed once its slot passes this step (a spare takes the slot over).
   int64_t kill_trainer_at = 0;
+  std::string server_extra;  // top-level server config fields (ServerConfigText's `extra`)
+  // Under GLOBAL_CHECKPOINT a kill rolls every range back: each range's version is then above
+  // the syncs of one clean run (the undone syncs and the restore count too).
+  bool rolls_back = false;
+  // Called once every slot finished, before the cluster stops.
+  std::function<void(Cluster&, const Observer&)> after;
 };
 
 // Runs the job with `groups` groups and two trainers.
@@ -194,7 +205,8 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
   {
     absl::Status started =
         cluster.StartServer(ServerConfigText(policy, run.max_steps, run.stages,
-                                             run.async ? "ASYNC_ADAHESSIAN" : "EASGD"),
+                                             run.async ? "ASYNC_ADAHESSIAN" : "EASGD",
+                                             run.server_extra),
                             kWorkerConfig);
     INFO(started << cluster.Logs(30, 8));
     REQUIRE(started.ok());
@@ -273,7 +285,11 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
     // Every range of every stage applied every sync of every slot exactly once.
     for (size_t i = 0; i < versions.size(); ++i) {
       INFO("stage " << i / groups << " range " << i % groups);
-      CHECK(versions[i] == rounds * kReplicas);
+      if (run.rolls_back) {
+        CHECK(versions[i] > rounds * kReplicas);
+      } else {
+        CHECK(versions[i] == rounds * kReplicas);
+      }
     }
     REQUIRE(result.status.has_sharding());
     CHECK(result.status.sharding().groups() == groups);
@@ -292,6 +308,7 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
     CHECK(absl::StrContains(ReadFileOrEmpty(cluster.dir() + "/trainer-1.log"),
                             "dying before the commit"));
   }
+  if (run.after) run.after(cluster, observer);
   cluster.StopAll(true, [](const ChildProcess&, int) {});
   return result;
 }
@@ -336,6 +353,106 @@ TEST_CASE("under RESTART_FROM_CENTER a trainer killed between its ranges is repl
   die.policy = "RESTART_FROM_CENTER";
   const RunResult restarted = RunJob(2, die);  // RunJob checks the counts and versions
   CHECK(restarted.status.recoveries(0).policy() == RESTART_FROM_CENTER);
+}
+
+// A call to range group `group` of `cluster` with the operator token `token` (none when empty).
+template <typename Request, typename Response>
+grpc::Status OperatorCall(const Cluster& cluster, int group, const std::string& token,
+                          grpc::Status (CenterRange::Stub::*method)(grpc::ClientContext*,
+                                                                   const Request&, Response*),
+                          const Request& request, Response* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(30))));
+  if (!token.empty()) context.AddMetadata(kOperatorTokenKey, token);
+  return (RangeStub(cluster, group).get()->*method)(&context, request, response);
+}
+
+TEST_CASE("under GLOBAL_CHECKPOINT a killed trainer rolls every range of a sharded center back to "
+          "the last cut, and the DETERMINISTIC run ends bit-identical to one group's clean run") {
+  const std::string policy = "GLOBAL_CHECKPOINT checkpoint_every_steps: 100";
+  RunOptions clean_run;
+  clean_run.policy = policy;
+  const RunResult clean = RunJob(1, clean_run);
+  CHECK(clean.status.checkpoint().rollbacks() == 0);
+  CHECK(clean.status.checkpoint().count() == kMaxSteps / 100);
+
+  // Group 0's calls to the range groups carry the operator token every group shares.
+  const std::string token = "sharded-checkpoint-operator";
+  const std::string token_file = MakeTempDir("shard-ck-token") + "/operator-token";
+  REQUIRE(WriteFile(token_file, token + "\n").ok());
+  RunOptions killed;
+  killed.policy = policy;
+  killed.kill_trainer_at = 220;
+  killed.rolls_back = true;
+  // Durable: each group keeps its range checkpoints in its data directory (the cluster gives
+  // every member its own).
+  killed.server_extra = absl::StrCat("security { operator_token_file: \"", token_file,
+                                     "\" }\ndurability { data_dir: \"data\" }\n");
+  killed.after = [&](Cluster& cluster, const Observer& observer) {
+    // Range 1's group keeps its part of the last cut and of the one before (group 0 keeps the
+    // older until the newer is everywhere); older ones are gone.
+    const std::string dir = cluster.member_data_dir(1) + "/range_checkpoints";
+    CHECK(std::filesystem::exists(absl::StrCat(dir, "/range-1-", kMaxSteps, ".pb")));
+    CHECK(std::filesystem::exists(absl::StrCat(dir, "/range-1-", kMaxSteps - 100, ".pb")));
+    CHECK_FALSE(std::filesystem::exists(absl::StrCat(dir, "/range-1-", kMaxSteps - 200, ".pb")));
+    std::vector<int64_t> before;
+    GatherCenter(cluster, observer, 2, 1, &before);
+    // Only group 0 may ask for a rollback: without the operator token, none.
+    RollbackRangeRequest rollback;
+    rollback.set_step(kMaxSteps);
+    rollback.set_range(1);
+    rollback.set_epoch(1);
+    RollbackRangeResponse rolled_back;
+    CHECK(OperatorCall(cluster, 1, "", &CenterRange::Stub::RollbackRange, rollback, &rolled_back)
+              .error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    // The rollback done (epoch 1) again changes nothing.
+    grpc::Status repeat =
+        OperatorCall(cluster, 1, token, &CenterRange::Stub::RollbackRange, rollback, &rolled_back);
+    INFO(repeat.error_message());
+    REQUIRE(repeat.ok());
+    REQUIRE(rolled_back.center_versions_size() == 1);
+    CHECK(rolled_back.center_versions(0) == before[1]);
+    // A step the range holds no checkpoint of: NOT_FOUND; a cut the slots are not at:
+    // FAILED_PRECONDITION; another group's range: INVALID_ARGUMENT.
+    rollback.set_step(kMaxSteps - 50);
+    rollback.set_epoch(2);
+    CHECK(OperatorCall(cluster, 1, token, &CenterRange::Stub::RollbackRange, rollback, &rolled_back)
+              .error_code() == grpc::StatusCode::NOT_FOUND);
+    CheckpointRangeRequest take;
+    take.set_step(kMaxSteps - 50);
+    take.set_range(1);
+    CheckpointRangeResponse taken;
+    CHECK(OperatorCall(cluster, 1, token, &CenterRange::Stub::CheckpointRange, take, &taken)
+              .error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    take.set_range(0);
+    CHECK(OperatorCall(cluster, 1, token, &CenterRange::Stub::CheckpointRange, take, &taken)
+              .error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    // None of it moved a range or removed a checkpoint.
+    std::vector<int64_t> after;
+    GatherCenter(cluster, observer, 2, 1, &after);
+    CHECK(after == before);
+    CHECK(std::filesystem::exists(absl::StrCat(dir, "/range-1-", kMaxSteps - 100, ".pb")));
+  };
+  const RunResult rolled = RunJob(2, killed);
+  const GetStatusResponse& done = rolled.status;
+  INFO(done.DebugString());
+  CHECK(done.recovery_policy() == GLOBAL_CHECKPOINT);
+  CHECK(done.checkpoint().rollbacks() == 1);
+  CHECK(done.checkpoint().step() == kMaxSteps);
+  // Both slots were restored from the same cut, each by a spare (the live trainer was rolled
+  // back and came back as one).
+  REQUIRE(done.recoveries_size() == 2);
+  std::string restored_from;
+  for (const RecoveryStatus& r : done.recoveries()) {
+    CHECK(r.policy() == GLOBAL_CHECKPOINT);
+    CHECK(r.outcome() == RECOVERED);
+    CHECK(r.steps_replayed() == 0);
+    CHECK(absl::StartsWith(r.detail(), "restored from the global checkpoint of step "));
+    if (restored_from.empty()) restored_from = r.detail().substr(0, r.detail().find(';'));
+    CHECK(absl::StartsWith(r.detail(), restored_from));
+  }
+  REQUIRE(clean.center.size() == rolled.center.size());
+  CHECK(std::memcmp(clean.center.data(), rolled.center.data(), clean.center.size() * 4) == 0);
 }
 
 TEST_CASE("a range group's leader SIGKILLed mid-training (R13 standbys) loses no sync and applies "

@@ -195,14 +195,16 @@ TEST_CASE("replicated shard groups: group 0's leader fails over, group 1 is unto
 TEST_CASE("--shard_groups is refused with exit 2 for a job it cannot shard, before anything") {
   Launch launch("launch-shard-bad", kJob);
   WriteFileOrDie(launch.job_file(),
-                 absl::StrReplaceAll(kJob, {{"fault_tolerance {",
-                                             "fault_tolerance { policy: GLOBAL_CHECKPOINT"}}));
+                 absl::StrReplaceAll(
+                     kJob, {{"model { layers { width: 16 } layers { width: 10 activation: "
+                             "IDENTITY } }",
+                             "model { declared_by_worker: true }"}}));
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir, "--shard_groups", "2"});
   REQUIRE(launch.WaitForExit() == 2);
   CHECK(absl::StrContains(launch.Output(),
                           "--shard_groups 2: the job cannot be sharded: sharding.groups > 1 needs "
-                          "fault_tolerance.policy REPLAY or RESTART_FROM_CENTER"));
+                          "a model spec with layers"));
   CHECK_FALSE(std::filesystem::exists(workdir));
 
   Launch disagree("launch-shard-disagree", kShardedLongJob);

@@ -236,12 +236,18 @@ TEST_CASE("--shard_groups on a job that cannot be sharded says why, in the job's
   LaunchOptions options;
   options.shard_groups = 2;
   JobConfig job = ShardableJob();
-  job.mutable_fault_tolerance()->set_policy(GLOBAL_CHECKPOINT);
+  job.mutable_model()->Clear();
+  job.mutable_model()->set_declared_by_worker(true);
   absl::Status refused = CheckOptionsAgainstJob(options, job);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StartsWith(refused.message(), "--shard_groups 2: the job cannot be sharded: "));
   CHECK(absl::StrContains(refused.message(), "sharding.groups"));
-  CHECK(absl::StrContains(refused.message(), "GLOBAL_CHECKPOINT is not sharded"));
+  CHECK(absl::StrContains(refused.message(), "a model declared by its workers is not sharded"));
+  // GLOBAL_CHECKPOINT shards since R14's range checkpoints.
+  JobConfig checkpointed = ShardableJob();
+  checkpointed.mutable_fault_tolerance()->set_policy(GLOBAL_CHECKPOINT);
+  options.shard_groups = 2;
+  CHECK(CheckOptionsAgainstJob(options, checkpointed).ok());
   // One group is always fine.
   options.shard_groups = 1;
   CHECK(CheckOptionsAgainstJob(options, job).ok());
