@@ -646,6 +646,14 @@ void CheckReplication(const ServerConfig& config, Checker& c) {
   if (!config.has_durability() || config.durability().data_dir().empty()) {
     c.Fail("replication", "needs durability.data_dir (a standby keeps its copy there)");
   }
+  // GLOBAL_CHECKPOINT's checkpoints are files beside the store, which replication does not carry:
+  // a new leader would have none to roll back to.
+  if (config.job().fault_tolerance().policy() == GLOBAL_CHECKPOINT) {
+    c.Fail("replication",
+           "cannot be set under fault_tolerance.policy GLOBAL_CHECKPOINT: its checkpoints are "
+           "files in the data directory that standbys do not receive, so a new leader would have "
+           "none to roll back to; use REPLAY or RESTART_FROM_CENTER, or one server per group");
+  }
 }
 
 }  // namespace

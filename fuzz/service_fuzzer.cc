@@ -247,8 +247,8 @@ class Server {
         calls.take = [ranges](int64_t step, int64_t keep_from) {
           return ranges->TakeCheckpoint(step, keep_from).status();
         };
-        calls.roll_back = [ranges](int64_t step, uint64_t epoch) {
-          return ranges->RollBack(step, epoch).status();
+        calls.roll_back = [ranges](int64_t step, uint64_t id) {
+          return ranges->RollBack(step, id).status();
         };
       }
       FUZZ_CHECK(service_->EnableGlobalCheckpoint("", std::move(calls)).ok());

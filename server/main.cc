@@ -526,8 +526,8 @@ int Run() {
         ranges.take = [calls = range_checkpoints.get()](int64_t step, int64_t keep_from) {
           return calls->Take(step, keep_from);
         };
-        ranges.roll_back = [calls = range_checkpoints.get()](int64_t step, uint64_t epoch) {
-          return calls->RollBack(step, epoch);
+        ranges.roll_back = [calls = range_checkpoints.get()](int64_t step, uint64_t id) {
+          return calls->RollBack(step, id);
         };
       }
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -334,7 +335,12 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
     // 4. Only now may spares restore the slots: a restore handed out earlier would sync against
     //    the center and bookkeeping of before the rollback. A sharded job's ranges first.
     if (ranges_.roll_back) {
-      range_rollback_ = std::make_pair(restored.step(), checkpoint_->epoch());
+      // An id that no earlier rollback had, also across restarts of this server: a range group
+      // takes each rollback once, and a retry of it again changes nothing.
+      std::random_device random;
+      uint64_t id = 0;
+      while (id == 0) id = (uint64_t{random()} << 32) ^ random();
+      range_rollback_ = std::make_pair(restored.step(), id);
       FinishRangeRollback();
       return;
     }
@@ -349,9 +355,9 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   // Every range group goes back to the rollback's checkpoint; then the restores are handed out.
   // Until every group answered, retried after each detection pass.
   void FinishRangeRollback() {
-    const auto [step, epoch] = *range_rollback_;
-    if (absl::Status rolled = ranges_.roll_back(step, epoch); !rolled.ok()) {
-      LOG(WARNING) << "GLOBAL_CHECKPOINT: rollback " << epoch << " to step " << step
+    const auto [step, id] = *range_rollback_;
+    if (absl::Status rolled = ranges_.roll_back(step, id); !rolled.ok()) {
+      LOG(WARNING) << "GLOBAL_CHECKPOINT: rollback " << id << " to step " << step
                    << " waits for the range groups (retried after the next detection pass): "
                    << rolled;
       return;
@@ -401,7 +407,7 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   RecoveryCoordinator* const coordinator_;
   const std::unique_ptr<GlobalCheckpoint> checkpoint_;
   const RangeCheckpointCalls ranges_;
-  // A sharded rollback not yet done in every range: (step, epoch). The failure detector's
+  // A sharded rollback not yet done in every range: (step, rollback id). The failure detector's
   // thread only (AfterDetection).
   std::optional<std::pair<int64_t, uint64_t>> range_rollback_;
 };

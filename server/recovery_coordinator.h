@@ -101,11 +101,12 @@ struct RecoveryUnits {
 
 // A sharded job's range groups under GLOBAL_CHECKPOINT (server/shard/range_checkpoints.h), as
 // group 0 calls them: `take` asks every range to keep its part of a complete cut (older than
-// `keep_from` may go), `roll_back` to go back to its part of `step` under rollback `epoch`.
+// `keep_from` may go), `roll_back` to go back to its part of `step`, once per `rollback_id`
+// (non-zero, drawn per rollback, the same on a retry).
 // Unset for an unsharded job: the center is group 0's alone.
 struct RangeCheckpointCalls {
   std::function<absl::Status(int64_t step, int64_t keep_from)> take;
-  std::function<absl::Status(int64_t step, uint64_t epoch)> roll_back;
+  std::function<absl::Status(int64_t step, uint64_t rollback_id)> roll_back;
 };
 
 // A replay task as one of its spares receives it (ClaimReplay).

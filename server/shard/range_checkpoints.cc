@@ -55,14 +55,14 @@ absl::Status RangeCheckpoints::Take(int64_t step, int64_t keep_from) const {
       absl::StrCat("did not keep its checkpoint of step ", step));
 }
 
-absl::Status RangeCheckpoints::RollBack(int64_t step, uint64_t epoch) const {
+absl::Status RangeCheckpoints::RollBack(int64_t step, uint64_t rollback_id) const {
   return OnEveryRange(
-      [&] { return local_->RollBack(step, epoch).status(); },
+      [&] { return local_->RollBack(step, rollback_id).status(); },
       [&](CenterRange::Stub* stub, int range, grpc::ClientContext* context) {
         RollbackRangeRequest request;
         request.set_step(step);
         request.set_range(range);
-        request.set_epoch(epoch);
+        request.set_rollback_id(rollback_id);
         RollbackRangeResponse response;
         return stub->RollbackRange(context, request, &response);
       },

@@ -6,7 +6,7 @@
 // cut group 0 asks every range, its own in process and the others at once
 // (CenterRange.CheckpointRange), to keep its part; the cut counts only if every range kept it.
 // At a rollback it asks every range to go back (CenterRange.RollbackRange, once per rollback
-// epoch); the restores are handed out only once every range answered.
+// id); the restores are handed out only once every range answered.
 //
 // The calls to other groups are operator calls: they carry this server's operator token
 // (security.operator_token_file), which every group must share; without one they are accepted
@@ -43,8 +43,8 @@ class RangeCheckpoints {
 
   // Every range keeps its part of the cut `step`; older than `keep_from` may go.
   absl::Status Take(int64_t step, int64_t keep_from) const;
-  // Every range back to its part of `step`, under rollback `epoch`.
-  absl::Status RollBack(int64_t step, uint64_t epoch) const;
+  // Every range back to its part of `step`, once per `rollback_id` (the same id on a retry).
+  absl::Status RollBack(int64_t step, uint64_t rollback_id) const;
 
  private:
   RangeCheckpoints(RangeService* local, std::string operator_token)

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -528,11 +529,11 @@ absl::StatusOr<int64_t> RangeService::TakeCheckpoint(int64_t step, int64_t keep_
   return bytes;
 }
 
-absl::StatusOr<std::vector<int64_t>> RangeService::RollBack(int64_t step, uint64_t epoch) {
+absl::StatusOr<std::vector<int64_t>> RangeService::RollBack(int64_t step, uint64_t rollback_id) {
   if (checkpoints_ == nullptr) {
     return absl::FailedPreconditionError("this job is not under GLOBAL_CHECKPOINT");
   }
-  if (epoch < 1) return absl::InvalidArgumentError("epoch must be >= 1");
+  if (rollback_id == 0) return absl::InvalidArgumentError("rollback_id must not be 0");
   absl::MutexLock lock(&checkpoint_mu_);
   auto versions = [this] {
     std::vector<int64_t> out;
@@ -544,7 +545,7 @@ absl::StatusOr<std::vector<int64_t>> RangeService::RollBack(int64_t step, uint64
   bool done = false;
   {
     absl::MutexLock kept_lock(&mu_);
-    done = epoch <= rolled_back_epoch_;
+    done = rollback_id == last_rollback_id_;
   }
   if (done) return versions();  // a repeat (group 0's retry of a lost answer)
   ASSIGN_OR_RETURN(CheckpointRecord record, checkpoints_->Get(step));
@@ -627,10 +628,10 @@ absl::StatusOr<std::vector<int64_t>> RangeService::RollBack(int64_t step, uint64
   if (step > 0) books_.Restore(books);
   {
     absl::MutexLock kept_lock(&mu_);
-    rolled_back_epoch_ = epoch;
+    last_rollback_id_ = rollback_id;
   }
   LOG(WARNING) << "range " << group_ << " rolled back to its checkpoint of step " << step
-               << " (rollback " << epoch << ")";
+               << " (rollback " << rollback_id << ")";
   return versions();
 }
 
@@ -650,12 +651,18 @@ grpc::Status RangeService::RollbackRange(grpc::ServerContext* context,
                                          RollbackRangeResponse* response) {
   if (absl::Status ok = CheckOperatorCall(context); !ok.ok()) return ToGrpcStatus(ok);
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  // A copy that arrives after its caller gave up must not land later than group 0 expects.
+  if (context != nullptr && context->deadline() < std::chrono::system_clock::now()) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "the rollback call's deadline passed before it was handled");
+  }
   if (request->step() < 0 || request->step() > job_.training().max_steps()) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "step must be in [0, training.max_steps = ", job_.training().max_steps(), "], got ",
         request->step())));
   }
-  absl::StatusOr<std::vector<int64_t>> versions = RollBack(request->step(), request->epoch());
+  absl::StatusOr<std::vector<int64_t>> versions =
+      RollBack(request->step(), request->rollback_id());
   if (!versions.ok()) return ToGrpcStatus(versions.status());
   for (int64_t version : *versions) response->add_center_versions(version);
   return grpc::Status::OK;

@@ -97,11 +97,12 @@ class RangeService final : public CenterRange::Service {
 
   // What CheckpointRange and RollbackRange do, callable in process (group 0's own range).
   // TakeCheckpoint: FAILED_PRECONDITION unless every slot's kept range snapshot holds `step`;
-  // returns the range checkpoint's bytes. RollBack: a done `epoch` again changes nothing;
-  // NOT_FOUND without a checkpoint of `step`; returns every stage's range version after it.
+  // returns the range checkpoint's bytes. RollBack: the last `rollback_id` done again changes
+  // nothing; NOT_FOUND without a checkpoint of `step`; returns every stage's range version
+  // after it.
   absl::StatusOr<int64_t> TakeCheckpoint(int64_t step, int64_t keep_from)
       ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
-  absl::StatusOr<std::vector<int64_t>> RollBack(int64_t step, uint64_t epoch)
+  absl::StatusOr<std::vector<int64_t>> RollBack(int64_t step, uint64_t rollback_id)
       ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
 
   // This group's place and the ranges, for GetStatus.
@@ -170,8 +171,8 @@ class RangeService final : public CenterRange::Service {
 
   mutable absl::Mutex mu_;
   std::map<Key, Kept> kept_ ABSL_GUARDED_BY(mu_);
-  // The last rollback (RollbackRange's epoch) done in full.
-  uint64_t rolled_back_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last rollback (RollbackRange's rollback_id) done in full; 0: none.
+  uint64_t last_rollback_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // rollbacks begun (a sync compares it)
 };
 

@@ -473,6 +473,18 @@ TEST_CASE("a replicated group's block: every field checked, with the fields it n
         "the leader there), got port 0");
   CHECK(error("listen_address: \"127.0.0.1:7070\"\nreplication { etcd_endpoints: \"e:1\" }\n") ==
         "server.pbtxt:3: replication needs durability.data_dir (a standby keeps its copy there)");
+  auto checkpointed = ParseServerConfig(
+      "job { model { layers { width: 10 activation: IDENTITY } }\n"
+      "      fault_tolerance { policy: GLOBAL_CHECKPOINT } }\n"
+      "listen_address: \"127.0.0.1:7070\"\ndurability { data_dir: \"/d\" }\n"
+      "replication { etcd_endpoints: \"e:1\" }\n",
+      "server.pbtxt", ".");
+  REQUIRE_FALSE(checkpointed.ok());
+  CHECK(checkpointed.status().message() ==
+        "server.pbtxt:5: replication cannot be set under fault_tolerance.policy GLOBAL_CHECKPOINT: "
+        "its checkpoints are files in the data directory that standbys do not receive, so a new "
+        "leader would have none to roll back to; use REPLAY or RESTART_FROM_CENTER, or one server "
+        "per group");
 }
 
 TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked together") {
