@@ -50,6 +50,12 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
     case RANGE_READ:
       RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
       return response;
+    case RANGE_DECLARATION: {
+      // A range group learns the declared model from here (RangeService::EnsureDeclared).
+      RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
+      ASSIGN_OR_RETURN(*response.mutable_model(), centers_->Declaration());
+      return response;
+    }
     case RANGE_PUSH: {
       const SlotId slot = Normalized(request.slot());
       RETURN_IF_ERROR(ValidateSlot(slot));
@@ -83,7 +89,8 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
       return response;
     }
     default:
-      return absl::InvalidArgumentError("access must be RANGE_SYNC, RANGE_PUSH or RANGE_READ");
+      return absl::InvalidArgumentError(
+          "access must be RANGE_SYNC, RANGE_PUSH, RANGE_READ or RANGE_DECLARATION");
   }
 }
 
