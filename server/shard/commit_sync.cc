@@ -50,6 +50,16 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
     case RANGE_READ:
       RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
       return response;
+    case RANGE_FAULT: {
+      // Only the owner's own update can be its fault; its credential is checked above.
+      const SlotId slot = Normalized(request.slot());
+      RETURN_IF_ERROR(ValidateSlot(slot));
+      RETURN_IF_ERROR(membership_->CheckOwner(request.incarnation(), slot));
+      OnRefused(slot, request.incarnation(),
+                absl::StrCat("an update in range ", request.range()).c_str(),
+                absl::InvalidArgumentError(request.reason().substr(0, 1024)));
+      return response;
+    }
     case RANGE_DECLARATION: {
       // A range group learns the declared model from here (RangeService::EnsureDeclared).
       RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
@@ -90,7 +100,7 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
     }
     default:
       return absl::InvalidArgumentError(
-          "access must be RANGE_SYNC, RANGE_PUSH, RANGE_READ or RANGE_DECLARATION");
+          "access must be RANGE_SYNC, RANGE_PUSH, RANGE_READ, RANGE_DECLARATION or RANGE_FAULT");
   }
 }
 

@@ -95,6 +95,23 @@ absl::Status RangeService::CheckRange(int range) const {
   return absl::OkStatus();
 }
 
+grpc::Status RangeService::ChargeFault(const grpc::ServerContext* context, uint64_t incarnation,
+                                       const SlotId& slot, const absl::Status& refusal) const {
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(incarnation);
+  ask.set_access(RANGE_FAULT);
+  *ask.mutable_slot() = slot;
+  ask.set_range(group_);
+  ask.set_reason(std::string(refusal.message()));
+  // Group 0 charges the slot's owner only, after checking the caller's credential; the caller's
+  // answer is the refusal whatever group 0 said.
+  if (absl::StatusOr<AuthorizeRangeResponse> charged = authorize_(context, ask); !charged.ok()) {
+    LOG(INFO) << "range " << group_ << " refused an update of slot " << SlotName(slot)
+              << " not charged by group 0: " << charged.status();
+  }
+  return ToGrpcStatus(refusal);
+}
+
 absl::Status RangeService::EnsureDeclared(const grpc::ServerContext* context,
                                           uint64_t incarnation) {
   if (!job_.model().declared_by_worker() || centers_->num_stages() > 0) {
@@ -192,9 +209,10 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
         step)));
   }
   const int stage = slot.stage();
-  // The tensors first: a malformed request is refused before group 0 is asked anything.
+  // The tensors first: a malformed request is refused before group 0 authorizes anything, and
+  // charged to its sender (as an unsharded Sync's).
   if (absl::Status ok = centers_->ValidateBundle(stage, request->params(), "params"); !ok.ok()) {
-    return ToGrpcStatus(ok);
+    return ChargeFault(context, request->incarnation(), slot, ok);
   }
   const OptimizerState& optimizer = request->optimizer();
   // The range snapshot is what a spare resumes from: the whole AdaHessian state (m, v, last D),
@@ -209,7 +227,7 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
         {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
     if (no_state) break;
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      return ToGrpcStatus(ok);
+      return ChargeFault(context, request->incarnation(), slot, ok);
     }
   }
   // Read before the authorization: a rollback after it refuses this sync (see `weight`).
@@ -236,6 +254,7 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   const double alpha = EffectiveMovingRate(job_);
   const compute::StageLayout& layout = centers_->layout(stage);
   bool applied_meanwhile = false;
+  bool step_refused = false;  // the weight function's own refusal, not the integrity checks'
   double partial_sq_norm = 0.0;
   auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
     // GLOBAL_CHECKPOINT: authorized before a rollback, this sync must not move the restored
@@ -251,7 +270,10 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
       applied_meanwhile = true;
       return AppliedMeanwhile();
     }
-    RETURN_IF_ERROR(CheckNextStep(slot, last, step));
+    if (absl::Status next = CheckNextStep(slot, last, step); !next.ok()) {
+      step_refused = true;
+      return next;
+    }
     partial_sq_norm = norm * norm;
     return allowed->weight();
   };
@@ -298,6 +320,12 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   absl::StatusOr<int64_t> version = centers_->ElasticSync(
       stage, x, alpha, weight, commit, absl::MakeSpan(worker_after.get(), n));
   if (applied_meanwhile) return AnswerApplied(slot, step, response);
+  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument &&
+      !step_refused) {
+    // Refused by the integrity checks (a result beyond weighting.max_abs_value): nothing
+    // changed, and the sender is charged as for an unsharded Sync.
+    return ChargeFault(context, request->incarnation(), slot, version.status());
+  }
   if (!version.ok()) {
     if (version.status().code() != absl::StatusCode::kInvalidArgument &&
         version.status().code() != absl::StatusCode::kAborted) {
@@ -340,7 +368,7 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
        {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
         {&request->hessian_diag(), "hessian_diag"}}) {
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      return ToGrpcStatus(ok);
+      return ChargeFault(context, request->incarnation(), slot, ok);
     }
   }
   AuthorizeRangeRequest ask;
@@ -379,7 +407,7 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
       applied_meanwhile = true;
       return AppliedMeanwhile();
     }
-    RETURN_IF_ERROR(next(applied));
+    RETURN_IF_ERROR(next(applied));  // FAILED_PRECONDITION: never taken for an integrity refusal
     partial_sq_norm = norm * norm;
     return allowed->weight();
   };
@@ -404,6 +432,9 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
   absl::StatusOr<int64_t> version = centers_->ApplyAdaHessian(
       stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
   if (applied_meanwhile) return answer_applied();
+  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
+    return ChargeFault(context, request->incarnation(), slot, version.status());
+  }
   if (!version.ok()) {
     if (version.status().code() != absl::StatusCode::kInvalidArgument &&
         version.status().code() != absl::StatusCode::kFailedPrecondition) {

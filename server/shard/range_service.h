@@ -156,6 +156,10 @@ class RangeService final : public CenterRange::Service {
   uint64_t Generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // CheckpointRange and RollbackRange: the server's checks, then its operator check.
   absl::Status CheckOperatorCall(const grpc::ServerContext* context) const;
+  // Asks group 0 to charge the caller with a refused update of `slot` (RANGE_FAULT), and
+  // returns `refusal` for the caller.
+  grpc::Status ChargeFault(const grpc::ServerContext* context, uint64_t incarnation,
+                           const SlotId& slot, const absl::Status& refusal) const;
   // A declared-model job: learns the model from group 0 if this group does not know it yet.
   absl::Status EnsureDeclared(const grpc::ServerContext* context, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(declare_mu_);

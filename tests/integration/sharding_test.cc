@@ -730,6 +730,14 @@ TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely
   CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(absl::StrContains(status.error_message(), "max_abs_value"));
   CHECK(version1() == 0);
+  // The three refused values (short, non-finite, extreme) were the trainer's fault: group 0
+  // charged its slot for each, as for an unsharded Sync; nobody else was charged.
+  {
+    const GetStatusResponse charged = *cluster.GetStatus();
+    REQUIRE(charged.slots_size() == 2);
+    CHECK(charged.slots(0).refused_updates() == 3);
+    CHECK(charged.slots(1).refused_updates() == 0);
+  }
 
   // The sync itself, then the same again (a lost reply): answered from the kept snapshot.
   status = client.SyncRange(1, good, trainer.credential(), &reply);
