@@ -663,7 +663,20 @@ TEST_CASE("a declared model is sharded: a range group learns it from group 0, se
   }
   REQUIRE(restarted.sharding().stages_size() == 1);
   CHECK(restarted.sharding().stages(0).parameters() == kParameters);
-  CHECK(values_of(client.Pull(1, trainer)) == range1);
+  // Read by a worker registered now (this test's t0 sends no heartbeats: a slow restart may
+  // outlast its failure timeout).
+  RegisterRequest reader_request = request;
+  reader_request.set_worker_name("reader");
+  reader_request.set_requested_role(SPARE);
+  RegisterResponse reader;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    const grpc::Status status = cluster.stub().Register(&context, reader_request, &reader);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+  }
+  CHECK(values_of(client.Pull(1, reader)) == range1);
   // A second worker's declaration is checked against the whole model at group 0.
   RegisterRequest differs = request;
   differs.set_worker_name("t1");
