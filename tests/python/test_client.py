@@ -21,7 +21,7 @@ import torch
 from rebound import client as rclient
 from rebound.cluster import LocalServer, read_log
 from rebound.torch import kernels
-from rebound.torch import runner
+from rebound.torch import wire
 from rebound_pb import config_pb2, rebound_pb2, tensor_pb2
 
 SERVER = os.environ["REBOUND_SERVER"]
@@ -58,7 +58,7 @@ def tiny_model_bundle(hidden=32, nan=False):
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(),
                                 torch.nn.Dropout(0.1), torch.nn.Linear(hidden, 4))
-    bundle = runner._bundle(list(model.parameters()),
+    bundle = wire.bundle_of(list(model.parameters()),
                             [n for n, _ in model.named_parameters()])
     if nan:
         data = bytearray(bundle.tensors[1].data)
@@ -152,8 +152,8 @@ def test_sync_math_is_the_servers_kernel_bit_for_bit(server):
     x = [c + torch.from_numpy(rng.standard_normal(tuple(c.shape)).astype(np.float32) * 0.37)
          for c in center]
     response = conn.call("Sync", rebound_pb2.SyncRequest(
-        incarnation=reg.incarnation, slot=reg.slot, step=4, params=runner._bundle(x)))
-    c_before = runner._from_bundle(response.center_before, x, "center_before")
+        incarnation=reg.incarnation, slot=reg.slot, step=4, params=wire.bundle_of(x)))
+    c_before = wire.tensors_of(response.center_before, x, "center_before")
     mine = [kernels.elastic_pull_worker(xi, ci, response.moving_rate)
             for xi, ci in zip(x, c_before)]
     assert response.moving_rate == pytest.approx(0.45)  # 0.9 / R
@@ -170,7 +170,7 @@ def test_sync_math_is_the_servers_kernel_bit_for_bit(server):
             task = got.task
     assert task is not None, "no recovery task within 20 s"
     assert task.snapshot.step == 4
-    snapshot = runner._from_bundle(task.snapshot.params, x, "snapshot")
+    snapshot = wire.tensors_of(task.snapshot.params, x, "snapshot")
     for a, b in zip(mine, snapshot):
         assert a.numpy().tobytes() == b.numpy().tobytes()
     # And the move is not the identity: a wrong alpha would not match.
