@@ -505,7 +505,7 @@ class _Worker:
                                           stop=self.session.stop)
             except rclient.CallError as error:
                 if error.code.name in ("FAILED_PRECONDITION", "ABORTED"):
-                    if self.session._wait_change(reg, 2.0):
+                    if self.session.wait_change(reg, 2.0):
                         continue
                     self.session.fenced(str(error))
                 raise _Exit(rebound.EXIT_FAILED, str(error)) from None
