@@ -418,15 +418,16 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("training.max_steps", job.training().max_steps(), int64_t{1});
   c.AtLeast("training.eval_every_ms", job.training().eval_every_ms(), 100);
 
-  // The center sharded across K groups (DESIGN.md §10.2, docs/sharding.md). What this wave
-  // shards: EASGD syncs and ASYNC_ADAHESSIAN pushes of a model spec, under every policy.
+  // The center sharded across K groups (DESIGN.md §10.2, docs/sharding.md): EASGD syncs and
+  // ASYNC_ADAHESSIAN pushes of a model spec or a declared model; GLOBAL_CHECKPOINT's range
+  // checkpoints need the spec's layout at start, which a declared model has only later.
   const ShardingConfig& sharding = job.sharding();
   c.InRange("sharding.groups", sharding.groups(), 1, kMaxShardGroups);
-  if (sharding.groups() > 1) {
-    if (job.model().declared_by_worker()) {
-      c.Fail("sharding.groups",
-             "> 1 needs a model spec with layers (a model declared by its workers is not sharded)");
-    }
+  if (sharding.groups() > 1 && job.model().declared_by_worker() &&
+      ft.policy() == GLOBAL_CHECKPOINT) {
+    c.Fail("sharding.groups",
+           "> 1 with a model declared by its workers needs fault_tolerance.policy REPLAY or "
+           "RESTART_FROM_CENTER (GLOBAL_CHECKPOINT shards a model spec with layers only)");
   }
 }
 
@@ -457,7 +458,8 @@ void CheckShard(const ServerConfig& config, Checker& c) {
     for (absl::string_view member : absl::StrSplit(entry, ',')) {
       c.HostPort("shard.group_addresses", std::string(member));
       const size_t colon = member.rfind(':');
-      const absl::string_view host = member.substr(0, colon == absl::string_view::npos ? 0 : colon);
+      const absl::string_view host =
+          member.substr(0, colon == absl::string_view::npos ? 0 : colon);
       if (remote.empty() && host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
         remote = std::string(member);
       }
@@ -470,8 +472,9 @@ void CheckShard(const ServerConfig& config, Checker& c) {
     c.Fail("security.operator_token_file",
            absl::StrCat("must be set, the same on every group, in a sharded GLOBAL_CHECKPOINT job "
                         "across hosts: group 0 asks the range groups to keep and roll back their "
-                        "ranges with it (docs/sharding.md#global-checkpoint); shard.group_addresses "
-                        "names ", remote));
+                        "ranges with it (docs/sharding.md#global-checkpoint); "
+                        "shard.group_addresses names ",
+                        remote));
   }
 }
 

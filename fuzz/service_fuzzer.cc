@@ -114,6 +114,13 @@ constexpr const char* kJobs[] = {
        sharding { groups: 2 }
        fault_tolerance { policy: GLOBAL_CHECKPOINT checkpoint_every_steps: 2
                          heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
+    // 9: a model its workers declare, sharded across 2 groups (range 0 in process; a range
+    // group's RANGE_DECLARATION ask can be made by hand with authorize_range).
+    R"(model { declared_by_worker: true }
+       topology { replicas: 2 stages: 1 spares: 1 }
+       easgd { sync_period: 2 }
+       sharding { groups: 2 }
+       fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
 };
 // kModel without its `model { ... }` line, for a job that declares its own model.
 std::string WithoutMlp(const std::string& model) {

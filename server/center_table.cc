@@ -142,6 +142,12 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
   table->max_abs_value_ = max_abs > 0.0 && max_abs < std::numeric_limits<float>::max()
                               ? static_cast<float>(max_abs)
                               : std::numeric_limits<float>::max();
+  table->groups_ = std::max(1, job.sharding().groups());
+  table->range_ = table->groups_ > 1 ? range : 0;
+  if (table->groups_ > 1 && (range < 0 || range >= table->groups_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range ", range, " of a job sharded across ", table->groups_, " groups"));
+  }
   if (job.model().declared_by_worker()) {
     table->declared_model_ = true;
     table->stages_.resize(1);  // filled by Declare
@@ -157,17 +163,14 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
     absl::MutexLock lock(&stage->mu);
     stage->center.resize(stage->layout.packed_size());
     RETURN_IF_ERROR(stage->layout.Pack(padded, absl::MakeSpan(stage->center)));
+    table->stage_parameters_.push_back(stage->layout.packed_size());
     table->stages_.push_back(std::move(stage));
   }
   table->num_stages_.store(static_cast<int>(table->stages_.size()), std::memory_order_release);
   if (job.sharding().groups() <= 1) return table;
   // A sharded job: this group's range of each stage, a one-tensor stage of its own, starting
   // from the same slice of the same initialisation.
-  const int groups = job.sharding().groups();
-  if (range < 0 || range >= groups) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("range ", range, " of a job sharded across ", groups, " groups"));
-  }
+  const int groups = table->groups_;
   for (std::unique_ptr<Stage>& stage : table->stages_) {
     const int64_t n = stage->layout.packed_size();
     const int s = static_cast<int>(&stage - table->stages_.data());
@@ -193,8 +196,20 @@ absl::Status CenterTable::Declare(const TensorBundle& model) {
   }
   ASSIGN_OR_RETURN(compute::StageLayout layout, compute::StageLayout::FromDeclared(model));
   RETURN_IF_ERROR(compute::ValidateBundle(layout, model, "model"));
-  auto stage = std::make_unique<Stage>(std::move(layout));
-  std::vector<float> values = compute::PackedFromBundle(stage->layout, model);
+  std::vector<float> values = compute::PackedFromBundle(layout, model);
+  declared_layout_ = std::make_unique<compute::StageLayout>(layout);
+  declaration_ = model;
+  std::unique_ptr<Stage> stage;
+  if (groups_ > 1) {
+    // A sharded job: this group's range of the declared values (as Create does for an MLP).
+    const int64_t n = layout.packed_size();
+    ASSIGN_OR_RETURN(compute::StageLayout ranged, compute::RangeLayout(0, n, groups_, range_));
+    values = std::vector<float>(values.begin() + compute::RangeBegin(n, groups_, range_),
+                                values.begin() + compute::RangeBegin(n, groups_, range_ + 1));
+    stage = std::make_unique<Stage>(std::move(ranged));
+  } else {
+    stage = std::make_unique<Stage>(std::move(layout));
+  }
   {
     absl::MutexLock lock(&stage->mu);
     stage->center = std::move(values);
@@ -205,11 +220,28 @@ absl::Status CenterTable::Declare(const TensorBundle& model) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<TensorBundle> CenterTable::Declaration() const {
+  if (!declared_model_ || num_stages() == 0) {
+    return absl::FailedPreconditionError(
+        declared_model_ ? "no worker has declared the job's model yet"
+                        : "this job's model is its spec's MLP (model.layers), not declared");
+  }
+  return declaration_;
+}
+
+int64_t CenterTable::StageParameters(int stage) const {
+  if (declared_model_) return declared_layout_->packed_size();
+  return stage_parameters_[stage];
+}
+
 absl::Status CenterTable::CheckModel(const TensorBundle& model,
                                      const std::string& fixed_by) const {
   int i = 0;
   for (int s = 0; s < num_stages(); ++s) {
-    for (const compute::TensorInfo& info : stages_[s]->layout.tensors()) {
+    // A declared model's whole layout (a sharded table's stage holds one range of it).
+    const compute::StageLayout& whole =
+        declared_layout_ != nullptr ? *declared_layout_ : stages_[s]->layout;
+    for (const compute::TensorInfo& info : whole.tensors()) {
       const std::string expected =
           absl::StrCat("tensor ", info.id, " '", info.name, "' of shape ",
                        compute::ShapeString(info.shape), " FLOAT32");
@@ -260,7 +292,7 @@ TensorBundle CenterTable::Bundle(int stage, absl::Span<const float> packed) cons
 
 absl::Status CenterTable::Restore(const CenterRecord& center, const CenterOptRecord* opt) {
   const int stage = center.stage();
-  if (declared_model_ && num_stages() == 0 && stage == 0) {
+  if (declared_model_ && num_stages() == 0 && stage == 0 && groups_ == 1) {
     // The stored center holds the declared tensors: it declares the model again.
     if (absl::Status declared = Declare(center.params()); !declared.ok()) {
       return absl::DataLossError(absl::StrCat("the stored center of the declared model: ",

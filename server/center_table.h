@@ -68,8 +68,21 @@ class CenterTable {
   // (RegisterRequest.model: every tensor with its initial values), at version 0. Called once,
   // after the caller made the declaration durable. INVALID_ARGUMENT for a malformed model
   // (compute::StageLayout::FromDeclared; data that does not match the shapes or is not finite),
-  // FAILED_PRECONDITION if the job's model is an MLP spec or already declared.
+  // FAILED_PRECONDITION if the job's model is an MLP spec or already declared. A sharded job's
+  // table holds its range of the declared stage, from the same slice of the declared values.
   absl::Status Declare(const TensorBundle& model);
+
+  // A sharded declared-model job keeps its declaration (the whole model with its initial
+  // values, CenterRecord.params) under this stage key of the center column family: its stage 0
+  // record holds the group's range, from which the model cannot be declared again.
+  static constexpr int kDeclarationStage = 0x7fffffff;
+
+  // The declared model as Declare received it; FAILED_PRECONDITION before Declare (or for an
+  // MLP job).
+  absl::StatusOr<TensorBundle> Declaration() const;
+  // The number of parameters of the whole stage `stage` (all ranges of a sharded job);
+  // REQUIRES: stage < num_stages().
+  int64_t StageParameters(int stage) const;
 
   // OK iff `model` (RegisterRequest.model) declares exactly the job's tensors: ids, names,
   // dtypes and shapes of every stage's tensors in order (its data is not compared). Otherwise
@@ -77,9 +90,10 @@ class CenterTable {
   // layout, for the message). REQUIRES: num_stages() > 0.
   absl::Status CheckModel(const TensorBundle& model, const std::string& fixed_by) const;
 
-  // Restores a stage from its durable records (after a server restart); a declared-model job's
-  // first restored record declares the model. INVALID_ARGUMENT / DATA_LOSS if the record does
-  // not fit the stage's layout.
+  // Restores a stage from its durable records (after a server restart); an unsharded
+  // declared-model job's first restored record declares the model (a sharded one's declaration
+  // is its kDeclarationStage record, which the caller Declares first). INVALID_ARGUMENT /
+  // DATA_LOSS if the record does not fit the stage's layout.
   absl::Status Restore(const CenterRecord& center, const CenterOptRecord* opt);
 
   // Checks that `bundle` holds exactly the stage's tensors (ids, shapes, FLOAT32, byte lengths)
@@ -172,6 +186,14 @@ class CenterTable {
 
   float max_abs_value_ = 0.0f;
   bool declared_model_ = false;  // model.declared_by_worker
+  int groups_ = 1;               // sharding.groups
+  int range_ = 0;                // the range this table holds when groups_ > 1
+  // A declared model: the declaration and its whole layout, set by Declare before it publishes
+  // num_stages_ (as stages_).
+  TensorBundle declaration_;
+  std::unique_ptr<compute::StageLayout> declared_layout_;
+  // An MLP job: each whole stage's parameter count.
+  std::vector<int64_t> stage_parameters_;
   // Serializes Declare.
   absl::Mutex declare_mu_;
   // Every stage of an MLP job, from Create on. A declared-model job: one entry, null until

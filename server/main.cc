@@ -279,9 +279,22 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
     LOG(INFO) << "fresh data directory: starting from the model's initialisation";
     return absl::OkStatus();
   }
-  // A declared model (DESIGN.md §11) has its one stage once its stored center declares it.
+  // A declared model (DESIGN.md §11) has its one stage once its stored center declares it; a
+  // sharded job's declaration is a record of its own, declared first.
   const int stages = job.model().declared_by_worker() ? 1 : centers->num_stages();
+  if (auto declared = state->centers.find(CenterTable::kDeclarationStage);
+      declared != state->centers.end()) {
+    if (!job.model().declared_by_worker() || job.sharding().groups() <= 1) {
+      return absl::DataLossError("a stored model declaration in a job whose model is not a "
+                                 "sharded declared one");
+    }
+    if (absl::Status ok = centers->Declare(declared->second.params()); !ok.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("the stored declaration of the model: ", ok.message()));
+    }
+  }
   for (const auto& [stage, center] : state->centers) {
+    if (stage == CenterTable::kDeclarationStage) continue;
     auto opt = state->center_opts.find(stage);
     if (stage < 0 || stage >= stages) {
       return absl::DataLossError(absl::StrCat("stored center of stage ", stage,

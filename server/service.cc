@@ -259,13 +259,18 @@ absl::Status ParameterServerService::CheckDeclaredModel(const RegisterRequest& r
     return centers_->CheckModel(request.model(), fixed_by);
   }
   // The first declaration: check it, make it durable (the center at version 0: its tensors'
-  // names, shapes and initial values, which a restarted server declares the model from), then
-  // fix it.
+  // names, shapes and initial values, which a restarted server declares the model from; a
+  // sharded job's under CenterTable::kDeclarationStage, its stage 0 being range 0), then fix it.
   ASSIGN_OR_RETURN(const compute::StageLayout layout,
                    compute::StageLayout::FromDeclared(request.model()));
   RETURN_IF_ERROR(compute::ValidateBundle(layout, request.model(), "model"));
+  if (job_.sharding().groups() > 1 && layout.packed_size() < job_.sharding().groups()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the declared model has ", layout.packed_size(), " parameters, fewer than the job's ",
+        job_.sharding().groups(), " server groups (sharding.groups): a range would be empty"));
+  }
   CenterRecord center;
-  center.set_stage(0);
+  center.set_stage(job_.sharding().groups() > 1 ? CenterTable::kDeclarationStage : 0);
   center.set_version(0);
   *center.mutable_params() = request.model();
   storage::WriteBatch batch;

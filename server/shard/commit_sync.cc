@@ -50,6 +50,22 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
     case RANGE_READ:
       RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
       return response;
+    case RANGE_FAULT: {
+      // Only the owner's own update can be its fault; its credential is checked above.
+      const SlotId slot = Normalized(request.slot());
+      RETURN_IF_ERROR(ValidateSlot(slot));
+      RETURN_IF_ERROR(membership_->CheckOwner(request.incarnation(), slot));
+      OnRefused(slot, request.incarnation(),
+                absl::StrCat("an update in range ", request.range()).c_str(),
+                absl::InvalidArgumentError(request.reason().substr(0, 1024)));
+      return response;
+    }
+    case RANGE_DECLARATION: {
+      // A range group learns the declared model from here (RangeService::EnsureDeclared).
+      RETURN_IF_ERROR(membership_->CheckAlive(request.incarnation()));
+      ASSIGN_OR_RETURN(*response.mutable_model(), centers_->Declaration());
+      return response;
+    }
     case RANGE_PUSH: {
       const SlotId slot = Normalized(request.slot());
       RETURN_IF_ERROR(ValidateSlot(slot));
@@ -83,7 +99,8 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
       return response;
     }
     default:
-      return absl::InvalidArgumentError("access must be RANGE_SYNC, RANGE_PUSH or RANGE_READ");
+      return absl::InvalidArgumentError(
+          "access must be RANGE_SYNC, RANGE_PUSH, RANGE_READ, RANGE_DECLARATION or RANGE_FAULT");
   }
 }
 

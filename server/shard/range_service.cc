@@ -69,15 +69,14 @@ void RangeService::FillStatus(ShardingStatus* status) const {
   status->set_groups(job_.sharding().groups());
   status->set_group(group_);
   *status->mutable_group_addresses() = config_.shard().group_addresses();
-  const std::vector<int> starts = StageLayerStarts(job_);
-  for (size_t s = 0; s + 1 < starts.size(); ++s) {
-    auto layout = compute::StageLayout::Create(job_.model(), starts[s], starts[s + 1]);
-    if (!layout.ok()) continue;
+  // Every stage's whole size (a declared model's once it is declared here).
+  for (int s = 0; s < centers_->num_stages(); ++s) {
+    const int64_t parameters = centers_->StageParameters(s);
     ShardingStatus::StageRanges* stage = status->add_stages();
-    stage->set_stage(static_cast<int>(s));
-    stage->set_parameters(layout->packed_size());
+    stage->set_stage(s);
+    stage->set_parameters(parameters);
     const std::vector<int64_t> begins =
-        compute::RangeBegins(layout->packed_size(), job_.sharding().groups());
+        compute::RangeBegins(parameters, job_.sharding().groups());
     for (size_t k = 0; k + 1 < begins.size(); ++k) stage->add_range_begin(begins[k]);
   }
 }
@@ -93,6 +92,54 @@ absl::Status RangeService::CheckRange(int range) const {
         "this server group holds range ", group_, " of the center, the call names range ", range,
         " (its address is shard.group_addresses[", range, "])"));
   }
+  return absl::OkStatus();
+}
+
+grpc::Status RangeService::ChargeFault(const grpc::ServerContext* context, uint64_t incarnation,
+                                       const SlotId& slot, const absl::Status& refusal) const {
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(incarnation);
+  ask.set_access(RANGE_FAULT);
+  *ask.mutable_slot() = slot;
+  ask.set_range(group_);
+  ask.set_reason(std::string(refusal.message()));
+  // Group 0 charges the slot's owner only, after checking the caller's credential; the caller's
+  // answer is the refusal whatever group 0 said.
+  if (absl::StatusOr<AuthorizeRangeResponse> charged = authorize_(context, ask); !charged.ok()) {
+    LOG(INFO) << "range " << group_ << " refused an update of slot " << SlotName(slot)
+              << " not charged by group 0: " << charged.status();
+  }
+  return ToGrpcStatus(refusal);
+}
+
+absl::Status RangeService::EnsureDeclared(const grpc::ServerContext* context,
+                                          uint64_t incarnation) {
+  if (!job_.model().declared_by_worker() || centers_->num_stages() > 0) {
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&declare_mu_);
+  if (centers_->num_stages() > 0) return absl::OkStatus();  // declared meanwhile
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(incarnation);
+  ask.set_access(RANGE_DECLARATION);
+  ask.set_range(group_);
+  ASSIGN_OR_RETURN(const AuthorizeRangeResponse answer, authorize_(context, ask));
+  // Durable first, as group 0's first declaration: a restart declares the model from it.
+  CenterRecord declaration;
+  declaration.set_stage(CenterTable::kDeclarationStage);
+  declaration.set_version(0);
+  *declaration.mutable_params() = answer.model();
+  storage::WriteBatch batch;
+  batch.PutCenter(declaration);
+  RETURN_IF_ERROR(store_->Commit(batch));
+  if (absl::Status declared = centers_->Declare(answer.model()); !declared.ok()) {
+    // Group 0 checked it when it was declared: a model that does not declare here is group
+    // 0's or the link's fault, not the worker's.
+    return absl::InternalError(
+        absl::StrCat("the model group 0 declared does not declare here: ", declared.message()));
+  }
+  LOG(INFO) << "range " << group_ << " learned the declared model from group 0 ("
+            << centers_->StageParameters(0) << " parameters)";
   return absl::OkStatus();
 }
 
@@ -152,6 +199,9 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
   const int64_t step = request->step();
   if (step < 1 || step > job_.training().max_steps()) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
@@ -159,18 +209,25 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
         step)));
   }
   const int stage = slot.stage();
-  // The tensors first: a malformed request is refused before group 0 is asked anything.
+  // The tensors first: a malformed request is refused before group 0 authorizes anything, and
+  // charged to its sender (as an unsharded Sync's).
   if (absl::Status ok = centers_->ValidateBundle(stage, request->params(), "params"); !ok.ok()) {
-    return ToGrpcStatus(ok);
+    return ChargeFault(context, request->incarnation(), slot, ok);
   }
   const OptimizerState& optimizer = request->optimizer();
+  // The range snapshot is what a spare resumes from: the whole AdaHessian state (m, v, last D),
+  // or none at all (an optimizer whose state the client cannot export: a replay then restarts
+  // the slot from the center, docs/python.md).
+  const bool no_state = optimizer.m().tensors_size() == 0 &&
+                        optimizer.v().tensors_size() == 0 &&
+                        optimizer.last_hdiag().tensors_size() == 0;
   for (const auto& [bundle, name] :
        {std::pair<const TensorBundle*, const char*>{&optimizer.m(), "optimizer.m"},
         {&optimizer.v(), "optimizer.v"},
         {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
-    // The range snapshot is what a spare resumes from: it needs the whole optimizer state.
+    if (no_state) break;
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      return ToGrpcStatus(ok);
+      return ChargeFault(context, request->incarnation(), slot, ok);
     }
   }
   // Read before the authorization: a rollback after it refuses this sync (see `weight`).
@@ -197,6 +254,7 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   const double alpha = EffectiveMovingRate(job_);
   const compute::StageLayout& layout = centers_->layout(stage);
   bool applied_meanwhile = false;
+  bool step_refused = false;  // the weight function's own refusal, not the integrity checks'
   double partial_sq_norm = 0.0;
   auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
     // GLOBAL_CHECKPOINT: authorized before a rollback, this sync must not move the restored
@@ -212,7 +270,10 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
       applied_meanwhile = true;
       return AppliedMeanwhile();
     }
-    RETURN_IF_ERROR(CheckNextStep(slot, last, step));
+    if (absl::Status next = CheckNextStep(slot, last, step); !next.ok()) {
+      step_refused = true;
+      return next;
+    }
     partial_sq_norm = norm * norm;
     return allowed->weight();
   };
@@ -235,9 +296,11 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
     compute::AppendTensorViews(layout, worker_after, &data);
     OptimizerState* state = snapshot.mutable_optimizer();
     state->set_step(optimizer.step());
-    AddHeaderAndViews(optimizer.m(), state->mutable_m(), &data);
-    AddHeaderAndViews(optimizer.v(), state->mutable_v(), &data);
-    AddHeaderAndViews(optimizer.last_hdiag(), state->mutable_last_hdiag(), &data);
+    if (!no_state) {
+      AddHeaderAndViews(optimizer.m(), state->mutable_m(), &data);
+      AddHeaderAndViews(optimizer.v(), state->mutable_v(), &data);
+      AddHeaderAndViews(optimizer.last_hdiag(), state->mutable_last_hdiag(), &data);
+    }
     const int copy = CopyOf(step);
     batch.PutRangeSnapshot(snapshot, std::move(data), copy);
     RETURN_IF_ERROR(store_->Commit(batch));
@@ -257,6 +320,12 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   absl::StatusOr<int64_t> version = centers_->ElasticSync(
       stage, x, alpha, weight, commit, absl::MakeSpan(worker_after.get(), n));
   if (applied_meanwhile) return AnswerApplied(slot, step, response);
+  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument &&
+      !step_refused) {
+    // Refused by the integrity checks (a result beyond weighting.max_abs_value): nothing
+    // changed, and the sender is charged as for an unsharded Sync.
+    return ChargeFault(context, request->incarnation(), slot, version.status());
+  }
   if (!version.ok()) {
     if (version.status().code() != absl::StatusCode::kInvalidArgument &&
         version.status().code() != absl::StatusCode::kAborted) {
@@ -285,6 +354,9 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
   const uint64_t sequence = request->sequence();
   if (sequence < 1 || request->step() < 1 || request->step() > job_.training().max_steps()) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
@@ -296,7 +368,7 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
        {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
         {&request->hessian_diag(), "hessian_diag"}}) {
     if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      return ToGrpcStatus(ok);
+      return ChargeFault(context, request->incarnation(), slot, ok);
     }
   }
   AuthorizeRangeRequest ask;
@@ -335,7 +407,7 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
       applied_meanwhile = true;
       return AppliedMeanwhile();
     }
-    RETURN_IF_ERROR(next(applied));
+    RETURN_IF_ERROR(next(applied));  // FAILED_PRECONDITION: never taken for an integrity refusal
     partial_sq_norm = norm * norm;
     return allowed->weight();
   };
@@ -360,6 +432,9 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
   absl::StatusOr<int64_t> version = centers_->ApplyAdaHessian(
       stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
   if (applied_meanwhile) return answer_applied();
+  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
+    return ChargeFault(context, request->incarnation(), slot, version.status());
+  }
   if (!version.ok()) {
     if (version.status().code() != absl::StatusCode::kInvalidArgument &&
         version.status().code() != absl::StatusCode::kFailedPrecondition) {
@@ -381,6 +456,9 @@ grpc::Status RangeService::PullRange(grpc::ServerContext* context,
                                      PullRangeResponse* response) {
   if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
   if (request->stage() < 0 || request->stage() >= centers_->num_stages()) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("stage must be in [0, ", centers_->num_stages(), "), got ",
@@ -407,6 +485,9 @@ grpc::Status RangeService::ReadRangeSnapshot(grpc::ServerContext* context,
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
   AuthorizeRangeRequest ask;
   ask.set_incarnation(request->incarnation());
   ask.set_access(RANGE_READ);

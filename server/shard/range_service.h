@@ -28,6 +28,12 @@
 // incarnation is alive and owns the slot, and that the step is at most one sync past the slot's
 // committed one, and decides the sync's weight (from the slot's previous sync).
 //
+// A declared model (model.declared_by_worker, the Python client): the first worker call that
+// reaches a range group k > 0 before it knows the model asks group 0 for the declaration
+// (AuthorizeRange with RANGE_DECLARATION, the worker's credential), stores it (the center
+// family's CenterTable::kDeclarationStage record, so a restart declares it again) and declares
+// its range of it.
+//
 // DETERMINISTIC scheduling: a new sync waits for its turn in the round (the group's own
 // SlotBooks: the same order as group 0 keeps), so every range's center moves in slot order and
 // the K ranges together equal the one-group center bit for bit (UNIFORM weights).
@@ -41,7 +47,8 @@
 //
 // Thread-safety: thread-safe; the slots' kept steps under one mutex (a leaf, never held across
 // a call to another unit), the center under CenterTable's stage locks. Lock order:
-// checkpoint_mu_ (a whole checkpoint or rollback) -> CenterTable's stage locks -> mu_.
+// declare_mu_ (held across the call to group 0 and CenterTable::Declare), checkpoint_mu_ (a
+// whole checkpoint or rollback) -> CenterTable's stage locks -> mu_.
 // Ownership: every pointer and function given to the constructor is borrowed/kept and must
 // outlive the service. Status codes: as ParameterServer's (proto/rebound.proto) plus NOT_FOUND
 // for a snapshot (or a range checkpoint) the group does not hold.
@@ -149,6 +156,13 @@ class RangeService final : public CenterRange::Service {
   uint64_t Generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // CheckpointRange and RollbackRange: the server's checks, then its operator check.
   absl::Status CheckOperatorCall(const grpc::ServerContext* context) const;
+  // Asks group 0 to charge the caller with a refused update of `slot` (RANGE_FAULT), and
+  // returns `refusal` for the caller.
+  grpc::Status ChargeFault(const grpc::ServerContext* context, uint64_t incarnation,
+                           const SlotId& slot, const absl::Status& refusal) const;
+  // A declared-model job: learns the model from group 0 if this group does not know it yet.
+  absl::Status EnsureDeclared(const grpc::ServerContext* context, uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(declare_mu_);
   // The step rule of a sync above the slot's last kept step.
   absl::Status CheckNextStep(const SlotId& slot, int64_t last, int64_t step) const;
   // The answer to a sync of a step the group applied already, or FAILED_PRECONDITION (stale).
@@ -168,6 +182,7 @@ class RangeService final : public CenterRange::Service {
   std::unique_ptr<RangeCheckpointFiles> checkpoints_;
   CallCheck check_operator_;
   absl::Mutex checkpoint_mu_;  // one checkpoint or rollback at a time
+  absl::Mutex declare_mu_;     // one declaration fetch at a time
 
   mutable absl::Mutex mu_;
   std::map<Key, Kept> kept_ ABSL_GUARDED_BY(mu_);

@@ -550,9 +550,14 @@ TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked
   CHECK(ParseJobConfig(model + "sharding { groups: 2 }\nfault_tolerance { policy: GLOBAL_CHECKPOINT }\n",
                        "job.pbtxt")
             .ok());
-  CHECK(job_error("model { declared_by_worker: true }\nsharding { groups: 2 }\n") ==
-        "job.pbtxt:2: sharding.groups > 1 needs a model spec with layers (a model declared by its "
-        "workers is not sharded)");
+  // A declared model (the Python client) shards under REPLAY and RESTART_FROM_CENTER.
+  CHECK(ParseJobConfig("model { declared_by_worker: true }\nsharding { groups: 2 }\n", "job.pbtxt")
+            .ok());
+  CHECK(job_error("model { declared_by_worker: true }\nsharding { groups: 2 }\n"
+                  "fault_tolerance { policy: GLOBAL_CHECKPOINT }\n") ==
+        "job.pbtxt:2: sharding.groups > 1 with a model declared by its workers needs "
+        "fault_tolerance.policy REPLAY or RESTART_FROM_CENTER (GLOBAL_CHECKPOINT shards a model "
+        "spec with layers only)");
 }
 
 TEST_CASE("worker configs: syntax error, unknown field, wrong type, out of range") {

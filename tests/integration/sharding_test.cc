@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/security.h"
@@ -575,6 +576,106 @@ TEST_CASE("a two-stage pipeline sharded across 2 groups trains bit-identical to 
   REQUIRE(two.status.sharding().stages_size() == 2);
 }
 
+// A declared model of `n` parameters in two tensors, values 0.5, 1.0, 1.5, ...
+TensorBundle DeclaredModel(int n) {
+  TensorBundle model;
+  const int sizes[2] = {n - n / 3, n / 3};
+  float value = 0.0f;
+  for (int i = 0; i < 2; ++i) {
+    Tensor* tensor = model.add_tensors();
+    tensor->set_id(i);
+    tensor->set_name(i == 0 ? "layer.weight" : "layer.bias");
+    tensor->set_dtype(FLOAT32);
+    tensor->add_shape(sizes[i]);
+    std::vector<float> values(sizes[i]);
+    for (float& v : values) v = (value += 0.5f);
+    tensor->set_data(std::string(reinterpret_cast<const char*>(values.data()),
+                                 values.size() * sizeof(float)));
+  }
+  return model;
+}
+
+TEST_CASE("a declared model is sharded: a range group learns it from group 0, serves its slice "
+          "and keeps it across a restart") {
+  Cluster cluster(ShardOptions("shard-declared", 2));
+  std::string text = ServerConfigText("REPLAY", kMaxSteps, 1, "EASGD",
+                                      "durability { data_dir: \"data\" }\n");
+  text = absl::StrReplaceAll(
+      text, {{"model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }",
+              "model { declared_by_worker: true }"}});
+  {
+    absl::Status started = cluster.StartServer(text, kWorkerConfig);
+    INFO(started << cluster.Logs(30, 8));
+    REQUIRE(started.ok());
+  }
+  constexpr int kParameters = 301;
+  const TensorBundle model = DeclaredModel(kParameters);
+  Client client(cluster);
+  RegisterRequest request;
+  request.set_worker_name("t0");
+  request.set_requested_role(TRAINER);
+  *request.mutable_model() = model;
+  RegisterResponse trainer;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    const grpc::Status status = cluster.stub().Register(&context, request, &trainer);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+  }
+  REQUIRE(trainer.range_addresses_size() == 2);
+  // Range 1 holds elements [150, 301) of the declared values; range 0 the rest.
+  std::vector<float> declared;
+  for (const Tensor& tensor : model.tensors()) {
+    const float* values = reinterpret_cast<const float*>(tensor.data().data());
+    declared.insert(declared.end(), values, values + tensor.data().size() / sizeof(float));
+  }
+  auto values_of = [](const PullRangeResponse& pulled) {
+    REQUIRE(pulled.center().tensors_size() == 1);
+    const std::string& bytes = pulled.center().tensors(0).data();
+    const float* values = reinterpret_cast<const float*>(bytes.data());
+    return std::vector<float>(values, values + bytes.size() / sizeof(float));
+  };
+  const std::vector<float> range0(declared.begin(), declared.begin() + kParameters / 2);
+  const std::vector<float> range1(declared.begin() + kParameters / 2, declared.end());
+  CHECK(values_of(client.Pull(0, trainer)) == range0);
+  CHECK(values_of(client.Pull(1, trainer)) == range1);  // group 1 learns the model here
+  {
+    absl::StatusOr<GetStatusResponse> group1 = cluster.GetGroupStatus(1);
+    REQUIRE(group1.ok());
+    REQUIRE(group1->sharding().stages_size() == 1);
+    CHECK(group1->sharding().stages(0).parameters() == kParameters);
+    CHECK(group1->sharding().stages(0).range_begin(1) == kParameters / 2);
+  }
+  // Restarted, group 1 declares the model from its own store before anyone calls it.
+  REQUIRE(cluster.KillMember(1).ok());
+  REQUIRE(cluster.RestartMember(1, /*wipe_data=*/false).ok());
+  GetStatusResponse restarted;
+  const absl::Time deadline = absl::Now() + Scaled(absl::Seconds(30));
+  while (true) {
+    absl::StatusOr<GetStatusResponse> status = cluster.GetGroupStatus(1);
+    if (status.ok() && status->has_sharding()) {
+      restarted = *status;
+      break;
+    }
+    REQUIRE(absl::Now() < deadline);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(restarted.sharding().stages_size() == 1);
+  CHECK(restarted.sharding().stages(0).parameters() == kParameters);
+  CHECK(values_of(client.Pull(1, trainer)) == range1);
+  // A second worker's declaration is checked against the whole model at group 0.
+  RegisterRequest differs = request;
+  differs.set_worker_name("t1");
+  differs.mutable_model()->mutable_tensors(1)->set_shape(0, kParameters / 3 + 1);
+  RegisterResponse refused;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+  CHECK(cluster.stub().Register(&context, differs, &refused).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+  cluster.StopAll(true, [](const ChildProcess&, int) {});
+}
+
 TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely and change "
           "nothing") {
   Cluster cluster(ShardOptions("shard-bad", 2));
@@ -629,6 +730,14 @@ TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely
   CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(absl::StrContains(status.error_message(), "max_abs_value"));
   CHECK(version1() == 0);
+  // The three refused values (short, non-finite, extreme) were the trainer's fault: group 0
+  // charged its slot for each, as for an unsharded Sync; nobody else was charged.
+  {
+    const GetStatusResponse charged = *cluster.GetStatus();
+    REQUIRE(charged.slots_size() == 2);
+    CHECK(charged.slots(0).refused_updates() == 3);
+    CHECK(charged.slots(1).refused_updates() == 0);
+  }
 
   // The sync itself, then the same again (a lost reply): answered from the kept snapshot.
   status = client.SyncRange(1, good, trainer.credential(), &reply);

@@ -198,13 +198,14 @@ TEST_CASE("--shard_groups is refused with exit 2 for a job it cannot shard, befo
                  absl::StrReplaceAll(
                      kJob, {{"model { layers { width: 16 } layers { width: 10 activation: "
                              "IDENTITY } }",
-                             "model { declared_by_worker: true }"}}));
+                             "model { declared_by_worker: true }"},
+                            {"fault_tolerance {", "fault_tolerance { policy: GLOBAL_CHECKPOINT"}}));
   const std::string workdir = launch.dir() + "/work";
   launch.Start({"--workdir", workdir, "--shard_groups", "2"});
   REQUIRE(launch.WaitForExit() == 2);
   CHECK(absl::StrContains(launch.Output(),
-                          "--shard_groups 2: the job cannot be sharded: sharding.groups > 1 needs "
-                          "a model spec with layers"));
+                          "--shard_groups 2: the job cannot be sharded: sharding.groups > 1 with "
+                          "a model declared by its workers needs fault_tolerance.policy REPLAY"));
   CHECK_FALSE(std::filesystem::exists(workdir));
 
   Launch disagree("launch-shard-disagree", kShardedLongJob);

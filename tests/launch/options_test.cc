@@ -238,16 +238,22 @@ TEST_CASE("--shard_groups on a job that cannot be sharded says why, in the job's
   JobConfig job = ShardableJob();
   job.mutable_model()->Clear();
   job.mutable_model()->set_declared_by_worker(true);
+  job.mutable_fault_tolerance()->set_policy(GLOBAL_CHECKPOINT);
   absl::Status refused = CheckOptionsAgainstJob(options, job);
   CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StartsWith(refused.message(), "--shard_groups 2: the job cannot be sharded: "));
   CHECK(absl::StrContains(refused.message(), "sharding.groups"));
-  CHECK(absl::StrContains(refused.message(), "a model declared by its workers is not sharded"));
-  // GLOBAL_CHECKPOINT shards since R14's range checkpoints.
+  CHECK(absl::StrContains(refused.message(), "GLOBAL_CHECKPOINT shards a model spec with layers "
+                                             "only"));
+  // GLOBAL_CHECKPOINT of a model spec, and a declared model under REPLAY, shard (R14).
   JobConfig checkpointed = ShardableJob();
   checkpointed.mutable_fault_tolerance()->set_policy(GLOBAL_CHECKPOINT);
   options.shard_groups = 2;
   CHECK(CheckOptionsAgainstJob(options, checkpointed).ok());
+  JobConfig declared = ShardableJob();
+  declared.mutable_model()->Clear();
+  declared.mutable_model()->set_declared_by_worker(true);
+  CHECK(CheckOptionsAgainstJob(options, declared).ok());
   // One group is always fine.
   options.shard_groups = 1;
   CHECK(CheckOptionsAgainstJob(options, job).ok());

@@ -464,5 +464,52 @@ TEST_CASE("Restore of a declared-model job declares the model from the stored ce
   CHECK(Center(*table)[0] == 3.25f);
 }
 
+TEST_CASE("a sharded declared model: each group's table holds its slice, checks the whole "
+          "layout and gives the declaration back") {
+  auto job = ParseJobConfig(std::string(kDeclaredJob) + "sharding { groups: 3 }\n", "job.pbtxt");
+  REQUIRE(job.ok());
+  const TensorBundle model = DeclaredModel(1.0f);  // 44 parameters: ranges of 14, 15 and 15
+  std::vector<float> joined;
+  for (int range = 0; range < 3; ++range) {
+    auto table = CenterTable::Create(*job, range);
+    REQUIRE(table.ok());
+    CHECK((*table)->Declaration().status().code() == absl::StatusCode::kFailedPrecondition);
+    REQUIRE((*table)->Declare(model).ok());
+    REQUIRE((*table)->num_stages() == 1);
+    CHECK((*table)->StageParameters(0) == 44);
+    CHECK((*table)->layout(0).packed_size() == (range == 0 ? 14 : 15));
+    const std::vector<float> slice = Center(**table);
+    joined.insert(joined.end(), slice.begin(), slice.end());
+    // Another worker's declaration is checked against the whole model, not the range.
+    CHECK((*table)->CheckModel(DeclaredModel(5.0f), "w1").ok());
+    TensorBundle other = DeclaredModel(1.0f);
+    other.mutable_tensors(2)->set_shape(1, 9);
+    CHECK((*table)->CheckModel(other, "w1").code() == absl::StatusCode::kFailedPrecondition);
+    auto declaration = (*table)->Declaration();
+    REQUIRE(declaration.ok());
+    CHECK(declaration->SerializeAsString() == model.SerializeAsString());
+    // A stored range center is restored only after the declaration (a range bundle does not
+    // declare the model).
+    auto restarted = CenterTable::Create(*job, range);
+    REQUIRE(restarted.ok());
+    CenterRecord range_record;
+    range_record.set_stage(0);
+    range_record.set_version(4);
+    *range_record.mutable_params() = (*table)->Bundle(0, slice);
+    CHECK_FALSE((*restarted)->Restore(range_record, nullptr).ok());
+    REQUIRE((*restarted)->Declare(model).ok());
+    REQUIRE((*restarted)->Restore(range_record, nullptr).ok());
+    CHECK((*restarted)->version(0) == 4);
+  }
+  // The three slices are the declared values, in order.
+  REQUIRE(joined.size() == 44u);
+  for (size_t i = 0; i < joined.size(); ++i) {
+    INFO("element " << i);
+    CHECK(joined[i] == 1.0f + (i + 1) * 0.25f);
+  }
+  // A range outside the job's groups is refused.
+  CHECK(CenterTable::Create(*job, 3).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace rebound::server
