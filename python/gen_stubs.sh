@@ -24,7 +24,7 @@ fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/rebound_pb" "$out/rebound_pb"
-for f in config health rebound storage tensor; do
+for f in config health rebound sharding storage tensor; do
   sed 's#^import "proto/#import "rebound_pb/#' "$root/proto/$f.proto" > "$tmp/rebound_pb/$f.proto"
 done
 "$protoc" -I "$tmp" --python_out="$out" --grpc_python_out="$out" \

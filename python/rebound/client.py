@@ -1,5 +1,6 @@
-"""The transport of the Python client: one gRPC channel to the server, every call with a deadline
-and the worker's credential, retried by the shared backoff rule (docs/protocol.md).
+"""The transport of the Python client: one gRPC channel to the server (and, for a center sharded
+across K server groups, one to each group: ``RangeGroups``), every call with a deadline and the
+worker's credential, retried by the shared backoff rule (docs/protocol.md).
 
 Retry rule (common/retry.h, common/backoff.h): UNAVAILABLE and DEADLINE_EXCEEDED are retried
 with capped exponential backoff (initial, 2x, ... up to max, each delay drawn uniformly from
@@ -17,10 +18,11 @@ import socket
 import sys
 import threading
 import time
+from concurrent import futures
 
 import grpc
 
-from rebound_pb import rebound_pb2_grpc
+from rebound_pb import rebound_pb2_grpc, sharding_pb2_grpc
 
 CREDENTIAL_KEY = "rebound-worker-credential"
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -235,26 +237,8 @@ class Connection:
         """Calls the unary ``method`` (a name of ParameterServer) with a deadline; retries
         UNAVAILABLE and DEADLINE_EXCEEDED (when ``retry``) until give_up_after_s. Raises
         CallError, Unreachable, or ``Stopped`` when the ``stop`` event is set while waiting."""
-        fn = getattr(self.stub, method)
-        deadline_s = self.options.rpc_deadline_s if deadline_s is None else deadline_s
-        backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
-        give_up = time.monotonic() + self.options.give_up_after_s
-        while True:
-            try:
-                return fn(request, timeout=deadline_s, metadata=self.metadata())
-            except grpc.RpcError as error:
-                code = error.code()
-                if not retry or code not in RETRYABLE:
-                    raise CallError(method, code, error.details()) from None
-                if time.monotonic() >= give_up:
-                    raise Unreachable("%s failed for %.0f s: %s: %s" % (
-                        method, self.options.give_up_after_s, code.name, error.details())) from None
-                delay = backoff.next()
-                if stop is not None:
-                    if stop.wait(delay):
-                        raise Stopped("stopped while retrying %s" % method) from None
-                else:
-                    time.sleep(delay)
+        return call_with_retry(self, getattr(self.stub, method), method, request,
+                               deadline_s=deadline_s, retry=retry, stop=stop)
 
     def stream(self, method, request, deadline_s=None):
         """A server-streaming call (ReadLog): the list of its messages. Not retried here (the
@@ -285,3 +269,76 @@ class Connection:
 
 class Stopped(Exception):
     """The worker was asked to stop while a call waited."""
+
+
+def call_with_retry(conn, fn, what, request, deadline_s=None, retry=True, stop=None):
+    """Connection.call's rule for the unary stub method ``fn`` of any channel: every attempt
+    under ``conn``'s deadline, credential and token; ``what`` names the call in errors."""
+    options = conn.options
+    deadline_s = options.rpc_deadline_s if deadline_s is None else deadline_s
+    backoff = Backoff(options.backoff_initial_s, options.backoff_max_s)
+    give_up = time.monotonic() + options.give_up_after_s
+    while True:
+        try:
+            return fn(request, timeout=deadline_s, metadata=conn.metadata())
+        except grpc.RpcError as error:
+            code = error.code()
+            if not retry or code not in RETRYABLE:
+                raise CallError(what, code, error.details()) from None
+            if time.monotonic() >= give_up:
+                raise Unreachable("%s failed for %.0f s: %s: %s" % (
+                    what, options.give_up_after_s, code.name, error.details())) from None
+            delay = backoff.next()
+            if stop is not None:
+                if stop.wait(delay):
+                    raise Stopped("stopped while retrying %s" % what) from None
+            else:
+                time.sleep(delay)
+
+
+class RangeGroups:
+    """The K server groups of a sharded job (docs/sharding.md), for the CenterRange calls of a
+    worker registered through ``conn`` (group 0): one channel per group (a replicated group's
+    entry lists its members, open_channel follows its leader), every call with ``conn``'s
+    credential, token, deadline and retry rule (call_with_retry), the K groups called at once on
+    K threads of a pool this object owns (``close`` ends them).
+
+    ``addresses``: RegisterResponse.range_addresses, group k's at index k; ValueError for fewer
+    than two or a bad entry. Thread-safety: thread-safe (gRPC stubs, a pool)."""
+
+    def __init__(self, conn, addresses):
+        if len(addresses) < 2:
+            raise ValueError("a sharded center has at least 2 range groups, the server named %d"
+                             % len(addresses))
+        for address in addresses:
+            parse_server_addresses(address)
+        self._conn = conn
+        self.addresses = list(addresses)
+        self._channels = [open_channel(address, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]) for address in self.addresses]
+        self._stubs = [sharding_pb2_grpc.CenterRangeStub(c) for c in self._channels]
+        self._pool = futures.ThreadPoolExecutor(max_workers=len(self.addresses),
+                                                thread_name_prefix="rebound-range")
+
+    @property
+    def groups(self):
+        return len(self._stubs)
+
+    def call(self, k, method, request, stop=None):
+        """CenterRange ``method`` at group k, as Connection.call; errors name the range."""
+        return call_with_retry(self._conn, getattr(self._stubs[k], method),
+                               "%s of range %d" % (method, k), request, stop=stop)
+
+    def each(self, fn):
+        """[fn(0), ..., fn(K - 1)], run at once on the pool. Once every call has returned,
+        raises the exception of the lowest range that raised one."""
+        running = [self._pool.submit(fn, k) for k in range(self.groups)]
+        futures.wait(running)
+        return [f.result() for f in running]
+
+    def close(self):
+        self._pool.shutdown(wait=True)
+        for channel in self._channels:
+            channel.close()

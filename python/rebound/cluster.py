@@ -6,12 +6,17 @@ its own session and killed (process group) on ``close()``.
         worker = server.start_worker([sys.executable, "train.py", "--server", server.address])
         ...
 
+A job whose center is sharded across K server groups (docs/sharding.md) runs on
+``LocalShardedServers(server_binary, job_text, K)``: K servers, each with the job plus
+``sharding { groups: K }`` and its own ``shard`` block; workers are pointed at group 0.
+
 Bounded: ``LocalServer`` waits at most ``start_timeout_s`` for the server's port file; every
 ``wait`` takes a timeout; ``close()`` sends SIGTERM, waits ``grace_s``, then SIGKILL.
 """
 
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -22,9 +27,11 @@ from rebound_pb import rebound_pb2, rebound_pb2_grpc
 
 
 class LocalServer:
+    """One rebound_server. ``port``: 0 for any (the server reports it), else the port to listen
+    on (a sharded job's groups must know each other's addresses before they start)."""
 
     def __init__(self, binary, job_text, data_dir=None, start_timeout_s=30.0, extra_server="",
-                 log_path=None):
+                 log_path=None, port=0):
         self._tmp = tempfile.TemporaryDirectory(prefix="rebound-py-")
         self.dir = self._tmp.name
         self.data_dir = data_dir or os.path.join(self.dir, "data")
@@ -35,13 +42,14 @@ class LocalServer:
         self.log_path = log_path or os.path.join(self.dir, "server.log")
         self.workers = []
         self.server = None
-        self.address = None
+        self.address = "127.0.0.1:%d" % port if port else None
         self.start()
 
     def start(self):
         config = os.path.join(self.dir, "server.pbtxt")
         with open(config, "w") as f:
-            # A restart keeps the port, so that running workers find the server again.
+            # A restart keeps the port, so that running workers find the server again (a fixed
+            # port is kept from the start).
             port = self.address.rsplit(":", 1)[1] if self.address else "0"
             f.write('listen_address: "127.0.0.1:%s"\n' % port)
             f.write('durability { data_dir: "%s" }\n' % self.data_dir)
@@ -139,6 +147,80 @@ class LocalServer:
     def cleanup(self):
         self.close()
         self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+
+def free_port():
+    """A loopback port that was free a moment ago (bound to port 0 and closed). Another process
+    may take it before it is used: for tests on a machine of their own."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalShardedServers:
+    """The K server groups of one sharded job (one rebound_server each) on loopback ports chosen
+    in advance (free_port): group k's config has ``job_text`` plus ``sharding { groups: K }`` and
+    ``shard { group: k group_addresses: <group 0> ... <group K - 1> }``. ``groups[k]`` is group
+    k's LocalServer; ``address``, ``status``, ``wait_for`` and ``start_worker`` are group 0's
+    (the coordinator workers register with). ``close()`` stops the workers, then every group."""
+
+    def __init__(self, binary, job_text, groups, start_timeout_s=30.0, extra_server=""):
+        if groups < 2:
+            raise ValueError("a sharded job has at least 2 groups, got %d" % groups)
+        ports = []
+        while len(ports) < groups:
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        self.addresses = ["127.0.0.1:%d" % port for port in ports]
+        sharded_job = "%s\nsharding { groups: %d }" % (job_text, groups)
+        self.groups = []
+        try:
+            for k, port in enumerate(ports):
+                shard = "shard {\n  group: %d\n%s}" % (k, "".join(
+                    '  group_addresses: "%s"\n' % address for address in self.addresses))
+                self.groups.append(LocalServer(
+                    binary, sharded_job, start_timeout_s=start_timeout_s, port=port,
+                    extra_server="%s\n%s" % (extra_server, shard)))
+        except BaseException:
+            self.cleanup()
+            raise
+        self.coordinator = self.groups[0]
+        self.address = self.coordinator.address
+
+    @property
+    def workers(self):
+        return self.coordinator.workers
+
+    def status(self, timeout_s=5.0):
+        return self.coordinator.status(timeout_s)
+
+    def wait_for(self, predicate, timeout_s, poll_s=0.2, what="condition"):
+        return self.coordinator.wait_for(predicate, timeout_s, poll_s, what)
+
+    def start_worker(self, argv, log_path=None, env=None):
+        return self.coordinator.start_worker(argv, log_path, env)
+
+    def server_logs(self, tail=3000):
+        """Every group's log, its last ``tail`` characters each, for a failing test's message."""
+        return "\n".join("--- group %d (%s) ---\n%s" % (k, group.log_path,
+                                                         group.server_log()[-tail:])
+                         for k, group in enumerate(self.groups))
+
+    def close(self, grace_s=5.0):
+        # Group 0 first with the workers (its close stops them), then the range groups.
+        for group in self.groups:
+            group.close(grace_s)
+
+    def cleanup(self):
+        for group in self.groups:
+            group.cleanup()
 
     def __enter__(self):
         return self

@@ -9,7 +9,6 @@ Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tin
 import os
 import re
 import signal
-import struct
 import sys
 import time
 
@@ -21,11 +20,11 @@ import torch
 from rebound import client as rclient
 from rebound.cluster import LocalServer, read_log
 from rebound.torch import kernels
-from rebound.torch import runner
+from rebound.torch import wire
 from rebound_pb import config_pb2, rebound_pb2, tensor_pb2
+from tiny_workers import SPEC, register, tiny_model_bundle, wait_exit, worker
 
 SERVER = os.environ["REBOUND_SERVER"]
-SPEC = os.environ["TINY_SPEC"]
 
 JOB = """
 job_id: "tiny"
@@ -40,41 +39,6 @@ training { max_steps: %(steps)d eval_every_ms: 500 }
 
 def job(replicas=2, tau=4, steps=1000, ft="", easgd=""):
     return JOB % dict(replicas=replicas, tau=tau, steps=steps, ft=ft, easgd=easgd)
-
-
-def worker(server, *args):
-    return server.start_worker([sys.executable, SPEC, "--server", server.address] + list(args))
-
-
-def wait_exit(process, timeout_s):
-    try:
-        return process.wait(timeout=timeout_s)
-    except Exception:
-        raise AssertionError("worker still running after %.0f s; its log:\n%s" % (
-            timeout_s, read_log(process)[-3000:]))
-
-
-def tiny_model_bundle(hidden=32, nan=False):
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(),
-                                torch.nn.Dropout(0.1), torch.nn.Linear(hidden, 4))
-    bundle = runner._bundle(list(model.parameters()),
-                            [n for n, _ in model.named_parameters()])
-    if nan:
-        data = bytearray(bundle.tensors[1].data)
-        data[0:4] = struct.pack("<f", float("nan"))
-        bundle.tensors[1].data = bytes(data)
-    return bundle
-
-
-def register(server, name, model=None, role=config_pb2.ROLE_UNSPECIFIED):
-    conn = rclient.Connection(rclient.Options(server=server.address, give_up_after_s=10))
-    request = rebound_pb2.RegisterRequest(job_id="tiny", worker_name=name, requested_role=role)
-    if model is not None:
-        request.model.CopyFrom(model)
-    response = conn.call("Register", request)
-    conn.set_credential(response.credential)
-    return conn, response
 
 
 def code_of(call):
@@ -152,8 +116,8 @@ def test_sync_math_is_the_servers_kernel_bit_for_bit(server):
     x = [c + torch.from_numpy(rng.standard_normal(tuple(c.shape)).astype(np.float32) * 0.37)
          for c in center]
     response = conn.call("Sync", rebound_pb2.SyncRequest(
-        incarnation=reg.incarnation, slot=reg.slot, step=4, params=runner._bundle(x)))
-    c_before = runner._from_bundle(response.center_before, x, "center_before")
+        incarnation=reg.incarnation, slot=reg.slot, step=4, params=wire.bundle_of(x)))
+    c_before = wire.tensors_of(response.center_before, x, "center_before")
     mine = [kernels.elastic_pull_worker(xi, ci, response.moving_rate)
             for xi, ci in zip(x, c_before)]
     assert response.moving_rate == pytest.approx(0.45)  # 0.9 / R
@@ -170,7 +134,7 @@ def test_sync_math_is_the_servers_kernel_bit_for_bit(server):
             task = got.task
     assert task is not None, "no recovery task within 20 s"
     assert task.snapshot.step == 4
-    snapshot = runner._from_bundle(task.snapshot.params, x, "snapshot")
+    snapshot = wire.tensors_of(task.snapshot.params, x, "snapshot")
     for a, b in zip(mine, snapshot):
         assert a.numpy().tobytes() == b.numpy().tobytes()
     # And the move is not the identity: a wrong alpha would not match.

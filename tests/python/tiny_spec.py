@@ -2,10 +2,13 @@
 (a fixed random teacher labels Gaussian inputs), run as
 
     python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam]
-        [--max-seconds S] [--slow-ms MS] [--nondeterministic]
+        [--max-seconds S] [--slow-ms MS] [--nondeterministic] [--start-gate PATH]
 
 --slow-ms sleeps after every batch fetch (a test kills the trainer mid-run); --nondeterministic
-makes every process's model add its own noise, so a replay cannot match (the fallback test).
+makes every process's model add its own noise, so a replay cannot match (the fallback test);
+--start-gate makes the first batch fetch (a trainer's comes after it pulled the center) create
+PATH.<pid> and wait until PATH exists (at most 120 s), so that a test starts every trainer's
+training at once, each from the center as the job began.
 """
 
 import argparse
@@ -21,12 +24,13 @@ CLASSES = 4
 
 
 class Synthetic:
-    def __init__(self, n, seed, slow_ms=0):
+    def __init__(self, n, seed, slow_ms=0, start_gate=None):
         g = torch.Generator().manual_seed(seed)
         teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(7))
         self.x = torch.randn(n, FEATURES, generator=g)
         self.y = (self.x @ teacher).argmax(dim=1)
         self.slow_ms = slow_ms
+        self.start_gate = start_gate
 
     def __len__(self):
         return len(self.x)
@@ -35,6 +39,14 @@ class Synthetic:
         return self.x[i], self.y[i]
 
     def batch(self, ids):
+        if self.start_gate:
+            gate, self.start_gate = self.start_gate, None
+            open("%s.%d" % (gate, os.getpid()), "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(gate):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the start gate %s did not open within 120 s" % gate)
+                time.sleep(0.01)
         if self.slow_ms:
             time.sleep(self.slow_ms / 1000.0)
         return self.x.index_select(0, ids), self.y.index_select(0, ids)
@@ -66,7 +78,8 @@ def make_spec(args):
         return rt.AdaHessian(params, lr=0.05, hessian_every=2)
 
     return rt.Spec(model=model, optimizer=optimizer, loss=torch.nn.functional.cross_entropy,
-                   train_set=Synthetic(2048, 1, args.slow_ms), test_set=Synthetic(512, 2),
+                   train_set=Synthetic(2048, 1, args.slow_ms, getattr(args, "start_gate", None)),
+                   test_set=Synthetic(512, 2),
                    batch_size=32)
 
 
@@ -79,6 +92,7 @@ def main():
     parser.add_argument("--max-seconds", type=float)
     parser.add_argument("--slow-ms", type=float, default=0)
     parser.add_argument("--nondeterministic", action="store_true")
+    parser.add_argument("--start-gate")
     args = parser.parse_args()
     rt.run(make_spec(args), server=args.server, name=args.name, role=args.role,
            max_seconds=args.max_seconds, give_up_after_s=30)

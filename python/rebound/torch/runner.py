@@ -5,7 +5,8 @@ syncs with the center every tau steps (EASGD, §4.4, with the same float32 arith
 worker), logging each step's sample ids, torch seed and parameter checksums; a SPARE waits for a
 recovery task, rebuilds a lost slot by replaying its log from its snapshot, verifies every step's
 checksum and takes the slot over (or, under RESTART_FROM_CENTER, takes one over from the
-center); an EVALUATOR pulls the center and reports test loss and accuracy.
+center); an EVALUATOR pulls the center and reports test loss and accuracy. The center is one
+server group's or sharded across K groups (docs/sharding.md); rebound.torch.center hides which.
 
 Determinism (what replay needs): the batch of step t is a pure function of (job seed, replica,
 t) (``batch_ids``); before step t the runner seeds torch's generator with ``step_seed(...)`` and
@@ -38,8 +39,10 @@ from rebound import client as rclient
 from rebound import membership
 from rebound import steplog
 from rebound.torch import kernels
+from rebound.torch import wire
 from rebound.torch.adahessian import AdaHessian
-from rebound_pb import config_pb2, rebound_pb2, tensor_pb2
+from rebound.torch.center import center_for
+from rebound_pb import config_pb2, rebound_pb2
 
 _MASK64 = (1 << 64) - 1
 
@@ -147,39 +150,7 @@ def _fetch(data_set, ids):
 
 
 # ---------------------------------------------------------------------------------------------
-# Tensors on the wire.
-
-def _bundle(tensors, names=None, with_data=True):
-    bundle = tensor_pb2.TensorBundle()
-    for i, t in enumerate(tensors):
-        t = t.detach()
-        out = bundle.tensors.add()
-        out.id = i
-        if names is not None:
-            out.name = names[i]
-        out.dtype = tensor_pb2.FLOAT32
-        out.shape.extend(int(d) for d in t.shape)
-        if with_data:
-            out.data = t.contiguous().numpy().astype("<f4", copy=False).tobytes()
-    return bundle
-
-
-def _from_bundle(bundle, like, what):
-    if len(bundle.tensors) != len(like):
-        raise _Exit(rebound.EXIT_FAILED, "%s holds %d tensors, the model has %d" % (
-            what, len(bundle.tensors), len(like)))
-    out = []
-    for t, ref in zip(bundle.tensors, like):
-        if list(t.shape) != list(ref.shape) or t.dtype != tensor_pb2.FLOAT32:
-            raise _Exit(rebound.EXIT_FAILED, "%s: tensor %d '%s' has shape %s, the model's %s" % (
-                what, t.id, t.name, list(t.shape), list(ref.shape)))
-        values = np.frombuffer(t.data, dtype="<f4")
-        if values.size != ref.numel():
-            raise _Exit(rebound.EXIT_FAILED, "%s: tensor %d holds %d values, expected %d" % (
-                what, t.id, values.size, ref.numel()))
-        out.append(torch.from_numpy(values.copy()).reshape(ref.shape))
-    return out
-
+# Checksums.
 
 def _params_checksums(params):
     data = [p.detach().contiguous().numpy().tobytes() for p in params]
@@ -218,9 +189,9 @@ def _import_optimizer(optimizer, params, state):
     """Loads an OptimizerState message into the optimizer. False if its type cannot."""
     if isinstance(optimizer, AdaHessian):
         zeros = [torch.zeros_like(p) for p in params]
-        m = _from_bundle(state.m, params, "optimizer.m") if state.m.tensors else zeros
-        v = _from_bundle(state.v, params, "optimizer.v") if state.v.tensors else zeros
-        d = (_from_bundle(state.last_hdiag, params, "optimizer.last_hdiag")
+        m = wire.tensors_of(state.m, params, "optimizer.m") if state.m.tensors else zeros
+        v = wire.tensors_of(state.v, params, "optimizer.v") if state.v.tensors else zeros
+        d = (wire.tensors_of(state.last_hdiag, params, "optimizer.last_hdiag")
              if state.last_hdiag.tensors else zeros)
         optimizer.import_state(state.step, m, v, d)
         return True
@@ -228,8 +199,8 @@ def _import_optimizer(optimizer, params, state):
         if not state.m.tensors:
             optimizer.state.clear()
             return True
-        m = _from_bundle(state.m, params, "optimizer.m")
-        v = _from_bundle(state.v, params, "optimizer.v")
+        m = wire.tensors_of(state.m, params, "optimizer.m")
+        v = wire.tensors_of(state.v, params, "optimizer.v")
         for p, mi, vi in zip(params, m, v):
             optimizer.state[p] = {"step": torch.tensor(float(state.step)), "exp_avg": mi,
                                   "exp_avg_sq": vi}
@@ -237,7 +208,7 @@ def _import_optimizer(optimizer, params, state):
     if isinstance(optimizer, torch.optim.SGD):
         optimizer.state.clear()
         if state.m.tensors:
-            for p, mi in zip(params, _from_bundle(state.m, params, "optimizer.m")):
+            for p, mi in zip(params, wire.tensors_of(state.m, params, "optimizer.m")):
                 optimizer.state[p] = {"momentum_buffer": mi}
         return True
     return False
@@ -251,7 +222,7 @@ def _optimizer_message(exported, params):
     message.step = int(step)
     for field, values in (("m", m), ("v", v), ("last_hdiag", d)):
         if values is not None:
-            getattr(message, field).CopyFrom(_bundle(values))
+            getattr(message, field).CopyFrom(wire.bundle_of(values))
     return message
 
 
@@ -259,11 +230,13 @@ def _optimizer_message(exported, params):
 # The worker.
 
 class _Worker:
+    """``center``: the job's center (rebound.torch.center), one server group's or sharded."""
 
-    def __init__(self, spec, session, conn, options, max_seconds):
+    def __init__(self, spec, session, conn, center, options, max_seconds):
         self.spec = spec
         self.session = session
         self.conn = conn
+        self.center = center
         self.options = options
         self.max_seconds = max_seconds
         self.started = time.monotonic()
@@ -339,25 +312,25 @@ class _Worker:
 
     def sync(self, reg, t, loss, cursor):
         exported = _export_optimizer(self.optimizer, self.params, t)
-        request = rebound_pb2.SyncRequest(
-            incarnation=reg.incarnation, slot=reg.slot, step=t,
-            params=_bundle(self.params), optimizer=_optimizer_message(exported, self.params),
-            data_epoch=cursor[0], data_offset=cursor[1])
-        if math.isfinite(loss):
-            request.loss = loss
-        response = self._call("Sync", request)
-        if response.HasField("worker_params_after"):
-            self.set_params(_from_bundle(response.worker_params_after, self.params,
-                                         "worker_params_after"))
-        else:
-            c_before = _from_bundle(response.center_before, self.params, "center_before")
-            self.set_params([kernels.elastic_pull_worker(p.detach(), c, response.moving_rate)
-                             for p, c in zip(self.params, c_before)])
-        return response
+        optimizer = _optimizer_message(exported, self.params)
+        self.set_params(self._guarded(lambda: self.center.sync(
+            reg.incarnation, reg.slot, t, self.params, optimizer, loss, cursor)))
+
+    def pull(self, reg):
+        """Sets the parameters to the center's; its version."""
+        center, version = self._guarded(lambda: self.center.pull(reg.incarnation, self.params))
+        self.set_params(center)
+        return version
 
     def _call(self, method, request, **kwargs):
+        return self._guarded(lambda: self.conn.call(method, request, stop=self.session.stop,
+                                                    **kwargs))
+
+    def _guarded(self, call):
+        """call(), its errors mapped to the worker's exits: fenced (FAILED_PRECONDITION), failed
+        (another refusal) or unreachable."""
         try:
-            return self.conn.call(method, request, stop=self.session.stop, **kwargs)
+            return call()
         except rclient.CallError as error:
             if error.code.name == "FAILED_PRECONDITION":
                 self.session.fenced(str(error))
@@ -384,15 +357,13 @@ class _Worker:
             self.build(job, slot.replica)
             # Every trainer starts from the center: the first declaration's values, or the
             # center a lost slot restarts from (RESTART_FROM_CENTER, a server restart).
-            pulled = self._call("Pull", rebound_pb2.PullRequest(
-                incarnation=reg.incarnation, stage=0))
-            self.set_params(_from_bundle(pulled.center, self.params, "center"))
+            version = self.pull(reg)
             if start > 0 and isinstance(self.optimizer, AdaHessian):
                 zeros = [torch.zeros_like(p) for p in self.params]
                 self.optimizer.import_state(start, zeros, zeros, zeros)
             if start > 0:
                 _log("restarting slot (%d, %d) from the center (version %d) at step %d" % (
-                    slot.replica, slot.stage, pulled.center_version, start))
+                    slot.replica, slot.stage, version, start))
         logging = (job.step_log.enabled and
                    job.fault_tolerance.policy == config_pb2.REPLAY)
         log = steplog.StepLog(self.conn, self.options, reg.incarnation, job.step_log,
@@ -463,16 +434,11 @@ class _Worker:
         estimator = AdaHessian(self.params, kernels.AdaHessianConfig.from_proto(job.adahessian),
                                seed=seed, replica=slot.replica)
 
-        def pull():
-            pulled = self._call("Pull", rebound_pb2.PullRequest(incarnation=reg.incarnation,
-                                                                stage=0))
-            self.set_params(_from_bundle(pulled.center, self.params, "center"))
-
         def seek(step):
             zeros = [torch.zeros_like(p) for p in self.params]
             estimator.import_state(step, zeros, zeros, zeros)
 
-        pull()
+        self.pull(reg)
         seek(reg.start_step)
         _log("training slot (%d, %d) on %d samples for steps %d..%d: pushing g and D every "
              "step, pulling the center every %d" % (slot.replica, slot.stage, len(shard),
@@ -496,9 +462,8 @@ class _Worker:
                 loss = float(loss.detach())
                 if not math.isfinite(loss):
                     raise _Exit(rebound.EXIT_FAILED, "the loss of step %d is not finite" % t)
-                response = self._call("Push", rebound_pb2.PushRequest(
-                    incarnation=reg.incarnation, slot=slot, sequence=t, step=t,
-                    gradient=_bundle(g), hessian_diag=_bundle(d), loss=loss))
+                response = self._guarded(lambda: self.center.push(
+                    reg.incarnation, slot, t, t, g, d, loss))
                 self.samples += batch_size
                 pull_now = t % tau == 0 or t == max_steps
                 if not response.applied and response.applied_sequence > t:
@@ -511,7 +476,7 @@ class _Worker:
                     pull_now = True
                 self.session.set_progress(t, loss)
                 if pull_now:
-                    pull()
+                    self.pull(reg)
                     with self.session.lock:
                         drain = self.session.drain
                     if drain:
@@ -540,7 +505,7 @@ class _Worker:
                                           stop=self.session.stop)
             except rclient.CallError as error:
                 if error.code.name in ("FAILED_PRECONDITION", "ABORTED"):
-                    if self.session._wait_change(reg, 2.0):
+                    if self.session.wait_change(reg, 2.0):
                         continue
                     self.session.fenced(str(error))
                 raise _Exit(rebound.EXIT_FAILED, str(error)) from None
@@ -568,7 +533,14 @@ class _Worker:
         verified = False
         try:
             self.build(job, slot.replica)
-            self.set_params(_from_bundle(task.snapshot.params, self.params, "snapshot.params"))
+            # A sharded center's snapshot comes from its range groups.
+            self.center.fill_snapshot(reg.incarnation, task.snapshot, self.params)
+            for member in task.group_snapshots:
+                self.center.fill_snapshot(reg.incarnation, member, self.params)
+            if len(task.snapshot.params.tensors) > 0 or t0 > 0:
+                self.set_params(wire.tensors_of(task.snapshot.params, self.params,
+                                                "snapshot.params"))
+            # else: step 0 without tensors, the model's initialisation, which build() made.
             if not _import_optimizer(self.optimizer, self.params, task.snapshot.optimizer):
                 raise _Exit(rebound.EXIT_FAILED, "the optimizer %s has no snapshot state" %
                             type(self.optimizer).__name__)
@@ -619,7 +591,8 @@ class _Worker:
                 if final is None:
                     final = _params_checksums(self.params)[0]
                 report.final_checksum = final
-        except rclient.CallError as error:
+        except (rclient.CallError, rclient.Unreachable) as error:
+            # Unreachable: a sharded center's range group, while its snapshot was read.
             report.outcome = rebound_pb2.ABANDONED
             report.detail = str(error)
             _log("replay task %d abandoned: %s" % (task.task_id, error))
@@ -655,11 +628,9 @@ class _Worker:
         period = job.training.eval_every_ms / 1000.0
         last_version = -1
         while not self.session.stop.is_set() and not self.out_of_time():
-            pulled = self._call("Pull", rebound_pb2.PullRequest(incarnation=reg.incarnation,
-                                                                stage=0))
-            if pulled.center_version != last_version:
-                last_version = pulled.center_version
-                self.set_params(_from_bundle(pulled.center, self.params, "center"))
+            version = self.pull(reg)
+            if version != last_version:
+                last_version = version
                 self.model.eval()
                 total_loss = 0.0
                 correct = 0
@@ -675,10 +646,10 @@ class _Worker:
                 if math.isfinite(loss):
                     self._call("ReportEval", rebound_pb2.ReportEvalRequest(
                         incarnation=reg.incarnation, stage=0,
-                        center_version=pulled.center_version, test_loss=loss,
+                        center_version=version, test_loss=loss,
                         test_accuracy=accuracy))
                 _log("evaluated center version %d: test loss %.4f accuracy %.4f" % (
-                    pulled.center_version, loss, accuracy))
+                    version, loss, accuracy))
             self.session.stop.wait(period)
         return "stopped"
 
@@ -698,7 +669,7 @@ def _model_declaration(spec, init_seed=None):
         params.append(p)
     if not params:
         raise _Exit(rebound.EXIT_CONFIG, "the model has no parameters")
-    return _bundle(params, names)
+    return wire.bundle_of(params, names)
 
 
 def load_worker_config(path):
@@ -746,6 +717,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
     roles = {None: config_pb2.ROLE_UNSPECIFIED, "trainer": config_pb2.TRAINER,
              "spare": config_pb2.SPARE, "evaluator": config_pb2.EVALUATOR}
     session = None
+    center = None
     worker = None
     try:
         if config is not None:
@@ -785,8 +757,9 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         job = reg.job
         torch.set_num_threads(max(1, job.compute.threads))
         torch.use_deterministic_algorithms(True)
+        center = center_for(conn, reg, session.stop)
         session.start()
-        worker = _Worker(spec, session, conn, options, max_seconds)
+        worker = _Worker(spec, session, conn, center, options, max_seconds)
         adopted = None
         replayed = False
         while True:
@@ -820,6 +793,8 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
     finally:
         if session is not None:
             session.stop.set()
+        if center is not None:
+            center.close()
     if worker is not None:
         print("rebound-torch: trained %d samples in %.3f s" % (worker.samples, worker.training_s),
               flush=True)
