@@ -30,7 +30,10 @@ const char kJob[] =
     "data { batch_size: 32 train_limit: 2000 test_limit: 500 }\n"
     "adahessian { lr: 0.01 }\n"
     "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n"
-    "training { max_steps: 600 }\n";
+    // Long enough that the kill lands mid-run: the launcher sees step 100 at its first 1 s
+    // poll (this model does hundreds of steps a second) and may wait up to 5 s more for logged
+    // steps to replay; a 600-step job could finish first.
+    "training { max_steps: 5000 }\n";
 
 // The same job, sharded in its own file, with more steps than any test waits for.
 const char kShardedLongJob[] =
