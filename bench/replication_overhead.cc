@@ -147,11 +147,6 @@ WindowResult Execute(const Flags& flags, const JobConfig& base, const std::strin
     window.window = absl::Seconds(flags.seconds);
     const bool replicated = spec.replicated;
     window.check = [replicated](const GetStatusResponse& s) { return CheckRun(s, replicated); };
-    window.server_pids = [&cluster] {
-      std::vector<pid_t> pids;
-      for (int i = 0; i < cluster.members(); ++i) pids.push_back(cluster.member(i).pid());
-      return pids;
-    };
     status = MeasureWindow(cluster, window, started, &result);
   }
   cluster.StopAll(status.ok(), [](const ChildProcess&, int) {});

@@ -308,11 +308,6 @@ WindowResult RunSmall(const Flags& flags, const JobConfig& base, const std::stri
     window.warmup = absl::Seconds(flags.small_warmup_seconds);
     window.window = absl::Seconds(flags.small_seconds);
     window.check = CheckSmallRun;
-    window.server_pids = [&cluster] {
-      std::vector<pid_t> pids;
-      for (int i = 0; i < cluster.members(); ++i) pids.push_back(cluster.member(i).pid());
-      return pids;
-    };
     status = MeasureWindow(cluster, window, started, &result);
   }
   cluster.StopAll(status.ok(), [](const ChildProcess&, int) {});

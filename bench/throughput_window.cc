@@ -56,8 +56,10 @@ absl::StatusOr<Probe> TakeProbe(LocalCluster& cluster, const WindowOptions& opti
     probe.trainer_ticks.push_back(ProcessCpuTicks(trainer->pid()));
     probe.trainer_loop_ticks.push_back(MainThreadCpuTicks(trainer->pid()));
   }
-  const std::vector<pid_t> servers =
-      options.server_pids ? options.server_pids() : std::vector<pid_t>{cluster.server().pid()};
+  // The server's CPU: every member of the cluster (a single server is member 0; a replicated or
+  // sharded cluster's groups are all its members).
+  std::vector<pid_t> servers;
+  for (int i = 0; i < cluster.members(); ++i) servers.push_back(cluster.member(i).pid());
   for (pid_t pid : servers) {
     const int64_t ticks = ProcessCpuTicks(pid);
     if (ticks < 0 || probe.server_ticks < 0) {

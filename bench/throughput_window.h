@@ -54,9 +54,6 @@ struct WindowOptions {
   // Checked at both ends of the window (e.g. every slot ACTIVE, no recovery): its error fails
   // the run.
   std::function<absl::Status(const GetStatusResponse&)> check;
-  // The server processes whose CPU counts as the server's (a group's members); empty: the
-  // cluster's server().
-  std::function<std::vector<pid_t>()> server_pids;
 };
 
 struct WindowResult {
