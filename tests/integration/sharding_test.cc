@@ -751,6 +751,22 @@ TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely
     CHECK(charged.slots(0).refused_updates() == 3);
     CHECK(charged.slots(1).refused_updates() == 0);
   }
+  // A worker cannot charge another's slot: RANGE_FAULT names the caller's own update only.
+  {
+    AuthorizeRangeRequest blame;
+    blame.set_incarnation(other.incarnation());
+    blame.set_access(RANGE_FAULT);
+    *blame.mutable_slot() = trainer.slot();
+    blame.set_range(1);
+    blame.set_reason(std::string(1 << 20, 'x'));
+    AuthorizeRangeResponse answer;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    context.AddMetadata(kWorkerCredentialKey, other.credential());
+    CHECK(cluster.stub().AuthorizeRange(&context, blame, &answer).error_code() ==
+          grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(cluster.GetStatus()->slots(0).refused_updates() == 3);
+  }
 
   // The sync itself, then the same again (a lost reply): answered from the kept snapshot.
   status = client.SyncRange(1, good, trainer.credential(), &reply);
