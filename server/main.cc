@@ -35,6 +35,7 @@
 #include "common/status_macros.h"
 #include "server/center_table.h"
 #include "server/group/peer_service.h"
+#include "server/group/peer_keepalive.h"
 #include "server/group/replication_leader.h"
 #include "server/group/server_group.h"
 #include "server/group/standby.h"
@@ -156,6 +157,7 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   builder.SetMaxReceiveMessageSize(config.max_message_bytes());
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   AllowClientKeepalive(&builder);
+  AddPeerKeepalive(&builder);  // a silent standby's stream ends in <= 1.5 s
   builder.RegisterService(member->peer_service.get());
   member->peer_server = builder.BuildAndStart();
   if (member->peer_server == nullptr || peer_port == 0) {
@@ -614,6 +616,8 @@ int Run() {
     absl::Status health = (*centers)->Health();
     // A RocksDB background error: every write fails until the operator repairs the store.
     if (health.ok()) health = db->BackgroundError();
+    // A failed replication barrier fenced the store (storage/durable_store.h): hand over.
+    if (health.ok()) health = db->Fenced();
     return health;
   };
   // The in-memory state is ahead of the durable one, or the store refuses writes: stop serving

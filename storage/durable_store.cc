@@ -865,6 +865,8 @@ absl::Status DurableStore::Commit(const WriteBatch& batch, Position* numbered) {
   Position committed;
   {
     absl::MutexLock lock(&replication_mu_);
+    // Checked under the lock that numbers commits: nothing is numbered after a fence.
+    if (fenced_.load(std::memory_order_acquire)) return Fenced();
     ReplicationRecord position;
     position.set_epoch(epoch_);
     position.set_sequence(last_.sequence + 1);
@@ -878,8 +880,28 @@ absl::Status DurableStore::Commit(const WriteBatch& batch, Position* numbered) {
     sink_(std::move(commit));
   }
   // Concurrent commits wait here together: the barrier of one does not hold up the next's write.
-  if (barrier_) return barrier_(committed);
-  return absl::OkStatus();
+  if (!barrier_) return absl::OkStatus();
+  absl::Status replicated = barrier_(committed);
+  if (!replicated.ok()) {
+    // Fenced before the caller hears of the failure, so no commit it computes from its
+    // pre-commit state is ever written (StartCapturing's comment).
+    absl::MutexLock lock(&fence_mu_);
+    if (fence_.ok()) {
+      fence_ = absl::UnavailableError(absl::StrCat(
+          "the store is fenced: commit ", committed.sequence, " of epoch ", committed.epoch,
+          " is written and handed to the standbys but its barrier failed (", replicated.message(),
+          "); nothing is committed here any more"));
+      fenced_.store(true, std::memory_order_release);
+      LOG(ERROR) << fence_.message();
+    }
+  }
+  return replicated;
+}
+
+absl::Status DurableStore::Fenced() const {
+  if (!fenced_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&fence_mu_);
+  return fence_;
 }
 
 absl::Status DurableStore::StartCapturing(std::function<void(ReplicatedCommit)> sink,

@@ -328,9 +328,22 @@ class DurableStore {
   // acknowledged, though it is written here). `barrier` may be empty. FAILED_PRECONDITION if
   // the store captures already, or for an epoch smaller than the store's.
   // REQUIRES: no Commit or ApplyReplicated in flight (the store is between roles).
+  //
+  // A failed barrier fences the store, for good (docs/coordination.md "A failed barrier"): the
+  // commit is written here and handed to the sink, so a standby may hold it and lead with it,
+  // while the caller, told it failed, keeps its in-memory state from before the commit. A
+  // later commit computed from that state would be numbered after it and overwrite it on the
+  // standbys (acknowledged updates lost). So before the barrier's error is returned the store
+  // turns fenced, and from then on every Commit fails with UNAVAILABLE before writing anything
+  // (Fenced() says why); the process must stop acknowledging and start again as a standby,
+  // which reloads what the group really holds.
   absl::Status StartCapturing(std::function<void(ReplicatedCommit)> sink,
                               std::function<absl::Status(const Position&)> barrier,
                               uint64_t epoch);
+
+  // OK until a barrier failed on this capturing store; then UNAVAILABLE naming the commit and
+  // the barrier's error, for good. Thread-safe.
+  absl::Status Fenced() const;
 
   // Redoes a leader's commit on this standby as one atomic RocksDB write (tensor files first,
   // as Commit), together with the `meta` "replication" record (commit.epoch, commit.sequence).
@@ -464,6 +477,10 @@ class DurableStore {
   std::function<void(ReplicatedCommit)> sink_ ABSL_GUARDED_BY(replication_mu_);
   // Set only by StartCapturing (before any Commit of the new role), then read-only.
   std::function<absl::Status(const Position&)> barrier_;
+  // Set once, by the first failed barrier (see StartCapturing); never cleared.
+  std::atomic<bool> fenced_{false};
+  mutable absl::Mutex fence_mu_;
+  absl::Status fence_ ABSL_GUARDED_BY(fence_mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(replication_mu_) = 0;  // the epoch new commits get
   Position last_ ABSL_GUARDED_BY(replication_mu_);        // the last numbered / applied commit
   // Shared by readers from their RocksDB read to the end of their tensor-file reads; exclusive
