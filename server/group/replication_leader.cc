@@ -304,10 +304,7 @@ void ReplicationLeader::MonitorPass() {
                          absl::FormatDuration(behind),
                          standby.connected ? "" : " (disconnected)");
       if (!standby.recorded) {  // never named in etcd: just stop waiting
-        standby.waited_for = false;
-        standby.state = absl::StrCat("dropped: ", why);
-        ++dropped_;
-        LOG(WARNING) << "standby '" << other << "' no longer waited for: " << why;
+        Drop(other, standby, why);
         continue;
       }
       name = other;
@@ -317,8 +314,11 @@ void ReplicationLeader::MonitorPass() {
     if (name.empty()) {
       for (auto& [other, standby] : standbys_) {
         if (!standby.connected) continue;
-        if (!standby.waited_for && standby.acked + kJoinWindow >= last_.sequence) {
+        const bool alive = !standby.dropped || standby.acked > standby.dropped_acked ||
+                           standby.stream_id != standby.dropped_stream_id;
+        if (!standby.waited_for && alive && standby.acked + kJoinWindow >= last_.sequence) {
           // From now on no commit is answered without it.
+          standby.dropped = false;
           standby.waited_for = true;
           standby.join_sequence = last_.sequence;
           standby.state = "joining the in-sync set";
@@ -361,13 +361,23 @@ void ReplicationLeader::MonitorPass() {
               << "]";
   } else {
     it->second.recorded = false;
-    it->second.waited_for = false;
-    it->second.state = absl::StrCat("dropped: ", why);
-    ++dropped_;
-    LOG(WARNING) << "standby '" << name << "' dropped from the in-sync set (" << why
-                 << "); in-sync set [" << absl::StrJoin(names, ", ")
+    Drop(name, it->second, why);
+    LOG(WARNING) << "standby '" << name << "' dropped from the in-sync set; in-sync set ["
+                 << absl::StrJoin(names, ", ")
                  << "]: what is answered now is lost with this leader's host";
   }
+}
+
+void ReplicationLeader::Drop(const std::string& name, Standby& standby, const std::string& why) {
+  standby.waited_for = false;
+  standby.dropped = true;
+  standby.dropped_acked = standby.acked;
+  standby.dropped_stream_id = standby.stream_id;
+  standby.state = absl::StrCat("dropped: ", why);
+  ++dropped_;
+  LOG(WARNING) << "standby '" << name << "' no longer waited for: " << why
+               << "; waited for again once it acknowledges past commit " << standby.acked
+               << " or opens a new stream";
 }
 
 grpc::Status ReplicationLeader::FetchCheckpoint(grpc::ServerContext* context,

@@ -15,7 +15,10 @@
 // before that (its join sequence) the set is recorded in etcd with it (record_in_sync), which
 // makes it eligible to take over. A standby that leaves a commit unacknowledged for
 // standby_timeout is recorded out of the set first and then no longer waited for: the set in
-// etcd never names a standby that lacks an answered commit. Only the monitor thread changes the
+// etcd never names a standby that lacks an answered commit. A dropped standby is waited for
+// again only once it shows progress (it acknowledges a commit past the one it stood at when
+// dropped) or opens a new stream: a silent peer whose connection looks alive is not re-admitted
+// (docs/coordination.md "When a standby is re-admitted"). Only the monitor thread changes the
 // set, one change at a time. The record also carries a floor (every member holds the commits up
 // to it), moved up at most once a second while commits go on: a member whose disk is lost is
 // behind it and does not campaign (server/group/server_group.h).
@@ -132,8 +135,18 @@ class ReplicationLeader {
     bool waited_for = false;  // WaitReplicated waits for it
     bool recorded = false;    // in the in-sync set recorded in etcd
     uint64_t join_sequence = 0;  // waited_for && !recorded: recorded once acked >= this
+    // Dropped from the set and not yet back: it may rejoin only once it shows it is alive, by
+    // acknowledging past `dropped_acked` or on a stream newer than `dropped_stream_id`. A
+    // partitioned standby's stream can stay "connected" for as long as TCP keeps it, and one
+    // re-admitted on that alone would stall every commit for standby_timeout again and again.
+    bool dropped = false;
+    uint64_t dropped_acked = 0;
+    uint64_t dropped_stream_id = 0;
     std::string state;
   };
+  // Marks `standby` dropped (not waited for, not recorded) for `why`.
+  void Drop(const std::string& name, Standby& standby, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void Monitor();
   // One pass of the monitor: at most one change of the in-sync set.

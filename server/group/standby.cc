@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
+#include "server/group/peer_keepalive.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -118,6 +119,7 @@ absl::Status Standby::Follow(const MemberAddress& leader, int64_t leader_epoch) 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
+  AddPeerKeepalive(&args);  // a silent leader (partitioned, stopped) ends the stream in <= 1.5 s
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                    MakeChannel(leader.peer_address, options_.security, args));
   std::unique_ptr<ServerPeer::Stub> stub = ServerPeer::NewStub(channel);
