@@ -37,8 +37,10 @@ void WriteChildError(const char* prefix, const char* path) {
 }
 
 // Forks and execs `args` with stdin on /dev/null and stdout, stderr on `out_fd`, in `netns_fd`
-// when >= 0. Returns the child's pid, or -1 with errno set.
-pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int netns_fd) {
+// when >= 0, in the cgroup whose cgroup.procs file is `cgroup_procs` when not empty. Returns the
+// child's pid, or -1 with errno set.
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int netns_fd,
+            const std::string& cgroup_procs) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -60,6 +62,15 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int netns_fd) {
     if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
       WriteChildError("cannot enter the network namespace for ", args[0]);
       _exit(126);
+    }
+    if (!cgroup_procs.empty()) {
+      // "0": the writing process itself.
+      const int fd = open(cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || write(fd, "0", 1) != 1) {
+        WriteChildError("cannot join the cgroup ", cgroup_procs.c_str());
+        _exit(126);
+      }
+      close(fd);
     }
     execv(args[0], args.data());
     WriteChildError("cannot execute ", args[0]);
@@ -83,7 +94,8 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   if (log_fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open ", log_path, ": ", strerror(errno)));
   }
-  const pid_t pid = Spawn(argv, log_fd, options.netns_fd);
+  const pid_t pid = Spawn(argv, log_fd, options.netns_fd,
+                          options.cgroup.empty() ? std::string() : options.cgroup + "/cgroup.procs");
   const int spawn_errno = errno;
   close(log_fd);
   if (pid < 0) {
@@ -141,7 +153,7 @@ CompletedCommand RunToCompletion(const std::vector<std::string>& argv, absl::Dur
     result.output = absl::StrCat("cannot create a pipe: ", strerror(errno));
     return result;
   }
-  const pid_t pid = Spawn(argv, pipe_fds[1], netns_fd);
+  const pid_t pid = Spawn(argv, pipe_fds[1], netns_fd, std::string());
   const int spawn_errno = errno;
   close(pipe_fds[1]);
   if (pid < 0) {

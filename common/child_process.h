@@ -37,6 +37,10 @@ struct ChildProcessOptions {
   bool truncate_log = false;
   // When >= 0, a network namespace (an fd of /proc/<pid>/ns/net) the child enters before exec.
   int netns_fd = -1;
+  // When not empty, a cgroup v2 directory the child moves itself into before exec, so that
+  // every socket it makes belongs to that cgroup (testing/cluster/firewall.h). A failure shows
+  // as exit code 126 with the reason in the log.
+  std::string cgroup;
 };
 
 class ChildProcess {

@@ -212,8 +212,14 @@ absl::Status Cluster::StartGroups(const std::string& server_config) {
       return absl::InternalError(written.message());
     }
     member.netns_fd = places[g].second;
+    if (options_.firewall != nullptr && options_.standbys > 0) {
+      absl::StatusOr<std::string> cgroup = options_.firewall->Group(member.name);
+      if (!cgroup.ok()) return cgroup.status();
+      member.cgroup = *cgroup;
+    }
     ChildProcessOptions child;
     child.netns_fd = member.netns_fd;
+    child.cgroup = member.cgroup;
     absl::StatusOr<std::unique_ptr<ChildProcess>> process =
         ChildProcess::Start(member.argv, member.log, child);
     if (!process.ok()) return process.status();
@@ -336,6 +342,7 @@ absl::Status Cluster::RestartMember(int i, bool wipe_data) {
   std::remove(member.port_file.c_str());
   ChildProcessOptions child;
   child.netns_fd = member.netns_fd;
+  child.cgroup = member.cgroup;
   absl::StatusOr<std::unique_ptr<ChildProcess>> process =
       ChildProcess::Start(member.argv, member.log, child);
   if (!process.ok()) return process.status();

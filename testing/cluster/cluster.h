@@ -57,6 +57,7 @@
 #include "common/child_process.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "testing/cluster/firewall.h"
 #include "testing/cluster/network.h"
 #include "testing/etcd/etcd_process.h"
 
@@ -81,6 +82,11 @@ struct ClusterOptions {
   // each trainer and spare runs in a host of the lab of its own (the evaluator stays beside the
   // server), so that Partition can cut its link. Borrowed: must outlive the Cluster.
   NetworkLab* network = nullptr;
+  // Where set (ProcessFirewall::Create succeeded: root), every member of a replicated group
+  // (standbys > 0) runs in a firewall group named after it (server-<i>, or g<g>-server-<i>),
+  // across its restarts, so that its traffic can be cut (firewall->CutFromPorts, Isolate).
+  // Borrowed: must outlive the Cluster.
+  ProcessFirewall* firewall = nullptr;
   // A replicated server group (DESIGN.md §10.1) instead of one server: 1 + `standbys` members
   // server-0, server-1, ..., each with a fixed port, its own config (server-<i>.pbtxt: the
   // given server config plus the replication block and durability.data_dir <dir>/server-<i>),
@@ -283,6 +289,7 @@ class Cluster {
     std::unique_ptr<ChildProcess> process;
     bool expect_exit = false;  // killed, not restarted yet
     int netns_fd = -1;         // its lab host's namespace (groups_in_hosts); -1: the cluster's
+    std::string cgroup;        // its firewall group's cgroup (ClusterOptions::firewall)
   };
 
   // The address a group's members listen on (groups_in_hosts: group g's lab host, added here on
