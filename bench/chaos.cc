@@ -20,7 +20,9 @@
 //                 stop_server, partition, throttle, delay, loss, byzantine, and with --standbys
 //                 the group's kill_leader, leader_disk_loss, stop_leader, kill_etcd_member,
 //                 kill_all_etcd, restart_standby_empty, and with --shard_groups
-//                 die_between_ranges), e.g. --kinds=stop_server; each schedule holds a
+//                 die_between_ranges), e.g. --kinds=stop_server; besides, named only:
+//                 partition_leader_from_etcd and partition_standby (with --standbys; root and
+//                 iptables: testing/cluster/firewall.h); each schedule holds a
 //                 kill_trainer, a kill_server (with --standbys a kill_leader), a partition, a
 //                 byzantine trainer (unsharded) and a die_between_ranges (sharded) when allowed
 //   --standbys=K (0)  group mode: a replicated server group of 1 + K members and etcd of 3
@@ -119,7 +121,9 @@ Flags ParseFlags(int argc, char** argv) {
     flags.kinds.clear();
     for (absl::string_view name : absl::StrSplit(value, ',', absl::SkipEmpty())) {
       bool known = false;
-      for (chaos::FaultKind kind : chaos::AllFaultKinds()) {
+      std::vector<chaos::FaultKind> every = chaos::AllFaultKinds();
+      for (chaos::FaultKind kind : chaos::FirewallFaultKinds()) every.push_back(kind);
+      for (chaos::FaultKind kind : every) {
         if (name == chaos::FaultKindName(kind)) {
           flags.kinds.push_back(kind);
           known = true;
@@ -311,9 +315,12 @@ int Main(int argc, char** argv) {
 
   std::vector<std::string> kinds;
   const chaos::ChaosOptions mode = Options(flags, flags.seed, flags.faults);
-  for (chaos::FaultKind kind : chaos::AllFaultKinds()) {
+  std::vector<chaos::FaultKind> every = chaos::AllFaultKinds();
+  for (chaos::FaultKind kind : chaos::FirewallFaultKinds()) every.push_back(kind);
+  for (chaos::FaultKind kind : every) {
     // The kinds of the mode run: a group's replace the single server's, and so on.
     if (!chaos::KindFitsMode(kind, mode)) continue;
+    if (chaos::IsFirewallFault(kind) && by_kind[chaos::FaultKindName(kind)] == 0) continue;
     const char* name = chaos::FaultKindName(kind);
     kinds.push_back(absl::StrCat(name, "=", by_kind[name]));
   }

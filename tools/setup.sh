@@ -32,6 +32,9 @@ PACKAGES=(
   python3-grpcio python3-protobuf python3-torch python3-numpy python3-xxhash python3-pytest
   # etcd (R13: a server group's coordination; the tests start their own members on loopback).
   etcd-server etcd-client
+  # iptables (R15: partitions of single processes in the tests and chaos runs,
+  # testing/cluster/firewall.h).
+  iptables
   # clang for --config=tsa (-Wthread-safety), --config=tsan and --config=fuzz; the TSan, ASan and
   # libFuzzer runtimes; lld (those configs link with it); llvm-symbolizer for their reports
   # (docs/thread_safety.md, docs/fuzzing.md).

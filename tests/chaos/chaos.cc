@@ -59,6 +59,7 @@ using ::rebound::testing::Cluster;
 using ::rebound::testing::ClusterOptions;
 using ::rebound::testing::LastLines;
 using ::rebound::testing::NetworkLab;
+using ::rebound::testing::ProcessFirewall;
 using ::rebound::testing::WaitForPortFile;
 
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
@@ -114,6 +115,8 @@ constexpr KindInfo kKinds[] = {
     {FaultKind::kKillAllEtcd, "kill_all_etcd", 1},
     {FaultKind::kRestartStandbyEmpty, "restart_standby_empty", 1},
     {FaultKind::kDieBetweenRanges, "die_between_ranges", 2},
+    {FaultKind::kPartitionLeaderFromEtcd, "partition_leader_from_etcd", 2},
+    {FaultKind::kPartitionStandby, "partition_standby", 2},
 };
 
 const KindInfo& Info(FaultKind kind) {
@@ -395,6 +398,9 @@ class ChaosRun {
 
   // Group mode: the Cluster owns etcd and the members; the harness talks to each member itself.
   std::unique_ptr<Cluster> cluster_;
+  // Where the run's kinds name a firewall kind and the machine permits it: every member runs in
+  // a firewall group of its own (testing/cluster/firewall.h). Destroyed after cluster_.
+  std::unique_ptr<ProcessFirewall> firewall_;
   struct Member {
     std::string name;
     int group = 0;        // its server group (sharded mode; 0 otherwise)
@@ -884,12 +890,13 @@ void ChaosRun::CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time
     if (fenced && again) {
       ++report_.fenced_leaders;
       Log(absl::StrCat(name, " (leader in epoch ", epoch,
-                       " until SIGSTOPped) fenced itself on resuming and runs again as a standby"));
+                       " until stopped or cut from etcd) fenced itself and runs again as a "
+                       "standby"));
       return;
     }
     if (absl::Now() >= deadline) {
       Violation(absl::StrCat(
-          name, " led epoch ", epoch, ", was SIGSTOPped past its lease and resumed, and within ",
+          name, " led epoch ", epoch, ", was stopped or cut from etcd past its lease, and within ",
           Seconds(kFenceCheckWait), " its log did not say ",
           fenced ? "" : "'no longer acknowledging'", fenced || again ? "" : " nor ",
           again ? "" : "'running again as a standby'", ":\n", LastLines(path, 12)));
@@ -961,6 +968,7 @@ absl::Status ChaosRun::StartCluster() {
   options.leader_lease_ms = spec_.leader_lease_ms;
   options.shard_groups = shard_groups();
   options.network = lab_.get();
+  options.firewall = firewall_.get();
   options.fail_on_exit = false;  // the harness reaps the members itself
   options.start_wait = kPortWait;
   cluster_ = std::make_unique<Cluster>(options);
@@ -1117,6 +1125,24 @@ absl::Status ChaosRun::Setup() {
     report_.network = options_.faults == 0 ? "no faults: every process on 127.0.0.1"
                                            : "network faults off: every process on 127.0.0.1";
   }
+  bool wants_firewall = false;
+  for (FaultKind kind : options_.kinds) {
+    wants_firewall = wants_firewall || (IsFirewallFault(kind) && KindFitsMode(kind, options_));
+  }
+  std::string firewall_note;
+  if (options_.faults > 0 && wants_firewall) {
+    auto firewall = ProcessFirewall::Create();
+    if (firewall.ok()) {
+      firewall_ = *std::move(firewall);
+      firewall_note = firewall_->Describe();
+    } else {
+      firewall_note = absl::StrCat(
+          "firewall faults SKIPPED (not counted): this machine does not permit a firewall "
+          "between processes: ",
+          firewall.status().message());
+    }
+    Log(firewall_note);
+  }
   std::vector<std::string> left_out;
   std::vector<std::string> replaced;  // group mode: the single server's kinds
   bool byzantine_left_out = false;    // sharded mode
@@ -1128,6 +1154,7 @@ absl::Status ChaosRun::Setup() {
       if (kind == FaultKind::kByzantine) byzantine_left_out = true;
       continue;
     }
+    if (IsFirewallFault(kind) && firewall_ == nullptr) continue;  // said above
     bool ok = !IsNetworkFault(kind) || lab_ != nullptr;
     if (ok && kind == FaultKind::kThrottle) ok = lab_->tbf();
     if (ok && (kind == FaultKind::kDelay || kind == FaultKind::kLoss)) ok = lab_->netem();
@@ -1639,7 +1666,8 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
   } else {
     group.leader_change_expected = fault.kind == FaultKind::kKillLeader ||
                                    fault.kind == FaultKind::kLeaderDiskLoss ||
-                                   fault.kind == FaultKind::kStopLeader;
+                                   fault.kind == FaultKind::kStopLeader ||
+                                   fault.kind == FaultKind::kPartitionLeaderFromEtcd;
   }
   switch (fault.kind) {
     case FaultKind::kKillLeader:
@@ -1715,6 +1743,59 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
                    [this, leader, offset, epoch, deadline] {
                      CheckFenced(leader, offset, epoch, deadline);
                    });
+      });
+      break;
+    }
+    case FaultKind::kPartitionLeaderFromEtcd: {
+      Member& m = members_[leader];
+      std::vector<int> ports;
+      for (const std::string& endpoint : cluster_->etcd()->client_endpoints()) {
+        int port = 0;
+        if (!absl::SimpleAtoi(endpoint.substr(endpoint.rfind(':') + 1), &port)) {
+          return absl::InternalError(absl::StrCat("etcd endpoint '", endpoint, "'"));
+        }
+        ports.push_back(port);
+      }
+      const int64_t offset = static_cast<int64_t>(
+          ReadFileOrEmpty(cluster_->member(leader).log_path()).size());
+      Log(absl::StrCat(at, kind, ": cut ", m.name, " (the leader: ", state,
+                       ") from etcd by a firewall for ", Seconds(fault.duration),
+                       ", past its lease of ", Seconds(absl::Milliseconds(spec_.leader_lease_ms)),
+                       "; its workers and standbys still reach it"));
+      RETURN_IF_ERROR(firewall_->CutFromPorts(m.name, ports));
+      group.fault_pending = true;
+      const int64_t epoch = group.epoch;
+      AddPending(fault.duration, absl::StrCat("heal ", m.name, "'s links to etcd"),
+                 [this, leader, offset, epoch, g] {
+        if (absl::Status s = firewall_->Heal(members_[leader].name); !s.ok()) {
+          Error(absl::StrCat("cannot heal ", members_[leader].name, ": ", s.message()));
+        }
+        groups_[g].fault_pending = false;
+        const absl::Time deadline = absl::Now() + kFenceCheckWait;
+        AddPending(kFenceCheckWait,
+                   absl::StrCat("check that ", members_[leader].name, " fenced itself"),
+                   [this, leader, offset, epoch, deadline] {
+                     CheckFenced(leader, offset, epoch, deadline);
+                   });
+      });
+      break;
+    }
+    case FaultKind::kPartitionStandby: {
+      std::vector<int> standbys;
+      for (int i : group.members) {
+        if (i != leader) standbys.push_back(i);
+      }
+      const int target = standbys[pick % standbys.size()];
+      Member& m = members_[target];
+      Log(absl::StrCat(at, kind, ": cut ", m.name, " (a standby in sync; ", state,
+                       ") from everything by a firewall for ", Seconds(fault.duration)));
+      RETURN_IF_ERROR(firewall_->Isolate(m.name));
+      group.fault_pending = true;
+      AddPending(fault.duration, absl::StrCat("heal ", m.name, "'s links"), [this, target, g] {
+        if (absl::Status s = firewall_->Heal(members_[target].name); !s.ok()) {
+          Error(absl::StrCat("cannot heal ", members_[target].name, ": ", s.message()));
+        }
+        groups_[g].fault_pending = false;
       });
       break;
     }
@@ -2374,6 +2455,7 @@ void ChaosRun::Cleanup() {
   server_.reset();
   members_.clear();
   cluster_.reset();  // its members, then etcd
+  firewall_.reset();  // its rules and cgroups, once the members are gone
   lab_.reset();
 }
 
@@ -2471,10 +2553,22 @@ JobConfig MakeChaosJob(const ChaosJob& spec) {
 const std::vector<FaultKind>& AllFaultKinds() {
   static const std::vector<FaultKind>* kAll = [] {
     auto* all = new std::vector<FaultKind>;
-    for (const KindInfo& info : kKinds) all->push_back(info.kind);
+    for (const KindInfo& info : kKinds) {
+      if (!IsFirewallFault(info.kind)) all->push_back(info.kind);
+    }
     return all;
   }();
   return *kAll;
+}
+
+const std::vector<FaultKind>& FirewallFaultKinds() {
+  static const std::vector<FaultKind>* kFirewall = new std::vector<FaultKind>{
+      FaultKind::kPartitionLeaderFromEtcd, FaultKind::kPartitionStandby};
+  return *kFirewall;
+}
+
+bool IsFirewallFault(FaultKind kind) {
+  return kind == FaultKind::kPartitionLeaderFromEtcd || kind == FaultKind::kPartitionStandby;
 }
 
 const char* FaultKindName(FaultKind kind) { return Info(kind).name; }
@@ -2488,7 +2582,7 @@ const std::vector<FaultKind>& GroupFaultKinds() {
   static const std::vector<FaultKind>* kGroup = [] {
     auto* kinds = new std::vector<FaultKind>;
     for (const KindInfo& info : kKinds) {
-      if (IsGroupFault(info.kind)) kinds->push_back(info.kind);
+      if (IsGroupFault(info.kind) && !IsFirewallFault(info.kind)) kinds->push_back(info.kind);
     }
     return kinds;
   }();
@@ -2503,6 +2597,8 @@ bool IsGroupFault(FaultKind kind) {
     case FaultKind::kKillEtcdMember:
     case FaultKind::kKillAllEtcd:
     case FaultKind::kRestartStandbyEmpty:
+    case FaultKind::kPartitionLeaderFromEtcd:
+    case FaultKind::kPartitionStandby:
       return true;
     default:
       return false;
@@ -2628,8 +2724,13 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, int count,
         f.duration = absl::Milliseconds(uniform(0, 2000));
         break;
       case FaultKind::kStopLeader:
-        // Past the lease, so that a standby has taken over when it resumes.
+      case FaultKind::kPartitionLeaderFromEtcd:
+        // Past the lease, so that a standby has taken over when it resumes (is healed).
         f.duration = absl::Milliseconds(uniform(1.6, 2.6) * job.leader_lease_ms);
+        break;
+      case FaultKind::kPartitionStandby:
+        // Shorter and longer than the failure timeout after which the leader drops it.
+        f.duration = absl::Milliseconds(uniform(0.5, 3.0) * job.failure_timeout_ms);
         break;
       case FaultKind::kKillEtcdMember:
         f.duration = absl::Milliseconds(uniform(1000, 5000));
@@ -2650,7 +2751,7 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, int count,
 }
 
 absl::Duration MaxFaultDuration(const ChaosJob& job) {
-  return std::max({absl::Milliseconds(2.5 * job.failure_timeout_ms),
+  return std::max({absl::Milliseconds(3.0 * job.failure_timeout_ms),
                    absl::Milliseconds(2.6 * job.leader_lease_ms), absl::Seconds(5)});
 }
 

@@ -24,7 +24,12 @@
 //     SIGSTOP of the leader for longer than its lease, then SIGCONT (stop_leader: it must fence
 //     itself and run again as a standby); SIGKILL of one etcd member, or of all, restarted after
 //     a drawn outage (kill_etcd_member, kill_all_etcd); SIGKILL of a standby, its data directory
-//     deleted, restarted (restart_standby_empty). A group fault fires only while the group is
+//     deleted, restarted (restart_standby_empty). Where ChaosOptions::kinds names them and the
+//     machine permits a firewall between processes (testing/cluster/firewall.h), partitions
+//     that leave the processes running: the leader cut from etcd only, past its lease
+//     (partition_leader_from_etcd: it must fence itself while its workers and its standby
+//     still reach it, and run again as a standby once healed), and a standby cut from
+//     everything (partition_standby: the leader must drop it and keep answering). A group fault fires only while the group is
 //     whole (a leader, every standby in sync, every etcd member up, no group fault pending), so
 //     that no schedule asks for more than §10.1 promises (a disk lost while the group was already
 //     degraded is the loss window the product states, not a bug). Workers get every member's
@@ -159,6 +164,13 @@ enum class FaultKind {
   kKillEtcdMember,       // SIGKILL one etcd member; restarted after `duration`
   kKillAllEtcd,          // SIGKILL every etcd member; restarted after `duration`
   kRestartStandbyEmpty,  // SIGKILL a standby, delete its data directory, restart after `duration`
+  // Group mode, firewall kinds (testing/cluster/firewall.h: root, iptables; drawn only when
+  // ChaosOptions::kinds names them, so the default schedules stay as they were):
+  kPartitionLeaderFromEtcd,  // the leader's links to etcd cut for `duration` (past its lease):
+                             // its workers and standby still reach it; it must fence itself,
+                             // a standby take over, and it run again as a standby once healed
+  kPartitionStandby,         // a standby's every link cut for `duration` (around the failure
+                             // timeout): the leader drops it and answers on; healed, it rejoins
   // Sharded mode only (ChaosOptions::shard_groups > 1): trainer (pick % replicas) is started with
   // --fault_die_in_sync_at_step=S (S: the first sync step at or after the fault's progress point)
   // and --fault_die_in_sync_ranges=j (j = 1 + (pick / replicas) % K): it syncs step S to ranges
@@ -167,13 +179,18 @@ enum class FaultKind {
   kDieBetweenRanges,
 };
 
-// Every kind, in the order above.
+// Every kind a schedule draws by default, in the order above: all but the firewall kinds.
 const std::vector<FaultKind>& AllFaultKinds();
-// The kinds that act on the server group (kKillLeader ... kRestartStandbyEmpty): group mode only.
+// The firewall kinds (kPartitionLeaderFromEtcd, kPartitionStandby): drawn only when named.
+const std::vector<FaultKind>& FirewallFaultKinds();
+bool IsFirewallFault(FaultKind kind);
+// The kinds that act on the server group (kKillLeader ... kRestartStandbyEmpty; the firewall
+// kinds are group kinds too, but listed by FirewallFaultKinds): group mode only.
 const std::vector<FaultKind>& GroupFaultKinds();
 // "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss", "byzantine",
 // "kill_leader", "leader_disk_loss", "stop_leader", "kill_etcd_member", "kill_all_etcd",
-// "restart_standby_empty", "die_between_ranges".
+// "restart_standby_empty", "die_between_ranges", "partition_leader_from_etcd",
+// "partition_standby".
 const char* FaultKindName(FaultKind kind);
 bool IsNetworkFault(FaultKind kind);
 bool IsGroupFault(FaultKind kind);
