@@ -97,7 +97,12 @@ bool ReplicationLeader::AllAcked(uint64_t sequence) const {
 
 absl::Status ReplicationLeader::WaitReplicated(const storage::DurableStore::Position& position) {
   if (options_.sync) {
-    const absl::Time deadline = clock_->Now() + options_.max_wait;
+    // Never shorter than it takes to drop a silent standby: a failed barrier fences the store
+    // (storage/durable_store.h), so a deadline that fired before the monitor could drop a
+    // partitioned standby would hand the leadership over for a standby's fault.
+    const absl::Duration bound =
+        std::max(options_.max_wait, 2 * options_.standby_timeout + absl::Seconds(1));
+    const absl::Time deadline = clock_->Now() + bound;
     absl::MutexLock lock(&mu_);
     const uint64_t sequence = position.sequence;
     auto done = [this, sequence]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -108,7 +113,7 @@ absl::Status ReplicationLeader::WaitReplicated(const storage::DurableStore::Posi
       if (now >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "commit ", sequence, " was not acknowledged by every in-sync standby within ",
-            absl::FormatDuration(options_.max_wait)));
+            absl::FormatDuration(bound), " (nor could the silent ones be dropped)"));
       }
       mu_.AwaitWithTimeout(absl::Condition(&done), std::min(kWaitSlice, deadline - now));
       mu_.Unlock();

@@ -72,7 +72,10 @@ struct ReplicationLeaderOptions {
   bool sync = true;   // replication.sync: false answers without waiting for standbys
   int64_t max_buffered_bytes = int64_t{256} << 20;
   absl::Duration standby_timeout = absl::Seconds(3);  // the job's failure_timeout
-  absl::Duration max_wait = absl::Seconds(30);        // bound of one WaitReplicated
+  // Bound of one WaitReplicated, at least 2 x standby_timeout + 1 s (the time to drop a silent
+  // standby and record it): a barrier that fails fences the store, so it must not fail for a
+  // standby's fault that the monitor would have handled.
+  absl::Duration max_wait = absl::Seconds(30);
   absl::Duration tick = absl::Milliseconds(50);       // the monitor's period
   // Records the in-sync set (this leader's name first) in etcd, guarded by the leadership, with
   // `floor`: a sequence every member of the set has made durable (a member whose store is
