@@ -40,8 +40,8 @@ export PYTHONPATH="${root}/python${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONDONTWRITEBYTECODE=1
 export OMP_NUM_THREADS=1
 cd "${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
-select=()
+pick=()
 if [[ -n "${TESTBRIDGE_TEST_ONLY:-}" ]]; then
-  select=(-k "${TESTBRIDGE_TEST_ONLY}")
+  pick=(-k "${TESTBRIDGE_TEST_ONLY}")
 fi
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${select[@]}" "${test_file}"
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${pick[@]}" "${test_file}"
