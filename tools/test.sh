@@ -1,77 +1,185 @@
 #!/usr/bin/env bash
-# Installs every dependency (Debian packages) and runs every test of Rebound, then checks the
-# locks twice (docs/thread_safety.md):
+# Installs every dependency (Debian packages) and runs Rebound's tests in one of two tiers
+# (docs/testing.md):
 #
-#   tools/test.sh [extra bazel test flags]
+#   tools/test.sh [--full] [extra bazel test flags]
 #
-#   1. `bazel test //...`: every test, gcc.
-#   2. `bazel build --config=tsan //...`, compile only: clang's thread-safety analysis over all
-#      of the project's code (every ABSL_GUARDED_BY and friends; warnings are errors). --config=tsan
-#      carries --config=tsa's flags (.bazelrc), so this one clang compile is both the tsa check
-#      and the objects phase 3 links: checking the locks costs no second compile of //....
-#   3. `bazel test --config=tsan` over the unit and integration tests, ThreadSanitizer: a race in
-#      a test or in a server or worker it spawns fails the test. Left out, and listed as such:
-#      //tests/chaos (its fault timeouts are tuned for the normal build: under TSan's 5-15x
-#      slowdown they fire on healthy processes), and the tests that run no concurrent C++ of
-#      Rebound's (//tests/deploy, //tests/docs, //tests/launch, //tests/tools: YAML, docs and
-#      launcher-config checks) and //fuzz (libFuzzer, its own --config=fuzz). The integration
-#      tests' waits, RPC deadlines and job timeouts are stretched under TSan by one factor,
-#      REBOUND_TEST_TIME_SCALE (`test:tsan` in .bazelrc; testing/cluster/time_scale.h), so none of
-#      them is left out for want of time.
+# The default tier (the README's test command; .ci/run runs it):
+#   1. `bazel test //...`: every test target once, gcc.
+#   2. `bazel build --config=tsan --output_groups=compilation_outputs //...`, compile only: clang's
+#      thread-safety analysis over all of the project's code (every ABSL_GUARDED_BY and friends;
+#      warnings are errors). --config=tsan carries --config=tsa's flags (.bazelrc), so this one
+#      clang compile is both the tsa check and the objects phase 3 links.
+#   3. ThreadSanitizer (`bazel test --config=tsan`) over the unit tests (TSAN_UNIT_TESTS) and over
+#      one short end-to-end case per concurrent feature (TSAN_CASES): replay recovery, a pipeline
+#      of S = 2 stages, a trainer killed on a sharded center, a server group's failover, and a
+#      Python spare's verified replay against the tsan-built server. Each case is a `bazel test`
+#      of its own: a Catch2 test name as --test_arg (with --warn NoTests, so a name that matches
+#      nothing fails), a pytest -k expression as --test_filter (tests/python/run_pytest.sh). A race
+#      in a test or in a server or worker it spawns fails it.
+# `--full` adds everything else:
+#   3. under TSan, every unit and integration test (the whole of //tests/integration/..., which
+#      holds the Catch2 cases above) and still the Python case;
+#   4. the fuzzers' bounded runs of docs/fuzzing.md: bench/fuzz.sh (`bazel run //bench:fuzz`),
+#      60 s per target with clang, libFuzzer and ASan (its own clang build, --config=fuzz).
+# Run --full before merging a change to concurrent code, storage, recovery or replication.
+#
+# Left out under TSan in both tiers, and listed as such: //tests/chaos (its fault timeouts are
+# tuned for the normal build: under TSan's 5-15x slowdown they fire on healthy processes; it runs
+# in phase 1 at its one setting: the test has no flag for longer runs, those are bench/chaos's,
+# docs/chaos.md), //tests/deploy, //tests/docs, //tests/launch, //tests/tools, //testing (YAML,
+# docs, launcher checks; the harness's own tests), //fuzz (libFuzzer: --config=fuzz) and
+# //tests/python but its one case (the client is Python; the server it talks to is what TSan
+# checks). The integration tests' waits, RPC deadlines and job timeouts are stretched under TSan
+# by REBOUND_TEST_TIME_SCALE (`test:tsan` in .bazelrc; testing/cluster/time_scale.h); the Python
+# case's are not (tests/python does not read it).
 #
 # Tests that need a GPU are tagged "gpu" and only exist in --config=cuda builds; on a CPU-only
 # build they are reported here as skipped, never as passed. //tools/tsan:interposer_test exists
 # only in the tsan build and is counted there.
 #
-# Time (docs/thread_safety.md#cost): 23.5 min on the 2-core development VM with warm caches
-# (2026-12-03; the TSan test run alone 20 min). On a fresh machine, estimated from the CI run of
-# phase 1 (8.5 min) and cold clang builds: about 45 min in all, under CI's 60.
+# Tests run two at a time (.bazelrc: --local_test_jobs=2); those tagged "exclusive" (they start
+# servers, workers or etcd) run alone, after the others.
+# Time: targets, not measurements (R16): the default tier within 25 min on a fresh 2-core machine
+# (no warm cache), CI (.ci/run) within 30 min of its 90. Measured wall times per target, from a
+# run: docs/testing.md#per-target-wall-times (tools/test_times.sh).
 # REBOUND_SANITIZERS=0 runs phase 1 only, for a quick local check; the summary then says the
-# other two were not run.
+# others were not run.
+#
+# The last line: `rebound tests: N passed, N failed, N skipped` (phase 1), then the tier, the tsa
+# build, the TSan counts, the fuzz runs (--full) and what the tier left out.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self=$(readlink -f "$0")
+cd "$(dirname "$self")/.."
 
-tools/setup.sh
+tier=default
+bazel_flags=()
+for arg in "$@"; do
+  case "$arg" in
+    --full) tier=full ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$self"; exit 0 ;;
+    *) bazel_flags+=("$arg") ;;
+  esac
+done
+set -- "${bazel_flags[@]}"
 
-TSAN_TESTS=(
+TSAN_UNIT_TESTS=(
   //tools/tsan/...
   //tests/common/...
   //tests/storage/...
   //tests/compute/...
   //tests/server/...
   //tests/worker/...
-  //tests/integration/...
   //tests/coord/...
 )
-# Tests of those groups that cannot pass under TSan for want of time, not for a race, left out by
-# name and never counted (docs/thread_safety.md). None today: training_test, bad_input_test and
-# recovery_test, once left out for their fixed deadlines, run with the time scale.
-TSAN_EXCLUDED=()
+TSAN_INTEGRATION_TESTS=(
+  //tests/integration/...
+)
+# One short end-to-end case per concurrent feature: feature|target|its source|the Catch2 test name
+# (a .cc source), or the pytest -k expression (a .py source). Chosen by reading the tests, as the
+# shortest case of the feature (docs/testing.md#the-tsan-cases says why each).
+TSAN_CASES=(
+  "replay recovery|//tests/integration:recovery_test|tests/integration/recovery_test.cc|a lost slot waits for a spare, and a spare that registers later rebuilds it by replay"
+  "pipeline S = 2|//tests/integration:pipeline_test|tests/integration/pipeline_test.cc|malformed, foreign and misaddressed boundary pairs are refused and change nothing"
+  "sharded kill|//tests/integration:sharding_test|tests/integration/sharding_test.cc|a trainer killed between its sync to range 0 and range 1 is rebuilt by replay, every range applies the step once, and the run ends bit-identical to one group"
+  "group failover|//tests/integration:group_test|tests/integration/group_test.cc|the leader SIGKILLed, then its disk lost: the job finishes with every sync applied once"
+  "Python spare replay|//tests/python:client_test|tests/python/test_client.py|test_a_killed_trainer_is_rebuilt_by_verified_replay and adahessian"
+)
 TSAN_LEFT_OUT=(
   "//tests/chaos/... (fault timeouts tuned for the normal build fire under TSan's slowdown)"
   "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/tools/... (no concurrent C++ of Rebound's)"
+  "//testing/... (the cluster harness's own tests; the integration tests run the harness under TSan)"
   "//fuzz/... (libFuzzer targets: --config=fuzz)"
-  "//tests/python/... (the Python client; the server it talks to is covered by //tests/integration/... here)"
+  "//tests/python/... but its one case (the client is Python; the server it talks to is checked by the case)"
 )
+# What the tier leaves out, for its summary line.
+if [ "$tier" = default ]; then
+  TIER_LEFT_OUT=(
+    "under TSan, //tests/integration but its 4 cases (--full runs it all), //tests/python but 1, //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/tools, //testing, //fuzz"
+    "the fuzzers' runs (--full)"
+  )
+else
+  TIER_LEFT_OUT=(
+    "under TSan, //tests/python but 1 case, //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/tools, //testing, //fuzz"
+  )
+fi
+TIER_LEFT_OUT+=("longer chaos runs (bench/chaos: //tests/chaos has no flag for them)")
+
+# Every case still names a test of its source: a renamed test fails here, right after the set-up
+# (which installs python3), not after the TSan build.
+check_cases() {
+  /usr/bin/python3 - "$@" <<'PYTHON'
+import re
+import sys
+
+bad = 0
+for entry in sys.argv[1:]:
+    feature, target, source, selector = entry.split("|", 3)
+    try:
+        text = open(source, encoding="utf-8").read()
+    except OSError as error:
+        print("tools/test.sh: TSan case %r: cannot read %s: %s" % (feature, source, error))
+        bad += 1
+        continue
+    if source.endswith(".cc"):
+        names = set()
+        for m in re.finditer(r"TEST_CASE\s*\(", text):
+            i, parts = m.end(), []
+            literal = re.compile(r'\s*"((?:[^"\\]|\\.)*)"')
+            while True:
+                lm = literal.match(text, i)
+                if not lm:
+                    break
+                parts.append(lm.group(1))
+                i = lm.end()
+            names.add("".join(parts))
+        found = selector in names
+    else:
+        function = selector.split()[0]
+        found = re.search(r"^def %s\(" % re.escape(function), text, re.M) is not None
+    if not found:
+        print("tools/test.sh: TSan case %r (%s) names no test of %s: %r; update TSAN_CASES"
+              % (feature, target, source, selector))
+        bad += 1
+sys.exit(1 if bad else 0)
+PYTHON
+}
+# A Catch2 v2 test name as a test spec: a comma would separate two specs and brackets start a
+# tag, so they (and backslashes) are escaped.
+catch2_spec() {
+  local s=$1
+  s=${s//\\/\\\\}
+  s=${s//,/\\,}
+  s=${s//\[/\\[}
+  s=${s//\]/\\]}
+  printf '%s' "$s"
+}
+
+tools/setup.sh
+if [ "${REBOUND_SANITIZERS:-1}" != "0" ]; then check_cases "${TSAN_CASES[@]}" || exit 2; fi
 
 log=$(mktemp)
 tsan_log=$(mktemp)
-trap 'rm -f "$log" "$tsan_log"' EXIT
+case_log=$(mktemp)
+fuzz_log=$(mktemp)
+trap 'rm -f "$log" "$tsan_log" "$case_log" "$fuzz_log"' EXIT
 
-# Counts a `bazel test --test_summary=short` log of PATTERNs: passed, failed, and the gpu tests
+# Counts a `bazel test --test_summary=short` log: passed, failed, and the gpu tests of PATTERNs
 # not run (listed on stderr).
-count() {  # count LOG PATTERN... -> "passed failed skipped"
+count() {  # count LOG [PATTERN...] -> "passed failed skipped"
   local file="$1"
   shift
   local p f s=0
   p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$file" || true)
   f=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$file" || true)
-  for t in $(bazel query "attr(tags, \"\bgpu\b\", tests(set($*)))" 2>/dev/null); do
-    if ! grep -qE "^$t +(\(cached\) )?PASSED" "$file"; then
-      echo "SKIPPED $t (needs a GPU and a --config=cuda build)" >&2
-      s=$((s + 1))
-    fi
-  done
+  if [ $# -gt 0 ]; then
+    for t in $(bazel query "attr(tags, \"\bgpu\b\", tests(set($*)))" 2>/dev/null); do
+      if ! grep -qE "^$t +(\(cached\) )?PASSED" "$file"; then
+        echo "SKIPPED $t (needs a GPU and a --config=cuda build)" >&2
+        s=$((s + 1))
+      fi
+    done
+  fi
   echo "$p $f $s"
 }
 
@@ -81,7 +189,7 @@ bazel test //... --test_summary=short "$@" 2>&1 | tee "$log" || rc=$?
 read -r passed failed skipped < <(count "$log" //...)
 ok=1
 if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then ok=0; fi
-summary="rebound tests: $passed passed, $failed failed, $skipped skipped"
+summary="rebound tests: $passed passed, $failed failed, $skipped skipped; tier $tier"
 
 if [ "${REBOUND_SANITIZERS:-1}" = "0" ]; then
   echo "$summary; tsa build not run; tsan not run (REBOUND_SANITIZERS=0)"
@@ -95,16 +203,59 @@ tsa=ok
 bazel build --config=tsan --output_groups=compilation_outputs //... || tsa=FAILED
 [ "$tsa" = ok ] || ok=0
 
-# 3. ThreadSanitizer over the unit and integration tests.
+# 3. ThreadSanitizer: the unit tests (--full: and the integration tests), in one invocation.
+tsan_groups=("${TSAN_UNIT_TESTS[@]}")
+[ "$tier" = default ] || tsan_groups+=("${TSAN_INTEGRATION_TESTS[@]}")
 tsan_rc=0
-excluded=()
-for t in "${TSAN_EXCLUDED[@]}"; do excluded+=("-$t"); done
-bazel test --config=tsan --test_summary=short "$@" -- "${TSAN_TESTS[@]}" "${excluded[@]}" 2>&1 |
+bazel test --config=tsan --test_summary=short "$@" -- "${tsan_groups[@]}" 2>&1 |
   tee "$tsan_log" || tsan_rc=$?
-read -r tsan_passed tsan_failed tsan_skipped < <(count "$tsan_log" "${TSAN_TESTS[@]}")
-for left in "${TSAN_LEFT_OUT[@]}"; do echo "NOT UNDER TSAN $left"; done
+read -r tsan_passed tsan_failed tsan_skipped < <(count "$tsan_log" "${tsan_groups[@]}")
 if [ "$tsan_rc" -ne 0 ] || [ "$tsan_failed" -ne 0 ] || [ "$tsan_passed" -eq 0 ]; then ok=0; fi
+tsan_targets=$((tsan_passed + tsan_failed))
 
+# ... then the cases, one invocation each (--full: the Python case only; the whole of the
+# integration targets ran above).
+cases_run=0
+for entry in "${TSAN_CASES[@]}"; do
+  IFS='|' read -r feature target source selector <<<"$entry"
+  if [ "$tier" = full ] && [[ "$source" == *.cc ]]; then continue; fi
+  if [[ "$source" == *.cc ]]; then
+    pick=(--test_arg=--warn --test_arg=NoTests "--test_arg=$(catch2_spec "$selector")")
+  else
+    pick=("--test_filter=$selector")
+  fi
+  echo "TSAN CASE $feature: $target, $selector"
+  case_rc=0
+  bazel test --config=tsan --test_summary=short "$@" "${pick[@]}" -- "$target" 2>&1 |
+    tee "$case_log" || case_rc=$?
+  read -r p f _ < <(count "$case_log")
+  if [ "$case_rc" -ne 0 ] || [ "$p" -ne 1 ]; then
+    [ "$f" -gt 0 ] || f=1
+    p=0
+    ok=0
+    echo "TSAN CASE FAILED $feature: $target, $selector"
+  fi
+  tsan_passed=$((tsan_passed + p))
+  tsan_failed=$((tsan_failed + f))
+  cases_run=$((cases_run + 1))
+done
+for left in "${TSAN_LEFT_OUT[@]}"; do echo "NOT UNDER TSAN $left"; done
+
+# 4. --full: the fuzzers' bounded runs (docs/fuzzing.md).
+fuzz=""
+if [ "$tier" = full ]; then
+  fuzz="; fuzz runs ok"
+  if ! bench/fuzz.sh --seconds=60 2>&1 | tee "$fuzz_log"; then
+    fuzz="; fuzz runs FAILED"
+    ok=0
+  fi
+fi
+
+for left in "${TIER_LEFT_OUT[@]}"; do echo "NOT IN TIER $tier: $left"; done
+left_out=$(printf '%s; ' "${TIER_LEFT_OUT[@]}")
+plural=s
+[ "$cases_run" -ne 1 ] || plural=""
 echo "$summary; tsa build $tsa; tsan: $tsan_passed passed, $tsan_failed failed," \
-  "$tsan_skipped skipped, ${#TSAN_EXCLUDED[@]} tests and 3 groups left out"
+  "$tsan_skipped skipped ($tsan_targets targets, $cases_run end-to-end case$plural)$fuzz;" \
+  "left out: ${left_out%; }"
 [ "$ok" -eq 1 ] || exit 1

@@ -3,6 +3,10 @@
 # worktree's python/ directory (in the runfiles of a Bazel sh_test, or the source tree when run
 # by hand). Usage: run_pytest.sh <test file> [NAME=relative/or/absolute/path ...]; each NAME=PATH
 # is exported with PATH made absolute. Fails (never skips) if pytest or the file is missing.
+# `bazel test --test_filter=EXPR` (Bazel's TESTBRIDGE_TEST_ONLY) runs only the cases pytest's
+# `-k EXPR` selects, e.g. tools/test.sh's TSan case
+#   --test_filter='test_a_killed_trainer_is_rebuilt_by_verified_replay and adahessian';
+# a filter that selects nothing fails (pytest exits 5).
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -36,4 +40,8 @@ export PYTHONPATH="${root}/python${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONDONTWRITEBYTECODE=1
 export OMP_NUM_THREADS=1
 cd "${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${test_file}"
+pick=()
+if [[ -n "${TESTBRIDGE_TEST_ONLY:-}" ]]; then
+  pick=(-k "${TESTBRIDGE_TEST_ONLY}")
+fi
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${pick[@]}" "${test_file}"
