@@ -9,8 +9,12 @@
 //    drops its packets, nothing resets the connection) is not waited for again until it shows
 //    progress or opens a new stream.
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
