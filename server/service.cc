@@ -123,7 +123,11 @@ absl::Status ParameterServerService::CheckReady() const {
   if (!ready_.load()) {
     return absl::UnavailableError("the server is loading its durable state; retry shortly");
   }
-  return absl::OkStatus();
+  // A fenced store (a failed replication barrier: this leader is handing over) answers every
+  // call UNAVAILABLE, so the worker retries at the new leader, before any check that reads the
+  // in-memory state, which may lag what the group acknowledged (R15: a trainer's step-log
+  // records were refused as INVALID_ARGUMENT by a deposed leader's stale books, and it exited).
+  return store_->Fenced();
 }
 
 absl::Status ParameterServerService::ValidateSlot(const SlotId& slot) const {

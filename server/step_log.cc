@@ -224,6 +224,9 @@ StepLogStats StepLogService::stats() const {
 StepLogService::BatchResult StepLogService::ProcessBatch(AppendLogRequest* mutable_request) {
   const AppendLogRequest& request = *mutable_request;
   const uint64_t incarnation = request.incarnation();
+  // A fenced store (this leader is handing over): UNAVAILABLE before the bounds below, which
+  // read books that may lag what the group acknowledged (storage/durable_store.h).
+  if (absl::Status fenced = store_->Fenced(); !fenced.ok()) return {fenced};
   if (absl::Status alive = membership_->CheckAlive(incarnation); !alive.ok()) {
     if (alive.code() == absl::StatusCode::kFailedPrecondition) ForgetSender(incarnation);
     return {alive};

@@ -390,6 +390,39 @@ TEST_CASE("a fenced incarnation's stream ends with FAILED_PRECONDITION and write
   CHECK(Keys(h.Stored(1)) == ExpectedKeys({1}));
 }
 
+TEST_CASE("a fenced store answers a batch UNAVAILABLE before checking its steps against the books") {
+  // A leader whose replication barrier failed (R15): its books may lag what the group
+  // acknowledged, so a record past "snapshot step + 2 x sync_period" by those books must send
+  // the trainer to the new leader (UNAVAILABLE), not end its log stream for good
+  // (INVALID_ARGUMENT, which a deposed leader answered before).
+  Harness h;
+  uint64_t id = 1;
+  const int64_t far_step = 2 * TwoReplicaJob().easgd().sync_period() + 1;  // past the bound
+  SECTION("not fenced: the bound refuses the record") {
+    Harness::AppendResult result = h.Append({Batch(h.trainer0(), WholeStep(&id, 0, far_step))});
+    CHECK(result.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  SECTION("fenced: UNAVAILABLE, nothing written") {
+    REQUIRE(h.store()
+                .StartCapturing([](ReplicatedCommit) {},
+                                [](const storage::DurableStore::Position&) {
+                                  return absl::UnavailableError("the leadership was lost");
+                                },
+                                1)
+                .ok());
+    storage::WriteBatch batch;
+    ServerRecord server;
+    server.set_job_id("j");
+    batch.PutServer(server);
+    REQUIRE(h.store().Commit(batch).code() == absl::StatusCode::kUnavailable);
+    Harness::AppendResult result = h.Append({Batch(h.trainer0(), WholeStep(&id, 0, far_step))});
+    CHECK(result.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+    CHECK_THAT(result.status.error_message(), Contains("fenced"));
+    CHECK(result.acks.empty());
+    CHECK(h.Stored(0).empty());
+  }
+}
+
 TEST_CASE(
     "a stream that names another worker's incarnation without its credential is refused with "
     "UNAUTHENTICATED and writes nothing") {
