@@ -91,6 +91,12 @@ std::vector<std::string> EtcdCluster::client_endpoints() const {
   return endpoints;
 }
 
+std::vector<int> EtcdCluster::client_ports() const {
+  std::vector<int> ports;
+  for (const Member& member : members_) ports.push_back(member.client_port);
+  return ports;
+}
+
 std::string EtcdCluster::log_path(int i) const { return members_.at(i).log_path; }
 
 bool EtcdCluster::running(int i) {

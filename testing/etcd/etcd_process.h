@@ -52,6 +52,8 @@ class EtcdCluster {
   std::string client_endpoint(int i) const;
   // Every member's, in member order.
   std::vector<std::string> client_endpoints() const;
+  // Every member's client port, in member order (a firewall cuts a process from them).
+  std::vector<int> client_ports() const;
   // The directory of logs and data dirs.
   const std::string& dir() const { return dir_; }
   // Member i's log file.

@@ -351,6 +351,10 @@ class ChaosRun {
   void CheckAcknowledged(int member, const std::string& when);
   // A stopped leader resumed at log offset `offset`: it must have fenced itself.
   void CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time deadline);
+  // CheckFenced within kFenceCheckWait from now, as a pending action.
+  void CheckFencedSoon(int member, int64_t offset, int64_t epoch);
+  // The standby of `group` (led by `leader`) that `pick` draws.
+  static int PickStandby(const std::vector<int>& members, int leader, uint32_t pick);
   // The last lines of the server's log, or of every member's.
   std::string ServerLogs(size_t lines) const;
   double Progress(const GetStatusResponse& status) const;
@@ -876,6 +880,22 @@ void ChaosRun::PollRangeGroups() {
     }
     CheckAcknowledged(group.leader, "as it restarted");
   }
+}
+
+void ChaosRun::CheckFencedSoon(int member, int64_t offset, int64_t epoch) {
+  const absl::Time deadline = absl::Now() + kFenceCheckWait;
+  AddPending(kFenceCheckWait, absl::StrCat("check that ", members_[member].name, " fenced itself"),
+             [this, member, offset, epoch, deadline] {
+               CheckFenced(member, offset, epoch, deadline);
+             });
+}
+
+int ChaosRun::PickStandby(const std::vector<int>& members, int leader, uint32_t pick) {
+  std::vector<int> standbys;
+  for (int i : members) {
+    if (i != leader) standbys.push_back(i);
+  }
+  return standbys[pick % standbys.size()];
 }
 
 void ChaosRun::CheckFenced(int member, int64_t offset, int64_t epoch, absl::Time deadline) {
@@ -1675,11 +1695,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
     case FaultKind::kRestartStandbyEmpty: {
       int target = leader;
       if (fault.kind == FaultKind::kRestartStandbyEmpty) {
-        std::vector<int> standbys;
-        for (int i : group.members) {
-          if (i != leader) standbys.push_back(i);
-        }
-        target = standbys[pick % standbys.size()];
+        target = PickStandby(group.members, leader, pick);
       }
       const bool wipe = fault.kind != FaultKind::kKillLeader;
       Member& m = members_[target];
@@ -1737,32 +1753,19 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
         cluster_->ResumeMember(leader);
         members_[leader].stopped = false;
         groups_[g].fault_pending = false;
-        const absl::Time deadline = absl::Now() + kFenceCheckWait;
-        AddPending(kFenceCheckWait,
-                   absl::StrCat("check that ", members_[leader].name, " fenced itself"),
-                   [this, leader, offset, epoch, deadline] {
-                     CheckFenced(leader, offset, epoch, deadline);
-                   });
+        CheckFencedSoon(leader, offset, epoch);
       });
       break;
     }
     case FaultKind::kPartitionLeaderFromEtcd: {
       Member& m = members_[leader];
-      std::vector<int> ports;
-      for (const std::string& endpoint : cluster_->etcd()->client_endpoints()) {
-        int port = 0;
-        if (!absl::SimpleAtoi(endpoint.substr(endpoint.rfind(':') + 1), &port)) {
-          return absl::InternalError(absl::StrCat("etcd endpoint '", endpoint, "'"));
-        }
-        ports.push_back(port);
-      }
       const int64_t offset = static_cast<int64_t>(
           ReadFileOrEmpty(cluster_->member(leader).log_path()).size());
       Log(absl::StrCat(at, kind, ": cut ", m.name, " (the leader: ", state,
                        ") from etcd by a firewall for ", Seconds(fault.duration),
                        ", past its lease of ", Seconds(absl::Milliseconds(spec_.leader_lease_ms)),
                        "; its workers and standbys still reach it"));
-      RETURN_IF_ERROR(firewall_->CutFromPorts(m.name, ports));
+      RETURN_IF_ERROR(firewall_->CutFromPorts(m.name, cluster_->etcd()->client_ports()));
       group.fault_pending = true;
       const int64_t epoch = group.epoch;
       AddPending(fault.duration, absl::StrCat("heal ", m.name, "'s links to etcd"),
@@ -1771,21 +1774,12 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::FireGroupFault(const PlannedFault& fau
           Error(absl::StrCat("cannot heal ", members_[leader].name, ": ", s.message()));
         }
         groups_[g].fault_pending = false;
-        const absl::Time deadline = absl::Now() + kFenceCheckWait;
-        AddPending(kFenceCheckWait,
-                   absl::StrCat("check that ", members_[leader].name, " fenced itself"),
-                   [this, leader, offset, epoch, deadline] {
-                     CheckFenced(leader, offset, epoch, deadline);
-                   });
+        CheckFencedSoon(leader, offset, epoch);
       });
       break;
     }
     case FaultKind::kPartitionStandby: {
-      std::vector<int> standbys;
-      for (int i : group.members) {
-        if (i != leader) standbys.push_back(i);
-      }
-      const int target = standbys[pick % standbys.size()];
+      const int target = PickStandby(group.members, leader, pick);
       Member& m = members_[target];
       Log(absl::StrCat(at, kind, ": cut ", m.name, " (a standby in sync; ", state,
                        ") from everything by a firewall for ", Seconds(fault.duration)));
