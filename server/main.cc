@@ -660,7 +660,12 @@ int Run() {
                  << ": no longer acknowledging; starting again as a standby";
     run_again = true;
   } else if (signal_number == kUnhealthy) {
-    LOG(ERROR) << "unhealthy: handing the leadership over; starting again as a standby";
+    if (absl::Status fenced = db->Fenced(); !fenced.ok()) {
+      // A failed barrier (often the lost lease, seen by a commit before the fence thread).
+      LOG(WARNING) << fenced.message() << ": no longer acknowledging; starting again as a standby";
+    } else {
+      LOG(ERROR) << "unhealthy: handing the leadership over; starting again as a standby";
+    }
     run_again = true;
   } else {
     LOG(INFO) << "signal " << signal_number << ": shutting down";
