@@ -49,9 +49,12 @@ absl::Status LeaderElection::Campaign(const absl::Notification* stop) {
 }
 
 absl::StatusOr<std::optional<LeaderInfo>> LeaderElection::TryCampaign() {
-  // Still leading: nothing to do. A lost leadership is cleaned up before a new attempt (its
-  // lease is gone already, most likely).
-  if (CheckLeadership().ok()) return std::optional<LeaderInfo>();
+  // Still leading (a late renewal included: the lease may still be held): nothing to do. A lost
+  // leadership is cleaned up before a new attempt (its lease is gone already, most likely).
+  const absl::StatusCode leading = CheckLeadership().code();
+  if (leading == absl::StatusCode::kOk || leading == absl::StatusCode::kUnavailable) {
+    return std::optional<LeaderInfo>();
+  }
   (void)DropLease();
   ASSIGN_OR_RETURN(const EtcdLease lease, client_->GrantLease(options_.lease_ttl));
   absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper = client_->KeepAlive(lease);
@@ -118,14 +121,22 @@ absl::Status LeaderElection::CheckLeadership() const {
   }
   const absl::Status renewing = keeper_->status();
   const absl::Duration since = clock_->Now() - keeper_->last_renewed();
-  const absl::Duration limit = keeper_->ttl() / 2;
-  if (!renewing.ok() || since >= limit) {
+  const absl::Duration ttl = keeper_->ttl();
+  if (!renewing.ok() || since >= ttl) {
     fenced_ = true;
     return absl::FailedPreconditionError(absl::StrCat(
         "not the leader any more: the lease of epoch ", epoch_, " ",
         !renewing.ok() ? absl::StrCat("is lost (", renewing.message(), ")")
                        : absl::StrCat("was last renewed ", absl::FormatDuration(since),
-                                      " ago, past TTL/2 = ", absl::FormatDuration(limit))));
+                                      " ago, past its TTL = ", absl::FormatDuration(ttl),
+                                      ": etcd may have expired it")));
+  }
+  if (since >= ttl / 2) {
+    return absl::UnavailableError(absl::StrCat(
+        "the lease of epoch ", epoch_, " was last renewed ", absl::FormatDuration(since),
+        " ago, past TTL/2 = ", absl::FormatDuration(ttl / 2),
+        ": nothing is acknowledged until it is renewed (lost at TTL = ",
+        absl::FormatDuration(ttl), ")"));
   }
   return absl::OkStatus();
 }

@@ -10,18 +10,24 @@
 // refuse anything of an older epoch. A candidate that finds the key held watches it and tries
 // again once it is deleted (the holder resigned or its lease expired).
 //
-// Self-fencing. A leader holds its leadership only while its lease was renewed less than TTL/2
-// ago (etcd may expire it at last renewal + TTL at the earliest): CheckLeadership() says
-// FAILED_PRECONDITION from then on, and the caller must stop acknowledging anything. Lost is
-// lost: once CheckLeadership has failed, it never succeeds again for this epoch (a renewal that
-// arrives late does not restore it); the caller campaigns anew.
+// Self-fencing. A leader acknowledges only while its lease was renewed less than TTL/2 ago
+// (etcd may expire it at last renewal + TTL at the earliest): from TTL/2 on, CheckLeadership()
+// says UNAVAILABLE and the caller must hold every acknowledgement. A renewal that succeeds before
+// TTL proves the lease (and with it the leader key) never went, so no other candidate can have
+// won in between: CheckLeadership is OK again, in the same epoch. This is what one lost etcd
+// member costs when it led etcd's raft (an etcd election of about one election timeout, during
+// which no lease can be renewed): a pause, not a failover. Once the last renewal is TTL old, or
+// etcd says the lease is gone, the leadership is lost: CheckLeadership says FAILED_PRECONDITION
+// and never succeeds again for this epoch (a renewal that arrives later does not restore it);
+// the caller campaigns anew.
 //
 // Thread-safety: thread-safe; Campaign blocks its caller, CheckLeadership may be called from any
 // thread at any rate (it reads the keeper's state). Ownership: borrows the client and the clock,
 // which must outlive it. Status codes: Campaign: OK (won; epoch()), CANCELLED (stopped),
 // UNAVAILABLE (etcd unreachable within the client's retry policy: retry later); CheckLeadership:
-// OK or FAILED_PRECONDITION naming why (never won, resigned, lease lost or not renewed within
-// TTL/2); Resign: the client's errors.
+// OK, UNAVAILABLE (the renewal is late: hold acknowledgements, it may come back) or
+// FAILED_PRECONDITION naming why (never won, resigned, lease lost or not renewed within TTL);
+// Resign: the client's errors.
 
 #include <cstdint>
 #include <memory>
@@ -72,7 +78,9 @@ class LeaderElection {
   // this instead of calling Campaign.
   absl::StatusOr<std::optional<LeaderInfo>> TryCampaign();
 
-  // OK iff this candidate won and its lease was renewed within the last TTL/2 (see above).
+  // OK iff this candidate won and its lease was renewed within the last TTL/2; UNAVAILABLE
+  // while the renewal is late but the lease may still be held; FAILED_PRECONDITION once lost
+  // (see above).
   absl::Status CheckLeadership() const;
   // The epoch of the current (or last) leadership; 0 before the first win.
   int64_t epoch() const;

@@ -639,13 +639,15 @@ int Run() {
   absl::Notification stop;
   std::thread detector_thread([&] { detector.Run(&stop); });
 
-  // A group's leader watches its leadership: once it cannot renew its lease within TTL/2 it
-  // stops acknowledging (ReplicationLeader::WaitReplicated) and comes back as a standby.
+  // A group's leader watches its leadership. A lease renewal late by TTL/2 holds every
+  // acknowledgement (ReplicationLeader::WaitReplicated) until it comes; a lease lost (not
+  // renewed within TTL) makes the leader come back as a standby.
   std::thread fence_thread;
   if (replicated) {
     fence_thread = std::thread([&] {
       while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-        if (!member.group->CheckLeadership().ok()) {
+        const absl::Status leading = member.group->CheckLeadership();
+        if (!leading.ok() && leading.code() != absl::StatusCode::kUnavailable) {
           NotifyMainThread(kFenced);
           return;
         }

@@ -23,6 +23,8 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 constexpr absl::Duration kFloorPeriod = absl::Seconds(1);
 // How often a waiting writer or barrier looks at the leadership and its stop conditions.
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
+// How often a commit held by a late lease renewal looks at the lease again.
+constexpr absl::Duration kLeaseSlice = absl::Milliseconds(10);
 
 }  // namespace
 
@@ -96,36 +98,42 @@ bool ReplicationLeader::AllAcked(uint64_t sequence) const {
 }
 
 absl::Status ReplicationLeader::WaitReplicated(const storage::DurableStore::Position& position) {
-  if (options_.sync) {
-    // Never shorter than it takes to drop a silent standby: a failed barrier fences the store
-    // (storage/durable_store.h), so a deadline that fired before the monitor could drop a
-    // partitioned standby would hand the leadership over for a standby's fault.
-    const absl::Duration bound =
-        std::max(options_.max_wait, 2 * options_.standby_timeout + absl::Seconds(1));
-    const absl::Time deadline = clock_->Now() + bound;
-    absl::MutexLock lock(&mu_);
-    const uint64_t sequence = position.sequence;
-    auto done = [this, sequence]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || AllAcked(sequence);
-    };
-    while (!done()) {
+  // Never shorter than it takes to drop a silent standby: a failed barrier fences the store
+  // (storage/durable_store.h), so a deadline that fired before the monitor could drop a
+  // partitioned standby would hand the leadership over for a standby's fault.
+  const absl::Duration bound =
+      std::max(options_.max_wait, 2 * options_.standby_timeout + absl::Seconds(1));
+  const absl::Time deadline = clock_->Now() + bound;
+  const uint64_t sequence = position.sequence;
+  absl::MutexLock lock(&mu_);
+  auto acked = [this, sequence]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !options_.sync || AllAcked(sequence);
+  };
+  while (true) {
+    if (stopping_) return absl::UnavailableError("not the leader any more: the leader is stopping");
+    const bool replicated = acked();
+    mu_.Unlock();
+    const absl::Status leading = options_.check_leadership();
+    mu_.Lock();
+    // A late lease renewal (UNAVAILABLE) holds the answer: the lease may still be held, and a
+    // renewal before its TTL lets the commit be acknowledged (LeaderElection, self-fencing).
+    // The wait is bounded by the lease: at TTL without a renewal the leadership is lost.
+    if (!leading.ok() && leading.code() != absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(leading.message());
+    }
+    if (replicated && leading.ok()) return absl::OkStatus();
+    if (!replicated) {
       const absl::Time now = clock_->Now();
       if (now >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "commit ", sequence, " was not acknowledged by every in-sync standby within ",
             absl::FormatDuration(bound), " (nor could the silent ones be dropped)"));
       }
-      mu_.AwaitWithTimeout(absl::Condition(&done), std::min(kWaitSlice, deadline - now));
-      mu_.Unlock();
-      const absl::Status leading = options_.check_leadership();
-      mu_.Lock();
-      if (!leading.ok()) return absl::UnavailableError(leading.message());
+      mu_.AwaitWithTimeout(absl::Condition(&acked), std::min(kWaitSlice, deadline - now));
+    } else {
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), kLeaseSlice);
     }
-    if (stopping_) return absl::UnavailableError("not the leader any more: the leader is stopping");
   }
-  const absl::Status leading = options_.check_leadership();
-  if (!leading.ok()) return absl::UnavailableError(leading.message());
-  return absl::OkStatus();
 }
 
 bool ReplicationLeader::CanResumeAfter(uint64_t epoch, uint64_t sequence) const {

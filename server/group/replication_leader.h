@@ -29,8 +29,11 @@
 // position); otherwise it answers FAILED_PRECONDITION "needs a checkpoint" and the standby
 // fetches one (FetchCheckpoint) and comes back with the checkpoint's position.
 //
-// Fencing. WaitReplicated fails with UNAVAILABLE once check_leadership fails (the lease was not
-// renewed within TTL/2), whatever the standbys acknowledged: a commit is then never answered.
+// Fencing. WaitReplicated answers only while check_leadership is OK (the lease renewed within
+// TTL/2). While it says UNAVAILABLE (a late renewal: the lease may still be held) the commit
+// waits, and is acknowledged if the lease is renewed in time; once it fails otherwise (the
+// lease lost: not renewed within TTL) WaitReplicated fails with UNAVAILABLE, whatever the
+// standbys acknowledged: the commit is then never answered.
 //
 // Status codes. WaitReplicated: OK; UNAVAILABLE ("not the leader any more: ...", or the leader
 // is stopping); DEADLINE_EXCEEDED after max_wait (a standby neither acknowledging nor dropped,
@@ -82,7 +85,8 @@ struct ReplicationLeaderOptions {
   // behind it, e.g. one whose disk was lost, must not lead).
   std::function<absl::Status(const std::vector<std::string>& in_sync, uint64_t floor)>
       record_in_sync;
-  // OK while this server leads (LeaderElection::CheckLeadership).
+  // OK while this server leads; UNAVAILABLE while its lease renewal is late (it may come back);
+  // another error once the leadership is lost (LeaderElection::CheckLeadership).
   std::function<absl::Status()> check_leadership;
   storage::DurableStore* store = nullptr;  // borrowed: checkpoints for catching up
   std::string checkpoint_dir;              // where checkpoints are made, each removed when sent

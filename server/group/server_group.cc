@@ -206,13 +206,15 @@ absl::Status ServerGroup::RecordInSync(const std::vector<std::string>& names, ui
 }
 
 void ServerGroup::FillStatus(GroupStatus* status) const {
-  // A leader whose lease lapsed is about to run again as a standby: it must not claim to lead.
+  // A leader whose lease is lost is about to run again as a standby: it must not claim to lead.
+  // One whose renewal is only late (UNAVAILABLE) still leads, and says why it holds answers.
   const absl::Status leading = role_leader_.load() ? election_->CheckLeadership() : absl::OkStatus();
+  const bool lost = !leading.ok() && leading.code() != absl::StatusCode::kUnavailable;
   absl::MutexLock lock(&mu_);
   status->set_group(options_.group);
   status->set_name(options_.self.name);
-  status->set_role(leading.ok() ? role_ : GroupStatus::CANDIDATE);
-  if (!leading.ok()) {
+  status->set_role(!lost ? role_ : GroupStatus::CANDIDATE);
+  if (lost) {
     status->set_detail(std::string(leading.message()));
     status->set_epoch(leader_epoch_);
     return;
@@ -222,7 +224,7 @@ void ServerGroup::FillStatus(GroupStatus* status) const {
   status->set_leader_address(leader_.serve_address);
   status->set_leader_peer_address(leader_.peer_address);
   status->set_standbys_configured(options_.standbys);
-  status->set_detail(detail_);
+  status->set_detail(leading.ok() ? detail_ : std::string(leading.message()));
 }
 
 MemberAddress ServerGroup::leader() const {

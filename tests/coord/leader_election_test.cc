@@ -110,8 +110,8 @@ TEST_CASE("a stopped campaign returns CANCELLED and holds no lease") {
   CHECK(a->CheckLeadership().ok());
 }
 
-TEST_CASE("a leader that etcd stops renewing fences itself within TTL/2, before the lease can "
-          "expire; a new campaign wins a new epoch") {
+TEST_CASE("a leader that etcd stops renewing holds its answers from TTL/2 and has lost the "
+          "leadership at TTL, before the lease can expire; a new campaign wins a new epoch") {
   auto cluster = StartEtcd();
   auto client = Client(*cluster);
   auto a = Candidate(client.get(), "a:1");
@@ -125,13 +125,23 @@ TEST_CASE("a leader that etcd stops renewing fences itself within TTL/2, before 
   while ((held = a->CheckLeadership()).ok() && absl::Now() - paused < absl::Seconds(5)) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  const absl::Duration fenced_after = absl::Now() - paused;
-  CHECK(held.code() == absl::StatusCode::kFailedPrecondition);
+  const absl::Duration late_after = absl::Now() - paused;
   INFO(held.message());
-  // The lease was renewed at most TTL/3 before the pause; fenced TTL/2 after the last renewal,
-  // so at most TTL/2 after the pause (plus the polling), before etcd can expire the lease
-  // (TTL after the last renewal, at least 2/3 TTL after the pause).
-  CHECK(fenced_after <= ttl / 2 + absl::Milliseconds(100));
+  // The lease was renewed at most TTL/6 (plus an answer's time) before the pause; answers are
+  // held TTL/2 after the last renewal, so at most TTL/2 after the pause (plus the polling).
+  CHECK(held.code() == absl::StatusCode::kUnavailable);
+  CHECK(late_after <= ttl / 2 + absl::Milliseconds(100));
+  while ((held = a->CheckLeadership()).code() == absl::StatusCode::kUnavailable &&
+         absl::Now() - paused < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Duration lost_after = absl::Now() - paused;
+  INFO(held.message());
+  // Lost TTL after the last renewal: not before TTL - TTL/6 after the pause (a renewal's
+  // period, less the time its answer took), and never after TTL (when etcd may expire it).
+  CHECK(held.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(lost_after >= ttl - ttl / 6 - absl::Milliseconds(100));
+  CHECK(lost_after <= ttl + absl::Milliseconds(100));
   cluster->Resume(0);
   // Lost is lost, even if a late renewal arrives now.
   absl::SleepFor(absl::Milliseconds(500));
@@ -139,6 +149,39 @@ TEST_CASE("a leader that etcd stops renewing fences itself within TTL/2, before 
   REQUIRE(a->Campaign(nullptr).ok());
   CHECK(a->CheckLeadership().ok());
   CHECK(a->epoch() > first);
+}
+
+TEST_CASE("a renewal that comes late, but before the lease's TTL, gives the leadership back in "
+          "the same epoch (what an etcd election costs: a pause, not a failover)") {
+  auto cluster = StartEtcd();
+  auto client = Client(*cluster);
+  auto a = Candidate(client.get(), "a:1");
+  auto b = Candidate(client.get(), "b:1");
+  REQUIRE(a->Campaign(nullptr).ok());
+  const int64_t epoch = a->epoch();
+  cluster->Pause(0);
+  const absl::Time paused = absl::Now();
+  absl::Status held;
+  while ((held = a->CheckLeadership()).ok() && absl::Now() - paused < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  INFO(held.message());
+  REQUIRE(held.code() == absl::StatusCode::kUnavailable);
+  cluster->Resume(0);  // about TTL/2 after the last renewal: the keeper has TTL/2 to renew
+  const absl::Time resumed = absl::Now();
+  while ((held = a->CheckLeadership()).code() == absl::StatusCode::kUnavailable &&
+         absl::Now() - resumed < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  INFO(held.message());
+  CHECK(held.ok());
+  CHECK(a->epoch() == epoch);
+  // The key never went: nobody else could win meanwhile.
+  absl::StatusOr<std::optional<LeaderInfo>> holder = b->TryCampaign();
+  REQUIRE(holder.ok());
+  REQUIRE(holder->has_value());
+  CHECK((*holder)->address == "a:1");
+  CHECK((*holder)->epoch == epoch);
 }
 
 TEST_CASE("options are validated") {

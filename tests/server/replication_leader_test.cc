@@ -193,7 +193,7 @@ TEST_CASE("a barrier that fails after the standby acknowledged fences the store:
   options.tick = absl::Milliseconds(10);
   options.check_leadership = [&]() -> absl::Status {
     if (follower != nullptr && follower->applied() >= fail_after.load()) {
-      return absl::UnavailableError("not the leader any more: the lease was not renewed");
+      return absl::FailedPreconditionError("not the leader any more: the lease was not renewed");
     }
     return absl::OkStatus();
   };
@@ -263,7 +263,7 @@ TEST_CASE("a store whose barrier fails refuses every later commit before writing
   options.sync = false;  // no standby: only the leadership decides
   options.tick = absl::Milliseconds(10);
   options.check_leadership = [&]() -> absl::Status {
-    return leading ? absl::OkStatus() : absl::UnavailableError("the leadership was lost");
+    return leading ? absl::OkStatus() : absl::FailedPreconditionError("the leadership was lost");
   };
   LeaderSide leader(options);
   std::vector<float> center = {1.0f, 2.0f};
@@ -282,6 +282,42 @@ TEST_CASE("a store whose barrier fails refuses every later commit before writing
   CHECK(absl::StrContains(refused.message(), "fenced"));
   CHECK(absl::StrContains(leader.store->Fenced().message(), "commit 2"));
   CHECK(leader.store->LastApplied().sequence == written);
+}
+
+TEST_CASE("a commit made while the lease renewal is late waits, and is acknowledged once the "
+          "lease is renewed in time") {
+  // UNAVAILABLE: late, the lease may still be held (LeaderElection::CheckLeadership).
+  std::atomic<bool> late{false};
+  std::atomic<int> checks_while_late{0};
+  ReplicationLeaderOptions options;
+  options.name = "leader";
+  options.sync = false;  // no standby: only the leadership decides
+  options.tick = absl::Milliseconds(10);
+  options.check_leadership = [&]() -> absl::Status {
+    if (!late) return absl::OkStatus();
+    ++checks_while_late;
+    return absl::UnavailableError("the lease renewal is late");
+  };
+  LeaderSide leader(options);
+  std::vector<float> center = {1.0f, 2.0f};
+  REQUIRE(leader.store->Commit(CenterBatch(1, center)).ok());
+  late = true;
+  absl::Status committed = absl::UnknownError("not yet");
+  absl::Notification done;
+  std::thread commit([&] {
+    committed = leader.store->Commit(CenterBatch(2, center));
+    done.Notify();
+  });
+  // Held: not answered while the renewal is late (it looks at the lease again and again).
+  CHECK_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  CHECK(checks_while_late.load() >= 2);
+  late = false;  // renewed before the TTL
+  CHECK(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  commit.join();
+  CHECK(committed.ok());
+  CHECK(leader.store->Fenced().ok());
+  CHECK(leader.store->Commit(CenterBatch(3, center)).ok());
+  CHECK(leader.store->LastApplied().sequence == 3);
 }
 
 // A Replicate stream driven by hand: it says hello, reads what the leader sends and
