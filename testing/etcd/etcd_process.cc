@@ -1,6 +1,7 @@
 #include "testing/etcd/etcd_process.h"
 
 #include <arpa/inet.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "testing/cluster/processes.h"
@@ -89,6 +91,21 @@ std::vector<std::string> EtcdCluster::client_endpoints() const {
   std::vector<std::string> endpoints;
   for (int i = 0; i < size(); ++i) endpoints.push_back(client_endpoint(i));
   return endpoints;
+}
+
+absl::StatusOr<int> EtcdCluster::RaftLeader() {
+  for (int i = 0; i < size(); ++i) {
+    if (!running(i)) continue;
+    httplib::Client client("127.0.0.1", members_[i].client_port);
+    client.set_connection_timeout(2, 0);
+    client.set_read_timeout(2, 0);
+    const auto response = client.Get("/metrics");
+    if (!response || response->status != 200) continue;
+    for (absl::string_view line : absl::StrSplit(response->body, '\n')) {
+      if (line == "etcd_server_is_leader 1") return i;
+    }
+  }
+  return absl::NotFoundError("no running etcd member says it leads etcd's raft");
 }
 
 std::vector<int> EtcdCluster::client_ports() const {

@@ -60,6 +60,9 @@ class EtcdCluster {
   std::string log_path(int i) const;
   // Whether member i's process runs.
   bool running(int i);
+  // The member that leads etcd's raft now, read from the running members' /metrics
+  // (`etcd_server_is_leader 1`, on the client port); NOT_FOUND while none does (an election).
+  absl::StatusOr<int> RaftLeader();
 
   // SIGSTOPs / SIGCONTs member i: a hung member (its connections stay open, nothing answers).
   void Pause(int i);
