@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/grpc_polling.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
@@ -696,6 +697,7 @@ int Run() {
 }  // namespace rebound::server
 
 int main(int argc, char** argv) {
+  rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
   // Every sync allocates and frees buffers of the center's size.
   rebound::TuneAllocatorForLargeBuffers();

@@ -68,6 +68,7 @@
 #include "grpcpp/grpcpp.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/grpc_polling.h"
 #include "common/logging_plan.h"
 #include "common/security.h"
 #include "proto/health.grpc.pb.h"
@@ -680,6 +681,7 @@ int Main(int argc, char** argv) {
 }  // namespace rebound::ctl
 
 int main(int argc, char** argv) {
+  rebound::ShortenGrpcBackupPolling();
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "
       "health|status|workers|recoveries|watch|drain R,S|group|shards|plan-logging");

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/grpc_polling.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/server_addresses.h"
@@ -334,6 +335,7 @@ int Run() {
 }  // namespace rebound::worker
 
 int main(int argc, char** argv) {
+  rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
   gflags::SetUsageMessage(
       "rebound_worker --config FILE [--server HOST:PORT] [--name NAME] [--role ROLE]");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/file.h"
+#include "common/grpc_polling.h"
 #include "common/security.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -43,7 +44,10 @@ int JobShardGroups(const std::string& server_config) {
 
 }  // namespace
 
-Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {}
+Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
+  // For a benchmark's process (tests get it from .bazelrc); too late if gRPC is up already.
+  ShortenGrpcBackupPolling();
+}
 
 Cluster::~Cluster() {
   // Workers first, newest first, then the server: each ChildProcess's destructor SIGKILLs and

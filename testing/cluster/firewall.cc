@@ -1,14 +1,17 @@
 #include "testing/cluster/firewall.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -69,6 +72,21 @@ absl::Status ProcessFirewall::Iptables(const std::vector<std::string>& args) con
   return absl::OkStatus();
 }
 
+void ProcessFirewall::RemoveStaleChains() const {
+  const CompletedCommand listed = RunToCompletion({iptables_, "-w", "5", "-S"}, absl::Seconds(20));
+  if (listed.exit_code != 0) return;
+  for (absl::string_view line : absl::StrSplit(listed.output, '\n')) {
+    if (!absl::ConsumePrefix(&line, "-N RBFW")) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(line, &pid) || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // its owner runs (or is not ours)
+    const std::string chain = absl::StrCat("RBFW", pid);
+    (void)Iptables({"-D", "OUTPUT", "-o", "lo", "-j", chain});
+    (void)Iptables({"-F", chain});
+    (void)Iptables({"-X", chain});
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ProcessFirewall>> ProcessFirewall::Create() {
   std::unique_ptr<ProcessFirewall> firewall(new ProcessFirewall());
   for (const char* path : {"/usr/sbin/iptables", "/sbin/iptables", "/usr/bin/iptables"}) {
@@ -96,6 +114,7 @@ absl::StatusOr<std::unique_ptr<ProcessFirewall>> ProcessFirewall::Create() {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot make the cgroup ", firewall->base_dir_, ": ", error.message(), " (needs root)"));
   }
+  firewall->RemoveStaleChains();
   firewall->chain_ = absl::StrCat("RBFW", getpid());
   absl::Status made = firewall->Iptables({"-N", firewall->chain_});
   if (!made.ok()) {

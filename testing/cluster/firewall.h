@@ -70,6 +70,9 @@ class ProcessFirewall {
   ProcessFirewall() = default;
 
   absl::Status Iptables(const std::vector<std::string>& args) const;
+  // Removes the chains of earlier firewalls whose process is gone without its destructor (a
+  // test killed at its timeout, a crash), so that their DROP rules never outlive them.
+  void RemoveStaleChains() const;
   absl::Status AddCut(const std::string& name, const std::vector<std::string>& match);
 
   std::string iptables_;

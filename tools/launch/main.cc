@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/grpc_polling.h"
 #include "common/process.h"
 #include "tools/launch/launcher.h"
 #include "tools/launch/options.h"
@@ -60,6 +61,7 @@ int Main(int argc, char** argv) {
 }  // namespace rebound::launch
 
 int main(int argc, char** argv) {
+  rebound::ShortenGrpcBackupPolling();
   // Before any thread starts (gRPC's included), so every thread inherits the mask and SIGTERM and
   // SIGINT stay pending until the launcher takes them.
   rebound::BlockTerminationSignals();
