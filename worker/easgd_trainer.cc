@@ -146,6 +146,14 @@ absl::Status EasgdTrainer::LogStep(int64_t t, absl::Span<const int64_t> ids) {
   return absl::OkStatus();
 }
 
+void EasgdTrainer::DieAfterLogged(int64_t t) {
+  const absl::Status flushed = step_logger_ == nullptr
+                                   ? absl::OkStatus()
+                                   : step_logger_->Flush(absl::Milliseconds(config_.rpc_deadline_ms()));
+  LOG(ERROR) << "fault injection: step " << t << " logged (" << flushed << "); dying";
+  raise(SIGKILL);
+}
+
 absl::Status EasgdTrainer::AppendToLog(std::vector<LogRecord> records) {
   // The common case: room in the buffer, one call, no copy. AppendAll itself waits up to a
   // second for room.
@@ -278,6 +286,9 @@ absl::Status EasgdTrainer::Run() {
     ASSIGN_OR_RETURN(const float loss, TrainStep(t, ids));
     agent_->set_progress(t, loss);
     RETURN_IF_ERROR(LogStep(t, ids));
+    if (faults_.die_after_logged_step > 0 && t == faults_.die_after_logged_step) {
+      DieAfterLogged(t);
+    }
     if (pipeline_ != nullptr) pipeline_->Complete(t);
     if (t % tau_ != 0 && t != max_steps_) continue;
     RETURN_IF_ERROR(Sync(t, loss));

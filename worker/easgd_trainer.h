@@ -79,6 +79,8 @@ class EasgdTrainer {
   // Appends records, waiting out back-pressure up to give_up_after_ms: a record that is
   // skipped would leave a hole that caps what replay can rebuild. Per step: one AppendAll,
   // without a retry loop unless the buffer stays full for a second.
+  // --fault_die_after_logged_step: flushes the step log, then SIGKILLs this process.
+  void DieAfterLogged(int64_t t);
   absl::Status AppendToLog(std::vector<LogRecord> records);
   // The EASGD exchange after step t (§4.4): sends x and the optimizer state, moves x toward the
   // center with the reply's c_before (or takes the stored post-sync state of a retried sync).

@@ -35,6 +35,10 @@ struct InjectedFaults {
   // a trainer that died between its ranges.
   int64_t die_in_sync_at_step = 0;
   int die_in_sync_ranges = 1;
+  // Non-zero: once this step is logged and the server acknowledged its log, the trainer kills
+  // itself (SIGKILL): a crash with a known number of logged steps past its last snapshot, for
+  // tests that replay them (a kill from outside races the next sync on a fast machine).
+  int64_t die_after_logged_step = 0;
 };
 
 // From step faults.poison_from_step on, `values` become +value, -value, +value, ...; returns

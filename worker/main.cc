@@ -62,6 +62,9 @@ DEFINE_int64(fault_die_in_sync_at_step, 0,
              "testing only: a sharded job's trainer sends its sync of this step to ranges "
              "[0, fault_die_in_sync_ranges) only and then dies (SIGKILL), before the commit");
 DEFINE_int32(fault_die_in_sync_ranges, 1, "testing only: see fault_die_in_sync_at_step");
+DEFINE_int64(fault_die_after_logged_step, 0,
+             "testing only: a trainer dies (SIGKILL) once the server acknowledged the log of "
+             "this step");
 
 namespace rebound::worker {
 namespace {
@@ -264,6 +267,7 @@ int Run() {
       faults.poison_value = static_cast<float>(FLAGS_fault_poison_value);
       faults.die_in_sync_at_step = FLAGS_fault_die_in_sync_at_step;
       faults.die_in_sync_ranges = FLAGS_fault_die_in_sync_ranges;
+      faults.die_after_logged_step = FLAGS_fault_die_after_logged_step;
       work = RunTrainer(config, registration, channel, agent.get(), stop, clock, &data_sets,
                         faults, nullptr, &pipeline_port);
       if (work.ok() && !agent->drained()) LOG(INFO) << "slot trained to max_steps; leaving";

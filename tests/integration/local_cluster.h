@@ -133,6 +133,8 @@ class LocalCluster {
   std::string data_dir() const { return dir_ + "/data"; }
   // The server's host:port.
   const std::string& address() const { return cluster_.address(); }
+  // `name` may exit on its own (e.g. a fault injection kills it): not a failure of WaitFor.
+  void ExpectExit(const std::string& name) { cluster_.ExpectExit(name); }
   // The server process (e.g. to read its /proc/<pid>/status).
   pid_t server_pid() const { return cluster_.server().pid(); }
 

@@ -77,28 +77,29 @@ TEST_CASE("with mutual TLS and a token the job trains and replays; calls without
       "  step_log { linger_ms: 10 }\n"
       "  training { max_steps: 900 }\n",
       options);
-  cluster.StartWorker("a", TRAINER);
-  cluster.StartWorker("b", TRAINER);
+  // Both spares wait first. b dies once the server holds the log of step 340, 40 steps past
+  // its snapshot (its sync of step 300), and the two spares replay them over their TLS
+  // WorkerPeer services, with the token. (A kill from outside once a status showed 30 logged
+  // steps raced b's next sync: on a fast run b had synced step 600 when the kill landed, and
+  // nothing was left to replay.)
   cluster.StartWorker("s1", SPARE);
   cluster.StartWorker("s2", SPARE);
-  // b logs steps past its first snapshot; then it dies, and two spares replay them over their
-  // TLS WorkerPeer services, with the token.
-  cluster.WaitFor(
-      "b logged 30 steps past a sync and both spares wait",
-      [](const GetStatusResponse& s) {
-        int waiting = 0;
-        for (const WorkerStatus& w : s.workers()) waiting += w.waiting_for_task();
-        return s.slots(1).snapshot_step() > 0 &&
-               s.slots(1).logged_step() >= s.slots(1).snapshot_step() + 30 && waiting == 2;
-      },
-      absl::Seconds(60), absl::Milliseconds(2));
-  cluster.Kill("b");
+  cluster.WaitFor("both spares wait for a task", [](const GetStatusResponse& s) {
+    int waiting = 0;
+    for (const WorkerStatus& w : s.workers()) waiting += w.waiting_for_task();
+    return waiting == 2;
+  });
+  cluster.StartWorker("a", TRAINER);
+  cluster.ExpectExit("b");
+  cluster.StartWorker("b", TRAINER, "", {"--fault_die_after_logged_step=340"});
+  CHECK(cluster.ExitCode("b", absl::Seconds(60)) == 128 + SIGKILL);
   const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
   INFO(done.DebugString());
   REQUIRE(done.recoveries_size() == 1);
   CHECK(done.recoveries(0).outcome() == RECOVERED);
   CHECK(done.recoveries(0).spares_size() == 2);
-  CHECK(done.recoveries(0).steps_replayed() >= 30);
+  CHECK(done.recoveries(0).steps_replayed() == 40);
+  CHECK(done.recoveries(0).detail() == "rebuilt to step 340 from the snapshot at step 300");
   CHECK(done.recoveries(0).verified());
   INFO(cluster.Logs());
   CHECK(cluster.ExitCode("a") == 0);
