@@ -9,6 +9,8 @@
 //                                               turns), LogRetention (GC floors) and the
 //                                               coordinator's sync barrier (GLOBAL_CHECKPOINT)
 //   Pull                                     -> CenterTable
+//   ExportCenter                             -> CenterTable: every stage, named and shaped, for
+//                                               an operator (server/export_center.cc)
 //   AuthorizeRange, CommitSync               -> a sharded job's group 0 (DESIGN.md §10.2): the
 //                                               range groups' authorizations and the syncs'
 //                                               commits (SlotBooks, ReliabilityTracker,
@@ -20,8 +22,8 @@
 //                                               status
 //
 // Caller checks. Every call that acts as a worker first proves it is that worker (the worker
-// credential of its incarnation in the call's metadata: UNAUTHENTICATED otherwise); Drain needs
-// the operator token (or a caller on this host when none is configured: UNAUTHENTICATED /
+// credential of its incarnation in the call's metadata: UNAUTHENTICATED otherwise); Drain and
+// ExportCenter need the operator token (or a caller on this host when none is configured: UNAUTHENTICATED /
 // PERMISSION_DENIED); ReportEval comes only from an evaluator (PERMISSION_DENIED). Every handler
 // then validates its input (INVALID_ARGUMENT, never a crash), checks that the caller's
 // incarnation is alive (ABORTED when unknown, FAILED_PRECONDITION when fenced) and owns the slot
@@ -165,6 +167,9 @@ class ParameterServerService final : public ParameterServer::Service {
                               ReportRecoveryResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const DrainRequest* request,
                      DrainResponse* response) override;
+  // server/export_center.cc.
+  grpc::Status ExportCenter(grpc::ServerContext* context, const ExportCenterRequest* request,
+                            ExportCenterResponse* response) override;
   grpc::Status AuthorizeRange(grpc::ServerContext* context, const AuthorizeRangeRequest* request,
                               AuthorizeRangeResponse* response) override;
   grpc::Status CommitSync(grpc::ServerContext* context, const CommitSyncRequest* request,

@@ -29,6 +29,12 @@
 //            and in-sync standbys), its center version per stage; then "all K groups answer" or
 //            a DEGRADED line per group that does not answer or answers as another group. Exit 1
 //            when degraded or the job is not sharded
+//   export -o FILE [--format safetensors]
+//            the trained model: every stage's center as committed (ExportCenter, an operator
+//            call, from the leader of a group), written atomically to FILE as safetensors
+//            (common/export_file.h), which PyTorch loads with safetensors.torch.load_file; the
+//            built-in MLP's tensors are layer<l>.weight (out x in) and layer<l>.bias. Prints the
+//            job, each stage's center version and the file's size
 //   plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]
 //            (offline, no server) which stage boundaries to log within a log budget of N bytes, by
 //            SWIFT's greedy rule (common/logging_plan.h); --stage_ms gives each stage's measured
@@ -38,7 +44,8 @@
 //
 // Security (docs/operations.md#security): --token_file sends the server's bearer token; --tls,
 // --ca_file (verify the server) and --cert_file/--key_file (mutual TLS) turn TLS on;
-// --operator_token_file sends the operator token that drain needs when the server has one.
+// --operator_token_file sends the operator token that drain and export need when the server has
+// one.
 //
 // Exit codes (docs/operations.md): 0 success (health: SERVING), 1 the server answered but is not
 // serving or refused the call, 2 the server could not be reached in time, 64 usage error.
@@ -68,6 +75,8 @@
 #include "grpcpp/grpcpp.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/export_file.h"
+#include "common/file.h"
 #include "common/grpc_polling.h"
 #include "common/logging_plan.h"
 #include "common/security.h"
@@ -98,6 +107,8 @@ DEFINE_string(stage_ms, "",
               "plan-logging: measured ms per step of each stage, S comma-separated numbers > 0");
 DEFINE_string(boundary_bytes, "",
               "plan-logging: measured log bytes per step of boundaries 1..S-1, comma-separated");
+DEFINE_string(o, "", "export: the file to write the model to");
+DEFINE_string(format, "safetensors", "export: the file's format (safetensors)");
 DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
 namespace rebound::ctl {
@@ -502,6 +513,63 @@ int Watch(const std::shared_ptr<grpc::Channel>& channel) {
   return kExitOk;
 }
 
+// Adds --operator_token_file's token to an operator call; false (having said why) when the file
+// cannot be read.
+bool AddOperatorToken(grpc::ClientContext* context) {
+  if (FLAGS_operator_token_file.empty()) return true;
+  auto token = ReadBearerToken(FLAGS_operator_token_file);
+  if (!token.ok()) {
+    std::cerr << "reboundctl: --operator_token_file: " << token.status().message() << "\n";
+    return false;
+  }
+  context->AddMetadata(kOperatorTokenKey, *token);
+  return true;
+}
+
+int Export(const std::shared_ptr<grpc::Channel>& channel) {
+  if (FLAGS_o.empty()) {
+    std::cerr << "reboundctl: export needs -o FILE\n";
+    return kExitUsage;
+  }
+  if (FLAGS_format != "safetensors") {
+    std::cerr << "reboundctl: --format: safetensors is the one format export writes, got '"
+              << FLAGS_format << "'\n";
+    return kExitUsage;
+  }
+  auto stub = ParameterServer::NewStub(channel);
+  ExportCenterResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  if (!AddOperatorToken(&context)) return kExitUsage;
+  const grpc::Status status = stub->ExportCenter(&context, ExportCenterRequest(), &response);
+  if (!status.ok()) return ReportError(status);
+  absl::StatusOr<std::string> bytes = ExportToSafetensors(response);
+  if (!bytes.ok()) {
+    std::cerr << "reboundctl: export: " << bytes.status().message() << "\n";
+    return kExitFailed;
+  }
+  if (absl::Status written = WriteFileDurably(FLAGS_o, *bytes); !written.ok()) {
+    std::cerr << "reboundctl: export: " << written.message() << "\n";
+    return kExitFailed;
+  }
+  std::vector<int64_t> versions;
+  int tensors = 0;
+  for (const ExportedStage& stage : response.stages()) {
+    versions.push_back(stage.center_version());
+    tensors += stage.center().tensors_size();
+  }
+  if (FLAGS_output == "json") {
+    std::cout << "{\"file\": \"" << FLAGS_o << "\", \"bytes\": " << bytes->size()
+              << ", \"job_id\": \"" << response.job_id() << "\", \"center_versions\": ["
+              << absl::StrJoin(versions, ", ") << "], \"tensors\": " << tensors << "}\n";
+  } else {
+    std::printf("exported job '%s' (center version %s; %d tensors) to %s: %zu bytes, safetensors\n",
+                response.job_id().c_str(), absl::StrJoin(versions, ",").c_str(), tensors,
+                FLAGS_o.c_str(), bytes->size());
+  }
+  return kExitOk;
+}
+
 int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot_text) {
   const std::vector<std::string> parts = absl::StrSplit(slot_text, ',');
   int replica = -1;
@@ -519,14 +587,7 @@ int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot
   DrainResponse response;
   grpc::ClientContext context;
   SetDeadline(&context);
-  if (!FLAGS_operator_token_file.empty()) {
-    auto token = ReadBearerToken(FLAGS_operator_token_file);
-    if (!token.ok()) {
-      std::cerr << "reboundctl: --operator_token_file: " << token.status().message() << "\n";
-      return kExitUsage;
-    }
-    context.AddMetadata(kOperatorTokenKey, *token);
-  }
+  if (!AddOperatorToken(&context)) return kExitUsage;
   const grpc::Status status = stub->Drain(&context, request, &response);
   if (!status.ok()) return ReportError(status);
   if (FLAGS_output == "json") {
@@ -612,6 +673,7 @@ constexpr char kUsage[] =
     "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
     "  group [--peer HOST:PORT]   (a replicated server group: leader, standbys, in-sync, lag)\n"
     "  shards                     (a sharded job: every group, reachable?, role, versions)\n"
+    "  export -o FILE [--format safetensors]   (the trained model; an operator call)\n"
     "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
     "   (offline)\n";
 
@@ -646,7 +708,9 @@ int Main(int argc, char** argv) {
     std::cerr << "reboundctl: --cert_file and --key_file go together\n";
     return kExitUsage;
   }
-  auto made = MakeChannel(FLAGS_server, security, grpc::ChannelArguments());
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(-1);  // an export holds the whole model
+  auto made = MakeChannel(FLAGS_server, security, channel_args);
   if (!made.ok()) {
     std::cerr << "reboundctl: " << made.status().message() << "\n";
     // A group member whose name does not resolve: unreachable, as a single server's would be.
@@ -673,6 +737,7 @@ int Main(int argc, char** argv) {
   if (command == "watch") return Watch(channel);
   if (command == "group") return Group(channel, security);
   if (command == "shards") return Shards(channel, security);
+  if (command == "export") return Export(channel);
   std::cerr << "reboundctl: unknown command '" << command << "'\n" << kUsage;
   return kExitUsage;
 }
@@ -684,7 +749,8 @@ int main(int argc, char** argv) {
   rebound::ShortenGrpcBackupPolling();
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "
-      "health|status|workers|recoveries|watch|drain R,S|group|shards|plan-logging");
+      "health|status|workers|recoveries|watch|drain R,S|group|shards|export -o FILE|"
+      "plan-logging");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }

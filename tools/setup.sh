@@ -19,6 +19,8 @@ PACKAGES=(
   # Compute, logging, metrics, checksums, compression, data.
   libopenblas-dev libgoogle-glog-dev libgflags-dev libcpp-httplib-dev
   libxxhash-dev libzstd-dev zlib1g-dev
+  # Exports' safetensors header (JSON; R17, common/safetensors.h): header-only.
+  nlohmann-json3-dev
   dataset-fashion-mnist
   # Tests.
   catch2 openssl python3 procps

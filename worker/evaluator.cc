@@ -20,7 +20,8 @@ namespace rebound::worker {
 
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
                           const std::shared_ptr<grpc::Channel>& channel,
-                          const absl::Notification& stop, const Clock* clock) {
+                          const absl::Notification& stop, const Clock* clock,
+                          const std::atomic<bool>* job_done) {
   const JobConfig& job = registration.job;
   RETURN_IF_ERROR(ValidateJobConfig(job));
   ASSIGN_OR_RETURN(FashionMnist data, LoadFashionMnist(job.data()));
@@ -34,19 +35,19 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
   const std::vector<int32_t> labels(data.test.labels.begin(), data.test.labels.end());
   auto stub = ParameterServer::NewStub(channel);
   std::vector<int64_t> evaluated_versions(model->num_stages(), -1);
-  const absl::Duration period = absl::Milliseconds(job.training().eval_every_ms());
-  do {
+  // One round: pull every stage; if any moved, evaluate and report. `calls_stop` ends its calls.
+  auto round = [&](const absl::Notification& calls_stop) -> absl::Status {
     std::vector<int64_t> versions;
     for (int s = 0; s < model->num_stages(); ++s) {
       const compute::StageLayout& layout = model->stage(s).layout();
       ASSIGN_OR_RETURN(const PullResponse center,
-                       PullCenter(config, clock, stop, stub.get(), registration.incarnation, s, layout,
-                                  registration.ranges.get()));
+                       PullCenter(config, clock, calls_stop, stub.get(), registration.incarnation,
+                                  s, layout, registration.ranges.get()));
       RETURN_IF_ERROR(
           model->stage(s).SetParams(compute::PackedFromBundle(layout, center.center())));
       versions.push_back(center.center_version());
     }
-    if (versions == evaluated_versions) continue;
+    if (versions == evaluated_versions) return absl::OkStatus();
     ASSIGN_OR_RETURN(compute::EvalResult result, model->Evaluate(data.test.images, labels));
     evaluated_versions = versions;
     // Reported as stage 0's version (each stage's center moves at every round alike).
@@ -58,14 +59,28 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     report.set_test_loss(result.loss);
     report.set_test_accuracy(result.accuracy);
     ReportEvalResponse ack;
-    RETURN_IF_ERROR(CallWithRetry(config, clock, stop, "report eval", [&](grpc::ClientContext* context) {
-      return stub->ReportEval(context, report, &ack);
-    }));
+    RETURN_IF_ERROR(CallWithRetry(config, clock, calls_stop, "report eval",
+                                  [&](grpc::ClientContext* context) {
+                                    return stub->ReportEval(context, report, &ack);
+                                  }));
     Metrics().test_accuracy->Set(result.accuracy);
     Metrics().test_loss->Set(result.loss);
     LOG(INFO) << "center version " << version << ": test accuracy "
               << result.accuracy << ", test loss " << result.loss;
+    return absl::OkStatus();
+  };
+  const absl::Duration period = absl::Milliseconds(job.training().eval_every_ms());
+  do {
+    RETURN_IF_ERROR(round(stop));
   } while (!clock->WaitFor(period, &stop));
+  if (job_done != nullptr && job_done->load()) {
+    // The job's end: the final center, which the last period may have missed, gets its report
+    // (the agent stays registered for it: worker/agent.h). Bounded by the calls' retry policy.
+    const absl::Notification not_stopped;
+    if (absl::Status last = round(not_stopped); !last.ok()) {
+      LOG(WARNING) << "the final center's evaluation: " << last;
+    }
+  }
   return absl::CancelledError("stopped");
 }
 

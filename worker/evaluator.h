@@ -12,6 +12,7 @@
 // is fenced; the data set's load errors; UNAVAILABLE when the server stays unreachable past
 // give_up_after_ms; ABORTED when the server no longer knows the incarnation.
 
+#include <atomic>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -23,9 +24,12 @@
 
 namespace rebound::worker {
 
-// Evaluates the center until `stop`. Returns CANCELLED then.
+// Evaluates the center until `stop`. Returns CANCELLED then. When `job_done` (may be null) is
+// set by then (the server said the job is finished), it first evaluates and reports the final
+// center once more, so that the last report is of the trained model.
 absl::Status RunEvaluator(const WorkerConfig& config, const Registration& registration,
                           const std::shared_ptr<grpc::Channel>& channel,
-                          const absl::Notification& stop, const Clock* clock);
+                          const absl::Notification& stop, const Clock* clock,
+                          const std::atomic<bool>* job_done = nullptr);
 
 }  // namespace rebound::worker

@@ -250,8 +250,12 @@ int Run() {
   DataSetCache data_sets;
   absl::Notification registered;
   AgentExit exit = AgentExit::kStopped;
+  std::atomic<bool> job_done{false};  // the server said every slot is finished
   std::thread membership([&] {
-    exit = agent->Run(&registered, [stop_signal] { stop_signal->Notify(); });
+    exit = agent->Run(&registered, [stop_signal, &job_done] {
+      job_done.store(true);
+      stop_signal->Notify();
+    });
     stop_signal->Notify();
   });
   registered.WaitForNotification();
@@ -272,7 +276,7 @@ int Run() {
                         faults, nullptr, &pipeline_port);
       if (work.ok() && !agent->drained()) LOG(INFO) << "slot trained to max_steps; leaving";
     } else if (registration.role == EVALUATOR) {
-      work = RunEvaluator(config, registration, channel, stop, clock);
+      work = RunEvaluator(config, registration, channel, stop, clock, &job_done);
     } else {
       // A spare: it replays lost slots (REPLAY) or is handed one by a heartbeat
       // (RESTART_FROM_CENTER); either way it comes back here as a trainer.

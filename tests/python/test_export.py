@@ -1,0 +1,125 @@
+"""reboundctl export (R17, docs/operations.md#export) against the real binaries: C++ trainers
+train the built-in MLP on Fashion-MNIST with an evaluator; the operator exports the center to
+safetensors; the file, read here with Python's own struct and json (no Rebound code reads it),
+loads into the equivalent torch nn.Sequential, whose test accuracy is the one the evaluator
+reported for the exported center version (within 0.05 pt: 5 of the 10,000 test images, for
+float32 sums taken in another order)."""
+
+import json
+import os
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from rebound.cluster import LocalServer
+from rebound.torch.data import FashionMnist
+
+SERVER = os.environ["REBOUND_SERVER"]
+WORKER = os.environ["REBOUND_WORKER"]
+REBOUNDCTL = os.environ["REBOUNDCTL"]
+
+HIDDEN = 64
+JOB = """
+job_id: "export"
+model { input_dim: 784 layers { width: %d activation: RELU }
+        layers { width: 10 activation: IDENTITY } init_seed: 7 }
+topology { replicas: 2 stages: 1 evaluator: true }
+data { batch_size: 32 micro_batches: 2 train_limit: 4000 test_limit: 0 }
+adahessian { lr: 0.05 }
+easgd { sync_period: 10 }
+training { max_steps: 200 eval_every_ms: 100 }
+""" % HIDDEN
+TOKEN = "export-operator-token"
+
+
+def read_safetensors(path):
+    """{name: float32 array} and the metadata, from the format's definition."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = raw[8 + n:]
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    end_of_data = 0
+    for name, entry in header.items():
+        assert entry["dtype"] == "F32", (name, entry)
+        begin, end = entry["data_offsets"]
+        values = np.frombuffer(data[begin:end], dtype="<f4").reshape(entry["shape"])
+        tensors[name] = values
+        end_of_data = max(end_of_data, end)
+    assert end_of_data == len(data), "bytes after the last tensor"
+    return tensors, metadata
+
+
+def start(server, name, role, config):
+    return server.start_worker([WORKER, "--config", config, "--role", role, "--name", name])
+
+
+@pytest.fixture
+def trained(tmp_path):
+    token_file = tmp_path / "operator-token"
+    token_file.write_text(TOKEN + "\n")
+    with LocalServer(SERVER, JOB,
+                     extra_server='security { operator_token_file: "%s" }' % token_file) as server:
+        config = tmp_path / "worker.pbtxt"
+        config.write_text('server_address: "%s"\npeer_listen_address: "127.0.0.1:0"\n'
+                          'rpc_deadline_ms: 10000\n' % server.address)
+        start(server, "evaluator", "evaluator", str(config))
+        for i in range(2):
+            start(server, "trainer-%d" % i, "trainer", str(config))
+        status = server.wait_for(
+            lambda s: len(s.slots) == 2 and all(x.state == 6 for x in s.slots), 120,
+            what="every slot FINISHED")
+        final = status.centers[0].version
+        assert final == 2 * 200 // 10  # every sync of both trainers, once
+        status = server.wait_for(lambda s: s.last_eval.center_version == final, 60,
+                                 what="the evaluator's report of the final center")
+        yield server, status, str(token_file)
+
+
+def export(server, path, *extra):
+    return subprocess.run([REBOUNDCTL, "--server", server.address, *extra, "export", "-o", path],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_exported_model_loads_into_pytorch_with_the_evaluators_accuracy(trained, tmp_path):
+    server, status, token_file = trained
+    path = str(tmp_path / "model.safetensors")
+    done = export(server, path, "--operator_token_file", token_file)
+    assert done.returncode == 0, done.stderr
+    assert "center version %d" % status.centers[0].version in done.stdout
+
+    tensors, metadata = read_safetensors(path)
+    assert metadata["format"] == "pt"
+    assert metadata["rebound.job_id"] == "export"
+    assert metadata["rebound.center_versions"] == str(status.centers[0].version)
+    assert {name: t.shape for name, t in tensors.items()} == {
+        "layer0.weight": (HIDDEN, 784), "layer0.bias": (HIDDEN,),
+        "layer1.weight": (10, HIDDEN), "layer1.bias": (10,)}
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, HIDDEN),
+                                torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 10))
+    model.load_state_dict({
+        "1.weight": torch.from_numpy(tensors["layer0.weight"].copy()),
+        "1.bias": torch.from_numpy(tensors["layer0.bias"].copy()),
+        "3.weight": torch.from_numpy(tensors["layer1.weight"].copy()),
+        "3.bias": torch.from_numpy(tensors["layer1.bias"].copy())})
+    test = FashionMnist("test")
+    with torch.no_grad():
+        accuracy = (model(test.images).argmax(dim=1) == test.labels).double().mean().item()
+    reported = status.last_eval.test_accuracy
+    assert reported > 0.5  # it trained
+    assert abs(accuracy - reported) <= 5 / 10000, (accuracy, reported)
+
+
+def test_an_export_without_the_operator_token_is_refused_and_writes_nothing(trained, tmp_path):
+    server, _, _ = trained
+    path = str(tmp_path / "refused.safetensors")
+    done = export(server, path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "UNAUTHENTICATED" in done.stderr or "operator token" in done.stderr, done.stderr
+    assert not os.path.exists(path)
