@@ -5,10 +5,12 @@ loads into the equivalent torch nn.Sequential, whose test accuracy is the one th
 reported for the exported center version (within 0.05 pt: 5 of the 10,000 test images, for
 float32 sums taken in another order)."""
 
+import argparse
 import json
 import os
 import struct
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from rebound.torch.data import FashionMnist
 SERVER = os.environ["REBOUND_SERVER"]
 WORKER = os.environ["REBOUND_WORKER"]
 REBOUNDCTL = os.environ["REBOUNDCTL"]
+TINY_SPEC = os.environ["TINY_SPEC"]
 
 HIDDEN = 64
 JOB = """
@@ -123,3 +126,66 @@ def test_an_export_without_the_operator_token_is_refused_and_writes_nothing(trai
     assert done.returncode == 1, done.stdout + done.stderr
     assert "UNAUTHENTICATED" in done.stderr or "operator token" in done.stderr, done.stderr
     assert not os.path.exists(path)
+
+
+def test_python_m_rebound_export_writes_a_pt_state_dict_equal_to_the_safetensors(trained,
+                                                                                   tmp_path):
+    server, status, token_file = trained
+    st_path = str(tmp_path / "model.safetensors")
+    pt_path = str(tmp_path / "model.pt")
+    assert export(server, st_path, "--operator_token_file", token_file).returncode == 0
+    done = subprocess.run([sys.executable, "-m", "rebound", "export", "--server", server.address,
+                           "--operator_token_file", token_file, "-o", pt_path],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "center version %d" % status.centers[0].version in done.stdout
+    from_pt = torch.load(pt_path)
+    from_st, _ = read_safetensors(st_path)
+    assert list(from_pt) == list(from_st)
+    for name, values in from_st.items():
+        assert torch.equal(from_pt[name], torch.from_numpy(values.copy())), name
+    # And the Python writer's safetensors reads back the same, by this file's own reader.
+    py_st = str(tmp_path / "python.safetensors")
+    assert subprocess.run([sys.executable, "-m", "rebound", "export", "--server", server.address,
+                           "--operator_token_file", token_file, "-o", py_st],
+                          capture_output=True, text=True, timeout=120).returncode == 0
+    again, metadata = read_safetensors(py_st)
+    assert metadata["rebound.center_versions"] == str(status.centers[0].version)
+    for name, values in from_st.items():
+        assert np.array_equal(again[name], values), name
+
+
+TINY_JOB = """
+job_id: "tiny-export"
+model { declared_by_worker: true }
+topology { replicas: 2 }
+data { batch_size: 32 micro_batches: 2 }
+easgd { sync_period: 4 }
+training { max_steps: 120 }
+"""
+
+
+def test_a_declared_models_center_loads_into_the_users_model_by_its_own_names(tmp_path):
+    sys.path.insert(0, os.path.dirname(TINY_SPEC))
+    import tiny_spec
+    import rebound.torch as rt
+    with LocalServer(SERVER, TINY_JOB) as server:
+        for i in range(2):
+            server.start_worker([sys.executable, TINY_SPEC, "--server", server.address,
+                                 "--name", "t%d" % i, "--role", "trainer"])
+        status = server.wait_for(
+            lambda s: len(s.slots) == 2 and all(x.state == 6 for x in s.slots), 120,
+            what="every slot FINISHED")
+        path = str(tmp_path / "tiny.safetensors")
+        assert export(server, path).returncode == 0  # from this host: no token configured
+        model = tiny_spec.make_spec(argparse.Namespace(
+            nondeterministic=False, optimizer="adahessian", slow_ms=0)).model()
+        versions = rt.load_center(server.address, model)
+        # A model the center does not fit is refused, naming the difference.
+        with pytest.raises(ValueError, match="does not fit"):
+            rt.load_center(server.address, torch.nn.Linear(3, 3))
+    assert versions == [status.centers[0].version] == [2 * 120 // 4]
+    from_file = rt.load_safetensors(path)
+    assert list(from_file) == [name for name, _ in model.named_parameters()]
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), from_file[name]), name

@@ -9,10 +9,16 @@
 The same script runs as trainer, spare or evaluator: the role comes from the server. ``run``
 returns only when the work is over and exits the process with rebound_worker's exit codes
 (rebound.EXIT_*) when ``exit=True`` (the default).
+
+The trained model: ``load_center(server, model)`` copies the server's center into a model at any
+time; ``export_center`` returns it as a state_dict; ``load_safetensors`` reads the file
+``reboundctl export`` writes (rebound.torch.export).
 """
 
 from rebound.torch.adahessian import AdaHessian
+from rebound.torch.export import export_center, load_center, load_safetensors
 from rebound.torch.kernels import AdaHessianConfig
 from rebound.torch.runner import Spec, run
 
-__all__ = ["AdaHessian", "AdaHessianConfig", "Spec", "run"]
+__all__ = ["AdaHessian", "AdaHessianConfig", "Spec", "export_center", "load_center",
+           "load_safetensors", "run"]
