@@ -73,6 +73,9 @@ rm -rf "$out"
 mkdir -p "$out"
 where="a server"
 if [ "$shards" -gt 1 ]; then where="$shards server groups, each holding a range of the center"; fi
+# The trained model, written when the job finishes (not for a sharded center: not supported yet).
+export_flags=()
+[ "$shards" -gt 1 ] || export_flags=(--export "$out/model.safetensors")
 if [ "$ha" -eq 1 ]; then
   max_steps=$(awk '/^[[:space:]]*max_steps:/ {print $2; exit}' configs/job.pbtxt)
   leader_step=$(( ${max_steps:-1000} / 2 ))
@@ -89,17 +92,22 @@ if [ "$ha" -eq 1 ]; then
   bazel-bin/tools/launch/rebound_launch --job configs/job.pbtxt --workdir "$out/work" \
     --kill_trainer_at_step 1000 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
     --standbys 1 --kill_leader_at_step "$leader_step" "${shard_flags[@]+"${shard_flags[@]}"}" \
-    --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
+    "${export_flags[@]+"${export_flags[@]}"}" --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
 else
   echo "== training configs/job.pbtxt on $where; trainer (1,0) is killed at step 1000;" \
     "logs in $out/work"
   rc=0
   bazel-bin/tools/launch/rebound_launch --job configs/job.pbtxt --workdir "$out/work" \
     --kill_trainer_at_step 1000 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
-    "${shard_flags[@]+"${shard_flags[@]}"}" \
+    "${shard_flags[@]+"${shard_flags[@]}"}" "${export_flags[@]+"${export_flags[@]}"}" \
     --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
 fi
 echo "== progress table: $out/progress.csv"
+if [ "${#export_flags[@]}" -gt 0 ] && [ -s "$out/model.safetensors" ]; then
+  echo "== the trained model: $out/model.safetensors (safetensors; layer<l>.weight, layer<l>.bias);" \
+    "load it in Python with:"
+  echo "   /usr/bin/python3 -c 'import rebound.torch as rt; m = rt.load_safetensors(\"$out/model.safetensors\"); print({k: tuple(v.shape) for k, v in m.items()})'"
+fi
 if [ -s "$out/progress.csv" ]; then
   if tools/plot_progress.sh "$out/progress.csv" "$out/progress.png"; then
     echo "== plot of accuracy and weights, failure and recovery marked: $out/progress.png"

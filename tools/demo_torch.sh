@@ -31,7 +31,7 @@ bazel-bin/tools/launch/rebound_launch --job configs/torch_job.pbtxt --workdir "$
   --server_binary bazel-bin/server/rebound_server \
   --worker_command "/usr/bin/python3 $root/examples/torch/fashion_mnist_cnn.py" \
   --kill_trainer_at_step 600 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
-  --timeout_s 1500 "$@" 2>&1 | tee "$out/launch.log" || rc=$?
+  --export "$out/model.safetensors" --timeout_s 1500 "$@" 2>&1 | tee "$out/launch.log" || rc=$?
 wall=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
 if [ -s "$out/progress.csv" ]; then
   if tools/plot_progress.sh "$out/progress.csv" "$out/progress.png"; then
@@ -44,6 +44,11 @@ fi
 accuracy=$(grep -o 'final test accuracy [0-9.]*' "$out/launch.log" | tail -1 | awk '{print $4}')
 recovery=$(grep -o 'recovery [0-9]* of slot [^:]*: RECOVERED.*verified yes' "$out/launch.log" | tail -1 || true)
 echo "== wall time ${wall} s; final test accuracy ${accuracy:-none}"
+if [ -s "$out/model.safetensors" ]; then
+  echo "== the trained model: $out/model.safetensors; the CNN's own names, so in Python:"
+  echo "   net = Net(); net.load_state_dict(rebound.torch.load_safetensors(\"$out/model.safetensors\"))"
+  echo "   (Net from examples/torch/fashion_mnist_cnn.py; docs/python.md#the-trained-model)"
+fi
 if [ -n "$recovery" ]; then
   echo "== the killed trainer was rebuilt by verified replay: $recovery"
 else

@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/file.h"
+#include "common/safetensors.h"
 #include "testing/cluster/processes.h"
 #include "tests/launch/launch_testing.h"
 
@@ -196,11 +198,13 @@ TEST_CASE("when the server dies the launcher stops the workers and exits 1 with 
   CheckNoChildLeft(output, workdir);
 }
 
-TEST_CASE("a job that trains to max_steps ends with exit 0 and the evaluator's accuracy") {
+TEST_CASE("a job that trains to max_steps ends with exit 0, the evaluator's accuracy and, with "
+          "--export, the trained model in a safetensors file") {
   Launch launch("launch-finish", kJob);
   WriteFileOrDie(launch.job_file(), kFinishingJob);
   const std::string workdir = launch.dir() + "/work";
-  launch.Start({"--workdir", workdir, "--timeout_s", "240"});
+  const std::string model = launch.dir() + "/model.safetensors";
+  launch.Start({"--workdir", workdir, "--timeout_s", "240", "--export", model});
   REQUIRE(launch.WaitForExit() == 0);
   const std::string output = launch.Output();
   INFO(output);
@@ -214,6 +218,21 @@ TEST_CASE("a job that trains to max_steps ends with exit 0 and the evaluator's a
   REQUIRE(absl::SimpleAtod(LineAfter(output, "final test accuracy ").substr(0, 6), &accuracy));
   CHECK(accuracy > 0.6);
   CHECK(ProcessesMentioning(workdir).empty());
+  // The model: every tensor of the job's MLP, at the final center version (2 trainers x 400
+  // steps / tau syncs), as the launcher's last lines say.
+  CHECK(absl::StrContains(output, "the trained model (center version "));
+  absl::StatusOr<std::string> bytes = ReadFile(model, int64_t{64} << 20);
+  REQUIRE(bytes.ok());
+  absl::StatusOr<DecodedSafetensors> decoded = DecodeSafetensors(*bytes);
+  INFO(decoded.status());
+  REQUIRE(decoded.ok());
+  std::vector<std::string> names;
+  for (const Tensor& tensor : decoded->tensors) names.push_back(tensor.name());
+  CHECK(names == std::vector<std::string>{"layer0.weight", "layer0.bias", "layer1.weight",
+                                          "layer1.bias"});
+  CHECK(absl::StrContains(output, absl::StrCat("the trained model (center version ",
+                                               decoded->metadata.at("rebound.center_versions"),
+                                               ",")));
 }
 
 TEST_CASE("a bad job exits 2 with the validation message before starting anything") {

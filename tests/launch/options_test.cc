@@ -168,6 +168,18 @@ TEST_CASE("the group's flags are checked: ranges, odd etcd sizes, and what needs
   CHECK(*options->kill_trainer_at_step == 5);
 }
 
+TEST_CASE("--export names the model file; a sharded center cannot be exported yet") {
+  absl::StatusOr<LaunchOptions> options =
+      ParseLaunchArgs({"--job", "j.pbtxt", "--export", "out/model.safetensors"});
+  REQUIRE(options.ok());
+  CHECK(options->export_path == "out/model.safetensors");
+  CHECK(ParseLaunchArgs({"--job", "j.pbtxt"})->export_path.empty());
+  absl::StatusOr<LaunchOptions> sharded =
+      ParseLaunchArgs({"--job", "j.pbtxt", "--export", "m", "--shard_groups", "2"});
+  CHECK(absl::StrContains(sharded.status().message(), "--export with --shard_groups"));
+  CHECK(absl::StrContains(kUsage, "--export FILE"));
+}
+
 TEST_CASE("--shard_groups is 1 to 64, and --port must leave room for every server's port") {
   CHECK(ParseError({"--job", "j", "--shard_groups", "0"}) ==
         "--shard_groups: must be in [1, 64], got 0");

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/export_file.h"
 #include "common/file.h"
 #include "common/process.h"
 #include "common/server_addresses.h"
@@ -54,6 +55,8 @@ constexpr absl::Duration kFailoverPoll = absl::Milliseconds(50);
 constexpr absl::Duration kFailoverWatchLimit = absl::Seconds(120);
 
 constexpr int kExitFinished = 0;
+// ExportCenter's deadline: the whole model in one answer.
+constexpr absl::Duration kExportDeadline = absl::Seconds(60);
 constexpr int kExitFailed = 1;
 
 // Each run of the launcher starts its children's logs afresh.
@@ -226,6 +229,7 @@ int Launcher::Run() {
   if (!code.has_value()) code = StartServer();
   if (!code.has_value()) code = StartWorkers();
   if (!code.has_value()) code = Supervise();
+  if (code == kExitFinished && !options_.export_path.empty()) code = ExportModel();
   if (sharded() && !shard_stubs_.empty()) PrintShardSummary();
   StopAll();
   if (const std::string summary = group_watch_.Summary(); !summary.empty()) Print(summary);
@@ -618,6 +622,33 @@ std::optional<int> Launcher::WaitForRegistration(const std::vector<size_t>& indi
       return kExitFailed;
     }
   }
+}
+
+int Launcher::ExportModel() {
+  ExportCenterResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(clock_->Now() + kExportDeadline));
+  // An operator call from the server's own host: the launcher's servers have no operator token.
+  const grpc::Status status = stub_->ExportCenter(&context, ExportCenterRequest(), &response);
+  if (!status.ok()) {
+    Print(absl::StrCat("cannot export the model: ", status.error_message()));
+    return kExitFailed;
+  }
+  absl::StatusOr<std::string> bytes = ExportToSafetensors(response);
+  absl::Status written = bytes.ok() ? WriteFileDurably(AbsolutePath(options_.export_path), *bytes)
+                                    : bytes.status();
+  if (!written.ok()) {
+    Print(absl::StrCat("cannot export the model: ", written.message()));
+    return kExitFailed;
+  }
+  std::vector<int64_t> versions;
+  for (const ExportedStage& stage : response.stages()) versions.push_back(stage.center_version());
+  Print(absl::StrCat("the trained model (center version ", absl::StrJoin(versions, ","), ", ",
+                     bytes->size(), " bytes, safetensors) is in ",
+                     AbsolutePath(options_.export_path),
+                     "; in Python: rebound.torch.load_safetensors(\"",
+                     AbsolutePath(options_.export_path), "\") (docs/operations.md)"));
+  return kExitFinished;
 }
 
 std::optional<int> Launcher::Supervise() {

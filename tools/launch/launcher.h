@@ -141,6 +141,9 @@ class Launcher {
   // Prints each shard group's center versions (one GetStatus each, 2 s deadline).
   void PrintShardSummary();
   std::optional<int> StartWorkers();
+  // --export: the trained model to options_.export_path (safetensors); kExitFinished or
+  // kExitFailed (said why).
+  int ExportModel();
   std::optional<int> Supervise();
 
   // Starts one worker and returns its index in workers_, or an exit code.

@@ -22,7 +22,7 @@ const char kUsage[] =
     "usage: rebound_launch --job FILE [--data_dir DIR] [--port N] [--workdir DIR]\n"
     "                      [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]\n"
     "                      [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]\n"
-    "                      [--worker_command CMD]\n"
+    "                      [--worker_command CMD] [--export FILE]\n"
     "                      [--standbys N [--etcd_members M] [--kill_leader_at_step S]]\n"
     "                      [--shard_groups K]\n"
     "\n"
@@ -43,6 +43,8 @@ const char kUsage[] =
     "  --worker_binary PATH     rebound_worker to run (default: found next to this binary)\n"
     "  --worker_command CMD     run CMD (split at spaces) as every worker instead, with --server,\n"
     "                           --name and --role appended: a Python worker (docs/python.md)\n"
+    "  --export FILE            when the job finishes, write the trained model to FILE\n"
+    "                           (safetensors, as `reboundctl export`; not for --shard_groups)\n"
     "\n"
     "A replicated server group (docs/operations.md, \"High availability\"):\n"
     "  --standbys N             run 1 + N rebound_server members (server-<i>, leader and\n"
@@ -162,6 +164,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       {"data_dir", text(&options.data_dir)},
       {"workdir", text(&options.workdir)},
       {"progress_csv", text(&options.progress_csv)},
+      {"export", text(&options.export_path)},
       {"server_binary", text(&options.server_binary)},
       {"worker_binary", text(&options.worker_binary)},
       {"worker_command", text(&options.worker_command)},
@@ -277,6 +280,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
     }
   }
   const int groups = options.shard_groups.value_or(1);
+  if (!options.export_path.empty() && groups > 1) {
+    return absl::InvalidArgumentError(
+        "--export with --shard_groups: exporting a sharded center is not supported yet");
+  }
   const int64_t last_port =
       static_cast<int64_t>(options.port) + int64_t{groups} * (1 + options.standbys) - 1;
   if (options.port != 0 && last_port > kMaxPort) {

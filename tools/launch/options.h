@@ -38,6 +38,8 @@ struct LaunchOptions {
   std::optional<int64_t> kill_trainer_at_step;
   SlotCoord kill_slot;        // --kill_slot R,S (default 0,0)
   std::string progress_csv;   // --progress_csv: append progress rows here; empty = none
+  // --export: when every slot is FINISHED, the trained model (safetensors) is written here.
+  std::string export_path;
   int timeout_s = 0;          // --timeout_s: give up after this long (exit 1); 0 = never
   std::string server_binary;  // --server_binary: empty = found next to the launcher
   std::string worker_binary;  // --worker_binary: empty = found next to the launcher
