@@ -50,12 +50,17 @@
 #include "server/shard/range_checkpoints.h"
 #include "server/shard/range_service.h"
 #include "server/shard/remote_authorizer.h"
+#include "storage/backup.h"
 #include "storage/durable_store.h"
 
 DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
 DEFINE_string(port_file, "", "write the bound port to this file once serving");
 DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_dir");
+DEFINE_string(restore_from, "",
+              "a backup directory (reboundctl backup): checked against its manifest and copied "
+              "into the data directory, which must not exist or be empty, before the server "
+              "starts from it (docs/operations.md#backup-and-restore)");
 DEFINE_string(name, "", "this server's name in its replicated group; overrides replication.name");
 DEFINE_string(peer_listen, "",
               "host:port for the group's peers (ServerPeer); overrides "
@@ -273,7 +278,8 @@ constexpr size_t kKeepFreeHeapBytes = size_t{32} << 20;
 // A sharded job's range group (`ranges`, null otherwise) gets its kept range snapshots.
 absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membership* membership,
                        CenterTable* centers, ReliabilityTracker* tracker,
-                       ParameterServerService* service, RangeService* ranges) {
+                       ParameterServerService* service, RangeService* ranges,
+                       bool restored_from_backup) {
   auto state = store->LoadAll();
   if (!state.ok()) return state.status();
   // A range group (group > 0) registers no worker, so its store has no server record: its
@@ -333,7 +339,8 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
   std::vector<SlotRecord> slots;
   for (const auto& [key, record] : state->slots) slots.push_back(record);
   const absl::Duration grace = absl::Milliseconds(job.fault_tolerance().reconnect_grace_ms());
-  RETURN_IF_ERROR(membership->Restore(*state->server, slots, grace));
+  // Restored from a backup: the trainers went on past it, so none keeps its slot (Membership).
+  RETURN_IF_ERROR(membership->Restore(*state->server, slots, grace, restored_from_backup));
   // The weight records hold each slot's last applied sync exactly.
   for (const WeightRecord& record : weights) {
     membership->RecordProgress(record.slot(), record.last_update_step(),
@@ -381,6 +388,11 @@ int Run() {
   const bool replicated = config.has_replication();
   GroupMember member;
   absl::StatusOr<std::unique_ptr<storage::DurableStore>> store;
+  if (replicated && !FLAGS_restore_from.empty()) {
+    LOG(ERROR) << "--restore_from: restoring a member of a replicated group is not supported yet "
+                  "(docs/operations.md#backup-and-restore)";
+    return 2;
+  }
   if (replicated) {
     grpc::EnableDefaultHealthCheckService(true);
     int exit_code = 1;
@@ -389,6 +401,22 @@ int Run() {
     if (led == nullptr) return exit_code;
     store = std::move(led);
   } else {
+    if (!FLAGS_restore_from.empty()) {
+      if (store_options.data_dir.empty()) {
+        LOG(ERROR) << "--restore_from needs a data directory (durability.data_dir or --data_dir)";
+        return 2;
+      }
+      auto restored = storage::RestoreBackup(FLAGS_restore_from, store_options.data_dir);
+      if (!restored.ok()) {
+        LOG(ERROR) << "cannot restore the backup: " << restored.status();
+        return 1;
+      }
+      LOG(WARNING) << "restored the backup " << FLAGS_restore_from << " (made by "
+                   << restored->server_version << "; " << restored->files << " files, "
+                   << restored->bytes << " bytes) into " << store_options.data_dir
+                   << ": starting from its commit (epoch " << restored->epoch << ", sequence "
+                   << restored->sequence << ")";
+    }
     store = storage::DurableStore::Open(store_options);
   }
   if (!store.ok()) {
@@ -507,7 +535,7 @@ int Run() {
   // Health says NOT_SERVING (and the service UNAVAILABLE) until the durable state is loaded.
   server->GetHealthCheckService()->SetServingStatus(false);
   absl::Status loaded_state = LoadState(job, db, &membership, centers->get(), &tracker, &service,
-                                        range_service.get());
+                                        range_service.get(), !FLAGS_restore_from.empty());
   if (!loaded_state.ok()) {
     LOG(ERROR) << "cannot load the durable state from '" << config.durability().data_dir()
                << "': " << loaded_state;

@@ -630,7 +630,7 @@ absl::Status Membership::PersistLocked() {
 }
 
 absl::Status Membership::Restore(const ServerRecord& server, const std::vector<SlotRecord>& slots,
-                                 absl::Duration grace) {
+                                 absl::Duration grace, bool forget_owners) {
   if (server.job_id() != job_.job_id()) {
     return absl::InvalidArgumentError(absl::StrCat("the data directory holds job \"",
                                                    server.job_id(), "\", not \"", job_.job_id(),
@@ -646,8 +646,14 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
                                                      ", outside this job's topology"));
     }
   }
-  epoch_ = server.incarnation_epoch();
-  next_counter_ = std::max<uint64_t>(1, server.next_incarnation_counter());
+  if (forget_owners) {
+    // epoch_ is this life's (the constructor's clock-based value); never the backup's.
+    if (epoch_ == server.incarnation_epoch()) epoch_ = (epoch_ + 1) & 0xFFFFFFFFu;
+    next_counter_ = 1;
+  } else {
+    epoch_ = server.incarnation_epoch();
+    next_counter_ = std::max<uint64_t>(1, server.next_incarnation_counter());
+  }
   first_counter_of_life_ = next_counter_;
   for (const SlotRecord& record : slots) {
     Slot& slot = slots_[SlotIndex(record.slot())];
@@ -656,7 +662,7 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
     slot.synced_step = record.step();
     slot.lost_at = now;
     slot.owner = 0;
-    if (record.owner_incarnation() != 0 &&
+    if (!forget_owners && record.owner_incarnation() != 0 &&
         (record.state() == ACTIVE || record.state() == FINISHED)) {
       Worker worker;
       worker.incarnation = record.owner_incarnation();

@@ -111,9 +111,14 @@ class Membership {
   // Restores the state of a previous server life: the incarnation epoch and counter, and each
   // slot's state and owner. Owners come back ALIVE with `grace` added to their silence budget,
   // so a trainer that reconnects within reconnect_grace + failure_timeout just goes on.
+  // `forget_owners` (a state restored from a backup, whose trainers have gone on past it): no
+  // owner comes back; every ACTIVE slot is LOST (rebuilt from its snapshot and log as the
+  // policy says), the old incarnations are unknown (their calls answer ABORTED, so their
+  // workers register again) and a new incarnation epoch starts, so that no new incarnation
+  // repeats one issued after the backup.
   // INVALID_ARGUMENT if the records belong to another job or topology.
   absl::Status Restore(const ServerRecord& server, const std::vector<SlotRecord>& slots,
-                       absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
+                       absl::Duration grace, bool forget_owners = false) ABSL_LOCKS_EXCLUDED(mu_);
 
   static constexpr size_t kMaxFencedRecords = 4096;
 

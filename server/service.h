@@ -11,6 +11,8 @@
 //   Pull                                     -> CenterTable
 //   ExportCenter                             -> CenterTable: every stage, named and shaped, for
 //                                               an operator (server/export_center.cc)
+//   Backup                                   -> the DurableStore's checkpoint, streamed
+//                                               (server/backup.cc, checkpoint_transfer.h)
 //   AuthorizeRange, CommitSync               -> a sharded job's group 0 (DESIGN.md §10.2): the
 //                                               range groups' authorizations and the syncs'
 //                                               commits (SlotBooks, ReliabilityTracker,
@@ -23,7 +25,7 @@
 //
 // Caller checks. Every call that acts as a worker first proves it is that worker (the worker
 // credential of its incarnation in the call's metadata: UNAUTHENTICATED otherwise); Drain and
-// ExportCenter need the operator token (or a caller on this host when none is configured: UNAUTHENTICATED /
+// ExportCenter and Backup need the operator token (or a caller on this host when none is configured: UNAUTHENTICATED /
 // PERMISSION_DENIED); ReportEval comes only from an evaluator (PERMISSION_DENIED). Every handler
 // then validates its input (INVALID_ARGUMENT, never a crash), checks that the caller's
 // incarnation is alive (ABORTED when unknown, FAILED_PRECONDITION when fenced) and owns the slot
@@ -170,6 +172,9 @@ class ParameterServerService final : public ParameterServer::Service {
   // server/export_center.cc.
   grpc::Status ExportCenter(grpc::ServerContext* context, const ExportCenterRequest* request,
                             ExportCenterResponse* response) override;
+  // server/backup.cc.
+  grpc::Status Backup(grpc::ServerContext* context, const BackupRequest* request,
+                      grpc::ServerWriter<CheckpointChunk>* writer) override;
   grpc::Status AuthorizeRange(grpc::ServerContext* context, const AuthorizeRangeRequest* request,
                               AuthorizeRangeResponse* response) override;
   grpc::Status CommitSync(grpc::ServerContext* context, const CommitSyncRequest* request,
@@ -268,6 +273,9 @@ class ParameterServerService final : public ParameterServer::Service {
   // Serializes CommitSync's check-and-record of a slot's step (in the lock order where the
   // CenterTable stage locks are: it is held across the commit, never with a stage lock).
   absl::Mutex commit_mu_;
+  // One backup at a time (server/backup.cc): each makes a checkpoint of the store.
+  absl::Mutex backup_mu_;
+  int64_t backups_ ABSL_GUARDED_BY(backup_mu_) = 0;
 };
 
 // The version string reported in GetStatus.

@@ -35,6 +35,12 @@
 //            (common/export_file.h), which PyTorch loads with safetensors.torch.load_file; the
 //            built-in MLP's tensors are layer<l>.weight (out x in) and layer<l>.bias. Prints the
 //            job, each stage's center version and the file's size
+//   backup DIR
+//            an online, consistent backup (Backup, an operator call): the store's checkpoint at
+//            one commit, streamed into DIR (which must not exist or be empty) while training
+//            goes on, then DIR/MANIFEST.json with every file's size and xxHash64
+//            (storage/backup.h); `rebound_server --restore_from DIR` starts from it. Prints the
+//            position, files, bytes and seconds. --backup_timeout_s bounds the call (600)
 //   plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]
 //            (offline, no server) which stage boundaries to log within a log budget of N bytes, by
 //            SWIFT's greedy rule (common/logging_plan.h); --stage_ms gives each stage's measured
@@ -55,6 +61,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -80,6 +87,8 @@
 #include "common/grpc_polling.h"
 #include "common/logging_plan.h"
 #include "common/security.h"
+#include "server/checkpoint_transfer.h"
+#include "storage/backup.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "proto/replication.grpc.pb.h"
@@ -108,6 +117,7 @@ DEFINE_string(stage_ms, "",
 DEFINE_string(boundary_bytes, "",
               "plan-logging: measured log bytes per step of boundaries 1..S-1, comma-separated");
 DEFINE_string(o, "", "export: the file to write the model to");
+DEFINE_int32(backup_timeout_s, 600, "backup: the deadline of the whole backup, s");
 DEFINE_string(format, "safetensors", "export: the file's format (safetensors)");
 DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
@@ -570,6 +580,65 @@ int Export(const std::shared_ptr<grpc::Channel>& channel) {
   return kExitOk;
 }
 
+int Backup(const std::shared_ptr<grpc::Channel>& channel, const std::string& dir) {
+  std::error_code error;
+  if (std::filesystem::exists(dir, error) && !std::filesystem::is_empty(dir, error)) {
+    std::cerr << "reboundctl: backup: " << dir << " is not empty\n";
+    return kExitUsage;
+  }
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    std::cerr << "reboundctl: backup: creating " << dir << ": " << error.message() << "\n";
+    return kExitFailed;
+  }
+  auto stub = ParameterServer::NewStub(channel);
+  GetStatusResponse status;
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    const grpc::Status got = stub->GetStatus(&context, GetStatusRequest(), &status);
+    if (!got.ok()) return ReportError(got);
+  }
+  const absl::Time start = absl::Now();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(FLAGS_backup_timeout_s));
+  if (!AddOperatorToken(&context)) return kExitUsage;
+  std::unique_ptr<grpc::ClientReader<CheckpointChunk>> reader =
+      stub->Backup(&context, BackupRequest());
+  absl::StatusOr<CheckpointChunk> done =
+      server::ReceiveCheckpoint(reader.get(), &context, dir, FLAGS_server);
+  if (!done.ok()) {
+    std::filesystem::remove_all(dir, error);
+    const grpc::StatusCode code = static_cast<grpc::StatusCode>(done.status().code());
+    return ReportError(grpc::Status(code, std::string(done.status().message())));
+  }
+  storage::BackupInfo info;
+  info.epoch = done->epoch();
+  info.sequence = done->sequence();
+  info.server_version = status.server_version();
+  info.created_unix_ms = absl::ToUnixMillis(absl::Now());
+  absl::StatusOr<storage::BackupInfo> written = storage::WriteBackupManifest(dir, info);
+  if (!written.ok()) {
+    std::cerr << "reboundctl: backup: " << written.status().message() << "\n";
+    return kExitFailed;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (FLAGS_output == "json") {
+    std::cout << "{\"dir\": \"" << dir << "\", \"epoch\": " << written->epoch
+              << ", \"sequence\": " << written->sequence << ", \"files\": " << written->files
+              << ", \"bytes\": " << written->bytes << ", \"seconds\": " << seconds << "}\n";
+  } else {
+    std::printf("backed up job '%s' at commit (epoch %llu, sequence %llu) to %s: %lld files, "
+                "%lld bytes, %.2f s\n",
+                status.job_id().c_str(), static_cast<unsigned long long>(written->epoch),
+                static_cast<unsigned long long>(written->sequence), dir.c_str(),
+                static_cast<long long>(written->files), static_cast<long long>(written->bytes),
+                seconds);
+  }
+  return kExitOk;
+}
+
 int Drain(const std::shared_ptr<grpc::Channel>& channel, const std::string& slot_text) {
   const std::vector<std::string> parts = absl::StrSplit(slot_text, ',');
   int replica = -1;
@@ -674,6 +743,7 @@ constexpr char kUsage[] =
     "  group [--peer HOST:PORT]   (a replicated server group: leader, standbys, in-sync, lag)\n"
     "  shards                     (a sharded job: every group, reachable?, role, versions)\n"
     "  export -o FILE [--format safetensors]   (the trained model; an operator call)\n"
+    "  backup DIR [--backup_timeout_s N]       (an online backup; an operator call)\n"
     "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
     "   (offline)\n";
 
@@ -719,6 +789,13 @@ int Main(int argc, char** argv) {
   std::shared_ptr<grpc::Channel> channel = *std::move(made);
   const std::string command = argv[1];
   const int args = argc - 2;
+  if (command == "backup") {
+    if (args != 1) {
+      std::cerr << "reboundctl: backup takes one directory\n" << kUsage;
+      return kExitUsage;
+    }
+    return Backup(channel, argv[2]);
+  }
   if (command == "drain") {
     if (args != 1) {
       std::cerr << "reboundctl: drain takes one slot, REPLICA,STAGE\n" << kUsage;
@@ -749,7 +826,7 @@ int main(int argc, char** argv) {
   rebound::ShortenGrpcBackupPolling();
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "
-      "health|status|workers|recoveries|watch|drain R,S|group|shards|export -o FILE|"
+      "health|status|workers|recoveries|watch|drain R,S|group|shards|export -o FILE|backup DIR|"
       "plan-logging");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);

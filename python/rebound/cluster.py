@@ -42,6 +42,8 @@ class LocalServer:
         self.log_path = log_path or os.path.join(self.dir, "server.log")
         self.workers = []
         self.server = None
+        # More command-line flags for the server's next start (e.g. ["--restore_from", DIR]).
+        self.server_args = []
         self.address = "127.0.0.1:%d" % port if port else None
         self.start()
 
@@ -61,7 +63,8 @@ class LocalServer:
             os.unlink(port_file)
         log = open(self.log_path, "ab")
         self.server = subprocess.Popen(
-            [self.binary, "--config", config, "--port_file", port_file, "--logtostderr"],
+            [self.binary, "--config", config, "--port_file", port_file, "--logtostderr",
+             *self.server_args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + self.start_timeout_s

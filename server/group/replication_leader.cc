@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "glog/logging.h"
+#include "server/checkpoint_transfer.h"
 
 namespace rebound::server {
 namespace {
@@ -18,7 +19,6 @@ namespace {
 // once it has every commit answered before that.
 constexpr uint64_t kJoinWindow = 64;
 // Checkpoint files go to the standby in chunks of this size.
-constexpr size_t kChunkBytes = size_t{1} << 20;
 // How often, at most, the in-sync record's floor is moved up to the commits its members hold.
 constexpr absl::Duration kFloorPeriod = absl::Seconds(1);
 // How often a waiting writer or barrier looks at the leadership and its stop conditions.
@@ -402,62 +402,12 @@ grpc::Status ReplicationLeader::FetchCheckpoint(grpc::ServerContext* context,
                                      ", the standby expects epoch ", request.leader_epoch()));
   }
   absl::MutexLock lock(&checkpoint_mu_);
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(options_.checkpoint_dir) / absl::StrCat("checkpoint-", ++checkpoints_);
+  const std::string dir = (std::filesystem::path(options_.checkpoint_dir) /
+                           absl::StrCat("checkpoint-", ++checkpoints_)).string();
   std::error_code error;
-  fs::remove_all(dir, error);
-  fs::create_directories(dir.parent_path(), error);
-  auto made = options_.store->Checkpoint(dir.string());
-  if (!made.ok()) return ToGrpcStatus(made.status());
-  struct RemoveOnExit {
-    fs::path dir;
-    ~RemoveOnExit() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } remove{dir};
-  LOG(INFO) << "sending standby '" << request.name() << "' a checkpoint at sequence "
-            << made->sequence;
-  uint64_t files = 0;
-  std::string buffer(kChunkBytes, '\0');
-  for (auto entry = fs::recursive_directory_iterator(dir, error);
-       !error && entry != fs::recursive_directory_iterator(); entry.increment(error)) {
-    if (!entry->is_regular_file()) continue;
-    const std::string relative = fs::relative(entry->path(), dir).string();
-    std::ifstream in(entry->path(), std::ios::binary);
-    uint64_t offset = 0;
-    while (true) {
-      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-      const std::streamsize n = in.gcount();
-      if (in.bad()) {
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat("FetchCheckpoint: reading ", entry->path().string()));
-      }
-      CheckpointChunk chunk;
-      chunk.set_path(relative);
-      chunk.set_offset(offset);
-      chunk.set_data(buffer.data(), static_cast<size_t>(n));
-      chunk.set_last_chunk(in.eof());
-      if (context->IsCancelled() || !writer->Write(chunk)) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "FetchCheckpoint: the standby left");
-      }
-      offset += static_cast<uint64_t>(n);
-      if (in.eof()) break;
-    }
-    ++files;
-  }
-  if (error) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        absl::StrCat("FetchCheckpoint: listing ", dir.string(), ": ",
-                                     error.message()));
-  }
-  CheckpointChunk done;
-  done.set_done(true);
-  done.set_epoch(made->epoch);
-  done.set_sequence(made->sequence);
-  done.set_files(files);
-  writer->Write(done);
-  return grpc::Status::OK;
+  std::filesystem::remove_all(dir, error);
+  return SendCheckpoint(*options_.store, dir, context, writer,
+                        absl::StrCat("FetchCheckpoint for standby '", request.name(), "'"));
 }
 
 void ReplicationLeader::FillStatus(GroupStatus* status) const {

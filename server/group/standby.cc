@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
+#include "server/checkpoint_transfer.h"
 #include "server/group/peer_keepalive.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -25,15 +26,6 @@ absl::Status FileError(const std::string& what, const std::error_code& error) {
   const std::string message = absl::StrCat(what, ": ", error.message());
   return error == std::errc::no_space_on_device ? absl::ResourceExhaustedError(message)
                                                 : absl::UnavailableError(message);
-}
-
-// A path inside the checkpoint: relative, without "..".
-bool SafeRelativePath(const std::string& path) {
-  if (path.empty() || path[0] == '/') return false;
-  for (const fs::path& part : fs::path(path)) {
-    if (part == ".." || part == ".") return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -200,62 +192,12 @@ absl::Status Standby::CatchUp(ServerPeer::Stub* stub, const MemberAddress& leade
   request.set_leader_epoch(static_cast<uint64_t>(leader_epoch));
   std::unique_ptr<grpc::ClientReader<CheckpointChunk>> reader =
       stub->FetchCheckpoint(&context, request);
-  CheckpointChunk chunk;
-  std::optional<CheckpointChunk> done;
-  std::ofstream out;
-  std::string open_path;
-  uint64_t written = 0;
-  uint64_t files = 0;
-  absl::Status failed;
-  while (failed.ok() && reader->Read(&chunk)) {
-    if (chunk.done()) {
-      done = chunk;
-      break;
-    }
-    if (!SafeRelativePath(chunk.path())) {
-      failed = absl::DataLossError(
-          absl::StrCat("checkpoint from '", leader.name, "': bad path \"", chunk.path(), "\""));
-      break;
-    }
-    if (chunk.path() != open_path) {
-      if (chunk.offset() != 0 || out.is_open()) {
-        failed = absl::DataLossError(absl::StrCat("checkpoint from '", leader.name, "': file ",
-                                                  chunk.path(), " starts at offset ",
-                                                  chunk.offset(), " or the previous is unfinished"));
-        break;
-      }
-      const fs::path path = fs::path(incoming) / chunk.path();
-      fs::create_directories(path.parent_path(), error);
-      out.open(path, std::ios::binary | std::ios::trunc);
-      open_path = chunk.path();
-      written = 0;
-    }
-    if (chunk.offset() != written) {
-      failed = absl::DataLossError(absl::StrCat("checkpoint from '", leader.name, "': file ",
-                                                chunk.path(), " chunk at ", chunk.offset(),
-                                                ", expected ", written));
-      break;
-    }
-    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
-    written += chunk.data().size();
-    if (chunk.last_chunk()) {
-      out.close();
-      if (!out) failed = absl::UnavailableError(absl::StrCat("writing ", incoming, "/", open_path));
-      open_path.clear();
-      ++files;
-    }
-  }
-  if (!failed.ok()) context.TryCancel();
-  const grpc::Status finished = reader->Finish();
+  absl::StatusOr<CheckpointChunk> received =
+      ReceiveCheckpoint(reader.get(), &context, incoming, absl::StrCat("'", leader.name, "'"));
   Unregister();
-  RETURN_IF_ERROR(failed);
-  if (!finished.ok()) return FromGrpcStatus(finished);
-  if (!done.has_value() || done->files() != files) {
-    return absl::DataLossError(absl::StrCat("checkpoint from '", leader.name,
-                                            "' ended without its end mark or with ", files,
-                                            " files of ", done.has_value() ? done->files() : 0));
-  }
-  ::sync();  // the copy is durable before it replaces the store
+  RETURN_IF_ERROR(received.status());
+  const CheckpointChunk& done = *received;
+  const uint64_t files = done.files();
   store_.reset();
   fs::rename(dir, dir + ".replaced", error);
   if (error) return FileError(absl::StrCat("renaming ", dir), error);
@@ -264,10 +206,10 @@ absl::Status Standby::CatchUp(ServerPeer::Stub* stub, const MemberAddress& leade
   fs::remove_all(dir + ".replaced", error);
   ASSIGN_OR_RETURN(store_, storage::DurableStore::Open(options_.store_options));
   const storage::DurableStore::Position position = store_->LastApplied();
-  if (position.sequence != done->sequence() || position.epoch != done->epoch()) {
+  if (position.sequence != done.sequence() || position.epoch != done.epoch()) {
     return absl::DataLossError(absl::StrCat(
         "the checkpoint from '", leader.name, "' opens at (epoch ", position.epoch, ", sequence ",
-        position.sequence, "), it was announced at (", done->epoch(), ", ", done->sequence(), ")"));
+        position.sequence, "), it was announced at (", done.epoch(), ", ", done.sequence(), ")"));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -7,6 +7,7 @@ float32 sums taken in another order)."""
 
 import argparse
 import json
+import shutil
 import os
 import struct
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from rebound.cluster import LocalServer
+from rebound_pb import rebound_pb2
 from rebound.torch.data import FashionMnist
 
 SERVER = os.environ["REBOUND_SERVER"]
@@ -189,3 +191,58 @@ def test_a_declared_models_center_loads_into_the_users_model_by_its_own_names(tm
     assert list(from_file) == [name for name, _ in model.named_parameters()]
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), from_file[name]), name
+
+
+BACKUP_JOB = """
+job_id: "backup"
+model { input_dim: 784 layers { width: 32 activation: RELU }
+        layers { width: 10 activation: IDENTITY } init_seed: 3 }
+topology { replicas: 2 stages: 1 }
+data { batch_size: 32 micro_batches: 2 train_limit: 4000 test_limit: 500 }
+fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 3000 }
+adahessian { lr: 0.05 }
+easgd { sync_period: 10 }
+training { max_steps: %d }
+"""
+BACKUP_STEPS = 3000
+
+
+def test_a_backup_taken_while_training_restores_and_the_job_finishes_consistently(tmp_path):
+    """The trainers go on past the backup; the restored server knows none of them (their later
+    syncs are gone), so they register again, as spares (role auto: no slot is free), and each
+    rebuilds a LOST slot from its snapshot and the log the backup holds, then trains it on."""
+    backup = str(tmp_path / "backup")
+    with LocalServer(SERVER, BACKUP_JOB % BACKUP_STEPS) as server:
+        config = tmp_path / "worker.pbtxt"
+        config.write_text('server_address: "%s"\npeer_listen_address: "127.0.0.1:0"\n'
+                          'rpc_deadline_ms: 10000\n' % server.address)
+        for i in range(2):
+            start(server, "trainer-%d" % i, "auto", str(config))
+        before = server.wait_for(lambda s: s.centers and s.centers[0].version >= 20, 120,
+                                 what="20 syncs").centers[0].version
+        done = subprocess.run([REBOUNDCTL, "--server", server.address, "backup", backup],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "backed up job 'backup' at commit" in done.stdout, done.stdout
+        after = server.status().centers[0].version
+        # Training goes on past the backup; then the server and its data are lost.
+        server.wait_for(lambda s: s.centers[0].version >= after + 20, 120,
+                        what="20 syncs past the backup")
+        server.kill_server()
+        shutil.rmtree(server.data_dir)
+        server.server_args = ["--restore_from", backup]
+        server.start()
+        assert "restored the backup" in server.server_log()
+        restored = server.status().centers[0].version
+        assert before <= restored <= after, (before, restored, after)
+        final = server.wait_for(
+            lambda s: len(s.slots) == 2 and all(x.state == 6 for x in s.slots), 240,
+            what="every slot FINISHED after the restore")
+        # Both slots were rebuilt by the old trainers, registered again.
+        assert len(final.recoveries) == 2, final.recoveries
+        assert all(r.outcome == rebound_pb2.RECOVERED for r in final.recoveries), final.recoveries
+    # Consistent: the center moved once per sync the slots' books hold, and every slot ended at
+    # max_steps with its last sync applied.
+    assert final.centers[0].version == sum(slot.update_count for slot in final.slots), final
+    for slot in final.slots:
+        assert slot.snapshot_step == BACKUP_STEPS, slot

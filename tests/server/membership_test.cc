@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <atomic>
 
 #include <optional>
@@ -336,6 +338,45 @@ TEST_CASE("after a restart the slots' owners go on and every other old incarnati
   CHECK(fresh->incarnation() > spare);
   REQUIRE(second.Deregister(fresh->incarnation()).ok());
   CHECK(second.CheckAlive(fresh->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("restored from a backup, no owner comes back: active slots are LOST, the old "
+          "incarnations are unknown and new ones never repeat them") {
+  FakeClock clock;
+  ServerRecord server;
+  std::vector<SlotRecord> slots;
+  std::vector<uint64_t> old;
+  {
+    Membership first(TwoByOneJob(), &clock,
+                     [&](const ServerRecord& s, const std::vector<SlotRecord>& records) {
+                       server = s;
+                       slots = records;
+                       return absl::OkStatus();
+                     });
+    old.push_back(first.Register(Request("a"))->incarnation());
+    old.push_back(first.Register(Request("b"))->incarnation());
+    // Issued after the backup was taken (the records above): the restored server must not
+    // hand these numbers out again.
+    old.push_back(first.Register(Request("s", SPARE))->incarnation());
+  }
+  Membership restored(TwoByOneJob(), &clock);
+  REQUIRE(restored.Restore(server, slots, absl::Seconds(10), /*forget_owners=*/true).ok());
+  for (uint64_t incarnation : old) {
+    CHECK(restored.CheckAlive(incarnation).code() == absl::StatusCode::kAborted);
+  }
+  GetStatusResponse status;
+  restored.FillStatus(&status);
+  REQUIRE(status.slots_size() == 2);
+  for (const SlotStatus& slot : status.slots()) {
+    INFO(slot.ShortDebugString());
+    CHECK(slot.state() == LOST);
+    CHECK(slot.owner_incarnation() == 0);
+  }
+  // An old trainer registering again finds no free slot: a spare (role auto), which rebuilds one.
+  auto again = restored.Register(Request("a"));
+  REQUIRE(again.ok());
+  CHECK(again->role() == SPARE);
+  CHECK(std::find(old.begin(), old.end(), again->incarnation()) == old.end());
 }
 
 }  // namespace
