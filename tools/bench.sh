@@ -7,7 +7,7 @@
 #
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
 # failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
-# failover sharding server_capacity (about 80 minutes on 2 cores, weighting 18 of them,
+# failover sharding server_capacity backup_overhead (about 80 minutes on 2 cores, weighting 18 of them,
 # convergence 13). soak (DESIGN.md §9's "server memory over a long run") runs only when --only
 # names it. sharding needs root (network namespaces and tbf); without it its row says failed.
 #
@@ -52,7 +52,7 @@ set -euo pipefail
 
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
   selective_logging convergence chaos python_overhead peer_torch replication_overhead failover
-  sharding server_capacity)
+  sharding server_capacity backup_overhead)
 readonly kKnown=("${kSuite[@]}" soak)
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
@@ -80,6 +80,7 @@ declare -rA kWhat=(
   [failover]="SIGKILL of a group's leader to the first sync the new leader answers, shipped job, 4 trainers"
   [sharding]="sync throughput of a 64 MiB center, 4 synthetic trainers, K = 1, 2, 4 server groups each behind a tbf-limited link; the shipped job on loopback, K = 2"
   [server_capacity]="syncs/s one server group answers: synthetic trainers R = 1 to 64, centers of 1, 16 and 64 MiB, K = 1 and 2"
+  [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup runs back to back, against none; an export's time and size"
 )
 # The targets of DESIGN.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -100,21 +101,22 @@ declare -rA kTarget=(
   [failover]="<= lease + 1 s (R13; not in §9)"
   [sharding]="K = 2 >= 1.7x and K = 4 >= 3x K = 1; the shipped job K = 2 >= 0.9x K = 1 (R14; not in §9)"
   [server_capacity]=">= 0.7x the echo limit at R = 64, 16 MiB, K = 1 (R14; not in §9)"
+  [backup_overhead]=">= 0.9x without backups (R17; not in §9)"
 )
 # The ratio a benchmark's RESULT line must reach, for those whose target is one.
 declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
   [logging_overhead]=0.95 [failures]=1.2 [python_overhead]=0.9 [peer_torch]=2
-  [replication_overhead]=0.85 [server_capacity]=0.7)
+  [replication_overhead]=0.85 [server_capacity]=0.7 [backup_overhead]=0.9)
 # Expected wall time in seconds on the 2-core development machine, with the defaults ...
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
   [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
   [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240 [sharding]=450
-  [server_capacity]=600)
+  [server_capacity]=600 [backup_overhead]=75)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
   [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150
   [python_overhead]=40 [peer_torch]=20 [replication_overhead]=90 [failover]=60 [sharding]=150
-  [server_capacity]=45)
+  [server_capacity]=45 [backup_overhead]=20)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -133,6 +135,7 @@ declare -rA kQuickFlags=(
   [failover]="--kills=2 --steady_seconds=1"
   [sharding]="--rate_mbit=1000 --seconds=2 --window_syncs=2 --small_reps=1 --small_seconds=5 --small_warmup_seconds=2"
   [server_capacity]="--trainers=64 --centers=16 --groups=1 --seconds=3 --warmup_seconds=1"
+  [backup_overhead]="--reps=1 --seconds=3"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
