@@ -307,7 +307,7 @@ and network faults | — | — | — | 0 violations (docs/chaos.md; not in §9) 
 tools/bench.sh yet | — | — |" "$(row_of chaos "$section")"
 expect_eq "rows, in order" "compute transport apply weighting recovery logging_overhead \
 failures selective_logging convergence chaos python_overhead peer_torch replication_overhead \
-failover sharding server_capacity soak" \
+failover sharding server_capacity backup_overhead soak" \
   "$(printf '%s\n' "$section" | grep '^| `' | sed 's/^| `\([a-z_]*\)` |.*/\1/' | tr '\n' ' ' |
     sed 's/ $//')"
 expect_eq "the summary" "$kSummary Rows of benchmarks that did not run then are kept from \
@@ -356,7 +356,7 @@ tools/bench.sh" "$err"
 scenario "--dry-run --quick prints each benchmark's quick flags and the expected duration"
 bench --dry-run --quick --out "$dir/planned"
 expect_eq "exit status" 0 "$rc"
-expect_contains "plan" "16 benchmark(s), quick settings, one at a time on" "$out"
+expect_contains "plan" "17 benchmark(s), quick settings, one at a time on" "$out"
 expect_contains "plan" "expected about 15 min after the build; logs in $dir/planned" "$out"
 expect_contains "plan" "weighting          ~2 min   timeout 5 min   bench/weighting --seconds=10 \
 --seeds=1 --scenarios=b" "$out"
@@ -368,7 +368,8 @@ expect_contains "plan" "bench.sh: dry run: would build with 'bazel build --jobs=
 //bench:compute //bench:transport //bench:apply //bench:weighting //bench:recovery \
 //bench:logging_overhead //bench:failures //bench:selective_logging \
 //study/convergence:convergence //bench:chaos //bench:python_overhead //bench:peer_torch \
-//bench:replication_overhead //bench:failover //bench:sharding //bench:server_capacity'" \
+//bench:replication_overhead //bench:failover //bench:sharding //bench:server_capacity \
+//bench:backup_overhead'" \
   "$out"
 expect_lacks "plan" "soak" "$out"
 [ ! -e "$dir/planned" ] || fail "a dry run created $dir/planned"
@@ -383,7 +384,7 @@ expect_contains "plan" "soak               ~11 min  timeout 24 min  bench/soak
 " "$out
 "
 bench --dry-run
-expect_contains "plan" "expected about 1 h 20 min after the build" "$out"
+expect_contains "plan" "expected about 1 h 21 min after the build" "$out"
 
 scenario "usage errors exit 64 and name the problem"
 bench --only compute,nope --dry-run
