@@ -722,8 +722,13 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     absl::MutexLock lock(&metrics_mu_);
     if (!metrics_address_.empty()) response->set_metrics_address(metrics_address_);
   }
-  if (group_status_) group_status_(response->mutable_group());
-  if (sharding_status_) sharding_status_(response->mutable_sharding());
+  // GetStatus is answered while the server loads its state, before main sets these two and
+  // MarkReady publishes them: read them only once ready (TSan saw the write race a status
+  // poll that came early).
+  if (ready_.load(std::memory_order_acquire)) {
+    if (group_status_) group_status_(response->mutable_group());
+    if (sharding_status_) sharding_status_(response->mutable_sharding());
+  }
   return grpc::Status::OK;
 }
 

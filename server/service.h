@@ -122,7 +122,7 @@ class ParameterServerService final : public ParameterServer::Service {
   }
 
   // Opens the service for business (after the durable state is loaded).
-  void MarkReady() { ready_.store(true); }
+  void MarkReady() { ready_.store(true, std::memory_order_release); }
 
   // The bearer token (if one is configured), then readiness: what every call is checked for
   // first. Shared with the CenterRange service of a sharded job's server.
@@ -261,7 +261,8 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Time last_eval_time_ ABSL_GUARDED_BY(eval_mu_);
   mutable absl::Mutex metrics_mu_;
   std::string metrics_address_ ABSL_GUARDED_BY(metrics_mu_);
-  std::function<void(GroupStatus*)> group_status_;  // set before MarkReady, then read-only
+  // Set before MarkReady, then read-only; GetStatus reads them only once ready_ is true.
+  std::function<void(GroupStatus*)> group_status_;
   std::function<void(ShardingStatus*)> sharding_status_;  // likewise
   std::function<absl::Status(const SlotId&, int64_t)> range_check_;  // likewise
   std::function<absl::Status(const SlotId&, uint64_t)> push_check_;  // likewise
