@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/export_file.h"
 #include "fuzz/fuzz_check.h"
 #include "fuzz/sessions.pb.h"
 #include "grpcpp/server_context.h"
@@ -357,6 +358,24 @@ class Server {
       case ServerCall::kDrain: {
         DrainResponse response;
         status = service_->Drain(in_process, &call.drain(), &response);
+        break;
+      }
+      case ServerCall::kExportCenter: {
+        ExportCenterResponse response;
+        status = service_->ExportCenter(in_process, &call.export_center(), &response);
+        if (status.ok()) {
+          // Every stage, each tensor FLOAT32 and whole, and a file safetensors can hold.
+          FUZZ_CHECK(response.stages_size() == centers_->num_stages());
+          for (const ExportedStage& stage : response.stages()) {
+            for (const Tensor& tensor : stage.center().tensors()) {
+              int64_t elements = 1;
+              for (int64_t dim : tensor.shape()) elements *= dim;
+              FUZZ_CHECK(tensor.dtype() == FLOAT32);
+              FUZZ_CHECK(static_cast<int64_t>(tensor.data().size()) == 4 * elements);
+            }
+          }
+          FUZZ_CHECK(ExportToSafetensors(response).ok());
+        }
         break;
       }
       case ServerCall::kGetStatus:
