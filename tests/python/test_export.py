@@ -121,13 +121,26 @@ def test_the_exported_model_loads_into_pytorch_with_the_evaluators_accuracy(trai
     assert abs(accuracy - reported) <= 5 / 10000, (accuracy, reported)
 
 
-def test_an_export_without_the_operator_token_is_refused_and_writes_nothing(trained, tmp_path):
-    server, _, _ = trained
+def test_an_export_or_a_backup_without_the_operator_token_is_refused_and_writes_nothing(
+        trained, tmp_path):
+    server, _, token_file = trained
     path = str(tmp_path / "refused.safetensors")
     done = export(server, path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "UNAUTHENTICATED" in done.stderr or "operator token" in done.stderr, done.stderr
     assert not os.path.exists(path)
+    backup = str(tmp_path / "refused-backup")
+    done = subprocess.run([REBOUNDCTL, "--server", server.address, "backup", backup],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "operator token" in done.stderr, done.stderr
+    assert not os.path.exists(backup)
+    # With the token the same backup is made, its manifest beside it.
+    done = subprocess.run([REBOUNDCTL, "--server", server.address, "--operator_token_file",
+                           token_file, "backup", backup],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert os.path.exists(os.path.join(backup, "MANIFEST.json"))
 
 
 def test_python_m_rebound_export_writes_a_pt_state_dict_equal_to_the_safetensors(trained,
