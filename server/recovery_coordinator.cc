@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <utility>
@@ -17,6 +18,11 @@
 
 namespace rebound::server {
 namespace {
+
+// How long a spare whose long poll ended with nothing still counts as idle: it polls again at
+// once (worker/replay.cc), so this only needs to cover a round trip under load. A helper that
+// never comes back fails the task's exchange within its bound, as a helper that dies does.
+constexpr absl::Duration kRepollGrace = absl::Milliseconds(500);
 
 // The end of a task that did not rebuild its slot, under every policy (see RecoveryPolicy::EndOf).
 Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecoveryRequest& report) {
@@ -583,6 +589,7 @@ absl::StatusOr<std::optional<ReplayClaim>> RecoveryCoordinator::ClaimReplay(
   {
     absl::MutexLock lock(&mu_);
     waiting_.insert(incarnation);
+    between_polls_.erase(incarnation);
   }
   const absl::Time start = units_.clock->Now();
   absl::StatusOr<std::optional<ReplayClaim>> result = std::optional<ReplayClaim>();
@@ -610,6 +617,13 @@ absl::StatusOr<std::optional<ReplayClaim>> RecoveryCoordinator::ClaimReplay(
   }
   absl::MutexLock lock(&mu_);
   waiting_.erase(incarnation);
+  // Empty-handed: it polls again at once, and is idle until then. (Spares that never came back,
+  // gone or busy elsewhere, are forgotten here.)
+  const absl::Time now = units_.clock->Now();
+  for (auto it = between_polls_.begin(); it != between_polls_.end();) {
+    it = now - it->second > kRepollGrace ? between_polls_.erase(it) : std::next(it);
+  }
+  if (result.ok() && !result->has_value()) between_polls_[incarnation] = now;
   return result;
 }
 
@@ -658,12 +672,17 @@ absl::StatusOr<std::optional<RegisterResponse>> RecoveryCoordinator::FinishRepla
 }
 
 std::vector<uint64_t> RecoveryCoordinator::IdleSpares() const {
+  const absl::Time now = units_.clock->Now();
   absl::MutexLock lock(&mu_);
   std::vector<uint64_t> idle;
-  for (uint64_t spare : waiting_) {
+  auto add_unless_busy = [&](uint64_t spare) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool busy = false;
     for (const auto& [id, task] : tasks_) busy = busy || ActiveRank(task, spare) >= 0;
     if (!busy) idle.push_back(spare);
+  };
+  for (uint64_t spare : waiting_) add_unless_busy(spare);
+  for (const auto& [spare, left] : between_polls_) {
+    if (now - left <= kRepollGrace) add_unless_busy(spare);
   }
   return idle;
 }

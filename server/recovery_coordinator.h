@@ -198,7 +198,8 @@ class RecoveryCoordinator : private RecoveryObserver {
   //  * a task whose leader picked this spare as a helper and published the range: rank > 0;
   //  * else a LOST slot to replay (Membership::StartRecovery): the slot becomes RECOVERING under
   //    a new task led by this spare (rank 0), with up to recovery_parallelism - 1 helpers, chosen
-  //    among the other spares waiting in ClaimReplay at that moment (fewer when fewer wait). The
+  //    among the other spares waiting in ClaimReplay at that moment or between two of their
+  //    polls (one that left with nothing less than kRepollGrace ago; fewer when fewer wait). The
   //    leader reads the snapshot and the log's extent and calls PublishReplay, which hands the
   //    helpers the task.
   // Nothing when there is none by then (under RESTART_FROM_CENTER never: the spare just waits).
@@ -284,6 +285,9 @@ class RecoveryCoordinator : private RecoveryObserver {
   mutable absl::Mutex mu_;
   std::map<uint64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);  // by task id
   std::set<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);      // spares in ClaimReplay
+  // Spares whose long poll just ended with nothing, by when: between two polls (a round trip)
+  // a spare is still idle, and a task started then counts it as a helper (kRepollGrace).
+  std::map<uint64_t, absl::Time> between_polls_ ABSL_GUARDED_BY(mu_);
   // Membership says a LOST slot may be claimed (OnClaimableChanged): a waiting claim wakes.
   bool claimable_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -659,6 +659,53 @@ TEST_CASE("with recovery_parallelism 2 one waiting spare leads a replay and anot
   CHECK(StatusOf(u, helper).replay_task() == 0);
 }
 
+TEST_CASE("a spare between two long polls still helps a replay that starts then") {
+  // The security test's job once lost its second spare this way: s2's poll had just ended empty
+  // when the slot became claimable, and s1 replayed alone although recovery_parallelism was 2.
+  Units u(JobWithPolicy("REPLAY", 2));
+  FakeClock& clock = u.clock;
+  Membership& membership = *u.membership;
+  RecoveryCoordinator& tasks = *u.coordinator;
+  auto a = membership.Register(Request("a"));
+  auto s1 = membership.Register(Request("s1", SPARE));
+  auto s2 = membership.Register(Request("s2", SPARE));
+  auto s3 = membership.Register(Request("s3", SPARE));
+  membership.RecordProgress(a->slot(), 16, 1000);
+  REQUIRE(membership.Heartbeat(Beat(a->incarnation(), 20)).ok());
+  clock.Advance(absl::Milliseconds(600));
+  for (const auto& s : {s1, s2, s3}) REQUIRE(membership.Heartbeat(Beat(s->incarnation())).ok());
+
+  // s3's poll ended 700 ms before the failure (it did not come back: busy, or gone); s2's 100 ms
+  // before it.
+  auto s3_poll = tasks.ClaimReplay(s3->incarnation(), absl::ZeroDuration());
+  REQUIRE(s3_poll.ok());
+  CHECK_FALSE(s3_poll->has_value());
+  clock.Advance(absl::Milliseconds(600));
+  auto s2_poll = tasks.ClaimReplay(s2->incarnation(), absl::ZeroDuration());
+  REQUIRE(s2_poll.ok());
+  CHECK_FALSE(s2_poll->has_value());
+  CHECK_FALSE(StatusOf(u, s2->incarnation()).waiting_for_task());
+  clock.Advance(absl::Milliseconds(100));
+  Poll p1(&tasks, s1->incarnation());
+  WaitUntilPolling(u, {s1->incarnation()});
+  REQUIRE(membership.DetectFailures().size() == 1);  // a; its slot is LOST
+  std::optional<ReplayClaim> led = p1.Wait();
+  REQUIRE(led.has_value());
+  CHECK(led->rank == 0);
+  REQUIRE(led->spares.size() == 2);
+  CHECK(led->spares[0].incarnation == s1->incarnation());
+  CHECK(led->spares[1].incarnation == s2->incarnation());
+  CHECK(StatusOf(u, s3->incarnation()).replay_task() == 0);
+  // s2 polls again and gets its part once the leader published the range.
+  tasks.PublishReplay(led->task_id, 16, 19);
+  auto helped = tasks.ClaimReplay(s2->incarnation(), absl::Seconds(5));
+  REQUIRE(helped.ok());
+  REQUIRE(helped->has_value());
+  CHECK((*helped)->task_id == led->task_id);
+  CHECK((*helped)->rank == 1);
+  CHECK((*helped)->failed_step == 19);
+}
+
 TEST_CASE("a helper that dies mid-replay ends the task; the slot goes to a new task") {
   Units u(JobWithPolicy("REPLAY", 2));
   FakeClock& clock = u.clock;
