@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/version.h"
 #include "server/service.h"
 
 namespace rebound::server {
@@ -28,7 +29,7 @@ grpc::Status ParameterServerService::ExportCenter(grpc::ServerContext* context,
         "and declared it (docs/python.md)"));
   }
   response->set_job_id(job_.job_id());
-  response->set_server_version(kServerVersion);
+  response->set_server_version(VersionLine());
   for (int stage = 0; stage < stages; ++stage) {
     auto read = centers_->Read(stage);
     if (!read.ok()) return ToGrpcStatus(read.status());

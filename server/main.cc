@@ -34,6 +34,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "server/center_table.h"
 #include "server/group/peer_service.h"
 #include "server/group/peer_keepalive.h"
@@ -208,7 +209,7 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   member->group = *std::move(created);
   group = member->group.get();
   member->group_for_status.store(group);
-  LOG(INFO) << kServerVersion << " member '" << self.name << "' of group '" << replication.group()
+  LOG(INFO) << VersionLine() << " member '" << self.name << "' of group '" << replication.group()
             << "' (peers at " << self.peer_address << ", workers at " << self.serve_address
             << " while leading), etcd " << absl::StrJoin(replication.etcd_endpoints(), ",");
 
@@ -621,7 +622,7 @@ int Run() {
   LOG(INFO) << "admission bounds: " << service.admission().parked_calls
             << " parked long polls, " << service.admission().inflight_bytes
             << " request bytes in flight, " << service.admission().threads << " threads";
-  LOG(INFO) << kServerVersion << " serving job '" << config.job().job_id() << "' on port " << port
+  LOG(INFO) << VersionLine() << " serving job '" << config.job().job_id() << "' on port " << port
             << " (" << config.job().topology().replicas() << " x "
             << config.job().topology().stages() << " slots)"
             << (ServesTls(config.security())
@@ -725,6 +726,7 @@ int Run() {
 }  // namespace rebound::server
 
 int main(int argc, char** argv) {
+  rebound::ExitIfVersionFlag(argc, argv);
   rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
   // Every sync allocates and frees buffers of the center's size.

@@ -18,12 +18,11 @@
 #include "common/security.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "compute/tensor_bundle.h"
 #include "server/sync_batch.h"
 
 namespace rebound::server {
-
-const char kServerVersion[] = "rebound 0.2.0";
 
 namespace {
 
@@ -670,7 +669,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
   if (absl::Status allowed = token_.Check(context); !allowed.ok()) return ToGrpcStatus(allowed);
   const absl::Time now = clock_->Now();
   response->set_job_id(job_.job_id());
-  response->set_server_version(kServerVersion);
+  response->set_server_version(VersionLine());
   response->set_uptime_ms(absl::ToInt64Milliseconds(now - started_));
   response->set_replicas(job_.topology().replicas());
   response->set_stages(job_.topology().stages());

@@ -279,7 +279,4 @@ class ParameterServerService final : public ParameterServer::Service {
   int64_t backups_ ABSL_GUARDED_BY(backup_mu_) = 0;
 };
 
-// The version string reported in GetStatus.
-extern const char kServerVersion[];
-
 }  // namespace rebound::server

@@ -87,6 +87,7 @@
 #include "common/grpc_polling.h"
 #include "common/logging_plan.h"
 #include "common/security.h"
+#include "common/version.h"
 #include "server/checkpoint_transfer.h"
 #include "storage/backup.h"
 #include "proto/health.grpc.pb.h"
@@ -823,6 +824,7 @@ int Main(int argc, char** argv) {
 }  // namespace rebound::ctl
 
 int main(int argc, char** argv) {
+  rebound::ExitIfVersionFlag(argc, argv);
   rebound::ShortenGrpcBackupPolling();
   gflags::SetUsageMessage(
       "reboundctl [--server HOST:PORT] [--output table|json] "

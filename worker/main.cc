@@ -30,6 +30,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/clock.h"
+#include "common/version.h"
 #include "worker/evaluator.h"
 #include "worker/peer_service.h"
 #include "worker/replay.h"
@@ -343,6 +344,7 @@ int Run() {
 }  // namespace rebound::worker
 
 int main(int argc, char** argv) {
+  rebound::ExitIfVersionFlag(argc, argv);
   rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
   gflags::SetUsageMessage(

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/process.h"
+#include "common/version.h"
 #include "compute/backend_factory.h"
 #include "compute/step.h"
 #include "worker/data/dataset.h"
@@ -128,6 +129,7 @@ int Run() {
 }  // namespace rebound::worker
 
 int main(int argc, char** argv) {
+  rebound::ExitIfVersionFlag(argc, argv);
   gflags::SetUsageMessage("rebound_train --config FILE [--epochs N]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/grpc_polling.h"
 #include "common/process.h"
+#include "common/version.h"
 #include "tools/launch/launcher.h"
 #include "tools/launch/options.h"
 
@@ -61,6 +62,7 @@ int Main(int argc, char** argv) {
 }  // namespace rebound::launch
 
 int main(int argc, char** argv) {
+  rebound::ExitIfVersionFlag(argc, argv);
   rebound::ShortenGrpcBackupPolling();
   // Before any thread starts (gRPC's included), so every thread inherits the mask and SIGTERM and
   // SIGINT stay pending until the launcher takes them.
