@@ -4,7 +4,7 @@
 Through Rebound (the role, trainer, spare or evaluator, comes from the server):
 
     python3 examples/torch/fashion_mnist_cnn.py --server HOST:PORT [--name NAME] [--role ROLE]
-        [--config FILE] [--max-seconds S]
+        [--config FILE] [--max-seconds S] [--save FILE]
 
 Without Rebound, the same spec in a plain PyTorch loop that prints the test accuracy per epoch:
 
@@ -23,6 +23,9 @@ Keyword arguments handed to rebound.torch.run(spec, ...):
     config       --config FILE, a client config for run() (omitted when not given)
     max_seconds  --max-seconds S: train for S seconds then exit, printing
                  "rebound-torch: trained N samples in S s" (bench/python_overhead.py reads it)
+
+--save FILE: once the job finished, torch.save the model run() returns (the final center) to FILE
+(docs/python.md#the-trained-model); give it to one process, e.g. the evaluator.
 
 Exit codes: those of rebound.torch.run (3 when fenced, as the C++ worker); 2 for bad arguments.
 Importable: make_spec(args), spec_fields(args), parse_args(argv), Net, plain_train(fields, ...).
@@ -75,6 +78,7 @@ def parse_args(argv=None):
                    help="ask for a role (the server decides when omitted)")
     p.add_argument("--config", help="client config file handed to rebound.torch.run")
     p.add_argument("--max-seconds", type=float, help="train this long, then exit")
+    p.add_argument("--save", help="torch.save the final model's state_dict to this file")
     p.add_argument("--plain-epochs", type=int, default=0,
                    help="train N epochs in a plain PyTorch loop without Rebound")
     p.add_argument("--optimizer", choices=sorted(DEFAULT_LR), default="adam")
@@ -200,7 +204,15 @@ def main(argv=None):
         plain_train(types.SimpleNamespace(**fields), epochs=args.plain_epochs, seed=args.seed)
         return 0
     import rebound.torch as rt
-    return rt.run(make_spec(args), **run_kwargs(args))
+    result = rt.run(make_spec(args), **run_kwargs(args))
+    if args.save:
+        if result.model is None:
+            print(f"--save: nothing saved: {result.reason}", file=sys.stderr, flush=True)
+        else:
+            torch.save(result.model.state_dict(), args.save)
+            print(f"saved the final center (version {result.center_version}) to {args.save}",
+                  flush=True)
+    return result  # an int, the exit code: sys.exit(main()) exits with it
 
 
 if __name__ == "__main__":

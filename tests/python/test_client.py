@@ -261,7 +261,7 @@ mod = runpy.run_path("%s", run_name="not_main")
 class A: optimizer = "sgd"; slow_ms = 0; nondeterministic = False
 spec = mod["make_spec"](A)
 spec.tau = 5
-rt.run(spec, server="%s")
+sys.exit(rt.run(spec, server="%s"))
 """ % (server.address, SPEC, server.address)])
     assert wait_exit(process, 60) == 2
     assert "tau 5 differs from the job's easgd.sync_period 4" in read_log(process)
@@ -280,7 +280,7 @@ import runpy, sys
 import rebound.torch as rt
 mod = runpy.run_path("%s", run_name="not_main")
 class A: optimizer = "sgd"; slow_ms = 0; nondeterministic = False
-rt.run(mod["make_spec"](A), config=sys.argv[1], max_seconds=2)
+sys.exit(rt.run(mod["make_spec"](A), config=sys.argv[1], max_seconds=2))
 """ % SPEC
     runs = {}
     for path in (good, bad_value, bad_syntax):

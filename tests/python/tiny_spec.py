@@ -13,6 +13,7 @@ training at once, each from the center as the job began.
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -94,9 +95,10 @@ def main():
     parser.add_argument("--nondeterministic", action="store_true")
     parser.add_argument("--start-gate")
     args = parser.parse_args()
-    rt.run(make_spec(args), server=args.server, name=args.name, role=args.role,
-           max_seconds=args.max_seconds, give_up_after_s=30)
+    # run() returns a RunResult, the exit code as an int: the test reads it as the exit status.
+    return rt.run(make_spec(args), server=args.server, name=args.name, role=args.role,
+                  max_seconds=args.max_seconds, give_up_after_s=30)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,10 @@ tensor differed and the server falls back to RESTART_FROM_CENTER.
 Threads: the work (main) thread; a heartbeat thread (``_Session``) that also carries the
 server's commands and takeovers; a step-log thread (``_StepLog``). A fenced worker exits at once
 with code 3 from whichever thread learns it (``os._exit``: no later write can leave it).
+
+The end: ``run`` returns a ``RunResult`` (an int, the exit code, with the spec's model holding the
+job's final center, read with the worker's own Pull before it deregisters), or, with
+``exit=True``, ends the process with the code at once (docs/python.md#the-trained-model).
 """
 
 import collections
@@ -26,6 +30,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 import typing
 import warnings
@@ -57,6 +62,55 @@ _Exit = rclient.WorkerExit
 
 class ConfigError(Exception):
     """The spec or the options do not fit (exit code 2)."""
+
+
+class RunResult(int):
+    """What ``run`` returns: an int, the exit code (rebound.EXIT_*), so that
+    ``sys.exit(rt.run(spec))`` exits with it and code that compared run()'s int keeps working;
+    and the outcome (docs/python.md#the-trained-model):
+
+    exit_code: the same code, by name.
+    model: the spec's model (the process's own, the one it trained or evaluated; a spare's built
+        by the spec's factory) holding the job's final center in its parameters, in eval mode,
+        without gradients; None when this process did not see the job finish (it ended first:
+        ``max_seconds``, drained, an error) or could not read the center: ``reason`` says which.
+    center_version: the final center's version (stage 0's; a sharded center's range 0's), or None.
+    job_finished: every slot reached max_steps (the server's STOP) while this process was
+        registered.
+    reason: "" when ``model`` holds the final center and the code is 0; else why not.
+    role: the last role, "trainer", "spare" or "evaluator" (a spare that took a slot over:
+        "trainer"); None when the process never registered.
+    slot: (replica, stage) of the slot it trained last, or None.
+    samples, training_s: samples trained and seconds in training loops (the summary line's).
+
+    ``bool(result)`` is the int's: true for a non-zero code; test ``result.exit_code == 0``.
+    """
+
+    def __new__(cls, exit_code, model=None, center_version=None, job_finished=False, reason="",
+                role=None, slot=None, samples=0, training_s=0.0):
+        result = super().__new__(cls, exit_code)
+        result.model = model
+        result.center_version = center_version
+        result.job_finished = job_finished
+        result.reason = reason
+        result.role = role
+        result.slot = slot
+        result.samples = samples
+        result.training_s = training_s
+        return result
+
+    @property
+    def exit_code(self):
+        return int(self)
+
+    def __repr__(self):
+        return ("RunResult(exit_code=%d, model=%s, center_version=%r, job_finished=%r, "
+                "reason=%r, role=%r, slot=%r, samples=%d, training_s=%.3f)" % (
+                    int(self), None if self.model is None else type(self.model).__name__,
+                    self.center_version, self.job_finished, self.reason, self.role, self.slot,
+                    self.samples, self.training_s))
+
+    __str__ = __repr__
 
 
 @dataclasses.dataclass
@@ -653,6 +707,49 @@ class _Worker:
             self.session.stop.wait(period)
         return "stopped"
 
+    # -- the end ---------------------------------------------------------------------------
+
+    def wait_for_job_end(self):
+        """A trainer done with its slot: waits, heartbeating, until every slot is done (the
+        server's STOP) or max_seconds pass. True if the job finished."""
+        while not self.session.stop.wait(0.05):
+            if self.out_of_time():
+                break
+        with self.session.lock:
+            return self.session.job_done
+
+    def final_model(self, first_reg, why_not):
+        """(model, center version, reason) for RunResult: the process's model (a spare that
+        never trained builds one) holding the center, read with this worker's Pull (a worker
+        call: no operator token; a sharded center gathered from its ranges); (None, None, why)
+        when the job did not finish (``why_not``) or the center cannot be read. Call before
+        deregistering. ``first_reg``: the registration's answer, which names the range groups."""
+        with self.session.lock:
+            finished = self.session.job_done
+        if not finished:
+            return None, None, why_not
+        model = self.model
+        if model is None:
+            torch.manual_seed(self.spec.init_seed)
+            model = self.spec.model()
+        params = list(model.parameters())
+        # The session's stop event is set by now; the final read gets its own, so that its
+        # retries are not cut short.
+        center = center_for(self.conn, first_reg, threading.Event())
+        try:
+            values, version = center.pull(self.session.current().incarnation, params)
+        except (rclient.CallError, rclient.Unreachable, ValueError) as error:
+            return None, None, "the final center could not be read: %s" % error
+        finally:
+            center.close()
+        with torch.no_grad():
+            for p, v in zip(params, values):
+                p.copy_(v)
+        for p in params:
+            p.grad = None  # AdaHessian's create_graph left a graph there
+        model.eval()
+        return model, version, ""
+
 
 def _model_declaration(spec, init_seed=None):
     """The RegisterRequest.model of the spec's model: every parameter in order, with its
@@ -704,21 +801,37 @@ def load_worker_config(path):
 
 
 def run(spec, server=None, name=None, role=None, config=None, token_file=None, job_id=None,
-        max_seconds=None, rpc_deadline_s=None, give_up_after_s=None, exit=True):
+        max_seconds=None, rpc_deadline_s=None, give_up_after_s=None, exit=False):
     """Runs this process as a worker of the job served at ``server`` until the job ends, the
-    server fences it, SIGTERM, or ``max_seconds`` pass. ``config``: a WorkerConfig file (the
+    server fences it, or ``max_seconds`` pass. ``config``: a WorkerConfig file (the
     rebound_worker format: server_address, name, role, rpc_deadline_ms, backoff_initial_ms,
     backoff_max_ms, give_up_after_ms, job_id, security.token_file); the keyword arguments
     override it. ``role``: None (the server decides), "trainer", "spare" or "evaluator".
-    Returns (or exits with, when ``exit``) a code of rebound.EXIT_*; prints
-    ``rebound-torch: trained N samples in S s`` at the end."""
+
+    Returns a RunResult: the exit code (rebound.EXIT_*; the RunResult is that int) and, when the
+    job finished, the spec's model holding the final center (``result.model``,
+    ``result.center_version``). A trainer done with its slot waits, heartbeating, for the other
+    slots (at most until ``max_seconds``), so that the center it returns is the final one. torch's
+    thread count and deterministic-algorithms switch are restored before it returns.
+
+    ``exit=True``: ends the process with the code instead (``os._exit``, at once: a trainer does
+    not wait for the others, nothing reads the final center), as a worker process under a
+    supervisor wants. A fenced worker (code 3) ends the process at once either way, and so,
+    from the heartbeat thread, does one the server refuses (5) or that loses the server (4).
+    Prints ``rebound-torch: trained N samples in S s`` at the end."""
     code = rebound.EXIT_OK
     reason = ""
     roles = {None: config_pb2.ROLE_UNSPECIFIED, "trainer": config_pb2.TRAINER,
              "spare": config_pb2.SPARE, "evaluator": config_pb2.EVALUATOR}
+    role_names = {config_pb2.TRAINER: "trainer", config_pb2.SPARE: "spare",
+                  config_pb2.EVALUATOR: "evaluator"}
+    torch_threads = torch.get_num_threads()
+    torch_deterministic = torch.are_deterministic_algorithms_enabled()
+    conn = None
     session = None
     center = None
     worker = None
+    final = (None, None, "")
     try:
         if config is not None:
             worker_config, config_token = load_worker_config(config)
@@ -753,7 +866,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         conn = rclient.Connection(options)
         declaration = _model_declaration(spec, init_seed=spec.init_seed)
         session = membership.Session(conn, options, declaration, name, roles[role], job_id)
-        reg = session.register()
+        first_reg = reg = session.register()
         job = reg.job
         torch.set_num_threads(max(1, job.compute.threads))
         torch.use_deterministic_algorithms(True)
@@ -762,20 +875,30 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         worker = _Worker(spec, session, conn, center, options, max_seconds)
         adopted = None
         replayed = False
+        stopped_early = "max_seconds passed before the job finished"
         while True:
             reg = session.current()
             if reg.role == config_pb2.TRAINER:
                 outcome = worker.train(reg, replayed)
                 if outcome == "replaced":
                     continue
+                if not exit:
+                    if outcome == "finished":
+                        worker.wait_for_job_end()
+                    final = worker.final_model(first_reg, "drained before the job finished"
+                                               if outcome == "drained" else stopped_early)
                 session.deregister(drained=outcome == "drained")
                 break
             if reg.role == config_pb2.EVALUATOR:
                 worker.evaluate(reg)
+                if not exit:
+                    final = worker.final_model(first_reg, stopped_early)
                 session.deregister()
                 break
             result = worker.spare(reg)
             if result is None:
+                if not exit:
+                    final = worker.final_model(first_reg, stopped_early)
                 session.deregister()
                 break
             adopted, replayed = result
@@ -802,4 +925,22 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    return code
+    # Returning: leave nothing running behind the caller's code. The heartbeat thread ends after
+    # its call in flight, since deregister set the session's stop (membership.Session has no
+    # join of its own yet).
+    if session is not None and session._thread is not None:
+        session._thread.join(timeout=options.rpc_deadline_s + 1.0)
+    if conn is not None:
+        conn.close()
+    torch.set_num_threads(torch_threads)
+    torch.use_deterministic_algorithms(torch_deterministic)
+    model, version, why_not = final
+    current = session.current() if session is not None else None
+    return RunResult(
+        code, model=model, center_version=version,
+        job_finished=session is not None and session.job_done,
+        reason=reason or why_not, role=role_names.get(current.role) if current else None,
+        slot=((current.slot.replica, current.slot.stage)
+              if current is not None and current.HasField("slot") else None),
+        samples=worker.samples if worker else 0,
+        training_s=worker.training_s if worker else 0.0)
