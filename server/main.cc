@@ -53,6 +53,7 @@
 #include "server/shard/remote_authorizer.h"
 #include "storage/backup.h"
 #include "storage/durable_store.h"
+#include "storage/format_version.h"
 
 DEFINE_string(config, "", "server config file (.pbtxt); required");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
@@ -418,7 +419,7 @@ int Run() {
                    << ": starting from its commit (epoch " << restored->epoch << ", sequence "
                    << restored->sequence << ")";
     }
-    store = storage::DurableStore::Open(store_options);
+    store = storage::OpenDataDir(store_options);
   }
   if (!store.ok()) {
     LOG(ERROR) << "cannot open the data directory: " << store.status();

@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "server/checkpoint_transfer.h"
 #include "server/group/peer_keepalive.h"
+#include "storage/format_version.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -69,7 +70,7 @@ absl::StatusOr<std::unique_ptr<Standby>> Standby::Open(StandbyOptions options) {
   fs::remove_all(dir + ".replaced", error);
   fs::remove_all(dir + ".incoming", error);
   std::unique_ptr<Standby> standby(new Standby(std::move(options)));
-  ASSIGN_OR_RETURN(standby->store_, storage::DurableStore::Open(standby->options_.store_options));
+  ASSIGN_OR_RETURN(standby->store_, storage::OpenDataDir(standby->options_.store_options));
   return standby;
 }
 
@@ -204,7 +205,7 @@ absl::Status Standby::CatchUp(ServerPeer::Stub* stub, const MemberAddress& leade
   fs::rename(incoming, dir, error);
   if (error) return FileError(absl::StrCat("renaming ", incoming), error);
   fs::remove_all(dir + ".replaced", error);
-  ASSIGN_OR_RETURN(store_, storage::DurableStore::Open(options_.store_options));
+  ASSIGN_OR_RETURN(store_, storage::OpenDataDir(options_.store_options));
   const storage::DurableStore::Position position = store_->LastApplied();
   if (position.sequence != done.sequence() || position.epoch != done.epoch()) {
     return absl::DataLossError(absl::StrCat(
