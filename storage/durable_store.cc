@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "storage/envelope.h"
+#include "storage/wal_tail.h"
 
 namespace rebound::storage {
 namespace {
@@ -737,7 +738,9 @@ absl::Status DurableStore::OpenDb() {
   // RocksDB's default (point-in-time recovery) would stop replaying at the damage and open
   // without the writes after it, acknowledged ones included, and say so only in its LOG file.
   // kTolerateCorruptedTailRecords is no better: it drops a last record whose length byte is
-  // damaged as silently as a torn one. See docs/storage.md#a-damaged-write-ahead-log.
+  // damaged as silently as a torn one. The one damage let through is a write torn by a crash,
+  // which ClassifyWalDamage proves (storage/wal_tail.h). See
+  // docs/storage.md#a-damaged-write-ahead-log.
   db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
   std::shared_ptr<WalDropRecorder> recorder;
   if (!in_memory()) {
@@ -750,12 +753,38 @@ absl::Status DurableStore::OpenDb() {
 
   rocksdb::DB* db = nullptr;
   rocksdb::Status status = rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
-  std::vector<std::string> drops = recorder != nullptr ? recorder->TakeDrops() : std::vector<std::string>();
-  if (status.IsCorruption() && !drops.empty()) {
-    const std::string damage = absl::StrJoin(drops, "; ");
+  std::vector<std::string> drops =
+      recorder != nullptr ? recorder->TakeDrops() : std::vector<std::string>();
+  // Recovers up to the first damage and drops the rest.
+  const auto reopen_at_last_intact_write = [&] {
+    for (rocksdb::ColumnFamilyHandle* handle : all_handles_) delete handle;
+    all_handles_.clear();
+    db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+    status = rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
+    drops = recorder->TakeDrops();
+  };
+  const bool wal_damaged = status.IsCorruption() && !drops.empty();
+  const WalDamage damage = wal_damaged ? ClassifyWalDamage(drops, path) : WalDamage();
+  if (damage.torn_write) {
+    // The last write was cut short by a crash, so it was never acknowledged: dropping it loses
+    // nothing the server promised.
+    reopen_at_last_intact_write();
+    if (status.ok()) {
+      LOG(WARNING) << where << ": " << damage.file
+                   << ": a write torn by a crash, never acknowledged: dropped "
+                   << damage.dropped_bytes << " bytes (" << damage.reasons
+                   << "); recovered up to sequence number " << db->GetLatestSequenceNumber();
+      if (options_.accept_wal_loss) {
+        LOG(WARNING) << "--accept_wal_loss: " << where
+                     << ": no acknowledged write was dropped; do not keep the flag";
+      }
+    }
+  } else if (wal_damaged) {
+    const std::string damage_text = absl::StrCat(
+        absl::StrJoin(drops, "; "), "; not a write torn by a crash: ", damage.why_not);
     if (!options_.accept_wal_loss) {
       return absl::DataLossError(absl::StrCat(
-          where, ": the write-ahead log is damaged (", damage,
+          where, ": the write-ahead log is damaged (", damage_text,
           "). Acknowledged writes may be in or after the damaged part, so the server refuses "
           "to start rather than lose them silently. To start from the last intact write, "
           "dropping the rest, restart once with --accept_wal_loss (docs/troubleshooting.md)"));
@@ -778,14 +807,10 @@ absl::Status DurableStore::OpenDb() {
           copy_dir, ": ", error.message()));
     }
     LOG(ERROR) << "--accept_wal_loss: " << where << ": the write-ahead log is damaged ("
-               << damage << "); recovering to the last intact write and DROPPING everything "
-               << "after it, acknowledged writes included. A copy of the log as found is in "
-               << copy_dir;
-    for (rocksdb::ColumnFamilyHandle* handle : all_handles_) delete handle;
-    all_handles_.clear();
-    db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
-    status = rocksdb::DB::Open(db_options, path, descriptors, &all_handles_, &db);
-    drops = recorder->TakeDrops();
+               << damage_text << "); recovering to the last intact write and DROPPING "
+               << "everything after it, acknowledged writes included. A copy of the log as "
+               << "found is in " << copy_dir;
+    reopen_at_last_intact_write();
     if (status.ok()) {
       LOG(ERROR) << "--accept_wal_loss: " << where << " recovered up to sequence number "
                  << db->GetLatestSequenceNumber() << "; dropped: " << absl::StrJoin(drops, "; ");

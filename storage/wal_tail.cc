@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 
 namespace rebound::storage {
@@ -111,7 +112,14 @@ std::optional<WalDrop> ParseWalDrop(absl::string_view line) {
   if (bytes == absl::string_view::npos) return std::nullopt;
   WalDrop drop;
   if (!absl::SimpleAtoi(line.substr(number, bytes - number), &drop.bytes)) return std::nullopt;
-  drop.file = std::string(line.substr(0, dropping));
+  // RocksDB's logging macros put "[source file:line] " first.
+  absl::string_view file = line.substr(0, dropping);
+  const size_t source_end = file.find("] ");
+  if (absl::StartsWith(file, "[") && source_end != absl::string_view::npos) {
+    file.remove_prefix(source_end + 2);
+  }
+  absl::ConsumePrefix(&file, "(ignoring error) ");
+  drop.file = std::string(file);
   absl::string_view reason = line.substr(bytes + kBytes.size());
   absl::ConsumePrefix(&reason, "Corruption: ");
   drop.reason = std::string(reason);
@@ -158,6 +166,7 @@ WalDamage ClassifyWalDamage(const std::vector<std::string>& drop_lines,
   bool truncated_header = false;
   bool truncated_body = false;
   int64_t dropped_bytes = 0;
+  std::vector<std::string> reasons;
   for (const std::string& line : drop_lines) {
     const std::optional<WalDrop> drop = ParseWalDrop(line);
     if (!drop) return NotTorn(absl::StrCat("an unrecognised report: ", line));
@@ -171,6 +180,7 @@ WalDamage ClassifyWalDamage(const std::vector<std::string>& drop_lines,
     truncated_header |= drop->reason == kTruncatedHeader;
     truncated_body |= drop->reason == kTruncatedBody;
     dropped_bytes += drop->bytes;
+    reasons.push_back(drop->reason);
   }
   const std::optional<std::string> last_block = ReadLastBlock(*newest);
   if (!last_block) return NotTorn(absl::StrCat("cannot read ", newest->string()));
@@ -193,6 +203,7 @@ WalDamage ClassifyWalDamage(const std::vector<std::string>& drop_lines,
   damage.torn_write = true;
   damage.file = newest->string();
   damage.dropped_bytes = dropped_bytes;
+  damage.reasons = absl::StrJoin(reasons, "; ");
   return damage;
 }
 

@@ -46,7 +46,8 @@ uint32_t Crc32c(absl::string_view data);
 uint32_t MaskedRecordCrc(uint8_t type, absl::string_view payload);
 
 // One line in which RocksDB's WAL recovery reports what it dropped:
-// "<wal_dir>/000012.log: dropping 93 bytes; Corruption: checksum mismatch".
+// "[db/db_impl/db_impl_open.cc:982] <wal_dir>/000012.log: dropping 93 bytes; Corruption:
+// checksum mismatch" (the source position is optional).
 struct WalDrop {
   std::string file;    // the WAL file, as RocksDB names it
   int64_t bytes = 0;   // how many bytes it dropped
@@ -81,6 +82,7 @@ struct WalDamage {
   bool torn_write = false;
   std::string file;           // the newest WAL file (when torn_write)
   int64_t dropped_bytes = 0;  // the bytes RocksDB reported dropping from it (when torn_write)
+  std::string reasons;        // RocksDB's reasons, "; "-separated (when torn_write)
   std::string why_not;        // why it is not taken for a torn write (when !torn_write)
 };
 

@@ -859,9 +859,11 @@ TEST_CASE("after a process crash every batch is whole and no acknowledged batch 
 // batches, kills it with SIGKILL and returns the last acknowledged batch.
 // Batches of weight records only: a batch dropped from the WAL leaves no tensor file behind
 // (docs/storage.md: what --accept_wal_loss cannot bring back).
-int64_t CommitThenKill(const std::string& dir, const std::string& log_path, int64_t at_least) {
-  auto process = testing::Subprocess::Start(
-      {testing::Runfile("tests/storage/store_process"), "commit_weights_forever", dir}, log_path);
+int64_t CommitThenKill(const std::string& dir, const std::string& log_path, int64_t at_least,
+                       const std::string& mode = "commit_weights_forever") {
+  auto process =
+      testing::Subprocess::Start({testing::Runfile("tests/storage/store_process"), mode, dir},
+                                 log_path);
   REQUIRE(process.ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (LastCommitted(testing::ReadFileOrEmpty(log_path)) < at_least && absl::Now() < deadline) {
@@ -961,6 +963,191 @@ TEST_CASE("a byte flipped in the WAL tail after kill -9 fails Open with DATA_LOS
   CHECK(ValueOrFail(store->LoadAll()).weights.at({0, 0}).center_version_at_last_sync() ==
         recovered);
   CHECK_FALSE(store->wal_loss_accepted());
+}
+
+// A physical record of a WAL file: its header's offset, its payload's length, its type.
+struct WalRecord {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  int type = 0;
+  uint64_t end() const { return offset + 7 + length; }
+};
+
+// The logical records (one write batch each) that a WAL file holds whole, each as its physical
+// records (FULL, or FIRST, MIDDLE..., LAST), parsed by RocksDB's framing (db/log_format.h):
+// crc (4) | length (2, little endian) | type (1) | payload, in 32 KiB blocks whose last < 7
+// bytes are padding. A record the kill left unfinished at the end is not among them.
+std::vector<std::vector<WalRecord>> WholeWalRecords(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string wal((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  constexpr uint64_t kBlock = 32768;
+  std::vector<std::vector<WalRecord>> whole;
+  std::vector<WalRecord> open;
+  for (uint64_t at = 0; at + 7 <= wal.size();) {
+    if (kBlock - at % kBlock < 7) {  // the padding at a block's end
+      at += kBlock - at % kBlock;
+      continue;
+    }
+    WalRecord record;
+    record.offset = at;
+    record.length = static_cast<uint8_t>(wal[at + 4]) | static_cast<uint8_t>(wal[at + 5]) << 8;
+    record.type = static_cast<uint8_t>(wal[at + 6]);
+    REQUIRE((record.type >= 1 && record.type <= 4));
+    if (record.end() > wal.size()) break;  // cut short by the kill
+    open.push_back(record);
+    if (record.type == 1 || record.type == 4) {  // FULL or LAST
+      whole.push_back(std::move(open));
+      open.clear();
+    }
+    at = record.end();
+  }
+  return whole;
+}
+
+// A store_process killed in the middle of committing batches, and what its newest WAL holds.
+struct KilledStore {
+  std::string dir;
+  std::string wal;            // the newest WAL file
+  int64_t acknowledged = 0;   // the last batch the process reported committed
+  int64_t last_whole = 0;     // the last batch whole in the WAL: what an untouched copy recovers
+  std::vector<WalRecord> last_record;  // the physical records of that batch
+};
+
+KilledStore KillMidStream(const std::string& name, const std::string& mode, int64_t at_least) {
+  KilledStore killed;
+  killed.dir = TempDir(name);
+  killed.acknowledged =
+      CommitThenKill(killed.dir, TempDir(name + "-log") + "/store_process.log", at_least, mode);
+  killed.wal = NewestWal(killed.dir);
+  const std::vector<std::vector<WalRecord>> records = WholeWalRecords(killed.wal);
+  REQUIRE(records.size() >= 2);
+  killed.last_record = records.back();
+  // What the kill itself left, recovered from a copy of the directory.
+  const std::string copy = TempDir(name + "-copy");
+  fs::copy(killed.dir, copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  std::string output;
+  INFO(output);
+  REQUIRE(testing::RunCommand({testing::Runfile("tests/storage/store_process"), "open", copy},
+                              &output, absl::Seconds(30)) == 0);
+  const size_t at = output.find("OK version=");
+  REQUIRE(at != std::string::npos);
+  killed.last_whole = std::stoll(output.substr(at + std::strlen("OK version=")));
+  // A batch is committed only after the one before it was acknowledged: the WAL ends with the
+  // last acknowledged batch or with the one after it, written but not yet reported.
+  INFO("acknowledged " << killed.acknowledged << ", whole in the WAL " << killed.last_whole);
+  REQUIRE(killed.last_whole >= killed.acknowledged);
+  REQUIRE(killed.last_whole <= killed.acknowledged + 1);
+  return killed;
+}
+
+// Opens `dir` in a store_process and returns the version it recovered; `output` gets its
+// output, its log included.
+int64_t OpenInProcess(const std::string& dir, std::string* output) {
+  const int exit_code = testing::RunCommand(
+      {testing::Runfile("tests/storage/store_process"), "open", dir}, output, absl::Seconds(30));
+  INFO(*output);
+  REQUIRE(exit_code == 0);
+  const size_t at = output->find("OK version=");
+  REQUIRE(at != std::string::npos);
+  return std::stoll(output->substr(at + std::strlen("OK version=")));
+}
+
+bool HasWalCopy(const std::string& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (absl::StartsWith(entry.path().filename().string(), "wal-damaged-")) return true;
+  }
+  return false;
+}
+
+// The newest WAL cut at `size`, as a write torn by the kill would leave it: the store opens by
+// itself with every batch before the torn one, says what it dropped, and opens normally after.
+void ExpectTornWriteRecovered(const KilledStore& killed, uint64_t size,
+                              const std::string& reported_kind) {
+  fs::resize_file(killed.wal, size);
+  std::string output;
+  const int64_t recovered = OpenInProcess(killed.dir, &output);
+  INFO(output);
+  CHECK(recovered == killed.last_whole - 1);
+  CHECK(recovered >= killed.acknowledged - 1);
+  CHECK_THAT(output, Contains("a write torn by a crash, never acknowledged: dropped"));
+  CHECK_THAT(output, Contains(killed.wal));
+  CHECK_THAT(output, Contains(reported_kind));
+  CHECK_FALSE(HasWalCopy(killed.dir));
+  // The torn write is gone for good: the next open finds an intact log.
+  std::string again;
+  CHECK(OpenInProcess(killed.dir, &again) == recovered);
+  CHECK_THAT(again, !Contains("torn"));
+  CHECK_THAT(again, !Contains("dropping"));
+}
+
+TEST_CASE("a WAL cut inside its last record's body after kill -9 opens without that batch") {
+  const KilledStore killed = KillMidStream("wal-torn-body", "commit_weights_forever", 100);
+  const WalRecord& last = killed.last_record.back();
+  REQUIRE(last.length >= 2);
+  ExpectTornWriteRecovered(killed, last.offset + 7 + last.length / 2, "truncated record body");
+}
+
+TEST_CASE("a WAL cut inside its last record's header after kill -9 opens without that batch") {
+  const KilledStore killed = KillMidStream("wal-torn-header", "commit_weights_forever", 100);
+  ExpectTornWriteRecovered(killed, killed.last_record.front().offset + 3, "truncated header");
+}
+
+TEST_CASE("a WAL cut after the first fragment of its last batch after kill -9 opens without it") {
+  const KilledStore killed =
+      KillMidStream("wal-torn-fragment", "commit_large_weights_forever", 30);
+  REQUIRE(killed.last_record.size() >= 3);  // a batch of about 70 KiB spans three blocks
+  const WalRecord& first = killed.last_record.front();
+  REQUIRE(first.type == 2);
+  REQUIRE(first.end() % 32768 == 0);  // a FIRST fragment fills its block
+  ExpectTornWriteRecovered(killed, first.end(), "error reading trailing data");
+}
+
+TEST_CASE("a WAL cut inside a middle fragment of its last batch after kill -9 opens without it") {
+  const KilledStore killed =
+      KillMidStream("wal-torn-middle", "commit_large_weights_forever", 30);
+  REQUIRE(killed.last_record.size() >= 3);
+  const WalRecord& second = killed.last_record[1];
+  ExpectTornWriteRecovered(killed, second.offset + 7 + second.length / 3,
+                           "truncated record body");
+}
+
+TEST_CASE("a whole last WAL record whose length field grew past the end is refused DATA_LOSS") {
+  const KilledStore killed = KillMidStream("wal-long-length", "commit_weights_forever", 100);
+  const WalRecord last = killed.last_record.back();
+  fs::resize_file(killed.wal, last.end());  // whatever the kill left unfinished after it
+  REQUIRE(last.end() % 32768 != 0);  // else RocksDB reports a "bad record length"
+  const uint64_t length = last.length + 100;
+  REQUIRE(length < 65536);
+  {
+    std::fstream file(killed.wal, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(last.offset + 4));
+    const char bytes[2] = {static_cast<char>(length & 0xff), static_cast<char>(length >> 8)};
+    file.write(bytes, 2);
+    REQUIRE(file.good());
+  }
+
+  DurableStoreOptions options;
+  options.data_dir = killed.dir;
+  const absl::Status refused = DurableStore::Open(options).status();
+  CHECK(refused.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(Message(refused), Contains(killed.wal));
+  CHECK_THAT(Message(refused), Contains("truncated record body"));
+  CHECK_THAT(Message(refused), Contains("length field damaged"));
+  CHECK_THAT(Message(refused), Contains("--accept_wal_loss"));
+  // Refusing changed nothing: the file is as it was and another process is refused too.
+  CHECK(fs::file_size(killed.wal) == last.end());
+  std::string output;
+  CHECK(testing::RunCommand({testing::Runfile("tests/storage/store_process"), "open", killed.dir},
+                            &output, absl::Seconds(30)) == 1);
+  CHECK_THAT(output, Contains("DATA_LOSS"));
+  // The operator's way past it still works, and loses the batch whose length was damaged.
+  const int exit_code = testing::RunCommand(
+      {testing::Runfile("tests/storage/store_process"), "open_accepting_wal_loss", killed.dir},
+      &output, absl::Seconds(30));
+  INFO(output);
+  REQUIRE(exit_code == 0);
+  CHECK_THAT(output, Contains("DROPPING"));
+  CHECK_THAT(output, Contains("OK version=" + std::to_string(killed.last_whole - 1)));
 }
 
 TEST_CASE("a corrupt SST found by a compaction turns into a background error and refuses writes") {

@@ -1,8 +1,9 @@
 // A second process for the DurableStore tests.
 //
 //   store_process open DATA_DIR
-//     Opens the store and reports: prints "OK" and exits 0, or prints the status code name and
-//     message and exits 1 (the cross-process lock test).
+//     Opens the store and reports: prints "OK version=V" (as below) and exits 0, or prints the
+//     status code name and message and exits 1 (the cross-process lock test). The store's log
+//     goes to stderr.
 //   store_process commit_forever DATA_DIR
 //     Commits batches i = 1, 2, ... until killed. Batch i puts the centers of stages 0 and 1 at
 //     version i (64 KiB of parameters each) and the weight of slot (0, 0) with
@@ -10,12 +11,15 @@
 //     (the crash test kills it with SIGKILL mid-stream).
 //   store_process commit_weights_forever DATA_DIR
 //     As commit_forever with batches of the weight record only (no tensor files).
+//   store_process commit_large_weights_forever DATA_DIR
+//     As commit_weights_forever with a step-log record of slot (0, 0) at step i in each batch,
+//     about 70 KiB: each batch's WAL record is split into at least three fragments (FIRST,
+//     MIDDLE..., LAST) across 32 KiB blocks.
 //   store_process open_accepting_wal_loss DATA_DIR
 //     As `open` with accept_wal_loss (the server's --accept_wal_loss); on success prints
 //     "OK version=V" with V the center_version_at_last_sync of slot (0, 0)'s weight record (0
 //     if none). The store's log goes to stderr.
 
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -36,12 +40,24 @@ rebound::CenterRecord Center(int32_t stage, int64_t version) {
   return record;
 }
 
-int CommitForever(rebound::storage::DurableStore& store, bool with_centers) {
+enum class Batches { kCentersAndWeight, kWeight, kLargeLogRecordAndWeight };
+
+int CommitForever(rebound::storage::DurableStore& store, Batches batches) {
   for (int64_t i = 1;; ++i) {
     rebound::storage::WriteBatch batch;
-    if (with_centers) {
+    if (batches == Batches::kCentersAndWeight) {
       batch.PutCenter(Center(0, i));
       batch.PutCenter(Center(1, i));
+    }
+    if (batches == Batches::kLargeLogRecordAndWeight) {
+      rebound::LogRecord record;
+      record.mutable_slot()->set_replica(0);
+      record.mutable_slot()->set_stage(0);
+      record.set_step(i);
+      record.set_micro_batch(0);
+      // 10000 ids of 6-byte varints plus a tag byte each: 70 KiB, over two blocks.
+      for (int64_t id = 0; id < 10000; ++id) record.add_sample_ids((int64_t{1} << 40) + id);
+      batch.PutLogRecord(record);
     }
     rebound::WeightRecord weight;
     weight.mutable_slot()->set_replica(0);
@@ -60,12 +76,12 @@ int CommitForever(rebound::storage::DurableStore& store, bool with_centers) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool accepting = argc == 3 && std::strcmp(argv[1], "open_accepting_wal_loss") == 0;
-  const bool weights_only = argc == 3 && std::strcmp(argv[1], "commit_weights_forever") == 0;
-  if (argc != 3 || (std::strcmp(argv[1], "open") != 0 &&
-                    std::strcmp(argv[1], "commit_forever") != 0 && !accepting && !weights_only)) {
-    std::cerr << "usage: store_process "
-                 "open|commit_forever|commit_weights_forever|open_accepting_wal_loss DATA_DIR\n";
+  const std::string mode = argc == 3 ? argv[1] : "";
+  const bool accepting = mode == "open_accepting_wal_loss";
+  if (mode != "open" && mode != "commit_forever" && mode != "commit_weights_forever" &&
+      mode != "commit_large_weights_forever" && !accepting) {
+    std::cerr << "usage: store_process open|commit_forever|commit_weights_forever|"
+                 "commit_large_weights_forever|open_accepting_wal_loss DATA_DIR\n";
     return 64;
   }
   rebound::storage::DurableStoreOptions options;
@@ -78,21 +94,19 @@ int main(int argc, char** argv) {
               << std::endl;
     return 1;
   }
-  if (std::strcmp(argv[1], "commit_forever") == 0) return CommitForever(**store, true);
-  if (weights_only) return CommitForever(**store, false);
-  if (accepting) {
-    absl::StatusOr<rebound::storage::LoadedState> state = (*store)->LoadAll();
-    if (!state.ok()) {
-      std::cout << state.status().ToString() << std::endl;
-      return 1;
-    }
-    const auto weight = state->weights.find({0, 0});
-    std::cout << "OK version="
-              << (weight == state->weights.end() ? 0
-                                                 : weight->second.center_version_at_last_sync())
-              << std::endl;
-    return 0;
+  if (mode == "commit_forever") return CommitForever(**store, Batches::kCentersAndWeight);
+  if (mode == "commit_weights_forever") return CommitForever(**store, Batches::kWeight);
+  if (mode == "commit_large_weights_forever") {
+    return CommitForever(**store, Batches::kLargeLogRecordAndWeight);
   }
-  std::cout << "OK" << std::endl;
+  absl::StatusOr<rebound::storage::LoadedState> state = (*store)->LoadAll();
+  if (!state.ok()) {
+    std::cout << state.status().ToString() << std::endl;
+    return 1;
+  }
+  const auto weight = state->weights.find({0, 0});
+  std::cout << "OK version="
+            << (weight == state->weights.end() ? 0 : weight->second.center_version_at_last_sync())
+            << std::endl;
   return 0;
 }

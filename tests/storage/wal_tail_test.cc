@@ -68,7 +68,9 @@ std::string DropLine(const std::string& file, size_t bytes, const std::string& r
   return absl::StrCat(file, ": dropping ", bytes, " bytes; Corruption: ", reason);
 }
 
-std::string LastBlock(const std::string& wal) { return wal.substr(wal.size() / kBlockSize * kBlockSize); }
+std::string LastBlock(const std::string& wal) {
+  return wal.substr(wal.size() / kBlockSize * kBlockSize);
+}
 
 TEST_CASE("Crc32c is CRC-32C (Castagnoli)") {
   CHECK(Crc32c("123456789") == 0xE3069283u);  // the standard check value
@@ -84,6 +86,14 @@ TEST_CASE("a drop line of RocksDB's info log parses into file, bytes and reason"
   CHECK(drop->file == "/data/000026.log");
   CHECK(drop->bytes == 208);
   CHECK(drop->reason == "checksum mismatch");
+  // As RocksDB's logging macros write it, with the source position first.
+  const std::optional<WalDrop> logged = ParseWalDrop(
+      "[db/db_impl/db_impl_open.cc:982] /data/000004.log: dropping 37 bytes; Corruption: "
+      "truncated record body");
+  REQUIRE(logged.has_value());
+  CHECK(logged->file == "/data/000004.log");
+  CHECK(logged->bytes == 37);
+  CHECK(logged->reason == "truncated record body");
   CHECK_FALSE(ParseWalDrop("Recovering log #26 mode 1").has_value());
   CHECK_FALSE(ParseWalDrop("/data/000026.log: dropping many bytes; Corruption: x").has_value());
 }
@@ -108,6 +118,7 @@ TEST_CASE("a last record cut short is a torn write") {
   CHECK(damage.torn_write);
   CHECK(damage.file == path);
   CHECK(damage.dropped_bytes == 47);
+  CHECK(damage.reasons == "truncated record body");
 }
 
 TEST_CASE("a complete last record whose length field grew past the end of the file is damage") {
@@ -173,6 +184,7 @@ TEST_CASE("a fragmented record whose last fragment was never written is a torn w
   INFO(damage.why_not);
   CHECK(damage.torn_write);
   CHECK(damage.dropped_bytes == static_cast<int64_t>(5 + first.size() - 7));
+  CHECK(damage.reasons == "truncated header; error reading trailing data");
 }
 
 TEST_CASE("a checksum mismatch is damage, even in the last record") {
