@@ -9,8 +9,49 @@ Exit codes of a process that ``rebound.torch.run`` ends, the same as ``rebound_w
 """
 
 import os as _os
+import subprocess as _subprocess
 
-__version__ = "0.12.0"
+# The project's one version (docs/upgrading.md): the file VERSION at the repository root, which
+# Bazel bakes into the binaries too. The package is used in place (python/install.sh's .pth, or a
+# Bazel test's runfiles), so the file is two directories up.
+_ROOT = _os.path.normpath(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", ".."))
+
+
+def _read_version():
+    path = _os.path.join(_ROOT, "VERSION")
+    try:
+        with open(path) as f:
+            version = f.read().strip()
+    except OSError as error:
+        raise ImportError("rebound: cannot read the project version from %s (%s); the package "
+                          "runs from a Rebound checkout (python/install.sh)" % (path, error))
+    if not version:
+        raise ImportError("rebound: %s is empty" % path)
+    return version
+
+
+__version__ = _read_version()
+
+
+def build_commit():
+    """The checkout's git commit as the stamped binaries say it (tools/workspace_status.sh runs
+    for both): 12 hex digits, with "-dirty" when tracked files changed; "unknown" outside a git
+    checkout."""
+    script = _os.path.join(_ROOT, "tools", "workspace_status.sh")
+    try:
+        out = _subprocess.run([script], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, _subprocess.SubprocessError):
+        return "unknown"
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "STABLE_REBOUND_COMMIT" and value:
+            return value
+    return "unknown"
+
+
+def version_line():
+    """"rebound <version> (commit <commit>)", as every binary's --version prints it."""
+    return "rebound %s (commit %s)" % (__version__, build_commit())
 
 # gRPC's backup poller every 50 ms instead of 5 s (common/grpc_polling.h): a fail-fast call on a
 # reconnecting channel otherwise leaves its handshake unread for up to 5 s. Set before grpc is

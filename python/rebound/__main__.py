@@ -1,4 +1,8 @@
 """python3 -m rebound export --server HOST:PORT -o FILE [--operator_token_file F] [--token_file F]
+python3 -m rebound --version
+
+--version prints "rebound <version> (commit <commit>)" as every binary's --version does
+(docs/upgrading.md).
 
 Writes the server's center (ExportCenter, an operator call; rebound.torch.export) to FILE: a
 PyTorch state_dict saved with torch.save when FILE ends in .pt (``torch.load(FILE)`` gives it
@@ -47,7 +51,8 @@ def _export(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m rebound")
-    parser.add_argument("--version", action="version", version="rebound %s" % rebound.__version__)
+    parser.add_argument("--version", action="store_true",
+                        help="print the version and the git commit, as the binaries' --version")
     commands = parser.add_subparsers(dest="command")
     export = commands.add_parser("export", help="the server's center to a .pt or safetensors file")
     export.add_argument("--server", default="127.0.0.1:7070")
@@ -59,6 +64,9 @@ def main(argv=None):
         args = parser.parse_args(argv)
     except SystemExit as usage:
         return 64 if usage.code else 0
+    if args.version:
+        print(rebound.version_line())
+        return 0
     if args.command != "export":
         parser.print_usage(sys.stderr)
         return 64
