@@ -429,6 +429,24 @@ void CheckJob(const JobConfig& job, Checker& c) {
            "> 1 with a model declared by its workers needs fault_tolerance.policy REPLAY or "
            "RESTART_FROM_CENTER (GLOBAL_CHECKPOINT shards a model spec with layers only)");
   }
+
+  // Exports while training (docs/operations.md#exports-while-training).
+  if (job.has_export_()) {
+    const ExportConfig& exports = job.export_();
+    c.AtLeast("export.every_steps", exports.every_steps(), int64_t{0});
+    c.AtLeast("export.every_seconds", exports.every_seconds(), int64_t{0});
+    if (exports.every_steps() == 0 && exports.every_seconds() == 0) {
+      c.Fail("export", "needs every_steps or every_seconds (or both) > 0");
+    }
+    c.AtLeast("export.keep_last", exports.keep_last(), 0);
+    if (exports.format() != SAFETENSORS) {
+      c.Fail("export.format", "must be SAFETENSORS (a .pt file: python3 -m rebound export)");
+    }
+    if (sharding.groups() > 1) {
+      c.Fail("export", absl::StrCat("is not supported yet for a sharded center (sharding.groups ",
+                                    sharding.groups(), "): no server holds the whole center"));
+    }
+  }
 }
 
 // A server of a sharded job: its group and every group's address (docs/sharding.md).
@@ -820,6 +838,10 @@ absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text,
     if (!job.ok()) return job.status();
     *config.mutable_job() = *std::move(job);
     config.clear_job_file();
+  }
+  if (config.job().has_export_() && !config.job().export_().dir().empty()) {
+    config.mutable_job()->mutable_export_()->set_dir(
+        Resolve(base_dir, config.job().export_().dir()));
   }
   Checker shard_checker(&locator, "");
   CheckShard(config, shard_checker);

@@ -9,7 +9,9 @@
 
 namespace rebound {
 
-absl::StatusOr<std::string> ExportToSafetensors(const ExportCenterResponse& exported) {
+absl::StatusOr<std::string> ExportToSafetensors(
+    const ExportCenterResponse& exported,
+    const std::map<std::string, std::string>& extra_metadata) {
   if (exported.stages_size() == 0) {
     return absl::InvalidArgumentError("an export without stages: nothing to write");
   }
@@ -19,12 +21,13 @@ absl::StatusOr<std::string> ExportToSafetensors(const ExportCenterResponse& expo
     versions.push_back(stage.center_version());
     for (const Tensor& tensor : stage.center().tensors()) tensors.push_back(&tensor);
   }
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"rebound.job_id", exported.job_id()},
       {"rebound.server_version", exported.server_version()},
       {"rebound.center_versions", absl::StrJoin(versions, ",")},
   };
+  for (const auto& [key, value] : extra_metadata) metadata.emplace(key, value);
   return EncodeSafetensors(tensors, metadata);
 }
 

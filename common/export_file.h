@@ -11,6 +11,7 @@
 // Status codes: INVALID_ARGUMENT for a response without stages or with a tensor safetensors
 // cannot hold (common/safetensors.h), naming it.
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -18,6 +19,9 @@
 
 namespace rebound {
 
-absl::StatusOr<std::string> ExportToSafetensors(const ExportCenterResponse& exported);
+// `extra_metadata` joins the metadata above (e.g. "rebound.job_step" of a periodic export).
+absl::StatusOr<std::string> ExportToSafetensors(
+    const ExportCenterResponse& exported,
+    const std::map<std::string, std::string>& extra_metadata = {});
 
 }  // namespace rebound

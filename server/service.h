@@ -94,6 +94,10 @@ class ParameterServerService final : public ParameterServer::Service {
   // the same bytes and threads to gRPC's resource quota.
   const AdmissionBounds& admission() const { return admission_; }
 
+  // The newest step whose sync or push the center applied, over every slot (0 before any): the
+  // job's step of the periodic exports (server/periodic_export.h).
+  int64_t NewestAppliedStep() const { return books_.NewestUpdateStep(); }
+
   // Where this server serves /metrics (shown in GetStatus); empty when it does not.
   void SetMetricsAddress(const std::string& address) {
     absl::MutexLock lock(&metrics_mu_);

@@ -61,6 +61,13 @@ int64_t SlotBooks::StepLogFloor(const SlotId& slot) const {
   return end - first > 1 ? book.log_floor : book.last_update_step;
 }
 
+int64_t SlotBooks::NewestUpdateStep() const {
+  absl::MutexLock lock(&mu_);
+  int64_t newest = 0;
+  for (const auto& [key, book] : books_) newest = std::max(newest, book.last_update_step);
+  return newest;
+}
+
 int64_t SlotBooks::GroupFloor(const SlotId& slot, int64_t own_step) const {
   absl::MutexLock lock(&mu_);
   int64_t floor = own_step >= 0 ? own_step : GetLocked(KeyOf(slot)).last_update_step;

@@ -73,6 +73,9 @@ class SlotBooks {
   // otherwise its last applied step. 0 for a slot with no book.
   int64_t StepLogFloor(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The newest last applied step over every slot (0 when none has a book).
+  int64_t NewestUpdateStep() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Pipelines (DESIGN §5.2): the oldest last-sync step over the recovery group of `slot`, with
   // the slot's own taken as `own_step` (< 0: its book's). A group rebuild replays from there, so
   // the group's logs are kept back to it. The slot's own step when it is alone in its group.

@@ -487,6 +487,31 @@ TEST_CASE("a replicated group's block: every field checked, with the fields it n
         "per group");
 }
 
+TEST_CASE("export: a schedule is needed, bounds are checked, a sharded center is refused; the "
+          "directory is relative to the server config") {
+  auto job = ParseJobConfig(std::string(kBase) + "export { every_steps: 500 }\n", "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->export_().keep_last() == 3);
+  CHECK(job->export_().format() == SAFETENSORS);
+  CHECK(job->export_().dir().empty());
+  CHECK(JobError(std::string(kBase) + "export {\n  keep_last: 2\n}\n") ==
+        "job.pbtxt:5: export needs every_steps or every_seconds (or both) > 0");
+  CHECK(JobError(std::string(kBase) + "export {\n  every_seconds: -1\n  every_steps: 10\n}\n") ==
+        "job.pbtxt:6: export.every_seconds must be >= 0, got -1");
+  CHECK(JobError(std::string(kBase) + "export {\n  every_steps: 10\n  keep_last: -1\n}\n") ==
+        "job.pbtxt:7: export.keep_last must be >= 0, got -1");
+  CHECK(JobError(std::string(kBase) + "sharding { groups: 2 }\nexport {\n  every_steps: 10\n}\n") ==
+        "job.pbtxt:6: export is not supported yet for a sharded center (sharding.groups 2): no "
+        "server holds the whole center");
+  auto server = ParseServerConfig(
+      "job {\n  model { layers { width: 10 activation: IDENTITY } }\n  export { every_steps: 5 "
+      "dir: \"out/exports\" }\n}\n",
+      "server.pbtxt", "/etc/rebound");
+  INFO(server.status());
+  REQUIRE(server.ok());
+  CHECK(server->job().export_().dir() == "/etc/rebound/out/exports");
+}
+
 TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked together") {
   const std::string job =
       "job {\n  model { layers { width: 10 activation: IDENTITY } }\n  sharding { groups: 2 }\n}\n";

@@ -35,8 +35,11 @@ TEST_CASE("a slot without a book reads as zero; Set, Restore and Clear") {
   SlotBooks books(Job(false));
   CHECK(books.Get(Slot(1, 1)).last_update_step == 0);
   CHECK(books.Get(Slot(1, 1)).applied_sequence == 0);
-  books.Set(Slot(1, 1), Book(8, 4), 1.5);
+  CHECK(books.NewestUpdateStep() == 0);
   books.Set(Slot(0, 1), Book(2, 1), 0.5);
+  CHECK(books.NewestUpdateStep() == 2);
+  books.Set(Slot(1, 1), Book(8, 4), 1.5);
+  CHECK(books.NewestUpdateStep() == 8);
   CHECK(books.Get(Slot(1, 1)).last_update_step == 8);
   CHECK(books.Get(Slot(1, 1)).update_count == 4);
   CHECK(books.MaxDivergenceRatio(1) == 1.5);
@@ -49,7 +52,9 @@ TEST_CASE("a slot without a book reads as zero; Set, Restore and Clear") {
   record.set_applied_sequence(3);
   books.Clear();
   CHECK(books.Get(Slot(1, 1)).last_update_step == 0);
+  CHECK(books.NewestUpdateStep() == 0);
   books.Restore({record});
+  CHECK(books.NewestUpdateStep() == 16);
   CHECK(books.Get(Slot(1, 1)).last_update_step == 16);
   CHECK(books.Get(Slot(1, 1)).update_count == 9);
   CHECK(books.Get(Slot(1, 1)).applied_sequence == 3);
