@@ -35,6 +35,7 @@
 #include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "server/center_export.h"
 #include "server/center_table.h"
 #include "server/group/peer_service.h"
 #include "server/group/peer_keepalive.h"
@@ -44,6 +45,7 @@
 #include "server/failure_detector.h"
 #include "server/membership.h"
 #include "server/parse_status.h"
+#include "server/periodic_export.h"
 #include "server/reliability.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
@@ -374,6 +376,13 @@ int Run() {
     config.set_listen_address(FLAGS_listen);
   }
   if (!FLAGS_data_dir.empty()) config.mutable_durability()->set_data_dir(FLAGS_data_dir);
+  if (config.job().has_export_() && config.job().export_().dir().empty() &&
+      config.durability().data_dir().empty()) {
+    LOG(ERROR) << "invalid config: " << FLAGS_config
+               << ": job.export.dir must be set for a server without a data directory "
+                  "(durability.data_dir or --data_dir; exports go to <data_dir>/exports)";
+    return 2;
+  }
 
   RealClock clock;
   const JobConfig& job = config.job();
@@ -670,6 +679,26 @@ int Run() {
   absl::Notification stop;
   std::thread detector_thread([&] { detector.Run(&stop); });
 
+  // Exports while training (job config `export`, server/periodic_export.h): the leader's.
+  std::unique_ptr<PeriodicExporter> exporter;
+  std::thread export_thread;
+  if (job.has_export_()) {
+    const std::string export_dir = !job.export_().dir().empty()
+                                       ? job.export_().dir()
+                                       : absl::StrCat(store_options.data_dir, "/exports");
+    ExportSource source;
+    source.read = [&job, &centers] { return ReadCenterExport(job, **centers, VersionLine()); };
+    source.job_step = [&service] { return service.NewestAppliedStep(); };
+    exporter = std::make_unique<PeriodicExporter>(job.export_(), export_dir, &clock, source);
+    if (absl::Status ready = exporter->Init(); !ready.ok()) {
+      LOG(ERROR) << ready << "; training goes on without exports";
+      exporter.reset();
+    } else {
+      LOG(INFO) << "exporting the center to " << export_dir;
+      export_thread = std::thread([&] { exporter->Run(&stop); });
+    }
+  }
+
   // A group's leader watches its leadership. A lease renewal late by TTL/2 holds every
   // acknowledgement (ReplicationLeader::WaitReplicated) until it comes; a lease lost (not
   // renewed within TTL) makes the leader come back as a standby.
@@ -710,6 +739,14 @@ int Run() {
   stop.Notify();
   detector_thread.join();
   if (fence_thread.joinable()) fence_thread.join();
+  if (export_thread.joinable()) export_thread.join();
+  // An orderly stop writes the final center (a fenced or unhealthy leader is no longer the one
+  // whose center counts).
+  if (exporter != nullptr && !run_again) {
+    if (auto written = exporter->ExportIfMoved(); !written.ok()) {
+      LOG(WARNING) << "the final export failed: " << written.status();
+    }
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   if (replicated) {

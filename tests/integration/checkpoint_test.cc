@@ -8,12 +8,17 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checksum.h"
+#include "common/safetensors.h"
 #include "common/file.h"
 #include "proto/rebound.grpc.pb.h"
 #include "proto/storage.pb.h"
@@ -150,6 +155,79 @@ TEST_CASE("under GLOBAL_CHECKPOINT a killed trainer rolls every slot back to the
   const TensorBundle clean = RunJob(false);
   const TensorBundle rolled_back = RunJob(true);
   CHECK(SameBytes(rolled_back, clean));
+}
+
+// Exports while training (job config `export`, docs/operations.md#exports-while-training): the
+// server writes the center every 100 steps, keeps the newest two, and writes the final center
+// when it stops; each file is the center the server holds, bit for bit, with its checksum.
+TEST_CASE("the server exports the center while the job trains and once more when it stops") {
+  LocalClusterOptions options{"exports"};
+  options.durable = true;
+  LocalCluster cluster(
+      "  job_id: \"ex\"\n"
+      "  model { layers { width: 32 } layers { width: 10 activation: IDENTITY } }\n"
+      "  topology { replicas: 2 }\n"
+      "  data { batch_size: 32 micro_batches: 2 train_limit: 1000 test_limit: 100 }\n"
+      "  easgd { sync_period: 25 }\n"
+      "  training { max_steps: 400 }\n"
+      "  export { every_steps: 100 keep_last: 2 }\n",
+      options);
+  cluster.StartWorker("a", TRAINER);
+  cluster.StartWorker("b", TRAINER);
+  const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
+  REQUIRE(done.centers_size() == 1);
+  const int64_t final_version = done.centers(0).version();
+  ExportCenterResponse expected;
+  REQUIRE(cluster.Call(&ParameterServer::Stub::ExportCenter, ExportCenterRequest(), &expected)
+              .ok());
+  REQUIRE(expected.stages_size() == 1);
+  REQUIRE(expected.stages(0).center_version() == final_version);
+  CHECK(cluster.ExitCode("a") == 0);
+  CHECK(cluster.ExitCode("b") == 0);
+  cluster.StopServer();
+
+  const std::filesystem::path dir = std::filesystem::path(cluster.data_dir()) / "exports";
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "model-v") && absl::EndsWith(name, ".safetensors")) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  INFO(cluster.Logs());
+  // Periodic exports (the schedule is checked every 100 ms: a fast job may cross several
+  // multiples between two checks, and export once for them) and the final one, unless the last
+  // periodic one already held the final center: the newest two are kept.
+  REQUIRE(names.size() == 2);
+  const std::string final_name = absl::StrFormat("model-v%010d.safetensors", final_version);
+  CHECK(names[1] == final_name);
+  CHECK(std::filesystem::read_symlink(dir / "latest.safetensors") == final_name);
+  absl::StatusOr<std::string> bytes = ReadFile((dir / final_name).string(), kNoFileSizeLimit);
+  REQUIRE(bytes.ok());
+  absl::StatusOr<DecodedSafetensors> decoded = DecodeSafetensors(*bytes);
+  REQUIRE(decoded.ok());
+  const TensorBundle& center = expected.stages(0).center();
+  REQUIRE(decoded->tensors.size() == static_cast<size_t>(center.tensors_size()));
+  for (int i = 0; i < center.tensors_size(); ++i) {
+    CHECK(decoded->tensors[i].name() == center.tensors(i).name());
+    CHECK(decoded->tensors[i].data() == center.tensors(i).data());  // bit for bit
+  }
+  CHECK(decoded->metadata.at("rebound.center_versions") == absl::StrCat(final_version));
+  CHECK(decoded->metadata.at("rebound.job_step") == "400");
+  absl::StatusOr<std::string> sum = ReadFile((dir / final_name).string() + ".xxh64", 1024);
+  REQUIRE(sum.ok());
+  CHECK(*sum == absl::StrFormat("%016x  %s\n", Checksum(bytes->data(), bytes->size()),
+                                final_name));
+  // The older one kept is a periodic export of an earlier center.
+  absl::StatusOr<std::string> older = ReadFile((dir / names[0]).string(), kNoFileSizeLimit);
+  REQUIRE(older.ok());
+  absl::StatusOr<DecodedSafetensors> older_decoded = DecodeSafetensors(*older);
+  REQUIRE(older_decoded.ok());
+  const int64_t older_step = std::stoll(older_decoded->metadata.at("rebound.job_step"));
+  CHECK(older_step >= 100);
+  CHECK(older_step <= 400);
+  CHECK(std::stoll(older_decoded->metadata.at("rebound.center_versions")) < final_version);
 }
 
 }  // namespace
