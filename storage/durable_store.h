@@ -62,9 +62,11 @@
 //                        message carries RocksDB's.
 //   INTERNAL             anything else RocksDB reports.
 //
-// A damaged write-ahead log (a flipped byte, a torn tail) fails Open with DATA_LOSS naming the
-// WAL file: RocksDB runs in absolute-consistency recovery, never dropping a write silently;
-// DurableStoreOptions::accept_wal_loss is the operator's way past it (docs/storage.md).
+// A damaged write-ahead log (a flipped byte, a damaged record length) fails Open with DATA_LOSS
+// naming the WAL file: RocksDB runs in absolute-consistency recovery, never dropping a write
+// silently; DurableStoreOptions::accept_wal_loss is the operator's way past it. The one damage
+// Open recovers past by itself, logging a WARNING, is a write torn by a crash at the end of the
+// newest WAL file, which was never acknowledged (storage/wal_tail.h, docs/storage.md).
 //
 // Durability: Commit returns OK only after RocksDB has applied the batch and written it to its
 // write-ahead log; with `fsync` the WAL and the batch's tensor files are also synced (fdatasync)
@@ -130,8 +132,9 @@ struct DurableStoreOptions {
   std::string data_dir;
   // true: every Commit syncs RocksDB's write-ahead log before returning (power-loss safe).
   bool fsync = false;
-  // Damage in RocksDB's write-ahead log fails Open with DATA_LOSS naming the WAL file, since
-  // acknowledged writes may be in the damaged part (docs/storage.md). true (the server's
+  // Damage in RocksDB's write-ahead log (other than a write torn by a crash) fails Open with
+  // DATA_LOSS naming the WAL file, since acknowledged writes may be in the damaged part
+  // (docs/storage.md). true (the server's
   // --accept_wal_loss, for an operator who accepts the loss): Open keeps a copy of the WAL files
   // in <data_dir>/wal-damaged-<unix time>/, recovers to the last intact write, logs (ERROR) what
   // it dropped, and succeeds. No effect on an intact log.

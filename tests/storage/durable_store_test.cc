@@ -992,7 +992,7 @@ std::vector<std::vector<WalRecord>> WholeWalRecords(const std::string& path) {
     record.offset = at;
     record.length = static_cast<uint8_t>(wal[at + 4]) | static_cast<uint8_t>(wal[at + 5]) << 8;
     record.type = static_cast<uint8_t>(wal[at + 6]);
-    REQUIRE((record.type >= 1 && record.type <= 4));
+    if (record.type < 1 || record.type > 4) FAIL("record type " << record.type << " at " << at);
     if (record.end() > wal.size()) break;  // cut short by the kill
     open.push_back(record);
     if (record.type == 1 || record.type == 4) {  // FULL or LAST
