@@ -380,6 +380,7 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("fault_tolerance.neighbour_timeout_ms", ft.neighbour_timeout_ms(), 100);
   c.AtLeast("fault_tolerance.reconnect_grace_ms", ft.reconnect_grace_ms(), 0);
   c.AtLeast("fault_tolerance.recovery_timeout_ms", ft.recovery_timeout_ms(), 1000);
+  c.InRange("fault_tolerance.max_replay_attempts", ft.max_replay_attempts(), 1, 100);
 
   const StepLogConfig& log = job.step_log();
   int previous = 0;

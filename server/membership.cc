@@ -255,6 +255,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
       slot.owner = 0;
       slot.lost_at = clock_->Now();
       slot.detection_ms = state == FAILED ? worker.silent_ms_at_failure : 0;
+      slot.failed_replays = 0;  // a new loss
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
       if (EffectiveRecoveryPolicy(job_) == REPLAY) {
@@ -349,6 +350,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   slot.step = trainer.step;
   slot.detail = detail;
   slot.task_id = 0;
+  slot.failed_replays = 0;
   workers_.emplace(trainer.incarnation, trainer);
   Worker& replaced = spare;  // fenced below; the reference stays valid (std::map)
   replaced.state = REPLACED;
@@ -384,7 +386,26 @@ void Membership::ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const st
   const uint64_t task_id = slot.task_id;
   slot.state = LOST;
   slot.task_id = 0;
-  slot.detail = absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
+  ++slot.failed_replays;
+  // A bounded retry, then the fallback: a replay that fails the same way every time (a spare
+  // that cannot rebuild this slot's optimizer, a step log that cannot be read) must not leave
+  // the slot LOST while a spare could restart it from the center. A pipeline stage cannot be
+  // restarted apart from its neighbours: it waits for a replay that succeeds.
+  const int attempts = job_.fault_tolerance().max_replay_attempts();
+  if (!slot.fallback_restart && EffectiveRecoveryPolicy(job_) == REPLAY &&
+      job_.topology().stages() == 1 && slot.failed_replays >= attempts) {
+    slot.fallback_restart = true;
+    LOG(ERROR) << "slot " << SlotName(slot.id) << ": " << slot.failed_replays
+               << " replays failed (fault_tolerance.max_replay_attempts = " << attempts
+               << "); falling back to RESTART_FROM_CENTER for this slot";
+  }
+  slot.detail =
+      slot.fallback_restart
+          ? absl::StrCat("waiting for a spare to restart it from the center (FALLBACK after ",
+                         slot.failed_replays, slot.failed_replays == 1 ? " failed replay" :
+                                                                          " failed replays",
+                         "); the last attempt: ", why)
+          : absl::StrCat("waiting for a spare to replay it; the last attempt: ", why);
   if (observer_ != nullptr) observer_->OnRecoveryEnded(task_id);
   NotifyClaimableLocked();
 }
@@ -587,6 +608,7 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
     slot.step = step;
     slot.synced_step = step;
     slot.fallback_restart = false;
+    slot.failed_replays = 0;
     slot.detail = absl::StrCat(reason, "; waiting for a spare to restore it");
   }
   absl::Status persisted = PersistLocked();

@@ -295,7 +295,10 @@ class Membership {
     // RECOVERING: the replay task (and recovery record) it recovers under; the task itself is
     // the RecoveryCoordinator's.
     uint64_t task_id = 0;
-    bool fallback_restart = false;  // a replay of this slot failed its checksum
+    // The next spare restarts it from the center (RESTART_FROM_CENTER): a replay of it failed
+    // its checksum, or max_replay_attempts replays of this loss failed.
+    bool fallback_restart = false;
+    int failed_replays = 0;  // of this loss: since the slot last became LOST from ACTIVE
     // LOST in a pipeline: no replay task starts before its live neighbours have flushed their
     // step logs (their buffers hold the boundary tensors it received), or before this time.
     absl::Time flush_deadline = absl::InfinitePast();

@@ -222,6 +222,91 @@ TEST_CASE("REPLAY: a task that ends otherwise leaves the slot LOST; a mismatch f
   CHECK(u.tracker.FaultScore("a", u.clock.Now()) == Approx(1.0));
 }
 
+TEST_CASE("REPLAY: after max_replay_attempts failed replays a slot falls back to the center") {
+  // A spare that gives up the same way every time (e.g. it cannot rebuild the optimizer) must
+  // not leave the slot LOST while it could restart the slot from the center.
+  Units u("REPLAY");
+  REQUIRE(u.job.fault_tolerance().max_replay_attempts() == 2);  // the default
+  const LostSlot lost = ClaimLostSlot(u);
+  const RegisterResponse& spare = lost.spare;
+  auto give_up = [&](uint64_t task_id) {
+    ReportRecoveryRequest report;
+    report.set_incarnation(spare.incarnation());
+    report.set_task_id(task_id);
+    report.set_outcome(ABANDONED);
+    report.set_detail("the optimizer Foo has no snapshot state");
+    auto finished = u.coordinator->Finish(report);
+    REQUIRE(finished.ok());
+    CHECK_FALSE(finished->has_value());
+  };
+  give_up(lost.task.task_id());
+  // One failure: another replay.
+  CHECK(StateOf(*u.membership, 0) == LOST);
+  HeartbeatRequest beat;
+  beat.set_incarnation(spare.incarnation());
+  auto reply = u.membership->Heartbeat(beat);
+  REQUIRE(reply.ok());
+  CHECK_FALSE(reply->has_takeover());
+  auto second = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(second.ok());
+  REQUIRE(second->has_value());
+  give_up((*second)->task_id());
+  // Two: the fallback. No replay task; the spare's heartbeat restarts it from the center.
+  GetStatusResponse status;
+  u.membership->FillStatus(&status);
+  CHECK(status.slots(0).state() == LOST);
+  CHECK_THAT(status.slots(0).detail(),
+             Catch::Matchers::Contains("restart it from the center (FALLBACK after 2 failed "
+                                       "replays); the last attempt: the optimizer Foo"));
+  auto none = u.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(none.ok());
+  CHECK_FALSE(none->has_value());
+  reply = u.membership->Heartbeat(beat);
+  REQUIRE(reply.ok());
+  REQUIRE(reply->has_takeover());
+  CHECK(reply->takeover().slot().replica() == 0);
+  CHECK(StateOf(*u.membership, 0) == ACTIVE);
+  const std::vector<RecoveryStatus> recoveries = u.membership->Recoveries();
+  REQUIRE(recoveries.size() == 3);
+  CHECK(recoveries[2].policy() == RESTART_FROM_CENTER);
+  CHECK(absl::StrContains(recoveries[2].detail(), "FALLBACK"));
+
+  // The count is per loss: the new trainer leaves, and one failed replay of this loss does not
+  // fall back yet.
+  REQUIRE(u.membership->Deregister(reply->takeover().incarnation()).ok());
+  const RegisterResponse s2 = u.Register("s2", SPARE);
+  auto third = u.coordinator->NextTask(s2.incarnation(), absl::ZeroDuration());
+  REQUIRE(third.ok());
+  REQUIRE(third->has_value());
+  ReportRecoveryRequest report;
+  report.set_incarnation(s2.incarnation());
+  report.set_task_id((*third)->task_id());
+  report.set_outcome(ABANDONED);
+  report.set_detail("gave up");
+  REQUIRE(u.coordinator->Finish(report).ok());
+  auto fourth = u.coordinator->NextTask(s2.incarnation(), absl::ZeroDuration());
+  REQUIRE(fourth.ok());
+  CHECK(fourth->has_value());
+}
+
+TEST_CASE("REPLAY: max_replay_attempts 1 falls back after the first failed replay") {
+  JobConfig job = Job("REPLAY", 1);
+  job.mutable_fault_tolerance()->set_max_replay_attempts(1);
+  Units u(job);
+  const LostSlot lost = ClaimLostSlot(u);
+  ReportRecoveryRequest report;
+  report.set_incarnation(lost.spare.incarnation());
+  report.set_task_id(lost.task.task_id());
+  report.set_outcome(ABANDONED);
+  report.set_detail("gave up");
+  REQUIRE(u.coordinator->Finish(report).ok());
+  HeartbeatRequest beat;
+  beat.set_incarnation(lost.spare.incarnation());
+  auto reply = u.membership->Heartbeat(beat);
+  REQUIRE(reply.ok());
+  CHECK(reply->has_takeover());
+}
+
 TEST_CASE("REPLAY: a pipeline stage whose replay mismatches waits for another replay") {
   Units u("REPLAY", /*stages=*/2);
   u.Register("a", TRAINER);
@@ -1010,11 +1095,16 @@ TEST_CASE("concurrent claims, reports and fences leave no task and no RECOVERING
     CHECK_FALSE(worker.waiting_for_task());
     last_spare = worker.incarnation();
   }
-  // No spare is left leading a task: each may claim again.
+  // No spare is left leading a task: each may claim again, unless every slot fell back to the
+  // center after max_replay_attempts failed replays (then a heartbeat restarts it).
+  bool replayable = false;
+  for (const SlotStatus& slot : status.slots()) {
+    replayable = replayable || !absl::StrContains(slot.detail(), "FALLBACK");
+  }
   REQUIRE(last_spare != 0);
   auto again = u.coordinator->ClaimReplay(last_spare, absl::ZeroDuration());
   REQUIRE(again.ok());
-  CHECK(again->has_value());
+  CHECK(again->has_value() == replayable);
 }
 
 }  // namespace claims
