@@ -215,6 +215,14 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               RegisterResponse* response) {
   if (absl::Status ready = CheckCall(context); !ready.ok()) return ToGrpcStatus(ready);
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (absl::Status compatible =
+          CheckPeerVersion("this server", request->version(),
+                           absl::StrCat("the worker '", request->worker_name(), "'"));
+      !compatible.ok()) {
+    LOG(WARNING) << "rejected registration of '" << request->worker_name() << "' from "
+                 << context->peer() << ": " << compatible;
+    return ToGrpcStatus(compatible);
+  }
   if (absl::Status coordinator = CheckCoordinator(); !coordinator.ok()) {
     return ToGrpcStatus(coordinator);
   }
@@ -230,6 +238,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
     return ToGrpcStatus(registered.status());
   }
   *response = *std::move(registered);
+  response->set_server_version(ProjectVersion());
   if (job_.sharding().groups() > 1) {
     *response->mutable_range_addresses() = config_.shard().group_addresses();
   }

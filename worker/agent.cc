@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/retry.h"
 #include "common/slot.h"
+#include "common/version.h"
 #include "worker/retry.h"
 
 namespace rebound::worker {
@@ -199,11 +200,21 @@ bool WorkerAgent::RegisterWithRetry() {
     if (!metrics_address_.empty()) request.set_metrics_address(metrics_address_);
     request.set_backend(config_.compute().backend());
     request.set_previous_incarnation(previous);
+    request.set_version(ProjectVersion());
     RegisterResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, config_.rpc_deadline_ms());
     const grpc::Status status = stub_->Register(&context, request, &response);
     if (status.ok()) {
+      // The server applies the rule too; this catches a server from before it did (0.12).
+      if (absl::Status compatible = CheckPeerVersion(
+              absl::StrCat("this worker '", name_, "'"), response.server_version(), "the server");
+          !compatible.ok()) {
+        absl::MutexLock lock(&mu_);
+        exit_ = AgentExit::kRejected;
+        exit_reason_ = absl::StrCat("registration refused: ", compatible.message());
+        return false;
+      }
       // Before the registration is published: every call that names it must carry it.
       if (credential_ != nullptr) credential_->Set(response.credential());
       std::shared_ptr<const RangeClient> ranges;

@@ -9,6 +9,7 @@ Exit codes of a process that ``rebound.torch.run`` ends, the same as ``rebound_w
 """
 
 import os as _os
+import re as _re
 import subprocess as _subprocess
 
 # The project's one version (docs/upgrading.md): the file VERSION at the repository root, which
@@ -52,6 +53,41 @@ def build_commit():
 def version_line():
     """"rebound <version> (commit <commit>)", as every binary's --version prints it."""
     return "rebound %s (commit %s)" % (__version__, build_commit())
+
+
+# The compatibility rule of common/version.h (docs/upgrading.md#compatibility); both are checked
+# against tests/common/testdata/version_compatibility.txt.
+VERSION_BEFORE_EXCHANGE = "0.12.0"  # what a peer that sends no version is taken to be
+_VERSION = _re.compile(r"^([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})(?:-([0-9A-Za-z.-]+))?\Z")
+
+
+def parse_version(text):
+    """(major, minor, patch) of "MAJOR.MINOR.PATCH[-label]"; ValueError otherwise."""
+    match = _VERSION.match(text)
+    if not match:
+        raise ValueError('version "%s" is not MAJOR.MINOR.PATCH[-label] (e.g. "0.13.0")' % text)
+    return tuple(int(match.group(i)) for i in (1, 2, 3))
+
+
+def compatible(a, b):
+    """Same major, minors at most one apart; a version "" is VERSION_BEFORE_EXCHANGE."""
+    a = parse_version(a or VERSION_BEFORE_EXCHANGE)
+    b = parse_version(b or VERSION_BEFORE_EXCHANGE)
+    return a[0] == b[0] and abs(a[1] - b[1]) <= 1
+
+
+def incompatible_server(server_version):
+    """None when this package works with a server of `server_version` (RegisterResponse's; ""
+    from a server before 0.13), else why not."""
+    try:
+        if compatible(__version__, server_version):
+            return None
+    except ValueError as error:
+        return "the server sent a malformed version: %s" % error
+    return ("incompatible versions: this worker is rebound %s, the server is rebound %s; "
+            "versions work together when they have the same major version and their minor "
+            "versions differ by at most 1 (docs/upgrading.md)"
+            % (__version__, server_version or VERSION_BEFORE_EXCHANGE + " or older"))
 
 # gRPC's backup poller every 50 ms instead of 5 s (common/grpc_polling.h): a fail-fast call on a
 # reconnecting channel otherwise leaves its handshake unread for up to 5 s. Set before grpc is

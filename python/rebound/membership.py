@@ -48,11 +48,15 @@ class Session:
     def register(self):
         request = rebound_pb2.RegisterRequest(
             job_id=self.job_id, worker_name=self.name, requested_role=self.requested_role,
-            backend=config_pb2.CPU, model=self._model_bundle)
+            backend=config_pb2.CPU, model=self._model_bundle, version=rebound.__version__)
         try:
             response = self.conn.call("Register", request, stop=self.stop)
         except rclient.CallError as error:
             raise _Exit(rebound.EXIT_REJECTED, "registration refused: %s" % error) from None
+        # The server applies the same rule; this catches a server from before it did (0.12).
+        refused = rebound.incompatible_server(response.server_version)
+        if refused:
+            raise _Exit(rebound.EXIT_REJECTED, "registration refused: %s" % refused)
         self.conn.set_credential(response.credential)
         with self.lock:
             self.registration = response

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/version.h"
 #include "glog/logging.h"
 #include "server/checkpoint_transfer.h"
 
@@ -167,6 +168,13 @@ grpc::Status ReplicationLeader::Replicate(
   if (hello.name() == options_.name) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("Replicate: '", hello.name(), "' is this leader's own name"));
+  }
+  if (absl::Status compatible =
+          CheckPeerVersion(absl::StrCat("this leader '", options_.name, "'"), hello.version(),
+                           absl::StrCat("the standby '", hello.name(), "'"));
+      !compatible.ok()) {
+    LOG(WARNING) << "Replicate: " << compatible;
+    return ToGrpcStatus(compatible);
   }
   if (hello.leader_epoch() != options_.epoch) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -396,6 +404,12 @@ void ReplicationLeader::Drop(const std::string& name, Standby& standby, const st
 grpc::Status ReplicationLeader::FetchCheckpoint(grpc::ServerContext* context,
                                                 const FetchCheckpointRequest& request,
                                                 grpc::ServerWriter<CheckpointChunk>* writer) {
+  if (absl::Status compatible =
+          CheckPeerVersion(absl::StrCat("this leader '", options_.name, "'"), request.version(),
+                           absl::StrCat("the standby '", request.name(), "'"));
+      !compatible.ok()) {
+    return ToGrpcStatus(compatible);
+  }
   if (request.leader_epoch() != options_.epoch) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("FetchCheckpoint: this leader is of epoch ", options_.epoch,

@@ -38,10 +38,11 @@
 // Status codes. WaitReplicated: OK; UNAVAILABLE ("not the leader any more: ...", or the leader
 // is stopping); DEADLINE_EXCEEDED after max_wait (a standby neither acknowledging nor dropped,
 // e.g. etcd refusing the record of the smaller set). Replicate: INVALID_ARGUMENT for a first
-// message without a name; FAILED_PRECONDITION for another leader epoch or "needs a
-// checkpoint"; UNAVAILABLE when the leader stops or another stream of the same standby replaced
-// this one. FetchCheckpoint: the store's Checkpoint errors; FAILED_PRECONDITION for another
-// leader epoch.
+// message without a name; FAILED_PRECONDITION for another leader epoch, "needs a checkpoint",
+// or a standby whose version is not compatible with this leader's ("incompatible versions: ...",
+// common/version.h); UNAVAILABLE when the leader stops or another stream of the same standby
+// replaced this one. FetchCheckpoint: the store's Checkpoint errors; FAILED_PRECONDITION for
+// another leader epoch or an incompatible version.
 //
 // Thread-safety: thread-safe. Lock order: mu_ only (the store's locks are taken by Append's
 // caller before Append takes mu_; nothing here calls into the store while holding mu_).

@@ -16,6 +16,7 @@
 #include "storage/format_version.h"
 #include "common/security.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "glog/logging.h"
 
 namespace rebound::server {
@@ -130,6 +131,7 @@ absl::Status Standby::Follow(const MemberAddress& leader, int64_t leader_epoch) 
     hello.set_epoch(from.epoch);
     hello.set_sequence(from.sequence);
     hello.set_leader_epoch(static_cast<uint64_t>(leader_epoch));
+    hello.set_version(ProjectVersion());
     absl::Status applied;
     if (stream->Write(hello)) {
       ReplicateResponse response;
@@ -191,6 +193,7 @@ absl::Status Standby::CatchUp(ServerPeer::Stub* stub, const MemberAddress& leade
   FetchCheckpointRequest request;
   request.set_name(options_.name);
   request.set_leader_epoch(static_cast<uint64_t>(leader_epoch));
+  request.set_version(ProjectVersion());
   std::unique_ptr<grpc::ClientReader<CheckpointChunk>> reader =
       stub->FetchCheckpoint(&context, request);
   absl::StatusOr<CheckpointChunk> received =

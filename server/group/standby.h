@@ -14,7 +14,8 @@
 // Status codes: Open: the store's Open errors; INVALID_ARGUMENT without a data_dir or with a
 // replication sink. Follow: CANCELLED after Cancel(); UNAVAILABLE when the stream to the leader
 // breaks (the leader died, or stopped leading); FAILED_PRECONDITION when the leader refuses this
-// standby (another epoch); DATA_LOSS for a malformed checkpoint (a path leaving the directory, a
+// standby (another epoch, or a version it is not compatible with: the standby sends its own,
+// common/version.h); DATA_LOSS for a malformed checkpoint (a path leaving the directory, a
 // chunk out of order, no end); the store's errors when applying fails (this standby's disk).
 //
 // Thread-safety: Follow, TakeStore and store() from one thread (the group's); Cancel, Reset,

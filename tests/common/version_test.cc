@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/file.h"
 
@@ -104,6 +105,32 @@ TEST_CASE("this build's version is the one in VERSION, and it parses") {
   CHECK(ParseVersion(ProjectVersion()).ok());
   CHECK(absl::StartsWith(VersionLine(), absl::StrCat("rebound ", expected, " (commit ")));
   CHECK(CheckPeerVersion("this server", ProjectVersion(), "the worker").ok());
+}
+
+TEST_CASE("the rule gives the golden answers the Python package gives too") {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  REQUIRE(srcdir != nullptr);
+  absl::StatusOr<std::string> file = ReadFile(
+      absl::StrCat(srcdir, "/rebound/tests/common/testdata/version_compatibility.txt"), 1 << 16);
+  REQUIRE(file.ok());
+  int cases = 0;
+  for (absl::string_view line : absl::StrSplit(*file, '\n', absl::SkipWhitespace())) {
+    if (absl::StartsWith(line, "#")) continue;
+    const std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    REQUIRE(fields.size() == 3);
+    INFO(line);
+    const bool expected = fields[2] == "yes";
+    const std::string peer = fields[1] == "-" ? "" : fields[1];
+    const absl::Status checked = CheckPeerVersion(V(fields[0]), "a", peer, "b");
+    CHECK(checked.ok() == expected);
+    if (!expected) CHECK(checked.code() == absl::StatusCode::kFailedPrecondition);
+    if (!peer.empty()) {
+      CHECK(Compatible(V(fields[0]), V(peer)) == expected);
+      CHECK(Compatible(V(peer), V(fields[0])) == expected);  // symmetric
+    }
+    ++cases;
+  }
+  CHECK(cases >= 10);
 }
 
 // Runs ExitIfVersionFlag(args) in a child; its stdout, or "(returned)" when it did not exit.

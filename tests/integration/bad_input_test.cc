@@ -32,7 +32,9 @@
 #include "grpcpp/impl/codegen/rpc_method.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "common/version.h"
 #include "storage/durable_store.h"
+#include "storage/format_version.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/trainer_calls.h"
 #include "tests/integration/scrape.h"
@@ -616,6 +618,42 @@ TEST_CASE("a worker name outside [A-Za-z0-9._:@+-] and an unknown enum value are
   CHECK(cluster.Status().workers_size() == workers_before + 1);
 }
 
+TEST_CASE("a Register from an incompatible version is FAILED_PRECONDITION naming both versions, "
+          "and registers nobody; one without a version (before 0.13) or of this one registers") {
+  BadInputCluster cluster{JobSpec()};
+  const int workers_before = cluster.Status().workers_size();
+  RegisterResponse response;
+  RegisterRequest request;
+  request.set_worker_name("w-far");
+  request.set_version("999.0.0");
+  const grpc::Status status = cluster.Call(&ParameterServer::Stub::Register, request, &response);
+  CheckStatus(status, Code::FAILED_PRECONDITION,
+              absl::StrCat("incompatible versions: this server is rebound ", ProjectVersion(),
+                           ", the worker 'w-far' is rebound 999.0.0"));
+  CHECK_THAT(status.error_message(), Contains("docs/upgrading.md"));
+  request.set_version("0.13");
+  CheckStatus(cluster.Call(&ParameterServer::Stub::Register, request, &response),
+              Code::INVALID_ARGUMENT, "the worker 'w-far' sent a malformed version");
+  CHECK(cluster.Status().workers_size() == workers_before);
+
+  // This build's version registers, and the reply says the server's version.
+  request.set_worker_name("w-same");
+  request.set_version(ProjectVersion());
+  REQUIRE(cluster.Call(&ParameterServer::Stub::Register, request, &response).ok());
+  CHECK(response.server_version() == ProjectVersion());
+  // No version: a worker of rebound 0.12, which 0.13 still serves.
+  RegisterRequest legacy;
+  legacy.set_worker_name("w-legacy");
+  const grpc::Status legacy_status =
+      cluster.Call(&ParameterServer::Stub::Register, legacy, &response);
+  if (CheckPeerVersion("this server", kVersionBeforeExchange, "a worker").ok()) {
+    CHECK(legacy_status.ok());
+    CHECK(cluster.Status().workers_size() == workers_before + 2);
+  } else {
+    CHECK(legacy_status.error_code() == Code::FAILED_PRECONDITION);
+  }
+}
+
 // ---- identities ----------------------------------------------------------------------------
 
 TEST_CASE("unknown, fenced, foreign and non-owning incarnations are refused with the code that "
@@ -1030,6 +1068,45 @@ GetStatusResponse StatusOf(const std::string& address) {
   INFO(called.error_message());
   REQUIRE(called.ok());
   return status;
+}
+
+TEST_CASE("a server refuses a data directory of a newer format, naming it and both formats, and "
+          "serves it again once its FORMAT is this build's") {
+  const JobSpec spec;
+  std::string data_dir;
+  {
+    BadInputCluster cluster(spec, Options(/*durable=*/true));
+    const RegisterResponse a = cluster.RegisterTrainer("a");
+    REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, cluster.ValidParams())).ok());
+    data_dir = cluster.data_dir();
+    cluster.StopServer();
+  }
+  // The server recorded the format of the directory it made.
+  const std::string current = absl::StrCat("rebound data directory format ",
+                                           storage::kDataFormatVersion, "\n");
+  CHECK(ReadFileOrEmpty(data_dir + "/FORMAT") == current);
+
+  WriteFileOrDie(data_dir + "/FORMAT", absl::StrCat("rebound data directory format ",
+                                                    storage::kDataFormatVersion + 1, "\n"));
+  const std::string dir = MakeTempDir("bad-input-format");
+  std::unique_ptr<Subprocess> server;
+  std::string address;
+  CHECK(StartServerOn(data_dir, spec, dir, &server, &address) == 1);
+  const std::string log = ReadFileOrEmpty(dir + "/server.log");
+  INFO(log);
+  CHECK_THAT(log, Contains(absl::StrCat(
+                      "FAILED_PRECONDITION: data directory ", data_dir, " has format ",
+                      storage::kDataFormatVersion + 1, ", newer than format ",
+                      storage::kDataFormatVersion, " that rebound ", ProjectVersion(), " reads")));
+  CHECK_THAT(log, Contains("docs/upgrading.md#the-data-directory-format"));
+
+  WriteFileOrDie(data_dir + "/FORMAT", current);
+  REQUIRE(StartServerOn(data_dir, spec, dir, &server, &address) == -1);
+  const GetStatusResponse status = StatusOf(address);
+  CHECK(status.centers(0).version() == 1);
+  CHECK(status.server_version() == VersionLine());
+  server->Signal(SIGTERM);
+  CHECK(server->WaitFor(Scaled(absl::Seconds(20))) == 0);
 }
 
 TEST_CASE("a server killed with SIGKILL whose WAL tail is damaged exits 1 naming the WAL, and "

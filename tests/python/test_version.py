@@ -48,6 +48,32 @@ def test_every_binary_prints_the_python_packages_version(binary):
     assert commit == "unknown" or re.match(r"^[0-9a-f]{12}", commit)
 
 
+def test_the_rule_gives_the_golden_answers_the_cpp_code_gives_too():
+    path = os.environ["VERSION_COMPATIBILITY"]
+    cases = 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip() or line.startswith("#"):
+                continue
+            a, b, answer = line.split()
+            b = "" if b == "-" else b
+            assert rebound.compatible(a, b) == (answer == "yes"), line
+            assert rebound.compatible(b, a) == (answer == "yes"), line
+            cases += 1
+    assert cases >= 10
+
+
+def test_an_incompatible_server_is_named_with_both_versions(monkeypatch):
+    monkeypatch.setattr(rebound, "__version__", "0.13.0")
+    assert rebound.incompatible_server("0.14.1") is None
+    assert rebound.incompatible_server("") is None  # a server before 0.13 counts as 0.12.0
+    why = rebound.incompatible_server("1.0.0")
+    assert "this worker is rebound 0.13.0, the server is rebound 1.0.0" in why
+    monkeypatch.setattr(rebound, "__version__", "0.14.0")
+    assert "the server is rebound 0.12.0 or older" in rebound.incompatible_server("")
+    assert "malformed" in rebound.incompatible_server("14")
+
+
 def test_version_ends_flag_parsing_before_other_flags_are_checked():
     # --version wins over a flag the binary would refuse (and needs no config).
     version, _ = version_of([os.environ["REBOUND_SERVER"], "--no_such_flag=1", "--version"])

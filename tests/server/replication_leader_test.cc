@@ -28,6 +28,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/version.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/replication.grpc.pb.h"
 #include "server/center_table.h"
@@ -397,6 +398,76 @@ TEST_CASE("a dropped standby whose stream stays open but silent is not waited fo
   REQUIRE(Eventually([&] { return silent.received() == 6; }));
   silent.AckAll();
   REQUIRE(Eventually([&] { return leader.StatusOf("silent").state() == "in sync"; }));
+}
+
+// Says hello as standby `name` of `version` ("" = a standby from before versions were sent) and
+// returns how the stream ended once the leader ends it, or OK while the leader keeps it open.
+grpc::Status HelloFrom(const std::string& address, const std::string& name,
+                       const std::string& version) {
+  auto stub = ServerPeer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  auto stream = stub->Replicate(&context);
+  ReplicateRequest hello;
+  hello.set_name(name);
+  hello.set_peer_address("127.0.0.1:1");
+  hello.set_leader_epoch(kEpoch);
+  if (!version.empty()) hello.set_version(version);
+  REQUIRE(stream->Write(hello));
+  ReplicateResponse response;
+  while (stream->Read(&response)) {
+  }
+  const grpc::Status finished = stream->Finish();
+  // A stream the leader kept ends at our deadline.
+  return finished.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? grpc::Status::OK
+                                                                      : finished;
+}
+
+TEST_CASE("a standby of an incompatible version is refused, naming both versions; one of a "
+          "compatible version or from before versions were sent follows") {
+  ReplicationLeaderOptions options;
+  options.name = "leader";
+  options.check_leadership = [] { return absl::OkStatus(); };
+  LeaderSide leader(options);
+  const std::string mine = ProjectVersion();
+
+  const grpc::Status refused = HelloFrom(leader.address(), "far", "999.0.0");
+  REQUIRE(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  INFO(refused.error_message());
+  CHECK(absl::StrContains(refused.error_message(),
+                          absl::StrCat("this leader 'leader' is rebound ", mine)));
+  CHECK(absl::StrContains(refused.error_message(), "the standby 'far' is rebound 999.0.0"));
+  CHECK(leader.StatusOf("far").name().empty());  // never became one of its standbys
+
+  // FetchCheckpoint refuses it too.
+  auto stub = ServerPeer::NewStub(
+      grpc::CreateChannel(leader.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  FetchCheckpointRequest fetch;
+  fetch.set_name("far");
+  fetch.set_leader_epoch(kEpoch);
+  fetch.set_version("999.0.0");
+  auto reader = stub->FetchCheckpoint(&context, fetch);
+  CheckpointChunk chunk;
+  CHECK_FALSE(reader->Read(&chunk));
+  const grpc::Status fetched = reader->Finish();
+  CHECK(fetched.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(absl::StrContains(fetched.error_message(), "the standby 'far' is rebound 999.0.0"));
+
+  // A standby of this build (Standby sends ProjectVersion()) follows and applies a commit.
+  FollowingStandby same("same", leader.address());
+  REQUIRE(leader.store->Commit(CenterBatch(1, std::vector<float>{1.0f})).ok());
+  REQUIRE(Eventually([&] { return same.applied() == 1; }));
+  // One that sends no version (rebound 0.12) counts as 0.12.0: compatible with 0.13 (and
+  // refused from 0.14 on).
+  const grpc::Status legacy = HelloFrom(leader.address(), "legacy", "");
+  if (CheckPeerVersion("this leader", kVersionBeforeExchange, "a standby").ok()) {
+    CHECK(legacy.ok());
+    CHECK(leader.StatusOf("legacy").name() == "legacy");
+  } else {
+    CHECK(legacy.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(absl::StrContains(legacy.error_message(), "0.12.0 or older (it sent no version)"));
+  }
 }
 
 }  // namespace
