@@ -71,6 +71,46 @@ class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFact
 
 std::string SlotLabel(const SlotId& slot) { return absl::StrCat(slot.replica(), ",", slot.stage()); }
 
+// A replicated group as this server sees it (docs/operations.md#high-availability): its role,
+// the leader's epoch (a change is a failover), the in-sync set, and each standby's lag.
+void WriteGroup(const GroupStatus& g, MetricsWriter* w) {
+  w->Family("rebound_group_role", "1 for this server's role in its replicated group.", "gauge");
+  for (const GroupStatus::Role role :
+       {GroupStatus::LEADER, GroupStatus::STANDBY, GroupStatus::CANDIDATE}) {
+    w->Sample("rebound_group_role", {{"group", g.group()}, {"role", GroupStatus::Role_Name(role)}},
+              g.role() == role ? 1 : 0);
+  }
+  w->Family("rebound_group_epoch",
+            "The leader's epoch (the etcd revision it won at); it changes at each failover.",
+            "gauge");
+  w->Sample("rebound_group_epoch", {{"group", g.group()}}, static_cast<double>(g.epoch()));
+  w->Family("rebound_group_last_sequence", "This server's last committed (or applied) commit.",
+            "gauge");
+  w->Sample("rebound_group_last_sequence", {{"group", g.group()}},
+            static_cast<double>(g.last_sequence()));
+  w->Family("rebound_group_standbys_configured", "replication.standbys.", "gauge");
+  w->Sample("rebound_group_standbys_configured", {{"group", g.group()}}, g.standbys_configured());
+  w->Family("rebound_group_in_sync_members",
+            "Members in the in-sync set recorded in etcd, the leader included; below "
+            "1 + standbys_configured the group is degraded.",
+            "gauge");
+  w->Sample("rebound_group_in_sync_members", {{"group", g.group()}}, g.in_sync_size());
+  w->Family("rebound_group_standby_in_sync", "1 while the leader counts the standby in sync.",
+            "gauge");
+  w->Family("rebound_group_standby_lag_commits",
+            "Commits the standby has not acknowledged (the leader's view).", "gauge");
+  w->Family("rebound_group_standby_lag_seconds",
+            "Age of the oldest commit the standby has not acknowledged (the leader's view).",
+            "gauge");
+  for (const StandbyStatus& standby : g.standbys()) {
+    const MetricLabels labels = {{"group", g.group()}, {"standby", standby.name()}};
+    w->Sample("rebound_group_standby_in_sync", labels, standby.in_sync() ? 1 : 0);
+    w->Sample("rebound_group_standby_lag_commits", labels,
+              static_cast<double>(standby.lag_commits()));
+    w->Sample("rebound_group_standby_lag_seconds", labels, standby.lag_ms() / 1000.0);
+  }
+}
+
 void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
   w->Family("rebound_up", "1 while the server serves its job.", "gauge");
   w->Sample("rebound_up", {{"job", s.job_id()}, {"version", s.server_version()}}, 1);
@@ -245,6 +285,16 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
     w->Family("rebound_checkpoint_rollbacks_total",
               "GLOBAL_CHECKPOINT: failures that rolled every slot back.", "counter");
     w->Sample("rebound_checkpoint_rollbacks_total", {}, static_cast<double>(c.rollbacks()));
+  }
+  if (s.has_group()) WriteGroup(s.group(), w);
+  if (s.has_sharding()) {
+    const ShardingStatus& sharding = s.sharding();
+    w->Family("rebound_shard_groups", "K: the server groups the center is sharded across.",
+              "gauge");
+    w->Sample("rebound_shard_groups", {}, sharding.groups());
+    w->Family("rebound_shard_group", "This server group's range of the center (0 coordinates).",
+              "gauge");
+    w->Sample("rebound_shard_group", {}, sharding.group());
   }
   if (s.has_last_eval()) {
     w->Family("rebound_test_accuracy", "The evaluator's last test accuracy of the center, in "

@@ -29,6 +29,7 @@
 #include "testing/cluster/firewall.h"
 #include "testing/cluster/processes.h"
 #include "testing/cluster/time_scale.h"
+#include "tests/integration/scrape.h"
 
 namespace rebound::testing {
 namespace {
@@ -283,6 +284,28 @@ TEST_CASE("a group elects one leader; the standby serves only its peer port, nam
     CHECK(reader->Finish().error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   }
   CHECK(BothInSync(*cluster.GetStatus()));
+
+  // The leader's /metrics: its role, epoch, in-sync set and the standby's lag, for the
+  // shipped alert rules (deploy/prometheus/alerts.yml).
+  const GetStatusResponse now = WaitFor(cluster, BothInSync, "the standby in sync");
+  REQUIRE(now.has_metrics_address());
+  const Exposition metrics = ScrapeMetrics(now.metrics_address());
+  const std::string group = now.group().group();
+  auto sample = [&](const std::string& series) {
+    INFO(series);
+    REQUIRE(metrics.samples.count(series) == 1);
+    return metrics.samples.at(series);
+  };
+  CHECK(sample(absl::StrCat("rebound_group_role{group=\"", group, "\",role=\"LEADER\"}")) == 1);
+  CHECK(sample(absl::StrCat("rebound_group_role{group=\"", group, "\",role=\"STANDBY\"}")) == 0);
+  CHECK(sample(absl::StrCat("rebound_group_epoch{group=\"", group, "\"}")) ==
+        static_cast<double>(now.group().epoch()));
+  CHECK(sample(absl::StrCat("rebound_group_in_sync_members{group=\"", group, "\"}")) == 2);
+  CHECK(sample(absl::StrCat("rebound_group_standbys_configured{group=\"", group, "\"}")) == 1);
+  CHECK(sample(absl::StrCat("rebound_group_standby_in_sync{group=\"", group, "\",standby=\"",
+                            cluster.member_name(Other(*leader)), "\"}")) == 1);
+  CHECK(sample(absl::StrCat("rebound_group_standby_lag_commits{group=\"", group,
+                            "\",standby=\"", cluster.member_name(Other(*leader)), "\"}")) >= 0);
   StopAll(cluster);
 }
 
