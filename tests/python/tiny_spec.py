@@ -1,7 +1,7 @@
 """A small deterministic training script for the client's tests: an MLP on a synthetic data set
 (a fixed random teacher labels Gaussian inputs), run as
 
-    python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam]
+    python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam|rmsprop|adagrad]
         [--max-seconds S] [--slow-ms MS] [--nondeterministic] [--start-gate PATH]
 
 --slow-ms sleeps after every batch fetch (a test kills the trainer mid-run); --nondeterministic
@@ -76,6 +76,10 @@ def make_spec(args):
             return torch.optim.SGD(params, lr=0.1, momentum=0.9)
         if args.optimizer == "adam":
             return torch.optim.Adam(params, lr=0.01)
+        if args.optimizer == "rmsprop":
+            return torch.optim.RMSprop(params, lr=0.005, momentum=0.5, centered=True)
+        if args.optimizer == "adagrad":
+            return torch.optim.Adagrad(params, lr=0.05)
         return rt.AdaHessian(params, lr=0.05, hessian_every=2)
 
     return rt.Spec(model=model, optimizer=optimizer, loss=torch.nn.functional.cross_entropy,

@@ -44,6 +44,7 @@ from rebound import client as rclient
 from rebound import membership
 from rebound import steplog
 from rebound.torch import kernels
+from rebound.torch import optim_state
 from rebound.torch import wire
 from rebound.torch.adahessian import AdaHessian
 from rebound.torch.center import center_for
@@ -120,8 +121,10 @@ class Spec:
     model: a factory returning the torch.nn.Module; called after torch.manual_seed(the job's
         model.init_seed), so its initialisation is the same in every process.
     optimizer: a factory taking the model's parameters and returning a torch.optim.Optimizer
-        (rebound.torch.AdaHessian, SGD, Adam, AdamW replay bit-identically; any other trains,
-        but its state is not in the snapshot, so a replay falls back to RESTART_FROM_CENTER).
+        (rebound.torch.AdaHessian and every torch.optim optimizer but LBFGS and SparseAdam
+        replay bit-identically: their state is in the snapshot by rebound.torch.optim_state's
+        rule; a state that does not fit it trains, and a replay of it falls back to
+        RESTART_FROM_CENTER).
     loss: loss(output, target) -> scalar tensor.
     train_set: indexable by sample id: train_set[i] -> (x, y); an optional train_set.batch(ids)
         -> (X, Y) is used when present.
@@ -215,69 +218,32 @@ def _params_checksums(params):
 # ---------------------------------------------------------------------------------------------
 # Optimizer state <-> the protocol's OptimizerState (step, m, v, last_hdiag).
 
-def _export_optimizer(optimizer, params, step):
-    """(step, m, v, last_hdiag) lists (None where the optimizer has no such state), or None for
-    an optimizer whose state does not map (its replays fall back)."""
+def _export_optimizer(optimizer, tensors, names, step):
+    """(OptimizerState, why): AdaHessian's (m, v, D) by its own export, any other optimizer's
+    state by rebound.torch.optim_state's rule; ``why`` says why a replay from it cannot be exact
+    (None when it can)."""
     if isinstance(optimizer, AdaHessian):
         t, m, v, d = optimizer.export_state()
-        return t, m, v, d
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        states = [optimizer.state.get(p, {}) for p in params]
-        if not any(states):
-            return step, None, None, None
-        m = [s["exp_avg"].detach().clone() for s in states]
-        v = [s["exp_avg_sq"].detach().clone() for s in states]
-        steps = {int(torch.as_tensor(s["step"]).item()) for s in states}
-        if len(steps) != 1:
-            return None
-        return steps.pop(), m, v, None
-    if isinstance(optimizer, torch.optim.SGD):
-        states = [optimizer.state.get(p, {}) for p in params]
-        if not any(s.get("momentum_buffer") is not None for s in states):
-            return step, None, None, None
-        return step, [s["momentum_buffer"].detach().clone() for s in states], None, None
-    return None
+        message = rebound_pb2.OptimizerState(step=int(t))
+        for field, values in (("m", m), ("v", v), ("last_hdiag", d)):
+            if values is not None:
+                getattr(message, field).CopyFrom(wire.bundle_of(values))
+        return message, None
+    return optim_state.export(optimizer, tensors, names, step)
 
 
-def _import_optimizer(optimizer, params, state):
-    """Loads an OptimizerState message into the optimizer. False if its type cannot."""
+def _import_optimizer(optimizer, tensors, names, state, snapshot_step):
+    """Loads a snapshot's OptimizerState into the freshly built optimizer. Raises
+    optim_state.Unreplayable when the state cannot be restored exactly."""
     if isinstance(optimizer, AdaHessian):
-        zeros = [torch.zeros_like(p) for p in params]
-        m = wire.tensors_of(state.m, params, "optimizer.m") if state.m.tensors else zeros
-        v = wire.tensors_of(state.v, params, "optimizer.v") if state.v.tensors else zeros
-        d = (wire.tensors_of(state.last_hdiag, params, "optimizer.last_hdiag")
+        zeros = [torch.zeros_like(p) for p in tensors]
+        m = wire.tensors_of(state.m, tensors, "optimizer.m") if state.m.tensors else zeros
+        v = wire.tensors_of(state.v, tensors, "optimizer.v") if state.v.tensors else zeros
+        d = (wire.tensors_of(state.last_hdiag, tensors, "optimizer.last_hdiag")
              if state.last_hdiag.tensors else zeros)
         optimizer.import_state(state.step, m, v, d)
-        return True
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        if not state.m.tensors:
-            optimizer.state.clear()
-            return True
-        m = wire.tensors_of(state.m, params, "optimizer.m")
-        v = wire.tensors_of(state.v, params, "optimizer.v")
-        for p, mi, vi in zip(params, m, v):
-            optimizer.state[p] = {"step": torch.tensor(float(state.step)), "exp_avg": mi,
-                                  "exp_avg_sq": vi}
-        return True
-    if isinstance(optimizer, torch.optim.SGD):
-        optimizer.state.clear()
-        if state.m.tensors:
-            for p, mi in zip(params, wire.tensors_of(state.m, params, "optimizer.m")):
-                optimizer.state[p] = {"momentum_buffer": mi}
-        return True
-    return False
-
-
-def _optimizer_message(exported, params):
-    message = rebound_pb2.OptimizerState()
-    if exported is None:
-        return message
-    step, m, v, d = exported
-    message.step = int(step)
-    for field, values in (("m", m), ("v", v), ("last_hdiag", d)):
-        if values is not None:
-            getattr(message, field).CopyFrom(wire.bundle_of(values))
-    return message
+        return
+    optim_state.restore(optimizer, tensors, names, state, snapshot_step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +266,8 @@ class _Worker:
         self.model = None
         self.optimizer = None
         self.params = None
+        self.names = None
+        self._unreplayable = None  # why the optimizer's state cannot be snapshotted, once logged
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -307,6 +275,7 @@ class _Worker:
         torch.manual_seed(self.spec.init_seed)
         self.model = self.spec.model()
         self.params = [p for p in self.model.parameters()]
+        self.names = [n for n, _ in self.model.named_parameters()]
         self.optimizer = self.spec.optimizer(self.params)
         if isinstance(self.optimizer, AdaHessian):
             self.optimizer.set_rng(job.data.seed, replica)
@@ -365,8 +334,12 @@ class _Worker:
         return float(loss.detach())
 
     def sync(self, reg, t, loss, cursor):
-        exported = _export_optimizer(self.optimizer, self.params, t)
-        optimizer = _optimizer_message(exported, self.params)
+        optimizer, why = _export_optimizer(self.optimizer, self.params, self.names, t)
+        if why is not None and why != self._unreplayable:
+            self._unreplayable = why
+            _log("the optimizer %s's state cannot be snapshotted exactly (%s): a replay of this "
+                 "slot will fall back to RESTART_FROM_CENTER" % (type(self.optimizer).__name__,
+                                                                 why))
         self.set_params(self._guarded(lambda: self.center.sync(
             reg.incarnation, reg.slot, t, self.params, optimizer, loss, cursor)))
 
@@ -585,6 +558,7 @@ class _Worker:
         report = rebound_pb2.ReportRecoveryRequest(incarnation=reg.incarnation,
                                                    task_id=task.task_id)
         verified = False
+        unreplayable = None
         try:
             self.build(job, slot.replica)
             # A sharded center's snapshot comes from its range groups.
@@ -595,11 +569,13 @@ class _Worker:
                 self.set_params(wire.tensors_of(task.snapshot.params, self.params,
                                                 "snapshot.params"))
             # else: step 0 without tensors, the model's initialisation, which build() made.
-            if not _import_optimizer(self.optimizer, self.params, task.snapshot.optimizer):
-                raise _Exit(rebound.EXIT_FAILED, "the optimizer %s has no snapshot state" %
-                            type(self.optimizer).__name__)
+            try:
+                _import_optimizer(self.optimizer, self.params, self.names,
+                                  task.snapshot.optimizer, t0)
+            except optim_state.Unreplayable as why:
+                unreplayable = "step %d: cannot replay exactly: %s" % (t0, why)
             records = []
-            if tf > t0:
+            if tf > t0 and unreplayable is None:
                 records = self.conn.stream("ReadLog", rebound_pb2.ReadLogRequest(
                     incarnation=reg.incarnation, task_id=task.task_id, from_step=t0,
                     to_step=tf), deadline_s=max(self.options.rpc_deadline_s, 60.0))
@@ -609,8 +585,10 @@ class _Worker:
                 steps[record.step][record.micro_batch] = record
             micro = max(1, job.data.micro_batches)
             final = None
-            mismatch = None
-            for t in range(t0 + 1, tf + 1):
+            # A state the snapshot cannot restore exactly is a failed replay, reported as such
+            # (the server falls back to RESTART_FROM_CENTER), not an exit.
+            mismatch = unreplayable
+            for t in range(t0 + 1, tf + 1 if mismatch is None else t0 + 1):
                 parts = steps.get(t, {})
                 if -1 not in parts or any(k not in parts for k in range(micro)):
                     mismatch = "the log lacks records of step %d" % t

@@ -1,0 +1,61 @@
+"""Training loops beyond the examples' (issue R18) against a real rebound_server: optimizers
+other than AdaHessian, Adam, AdamW and SGD replayed bit for bit after a SIGKILL. Real processes,
+really killed; every wait bounded; LocalServer kills what it started.
+
+Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tiny_spec.py).
+"""
+
+import os
+import signal
+
+import pytest
+
+from rebound.cluster import LocalServer, read_log
+from rebound_pb import rebound_pb2
+from tiny_workers import wait_exit, worker
+
+SERVER = os.environ["REBOUND_SERVER"]
+
+JOB = """
+job_id: "tiny"
+model { declared_by_worker: true }
+topology { replicas: %(replicas)d spares: 1 }
+data { batch_size: 32 micro_batches: 2 }
+easgd { sync_period: %(tau)d }
+fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }
+training { max_steps: %(steps)d eval_every_ms: 300 }
+"""
+
+
+def job(replicas=1, tau=20, steps=200):
+    return JOB % dict(replicas=replicas, tau=tau, steps=steps)
+
+
+def kill_past_a_snapshot(server, trainer, logged=4):
+    """SIGKILLs the one trainer once its log runs ``logged`` steps past a snapshot after the
+    first; the recovery's status once it has an outcome."""
+    server.wait_for(lambda s: s.slots[0].snapshot_step >= 20 and
+                    s.slots[0].logged_step - s.slots[0].snapshot_step >= logged, 60,
+                    what="%d logged steps past a snapshot" % logged)
+    os.killpg(trainer.pid, signal.SIGKILL)
+    status = server.wait_for(lambda s: any(r.HasField("outcome") for r in s.recoveries), 60,
+                             what="the recovery's outcome")
+    return status.recoveries[0]
+
+
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad"])
+def test_a_kill_under_another_torch_optimizer_is_replayed_and_verified(optimizer):
+    """RMSprop (centered, with momentum: three state tensors) and Adagrad (its state made in
+    the constructor): the spare restores the state from the snapshot, every replayed step
+    matches the trainer's checksum, and the spare finishes the job as the slot's trainer."""
+    with LocalServer(SERVER, job()) as server:
+        trainer = worker(server, "--name", "t0", "--slow-ms", "15", "--optimizer", optimizer)
+        spare = worker(server, "--name", "spare", "--role", "spare", "--optimizer", optimizer)
+        recovery = kill_past_a_snapshot(server, trainer)
+        assert recovery.outcome == rebound_pb2.RECOVERED, recovery
+        assert recovery.verified
+        assert recovery.steps_replayed >= 4
+        server.wait_for(lambda s: s.slots[0].state == rebound_pb2.FINISHED, 60,
+                        what="the slot finished")
+        assert wait_exit(spare, 30) == 0
+        assert "verified" in read_log(spare)
