@@ -6,7 +6,9 @@ Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tin
 """
 
 import os
+import re
 import signal
+import time
 
 import pytest
 
@@ -59,3 +61,40 @@ def test_a_kill_under_another_torch_optimizer_is_replayed_and_verified(optimizer
                         what="the slot finished")
         assert wait_exit(spare, 30) == 0
         assert "verified" in read_log(spare)
+
+
+def test_sigterm_and_sigint_deregister_and_exit_0_without_half_a_step():
+    """A trainer's SIGTERM: it finishes the step in progress, ships its log, deregisters
+    (DEPARTED, not FAILED) and exits 0 within a few seconds; a spare then replays its slot to the
+    last step it logged, verified bit for bit: no step was left half-applied. An evaluator's
+    SIGINT (Ctrl-C): the same clean exit, no KeyboardInterrupt."""
+    with LocalServer(SERVER, job(steps=600)) as server:
+        trainer = worker(server, "--name", "t0", "--slow-ms", "15")
+        evaluator = worker(server, "--name", "eval", "--role", "evaluator")
+        server.wait_for(lambda s: s.slots[0].snapshot_step >= 20 and
+                        s.HasField("last_eval"), 60, what="a snapshot and an evaluation")
+        spare = worker(server, "--name", "spare", "--role", "spare")
+        server.wait_for(lambda s: any(w.name == "spare" for w in s.workers), 30,
+                        what="the spare registered")
+        os.killpg(evaluator.pid, signal.SIGINT)
+        os.killpg(trainer.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        assert wait_exit(trainer, 10) == 0, read_log(trainer)
+        assert wait_exit(evaluator, 10) == 0
+        assert time.monotonic() - signalled < 10
+        assert "SIGTERM: stopping after the current step" in read_log(trainer)
+        assert "SIGINT: stopping after the current step" in read_log(evaluator)
+        assert "Traceback" not in read_log(evaluator) + read_log(trainer)
+        states = {w.name: w.state for w in server.status().workers}
+        assert states["t0"] == rebound_pb2.DEPARTED and states["eval"] == rebound_pb2.DEPARTED
+        status = server.wait_for(lambda s: any(r.HasField("outcome") for r in s.recoveries), 60,
+                                 what="the recovery's outcome")
+        recovery = status.recoveries[0]
+        assert recovery.outcome == rebound_pb2.RECOVERED, recovery
+        assert recovery.verified
+        # The trainer's log reached its last step: the replay ends where it stopped.
+        stopped_at = int(re.search(r"trained (\d+) samples", read_log(trainer)).group(1)) // 32
+        assert recovery.failed_step == stopped_at, (recovery, stopped_at)
+        server.wait_for(lambda s: s.slots[0].state == rebound_pb2.FINISHED, 60,
+                        what="the slot finished")
+        assert wait_exit(spare, 30) == 0

@@ -19,6 +19,9 @@ Threads: the work (main) thread; a heartbeat thread (``_Session``) that also car
 server's commands and takeovers; a step-log thread (``_StepLog``). A fenced worker exits at once
 with code 3 from whichever thread learns it (``os._exit``: no later write can leave it).
 
+Signals: while ``run`` works (called from the main thread) SIGTERM and SIGINT set the session's
+stop: the step in progress completes, the worker deregisters and ``run`` returns code 0.
+
 The end: ``run`` returns a ``RunResult`` (an int, the exit code, with the spec's model holding the
 job's final center, read with the worker's own Pull before it deregisters), or, with
 ``exit=True``, ends the process with the code at once (docs/python.md#the-trained-model).
@@ -28,6 +31,7 @@ import collections
 import dataclasses
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -810,6 +814,23 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
     center = None
     worker = None
     final = (None, None, "")
+    signalled = []  # the SIGTERM or SIGINT that stops this worker, once one came
+
+    def on_signal(signum, frame):
+        # Only flags: the step in progress (main thread) completes, syncs or not as it would,
+        # and the loop ends at the next step's start; the work then deregisters and returns 0.
+        # A second signal finds the previous handlers again (the default: end the process).
+        signalled.append(signal.Signals(signum).name)
+        _log("%s: stopping after the current step, deregistering" % signalled[0])
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        if session is not None:
+            session.stop.set()
+
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous_handlers[sig] = signal.signal(sig, on_signal)
     try:
         if config is not None:
             worker_config, config_token = load_worker_config(config)
@@ -844,6 +865,8 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         conn = rclient.Connection(options)
         declaration = _model_declaration(spec, init_seed=spec.init_seed)
         session = membership.Session(conn, options, declaration, name, roles[role], job_id)
+        if signalled:
+            raise rclient.Stopped("stopped by %s before registering" % signalled[0])
         first_reg = reg = session.register()
         job = reg.job
         torch.set_num_threads(max(1, job.compute.threads))
@@ -853,7 +876,10 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         worker = _Worker(spec, session, conn, center, options, max_seconds)
         adopted = None
         replayed = False
-        stopped_early = "max_seconds passed before the job finished"
+        def stopped_early():
+            return ("stopped by %s before the job finished" % signalled[0] if signalled
+                    else "max_seconds passed before the job finished")
+
         while True:
             reg = session.current()
             if reg.role == config_pb2.TRAINER:
@@ -864,19 +890,19 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
                     if outcome == "finished":
                         worker.wait_for_job_end()
                     final = worker.final_model(first_reg, "drained before the job finished"
-                                               if outcome == "drained" else stopped_early)
+                                               if outcome == "drained" else stopped_early())
                 session.deregister(drained=outcome == "drained")
                 break
             if reg.role == config_pb2.EVALUATOR:
                 worker.evaluate(reg)
                 if not exit:
-                    final = worker.final_model(first_reg, stopped_early)
+                    final = worker.final_model(first_reg, stopped_early())
                 session.deregister()
                 break
             result = worker.spare(reg)
             if result is None:
                 if not exit:
-                    final = worker.final_model(first_reg, stopped_early)
+                    final = worker.final_model(first_reg, stopped_early())
                 session.deregister()
                 break
             adopted, replayed = result
@@ -884,6 +910,12 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         code, reason = stop.code, str(stop)
         _log(reason)
         if session is not None and code != rebound.EXIT_FENCED:
+            session.deregister()
+    except rclient.Stopped as error:
+        # A call's retries cut short by the stop event (a signal, the server's STOP): leaving
+        # is what was asked.
+        reason = str(error)
+        if session is not None:
             session.deregister()
     except (rclient.Unreachable,) as error:
         code, reason = rebound.EXIT_UNREACHABLE, str(error)
@@ -899,7 +931,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
     if worker is not None:
         print("rebound-torch: trained %d samples in %.3f s" % (worker.samples, worker.training_s),
               flush=True)
-    if exit:
+    if exit:  # at once, as the handlers would have the process end
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -912,6 +944,8 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         conn.close()
     torch.set_num_threads(torch_threads)
     torch.use_deterministic_algorithms(torch_deterministic)
+    for sig, handler in previous_handlers.items():
+        signal.signal(sig, handler)
     model, version, why_not = final
     current = session.current() if session is not None else None
     return RunResult(
