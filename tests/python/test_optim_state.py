@@ -151,3 +151,96 @@ def test_a_parameter_left_without_a_gradient_makes_the_state_unreplayable():
     fresh = torch.optim.Adam(list(fresh_net.parameters()), lr=0.01)
     with pytest.raises(optim_state.Unreplayable, match="keeps 2 state tensors"):
         optim_state.restore(fresh, list(fresh_net.parameters()), ["a"] * 4, message, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning-rate schedulers through the runner's own step and seek (a spare's and a restarted
+# trainer's way to the schedule's position).
+
+SCHEDULERS = {
+    "steplr-epoch": (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+                     "epoch"),
+    "steplr-step": (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=4, gamma=0.7),
+                    "step"),
+    "lambdalr": (lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda k: 1.0 / (1 + 0.3 * k)),
+                 "step"),
+    "onecycle": (lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=40),
+                 "step"),
+    "cosine": (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=17), "step"),
+    "cosine-restarts-epoch": (
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=2), "epoch"),
+    "exponential-epoch": (lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9), "epoch"),
+}
+
+
+class Points:
+    """64 samples of a regression task: 8 steps of 8 make an epoch."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(5)
+        self.x = torch.randn(64, 5, generator=g)
+        self.y = torch.randn(64, 2, generator=g)
+
+    def __len__(self):
+        return 64
+
+    def batch(self, ids):
+        return self.x[ids], self.y[ids]
+
+
+def runner_worker(scheduler, interval, optimizer="sgd-momentum"):
+    from rebound.torch import runner
+    spec = runner.Spec(model=lambda: torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(),
+                                                         torch.nn.Linear(7, 2)),
+                       optimizer=OPTIMIZERS[optimizer], loss=torch.nn.functional.mse_loss,
+                       train_set=Points(), scheduler=scheduler, scheduler_interval=interval)
+    from rebound_pb import config_pb2
+    job = config_pb2.JobConfig()
+    job.data.batch_size = 8
+    job.topology.replicas = 1
+    return runner, runner._Worker(spec, None, None, None, None, None), job
+
+
+def run_steps(runner, worker, job, first, last, lrs):
+    shard = runner.shard_ids(64, 1, 0)
+    for t in range(first, last + 1):
+        lrs[t] = worker.optimizer.param_groups[0]["lr"]
+        ids = runner.batch_ids(shard, 0, 0, t, 8)[0]
+        worker.step(job, 0, t, ids, runner.step_seed(0, 0, t))
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_a_scheduler_sought_to_the_snapshot_goes_on_bit_for_bit(name):
+    factory, interval = SCHEDULERS[name]
+    runner, trainer, job = runner_worker(factory, interval, "adam")
+    trainer.build(job, 0)
+    trainer_lrs, spare_lrs = {}, {}
+    run_steps(runner, trainer, job, 1, 13, trainer_lrs)
+    snapshot, _ = runner._export_optimizer(trainer.optimizer, trainer.params, trainer.names, 13)
+    values = [p.detach().clone() for p in trainer.params]
+    run_steps(runner, trainer, job, 14, 30, trainer_lrs)
+    # The spare: fresh model, optimizer and scheduler; the snapshot; the schedule sought.
+    _, spare, _ = runner_worker(factory, interval, "adam")
+    spare.build(job, 0)
+    spare.set_params(values)
+    runner._import_optimizer(spare.optimizer, spare.params, spare.names, snapshot, 13)
+    spare.seek_scheduler(13)
+    run_steps(runner, spare, job, 14, 30, spare_lrs)
+    assert {t: trainer_lrs[t] for t in spare_lrs} == spare_lrs
+    assert len(set(spare_lrs.values())) > 1, "the schedule must change the lr in the range"
+    for a, b in zip(trainer.params, spare.params):
+        assert torch.equal(a.detach().view(torch.int32), b.detach().view(torch.int32)), name
+
+
+def test_without_the_seek_the_schedule_would_restart():
+    """The counter-case: a spare that does not seek starts the schedule again."""
+    factory, interval = SCHEDULERS["steplr-epoch"]
+    runner, trainer, job = runner_worker(factory, interval)
+    trainer.build(job, 0)
+    lrs = {}
+    run_steps(runner, trainer, job, 1, 20, lrs)
+    _, fresh, _ = runner_worker(factory, interval)
+    fresh.build(job, 0)
+    assert fresh.optimizer.param_groups[0]["lr"] != lrs[20]
+    fresh.seek_scheduler(19)
+    assert fresh.optimizer.param_groups[0]["lr"] == lrs[20]

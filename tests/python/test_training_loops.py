@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from rebound.cluster import LocalServer, read_log
 from rebound_pb import rebound_pb2
@@ -33,10 +34,10 @@ def job(replicas=1, tau=20, steps=200):
     return JOB % dict(replicas=replicas, tau=tau, steps=steps)
 
 
-def kill_past_a_snapshot(server, trainer, logged=4):
-    """SIGKILLs the one trainer once its log runs ``logged`` steps past a snapshot after the
-    first; the recovery's status once it has an outcome."""
-    server.wait_for(lambda s: s.slots[0].snapshot_step >= 20 and
+def kill_past_a_snapshot(server, trainer, logged=4, snapshot=20):
+    """SIGKILLs the one trainer once its log runs ``logged`` steps past a snapshot at step
+    ``snapshot`` or later; the recovery's status once it has an outcome."""
+    server.wait_for(lambda s: s.slots[0].snapshot_step >= snapshot and
                     s.slots[0].logged_step - s.slots[0].snapshot_step >= logged, 60,
                     what="%d logged steps past a snapshot" % logged)
     os.killpg(trainer.pid, signal.SIGKILL)
@@ -98,3 +99,60 @@ def test_sigterm_and_sigint_deregister_and_exit_0_without_half_a_step():
         server.wait_for(lambda s: s.slots[0].state == rebound_pb2.FINISHED, 60,
                         what="the slot finished")
         assert wait_exit(spare, 30) == 0
+
+
+def expected_lrs(scheduler, steps):
+    """{t: the lr of step t} of the schedule without a failure: tiny_spec's Adam and scheduler
+    stepped as plain PyTorch would, every step or every epoch (64 steps: 2048 samples, one
+    replica, batches of 32)."""
+    import argparse
+    import warnings
+    import tiny_spec
+    factory, interval = tiny_spec.SCHEDULERS[scheduler]
+    spec = tiny_spec.make_spec(argparse.Namespace(optimizer="adam", slow_ms=0,
+                                                  nondeterministic=False))
+    optimizer = spec.optimizer([torch.zeros(1, requires_grad=True)])
+    schedule = factory(optimizer)
+    lrs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t in range(1, steps + 1):
+            lrs[t] = optimizer.param_groups[0]["lr"]
+            if interval == "step" or t % 64 == 0:
+                schedule.step()
+    return lrs
+
+
+@pytest.mark.parametrize("scheduler", ["onecycle", "steplr-epoch"])
+def test_a_scheduler_keeps_its_schedule_across_a_kill(scheduler, tmp_path):
+    """OneCycleLR stepped every step, StepLR every epoch: a trainer killed mid-run, its slot
+    replayed and verified, and the lr of every step, the trainer's, the replayed ones and the
+    spare's after it, is the failure-free schedule's, bit for bit."""
+    trace = str(tmp_path / "lr")
+    with LocalServer(SERVER, job()) as server:
+        args = ["--optimizer", "adam", "--scheduler", scheduler, "--lr-trace", trace]
+        trainer = worker(server, "--name", "t0", "--slow-ms", "15", *args)
+        spare = worker(server, "--name", "spare", "--role", "spare", *args)
+        # Past the first epoch (64 steps): the epoch-wise schedule has moved by then.
+        recovery = kill_past_a_snapshot(server, trainer, snapshot=80)
+        assert recovery.outcome == rebound_pb2.RECOVERED, recovery
+        assert recovery.verified
+        server.wait_for(lambda s: s.slots[0].state == rebound_pb2.FINISHED, 60,
+                        what="the slot finished")
+        assert wait_exit(spare, 30) == 0
+    expected = expected_lrs(scheduler, 200)
+    seen = {}
+    for name in os.listdir(tmp_path):
+        pid = int(name.split(".")[1])
+        for line in open(tmp_path / name):
+            t, lr = line.split()
+            seen.setdefault(pid, {})[int(t)] = float.fromhex(lr)
+    after = seen[spare.pid]
+    # The spare's first step is the replay's, right after a snapshot (tau = 20).
+    assert min(after) > 80 and (min(after) - 1) % 20 == 0, sorted(after)[:3]
+    assert max(after) == 200 and len(after) == 200 - min(after) + 1
+    assert set(seen[trainer.pid]) | set(after) == set(range(1, 201))
+    for pid, lrs in seen.items():
+        wrong = {t: (lr, expected[t]) for t, lr in lrs.items() if lr != expected[t]}
+        assert not wrong, (pid == spare.pid, sorted(wrong.items())[:5])
+    assert len(set(after.values())) > 2  # the schedule moves after the recovery

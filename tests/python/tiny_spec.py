@@ -3,12 +3,15 @@
 
     python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam|rmsprop|adagrad]
         [--max-seconds S] [--slow-ms MS] [--nondeterministic] [--start-gate PATH]
+        [--scheduler onecycle|steplr-epoch] [--lr-trace PATH]
 
 --slow-ms sleeps after every batch fetch (a test kills the trainer mid-run); --nondeterministic
 makes every process's model add its own noise, so a replay cannot match (the fallback test);
 --start-gate makes the first batch fetch (a trainer's comes after it pulled the center) create
 PATH.<pid> and wait until PATH exists (at most 120 s), so that a test starts every trainer's
-training at once, each from the center as the job began.
+training at once, each from the center as the job began. --scheduler adds one of SCHEDULERS to
+the spec; --lr-trace makes every training step (replayed ones too) append "step lr" to
+PATH.<pid> (with --optimizer adam, whose state counts the steps).
 """
 
 import argparse
@@ -65,13 +68,39 @@ class Noisy(torch.nn.Module):
         return self.inner(x) + 1e-3 * torch.randn(CLASSES, generator=self.noise)
 
 
+# --scheduler: name -> (factory of the optimizer, interval); max_steps 200 (test_training_loops).
+SCHEDULERS = {
+    "onecycle": (lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.02, total_steps=200),
+                 "step"),
+    "steplr-epoch": (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+                     "epoch"),
+}
+
+
 def make_spec(args):
+    made = {}
+
     def model():
         net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(),
                                   torch.nn.Dropout(0.1), torch.nn.Linear(32, CLASSES))
         return Noisy(net) if args.nondeterministic else net
 
     def optimizer(params):
+        made["optimizer"] = make_optimizer(params)
+        return made["optimizer"]
+
+    def loss(output, target):
+        trace = getattr(args, "lr_trace", None)
+        if trace and torch.is_grad_enabled():
+            # A training step's lr, before the step (Adam's state holds the steps done).
+            opt = made["optimizer"]
+            state = opt.state.get(opt.param_groups[0]["params"][0], {})
+            with open("%s.%d" % (trace, os.getpid()), "a") as f:
+                f.write("%d %s\n" % (int(state.get("step", 0)) + 1,
+                                     float(opt.param_groups[0]["lr"]).hex()))
+        return torch.nn.functional.cross_entropy(output, target)
+
+    def make_optimizer(params):
         if args.optimizer == "sgd":
             return torch.optim.SGD(params, lr=0.1, momentum=0.9)
         if args.optimizer == "adam":
@@ -82,10 +111,11 @@ def make_spec(args):
             return torch.optim.Adagrad(params, lr=0.05)
         return rt.AdaHessian(params, lr=0.05, hessian_every=2)
 
-    return rt.Spec(model=model, optimizer=optimizer, loss=torch.nn.functional.cross_entropy,
+    scheduler, interval = SCHEDULERS.get(getattr(args, "scheduler", None), (None, "step"))
+    return rt.Spec(model=model, optimizer=optimizer, loss=loss,
                    train_set=Synthetic(2048, 1, args.slow_ms, getattr(args, "start_gate", None)),
                    test_set=Synthetic(512, 2),
-                   batch_size=32)
+                   batch_size=32, scheduler=scheduler, scheduler_interval=interval)
 
 
 def main():
@@ -98,6 +128,8 @@ def main():
     parser.add_argument("--slow-ms", type=float, default=0)
     parser.add_argument("--nondeterministic", action="store_true")
     parser.add_argument("--start-gate")
+    parser.add_argument("--scheduler", choices=sorted(SCHEDULERS))
+    parser.add_argument("--lr-trace")
     args = parser.parse_args()
     # run() returns a RunResult, the exit code as an int: the test reads it as the exit status.
     return rt.run(make_spec(args), server=args.server, name=args.name, role=args.role,

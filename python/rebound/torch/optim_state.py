@@ -134,7 +134,9 @@ def _layout_after_one_step(optimizer):
         p.grad = torch.zeros_like(p)
     with torch.random.fork_rng(devices=[]):
         try:
-            shadow.step()
+            # The class's step: an instance's own `step` attribute (an LR scheduler's counting
+            # wrapper) still refers to the original optimizer and would step that one.
+            type(shadow).step(shadow)
         except Exception as error:  # a closure needed (LBFGS), sparse gradients only, ...
             raise Unreplayable("stepping it on zero gradients failed (%s: %s)" % (
                 type(error).__name__, error)) from None

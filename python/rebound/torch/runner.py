@@ -137,6 +137,13 @@ class Spec:
         center's initial value (every trainer starts from the center).
     batch_size, tau: must equal the job's data.batch_size and easgd.sync_period (checked at
         registration; None: take the job's).
+    scheduler: None, or a factory taking the optimizer and returning a learning-rate scheduler
+        (any torch.optim.lr_scheduler whose step() takes no argument: StepLR, LambdaLR,
+        OneCycleLR, CosineAnnealingLR, ...; not ReduceLROnPlateau). The runner steps it.
+    scheduler_interval: "step": scheduler.step() after every optimizer step; "epoch": after
+        every pass over the replica's shard (the step whose batch completes it). Its state
+        after step t is a function of t, so a spare and a trainer restarted from the center
+        rebuild it by stepping a fresh scheduler as often (docs/python.md#learning-rate-schedulers).
     """
     model: typing.Callable[[], torch.nn.Module]
     optimizer: typing.Callable[[typing.Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -147,6 +154,8 @@ class Spec:
     tau: typing.Optional[int] = None
     eval_batch_size: int = 1000
     init_seed: int = 1
+    scheduler: typing.Optional[typing.Callable[[torch.optim.Optimizer], typing.Any]] = None
+    scheduler_interval: str = "step"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +278,8 @@ class _Worker:
         self._iteration_began = None
         self.model = None
         self.optimizer = None
+        self.scheduler = None
+        self._epoch = (1, 1)  # (batch size, shard length): an epoch's steps, for the scheduler
         self.params = None
         self.names = None
         self._unreplayable = None  # why the optimizer's state cannot be snapshotted, once logged
@@ -283,6 +294,31 @@ class _Worker:
         self.optimizer = self.spec.optimizer(self.params)
         if isinstance(self.optimizer, AdaHessian):
             self.optimizer.set_rng(job.data.seed, replica)
+        self.scheduler = None
+        if self.spec.scheduler is not None:
+            self.scheduler = self.spec.scheduler(self.optimizer)
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise _Exit(rebound.EXIT_CONFIG, "the spec's scheduler is ReduceLROnPlateau, "
+                            "whose step needs a metric: the runner steps schedulers without one")
+        shard = shard_ids(len(self.spec.train_set), job.topology.replicas, replica)
+        self._epoch = (job.data.batch_size, max(1, len(shard)))
+
+    def _scheduler_steps(self, t):
+        """How often the scheduler has been stepped after training step t."""
+        if self.spec.scheduler_interval == "step":
+            return t
+        batch_size, shard = self._epoch
+        return t * batch_size // shard  # the passes over the shard completed
+
+    def seek_scheduler(self, t):
+        """Steps the freshly built scheduler to where it is after training step t: the same
+        calls in the same order as the trainer made, so the same bits in every lr."""
+        if self.scheduler is None:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+            for _ in range(self._scheduler_steps(t)):
+                self.scheduler.step()
 
     def check_job(self, job):
         if self.spec.batch_size is not None and self.spec.batch_size != job.data.batch_size:
@@ -335,6 +371,9 @@ class _Worker:
         loss = self.spec.loss(self.model(x), y)
         loss.backward(create_graph=adahessian and self.optimizer.hessian_due())
         self.optimizer.step()
+        if self.scheduler is not None:
+            for _ in range(self._scheduler_steps(t) - self._scheduler_steps(t - 1)):
+                self.scheduler.step()
         return float(loss.detach())
 
     def sync(self, reg, t, loss, cursor):
@@ -392,6 +431,7 @@ class _Worker:
             if start > 0 and isinstance(self.optimizer, AdaHessian):
                 zeros = [torch.zeros_like(p) for p in self.params]
                 self.optimizer.import_state(start, zeros, zeros, zeros)
+            self.seek_scheduler(start)  # a restart from the center keeps its schedule
             if start > 0:
                 _log("restarting slot (%d, %d) from the center (version %d) at step %d" % (
                     slot.replica, slot.stage, version, start))
@@ -578,6 +618,7 @@ class _Worker:
                                   task.snapshot.optimizer, t0)
             except optim_state.Unreplayable as why:
                 unreplayable = "step %d: cannot replay exactly: %s" % (t0, why)
+            self.seek_scheduler(t0)
             records = []
             if tf > t0 and unreplayable is None:
                 records = self.conn.stream("ReadLog", rebound_pb2.ReadLogRequest(
@@ -843,6 +884,9 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         if role not in roles:
             raise _Exit(rebound.EXIT_CONFIG, "role must be trainer, spare or evaluator, got %r"
                         % (role,))
+        if spec.scheduler_interval not in ("step", "epoch"):
+            raise _Exit(rebound.EXIT_CONFIG, "the spec's scheduler_interval must be \"step\" or "
+                        "\"epoch\", got %r" % (spec.scheduler_interval,))
         token_file = token_file or config_token
         token = ""
         if token_file:
