@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "glog/logging.h"
+#include "storage/format_version.h"
 
 namespace rebound::server {
 namespace {
@@ -81,6 +82,7 @@ grpc::Status SendCheckpoint(const storage::DurableStore& store, const std::strin
   done.set_epoch(made->epoch);
   done.set_sequence(made->sequence);
   done.set_files(files);
+  done.set_data_format_version(storage::kDataFormatVersion);
   writer->Write(done);
   if (position != nullptr) *position = *made;
   return grpc::Status::OK;

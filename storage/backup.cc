@@ -89,6 +89,7 @@ absl::StatusOr<BackupInfo> WriteBackupManifest(const std::string& dir, const Bac
   manifest["sequence"] = info.sequence;
   manifest["server_version"] = info.server_version;
   manifest["created_unix_ms"] = info.created_unix_ms;
+  manifest["data_format_version"] = info.data_format_version;
   manifest["files"] = std::move(listed);
   RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / kBackupManifest).string(),
                                    manifest.dump(1) + "\n"));
@@ -119,6 +120,13 @@ absl::StatusOr<BackupInfo> VerifyBackup(const std::string& dir) {
   info.sequence = manifest.value("sequence", uint64_t{0});
   info.server_version = manifest.value("server_version", "");
   info.created_unix_ms = manifest.value("created_unix_ms", int64_t{0});
+  info.data_format_version = manifest.value("data_format_version", kUnrecordedDataFormat);
+  if (info.data_format_version > kDataFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the backup holds a data directory of format ", info.data_format_version,
+        ", newer than format ", kDataFormatVersion, " that this server reads: restore it with the "
+        "Rebound version that made it or a later one (docs/upgrading.md)"));
+  }
   std::map<std::string, bool> listed;
   for (const nlohmann::json& file : manifest["files"]) {
     const std::string name = file.value("path", "");
@@ -172,6 +180,7 @@ absl::StatusOr<BackupInfo> RestoreBackup(const std::string& backup_dir,
     fs::copy_file(fs::path(backup_dir) / file, to, error);
     if (error) return FileError(absl::StrCat("copying ", file, " to ", restoring), error);
   }
+  RETURN_IF_ERROR(WriteDataFormat(restoring, info.data_format_version));
   ::sync();
   fs::remove(data_dir, error);  // absent or empty
   fs::rename(restoring, data_dir, error);

@@ -6,15 +6,20 @@
 // and MANIFEST.json:
 //
 //   {"format": "rebound-backup", "format_version": 1, "epoch": E, "sequence": S,
-//    "server_version": "...", "created_unix_ms": T,
+//    "server_version": "...", "created_unix_ms": T, "data_format_version": F,
 //    "files": [{"path": "tensors/center-s0-12", "bytes": N, "xxh64": "0123abcd..."}, ...]}
 //
 // `reboundctl backup DIR` writes it (WriteBackupManifest after the stream); `rebound_server
 // --restore_from DIR` checks it (VerifyBackup) and copies the files into an empty data
 // directory (RestoreBackup), which then opens at (E, S).
 //
+// `format_version` is the manifest's own format; `data_format_version` that of the store's files
+// (storage/format_version.h: the server's, as the Backup stream says it; a manifest without it is
+// from before 0.13: format 1), which a restore records as the data directory's FORMAT.
+//
 // Thread-safety: stateless functions. Status codes: FAILED_PRECONDITION for a directory without
-// a manifest, a newer format_version, or a data directory that is not empty; DATA_LOSS naming
+// a manifest, a newer format_version or data_format_version, or a data directory that is not
+// empty; DATA_LOSS naming
 // the file that is missing, of another size or checksum, or not in the manifest; UNAVAILABLE /
 // RESOURCE_EXHAUSTED for I/O errors, naming the path.
 
@@ -22,6 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "storage/format_version.h"
 
 namespace rebound::storage {
 
@@ -33,6 +39,7 @@ struct BackupInfo {
   uint64_t sequence = 0;
   std::string server_version;
   int64_t created_unix_ms = 0;
+  int data_format_version = kUnrecordedDataFormat;  // of the store's files
   int64_t files = 0;      // listed in the manifest
   int64_t bytes = 0;      // their sizes, summed
 };

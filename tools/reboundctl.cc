@@ -618,6 +618,7 @@ int Backup(const std::shared_ptr<grpc::Channel>& channel, const std::string& dir
   info.epoch = done->epoch();
   info.sequence = done->sequence();
   info.server_version = status.server_version();
+  if (done->has_data_format_version()) info.data_format_version = done->data_format_version();
   info.created_unix_ms = absl::ToUnixMillis(absl::Now());
   absl::StatusOr<storage::BackupInfo> written = storage::WriteBackupManifest(dir, info);
   if (!written.ok()) {

@@ -202,6 +202,10 @@ absl::Status Standby::CatchUp(ServerPeer::Stub* stub, const MemberAddress& leade
   RETURN_IF_ERROR(received.status());
   const CheckpointChunk& done = *received;
   const uint64_t files = done.files();
+  // The leader's format; OpenDataDir below refuses one newer than this build's.
+  RETURN_IF_ERROR(storage::WriteDataFormat(
+      incoming, done.has_data_format_version() ? done.data_format_version()
+                                               : storage::kUnrecordedDataFormat));
   store_.reset();
   fs::rename(dir, dir + ".replaced", error);
   if (error) return FileError(absl::StrCat("renaming ", dir), error);

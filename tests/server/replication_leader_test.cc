@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@
 #include "server/group/replication_leader.h"
 #include "server/group/standby.h"
 #include "storage/durable_store.h"
+#include "storage/format_version.h"
 
 namespace rebound::server {
 namespace {
@@ -138,7 +140,7 @@ struct FollowingStandby {
     StandbyOptions options;
     options.name = name;
     options.peer_address = "127.0.0.1:1";
-    options.store_options.data_dir = FreshDir(name);
+    options.store_options.data_dir = data_dir = FreshDir(name);
     auto opened = Standby::Open(options);
     REQUIRE(opened.ok());
     standby = *std::move(opened);
@@ -151,6 +153,7 @@ struct FollowingStandby {
   }
   uint64_t applied() const { return standby->store()->LastApplied().sequence; }
 
+  std::string data_dir;
   std::unique_ptr<Standby> standby;
   std::thread thread;
 };
@@ -468,6 +471,25 @@ TEST_CASE("a standby of an incompatible version is refused, naming both versions
     CHECK(legacy.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
     CHECK(absl::StrContains(legacy.error_message(), "0.12.0 or older (it sent no version)"));
   }
+}
+
+TEST_CASE("a standby that catches up from a checkpoint records the leader's data format") {
+  ReplicationLeaderOptions options;
+  options.name = "leader";
+  // Every commit leaves the buffer at once: a standby that comes later needs a checkpoint.
+  options.max_buffered_bytes = 1;
+  options.check_leadership = [] { return absl::OkStatus(); };
+  LeaderSide leader(options);
+  for (int64_t version = 1; version <= 3; ++version) {
+    REQUIRE(leader.store->Commit(CenterBatch(version, std::vector<float>{1.0f})).ok());
+  }
+  FollowingStandby late("late", leader.address());
+  REQUIRE(Eventually([&] { return late.standby->checkpoints_fetched() == 1; }));
+  REQUIRE(Eventually([&] { return late.applied() == 3; }));
+  std::ifstream format(late.data_dir + "/FORMAT");
+  std::string line;
+  REQUIRE(std::getline(format, line));
+  CHECK(line == absl::StrCat("rebound data directory format ", storage::kDataFormatVersion));
 }
 
 }  // namespace

@@ -104,6 +104,47 @@ TEST_CASE("a backup verifies and restores into an empty directory at its commit"
   CHECK(RestoreBackup(f.backup, f.root + "/again").ok());
 }
 
+TEST_CASE("a backup records its data format, and a restore writes it as the directory's FORMAT") {
+  Fixture f;  // the manifest written with BackupInfo's default: a store of format 1
+  CHECK(absl::StrContains(ReadFileOrEmpty(f.backup + "/" + kBackupManifest),
+                          "\"data_format_version\": 1"));
+  const std::string restored_dir = f.root + "/restored";
+  auto restored = RestoreBackup(f.backup, restored_dir);
+  REQUIRE(restored.ok());
+  CHECK(restored->data_format_version == 1);
+  CHECK(ReadFileOrEmpty(restored_dir + "/FORMAT") == "rebound data directory format 1\n");
+
+  // A manifest from before 0.13 (no data_format_version) is format 1 too.
+  const std::string manifest = f.backup + "/" + kBackupManifest;
+  std::string text = ReadFileOrEmpty(manifest);
+  const std::string field = "\n \"data_format_version\": 1,";
+  const size_t at = text.find(field);
+  REQUIRE(at != std::string::npos);
+  text.erase(at, field.size());
+  REQUIRE(WriteFile(manifest, text).ok());
+  auto old = VerifyBackup(f.backup);
+  REQUIRE(old.ok());
+  CHECK(old->data_format_version == 1);
+}
+
+TEST_CASE("a backup of a newer data format is refused, and nothing is restored") {
+  Fixture f;
+  const std::string manifest = f.backup + "/" + kBackupManifest;
+  std::string text = ReadFileOrEmpty(manifest);
+  const std::string field = "\"data_format_version\": 1";
+  const size_t at = text.find(field);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, field.size(),
+               absl::StrCat("\"data_format_version\": ", kDataFormatVersion + 1));
+  REQUIRE(WriteFile(manifest, text).ok());
+  auto restored = RestoreBackup(f.backup, f.root + "/restored");
+  REQUIRE(restored.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(restored.status().message(),
+                          absl::StrCat("data directory of format ", kDataFormatVersion + 1,
+                                       ", newer than format ", kDataFormatVersion)));
+  CHECK_FALSE(fs::exists(f.root + "/restored"));
+}
+
 TEST_CASE("a damaged, unlisted or missing file fails the check, naming it") {
   Fixture f;
   const std::string tensor = f.TensorFile();
