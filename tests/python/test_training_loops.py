@@ -46,14 +46,16 @@ def kill_past_a_snapshot(server, trainer, logged=4, snapshot=20):
     return status.recoveries[0]
 
 
-@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad"])
-def test_a_kill_under_another_torch_optimizer_is_replayed_and_verified(optimizer):
+@pytest.mark.parametrize("optimizer,model", [("rmsprop", "mlp"), ("adagrad", "bn")])
+def test_a_kill_under_another_torch_optimizer_is_replayed_and_verified(optimizer, model):
     """RMSprop (centered, with momentum: three state tensors) and Adagrad (its state made in
-    the constructor): the spare restores the state from the snapshot, every replayed step
+    the constructor; on the BatchNorm model, whose running statistics are in the snapshot and
+    the checksums): the spare restores the state from the snapshot, every replayed step
     matches the trainer's checksum, and the spare finishes the job as the slot's trainer."""
     with LocalServer(SERVER, job()) as server:
-        trainer = worker(server, "--name", "t0", "--slow-ms", "15", "--optimizer", optimizer)
-        spare = worker(server, "--name", "spare", "--role", "spare", "--optimizer", optimizer)
+        args = ["--optimizer", optimizer, "--model", model]
+        trainer = worker(server, "--name", "t0", "--slow-ms", "15", *args)
+        spare = worker(server, "--name", "spare", "--role", "spare", *args)
         recovery = kill_past_a_snapshot(server, trainer)
         assert recovery.outcome == rebound_pb2.RECOVERED, recovery
         assert recovery.verified
@@ -156,3 +158,87 @@ def test_a_scheduler_keeps_its_schedule_across_a_kill(scheduler, tmp_path):
         wrong = {t: (lr, expected[t]) for t, lr in lrs.items() if lr != expected[t]}
         assert not wrong, (pid == spare.pid, sorted(wrong.items())[:5])
     assert len(set(after.values())) > 2  # the schedule moves after the recovery
+
+
+def accuracy(model, data):
+    model.eval()
+    with torch.no_grad():
+        return float((model(data.x).argmax(dim=1) == data.y).sum()) / len(data)
+
+
+def test_a_batchnorm_models_evaluator_accuracy_is_its_centers_with_recomputed_statistics():
+    """BatchNorm's running statistics are declared with the parameters and averaged into the
+    center: the evaluator's last accuracy (of the final center) is the final center's own, with
+    the center's statistics, and within 1 point of the same parameters evaluated with statistics
+    recomputed over the training set; with fresh statistics (what the evaluator used before the
+    buffers were in the center) it is far lower."""
+    import argparse
+    import rebound.torch as rt
+    import tiny_spec
+    with LocalServer(SERVER, job(replicas=2)) as server:
+        args = ["--model", "bn", "--optimizer", "adam"]
+        trainers = [worker(server, "--name", "t%d" % i, *args) for i in range(2)]
+        evaluator = worker(server, "--name", "eval", "--role", "evaluator", *args)
+        for process in trainers + [evaluator]:
+            assert wait_exit(process, 90) == 0, read_log(process)[-2000:]
+        last = server.status().last_eval
+        state, versions = rt.export_center(server.address)
+    assert last.center_version == versions[0]  # the last evaluation is the final center's
+    assert "2.running_mean" in state and "2.running_var" in state
+    spec = tiny_spec.make_spec(argparse.Namespace(optimizer="adam", slow_ms=0, model="bn",
+                                                  nondeterministic=False))
+    model = tiny_spec.batchnorm_model()
+    # Every float tensor of the state_dict is in the center; the integer counter is not.
+    assert set(state) == set(model.state_dict()) - {"2.num_batches_tracked"}
+    model.load_state_dict(state, strict=False)
+    assert accuracy(model, spec.test_set) == pytest.approx(last.test_accuracy, abs=1e-12)
+    # The same parameters, statistics recomputed as plain PyTorch would: a pass over the
+    # training set in training mode with a cumulative average.
+    bn = model[2]
+    bn.reset_running_stats()
+    bn.momentum = None
+    model.train()
+    with torch.no_grad():
+        for begin in range(0, len(spec.train_set), 32):
+            model(spec.train_set.x[begin:begin + 32])
+    recomputed = accuracy(model, spec.test_set)
+    assert abs(last.test_accuracy - recomputed) <= 0.01, (last.test_accuracy, recomputed)
+    bn.reset_running_stats()
+    fresh = accuracy(model, spec.test_set)
+    assert fresh < recomputed - 0.1, (fresh, recomputed)
+
+
+def test_a_regression_models_loss_is_the_centers_on_float_targets():
+    """Float vector targets served one sample at a time (lists of floats), MSE loss: the
+    runner batches them as floats (not truncated to integers), the model learns (the final test
+    loss far below the initial model's), the evaluator's last loss is the final center's on the
+    float targets, and it reports no accuracy for a regression."""
+    import argparse
+    import rebound.torch as rt
+    import tiny_spec
+    with LocalServer(SERVER, job()) as server:
+        args = ["--task", "regression", "--optimizer", "adam"]
+        trainer = worker(server, "--name", "t0", *args)
+        evaluator = worker(server, "--name", "eval", "--role", "evaluator", *args)
+        for process in (trainer, evaluator):
+            assert wait_exit(process, 90) == 0, read_log(process)[-2000:]
+        last = server.status().last_eval
+        state, versions = rt.export_center(server.address)
+        evaluations = read_log(evaluator)
+    assert last.center_version == versions[0]
+    # No accuracy reported (the server's status shows 0 for a report without one).
+    assert last.test_accuracy == 0.0
+    assert re.search(r"evaluated center version %d: test loss [0-9.]+\n" % last.center_version,
+                     evaluations), evaluations[-500:]
+    spec = tiny_spec.make_spec(argparse.Namespace(optimizer="adam", slow_ms=0, task="regression",
+                                                  nondeterministic=False))
+    test = spec.test_set
+    assert not torch.equal(test.y, test.y.round())  # the targets are not integers
+    torch.manual_seed(1)
+    model = spec.model()
+    with torch.no_grad():
+        initial = float(torch.nn.functional.mse_loss(model(test.x), test.y))
+        model.load_state_dict(state)
+        final = float(torch.nn.functional.mse_loss(model.eval()(test.x), test.y))
+    assert last.test_loss == pytest.approx(final, rel=1e-5)
+    assert final < initial / 4, (final, initial)

@@ -3,7 +3,8 @@
 
     python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam|rmsprop|adagrad]
         [--max-seconds S] [--slow-ms MS] [--nondeterministic] [--start-gate PATH]
-        [--scheduler onecycle|steplr-epoch] [--lr-trace PATH]
+        [--scheduler onecycle|steplr-epoch] [--lr-trace PATH] [--model mlp|bn]
+        [--task classes|regression]
 
 --slow-ms sleeps after every batch fetch (a test kills the trainer mid-run); --nondeterministic
 makes every process's model add its own noise, so a replay cannot match (the fallback test);
@@ -56,6 +57,23 @@ class Synthetic:
         return self.x.index_select(0, ids), self.y.index_select(0, ids)
 
 
+class Regression:
+    """--task regression: 4 float targets per sample (half the teacher's outputs), served one
+    sample at a time as a list of floats (no batch method: the runner batches them)."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(7))
+        self.x = torch.randn(n, FEATURES, generator=g)
+        self.y = (self.x @ teacher) * 0.5
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i].tolist()
+
+
 class Noisy(torch.nn.Module):
     """Adds process-dependent noise: not a deterministic function of the step's inputs."""
 
@@ -66,6 +84,20 @@ class Noisy(torch.nn.Module):
 
     def forward(self, x):
         return self.inner(x) + 1e-3 * torch.randn(CLASSES, generator=self.noise)
+
+
+class Shifted(torch.nn.Module):
+    """x * 3 + 2: inputs far from BatchNorm's initial statistics (mean 0, variance 1)."""
+
+    def forward(self, x):
+        return x * 3 + 2
+
+
+def batchnorm_model():
+    """--model bn: BatchNorm (running statistics: buffers) and Dropout."""
+    return torch.nn.Sequential(Shifted(), torch.nn.Linear(FEATURES, 32),
+                               torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                               torch.nn.Linear(32, CLASSES))
 
 
 # --scheduler: name -> (factory of the optimizer, interval); max_steps 200 (test_training_loops).
@@ -81,6 +113,8 @@ def make_spec(args):
     made = {}
 
     def model():
+        if getattr(args, "model", None) == "bn":
+            return batchnorm_model()
         net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(),
                                   torch.nn.Dropout(0.1), torch.nn.Linear(32, CLASSES))
         return Noisy(net) if args.nondeterministic else net
@@ -112,6 +146,10 @@ def make_spec(args):
         return rt.AdaHessian(params, lr=0.05, hessian_every=2)
 
     scheduler, interval = SCHEDULERS.get(getattr(args, "scheduler", None), (None, "step"))
+    if getattr(args, "task", None) == "regression":
+        return rt.Spec(model=model, optimizer=optimizer, loss=torch.nn.functional.mse_loss,
+                       train_set=Regression(2048, 1), test_set=Regression(512, 2),
+                       batch_size=32, scheduler=scheduler, scheduler_interval=interval)
     return rt.Spec(model=model, optimizer=optimizer, loss=loss,
                    train_set=Synthetic(2048, 1, args.slow_ms, getattr(args, "start_gate", None)),
                    test_set=Synthetic(512, 2),
@@ -129,6 +167,8 @@ def main():
     parser.add_argument("--nondeterministic", action="store_true")
     parser.add_argument("--start-gate")
     parser.add_argument("--scheduler", choices=sorted(SCHEDULERS))
+    parser.add_argument("--model", choices=["mlp", "bn"], default="mlp")
+    parser.add_argument("--task", choices=["classes", "regression"], default="classes")
     parser.add_argument("--lr-trace")
     args = parser.parse_args()
     # run() returns a RunResult, the exit code as an int: the test reads it as the exit status.

@@ -9,8 +9,8 @@ All three read the server's ExportCenter, an operator call: from the server's ow
 nothing; a server with ``security.operator_token_file`` wants that token
 (``operator_token_file``), and one with a bearer token that too (``token_file``). A replicated
 group's members, comma-separated, reach its leader. A declared model's tensors carry the names of
-``model.named_parameters()`` (as ``rebound.torch.run`` declared them); the built-in MLP's are
-``layer<l>.weight`` (out x in) and ``layer<l>.bias``.
+``model.named_parameters()`` and of its float32 buffers (as ``rebound.torch.run`` declared
+them); the built-in MLP's are ``layer<l>.weight`` (out x in) and ``layer<l>.bias``.
 """
 
 import collections
@@ -63,12 +63,13 @@ def export_center(server, operator_token_file=None, token_file=None, deadline_s=
 
 
 def load_center(server, model, operator_token_file=None, token_file=None, deadline_s=60.0):
-    """Copies the server's current center into ``model``'s parameters, by name; returns each
-    stage's center version. Raises ValueError when the center's tensors and the model's
-    parameters differ in names or shapes (buffers, e.g. BatchNorm's running statistics, are not
-    trained by Rebound and stay as they are)."""
+    """Copies the server's current center into ``model``'s declared tensors, by name: its
+    parameters and float32 buffers (BatchNorm's running statistics, which the center holds as
+    ``rebound.torch.run`` declares them); returns each stage's center version. Raises ValueError
+    when the center's tensors and the model's differ in names or shapes."""
+    from rebound.torch.runner import declared_tensors
     state, versions = export_center(server, operator_token_file, token_file, deadline_s)
-    params = dict(model.named_parameters())
+    params = dict(zip(*declared_tensors(model)))
     missing = [name for name in params if name not in state]
     extra = [name for name in state if name not in params]
     if missing or extra:

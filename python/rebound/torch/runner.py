@@ -130,9 +130,13 @@ class Spec:
         rule; a state that does not fit it trains, and a replay of it falls back to
         RESTART_FROM_CENTER).
     loss: loss(output, target) -> scalar tensor.
-    train_set: indexable by sample id: train_set[i] -> (x, y); an optional train_set.batch(ids)
-        -> (X, Y) is used when present.
+    train_set: indexable by sample id: train_set[i] -> (x, y), batched by the runner (tensors and
+        numpy arrays stacked, numbers and lists of numbers as torch.as_tensor makes them: any
+        target a loss takes, class indices, floats, vectors, multi-label); an optional
+        train_set.batch(ids) -> (X, Y) is used when present (docs/python.md#data).
     test_set: the evaluator's data set (same protocol); None: this script cannot evaluate.
+    accuracy: None, or accuracy(output, target) -> the fraction of a test batch predicted right;
+        None: argmax accuracy for class-index targets, none (the loss alone) for other targets.
     init_seed: torch.manual_seed before the model factory: the first registration's model is the
         center's initial value (every trainer starts from the center).
     batch_size, tau: must equal the job's data.batch_size and easgd.sync_period (checked at
@@ -156,6 +160,7 @@ class Spec:
     init_seed: int = 1
     scheduler: typing.Optional[typing.Callable[[torch.optim.Optimizer], typing.Any]] = None
     scheduler_interval: str = "step"
+    accuracy: typing.Optional[typing.Callable[[typing.Any, typing.Any], float]] = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,13 +215,70 @@ def batch_ids(shard, seed, replica, step, batch_size, _cache={}):
     return out, epoch, offset
 
 
+class DataError(Exception):
+    """A data set the runner cannot batch (exit code 2): the message names the samples and
+    what to do."""
+
+
+def _collate(values, ids, what):
+    """One batch tensor of the per-sample ``values`` (docs/python.md#data): tensors and numpy
+    arrays stacked as they are (dtype kept), Python numbers and lists or tuples of numbers as
+    torch.as_tensor makes them (floats float32, ints int64, bools bool). DataError otherwise."""
+    first = values[0]
+    try:
+        if isinstance(first, torch.Tensor):
+            return torch.stack([torch.as_tensor(v) for v in values])
+        if isinstance(first, np.ndarray):
+            return torch.stack([torch.from_numpy(np.asarray(v)) for v in values])
+        if isinstance(first, (bool, int, float, np.number, list, tuple)):
+            return torch.as_tensor(values if not isinstance(first, np.number)
+                                   else np.asarray(values))
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise DataError("the %s of samples %s cannot be batched: %s (every sample's %s needs "
+                        "the same shape; or give the data set a batch(ids) method)" % (
+                            what, _ids_text(ids), str(error).splitlines()[0], what)) from None
+    raise DataError("the %s of sample %d is a %s, which the runner cannot batch: return "
+                    "tensors, numpy arrays, numbers or lists of numbers from ds[i], or give the "
+                    "data set a batch(ids) method (docs/python.md#data)" % (
+                        what, int(ids[0]), type(first).__name__))
+
+
+def _ids_text(ids):
+    ids = [int(i) for i in ids]
+    return "%s" % ids if len(ids) <= 6 else "[%d, %d, %d, ...] (%d samples)" % (
+        ids[0], ids[1], ids[2], len(ids))
+
+
 def _fetch(data_set, ids):
+    """(X, Y) of the samples ``ids``: ``data_set.batch(ids)`` when it has one, else ds[i] of
+    each, batched by ``_collate``. DataError for what cannot be batched."""
     if hasattr(data_set, "batch"):
-        return data_set.batch(torch.as_tensor(ids))
+        batch = data_set.batch(torch.as_tensor(ids))
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise DataError("the data set's batch(ids) returned a %s; it must return (X, Y)" %
+                            type(batch).__name__)
+        return batch
     items = [data_set[int(i)] for i in ids]
-    xs = torch.stack([torch.as_tensor(x) for x, _ in items])
-    ys = torch.as_tensor([int(y) for _, y in items])
-    return xs, ys
+    for i, item in zip(ids, items):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise DataError("sample %d of the data set is a %s; ds[i] must be a pair (x, y)" %
+                            (int(i), type(item).__name__))
+    return (_collate([x for x, _ in items], ids, "input"),
+            _collate([y for _, y in items], ids, "target"))
+
+
+def _batch_accuracy(spec, output, target):
+    """The fraction of the batch predicted right, or None where it is not defined: the spec's
+    ``accuracy(output, target)`` if it has one; else, for class indices (an integer target of
+    shape [B] and an output of shape [B, C]), argmax's; else None (regression, multi-label:
+    the evaluator reports the loss alone)."""
+    if spec.accuracy is not None:
+        return float(spec.accuracy(output, target))
+    if (isinstance(target, torch.Tensor) and isinstance(output, torch.Tensor) and
+            target.dim() == 1 and output.dim() == 2 and len(target) == len(output) and
+            not target.dtype.is_floating_point and target.dtype != torch.bool):
+        return float((output.argmax(dim=1) == target).sum()) / max(1, len(target))
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,15 +294,16 @@ def _params_checksums(params):
 # Optimizer state <-> the protocol's OptimizerState (step, m, v, last_hdiag).
 
 def _export_optimizer(optimizer, tensors, names, step):
-    """(OptimizerState, why): AdaHessian's (m, v, D) by its own export, any other optimizer's
-    state by rebound.torch.optim_state's rule; ``why`` says why a replay from it cannot be exact
-    (None when it can)."""
+    """(OptimizerState, why) over the declared ``tensors``: AdaHessian's (m, v, D) by its own
+    export, any other optimizer's state by rebound.torch.optim_state's rule; ``why`` says why a
+    replay from it cannot be exact (None when it can)."""
     if isinstance(optimizer, AdaHessian):
         t, m, v, d = optimizer.export_state()
+        params = optimizer._params()
         message = rebound_pb2.OptimizerState(step=int(t))
         for field, values in (("m", m), ("v", v), ("last_hdiag", d)):
             if values is not None:
-                getattr(message, field).CopyFrom(wire.bundle_of(values))
+                getattr(message, field).CopyFrom(wire.bundle_of(_over(tensors, params, values)))
         return message, None
     return optim_state.export(optimizer, tensors, names, step)
 
@@ -254,9 +317,55 @@ def _import_optimizer(optimizer, tensors, names, state, snapshot_step):
         v = wire.tensors_of(state.v, tensors, "optimizer.v") if state.v.tensors else zeros
         d = (wire.tensors_of(state.last_hdiag, tensors, "optimizer.last_hdiag")
              if state.last_hdiag.tensors else zeros)
-        optimizer.import_state(state.step, m, v, d)
+        params = optimizer._params()
+        optimizer.import_state(state.step, _of(tensors, params, m), _of(tensors, params, v),
+                               _of(tensors, params, d))
         return
     optim_state.restore(optimizer, tensors, names, state, snapshot_step)
+
+
+# ---------------------------------------------------------------------------------------------
+# The declared tensors: parameters, then float buffers.
+
+def declared_tensors(model):
+    """(names, tensors) of what a model declares, in id order: every parameter of
+    ``model.named_parameters()``, then every float32 buffer of its state_dict (BatchNorm's
+    running_mean and running_var; not a non-persistent buffer, which is no state). The center
+    holds them all and averages buffers with the parameters (docs/python.md#buffers). Integer
+    buffers (num_batches_tracked) are not declared: ``set_batches_tracked``."""
+    names, tensors = [], []
+    for name, p in model.named_parameters():
+        names.append(name)
+        tensors.append(p)
+    persistent = set(model.state_dict(keep_vars=True))
+    for name, b in model.named_buffers():
+        if b.dtype == torch.float32 and name in persistent:
+            names.append(name)
+            tensors.append(b)
+    return names, tensors
+
+
+def set_batches_tracked(model, step):
+    """Every BatchNorm's num_batches_tracked := the slot's step: what one training forward per
+    step counts from step 0, whatever the process's history (a spare, a restart). It matters
+    only to a BatchNorm with momentum=None (a cumulative average)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and (
+                getattr(module, "num_batches_tracked", None) is not None):
+            module.num_batches_tracked.fill_(step)
+
+
+def _over(tensors, params, values):
+    """``values`` (one per parameter of ``params``) as one per declared tensor: zeros for the
+    declared tensors that are not in ``params`` (buffers)."""
+    by_id = {id(p): v for p, v in zip(params, values)}
+    return [by_id.get(id(t), None) if id(t) in by_id else torch.zeros_like(t) for t in tensors]
+
+
+def _of(tensors, params, values):
+    """The inverse of ``_over``: the values of ``params`` among those of ``tensors``."""
+    by_id = {id(t): v for t, v in zip(tensors, values)}
+    return [by_id[id(p)] for p in params]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +389,8 @@ class _Worker:
         self.optimizer = None
         self.scheduler = None
         self._epoch = (1, 1)  # (batch size, shard length): an epoch's steps, for the scheduler
-        self.params = None
+        self.params = None   # the optimizer's: model.parameters()
+        self.tensors = None  # the declared ones (parameters, float buffers), the center's
         self.names = None
         self._unreplayable = None  # why the optimizer's state cannot be snapshotted, once logged
 
@@ -290,7 +400,7 @@ class _Worker:
         torch.manual_seed(self.spec.init_seed)
         self.model = self.spec.model()
         self.params = [p for p in self.model.parameters()]
-        self.names = [n for n, _ in self.model.named_parameters()]
+        self.names, self.tensors = declared_tensors(self.model)
         self.optimizer = self.spec.optimizer(self.params)
         if isinstance(self.optimizer, AdaHessian):
             self.optimizer.set_rng(job.data.seed, replica)
@@ -351,9 +461,16 @@ class _Worker:
             self.training_s += time.monotonic() - self._iteration_began
             self._iteration_began = None
 
+    def _data(self, data_set, ids):
+        try:
+            return _fetch(data_set, ids)
+        except DataError as error:
+            raise _Exit(rebound.EXIT_CONFIG, str(error)) from None
+
     def set_params(self, values):
+        """The declared tensors := ``values`` (parameters and buffers)."""
         with torch.no_grad():
-            for p, v in zip(self.params, values):
+            for p, v in zip(self.tensors, values):
                 p.copy_(v)
 
     # -- training ---------------------------------------------------------------------------
@@ -362,7 +479,7 @@ class _Worker:
         """One training step on the batch ``ids`` with torch seeded by ``seed``; the loss."""
         torch.manual_seed(seed)
         self.model.train()
-        x, y = _fetch(self.spec.train_set, ids)
+        x, y = self._data(self.spec.train_set, ids)
         self.optimizer.zero_grad(set_to_none=True)
         adahessian = isinstance(self.optimizer, AdaHessian)
         if adahessian and self.optimizer.step_count != t - 1:
@@ -377,18 +494,23 @@ class _Worker:
         return float(loss.detach())
 
     def sync(self, reg, t, loss, cursor):
-        optimizer, why = _export_optimizer(self.optimizer, self.params, self.names, t)
+        optimizer, why = _export_optimizer(self.optimizer, self.tensors, self.names, t)
         if why is not None and why != self._unreplayable:
             self._unreplayable = why
             _log("the optimizer %s's state cannot be snapshotted exactly (%s): a replay of this "
                  "slot will fall back to RESTART_FROM_CENTER" % (type(self.optimizer).__name__,
                                                                  why))
         self.set_params(self._guarded(lambda: self.center.sync(
-            reg.incarnation, reg.slot, t, self.params, optimizer, loss, cursor)))
+            reg.incarnation, reg.slot, t, self.tensors, optimizer, loss, cursor)))
 
-    def pull(self, reg):
-        """Sets the parameters to the center's; its version."""
-        center, version = self._guarded(lambda: self.center.pull(reg.incarnation, self.params))
+    def pull(self, reg, buffers=True):
+        """Sets the declared tensors to the center's (``buffers=False``: the parameters only);
+        its version."""
+        center, version = self._guarded(lambda: self.center.pull(reg.incarnation, self.tensors))
+        if not buffers:
+            held = {id(p) for p in self.params}
+            center = [c if id(t) in held else t.detach().clone()
+                      for t, c in zip(self.tensors, center)]
         self.set_params(center)
         return version
 
@@ -431,6 +553,7 @@ class _Worker:
             if start > 0 and isinstance(self.optimizer, AdaHessian):
                 zeros = [torch.zeros_like(p) for p in self.params]
                 self.optimizer.import_state(start, zeros, zeros, zeros)
+            set_batches_tracked(self.model, start)
             self.seek_scheduler(start)  # a restart from the center keeps its schedule
             if start > 0:
                 _log("restarting slot (%d, %d) from the center (version %d) at step %d" % (
@@ -463,7 +586,7 @@ class _Worker:
                     records = [rebound_pb2.LogRecord(
                         slot=slot, step=t, micro_batch=k,
                         sample_ids=ids[k * per:(k + 1) * per].tolist()) for k in range(micro)]
-                    total, each = _params_checksums(self.params)
+                    total, each = _params_checksums(self.tensors)
                     records.append(rebound_pb2.LogRecord(
                         slot=slot, step=t, micro_batch=-1, params_checksum=total,
                         rng_seed=torch_seed, tensor_checksums=each))
@@ -509,7 +632,7 @@ class _Worker:
             zeros = [torch.zeros_like(p) for p in self.params]
             estimator.import_state(step, zeros, zeros, zeros)
 
-        self.pull(reg)
+        self.pull(reg, buffers=False)
         seek(reg.start_step)
         _log("training slot (%d, %d) on %d samples for steps %d..%d: pushing g and D every "
              "step, pulling the center every %d" % (slot.replica, slot.stage, len(shard),
@@ -524,12 +647,13 @@ class _Worker:
                 ids = batch_ids(shard, seed, slot.replica, t, batch_size)[0]
                 torch.manual_seed(step_seed(seed, slot.replica, t))
                 self.model.train()
-                x, y = _fetch(self.spec.train_set, ids)
+                x, y = self._data(self.spec.train_set, ids)
                 for p in self.params:
                     p.grad = None
                 loss = self.spec.loss(self.model(x), y)
                 loss.backward(create_graph=estimator.hessian_due())
                 g, d = estimator.estimate()
+                g, d = _over(self.tensors, self.params, g), _over(self.tensors, self.params, d)
                 loss = float(loss.detach())
                 if not math.isfinite(loss):
                     raise _Exit(rebound.EXIT_FAILED, "the loss of step %d is not finite" % t)
@@ -547,7 +671,7 @@ class _Worker:
                     pull_now = True
                 self.session.set_progress(t, loss)
                 if pull_now:
-                    self.pull(reg)
+                    self.pull(reg, buffers=False)
                     with self.session.lock:
                         drain = self.session.drain
                     if drain:
@@ -606,19 +730,20 @@ class _Worker:
         try:
             self.build(job, slot.replica)
             # A sharded center's snapshot comes from its range groups.
-            self.center.fill_snapshot(reg.incarnation, task.snapshot, self.params)
+            self.center.fill_snapshot(reg.incarnation, task.snapshot, self.tensors)
             for member in task.group_snapshots:
-                self.center.fill_snapshot(reg.incarnation, member, self.params)
+                self.center.fill_snapshot(reg.incarnation, member, self.tensors)
             if len(task.snapshot.params.tensors) > 0 or t0 > 0:
-                self.set_params(wire.tensors_of(task.snapshot.params, self.params,
+                self.set_params(wire.tensors_of(task.snapshot.params, self.tensors,
                                                 "snapshot.params"))
             # else: step 0 without tensors, the model's initialisation, which build() made.
             try:
-                _import_optimizer(self.optimizer, self.params, self.names,
+                _import_optimizer(self.optimizer, self.tensors, self.names,
                                   task.snapshot.optimizer, t0)
             except optim_state.Unreplayable as why:
                 unreplayable = "step %d: cannot replay exactly: %s" % (t0, why)
             self.seek_scheduler(t0)
+            set_batches_tracked(self.model, t0)
             records = []
             if tf > t0 and unreplayable is None:
                 records = self.conn.stream("ReadLog", rebound_pb2.ReadLogRequest(
@@ -642,9 +767,9 @@ class _Worker:
                                       for k in range(micro)])
                 per_step = parts[-1]
                 self.step(job, slot.replica, t, ids, per_step.rng_seed)
-                total, each = _params_checksums(self.params)
+                total, each = _params_checksums(self.tensors)
                 if total != per_step.params_checksum:
-                    names = [n for n, _ in self.model.named_parameters()]
+                    names = self.names
                     differing = [i for i, (a, b) in enumerate(zip(each, per_step.tensor_checksums))
                                  if a != b]
                     which = ("tensor %d '%s'" % (differing[0], names[differing[0]])
@@ -666,7 +791,7 @@ class _Worker:
                 report.outcome = rebound_pb2.RECOVERED
                 report.verified = True
                 if final is None:
-                    final = _params_checksums(self.params)[0]
+                    final = _params_checksums(self.tensors)[0]
                 report.final_checksum = final
         except (rclient.CallError, rclient.Unreachable) as error:
             # Unreachable: a sharded center's range group, while its snapshot was read.
@@ -704,29 +829,41 @@ class _Worker:
             n = min(n, job.data.test_limit)
         period = job.training.eval_every_ms / 1000.0
         last_version = -1
-        while not self.session.stop.is_set() and not self.out_of_time():
+        while True:
+            # The job's end (STOP) gets one more evaluation: the last one reported is the final
+            # center's.
+            leaving = self.session.stop.is_set() or self.out_of_time()
+            with self.session.lock:
+                if leaving and not self.session.job_done:
+                    break
             version = self.pull(reg)
             if version != last_version:
                 last_version = version
                 self.model.eval()
                 total_loss = 0.0
-                correct = 0
+                correct = 0.0  # None once a batch has no accuracy
                 with torch.no_grad():
                     for begin in range(0, n, self.spec.eval_batch_size):
                         ids = np.arange(begin, min(n, begin + self.spec.eval_batch_size))
-                        x, y = _fetch(self.spec.test_set, ids)
+                        x, y = self._data(self.spec.test_set, ids)
                         out = self.model(x)
                         total_loss += float(self.spec.loss(out, y)) * len(ids)
-                        correct += int((out.argmax(dim=1) == y).sum())
+                        right = _batch_accuracy(self.spec, out, y)
+                        correct = None if right is None or correct is None else (
+                            correct + right * len(ids))
                 loss = total_loss / max(1, n)
-                accuracy = correct / max(1, n)
+                request = rebound_pb2.ReportEvalRequest(
+                    incarnation=reg.incarnation, stage=0, center_version=version,
+                    test_loss=loss)
+                if correct is not None:
+                    request.test_accuracy = min(1.0, max(0.0, correct / max(1, n)))
                 if math.isfinite(loss):
-                    self._call("ReportEval", rebound_pb2.ReportEvalRequest(
-                        incarnation=reg.incarnation, stage=0,
-                        center_version=version, test_loss=loss,
-                        test_accuracy=accuracy))
-                _log("evaluated center version %d: test loss %.4f accuracy %.4f" % (
-                    version, loss, accuracy))
+                    self._call("ReportEval", request)
+                _log("evaluated center version %d: test loss %.4f%s" % (
+                    version, loss, " accuracy %.4f" % request.test_accuracy
+                    if request.HasField("test_accuracy") else ""))
+            if leaving:
+                break
             self.session.stop.wait(period)
         return "stopped"
 
@@ -755,41 +892,40 @@ class _Worker:
         if model is None:
             torch.manual_seed(self.spec.init_seed)
             model = self.spec.model()
-        params = list(model.parameters())
+        tensors = declared_tensors(model)[1]
         # The session's stop event is set by now; the final read gets its own, so that its
         # retries are not cut short.
         center = center_for(self.conn, first_reg, threading.Event())
         try:
-            values, version = center.pull(self.session.current().incarnation, params)
+            values, version = center.pull(self.session.current().incarnation, tensors)
         except (rclient.CallError, rclient.Unreachable, ValueError) as error:
             return None, None, "the final center could not be read: %s" % error
         finally:
             center.close()
         with torch.no_grad():
-            for p, v in zip(params, values):
+            for p, v in zip(tensors, values):
                 p.copy_(v)
-        for p in params:
+        for p in model.parameters():
             p.grad = None  # AdaHessian's create_graph left a graph there
         model.eval()
         return model, version, ""
 
 
 def _model_declaration(spec, init_seed=None):
-    """The RegisterRequest.model of the spec's model: every parameter in order, with its
-    initial values (the factory called after torch.manual_seed(init_seed))."""
+    """The RegisterRequest.model of the spec's model: its declared tensors (every parameter,
+    then every float32 buffer: ``declared_tensors``) in order, with their initial values (the
+    factory called after torch.manual_seed(init_seed))."""
     if init_seed is not None:
         torch.manual_seed(init_seed)
     model = spec.model()
-    names, params = [], []
     for name, p in model.named_parameters():
         if p.dtype != torch.float32:
             raise _Exit(rebound.EXIT_CONFIG, "parameter '%s' is %s; Rebound trains float32 "
                         "parameters" % (name, p.dtype))
-        names.append(name)
-        params.append(p)
-    if not params:
+    if not list(model.parameters()):
         raise _Exit(rebound.EXIT_CONFIG, "the model has no parameters")
-    return wire.bundle_of(params, names)
+    names, tensors = declared_tensors(model)
+    return wire.bundle_of(tensors, names)
 
 
 def load_worker_config(path):
