@@ -5,7 +5,8 @@ gRPC stubs are generated from proto/ into the sibling package ``rebound_pb`` by
 ``python/gen_stubs.sh`` (tools/setup.sh runs it). ``rebound.torch`` (over python3-torch) holds
 what a training script uses: ``Spec``, ``run`` and the ``AdaHessian`` optimizer.
 
-Exit codes of a process that ``rebound.torch.run`` ends, the same as ``rebound_worker``'s:
+Exit codes that ``rebound.torch.run`` returns (or, with exit=True, ends the process with), the
+same as ``rebound_worker``'s:
 """
 
 import os as _os

@@ -2,10 +2,13 @@
 server's commands (STOP, DRAIN) and takeovers, and fencing (docs/protocol.md#identity-and-fencing).
 
 A fenced worker (FAILED_PRECONDITION for its current incarnation) exits at once with code 3 from
-the thread that learns it (``os._exit``: no later write can leave the process); a refused one
-(UNAUTHENTICATED, PERMISSION_DENIED) exits 5; one the server forgot (ABORTED) or that had no
-acknowledged heartbeat for give_up_after_s exits 4. ``deregister`` first marks the session as
-leaving, so that the refusals that follow a clean exit are not taken for a fencing.
+the thread that learns it (``os._exit``: no later write can leave the process). The other ends a
+background thread learns, a refused heartbeat (UNAUTHENTICATED, PERMISSION_DENIED: 5), a server
+that forgot the worker (ABORTED) or had no acknowledged heartbeat for give_up_after_s (4), a
+step-log batch refused as invalid (1, rebound.steplog), go through ``end``: with
+``exit_at_once`` the process exits with the code; without (``run(..., exit=False)``) the session
+records it (``ended``) and stops, and the work thread returns it. ``deregister`` first marks the
+session as leaving, so that the refusals that follow a clean exit are not taken for a fencing.
 
 Thread-safety: the registration, progress and flags are read and written under ``lock``;
 ``changed`` is notified when the registration changes (a takeover).
@@ -26,7 +29,7 @@ _Exit = rclient.WorkerExit
 
 class Session:
 
-    def __init__(self, conn, options, spec_model, name, role, job_id):
+    def __init__(self, conn, options, spec_model, name, role, job_id, exit_at_once=True):
         self.conn = conn
         self.options = options
         self.name = name
@@ -43,6 +46,8 @@ class Session:
         self.loss = float("nan")
         self.log_pending = 0
         self.leaving = False  # deregistering: the server's refusals that follow are expected
+        self.exit_at_once = exit_at_once
+        self.ended = None     # (code, reason) when a background thread ended the work (``end``)
         self._thread = None
 
     def register(self):
@@ -88,6 +93,23 @@ class Session:
         self._thread = threading.Thread(target=self._beat, name="rebound-heartbeat", daemon=True)
         self._thread.start()
 
+    def end(self, code, reason):
+        """A background thread cannot go on (codes 1, 4, 5; never 3: ``fenced``): ends the
+        process with ``code`` (``exit_at_once``), or records (code, reason) in ``ended`` and
+        sets ``stop``, so that the work ends after its current step and returns the code."""
+        _log(reason)
+        if self.exit_at_once:
+            os._exit(code)
+        with self.lock:
+            if self.ended is None:
+                self.ended = (code, reason)
+        self.stop.set()
+
+    def join(self, timeout):
+        """Waits up to ``timeout`` seconds for the heartbeat thread to end (after ``stop``)."""
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
     def fenced(self, reason):
         if self.leaving:
             return
@@ -121,18 +143,20 @@ class Session:
                         continue  # fenced as REPLACED by its own takeover
                     self.fenced(details)
                 if name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-                    _log("the server refuses this worker's heartbeat: %s" % details)
-                    os._exit(rebound.EXIT_REJECTED)
+                    self.end(rebound.EXIT_REJECTED,
+                             "the server refuses this worker's heartbeat: %s" % details)
+                    return
                 if name == "ABORTED":
                     # The server lost this registration (restarted without its state): the
                     # simplest safe course for a Python worker is to leave; its supervisor
                     # starts it again as a new worker.
-                    _log("the server no longer knows this worker (%s); exiting" % details)
-                    os._exit(rebound.EXIT_UNREACHABLE)
+                    self.end(rebound.EXIT_UNREACHABLE,
+                             "the server no longer knows this worker (%s); exiting" % details)
+                    return
                 if time.monotonic() - last_contact > self.options.give_up_after_s:
-                    _log("no heartbeat acknowledged for %.0f s: %s" % (
-                        self.options.give_up_after_s, details))
-                    os._exit(rebound.EXIT_UNREACHABLE)
+                    self.end(rebound.EXIT_UNREACHABLE, "no heartbeat acknowledged for %.0f s: %s"
+                             % (self.options.give_up_after_s, details))
+                    return
                 self.stop.wait(backoff.next())
                 continue
             backoff.reset()

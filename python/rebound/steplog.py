@@ -5,13 +5,13 @@ records are sent again after an error. The buffer is bounded by ``buffer_bytes``
 waits for room up to give_up_after_s, then raises WorkerExit(4).
 
 A batch refused as FAILED_PRECONDITION (the sender is fenced) ends the logger; one refused as
-INVALID_ARGUMENT is a bug of the client and ends the process (code 1).
+INVALID_ARGUMENT is a bug of the client and ends the work with code 1 (``Session.end``: the
+process at once, or the session, whose work thread then returns the code).
 
 Thread-safety: ``append``, ``flush`` and ``close`` may be called from any thread.
 """
 
 import collections
-import os
 import threading
 import time
 
@@ -111,8 +111,13 @@ class StepLog:
                         self.cond.notify_all()
                     return
                 if error.code.name == "INVALID_ARGUMENT":
-                    _log("the server refused a step-log batch: %s" % error)
-                    os._exit(rebound.EXIT_FAILED)
+                    with self.lock:
+                        self.closed = True
+                        self.pending.clear()
+                        self.cond.notify_all()
+                    self.session.end(rebound.EXIT_FAILED,
+                                     "the server refused a step-log batch: %s" % error)
+                    return
                 time.sleep(backoff.next())
                 continue
             backoff.reset()

@@ -8,6 +8,7 @@ Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tin
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
@@ -242,3 +243,36 @@ def test_a_regression_models_loss_is_the_centers_on_float_targets():
         final = float(torch.nn.functional.mse_loss(model.eval()(test.x), test.y))
     assert last.test_loss == pytest.approx(final, rel=1e-5)
     assert final < initial / 4, (final, initial)
+
+
+SCRIPT_AFTER_RUN = """
+import argparse, sys
+import rebound.torch as rt
+import tiny_spec
+spec = tiny_spec.make_spec(argparse.Namespace(optimizer="adam", slow_ms=15,
+                                              nondeterministic=False))
+result = rt.run(spec, server=sys.argv[1], name="t0", rpc_deadline_s=1, give_up_after_s=2)
+print("after run: code %d, model %s, reason: %s" % (result.exit_code, result.model,
+                                                   result.reason), flush=True)
+sys.exit(7)
+"""
+
+
+def test_a_lost_server_ends_run_with_code_4_and_the_script_goes_on():
+    """run() without exit: the heartbeat thread that gives up on the server (stopped with
+    SIGSTOP for longer than give_up_after_s) no longer ends the process with os._exit: the
+    session stops, run returns 4 with the reason, and the script's code after run() runs."""
+    with LocalServer(SERVER, job(steps=2000)) as server:
+        script = server.start_worker(
+            [sys.executable, "-c", SCRIPT_AFTER_RUN, server.address],
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        server.wait_for(lambda s: s.slots[0].snapshot_step >= 20, 60, what="a sync")
+        os.kill(server.server.pid, signal.SIGSTOP)
+        try:
+            assert wait_exit(script, 30) == 7, read_log(script)[-2000:]
+        finally:
+            os.kill(server.server.pid, signal.SIGCONT)
+        out = read_log(script)
+        assert "no heartbeat acknowledged for 2 s" in out
+        assert re.search(r"after run: code 4, model None, reason: (no heartbeat acknowledged|"
+                         r"Sync failed)", out), out[-1500:]

@@ -17,7 +17,8 @@ tensor differed and the server falls back to RESTART_FROM_CENTER.
 
 Threads: the work (main) thread; a heartbeat thread (``_Session``) that also carries the
 server's commands and takeovers; a step-log thread (``_StepLog``). A fenced worker exits at once
-with code 3 from whichever thread learns it (``os._exit``: no later write can leave it).
+with code 3 from whichever thread learns it (``os._exit``: no later write can leave it); the
+other ends those threads learn stop the session, and ``run`` returns their code.
 
 Signals: while ``run`` works (called from the main thread) SIGTERM and SIGINT set the session's
 stop: the step in progress completes, the worker deregisters and ``run`` returns code 0.
@@ -975,8 +976,9 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
 
     ``exit=True``: ends the process with the code instead (``os._exit``, at once: a trainer does
     not wait for the others, nothing reads the final center), as a worker process under a
-    supervisor wants. A fenced worker (code 3) ends the process at once either way, and so,
-    from the heartbeat thread, does one the server refuses (5) or that loses the server (4).
+    supervisor wants. A fenced worker (code 3) ends the process at once either way; what the
+    heartbeat and step-log threads learn (4, 5, 1) stops the work and is returned, or, with
+    ``exit=True``, ends the process at once.
     Prints ``rebound-torch: trained N samples in S s`` at the end."""
     code = rebound.EXIT_OK
     reason = ""
@@ -1044,7 +1046,8 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         name = name or worker_config.name or "%s-%d" % (socket.gethostname(), os.getpid())
         conn = rclient.Connection(options)
         declaration = _model_declaration(spec, init_seed=spec.init_seed)
-        session = membership.Session(conn, options, declaration, name, roles[role], job_id)
+        session = membership.Session(conn, options, declaration, name, roles[role], job_id,
+                                     exit_at_once=exit)
         if signalled:
             raise rclient.Stopped("stopped by %s before registering" % signalled[0])
         first_reg = reg = session.register()
@@ -1108,6 +1111,9 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
             session.stop.set()
         if center is not None:
             center.close()
+    if session is not None and session.ended is not None:
+        # The heartbeat or step-log thread ended the work (exit=False): its code and reason.
+        code, reason = session.ended
     if worker is not None:
         print("rebound-torch: trained %d samples in %.3f s" % (worker.samples, worker.training_s),
               flush=True)
@@ -1116,10 +1122,9 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         sys.stderr.flush()
         os._exit(code)
     # Returning: leave nothing running behind the caller's code. The heartbeat thread ends after
-    # its call in flight, since deregister set the session's stop (membership.Session has no
-    # join of its own yet).
-    if session is not None and session._thread is not None:
-        session._thread.join(timeout=options.rpc_deadline_s + 1.0)
+    # its call in flight, since deregister set the session's stop.
+    if session is not None:
+        session.join(timeout=options.rpc_deadline_s + 1.0)
     if conn is not None:
         conn.close()
     torch.set_num_threads(torch_threads)
