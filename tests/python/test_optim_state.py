@@ -244,3 +244,93 @@ def test_without_the_seek_the_schedule_would_restart():
     assert fresh.optimizer.param_groups[0]["lr"] != lrs[20]
     fresh.seek_scheduler(19)
     assert fresh.optimizer.param_groups[0]["lr"] == lrs[20]
+
+
+# ---------------------------------------------------------------------------------------------
+# Models the examples do not use, through the same replay path (the runner's step, a snapshot
+# of the declared tensors and the optimizer, the torch seed of each step).
+
+class Sequences:
+    """64 samples of a sequence task: x [6, 4] (or an image [1, 6, 6]), class y in 0..2."""
+
+    def __init__(self, image=False):
+        g = torch.Generator().manual_seed(9)
+        self.x = torch.randn(64, 1, 6, 6, generator=g) if image else torch.randn(64, 6, 4,
+                                                                                 generator=g)
+        self.y = torch.randint(0, 3, (64,), generator=g)
+
+    def __len__(self):
+        return 64
+
+    def batch(self, ids):
+        return self.x[ids], self.y[ids]
+
+
+class Gru(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(4, 8, num_layers=2, dropout=0.2, batch_first=True)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(self.gru(x)[0][:, -1])
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(4, 2, dim_feedforward=16, dropout=0.2,
+                                                 batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2)
+        self.out = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(self.encoder(x).mean(dim=1))
+
+
+MODELS = {
+    "gru-dropout": (Gru, False),
+    "transformer-dropout": (Encoder, False),
+    "cnn-batchnorm-dropout": (lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.Dropout(0.3), torch.nn.Flatten(), torch.nn.Linear(64, 3)), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_model_with_dropout_and_buffers_replays_bit_for_bit(name):
+    from rebound.torch import runner
+    from rebound_pb import config_pb2
+    factory, image = MODELS[name]
+    data = Sequences(image)
+    job = config_pb2.JobConfig()
+    job.data.batch_size = 8
+    job.topology.replicas = 1
+
+    def worker():
+        spec = runner.Spec(model=factory, optimizer=OPTIMIZERS["adamw"],
+                           loss=torch.nn.functional.cross_entropy, train_set=data,
+                           scheduler=SCHEDULERS["onecycle"][0])
+        w = runner._Worker(spec, None, None, None, None, None)
+        w.build(job, 0)
+        return w
+
+    def steps(w, first, last):
+        for t in range(first, last + 1):
+            w.step(job, 0, t, runner.batch_ids(runner.shard_ids(64, 1, 0), 0, 0, t, 8)[0],
+                   runner.step_seed(0, 0, t))
+
+    trainer = worker()
+    steps(trainer, 1, 10)
+    snapshot, _ = runner._export_optimizer(trainer.optimizer, trainer.tensors, trainer.names, 10)
+    values = [t.detach().clone() for t in trainer.tensors]
+    steps(trainer, 11, 16)
+    spare = worker()
+    spare.set_params(values)
+    runner._import_optimizer(spare.optimizer, spare.tensors, spare.names, snapshot, 10)
+    spare.seek_scheduler(10)
+    runner.set_batches_tracked(spare.model, 10)
+    steps(spare, 11, 16)
+    assert runner._params_checksums(spare.tensors) == runner._params_checksums(trainer.tensors)
+    if image:  # the BatchNorm's running statistics are declared, hence compared
+        assert "1.running_var" in spare.names
