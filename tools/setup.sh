@@ -37,6 +37,9 @@ PACKAGES=(
   # iptables (R15: partitions of single processes in the tests and chaos runs,
   # testing/cluster/firewall.h).
   iptables
+  # prometheus (R19: promtool checks and unit-tests deploy/prometheus/alerts.yml; a real server
+  # scrapes a local cluster in //tests/observability).
+  prometheus
   # clang for --config=tsa (-Wthread-safety), --config=tsan and --config=fuzz; the TSan, ASan and
   # libFuzzer runtimes; lld (those configs link with it); llvm-symbolizer for their reports
   # (docs/thread_safety.md, docs/fuzzing.md).

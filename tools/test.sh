@@ -105,7 +105,7 @@ TSAN_CASES=(
 )
 TSAN_LEFT_OUT=(
   "//tests/chaos/... (fault timeouts tuned for the normal build fire under TSan's slowdown)"
-  "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/tools/... (no concurrent C++ of Rebound's)"
+  "//tests/deploy/... //tests/docs/... //tests/launch/... //tests/observability/... //tests/tools/... (no concurrent C++ of Rebound's)"
   "//testing/... (the cluster harness's own tests; the integration tests run the harness under TSan)"
   "//fuzz/... (libFuzzer targets: --config=fuzz)"
   "//tests/python/... but its one case (the client is Python; the server it talks to is checked by the case)"
@@ -113,13 +113,13 @@ TSAN_LEFT_OUT=(
 # What the tier leaves out, for its summary line.
 if [ "$tier" = default ]; then
   TIER_LEFT_OUT=(
-    "under TSan, //tests/integration but its 4 cases (--full runs it all), //tests/python (--full runs its spare-replay case: its timeouts are not scaled), //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/tools, //testing, //fuzz"
+    "under TSan, //tests/integration but its 4 cases (--full runs it all), //tests/python (--full runs its spare-replay case: its timeouts are not scaled), //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/observability, //tests/tools, //testing, //fuzz"
     "the fuzzers' runs (--full)"
     "the thread-safety analysis of the benchmark drivers, //fuzz, //study and the test drivers TSan does not run (no annotations there; --full analyses //...)"
   )
 else
   TIER_LEFT_OUT=(
-    "under TSan, //tests/python but 1 case, //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/tools, //testing, //fuzz"
+    "under TSan, //tests/python but 1 case, //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/observability, //tests/tools, //testing, //fuzz"
   )
 fi
 TIER_LEFT_OUT+=("longer chaos runs (bench/chaos: //tests/chaos has no flag for them)")
