@@ -67,6 +67,24 @@ def test_a_kill_under_another_torch_optimizer_is_replayed_and_verified(optimizer
         assert "verified" in read_log(spare)
 
 
+def test_a_state_the_snapshot_cannot_hold_is_reported_and_falls_back():
+    """An optimizer whose state has no exact place in the snapshot (a Python float): the spare
+    does not exit (the slot would stay LOST), it reports the replay as failed with the reason,
+    the server falls back to RESTART_FROM_CENTER, and the spare finishes the slot."""
+    with LocalServer(SERVER, job()) as server:
+        trainer = worker(server, "--name", "t0", "--slow-ms", "15", "--optimizer", "unfit")
+        spare = worker(server, "--name", "spare", "--role", "spare", "--optimizer", "unfit")
+        recovery = kill_past_a_snapshot(server, trainer, logged=1)
+        assert recovery.outcome == rebound_pb2.CHECKSUM_MISMATCH, recovery
+        assert re.search(r"step [1-9]\d*: cannot replay exactly: the optimizer Unfit: "
+                         r"parameter 0: its state 'scale' is a float", recovery.detail), recovery
+        server.wait_for(lambda s: s.slots[0].state == rebound_pb2.FINISHED, 60,
+                        what="the slot finished after the fallback")
+        assert wait_exit(spare, 30) == 0
+        assert "taking over slot (0, 0)" in read_log(spare)
+        assert "cannot be snapshotted exactly" in read_log(trainer)
+
+
 def test_sigterm_and_sigint_deregister_and_exit_0_without_half_a_step():
     """A trainer's SIGTERM: it finishes the step in progress, ships its log, deregisters
     (DEPARTED, not FAILED) and exits 0 within a few seconds; a spare then replays its slot to the

@@ -1,7 +1,7 @@
 """A small deterministic training script for the client's tests: an MLP on a synthetic data set
 (a fixed random teacher labels Gaussian inputs), run as
 
-    python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam|rmsprop|adagrad]
+    python3 tiny_spec.py --server HOST:PORT [--name N] [--role R] [--optimizer adahessian|sgd|adam|rmsprop|adagrad|unfit]
         [--max-seconds S] [--slow-ms MS] [--nondeterministic] [--start-gate PATH]
         [--scheduler onecycle|steplr-epoch] [--lr-trace PATH] [--model mlp|bn]
         [--task classes|regression]
@@ -74,6 +74,17 @@ class Regression:
         return self.x[i], self.y[i].tolist()
 
 
+class Unfit(torch.optim.SGD):
+    """--optimizer unfit: SGD with momentum whose state also holds a Python float, which the
+    snapshot has no exact place for (rebound.torch.optim_state): its replays fall back."""
+
+    def step(self, closure=None):
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["scale"] = 0.5
+
+
 class Noisy(torch.nn.Module):
     """Adds process-dependent noise: not a deterministic function of the step's inputs."""
 
@@ -143,6 +154,8 @@ def make_spec(args):
             return torch.optim.RMSprop(params, lr=0.005, momentum=0.5, centered=True)
         if args.optimizer == "adagrad":
             return torch.optim.Adagrad(params, lr=0.05)
+        if args.optimizer == "unfit":
+            return Unfit(params, lr=0.1, momentum=0.9)
         return rt.AdaHessian(params, lr=0.05, hessian_every=2)
 
     scheduler, interval = SCHEDULERS.get(getattr(args, "scheduler", None), (None, "step"))
