@@ -24,6 +24,15 @@ per shard group beyond group 0's; every group's config names every group's Servi
 order, its own group and its own etcd keys; the overlay's configs equal the base's but for the
 sharding; each group's StatefulSet is group 0's but for its names, labels and config; and,
 where kubectl is installed, `kubectl kustomize` builds what this test reads.
+
+Kubernetes, Python workers (deploy/k8s-python, an overlay of deploy/k8s): only the trainers',
+spares' and evaluator's pod specs change, keeping their counts and labels; they run
+/usr/bin/python3 on the user's script (the ConfigMap rebound-script) from the image of
+deploy/Dockerfile.python, as its user, with the ConfigMap's configs mounted where the flags name
+them; the shipped script runs the example the image copies, and the example's own argument parser
+hands rebound.torch.run the server, name, config and role each workload means; the Python client
+loads the worker config; the job is configs/torch_job.pbtxt but for its id, spares and reconnect
+grace, and agrees with the workloads and the example's batch size and tau.
 """
 
 import json
@@ -33,15 +42,19 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
 import yaml
 
+import images
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K8S = os.path.join(ROOT, "deploy", "k8s")
 K8S_SHARDED = os.path.join(ROOT, "deploy", "k8s-sharded")
+K8S_PYTHON = os.path.join(ROOT, "deploy", "k8s-python")
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "rebound.sbatch")
 SUPERVISE = os.path.join(ROOT, "deploy", "slurm", "supervise-worker.sh")
 
@@ -690,6 +703,196 @@ class ShardedKubernetesTest(unittest.TestCase):
         self.assertEqual(config_map["data"], {key: read(path) for key, path in self.files.items()})
 
 
+def apply_json_patches(objects, root):
+    """The kustomization's `patches` at `root` applied to `objects`: JSON patches (RFC 6902) of
+    op "replace" at a path, the only kind deploy/ uses (anything else fails here)."""
+    objects = json.loads(json.dumps({f"{k[0]}/{k[1]}": v for k, v in objects.items()}))
+    for patch in load_kustomization(root).get("patches", []):
+        target = patch["target"]
+        obj = objects[f"{target['kind']}/{target['name']}"]
+        with open(os.path.join(root, patch["path"])) as f:
+            operations = yaml.safe_load(f)
+        for operation in operations:
+            assert operation["op"] == "replace", operation["op"]
+            *parents, last = operation["path"].lstrip("/").split("/")
+            node = obj
+            for key in parents:
+                node = node[key]
+            assert last in node, f"replace of {operation['path']}: nothing there"
+            node[last] = operation["value"]
+    return {tuple(k.split("/", 1)): v for k, v in objects.items()}
+
+
+PYTHON_COMMAND = ["/usr/bin/python3", "/opt/rebound/script/train.py"]
+
+
+class PythonKubernetesTest(unittest.TestCase):
+    """deploy/k8s-python: the base's job with the trainers, spares and evaluator running the
+    user's script (script/train.py, a ConfigMap) from the image of deploy/Dockerfile.python."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.kustomization = load_kustomization(K8S_PYTHON)
+        cls.base_objects = load_manifests(K8S)
+        cls.objects = apply_json_patches(load_manifests(K8S_PYTHON), K8S_PYTHON)
+        maps = config_map_files(K8S_PYTHON)
+        cls.files = maps["rebound-config"]
+        cls.script_files = maps["rebound-script"]
+        cls.base_files = config_map_files(K8S)["rebound-config"]
+        cls.job = parse_pbtxt(read(cls.files["job.pbtxt"]))
+        cls.worker_config = parse_pbtxt(read(cls.files["worker.pbtxt"]))
+        cls.workers = {"trainer": cls.objects[("Job", "rebound-trainer")],
+                       "spare": cls.objects[("Deployment", "rebound-spare")],
+                       "evaluator": cls.objects[("Job", "rebound-evaluator")]}
+
+    def container(self, role):
+        [container] = pod_spec(self.workers[role])["containers"]
+        return container
+
+    def test_every_yaml_file_is_the_kustomization_or_one_of_its_patches(self):
+        yamls = sorted(f for f in os.listdir(K8S_PYTHON) if f.endswith((".yaml", ".yml")))
+        patches = [p["path"] for p in self.kustomization["patches"]]
+        self.assertEqual(sorted(patches + ["kustomization.yaml"]), yamls)
+        self.assertEqual(self.kustomization["resources"], ["../k8s"])
+        self.assertEqual(sorted(f"{kind}/{name}" for kind, name in self.objects),
+                         sorted(f"{kind}/{name}" for kind, name in self.base_objects))
+        self.assertEqual({p["target"]["name"] for p in self.kustomization["patches"]},
+                         {w["metadata"]["name"] for w in self.workers.values()})
+
+    def test_only_the_worker_pods_change_and_they_keep_their_counts_and_labels(self):
+        for key, obj in self.objects.items():
+            base = self.base_objects[key]
+            if obj in self.workers.values():
+                self.assertEqual({k: v for k, v in obj["spec"].items() if k != "template"},
+                                 {k: v for k, v in base["spec"].items() if k != "template"}, key)
+                self.assertEqual(obj["spec"]["template"]["metadata"],
+                                 base["spec"]["template"]["metadata"], key)
+                self.assertNotEqual(pod_spec(obj), pod_spec(base), key)
+            else:
+                self.assertEqual(obj, base, key)
+
+    def test_the_workers_run_the_script_from_the_python_image_as_its_user(self):
+        tags = {i["name"]: i for i in self.kustomization["images"]}
+        self.assertEqual(tags["rebound-python"].get("newTag"), "latest")
+        dockerfile = read("deploy/Dockerfile.python")
+        self.assertRegex(dockerfile, r"(?m)^USER 10001$")
+        self.assertRegex(dockerfile, r"--uid 10001 ")
+        for role, workload in self.workers.items():
+            spec = pod_spec(workload)
+            self.assertNotIn("initContainers", spec, role)
+            container = self.container(role)
+            self.assertEqual(container["image"], "rebound-python:latest", role)
+            self.assertEqual(container["command"], PYTHON_COMMAND, role)
+            self.assertNotIn("ports", container, role)   # no WorkerPeer in Python
+            self.assertEqual(spec["securityContext"]["runAsUser"], 10001, role)
+            self.assertEqual({e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+                              for e in container["env"]}, {"POD_NAME": "metadata.name"}, role)
+        self.assertEqual(pod_spec(self.workers["trainer"])["restartPolicy"], "OnFailure")
+        self.assertEqual(pod_spec(self.workers["evaluator"])["restartPolicy"], "OnFailure")
+
+    def test_the_script_and_the_configs_are_mounted_where_the_command_reads_them(self):
+        self.assertEqual(set(self.script_files), {"train.py"})
+        for role in self.workers:
+            spec = pod_spec(self.workers[role])
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            container = self.container(role)
+            paths = [PYTHON_COMMAND[1], dict(split_flags(container["args"]))["config"]]
+            for path, config_map in zip(paths, ("rebound-script", "rebound-config")):
+                volume, _ = mount_of(container, path)
+                self.assertIsNotNone(volume, f"{role}: nothing mounted at {path}")
+                self.assertEqual(volumes[volume]["configMap"]["name"], config_map, role)
+                files = self.script_files if config_map == "rebound-script" else self.files
+                self.assertIn(os.path.basename(path), files, role)
+
+    def test_the_shipped_script_runs_the_example_the_python_image_holds(self):
+        script = read(self.script_files["train.py"])
+        [example] = re.findall(r'^EXAMPLE = "(\S+)"$', script, re.M)
+        copies = {dst: src for src, dst, _ in images.final_stage(images.PYTHON_IMAGE).copies}
+        self.assertEqual(copies.get(example), "examples/torch/fashion_mnist_cnn.py")
+        # Run as the pods run it, with the example at its place here: --help is the example's.
+        with tempfile.TemporaryDirectory() as tmp:
+            local = os.path.join(tmp, "train.py")
+            with open(local, "w") as f:
+                f.write(script.replace(example, os.path.join(ROOT, copies[example])))
+            result = subprocess.run(["/usr/bin/python3", local, "--help"], capture_output=True,
+                                    text=True, timeout=120,
+                                    env={**os.environ, "PYTHONPATH": ":".join(
+                                        [os.path.join(ROOT, "python")] +
+                                        os.environ.get("PYTHONPATH", "").split(":"))})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("--plain-epochs", result.stdout)
+
+    def test_the_script_gets_the_flags_and_roles_rebound_torch_run_takes(self):
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        sys.path.insert(0, os.path.join(ROOT, "examples", "torch"))
+        try:
+            import fashion_mnist_cnn as example
+            from rebound.torch import runner
+        finally:
+            del sys.path[:2]
+        expected_roles = {"trainer": None, "spare": "spare", "evaluator": "evaluator"}
+        for role, container in ((r, self.container(r)) for r in self.workers):
+            argv = [a.replace("$(POD_NAME)", "pod-0") for a in container["args"]]
+            kwargs = example.run_kwargs(example.parse_args(argv))
+            # A trainer asks for no role: the server gives it a free slot, or makes it a spare.
+            self.assertEqual(kwargs.get("role"), expected_roles[role], role)
+            self.assertEqual(kwargs["server"], one(self.worker_config, "server_address"), role)
+            self.assertEqual(kwargs["name"], "pod-0", role)
+            self.assertEqual(os.path.basename(kwargs["config"]), "worker.pbtxt", role)
+        # The Python client takes the config (it validates as rebound_worker does).
+        config, token_file = runner.load_worker_config(self.files["worker.pbtxt"])
+        self.assertEqual(config.job_id, one(self.job, "job_id"))
+        self.assertEqual(token_file, "")
+        # The example's batch size and tau are the job's (a mismatch is refused at registration).
+        defaults = example.parse_args(["--server=rebound-server:7070"])
+        self.assertEqual(str(defaults.batch_size), one(self.job, "data.batch_size"))
+        self.assertEqual(str(defaults.tau), one(self.job, "easgd.sync_period"))
+
+    def test_the_job_is_the_torch_demo_job_with_the_clusters_counts(self):
+        demo = parse_pbtxt(read("configs/torch_job.pbtxt"))
+        differ = {k for k in set(demo) | set(self.job) if demo.get(k) != self.job.get(k)}
+        self.assertEqual(differ, {"job_id", "topology.spares", "fault_tolerance.reconnect_grace_ms"})
+        self.assertEqual(one(self.job, "model.declared_by_worker"), "true")
+        self.assertEqual(one(self.job, "fault_tolerance.reconnect_grace_ms"),
+                         one(parse_pbtxt(read(self.base_files["job.pbtxt"])),
+                             "fault_tolerance.reconnect_grace_ms"))
+        slots = int(one(self.job, "topology.replicas")) * int(one(self.job, "topology.stages"))
+        self.assertEqual(self.workers["trainer"]["spec"]["completions"], slots)
+        self.assertEqual(self.workers["spare"]["spec"]["replicas"],
+                         int(one(self.job, "topology.spares")))
+        self.assertEqual(one(self.job, "topology.evaluator"), "true")
+        self.assertNotEqual(one(self.job, "job_id"),
+                            one(parse_pbtxt(read(self.base_files["job.pbtxt"])), "job_id"))
+
+    def test_the_worker_config_is_the_bases_but_for_the_job_id(self):
+        base = parse_pbtxt(read(self.base_files["worker.pbtxt"]))
+        self.assertEqual({k: v for k, v in self.worker_config.items() if k != "job_id"},
+                         {k: v for k, v in base.items() if k != "job_id"})
+        self.assertEqual(one(self.worker_config, "job_id"), one(self.job, "job_id"))
+        self.assertEqual(set(self.files), {"job.pbtxt", "server.pbtxt", "worker.pbtxt"})
+        self.assertEqual(self.files["server.pbtxt"], self.base_files["server.pbtxt"])
+
+    def test_kubectl_kustomize_builds_what_this_test_reads(self):
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            self.skipTest("kubectl is not installed (it is no Debian package here)")
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(os.path.join(ROOT, "deploy"), os.path.join(tmp, "deploy"))
+            result = subprocess.run([kubectl, "kustomize", os.path.join(tmp, "deploy",
+                                                                        "k8s-python")],
+                                    capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        built = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(result.stdout)}
+        script_map = built.pop(("ConfigMap", "rebound-script"))
+        config_map = built.pop(("ConfigMap", "rebound-config"))
+        self.assertEqual(set(built), set(self.objects))
+        for key, obj in self.objects.items():
+            self.assertEqual(built[key]["spec"], obj["spec"], key)
+        self.assertEqual(config_map["data"], {key: read(path) for key, path in self.files.items()})
+        self.assertEqual(script_map["data"],
+                         {key: read(path) for key, path in self.script_files.items()})
+
+
 def logical_lines(text):
     return text.replace("\\\n", " ").splitlines()
 
@@ -707,10 +910,17 @@ class SlurmTest(unittest.TestCase):
                                      "worker_bin": "worker/rebound_worker",
                                      "ctl_bin": "tools/reboundctl"})
         copies = dockerfile_copies()
+        # The workers run "${worker_cmd[@]}" (rebound_worker, or python3 on the user's script,
+        # which takes the worker's flags: SlurmRunTest checks those against the example's
+        # parser), with the role in role_flag.
+        self.assertIn('worker_cmd=("$worker_bin")', text)
+        patterns = [(r'"\$' + var + r'"([^&|>;]*)', path) for var, path in variables.items()]
+        patterns += [(r'"\$\{worker_cmd\[@\]\}"([^&|>;]*)', variables["worker_bin"]),
+                     (r"role_flag=\((--[^)]*)\)", variables["worker_bin"])]
         used = set()
         for line in logical_lines(text):
-            for var, path in variables.items():
-                for rest in re.findall(r'"\$' + var + r'"([^&|>;]*)', line):
+            for pattern, path in patterns:
+                for rest in re.findall(pattern, line):
                     binary = os.path.basename(path)
                     self.assertIn("/opt/rebound/" + path, copies)
                     for name in re.findall(r"(?:^|\s)--(\w+)", rest):
@@ -731,7 +941,8 @@ class SlurmTest(unittest.TestCase):
     def test_it_reads_configs_that_exist(self):
         text = read("deploy/slurm/rebound.sbatch")
         configs = set(re.findall(r"\$repo/(configs/\w+\.pbtxt)", text))
-        self.assertEqual(configs, {"configs/job.pbtxt", "configs/worker.pbtxt"})
+        self.assertEqual(configs, {"configs/job.pbtxt", "configs/worker.pbtxt",
+                                   "configs/torch_job.pbtxt"})
         for path in configs:
             self.assertTrue(os.path.isfile(os.path.join(ROOT, path)), path)
         # The line the script rewrites is there.
@@ -1085,6 +1296,61 @@ class SlurmRunTest(unittest.TestCase):
         self.assertEqual(script.returncode, 1, output)
         self.assertIn("REBOUND_SHARD_GROUPS=3 disagrees with the job's sharding.groups 2", output)
         self.assertFalse(os.path.exists(self.log), "nothing started")
+
+    def test_python_workers_run_the_script_with_the_flags_the_example_takes(self):
+        # The interpreter is the stand-in worker (it logs "worker ARGS"); no rebound_worker.
+        os.remove(os.path.join(self.env["REBOUND_BIN"], "worker", "rebound_worker"))
+        python = os.path.join(self.dir, "bin", "worker", "python3")
+        with open(python, "w") as f:
+            f.write(FAKE_WORKER)
+        os.chmod(python, 0o755)
+        script = os.path.join(self.dir, "train.py")
+        with open(script, "w") as f:
+            f.write("# the user's script\n")
+        run = self.start(REBOUND_PYTHON=f"{python} -u", REBOUND_PYTHON_SCRIPT=script,
+                         FAKE_WORKER_S="3", FAKE_FENCE_EVALUATOR_ONCE="1")
+        output, _ = run.communicate(timeout=60)
+        self.assertEqual(run.returncode, 0, output)
+        lines = self.lines()
+        workers = [l.split()[1:] for l in lines if l.startswith("worker -u ")]
+        # configs/torch_job.pbtxt: 4 trainers, then REBOUND_SPARES (2) spares, the evaluator
+        # twice (fenced once: supervise-worker.sh restarts a Python worker too).
+        self.assertEqual(len(workers), 8, output)
+        for argv in workers:
+            self.assertEqual(argv[:2], ["-u", script])
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        sys.path.insert(0, os.path.join(ROOT, "examples", "torch"))
+        try:
+            import fashion_mnist_cnn as example
+        finally:
+            del sys.path[:2]
+        roles = sorted(str(example.run_kwargs(example.parse_args(argv[2:])).get("role"))
+                       for argv in workers)
+        self.assertEqual(roles, ["None"] * 4 + ["evaluator"] * 2 + ["spare"] * 2)
+        for argv in workers:
+            kwargs = example.run_kwargs(example.parse_args(argv[2:]))
+            self.assertEqual(kwargs["server"], "n1:7070")
+            self.assertEqual(kwargs["config"], f"{self.run_dir}/worker.pbtxt")
+        # The server runs the torch job.
+        server = parse_pbtxt(read(os.path.join(self.run_dir, "server.pbtxt")))
+        self.assertEqual(one(server, "job_file"),
+                         os.path.realpath(os.path.join(ROOT, "configs", "torch_job.pbtxt")))
+        self.assertEqual(lines[-1], "server TERM")
+
+    def test_python_workers_need_a_job_whose_model_the_workers_declare(self):
+        script = os.path.join(self.dir, "train.py")
+        with open(script, "w") as f:
+            f.write("# the user's script\n")
+        run = self.start(REBOUND_PYTHON_SCRIPT=script,
+                         REBOUND_JOB=os.path.join(ROOT, "configs", "job.pbtxt"))
+        output, _ = run.communicate(timeout=30)
+        self.assertEqual(run.returncode, 1, output)
+        self.assertIn("REBOUND_PYTHON_SCRIPT needs a job whose model the workers declare", output)
+        self.assertFalse(os.path.exists(self.log), "nothing started")
+        run = self.start(REBOUND_PYTHON_SCRIPT=os.path.join(self.dir, "missing.py"))
+        output, _ = run.communicate(timeout=30)
+        self.assertEqual(run.returncode, 1, output)
+        self.assertIn("missing.py is not readable", output)
 
     def test_a_bad_or_too_large_shard_count_is_refused(self):
         for value in ("0", "65", "two"):
