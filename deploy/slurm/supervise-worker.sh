@@ -1,12 +1,13 @@
 #!/bin/bash
-# Runs one rebound_worker for rebound.sbatch and runs it again when it exits 3 (fenced: declared
+# Runs one rebound_worker (or a Python worker's script, REBOUND_PYTHON_SCRIPT: rebound.torch.run
+# exits with the same codes) for rebound.sbatch and runs it again when it exits 3 (fenced: declared
 # failed, or a spare or evaluator after a server restart), 4 (no server for give_up_after_ms) or
 # is killed by a signal (e.g. out of memory): the new process registers as a new worker
 # (docs/operations.md, "Worker exit codes"), as a Kubernetes restartPolicy would do; a trainer
 # whose slot went to a spare meanwhile rejoins as a spare (--role=auto). Any other exit (0 done,
 # 1 failed work, 2 bad config, 5 refused) ends it with that status.
 #
-#   supervise-worker.sh WORKER_BINARY FLAGS...
+#   supervise-worker.sh WORKER_COMMAND... FLAGS...
 #
 # REBOUND_WORKER_RESTARTS (default 10) bounds the restarts. SIGTERM and SIGINT go to the worker,
 # which deregisters and exits 0; nothing is restarted after them.
