@@ -24,8 +24,9 @@ PACKAGES=(
   dataset-fashion-mnist
   # Tests.
   catch2 openssl python3 procps
-  # tests/deploy: the Kubernetes manifests are YAML.
-  python3-yaml
+  # tests/deploy: the Kubernetes manifests are YAML; debootstrap builds the images' Debian roots
+  # (image_chroot_test, tools/test.sh --full).
+  python3-yaml debootstrap
   # The demo's plot (tools/plot_progress.sh): gnuplot without X, and a font for its PNGs.
   gnuplot-nox fonts-dejavu-core
   # The Python client (python/, docs/python.md): gRPC and protobuf for Python, PyTorch (CPU),

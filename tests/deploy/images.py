@@ -24,6 +24,8 @@ class Stage:
         self.copies = []          # (source, destination, from_stage or None)
         self.env = {}             # ENV NAME=VALUE
         self.runs = []            # every RUN's command, continuation lines joined
+        self.user = None          # USER
+        self.workdir = None       # WORKDIR
 
 
 def logical_lines(text):
@@ -69,6 +71,10 @@ def read_dockerfile(path):
         elif word == "ENV":
             name, _, value = rest.partition("=")
             stage.env[name] = value
+        elif word == "USER":
+            stage.user = rest
+        elif word == "WORKDIR":
+            stage.workdir = rest
     return stages
 
 
