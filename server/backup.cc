@@ -17,8 +17,12 @@ namespace rebound::server {
 grpc::Status ParameterServerService::Backup(grpc::ServerContext* context,
                                             const BackupRequest* request,
                                             grpc::ServerWriter<CheckpointChunk>* writer) {
-  (void)request;
   if (absl::Status allowed = CheckOperator(context); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (request->max_bytes_per_second() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "Backup: max_bytes_per_second must be >= 0 (0 = unpaced), got ",
+        request->max_bytes_per_second())));
+  }
   const std::string& data_dir = config_.durability().data_dir();
   if (store_ == nullptr || data_dir.empty()) {
     return ToGrpcStatus(absl::FailedPreconditionError(
@@ -29,7 +33,8 @@ grpc::Status ParameterServerService::Backup(grpc::ServerContext* context,
   const std::string dir = absl::StrCat(data_dir, "/backup-checkpoints/backup-", ++backups_);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
-  return SendCheckpoint(*store_, dir, context, writer, absl::StrCat("Backup ", backups_));
+  return SendCheckpoint(*store_, dir, context, writer, absl::StrCat("Backup ", backups_),
+                        /*position=*/nullptr, request->max_bytes_per_second());
 }
 
 }  // namespace rebound::server

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "glog/logging.h"
 #include "storage/format_version.h"
@@ -32,7 +35,8 @@ bool SafeRelativePath(const std::string& path) {
 grpc::Status SendCheckpoint(const storage::DurableStore& store, const std::string& dir,
                             grpc::ServerContext* context,
                             grpc::ServerWriterInterface<CheckpointChunk>* writer,
-                            absl::string_view what, storage::DurableStore::Position* position) {
+                            absl::string_view what, storage::DurableStore::Position* position,
+                            int64_t max_bytes_per_second) {
   std::error_code error;
   fs::create_directories(fs::path(dir).parent_path(), error);
   auto made = store.Checkpoint(dir);
@@ -46,6 +50,19 @@ grpc::Status SendCheckpoint(const storage::DurableStore& store, const std::strin
   } remove{dir};
   LOG(INFO) << what << ": sending a checkpoint at sequence " << made->sequence;
   uint64_t files = 0;
+  // Pacing: the bytes sent so far may not be ahead of the rate since the first chunk.
+  const absl::Time started = absl::Now();
+  uint64_t sent = 0;
+  auto pace = [&]() -> bool {
+    if (max_bytes_per_second <= 0) return true;
+    const absl::Time due =
+        started + absl::Seconds(static_cast<double>(sent) / static_cast<double>(max_bytes_per_second));
+    while (absl::Now() < due) {
+      if (context->IsCancelled()) return false;
+      absl::SleepFor(std::min(due - absl::Now(), absl::Milliseconds(100)));
+    }
+    return true;
+  };
   std::string buffer(kChunkBytes, '\0');
   for (auto entry = fs::recursive_directory_iterator(dir, error);
        !error && entry != fs::recursive_directory_iterator(); entry.increment(error)) {
@@ -65,10 +82,11 @@ grpc::Status SendCheckpoint(const storage::DurableStore& store, const std::strin
       chunk.set_offset(offset);
       chunk.set_data(buffer.data(), static_cast<size_t>(n));
       chunk.set_last_chunk(in.eof());
-      if (context->IsCancelled() || !writer->Write(chunk)) {
+      if (!pace() || context->IsCancelled() || !writer->Write(chunk)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(what, ": the receiver left"));
       }
       offset += static_cast<uint64_t>(n);
+      sent += static_cast<uint64_t>(n);
       if (in.eof()) break;
     }
     ++files;

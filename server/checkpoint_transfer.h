@@ -30,11 +30,14 @@ namespace rebound::server {
 // Makes a checkpoint of `store` in `dir` (which must not exist; removed again at the end, sent
 // or not) and writes its files to `writer`. `what` prefixes errors and the log line (e.g.
 // "FetchCheckpoint for standby 'b'"). On OK, *position (if not null) is the checkpoint's.
+// `max_bytes_per_second` > 0 paces the chunks so that the bytes sent never run ahead of that
+// rate (the waits end early when the receiver leaves).
 grpc::Status SendCheckpoint(const storage::DurableStore& store, const std::string& dir,
                             grpc::ServerContext* context,
                             grpc::ServerWriterInterface<CheckpointChunk>* writer,
                             absl::string_view what,
-                            storage::DurableStore::Position* position = nullptr);
+                            storage::DurableStore::Position* position = nullptr,
+                            int64_t max_bytes_per_second = 0);
 
 // Reads the stream of `reader` (whose call `context` is cancelled on a malformed stream) into
 // `dir`, which must exist and be empty, and finishes the call. Returns the stream's `done`

@@ -119,6 +119,9 @@ DEFINE_string(boundary_bytes, "",
               "plan-logging: measured log bytes per step of boundaries 1..S-1, comma-separated");
 DEFINE_string(o, "", "export: the file to write the model to");
 DEFINE_int32(backup_timeout_s, 600, "backup: the deadline of the whole backup, s");
+DEFINE_double(backup_max_mb_s, 0,
+              "backup: pace the server's stream to at most this many MB (10^6 bytes) per "
+              "second, so that it takes less from training; 0 = unpaced");
 DEFINE_string(format, "safetensors", "export: the file's format (safetensors)");
 DEFINE_int32(count, 0, "watch: refreshes before exiting; 0 = until interrupted");
 
@@ -582,6 +585,11 @@ int Export(const std::shared_ptr<grpc::Channel>& channel) {
 }
 
 int Backup(const std::shared_ptr<grpc::Channel>& channel, const std::string& dir) {
+  if (!(FLAGS_backup_max_mb_s >= 0) || !std::isfinite(FLAGS_backup_max_mb_s)) {
+    std::cerr << "reboundctl: backup: --backup_max_mb_s must be >= 0, got " << FLAGS_backup_max_mb_s
+              << "\n";
+    return kExitUsage;
+  }
   std::error_code error;
   if (std::filesystem::exists(dir, error) && !std::filesystem::is_empty(dir, error)) {
     std::cerr << "reboundctl: backup: " << dir << " is not empty\n";
@@ -605,8 +613,9 @@ int Backup(const std::shared_ptr<grpc::Channel>& channel, const std::string& dir
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(FLAGS_backup_timeout_s));
   if (!AddOperatorToken(&context)) return kExitUsage;
-  std::unique_ptr<grpc::ClientReader<CheckpointChunk>> reader =
-      stub->Backup(&context, BackupRequest());
+  BackupRequest request;
+  request.set_max_bytes_per_second(static_cast<int64_t>(FLAGS_backup_max_mb_s * 1e6));
+  std::unique_ptr<grpc::ClientReader<CheckpointChunk>> reader = stub->Backup(&context, request);
   absl::StatusOr<CheckpointChunk> done =
       server::ReceiveCheckpoint(reader.get(), &context, dir, FLAGS_server);
   if (!done.ok()) {
@@ -745,7 +754,8 @@ constexpr char kUsage[] =
     "  group [--peer HOST:PORT]   (a replicated server group: leader, standbys, in-sync, lag)\n"
     "  shards                     (a sharded job: every group, reachable?, role, versions)\n"
     "  export -o FILE [--format safetensors]   (the trained model; an operator call)\n"
-    "  backup DIR [--backup_timeout_s N]       (an online backup; an operator call)\n"
+    "  backup DIR [--backup_timeout_s N] [--backup_max_mb_s R]\n"
+    "                                          (an online backup; an operator call)\n"
     "  plan-logging --job FILE --budget N [--stage_ms MS,...] [--boundary_bytes B,...]"
     "   (offline)\n";
 

@@ -12,13 +12,15 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
+import grpc
 import numpy as np
 import pytest
 import torch
 
 from rebound.cluster import LocalServer
-from rebound_pb import rebound_pb2
+from rebound_pb import rebound_pb2, rebound_pb2_grpc
 from rebound.torch.data import FashionMnist
 
 SERVER = os.environ["REBOUND_SERVER"]
@@ -135,12 +137,39 @@ def test_an_export_or_a_backup_without_the_operator_token_is_refused_and_writes_
     assert done.returncode == 1, done.stdout + done.stderr
     assert "operator token" in done.stderr, done.stderr
     assert not os.path.exists(backup)
-    # With the token the same backup is made, its manifest beside it.
-    done = subprocess.run([REBOUNDCTL, "--server", server.address, "--operator_token_file",
-                           token_file, "backup", backup],
+    operator = [REBOUNDCTL, "--server", server.address, "--operator_token_file", token_file]
+    # A negative pace is a usage error, and the server refuses one too.
+    done = subprocess.run(operator + ["--backup_max_mb_s", "-1", "backup", backup],
                           capture_output=True, text=True, timeout=60)
+    assert done.returncode == 64, done.stdout + done.stderr
+    assert "--backup_max_mb_s must be >= 0" in done.stderr, done.stderr
+    assert not os.path.exists(backup)
+    channel = grpc.insecure_channel(server.address)
+    try:
+        stub = rebound_pb2_grpc.ParameterServerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Backup(rebound_pb2.BackupRequest(max_bytes_per_second=-5), timeout=30,
+                             metadata=[("rebound-operator-token", TOKEN)]))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert "max_bytes_per_second must be >= 0" in refused.value.details()
+    finally:
+        channel.close()
+    # With the token the same backup is made, its manifest beside it, paced: the server sends a
+    # chunk only when the bytes before it are within the rate, so the whole backup cannot take
+    # less than (all bytes - the last chunk, at most 1 MiB) / rate.
+    rate_mb_s = 0.25
+    started = time.monotonic()
+    done = subprocess.run(operator + ["--backup_max_mb_s", str(rate_mb_s), "backup", backup],
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
-    assert os.path.exists(os.path.join(backup, "MANIFEST.json"))
+    with open(os.path.join(backup, "MANIFEST.json")) as f:
+        files = json.load(f)["files"]
+    total = sum(entry["bytes"] for entry in files)
+    largest_chunk = min(1 << 20, max(entry["bytes"] for entry in files))
+    floor_s = (total - largest_chunk) / (rate_mb_s * 1e6)
+    assert floor_s > 0.5, (total, largest_chunk)  # the pace is what the test sees
+    assert elapsed >= floor_s, (elapsed, floor_s, total)
 
 
 def test_python_m_rebound_export_writes_a_pt_state_dict_equal_to_the_safetensors(trained,
