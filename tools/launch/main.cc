@@ -6,6 +6,7 @@
 //                  [--worker_command CMD]
 //                  [--standbys N [--etcd_members M] [--kill_leader_at_step S]]
 //                  [--shard_groups K]
+//   rebound_launch --version
 //
 // Exit codes: 0 every slot FINISHED; 1 timeout, the server exited, or the cluster could not
 // start; 2 bad flags or job; 128+N stopped by signal N (130 SIGINT, 143 SIGTERM).

@@ -25,6 +25,7 @@ const char kUsage[] =
     "                      [--worker_command CMD] [--export FILE]\n"
     "                      [--standbys N [--etcd_members M] [--kill_leader_at_step S]]\n"
     "                      [--shard_groups K]\n"
+    "       rebound_launch --version   (prints \"rebound <version> (commit <commit>)\")\n"
     "\n"
     "Starts a rebound_server and the job's workers on this machine (127.0.0.1): R x S trainers\n"
     "one after another in slot order (trainer-r<r>s<s>), topology.spares spares (spare-<i>) and\n"
