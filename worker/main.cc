@@ -4,9 +4,12 @@
 //                  [--role auto|trainer|spare|evaluator]
 //
 // A trainer trains its slot to max_steps and leaves; an evaluator reports test accuracy until
-// the job ends; a spare waits. Exit codes: 0 done or stopped by SIGTERM/SIGINT, 2 bad config or
-// flags, 3 fenced by the server, 4 server unreachable for give_up_after_ms, 5 registration
-// refused, 1 other errors (e.g. the data set cannot be read).
+// the job ends; a spare waits. Exit codes (docs/operations.md#worker-exit-codes): 0 done or
+// stopped by SIGTERM/SIGINT; 2 bad config or flags, or a configuration that does not fit (the
+// model and the data set, compute.backend CUDA in a build without CUDA, the job's model and the
+// server's): restarting cannot help; 3 fenced by the server (only then: supervisors restart on
+// it); 4 server unreachable for give_up_after_ms; 5 registration refused; 1 other errors (e.g.
+// the data set cannot be read).
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -250,13 +253,15 @@ int Run() {
   const Clock* const clock = DefaultClock();
   DataSetCache data_sets;
   absl::Notification registered;
-  AgentExit exit = AgentExit::kStopped;
+  AgentExit exit = AgentExit::kStopped;  // read after agent_ended only
+  absl::Notification agent_ended;
   std::atomic<bool> job_done{false};  // the server said every slot is finished
   std::thread membership([&] {
     exit = agent->Run(&registered, [stop_signal, &job_done] {
       job_done.store(true);
       stop_signal->Notify();
     });
+    agent_ended.Notify();
     stop_signal->Notify();
   });
   registered.WaitForNotification();
@@ -304,6 +309,15 @@ int Run() {
     }
     work = absl::OkStatus();
   }
+  // FAILED_PRECONDITION is both the server's fencing and a configuration that does not fit (the
+  // model and the data set, a CUDA backend in a CPU build, the server's model): only the first
+  // may be restarted. The agent is the judge of a fence: the server answers its next heartbeat
+  // FAILED_PRECONDITION too, so give it a heartbeat (and a spare's takeover grace) to say so.
+  if (work.code() == absl::StatusCode::kFailedPrecondition && !signalled->load()) {
+    const absl::Duration heartbeat = absl::Milliseconds(
+        agent->registration().job.fault_tolerance().heartbeat_interval_ms());
+    agent_ended.WaitForNotificationWithTimeout(2 * heartbeat + absl::Seconds(3));
+  }
   agent->Stop();
   membership.join();
   peer_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -316,7 +330,8 @@ int Run() {
   if (!work.ok() && work.code() != absl::StatusCode::kCancelled &&
       exit != AgentExit::kFenced) {
     LOG(ERROR) << "work failed: " << work;
-    return work.code() == absl::StatusCode::kFailedPrecondition ? 3
+    // FAILED_PRECONDITION here is not a fence (the agent would have said so): a mismatch.
+    return work.code() == absl::StatusCode::kFailedPrecondition ? 2
            : work.code() == absl::StatusCode::kUnavailable      ? 4
                                                                 : 1;
   }

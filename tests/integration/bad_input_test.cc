@@ -58,12 +58,14 @@ struct JobSpec {
   const char* mode = "EASGD";
   const char* weighting = "DYNAMIC";
   std::string data_extra;  // appended inside data { }
+  int input_dim = 784;     // the model's; the data set has 784 features
 };
 
 std::string JobText(const JobSpec& spec) {
   return absl::StrCat(
       "  job_id: \"bad-input\"\n"
-      "  model { layers { width: 8 } layers { width: 10 activation: IDENTITY } }\n"
+      "  model { input_dim: ", spec.input_dim,
+      " layers { width: 8 } layers { width: 10 activation: IDENTITY } }\n"
       "  topology { replicas: 2 }\n"
       "  weighting { policy: ",
       spec.weighting,
@@ -813,6 +815,52 @@ TEST_CASE("a message over max_message_bytes is RESOURCE_EXHAUSTED from gRPC and 
   REQUIRE(cluster.Sync(cluster.MakeSync(a, 8, params), &reply).ok());
   CHECK(reply.center_version() == before.version + 1);
 }
+
+// ---- a configuration that does not fit: exit 2, never 3 (fenced) ----------------------------
+
+// Starts a trainer with `worker_extra` in its config against `cluster`; returns its exit code
+// (nullopt if it did not exit) and its log.
+std::optional<int> RunMisfitTrainer(BadInputCluster& cluster, const std::string& worker_extra,
+                                    std::string* log) {
+  const std::string dir = MakeTempDir("misfit-worker");
+  WriteFileOrDie(dir + "/worker.pbtxt",
+                 absl::StrCat("backoff_initial_ms: 20\nbackoff_max_ms: 200\n", worker_extra));
+  auto worker = Subprocess::Start({Runfile("worker/rebound_worker"), "--config",
+                                   dir + "/worker.pbtxt", "--server", cluster.address(), "--name",
+                                   "m", "--role", "trainer"},
+                                  dir + "/m.log");
+  REQUIRE(worker.ok());
+  const std::optional<int> exit_code = (*worker)->WaitFor(Scaled(absl::Seconds(60)));
+  *log = ReadFileOrEmpty(dir + "/m.log");
+  return exit_code;
+}
+
+TEST_CASE("a trainer whose data set does not fit the job's model exits 2, not 3 (fenced)") {
+  // Supervisors restart a worker that exits 3; this one would fail the same way forever.
+  JobSpec spec;
+  spec.input_dim = 100;
+  BadInputCluster cluster(spec);
+  std::string log;
+  const std::optional<int> exit_code = RunMisfitTrainer(cluster, "", &log);
+  INFO(log);
+  CHECK(exit_code == 2);
+  CHECK_THAT(log, Contains("work failed: FAILED_PRECONDITION: model.input_dim 100 does not match "
+                           "the data set's 784 features per sample"));
+  CHECK_THAT(log, !Contains("fenced by the server"));
+}
+
+#if !defined(REBOUND_HAVE_CUDA)
+TEST_CASE("a trainer asking for compute.backend CUDA in a build without CUDA exits 2") {
+  BadInputCluster cluster(JobSpec{});
+  std::string log;
+  const std::optional<int> exit_code =
+      RunMisfitTrainer(cluster, "compute { backend: CUDA }\n", &log);
+  INFO(log);
+  CHECK(exit_code == 2);
+  CHECK_THAT(log, Contains("compute.backend is CUDA but this binary was built without CUDA"));
+  CHECK_THAT(log, !Contains("fenced by the server"));
+}
+#endif
 
 // ---- configs, through the real binaries ----------------------------------------------------
 
