@@ -296,11 +296,13 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
               "gauge");
     w->Sample("rebound_shard_group", {}, sharding.group());
   }
-  if (s.has_last_eval()) {
+  if (s.has_last_eval() && s.last_eval().has_test_accuracy()) {
     w->Family("rebound_test_accuracy", "The evaluator's last test accuracy of the center, in "
                                        "[0, 1].",
               "gauge");
     w->Sample("rebound_test_accuracy", {}, s.last_eval().test_accuracy());
+  }
+  if (s.has_last_eval()) {
     w->Family("rebound_test_loss", "The evaluator's last test loss of the center.", "gauge");
     w->Sample("rebound_test_loss", {}, s.last_eval().test_loss());
   }

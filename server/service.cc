@@ -646,7 +646,10 @@ absl::Status ParameterServerService::ValidateEval(const ReportEvalRequest& reque
     return absl::InvalidArgumentError(
         absl::StrCat("test_loss must be finite, got ", request.test_loss()));
   }
-  if (!(request.test_accuracy() >= 0.0 && request.test_accuracy() <= 1.0)) {
+  // Absent for a job without class-index targets (a regression: docs/python.md); then the
+  // status has no accuracy either.
+  if (request.has_test_accuracy() &&
+      !(request.test_accuracy() >= 0.0 && request.test_accuracy() <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("test_accuracy must be in [0, 1], got ", request.test_accuracy()));
   }
@@ -717,7 +720,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     EvalStatus* eval = response->mutable_last_eval();
     eval->set_center_version(last_eval_.center_version());
     eval->set_test_loss(last_eval_.test_loss());
-    eval->set_test_accuracy(last_eval_.test_accuracy());
+    if (last_eval_.has_test_accuracy()) eval->set_test_accuracy(last_eval_.test_accuracy());
     eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
   }
   recovery_->FillStatus(response);

@@ -261,9 +261,12 @@ void PrintStatusTable(const GetStatusResponse& s) {
                 tools::FormatRanges(sharding, group).c_str());
   }
   if (s.has_last_eval()) {
-    std::printf("test accuracy %.2f%%, test loss %.4f (center version %lld, %s ago)\n",
-                100.0 * s.last_eval().test_accuracy(), s.last_eval().test_loss(),
-                static_cast<long long>(s.last_eval().center_version()),
+    const std::string accuracy =
+        s.last_eval().has_test_accuracy()
+            ? absl::StrFormat("test accuracy %.2f%%, ", 100.0 * s.last_eval().test_accuracy())
+            : std::string();
+    std::printf("%stest loss %.4f (center version %lld, %s ago)\n", accuracy.c_str(),
+                s.last_eval().test_loss(), static_cast<long long>(s.last_eval().center_version()),
                 Ago(s.last_eval().reported_ms_ago()).c_str());
   }
   if (s.has_checkpoint()) {
