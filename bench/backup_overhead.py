@@ -2,14 +2,15 @@
 """backup_overhead: training throughput while online backups run, against the same job without,
 and what an export of the trained model costs (docs/operations.md#backup-and-restore).
 
-    bench/backup_overhead.py [--seconds 10] [--reps 3] [--rebound-server PATH]
-        [--rebound-worker PATH] [--reboundctl PATH]
+    bench/backup_overhead.py [--seconds 10] [--reps 3] [--backup-max-mb-s R] [--nice N]
+        [--rebound-server PATH] [--rebound-worker PATH] [--reboundctl PATH]
 
 Prints
   RESULT backup_overhead: with_backup_samples_s=... without_samples_s=... ratio=...
-      backup_s=... backup_bytes=...
+      backup_s=... backup_bytes=... backup_max_mb_s=...
   RESULT export: export_s=... export_bytes=... tensors=...
-(target: ratio >= 0.9). One rebound_server (durable, on 127.0.0.1 port 0, started by
+(target: ratio >= 0.9). The backups are paced at --backup-max-mb-s (default 4 MB/s; 0 runs them
+unpaced, as fast as the server sends). One rebound_server (durable, on 127.0.0.1 port 0, started by
 rebound.cluster.LocalServer) serves the shipped model of configs/job.pbtxt (784-256-128-10 MLP,
 batch 64) to two rebound_worker trainers; max_steps is far beyond the run. The samples per second
 are the trainers' steps (GetStatus, summed over the slots) x batch size over a window of
@@ -71,6 +72,9 @@ def main():
     parser.add_argument("--reboundctl", default="bazel-bin/tools/reboundctl")
     parser.add_argument("--nice", type=int, default=0,
                         help="run reboundctl at this niceness (a client on another host: 19)")
+    parser.add_argument("--backup-max-mb-s", type=float, default=4.0,
+                        help="reboundctl backup --backup_max_mb_s: the server paces its stream "
+                             "(0: unpaced)")
     args = parser.parse_args()
     if args.seconds <= 0 or args.reps < 1:
         print("backup_overhead: --seconds > 0 and --reps >= 1", file=sys.stderr)
@@ -94,7 +98,8 @@ def main():
                 target = os.path.join(scratch, "backup-%d" % len(backups))
                 begin = time.monotonic()
                 done = subprocess.run(nice + [args.reboundctl, "--server", server.address,
-                                              "--output", "json", "backup", target],
+                                              "--output", "json", "--backup_max_mb_s",
+                                              str(args.backup_max_mb_s), "backup", target],
                                       capture_output=True, text=True, timeout=600)
                 if done.returncode != 0:
                     raise RuntimeError("reboundctl backup failed: " + done.stderr)
@@ -127,10 +132,10 @@ def main():
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print("RESULT backup_overhead: with_backup_samples_s=%.0f without_samples_s=%.0f ratio=%.3f "
-          "backup_s=%.3f backup_bytes=%d" % (
+          "backup_s=%.3f backup_bytes=%d backup_max_mb_s=%g" % (
               statistics.median(with_backup), statistics.median(without),
               statistics.median(ratios), statistics.median(s for s, _ in backups),
-              statistics.median(b for _, b in backups)))
+              statistics.median(b for _, b in backups), args.backup_max_mb_s))
     print("RESULT export: export_s=%.3f export_bytes=%d tensors=%d" % (export_s, export_bytes,
                                                                        tensors))
     return 0

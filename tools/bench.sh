@@ -80,7 +80,7 @@ declare -rA kWhat=(
   [failover]="SIGKILL of a group's leader to the first sync the new leader answers, shipped job, 4 trainers"
   [sharding]="sync throughput of a 64 MiB center, 4 synthetic trainers, K = 1, 2, 4 server groups each behind a tbf-limited link; the shipped job on loopback, K = 2"
   [server_capacity]="syncs/s one server group answers: synthetic trainers R = 1 to 64, centers of 1, 16 and 64 MiB, K = 1 and 2"
-  [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup runs back to back, against none; an export's time and size"
+  [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup --backup_max_mb_s 4 runs back to back, against none; an export's time and size"
 )
 # The targets of DESIGN.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
