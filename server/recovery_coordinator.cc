@@ -40,6 +40,17 @@ Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecovery
     end.outcome = CHECKSUM_MISMATCH;
     end.why = absl::StrCat("DATA_LOSS: ", report.detail(), "; falling back to RESTART_FROM_CENTER");
     end.fallback_restart = true;
+  } else if (report.outcome() == UNREPLAYABLE) {
+    // No replay of it can verify: retrying would fail the same way.
+    end.outcome = UNREPLAYABLE;
+    if (job.topology().stages() > 1) {
+      end.why = absl::StrCat("UNREPLAYABLE: ", report.detail(),
+                             "; a pipeline stage has no fallback: the next spare replays it again");
+    } else {
+      end.why = absl::StrCat("UNREPLAYABLE: ", report.detail(),
+                             "; falling back to RESTART_FROM_CENTER");
+      end.fallback_restart = true;
+    }
   } else {
     end.outcome =
         report.outcome() == RECOVERY_OUTCOME_UNSPECIFIED ? ABANDONED : report.outcome();

@@ -289,6 +289,44 @@ TEST_CASE("REPLAY: after max_replay_attempts failed replays a slot falls back to
   CHECK(fourth->has_value());
 }
 
+TEST_CASE("REPLAY: an UNREPLAYABLE report falls back at once, without DATA_LOSS; a pipeline "
+          "stage waits for another replay") {
+  Units u("REPLAY");
+  const LostSlot lost = ClaimLostSlot(u);
+  ReportRecoveryRequest report;
+  report.set_incarnation(lost.spare.incarnation());
+  report.set_task_id(lost.task.task_id());
+  report.set_outcome(UNREPLAYABLE);
+  report.set_detail("step 4: cannot replay exactly: the optimizer Unfit");
+  REQUIRE(u.coordinator->Finish(report).ok());
+  const std::vector<RecoveryStatus> recoveries = u.membership->Recoveries();
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0].outcome() == UNREPLAYABLE);
+  CHECK_FALSE(absl::StrContains(recoveries[0].detail(), "DATA_LOSS"));
+  CHECK(absl::StrContains(recoveries[0].detail(), "falling back to RESTART_FROM_CENTER"));
+  HeartbeatRequest beat;
+  beat.set_incarnation(lost.spare.incarnation());
+  auto reply = u.membership->Heartbeat(beat);
+  REQUIRE(reply.ok());
+  CHECK(reply->has_takeover());  // one report was enough: max_replay_attempts is 2
+
+  Units pipeline("REPLAY", /*stages=*/2);
+  pipeline.Register("a", TRAINER);
+  const RegisterResponse b = pipeline.Register("b", TRAINER);
+  const RegisterResponse spare = pipeline.Register("s", SPARE);
+  REQUIRE(pipeline.membership->Deregister(b.incarnation()).ok());
+  pipeline.clock.Advance(absl::Milliseconds(1001));
+  auto task = pipeline.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(task.ok());
+  REQUIRE(task->has_value());
+  report.set_incarnation(spare.incarnation());
+  report.set_task_id((*task)->task_id());
+  REQUIRE(pipeline.coordinator->Finish(report).ok());
+  auto again = pipeline.coordinator->NextTask(spare.incarnation(), absl::ZeroDuration());
+  REQUIRE(again.ok());
+  CHECK(again->has_value());
+}
+
 TEST_CASE("REPLAY: max_replay_attempts 1 falls back after the first failed replay") {
   JobConfig job = Job("REPLAY", 1);
   job.mutable_fault_tolerance()->set_max_replay_attempts(1);

@@ -783,7 +783,9 @@ class _Worker:
             report.phases.snapshot_transfer_ms = int((loaded - began) * 1000)
             report.phases.replay_ms = int((time.monotonic() - loaded) * 1000)
             if mismatch is not None:
-                report.outcome = rebound_pb2.CHECKSUM_MISMATCH
+                # A state the snapshot cannot hold is no data loss: nothing differed.
+                report.outcome = (rebound_pb2.UNREPLAYABLE if mismatch == unreplayable
+                                  else rebound_pb2.CHECKSUM_MISMATCH)
                 report.detail = mismatch
                 _log("replay task %d: %s; the server falls back to RESTART_FROM_CENTER" % (
                     task.task_id, mismatch))
