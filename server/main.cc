@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "common/status_macros.h"
+#include "common/usage.h"
 #include "common/version.h"
 #include "server/center_export.h"
 #include "server/center_table.h"
@@ -763,13 +765,33 @@ int Run() {
 }  // namespace
 }  // namespace rebound::server
 
+constexpr char kUsageHeader[] =
+    "usage: rebound_server --config FILE [--listen HOST:PORT] [--port_file PATH]\n"
+    "                      [--data_dir DIR] [--restore_from DIR]\n"
+    "                      [--name NAME --peer_listen HOST:PORT] (a replicated group's member)\n"
+    "\n"
+    "The Rebound parameter server: serves ParameterServer, grpc.health.v1 and reflection. With a\n"
+    "data directory it keeps its state in RocksDB and reloads it at start. The config is a\n"
+    "ServerConfig (docs/config.md).\n";
+
+constexpr char kUsageFooter[] =
+    "Exit codes: 0 after SIGTERM/SIGINT (graceful shutdown); 1 it cannot listen, or its data\n"
+    "directory cannot be opened or read; 2 bad config or flags.\n";
+
 int main(int argc, char** argv) {
   rebound::ExitIfVersionFlag(argc, argv);
+  rebound::ExitIfHelpFlag(argc, argv,
+                          rebound::UsageText(kUsageHeader, __FILE__, kUsageFooter));
+  if (const absl::Status flags = rebound::CheckCommandLineFlags(argc, argv); !flags.ok()) {
+    std::fprintf(stderr, "%s: %s (--help: the flags)\n", "rebound_server",
+                 std::string(flags.message()).c_str());
+    return 2;  // bad flags, as documented (gflags would exit 1)
+  }
   rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
   // Every sync allocates and frees buffers of the center's size.
   rebound::TuneAllocatorForLargeBuffers();
-  gflags::SetUsageMessage("rebound_server --config FILE [--listen HOST:PORT] [--port_file PATH]");
+  gflags::SetUsageMessage("rebound_server --config FILE (--help: the flags)");
   // Kept for running again (a deposed leader): gflags removes the flags it parses from argv.
   std::vector<std::string> arguments(argv, argv + argc);
   gflags::ParseCommandLineFlags(&argc, &argv, true);

@@ -87,6 +87,7 @@
 #include "common/grpc_polling.h"
 #include "common/logging_plan.h"
 #include "common/security.h"
+#include "common/usage.h"
 #include "common/version.h"
 #include "server/checkpoint_transfer.h"
 #include "storage/backup.h"
@@ -837,13 +838,22 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace rebound::ctl
 
+constexpr char kUsageFooter[] =
+    "Exit codes: 0 success (health: SERVING); 1 the server answered but is not serving or refused\n"
+    "the call; 2 the server could not be reached within --timeout_ms; 64 usage error.\n";
+
 int main(int argc, char** argv) {
   rebound::ExitIfVersionFlag(argc, argv);
+  rebound::ExitIfHelpFlag(argc, argv,
+                          rebound::UsageText(rebound::ctl::kUsage, __FILE__, kUsageFooter));
+  // A usage error is 64 (EX_USAGE), not gflags' exit 1.
+  if (const absl::Status flags = rebound::CheckCommandLineFlags(argc, argv); !flags.ok()) {
+    std::cerr << "reboundctl: " << flags.message() << "\n"
+              << rebound::ctl::kUsage << "(--help: every flag)\n";
+    return rebound::ctl::kExitUsage;
+  }
   rebound::ShortenGrpcBackupPolling();
-  gflags::SetUsageMessage(
-      "reboundctl [--server HOST:PORT] [--output table|json] "
-      "health|status|workers|recoveries|watch|drain R,S|group|shards|export -o FILE|backup DIR|"
-      "plan-logging");
+  gflags::SetUsageMessage("reboundctl [flags] COMMAND (--help: the commands and flags)");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return rebound::ctl::Main(argc, argv);
 }

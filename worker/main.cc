@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <thread>
 
@@ -33,6 +34,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/clock.h"
+#include "common/usage.h"
 #include "common/version.h"
 #include "worker/evaluator.h"
 #include "worker/peer_service.h"
@@ -358,12 +360,34 @@ int Run() {
 }  // namespace
 }  // namespace rebound::worker
 
+constexpr char kUsageHeader[] =
+    "usage: rebound_worker --config FILE [--server HOST:PORT[,HOST:PORT...]] [--name NAME]\n"
+    "                      [--role auto|trainer|spare|evaluator] [--peer_listen HOST:PORT]\n"
+    "                      [--advertise_host HOST]\n"
+    "\n"
+    "A Rebound worker: it registers with the server, which gives it a role. A trainer trains its\n"
+    "slot to max_steps and leaves, an evaluator reports test accuracy until the job ends, a spare\n"
+    "waits to replay a lost slot. The config is a WorkerConfig (docs/config.md).\n";
+
+constexpr char kUsageFooter[] =
+    "Exit codes (docs/operations.md#worker-exit-codes): 0 done, or stopped by SIGTERM/SIGINT;\n"
+    "1 the role's work failed (e.g. the data set cannot be read); 2 bad config or flags, or a\n"
+    "configuration that does not fit (model and data set, compute.backend): do not restart;\n"
+    "3 fenced by the server: restart it; 4 no contact with the server for give_up_after_ms;\n"
+    "5 registration or heartbeat refused.\n";
+
 int main(int argc, char** argv) {
   rebound::ExitIfVersionFlag(argc, argv);
+  rebound::ExitIfHelpFlag(argc, argv,
+                          rebound::UsageText(kUsageHeader, __FILE__, kUsageFooter));
+  if (const absl::Status flags = rebound::CheckCommandLineFlags(argc, argv); !flags.ok()) {
+    std::fprintf(stderr, "%s: %s (--help: the flags)\n", "rebound_worker",
+                 std::string(flags.message()).c_str());
+    return 2;  // bad flags, as documented (gflags would exit 1)
+  }
   rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
-  gflags::SetUsageMessage(
-      "rebound_worker --config FILE [--server HOST:PORT] [--name NAME] [--role ROLE]");
+  gflags::SetUsageMessage("rebound_worker --config FILE (--help: the flags)");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);
   return rebound::worker::Run();

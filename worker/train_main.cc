@@ -5,7 +5,8 @@
 // The config is a JobConfig; it uses model, data, compute, adahessian and the job seed (an lr
 // decay with adahessian.decay_steps 0 ends at the last step of the last epoch). Prints
 // one line per epoch: mean training loss, test loss and accuracy, samples per second.
-// Exit codes: 0 done, 2 bad config, 1 any other error (e.g. missing data set).
+// Exit codes: 0 done, 2 bad config or one that does not fit (the model and the data set,
+// compute.backend CUDA in a build without CUDA), 1 any other error (e.g. missing data set).
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -15,6 +16,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/process.h"
+#include "common/usage.h"
 #include "common/version.h"
 #include "compute/backend_factory.h"
 #include "compute/step.h"
@@ -51,7 +53,11 @@ int Run() {
   auto backend = compute::CreateBackend(job->compute());
   if (!backend.ok()) {
     LOG(ERROR) << backend.status();
-    return 1;
+    // compute.backend CUDA in a CPU build, or a bad device: the config's, not a failure.
+    return backend.status().code() == absl::StatusCode::kFailedPrecondition ||
+                   backend.status().code() == absl::StatusCode::kInvalidArgument
+               ? 2
+               : 1;
   }
   auto sampler = ShardSampler::Create(job->data(), data->train.count, 1, 0);
   if (!sampler.ok()) {
@@ -128,9 +134,27 @@ int Run() {
 }  // namespace
 }  // namespace rebound::worker
 
+constexpr char kUsageHeader[] =
+    "usage: rebound_train --config FILE [--epochs N]\n"
+    "\n"
+    "A single-process trainer (no server) on Fashion-MNIST with AdaHessian. The config is a\n"
+    "JobConfig: it uses model, data, compute, adahessian and the job seed. Prints one line per\n"
+    "epoch: mean training loss, test loss and accuracy, samples per second.\n";
+
+constexpr char kUsageFooter[] =
+    "Exit codes: 0 done; 1 any other error (e.g. the data set is missing); 2 bad config or flags,\n"
+    "or a config that does not fit (the model and the data set, compute.backend).\n";
+
 int main(int argc, char** argv) {
   rebound::ExitIfVersionFlag(argc, argv);
-  gflags::SetUsageMessage("rebound_train --config FILE [--epochs N]");
+  rebound::ExitIfHelpFlag(argc, argv,
+                          rebound::UsageText(kUsageHeader, __FILE__, kUsageFooter));
+  if (const absl::Status flags = rebound::CheckCommandLineFlags(argc, argv); !flags.ok()) {
+    std::fprintf(stderr, "%s: %s (--help: the flags)\n", "rebound_train",
+                 std::string(flags.message()).c_str());
+    return 2;  // bad flags, as documented (gflags would exit 1)
+  }
+  gflags::SetUsageMessage("rebound_train --config FILE [--epochs N] (--help: the flags)");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);
   return rebound::worker::Run();
