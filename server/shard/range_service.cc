@@ -523,6 +523,69 @@ grpc::Status RangeService::RangeSteps(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+RangeService::Applied RangeService::GetApplied(int stage) const {
+  const int replicas = job_.topology().replicas();
+  Applied applied;
+  applied.steps.resize(replicas);
+  applied.sequences.resize(replicas);
+  absl::MutexLock lock(&mu_);
+  for (int r = 0; r < replicas; ++r) {
+    auto it = kept_.find(Key(r, stage));
+    if (it == kept_.end()) continue;
+    applied.steps[r] = it->second.last();
+    applied.sequences[r] = it->second.sequence;
+  }
+  applied.generation = generation_;
+  return applied;
+}
+
+absl::StatusOr<ExportRangeResponse> RangeService::ReadForExport(int stage) const {
+  ExportRangeResponse response;
+  if (job_.model().declared_by_worker() && centers_->num_stages() == 0) {
+    response.set_model_unknown(true);
+    return response;
+  }
+  if (stage < 0 || stage >= centers_->num_stages()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage must be in [0, ", centers_->num_stages(), "), got ", stage));
+  }
+  // A sync or push changes the slot's kept step or sequence together with the center, under
+  // the stage lock: equal looks around the read mean that the center read holds exactly the
+  // updates the looks name. A rollback restores the centers before the kept steps: not during
+  // one.
+  absl::MutexLock no_rollback(&checkpoint_mu_);
+  for (int read = 0; read < kExportReads; ++read) {
+    const Applied before = GetApplied(stage);
+    ASSIGN_OR_RETURN(auto center, centers_->Read(stage));
+    const Applied after = GetApplied(stage);
+    if (!(before == after)) continue;
+    *response.mutable_center() = centers_->Bundle(stage, center.first);
+    response.set_center_version(center.second);
+    for (int64_t step : after.steps) response.add_applied_steps(step);
+    for (uint64_t sequence : after.sequences) response.add_applied_sequences(sequence);
+    return response;
+  }
+  return absl::UnavailableError(absl::StrCat("range ", group_, " applied updates of stage ", stage,
+                                             " during each of its ", kExportReads,
+                                             " reads; retry"));
+}
+
+grpc::Status RangeService::ExportRange(grpc::ServerContext* context,
+                                       const ExportRangeRequest* request,
+                                       ExportRangeResponse* response) {
+  if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (!check_operator_) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this server takes no operator calls on its range (ExportRange)"));
+  }
+  if (absl::Status ok = check_operator_(context); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
+  absl::StatusOr<ExportRangeResponse> read = ReadForExport(request->stage());
+  if (!read.ok()) return ToGrpcStatus(read.status());
+  *response = *std::move(read);
+  return grpc::Status::OK;
+}
+
 uint64_t RangeService::AppliedSequence(const SlotId& slot) const {
   return GetKept(Normalized(slot)).sequence;
 }

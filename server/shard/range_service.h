@@ -45,10 +45,14 @@
 // snapshot is the cut's again (its other copy emptied) and a sync authorized before the rollback
 // that has not reached the center yet is refused (ABORTED) instead of moving the restored one.
 //
+// ExportRange (group 0's ExportCenter of a sharded job, docs/sharding.md#exporting-the-center):
+// an operator call that answers the range of a stage with what it had applied (every slot's last
+// sync step and push sequence), read between two equal looks at them.
+//
 // Thread-safety: thread-safe; the slots' kept steps under one mutex (a leaf, never held across
 // a call to another unit), the center under CenterTable's stage locks. Lock order:
 // declare_mu_ (held across the call to group 0 and CenterTable::Declare), checkpoint_mu_ (a
-// whole checkpoint or rollback) -> CenterTable's stage locks -> mu_.
+// whole checkpoint or rollback, or an export's read) -> CenterTable's stage locks -> mu_.
 // Ownership: every pointer and function given to the constructor is borrowed/kept and must
 // outlive the service. Status codes: as ParameterServer's (proto/rebound.proto) plus NOT_FOUND
 // for a snapshot (or a range checkpoint) the group does not hold.
@@ -112,6 +116,21 @@ class RangeService final : public CenterRange::Service {
   absl::StatusOr<std::vector<int64_t>> RollBack(int64_t step, uint64_t rollback_id)
       ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
 
+  // Admits the operator calls on the range (ExportRange; also CheckpointRange and RollbackRange
+  // unless EnableGlobalCheckpoint gives its own check): the server's operator check. Until this
+  // is called ExportRange is FAILED_PRECONDITION. Call once, before the server is ready.
+  void SetOperatorCheck(CallCheck check_operator) { check_operator_ = std::move(check_operator); }
+
+  // What ExportRange answers, callable in process (group 0's own range): the range's center of
+  // `stage` with the slots' applied syncs and pushes, read between two identical looks at them
+  // (a sync changes them and the center under the stage lock, so the center holds exactly
+  // those). A declared model this group does not know yet: model_unknown only.
+  // INVALID_ARGUMENT for a stage out of range; UNAVAILABLE when updates landed between the looks
+  // of every one of kExportReads tries.
+  static constexpr int kExportReads = 16;
+  absl::StatusOr<ExportRangeResponse> ReadForExport(int stage) const
+      ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
+
   // This group's place and the ranges, for GetStatus.
   void FillStatus(ShardingStatus* status) const;
 
@@ -131,6 +150,8 @@ class RangeService final : public CenterRange::Service {
                                CheckpointRangeResponse* response) override;
   grpc::Status RollbackRange(grpc::ServerContext* context, const RollbackRangeRequest* request,
                              RollbackRangeResponse* response) override;
+  grpc::Status ExportRange(grpc::ServerContext* context, const ExportRangeRequest* request,
+                           ExportRangeResponse* response) override;
 
   // Whether this group's range holds the slot's sync of `step` (one of its two kept snapshots).
   bool Holds(const SlotId& slot, int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -153,6 +174,18 @@ class RangeService final : public CenterRange::Service {
   absl::Status CheckRange(int range) const;
   absl::Status CheckSlot(const SlotId& slot) const;
   Kept GetKept(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The applied sync steps and push sequences of every slot (r, stage), by replica, and the
+  // rollback generation: what ReadForExport compares before and after its read.
+  struct Applied {
+    std::vector<int64_t> steps;
+    std::vector<uint64_t> sequences;
+    uint64_t generation = 0;
+    bool operator==(const Applied& other) const {
+      return steps == other.steps && sequences == other.sequences &&
+             generation == other.generation;
+    }
+  };
+  Applied GetApplied(int stage) const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t Generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // CheckpointRange and RollbackRange: the server's checks, then its operator check.
   absl::Status CheckOperatorCall(const grpc::ServerContext* context) const;
@@ -180,8 +213,11 @@ class RangeService final : public CenterRange::Service {
 
   // GLOBAL_CHECKPOINT: set once by EnableGlobalCheckpoint, before the server is ready.
   std::unique_ptr<RangeCheckpointFiles> checkpoints_;
+  // Set once by SetOperatorCheck or EnableGlobalCheckpoint, before the server is ready.
   CallCheck check_operator_;
-  absl::Mutex checkpoint_mu_;  // one checkpoint or rollback at a time
+  // One checkpoint or rollback at a time; an export's read waits for a rollback to end (its
+  // centers and kept steps change in two steps).
+  mutable absl::Mutex checkpoint_mu_;
   absl::Mutex declare_mu_;     // one declaration fetch at a time
 
   mutable absl::Mutex mu_;
