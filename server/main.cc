@@ -52,6 +52,7 @@
 #include "server/server_metrics.h"
 #include "server/service.h"
 #include "server/shard/range_check.h"
+#include "server/shard/range_export.h"
 #include "server/shard/range_checkpoints.h"
 #include "server/shard/range_service.h"
 #include "server/shard/remote_authorizer.h"
@@ -473,6 +474,7 @@ int Run() {
   std::unique_ptr<RemoteAuthorizer> remote_authorizer;
   std::unique_ptr<RangeService> range_service;
   std::unique_ptr<RangeCheck> range_check;
+  std::unique_ptr<RangeExport> range_export;
   if (sharded) {
     RangeService::Authorizer authorize;
     if (config.shard().group() == 0) {
@@ -511,7 +513,24 @@ int Run() {
       service.SetPushCheck([check = range_check.get()](const SlotId& slot, uint64_t sequence) {
         return check->CheckPushed(slot, sequence);
       });
+      // ExportCenter gathers every range (docs/sharding.md#exporting-the-center).
+      auto exporter = RangeExport::Create(config, range_service.get(), operator_token);
+      if (!exporter.ok()) {
+        LOG(ERROR) << "shard.group_addresses: " << exporter.status();
+        return 2;
+      }
+      range_export = *std::move(exporter);
+      service.SetShardedExport([&job, table = centers->get(), ranges = range_export.get(),
+                                &clock](absl::Time deadline) {
+        return ReadShardedCenterExport(
+            job, *table,
+            [ranges](int stage, absl::Time by) { return ranges->ReadStage(stage, by); },
+            deadline, clock, VersionLine());
+      });
     }
+    // Group 0's ExportRange calls (and GLOBAL_CHECKPOINT's) are operator calls.
+    range_service->SetOperatorCheck(
+        [&service](const grpc::ServerContext* context) { return service.CheckOperator(context); });
   }
 
   grpc::EnableDefaultHealthCheckService(true);

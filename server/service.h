@@ -125,6 +125,14 @@ class ParameterServerService final : public ParameterServer::Service {
     push_check_ = std::move(check);
   }
 
+  // A sharded job's group 0: ExportCenter's read of the whole center from every range, by the
+  // deadline (server/center_export.h, ReadShardedCenterExport). Set before MarkReady; unset,
+  // ExportCenter of a sharded job is FAILED_PRECONDITION.
+  void SetShardedExport(std::function<absl::StatusOr<ExportCenterResponse>(absl::Time deadline)>
+                            read) {
+    sharded_export_ = std::move(read);
+  }
+
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true, std::memory_order_release); }
 
@@ -270,6 +278,7 @@ class ParameterServerService final : public ParameterServer::Service {
   std::function<void(ShardingStatus*)> sharding_status_;  // likewise
   std::function<absl::Status(const SlotId&, int64_t)> range_check_;  // likewise
   std::function<absl::Status(const SlotId&, uint64_t)> push_check_;  // likewise
+  std::function<absl::StatusOr<ExportCenterResponse>(absl::Time)> sharded_export_;  // likewise
   // A sharded job (K > 1): FAILED_PRECONDITION naming the calls to use instead, for Sync and
   // Pull; OK for an unsharded job.
   absl::Status CheckUnsharded(const char* what) const;

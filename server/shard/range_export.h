@@ -1,0 +1,51 @@
+#pragma once
+
+// RangeExport: how a sharded job's group 0 reads every range of a stage for ExportCenter
+// (DESIGN.md §10.2, docs/sharding.md#exporting-the-center; server/center_export.h joins them).
+// Range 0 is read in process, the others at once by CenterRange.ExportRange, one channel per
+// group (a replicated group's entry lists its members: the channel follows its leader).
+//
+// The calls are operator calls: they carry this server's operator token
+// (security.operator_token_file), which every group must share; without one a range group takes
+// them from its own host only (PERMISSION_DENIED otherwise).
+//
+// Thread-safety: thread-safe (gRPC stubs; the local range service is thread-safe). Ownership:
+// borrows `local`, which must outlive it. Status codes: each range's own, its message naming the
+// range and its address; DEADLINE_EXCEEDED / UNAVAILABLE from a group that does not answer by
+// the deadline.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/config.pb.h"
+#include "proto/sharding.grpc.pb.h"
+#include "server/shard/range_service.h"
+
+namespace rebound::server {
+
+class RangeExport {
+ public:
+  static absl::StatusOr<std::unique_ptr<RangeExport>> Create(const ServerConfig& config,
+                                                             const RangeService* local,
+                                                             std::string operator_token);
+
+  // Range k's ExportRange answer of `stage` (or its error) at index k, for every k in [0, K).
+  std::vector<absl::StatusOr<ExportRangeResponse>> ReadStage(int stage, absl::Time deadline) const;
+
+ private:
+  RangeExport(const ServerConfig& config, const RangeService* local, std::string operator_token)
+      : addresses_(config.shard().group_addresses().begin(),
+                   config.shard().group_addresses().end()),
+        local_(local),
+        operator_token_(std::move(operator_token)) {}
+
+  const std::vector<std::string> addresses_;  // by group, for messages
+  const RangeService* const local_;
+  const std::string operator_token_;
+  std::vector<std::unique_ptr<CenterRange::Stub>> stubs_;  // stubs_[k - 1]: group k
+};
+
+}  // namespace rebound::server
