@@ -8,16 +8,19 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
@@ -169,9 +172,43 @@ std::vector<float> PullCenter(Cluster& cluster, const Observer& observer, int st
   return center;
 }
 
+// ExportCenter at group 0 (an operator call: with `token`, or without one from this host).
+grpc::Status Export(Cluster& cluster, const std::string& token, ExportCenterResponse* exported,
+                    absl::Duration deadline = absl::Seconds(60)) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(deadline)));
+  if (!token.empty()) context.AddMetadata(kOperatorTokenKey, token);
+  return cluster.stub().ExportCenter(&context, ExportCenterRequest(), exported);
+}
+
+// The exported values, stage after stage, tensor after tensor: the packed center.
+std::vector<float> ExportedValues(const ExportCenterResponse& exported) {
+  std::vector<float> values;
+  for (const ExportedStage& stage : exported.stages()) {
+    for (const Tensor& tensor : stage.center().tensors()) {
+      const float* data = reinterpret_cast<const float*>(tensor.data().data());
+      values.insert(values.end(), data, data + tensor.data().size() / sizeof(float));
+    }
+  }
+  return values;
+}
+
+// "stage <s> <name> [d0, d1, ...]" of every exported tensor, in order.
+std::vector<std::string> ExportedTensors(const ExportCenterResponse& exported) {
+  std::vector<std::string> tensors;
+  for (const ExportedStage& stage : exported.stages()) {
+    for (const Tensor& tensor : stage.center().tensors()) {
+      tensors.push_back(absl::StrCat("stage ", stage.stage(), " ", tensor.name(), " [",
+                                     absl::StrJoin(tensor.shape(), ", "), "]"));
+    }
+  }
+  return tensors;
+}
+
 struct RunResult {
   std::vector<float> center;
   GetStatusResponse status;  // group 0's at the end
+  ExportCenterResponse exported;  // ExportCenter at group 0 at the end
 };
 
 struct RunOptions {
@@ -189,6 +226,10 @@ struct RunOptions {
   // > 0: trainer 1 is SIGKILLed once its slot passes this step (a spare takes the slot over).
   int64_t kill_trainer_at = 0;
   std::string server_extra;  // top-level server config fields (ServerConfigText's `extra`)
+  // The operator token the servers share (server_extra's security block), for ExportCenter.
+  std::string operator_token;
+  // ExportCenter once slot 0 passed a quarter of the job, while both trainers sync.
+  bool export_while_training = false;
   // Under GLOBAL_CHECKPOINT a kill rolls every range back: each range's version is then above
   // the syncs of one clean run (the undone syncs and the restore count too).
   bool rolls_back = false;
@@ -271,17 +312,35 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
     REQUIRE(cluster.group_of(leader) == run.kill_leader_of);
     REQUIRE(cluster.KillMember(leader).ok());
   }
+  if (run.export_while_training) {
+    WaitFor(cluster, [&](const GetStatusResponse& s) {
+      return s.slots_size() > 0 && s.slots(0).step() >= run.max_steps / 4;
+    }, "slot 0 past a quarter of the job");
+    // Trainers sync every range at once, so a read may meet a sync between the ranges: the
+    // export answers a center whose ranges hold the same syncs (equal versions: no rollback).
+    ExportCenterResponse exported;
+    const grpc::Status status = Export(cluster, run.operator_token, &exported);
+    INFO(status.error_message() << cluster.Logs(30, 8));
+    REQUIRE(status.ok());
+    REQUIRE(exported.stages_size() == run.stages);
+    for (const ExportedStage& stage : exported.stages()) {
+      INFO("stage " << stage.stage());
+      REQUIRE(stage.range_versions_size() == groups);
+      for (int64_t version : stage.range_versions()) CHECK(version == stage.center_version());
+      CHECK(stage.center_version() <= rounds * kReplicas);
+    }
+  }
   RunResult result;
   result.status = WaitFor(cluster, Finished, "every slot FINISHED");
   const Observer observer = Register(cluster);
   REQUIRE(result.status.slots_size() == kReplicas * run.stages);
+  std::vector<int64_t> versions;  // by stage, then range (sharded)
   if (groups == 1) {
     result.center = PullCenter(cluster, observer, run.stages);
     for (const CenterStatus& center : result.status.centers()) {
       CHECK(center.version() == rounds * kReplicas);
     }
   } else {
-    std::vector<int64_t> versions;
     result.center = GatherCenter(cluster, observer, groups, run.stages, &versions);
     // Every range of every stage applied every sync of every slot exactly once.
     for (size_t i = 0; i < versions.size(); ++i) {
@@ -294,6 +353,31 @@ RunResult RunJob(int groups, const RunOptions& run = RunOptions()) {
     }
     REQUIRE(result.status.has_sharding());
     CHECK(result.status.sharding().groups() == groups);
+  }
+  // ExportCenter answers the same center bit for bit (a sharded job's group 0 joins it from the
+  // ranges), with every range's version.
+  {
+    const grpc::Status status = Export(cluster, run.operator_token, &result.exported);
+    INFO(status.error_message() << cluster.Logs(30, 8));
+    REQUIRE(status.ok());
+    CHECK(result.exported.job_id() == "shard");
+    REQUIRE(result.exported.stages_size() == run.stages);
+    const std::vector<float> exported = ExportedValues(result.exported);
+    REQUIRE(exported.size() == result.center.size());
+    CHECK(std::memcmp(exported.data(), result.center.data(), exported.size() * 4) == 0);
+    for (const ExportedStage& stage : result.exported.stages()) {
+      INFO("stage " << stage.stage());
+      if (groups == 1) {
+        CHECK(stage.range_versions_size() == 0);
+        CHECK(stage.center_version() == rounds * kReplicas);
+        continue;
+      }
+      REQUIRE(stage.range_versions_size() == groups);
+      for (int k = 0; k < groups; ++k) {
+        CHECK(stage.range_versions(k) == versions[stage.stage() * groups + k]);
+      }
+      CHECK(stage.center_version() == stage.range_versions(0));
+    }
   }
   for (const SlotStatus& slot : result.status.slots()) {
     INFO("slot " << slot.slot().replica());
@@ -324,8 +408,19 @@ const RunResult& OneGroupReference() {
 TEST_CASE("a center sharded across 2 and 3 groups trains to the end, each range applying every "
           "sync once, bit-identical to one group") {
   const RunResult& one = OneGroupReference();
-  const RunResult two = RunJob(2);
+  RunOptions exporting;
+  exporting.export_while_training = true;
+  const RunResult two = RunJob(2, exporting);
   const RunResult three = RunJob(3);
+  // The sharded exports name and shape the tensors as the unsharded one: the MLP's layers.
+  const std::vector<std::string> tensors = ExportedTensors(one.exported);
+  REQUIRE(tensors.size() == 4);
+  CHECK(absl::StartsWith(tensors[0], "stage 0 layer0.weight [16, "));
+  CHECK(tensors[1] == "stage 0 layer0.bias [16]");
+  CHECK(tensors[2] == "stage 0 layer1.weight [10, 16]");
+  CHECK(tensors[3] == "stage 0 layer1.bias [10]");
+  CHECK(ExportedTensors(two.exported) == tensors);
+  CHECK(ExportedTensors(three.exported) == tensors);
   REQUIRE(one.center.size() == two.center.size());
   REQUIRE(one.center.size() == three.center.size());
   CHECK(std::memcmp(one.center.data(), two.center.data(), one.center.size() * 4) == 0);
@@ -399,6 +494,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT a killed trainer rolls every range of a shard
   // every member its own).
   killed.server_extra = absl::StrCat("security { operator_token_file: \"", token_file,
                                      "\" }\ndurability { data_dir: \"data\" }\n");
+  killed.operator_token = token;
   killed.after = [&](Cluster& cluster, const Observer& observer) {
     // Range 1's group keeps its part of the last cut and of the one before (group 0 keeps the
     // older until the newer is everywhere); older ones are gone.
@@ -448,6 +544,19 @@ TEST_CASE("under GLOBAL_CHECKPOINT a killed trainer rolls every range of a shard
     CHECK(after[0] == before[0]);
     CHECK(after[1] == before[1] + 1);
     CHECK(std::filesystem::exists(absl::StrCat(dir, "/range-1-", kMaxSteps - 100, ".pb")));
+    // The ranges now hold the same syncs at different versions (range 1's restore counted):
+    // ExportCenter answers them, with each range's version; without the token it refuses.
+    ExportCenterResponse exported;
+    CHECK(Export(cluster, "", &exported).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    const grpc::Status status = Export(cluster, token, &exported);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    CHECK(ExportedValues(exported) == center);
+    REQUIRE(exported.stages_size() == 1);
+    REQUIRE(exported.stages(0).range_versions_size() == 2);
+    CHECK(exported.stages(0).range_versions(0) == after[0]);
+    CHECK(exported.stages(0).range_versions(1) == after[1]);
+    CHECK(exported.stages(0).center_version() == after[0]);
   };
   const RunResult rolled = RunJob(2, killed);
   const GetStatusResponse& done = rolled.status;
@@ -584,6 +693,8 @@ TEST_CASE("a two-stage pipeline sharded across 2 groups trains bit-identical to 
   REQUIRE(one.center.size() == two.center.size());
   CHECK(std::memcmp(one.center.data(), two.center.data(), one.center.size() * 4) == 0);
   REQUIRE(two.status.sharding().stages_size() == 2);
+  CHECK(ExportedTensors(two.exported) == ExportedTensors(one.exported));
+  CHECK(absl::StartsWith(ExportedTensors(one.exported).back(), "stage 1 "));
 }
 
 // A declared model of `n` parameters in two tensors, values 0.5, 1.0, 1.5, ...
@@ -648,8 +759,26 @@ TEST_CASE("a declared model is sharded: a range group learns it from group 0, se
   };
   const std::vector<float> range0(declared.begin(), declared.begin() + kParameters / 2);
   const std::vector<float> range1(declared.begin() + kParameters / 2, declared.end());
+  // Group 1 does not know the model yet (no worker call reached it): the export takes its
+  // range from group 0's declaration, and names and shapes the declared tensors.
+  auto check_export = [&](const char* when) {
+    INFO(when);
+    ExportCenterResponse exported;
+    const grpc::Status status = Export(cluster, "", &exported);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    CHECK(ExportedValues(exported) == declared);
+    CHECK(ExportedTensors(exported) ==
+          std::vector<std::string>{absl::StrCat("stage 0 layer.weight [", kParameters - 100, "]"),
+                                   "stage 0 layer.bias [100]"});
+    REQUIRE(exported.stages_size() == 1);
+    CHECK(exported.stages(0).range_versions_size() == 2);
+    CHECK(exported.stages(0).center_version() == 0);
+  };
+  check_export("before group 1 learned the model");
   CHECK(values_of(client.Pull(0, trainer)) == range0);
   CHECK(values_of(client.Pull(1, trainer)) == range1);  // group 1 learns the model here
+  check_export("after group 1 learned the model");
   {
     absl::StatusOr<GetStatusResponse> group1 = cluster.GetGroupStatus(1);
     REQUIRE(group1.ok());
@@ -794,6 +923,35 @@ TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely
   CHECK(client.SyncRange(1, next, trainer.credential(), &reply).error_code() ==
         grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(version1() == 1);
+  // Range 1 holds the trainer's sync that range 0 has not got yet: no consistent center to
+  // export. The export reads again until its deadline and says which slot and ranges differ.
+  {
+    ExportCenterResponse exported;
+    grpc::Status status;
+    std::atomic<bool> exported_done{false};
+    std::thread exporter([&] {
+      status = Export(cluster, "", &exported, absl::Seconds(3));
+      exported_done = true;
+    });
+    // This test's workers send no heartbeats of their own: keep them alive meanwhile.
+    while (!exported_done) {
+      for (const RegisterResponse* worker : {&trainer, &other, &spare}) {
+        HeartbeatRequest beat;
+        beat.set_incarnation(worker->incarnation());
+        HeartbeatResponse answer;
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(2))));
+        context.AddMetadata(kWorkerCredentialKey, worker->credential());
+        cluster.stub().Heartbeat(&context, beat, &answer);
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    exporter.join();
+    INFO(status.error_message());
+    CHECK(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+    CHECK(absl::StrContains(status.error_message(), "different updates of slot"));
+    CHECK(absl::StrContains(status.error_message(), "range 1 its sync of step 20"));
+  }
 
   // The commit: one result per range, each well-formed.
   CommitSyncRequest commit;
@@ -886,6 +1044,35 @@ TEST_CASE("range groups and group 0 refuse hostile and malformed calls precisely
   CHECK(client.SyncRange(1, next, trainer.credential(), &reply).error_code() ==
         grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(version1() == 1);
+  // ExportRange is group 0's call for its own range of a stage; ExportCenter is group 0's.
+  {
+    ExportRangeRequest request;
+    request.set_stage(0);
+    request.set_range(0);
+    ExportRangeResponse response;
+    CHECK(OperatorCall(cluster, 1, "", &CenterRange::Stub::ExportRange, request, &response)
+              .error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    request.set_range(1);
+    request.set_stage(1);
+    CHECK(OperatorCall(cluster, 1, "", &CenterRange::Stub::ExportRange, request, &response)
+              .error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    request.set_stage(0);
+    REQUIRE(OperatorCall(cluster, 1, "", &CenterRange::Stub::ExportRange, request, &response)
+                .ok());
+    CHECK(response.center_version() == 1);
+    REQUIRE(response.applied_steps_size() == kReplicas);
+    CHECK(response.applied_steps(trainer.slot().replica()) == kSyncPeriod);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeChannel(cluster.group_address(1), SecurityConfig(), grpc::ChannelArguments());
+    REQUIRE(channel.ok());
+    ExportCenterResponse exported;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    const grpc::Status status =
+        ParameterServer::NewStub(*channel)->ExportCenter(&context, ExportCenterRequest(), &exported);
+    CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(absl::StrContains(status.error_message(), "group 0"));
+  }
   cluster.StopAll(true, [](const ChildProcess&, int) {});
 }
 
