@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/file.h"
+#include "common/safetensors.h"
 #include "testing/cluster/processes.h"
 #include "tests/launch/launch_testing.h"
 
@@ -60,8 +62,9 @@ int64_t FinalVersionOf(const std::string& output, int g) {
 TEST_CASE("a job sharded across two groups trains to the end through a killed trainer") {
   Launch launch("launch-shard", kJob);
   const std::string workdir = launch.dir() + "/work";
+  const std::string model = launch.dir() + "/model.safetensors";
   launch.Start({"--workdir", workdir, "--shard_groups", "2", "--kill_trainer_at_step", "100",
-                "--kill_slot", "1,0", "--timeout_s", "240"});
+                "--kill_slot", "1,0", "--timeout_s", "240", "--export", model});
   REQUIRE(launch.WaitForExit() == 0);
   const std::string output = launch.Output();
   INFO(output);
@@ -109,6 +112,19 @@ TEST_CASE("a job sharded across two groups trains to the end through a killed tr
   const int64_t v0 = FinalVersionOf(output, 0);
   CHECK(v0 > 0);
   CHECK(FinalVersionOf(output, 1) == v0);
+  // --export: group 0 gathered the center from both groups, named as the unsharded job's, at
+  // the groups' final version.
+  absl::StatusOr<std::string> bytes = ReadFile(model, int64_t{64} << 20);
+  REQUIRE(bytes.ok());
+  absl::StatusOr<DecodedSafetensors> decoded = DecodeSafetensors(*bytes);
+  INFO(decoded.status());
+  REQUIRE(decoded.ok());
+  std::vector<std::string> names;
+  for (const Tensor& tensor : decoded->tensors) names.push_back(tensor.name());
+  CHECK(names == std::vector<std::string>{"layer0.weight", "layer0.bias", "layer1.weight",
+                                          "layer1.bias"});
+  CHECK(decoded->metadata.at("rebound.center_versions") == absl::StrCat(v0));
+  CHECK(absl::StrContains(output, absl::StrCat("the trained model (center version ", v0, ",")));
   CHECK(absl::StrContains(output, "stopping 2 running servers of the 2 shard groups"));
   CHECK(LineAfter(output, "stopped g1-server (pid ").find("exit code 0") != std::string::npos);
   CHECK(ProcessesMentioning(workdir).empty());

@@ -45,7 +45,8 @@ const char kUsage[] =
     "  --worker_command CMD     run CMD (split at spaces) as every worker instead, with --server,\n"
     "                           --name and --role appended: a Python worker (docs/python.md)\n"
     "  --export FILE            when the job finishes, write the trained model to FILE\n"
-    "                           (safetensors, as `reboundctl export`; not for --shard_groups)\n"
+    "                           (safetensors, as `reboundctl export`; a sharded center is\n"
+    "                           gathered from its groups by group 0)\n"
     "\n"
     "A replicated server group (docs/operations.md, \"High availability\"):\n"
     "  --standbys N             run 1 + N rebound_server members (server-<i>, leader and\n"
@@ -281,10 +282,6 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
     }
   }
   const int groups = options.shard_groups.value_or(1);
-  if (!options.export_path.empty() && groups > 1) {
-    return absl::InvalidArgumentError(
-        "--export with --shard_groups: exporting a sharded center is not supported yet");
-  }
   const int64_t last_port =
       static_cast<int64_t>(options.port) + int64_t{groups} * (1 + options.standbys) - 1;
   if (options.port != 0 && last_port > kMaxPort) {
