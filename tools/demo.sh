@@ -73,9 +73,8 @@ rm -rf "$out"
 mkdir -p "$out"
 where="a server"
 if [ "$shards" -gt 1 ]; then where="$shards server groups, each holding a range of the center"; fi
-# The trained model, written when the job finishes (not for a sharded center: not supported yet).
-export_flags=()
-[ "$shards" -gt 1 ] || export_flags=(--export "$out/model.safetensors")
+# The trained model, written when the job finishes (a sharded center too: group 0 joins its ranges).
+export_flags=(--export "$out/model.safetensors")
 if [ "$ha" -eq 1 ]; then
   max_steps=$(awk '/^[[:space:]]*max_steps:/ {print $2; exit}' configs/job.pbtxt)
   leader_step=$(( ${max_steps:-1000} / 2 ))
