@@ -16,10 +16,18 @@ namespace rebound::server {
 
 namespace {
 
-absl::Status NoModelYet() {
-  return absl::FailedPreconditionError(
-      "no model yet: a declared model exists once its first worker registered and declared "
-      "it (docs/python.md)");
+// The answer's header, before any stage; FAILED_PRECONDITION while there is no model.
+absl::StatusOr<ExportCenterResponse> EmptyExport(const JobConfig& job, const CenterTable& centers,
+                                                 const std::string& server_version) {
+  if (centers.num_stages() == 0) {
+    return absl::FailedPreconditionError(
+        "no model yet: a declared model exists once its first worker registered and declared "
+        "it (docs/python.md)");
+  }
+  ExportCenterResponse response;
+  response.set_job_id(job.job_id());
+  response.set_server_version(server_version);
+  return response;
 }
 
 // The whole stage's layout: group 0's table holds only its range of it.
@@ -43,12 +51,8 @@ constexpr absl::Duration kLongestPause = absl::Milliseconds(200);
 absl::StatusOr<ExportCenterResponse> ReadCenterExport(const JobConfig& job,
                                                       const CenterTable& centers,
                                                       const std::string& server_version) {
-  const int stages = centers.num_stages();
-  if (stages == 0) return NoModelYet();
-  ExportCenterResponse response;
-  response.set_job_id(job.job_id());
-  response.set_server_version(server_version);
-  for (int stage = 0; stage < stages; ++stage) {
+  ASSIGN_OR_RETURN(ExportCenterResponse response, EmptyExport(job, centers, server_version));
+  for (int stage = 0; stage < centers.num_stages(); ++stage) {
     auto read = centers.Read(stage);
     if (!read.ok()) return read.status();
     const auto& [center, version] = *read;
@@ -139,12 +143,8 @@ absl::StatusOr<ExportCenterResponse> ReadShardedCenterExport(const JobConfig& jo
                                                              absl::Time deadline,
                                                              const Clock& clock,
                                                              const std::string& server_version) {
-  const int stages = centers.num_stages();
-  if (stages == 0) return NoModelYet();
-  ExportCenterResponse response;
-  response.set_job_id(job.job_id());
-  response.set_server_version(server_version);
-  for (int stage = 0; stage < stages; ++stage) {
+  ASSIGN_OR_RETURN(ExportCenterResponse response, EmptyExport(job, centers, server_version));
+  for (int stage = 0; stage < centers.num_stages(); ++stage) {
     absl::Duration pause = kFirstPause;
     int reads = 0;
     while (true) {
