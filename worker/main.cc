@@ -315,7 +315,9 @@ int Run() {
   // model and the data set, a CUDA backend in a CPU build, the server's model): only the first
   // may be restarted. The agent is the judge of a fence: the server answers its next heartbeat
   // FAILED_PRECONDITION too, so give it a heartbeat (and a spare's takeover grace) to say so.
-  if (work.code() == absl::StatusCode::kFailedPrecondition && !signalled->load()) {
+  // A mismatch of this process's own configuration (IsConfigMismatch) needs no such wait.
+  if (work.code() == absl::StatusCode::kFailedPrecondition && !IsConfigMismatch(work) &&
+      !signalled->load()) {
     const absl::Duration heartbeat = absl::Milliseconds(
         agent->registration().job.fault_tolerance().heartbeat_interval_ms());
     agent_ended.WaitForNotificationWithTimeout(2 * heartbeat + absl::Seconds(3));

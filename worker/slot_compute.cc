@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status_macros.h"
@@ -66,6 +67,22 @@ absl::Status CheckModelFitsData(const ModelSpec& model, const Dataset& data) {
   return absl::OkStatus();
 }
 
+namespace {
+constexpr char kConfigMismatchPayload[] = "type.rebound.dev/worker.ConfigMismatch";
+}  // namespace
+
+absl::Status MarkConfigMismatch(absl::Status status) {
+  if (status.code() == absl::StatusCode::kFailedPrecondition) {
+    status.SetPayload(kConfigMismatchPayload, absl::Cord("this process's configuration"));
+  }
+  return status;
+}
+
+bool IsConfigMismatch(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         status.GetPayload(kConfigMismatchPayload).has_value();
+}
+
 ComputeConfig EffectiveCompute(const JobConfig& job, const WorkerConfig& config) {
   ComputeConfig compute = job.compute();
   if (config.has_compute()) {
@@ -86,8 +103,10 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> SlotCompute::Create(const WorkerCon
   const int replica = slot_id.replica();
   auto slot = std::make_unique<SlotCompute>();
   slot->data = std::move(data);
-  RETURN_IF_ERROR(CheckModelFitsData(job.model(), slot->data.train));
-  ASSIGN_OR_RETURN(slot->backend, compute::CreateBackend(EffectiveCompute(job, config)));
+  RETURN_IF_ERROR(MarkConfigMismatch(CheckModelFitsData(job.model(), slot->data.train)));
+  auto backend = compute::CreateBackend(EffectiveCompute(job, config));
+  if (!backend.ok()) return MarkConfigMismatch(backend.status());
+  slot->backend = *std::move(backend);
   ASSIGN_OR_RETURN(slot->trainer, compute::LocalTrainer::Create(slot->backend.get(),
                                                                 TrainerOptionsFor(job, slot_id, first_stage,
                                                                            end_stage)));

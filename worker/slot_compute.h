@@ -10,7 +10,8 @@
 // out again (`data`) when the role ends. DataSetCache owns at most one data set; it is created
 // by the composition root (worker/main.cc) and borrowed by the roles, and must outlive them.
 //
-// Status codes: Create returns FAILED_PRECONDITION when the model does not fit the data set,
+// Status codes: Create returns FAILED_PRECONDITION when the model does not fit the data set or
+// the backend this build lacks, marked as the configuration's (MarkConfigMismatch below),
 // INVALID_ARGUMENT for a model or data configuration the compute layer refuses, and the errors
 // of the backend's creation; LoadBatch/LoadRows INVALID_ARGUMENT for sample ids out of range or
 // more rows than a batch; DataSetCache::Load the errors of LoadFashionMnist (NOT_FOUND,
@@ -105,6 +106,14 @@ compute::TrainerOptions TrainerOptionsFor(const JobConfig& job, const SlotId& sl
 
 // FAILED_PRECONDITION unless the model's input and output fit the data set.
 absl::Status CheckModelFitsData(const ModelSpec& model, const Dataset& data);
+
+// A FAILED_PRECONDITION of this process's own configuration (the model does not fit the data
+// set, a CUDA backend in a CPU build) is told from the server's fence by a payload: restarting
+// the worker would fail the same way, and nothing needs to wait for the server's word on it.
+// MarkConfigMismatch adds the payload to a FAILED_PRECONDITION (any other status is returned as
+// it is); IsConfigMismatch finds it.
+absl::Status MarkConfigMismatch(absl::Status status);
+bool IsConfigMismatch(const absl::Status& status);
 
 // The compute settings of this worker: the job's, with the worker config's backend, threads and
 // device when it sets them.
