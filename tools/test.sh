@@ -22,11 +22,14 @@
 #      nothing fails), a pytest -k expression as --test_filter (tests/python/run_pytest.sh). A race
 #      in a test or in a server or worker it spawns fails it.
 # `--full` adds everything else:
-#   1. the tests tagged "manual" and "full" (FULL_ONLY_TESTS): //tests/deploy:image_chroot_test,
-#      the images built as Debian 12 roots with debootstrap (minutes, the Debian mirror). A test
-#      there that skips (unittest's "OK (skipped=N)", e.g. no mirror) counts as skipped, not passed;
+#   1. the tests tagged "manual" and "full" (FULL_ONLY_TESTS, found by that tag): the *_full twins
+#      of tools/tiers.bzl and tests/python/BUILD, which hold the cases tagged [.full] (Catch2) or
+#      marked full (pytest), and //tests/deploy:image_chroot_test, the images built as Debian 12
+#      roots with debootstrap (minutes, the Debian mirror). A test there that skips (unittest's
+#      "OK (skipped=N)", e.g. no mirror) counts as skipped, not passed;
 #   3. under TSan, every unit and integration test (the whole of //tests/integration/..., which
-#      holds the Catch2 cases above) and still the Python case;
+#      holds the Catch2 cases above, and the [full] twins of those packages) and still the Python
+#      case;
 #   4. the fuzzers' bounded runs of docs/fuzzing.md: bench/fuzz.sh (`bazel run //bench:fuzz`),
 #      60 s per target with clang, libFuzzer and ASan (its own clang build, --config=fuzz).
 # Run --full before merging a change to concurrent code, storage, recovery or replication.
@@ -70,10 +73,10 @@ for arg in "$@"; do
 done
 set -- "${bazel_flags[@]}"
 
-# Phase 1 of --full only: tagged "manual" (so //... leaves them out) and "full".
-FULL_ONLY_TESTS=(
-  //tests/deploy:image_chroot_test
-)
+# Phase 1 of --full only: the tests tagged "manual" (so //... leaves them out) and "full", found
+# by that tag (after the set-up, below): //tests/deploy:image_chroot_test and the *_full twins of
+# tools/tiers.bzl's tiered_cc_test, which hold the Catch2 cases tagged [full].
+FULL_ONLY_TESTS=()
 TSAN_UNIT_TESTS=(
   //tools/tsan/...
   //tests/common/...
@@ -120,7 +123,7 @@ TSAN_LEFT_OUT=(
 # What the tier leaves out, for its summary line.
 if [ "$tier" = default ]; then
   TIER_LEFT_OUT=(
-    "//tests/deploy:image_chroot_test (--full: debootstrap and the Debian mirror, minutes)"
+    "FULL_ONLY_TESTS (--full: debootstrap images; the [full] cases of tiered_cc_test, docs/testing.md#tiers)"
     "under TSan, //tests/integration but its 4 cases (--full runs it all), //tests/python (--full runs its spare-replay case: its timeouts are not scaled), //tests/chaos, //tests/deploy, //tests/docs, //tests/launch, //tests/observability, //tests/tools, //testing, //fuzz"
     "the fuzzers' runs (--full)"
     "the thread-safety analysis of the benchmark drivers, //fuzz, //study and the test drivers TSan does not run (no annotations there; --full analyses //...)"
@@ -184,6 +187,13 @@ catch2_spec() {
 
 tools/setup.sh
 if [ "${REBOUND_SANITIZERS:-1}" != "0" ]; then check_cases "${TSAN_CASES[@]}" || exit 2; fi
+full_query='attr(tags, "\bfull\b", tests(//...))'
+mapfile -t FULL_ONLY_TESTS < <(bazel query "$full_query" 2>/dev/null)
+if [ "${#FULL_ONLY_TESTS[@]}" -eq 0 ]; then
+  echo "tools/test.sh: bazel query '$full_query' found no test" >&2
+  exit 2
+fi
+TIER_LEFT_OUT=("${TIER_LEFT_OUT[@]/FULL_ONLY_TESTS/${FULL_ONLY_TESTS[*]}}")
 
 log=$(mktemp)
 tsan_log=$(mktemp)
@@ -252,7 +262,14 @@ bazel build --config=tsan --output_groups=compilation_outputs -- "${tsa_targets[
 
 # 3. ThreadSanitizer: the unit tests (--full: and the integration tests), in one invocation.
 tsan_groups=("${TSAN_UNIT_TESTS[@]}")
-[ "$tier" = default ] || tsan_groups+=("${TSAN_INTEGRATION_TESTS[@]}")
+if [ "$tier" = full ]; then
+  tsan_groups+=("${TSAN_INTEGRATION_TESTS[@]}")
+  # ... and the [full] twins of those packages (manual: the patterns above leave them out).
+  tsan_set="${TSAN_UNIT_TESTS[*]} ${TSAN_INTEGRATION_TESTS[*]}"
+  mapfile -t tsan_full < <(bazel query "attr(tags, \"\bfull\b\", tests(set($tsan_set)))" \
+    2>/dev/null)
+  tsan_groups+=("${tsan_full[@]}")
+fi
 tsan_rc=0
 bazel test --config=tsan --test_summary=short "$@" -- "${tsan_groups[@]}" 2>&1 |
   tee "$tsan_log" || tsan_rc=$?

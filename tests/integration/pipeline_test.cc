@@ -300,22 +300,23 @@ std::map<uint32_t, std::string> RunKilled(PipelineSpec spec, const KillPoint& ki
   return cluster.Centers(spec.stages);
 }
 
-TEST_CASE("a killed stage is rebuilt by replay, alone or with its recovery group, by one spare or "
-          "two, and the run ends bit-identical") {
-  PipelineSpec spec;
-  spec.stages = 3;
-  spec.sync_period = 20;
-  spec.max_steps = 100;
-  std::map<int, std::map<uint32_t, std::string>> clean;  // by replica count
-  clean[1] = RunClean(spec);
-  // A fixed seed, printed; REBOUND_TEST_SEED replaces it to explore other kill points.
+// The four kill points of the replay cases below, each a fixed number of steps past a snapshot
+// drawn from a fixed seed (printed; REBOUND_TEST_SEED replaces it to explore other kill points).
+// Both cases draw all four, so a seed names the same points in both.
+struct StageKills {
   uint32_t seed = 20261203;
+  std::vector<KillPoint> kills;
+};
+
+StageKills DrawStageKills(const PipelineSpec& spec) {
+  StageKills drawn;
   if (const char* text = std::getenv("REBOUND_TEST_SEED"); text != nullptr) {
-    REQUIRE(absl::SimpleAtoi(text, &seed));
+    REQUIRE(absl::SimpleAtoi(text, &drawn.seed));
   }
-  std::mt19937 random(seed);
+  std::mt19937 random(drawn.seed);
   std::uniform_int_distribution<int> offset(1, spec.sync_period - 1);
-  std::vector<KillPoint> kills(4);
+  std::vector<KillPoint>& kills = drawn.kills;
+  kills.resize(4);
   kills[0].stage = 1;  // the middle stage of replica 0 of 2, every boundary logged
   kills[0].replicas = 2;
   kills[1].stage = 0;  // the first stage, by two spares in parallel
@@ -328,9 +329,22 @@ TEST_CASE("a killed stage is rebuilt by replay, alone or with its recovery group
   kills[3].group = "[1, 3)";
   kills[3].spares = 2;
   for (KillPoint& kill : kills) kill.offset = offset(random);
-  std::cout << "pipeline_test: seed " << seed << std::endl;
-  for (const KillPoint& kill : kills) {
-    INFO("seed " << seed << ": stage " << kill.stage << " killed " << kill.offset
+  std::cout << "pipeline_test: seed " << drawn.seed << std::endl;
+  return drawn;
+}
+
+// Runs each of `picked` (indices into the drawn kill points) and compares its final parameters
+// with a clean run's of the same replica count.
+void CheckStageKills(const std::vector<int>& picked) {
+  PipelineSpec spec;
+  spec.stages = 3;
+  spec.sync_period = 20;
+  spec.max_steps = 100;
+  const StageKills drawn = DrawStageKills(spec);
+  std::map<int, std::map<uint32_t, std::string>> clean;  // by replica count
+  for (int i : picked) {
+    const KillPoint& kill = drawn.kills[i];
+    INFO("seed " << drawn.seed << ": stage " << kill.stage << " killed " << kill.offset
                  << " steps past a snapshot, " << kill.spares << " spare(s), "
                  << (kill.logged_boundaries.empty() ? "all logged" : kill.logged_boundaries));
     if (clean.count(kill.replicas) == 0) {
@@ -340,6 +354,18 @@ TEST_CASE("a killed stage is rebuilt by replay, alone or with its recovery group
     }
     CHECK(RunKilled(spec, kill) == clean[kill.replicas]);
   }
+}
+
+TEST_CASE("a killed stage is rebuilt by replay with its recovery group, or alone by two spares, "
+          "and the run ends bit-identical") {
+  CheckStageKills({1, 2});
+}
+
+// The other two kill points in tools/test.sh --full (pipeline_test_full): the default tier has a
+// stage rebuilt by two spares and one rebuilt with its recovery group (above).
+TEST_CASE("a killed middle stage of 2 replicas, and a recovery group rebuilt by two spares, end "
+          "bit-identical", "[.full]") {
+  CheckStageKills({0, 3});
 }
 
 TEST_CASE("a stage whose neighbour stays dead shows BLOCKED in status, then resumes when a spare "

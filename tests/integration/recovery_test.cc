@@ -590,7 +590,7 @@ TensorBundle RunDeterministicJob(JobSpec spec, const KillPoint* kill) {
 
 TEST_CASE("trainers killed at random steps and rebuilt by replay, by one spare and by two in "
           "parallel, end with the clean run's center, bit for bit") {
-  // Another model, sync period and job length than training_test's (784-8-10, 200 and 1600).
+  // Another model, sync period and job length than training_test's (784-512-10, 100 and 400).
   JobSpec spec;
   spec.deterministic = true;
   spec.sync_period = 300;

@@ -9,8 +9,15 @@
 # a filter that selects nothing fails (pytest exits 5).
 set -euo pipefail
 
+# Cases marked `@pytest.mark.full` run only with --full (a twin target of tools/test.sh --full's,
+# tagged manual and full: docs/testing.md#tiers); without it, every other case.
+marks="not full"
+if [[ "${1:-}" == "--full" ]]; then
+  marks="full"
+  shift
+fi
 if [[ $# -lt 1 ]]; then
-  echo "usage: $0 <test file> [NAME=PATH ...]" >&2
+  echo "usage: $0 [--full] <test file> [NAME=PATH ...]" >&2
   exit 2
 fi
 # The sh_test runs in $TEST_SRCDIR/<workspace>; by hand, run from the repository root.
@@ -44,4 +51,5 @@ pick=()
 if [[ -n "${TESTBRIDGE_TEST_ONLY:-}" ]]; then
   pick=(-k "${TESTBRIDGE_TEST_ONLY}")
 fi
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${pick[@]}" "${test_file}"
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  -o "markers=full: runs only in tools/test.sh --full" -m "${marks}" "${pick[@]}" "${test_file}"

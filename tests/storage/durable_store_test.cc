@@ -1087,12 +1087,12 @@ TEST_CASE("a WAL cut inside its last record's body after kill -9 opens without t
   ExpectTornWriteRecovered(killed, last.offset + 7 + last.length / 2, "truncated record body");
 }
 
-TEST_CASE("a WAL cut inside its last record's header after kill -9 opens without that batch") {
+TEST_CASE("a WAL cut inside its last record's header after kill -9 opens without that batch", "[.full]") {
   const KilledStore killed = KillMidStream("wal-torn-header", "commit_weights_forever", 100);
   ExpectTornWriteRecovered(killed, killed.last_record.front().offset + 3, "truncated header");
 }
 
-TEST_CASE("a WAL cut after the first fragment of its last batch after kill -9 opens without it") {
+TEST_CASE("a WAL cut after the first fragment of its last batch after kill -9 opens without it", "[.full]") {
   const KilledStore killed =
       KillMidStream("wal-torn-fragment", "commit_large_weights_forever", 30);
   REQUIRE(killed.last_record.size() >= 3);  // a batch of about 70 KiB spans three blocks
@@ -1102,7 +1102,7 @@ TEST_CASE("a WAL cut after the first fragment of its last batch after kill -9 op
   ExpectTornWriteRecovered(killed, first.end(), "error reading trailing data");
 }
 
-TEST_CASE("a WAL cut inside a middle fragment of its last batch after kill -9 opens without it") {
+TEST_CASE("a WAL cut inside a middle fragment of its last batch after kill -9 opens without it", "[.full]") {
   const KilledStore killed =
       KillMidStream("wal-torn-middle", "commit_large_weights_forever", 30);
   REQUIRE(killed.last_record.size() >= 3);
