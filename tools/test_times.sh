@@ -5,7 +5,8 @@
 #   tools/test_times.sh [--newer FILE] [--write PAGE] [TESTLOGS_DIR...]
 #
 # Reads each TESTLOGS_DIR/**/test.xml (the JUnit XML Bazel writes for every test it ran) and the
-# test.log beside it. Default TESTLOGS_DIRs: every bazel-out/*/testlogs of this checkout (one per
+# test.log beside it. Default TESTLOGS_DIRs: every bazel-out/*/testlogs (and bazel-tsan-out/*/testlogs,
+# tools/test.sh's TSan output base) of this checkout (one per
 # configuration: k8-fastbuild is the gcc build, k8-fastbuild-tsan ThreadSanitizer, ...), else
 # bazel-testlogs. One row per target and configuration: target, config, wall seconds, slowest
 # first; a target run for one test case only (tools/test.sh's TSan cases: Catch2 prints
@@ -50,7 +51,8 @@ if [ -n "$write" ] && [ ! -f "$write" ]; then
   exit 2
 fi
 if [ ${#dirs[@]} -eq 0 ]; then
-  for d in bazel-out/*/testlogs; do
+  # bazel-tsan-out: tools/test.sh's TSan build, in an output base of its own.
+  for d in bazel-out/*/testlogs bazel-tsan-out/*/testlogs; do
     [ -d "$d" ] && dirs+=("$d")
   done
   if [ ${#dirs[@]} -eq 0 ] && [ -d bazel-testlogs ]; then dirs+=(bazel-testlogs); fi
