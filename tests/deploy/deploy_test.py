@@ -500,6 +500,35 @@ class KubernetesTest(unittest.TestCase):
         self.assertLessEqual(int(one(self.worker_config, "backoff_max_ms")), 500)
         self.assertGreaterEqual(int(one(self.worker_config, "give_up_after_ms")), 600000)
 
+    def test_the_jobs_replace_a_worker_only_on_the_exit_codes_a_restart_can_fix(self):
+        # docs/operations.md's table: "restart it" on 3, "check the server" on 4; every other
+        # non-zero code would come back the same.
+        table = {}
+        with open(os.path.join("docs", "operations.md")) as f:
+            for line in f:
+                m = re.match(r"^\| (\d) \| .* \| (.*) \|$", line.strip())
+                if m:
+                    table[int(m.group(1))] = m.group(2)
+        self.assertEqual(sorted(table), [0, 1, 2, 3, 4, 5])
+        restarted = {3, 4}
+        for code in restarted:
+            self.assertNotIn("do not restart", table[code])
+        self.assertIn("do not restart", table[2])
+        for job in (self.trainers, self.evaluator):
+            name = job["metadata"]["name"]
+            self.assertEqual(pod_spec(job)["restartPolicy"], "Never", name)
+            rules = job["spec"]["podFailurePolicy"]["rules"]
+            fail = [r for r in rules if r["action"] == "FailJob"]
+            self.assertEqual(len(fail), 1, name)
+            self.assertEqual(fail[0]["onExitCodes"]["operator"], "In", name)
+            self.assertEqual(fail[0]["onExitCodes"]["containerName"], "worker", name)
+            self.assertEqual(set(fail[0]["onExitCodes"]["values"]),
+                             set(table) - restarted - {0}, name)
+            self.assertIn({"action": "Ignore",
+                           "onPodConditions": [{"type": "DisruptionTarget"}]}, rules, name)
+            self.assertIn("worker", [c["name"] for c in pod_spec(job)["containers"]], name)
+            self.assertGreater(job["spec"]["backoffLimit"], 0, name)
+
     def test_the_workloads_match_the_jobs_topology(self):
         slots = int(one(self.job, "topology.replicas", "1")) * int(
             one(self.job, "topology.stages", "1"))
@@ -787,8 +816,9 @@ class PythonKubernetesTest(unittest.TestCase):
             self.assertEqual(spec["securityContext"]["runAsUser"], 10001, role)
             self.assertEqual({e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
                               for e in container["env"]}, {"POD_NAME": "metadata.name"}, role)
-        self.assertEqual(pod_spec(self.workers["trainer"])["restartPolicy"], "OnFailure")
-        self.assertEqual(pod_spec(self.workers["evaluator"])["restartPolicy"], "OnFailure")
+        # The base Jobs' podFailurePolicy needs restartPolicy Never.
+        self.assertEqual(pod_spec(self.workers["trainer"])["restartPolicy"], "Never")
+        self.assertEqual(pod_spec(self.workers["evaluator"])["restartPolicy"], "Never")
 
     def test_the_script_and_the_configs_are_mounted_where_the_command_reads_them(self):
         self.assertEqual(set(self.script_files), {"train.py"})
