@@ -395,7 +395,7 @@ void CheckJob(const JobConfig& job, Checker& c) {
     previous = b;
   }
   if (topology.stages() > 1) {
-    // Pipelines (DESIGN §2, §5.3): every stage of a replica syncs with its stage's center and a
+    // Pipelines (docs/design.md §2, §5.3): every stage of a replica syncs with its stage's center and a
     // lost stage is rebuilt by replay while its neighbours wait; nothing else keeps the stages of
     // a replica at one step.
     if (job.easgd().mode() != EASGD) {
@@ -419,7 +419,7 @@ void CheckJob(const JobConfig& job, Checker& c) {
   c.AtLeast("training.max_steps", job.training().max_steps(), int64_t{1});
   c.AtLeast("training.eval_every_ms", job.training().eval_every_ms(), 100);
 
-  // The center sharded across K groups (DESIGN.md §10.2, docs/sharding.md): EASGD syncs and
+  // The center sharded across K groups (docs/design.md §10.2, docs/sharding.md): EASGD syncs and
   // ASYNC_ADAHESSIAN pushes of a model spec or a declared model; GLOBAL_CHECKPOINT's range
   // checkpoints need the spec's layout at start, which a declared model has only later.
   const ShardingConfig& sharding = job.sharding();
@@ -621,7 +621,7 @@ void CheckAdmissionBounds(const ServerConfig& config, Checker& c) {
   }
 }
 
-// A replicated group's member (DESIGN.md §10.1): the group's block, and what the rest of the
+// A replicated group's member (docs/design.md §10.1): the group's block, and what the rest of the
 // config must give it (a fixed worker port: the leader is reached there; a data directory: a
 // standby's copy lives there).
 void CheckReplication(const ServerConfig& config, Checker& c) {
@@ -886,6 +886,7 @@ absl::StatusOr<WorkerConfig> ParseWorkerConfig(const std::string& text,
                                                 config.backoff_max_ms()));
   }
   checker.AtLeast("give_up_after_ms", config.give_up_after_ms(), 0);
+  checker.InRange("progress_interval_s", config.progress_interval_s(), 0, 86400);
   absl::Status valid = ErrorsToStatus(checker.errors());
   if (!valid.ok()) return valid;
   return config;

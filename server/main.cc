@@ -60,7 +60,10 @@
 #include "storage/durable_store.h"
 #include "storage/format_version.h"
 
-DEFINE_string(config, "", "server config file (.pbtxt); required");
+DEFINE_string(config, "", "server config file (.pbtxt); or --job");
+DEFINE_string(job, "",
+              "job config file (.pbtxt): serve it with the default server settings, no server "
+              "config (instead of --config)");
 DEFINE_string(listen, "", "host:port to listen on; overrides listen_address (port 0 = any)");
 DEFINE_string(port_file, "", "write the bound port to this file once serving");
 DEFINE_string(data_dir, "", "durable state directory; overrides durability.data_dir");
@@ -89,7 +92,7 @@ constexpr int kPromoted = 200;  // this server won the election
 constexpr int kFenced = 201;    // this leader lost its leadership
 constexpr int kUnhealthy = 202;  // this leader's state or store is unhealthy
 
-// The replicated side of a server (DESIGN.md §10.1), when the config has `replication`.
+// The replicated side of a server (docs/design.md §10.1), when the config has `replication`.
 struct GroupMember {
   std::unique_ptr<PeerService> peer_service;
   std::unique_ptr<grpc::Server> peer_server;
@@ -295,7 +298,7 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
     LOG(INFO) << "fresh data directory: starting from the model's initialisation";
     return absl::OkStatus();
   }
-  // A declared model (DESIGN.md §11) has its one stage once its stored center declares it; a
+  // A declared model (docs/design.md §11) has its one stage once its stored center declares it; a
   // sharded job's declaration is a record of its own, declared first.
   const int stages = job.model().declared_by_worker() ? 1 : centers->num_stages();
   if (auto declared = state->centers.find(CenterTable::kDeclarationStage);
@@ -330,7 +333,7 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
               << state->range_snapshots.size() << " range snapshots";
     return absl::OkStatus();
   }
-  // Fault scores follow the workers' names (DESIGN §4.5): each slot's owner in the stored
+  // Fault scores follow the workers' names (docs/design.md §4.5): each slot's owner in the stored
   // membership first, so that a weight record of the old form (a fault score per slot) gives its
   // score to that owner (docs/weighting.md#migration).
   for (const auto& [key, record] : state->slots) {
@@ -360,11 +363,17 @@ absl::Status LoadState(const JobConfig& job, storage::DurableStore* store, Membe
 }
 
 int Run() {
-  if (FLAGS_config.empty()) {
-    LOG(ERROR) << "--config is required";
+  if (FLAGS_config.empty() == FLAGS_job.empty()) {
+    LOG(ERROR) << "give --config FILE (a server config) or --job FILE (a job with the default "
+                  "server settings), not both";
     return 2;
   }
-  auto loaded = LoadServerConfig(FLAGS_config);
+  // --job: a server config of defaults naming the job, e.g. on each host of a cluster
+  //   rebound_server --job job.pbtxt --listen 0.0.0.0:7070 --data_dir /var/lib/rebound
+  auto loaded = !FLAGS_config.empty()
+                    ? LoadServerConfig(FLAGS_config)
+                    : ParseServerConfig(absl::StrCat("job_file: \"", FLAGS_job, "\"\n"),
+                                        "--job " + FLAGS_job, ".");
   if (!loaded.ok()) {
     LOG(ERROR) << "invalid config:\n" << loaded.status().message();
     return 2;
@@ -437,7 +446,7 @@ int Run() {
     LOG(ERROR) << "cannot open the data directory: " << store.status();
     return 1;
   }
-  // A sharded job (DESIGN.md §10.2): this group holds its range of every stage.
+  // A sharded job (docs/design.md §10.2): this group holds its range of every stage.
   const bool sharded = job.sharding().groups() > 1;
   auto centers = CenterTable::Create(job, sharded ? config.shard().group() : 0);
   if (!centers.ok()) {
@@ -785,13 +794,14 @@ int Run() {
 }  // namespace rebound::server
 
 constexpr char kUsageHeader[] =
-    "usage: rebound_server --config FILE [--listen HOST:PORT] [--port_file PATH]\n"
+    "usage: rebound_server --config FILE | --job FILE [--listen HOST:PORT] [--port_file PATH]\n"
     "                      [--data_dir DIR] [--restore_from DIR]\n"
     "                      [--name NAME --peer_listen HOST:PORT] (a replicated group's member)\n"
     "\n"
     "The Rebound parameter server: serves ParameterServer, grpc.health.v1 and reflection. With a\n"
     "data directory it keeps its state in RocksDB and reloads it at start. The config is a\n"
-    "ServerConfig (docs/config.md).\n";
+    "ServerConfig (docs/config.md); --job serves a JobConfig with the default server settings\n"
+    "(listen_address 127.0.0.1:7070: --listen 0.0.0.0:7070 for other hosts).\n";
 
 constexpr char kUsageFooter[] =
     "Exit codes: 0 after SIGTERM/SIGINT (graceful shutdown); 1 it cannot listen, or its data\n"
@@ -810,7 +820,7 @@ int main(int argc, char** argv) {
   rebound::InstallTerminationHandlers();
   // Every sync allocates and frees buffers of the center's size.
   rebound::TuneAllocatorForLargeBuffers();
-  gflags::SetUsageMessage("rebound_server --config FILE (--help: the flags)");
+  gflags::SetUsageMessage("rebound_server --config FILE | --job FILE (--help: the flags)");
   // Kept for running again (a deposed leader): gflags removes the flags it parses from argv.
   std::vector<std::string> arguments(argv, argv + argc);
   gflags::ParseCommandLineFlags(&argc, &argv, true);

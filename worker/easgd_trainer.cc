@@ -38,7 +38,9 @@ EasgdTrainer::EasgdTrainer(const WorkerConfig& config, const Registration& regis
       port_(port),
       max_steps_(registration.job.training().max_steps()),
       tau_(registration.job.easgd().sync_period()),
-      stub_(ParameterServer::NewStub(channel_)) {
+      stub_(ParameterServer::NewStub(channel_)),
+      progress_(SlotName(slot_), max_steps_, registration.job.data().batch_size(),
+                absl::Seconds(config.progress_interval_s()), clock) {
   const size_t n = compute_->trainer->stage(0).layout().packed_size();
   x_.resize(n);
   m_.resize(n);
@@ -53,7 +55,7 @@ EasgdTrainer::~EasgdTrainer() {
 }
 
 absl::Status EasgdTrainer::Open() {
-  // The step log (DESIGN §5.2): per step, the sample ids of each micro-batch and the checksum of
+  // The step log (docs/design.md §5.2): per step, the sample ids of each micro-batch and the checksum of
   // the parameters after the step, shipped asynchronously from a bounded buffer. Only REPLAY reads
   // it: under the other policies nothing is logged.
   if (job_.step_log().enabled() && EffectiveRecoveryPolicy(job_) == REPLAY) {
@@ -134,7 +136,7 @@ absl::Status EasgdTrainer::LogStep(int64_t t, absl::Span<const int64_t> ids) {
   std::vector<LogRecord> records;
   records.reserve(micro_batches + 1);
   // The sample ids are stage 0's own input; later stages find them in the boundary records
-  // their neighbours log (DESIGN §5.2).
+  // their neighbours log (docs/design.md §5.2).
   for (int k = 0; k < micro_batches && slot_.stage() == 0; ++k) {
     records.push_back(MakeMicroBatchRecord(slot_, t, k, ids.subspan(k * per, per)));
   }
@@ -177,7 +179,7 @@ absl::Status EasgdTrainer::Sync(int64_t t, float loss) {
   RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x_)));
   RETURN_IF_ERROR(compute_->trainer->optimizer(0).GetState(
       absl::MakeSpan(m_), absl::MakeSpan(v_), absl::MakeSpan(d_)));
-  // A sharded job (DESIGN.md §10.2): every range to its group, then the commit at group 0.
+  // A sharded job (docs/design.md §10.2): every range to its group, then the commit at group 0.
   if (registration_.ranges != nullptr) return SyncRanges(t, loss);
   SyncRequest request;
   // This role's incarnation, not the agent's current one: once the agent has registered again
@@ -210,6 +212,7 @@ absl::Status EasgdTrainer::Sync(int64_t t, float loss) {
   }
   Metrics().syncs->Increment();
   Metrics().weight->Set(response.weight());
+  last_weight_ = response.weight();
   if (response.has_worker_params_after()) {
     RETURN_IF_ERROR(compute::ValidateBundle(layout, response.worker_params_after(),
                                             "worker_params_after"));
@@ -254,6 +257,7 @@ absl::Status EasgdTrainer::SyncRanges(int64_t t, float loss) {
   RETURN_IF_ERROR(RefusedUpdate("sync", t, committed.status()));
   Metrics().syncs->Increment();
   Metrics().weight->Set(committed->weight());
+  last_weight_ = committed->weight();
   RETURN_IF_ERROR(stage.SetParams(x_));
   if (agent_->drain_requested()) agent_->MarkDrained();
   VLOG(1) << "synced step " << t << " across " << registration_.ranges->groups()
@@ -285,6 +289,8 @@ absl::Status EasgdTrainer::Run() {
     const std::vector<int64_t> ids = compute_->sampler->NextBatch();
     ASSIGN_OR_RETURN(const float loss, TrainStep(t, ids));
     agent_->set_progress(t, loss);
+    // The loss a pipeline's inner stage does not compute is NaN: "-" in the line.
+    progress_.Step(t, loss, last_weight_);
     RETURN_IF_ERROR(LogStep(t, ids));
     if (faults_.die_after_logged_step > 0 && t == faults_.die_after_logged_step) {
       DieAfterLogged(t);

@@ -1,6 +1,6 @@
 #pragma once
 
-// EasgdTrainer: the trainer of mode EASGD (DESIGN.md §4.4, §5.2). Local AdaHessian steps on the
+// EasgdTrainer: the trainer of mode EASGD (docs/design.md §4.4, §5.2). Local AdaHessian steps on the
 // slot's data shard; every sync_period steps (and at max_steps) an EASGD Sync with the server,
 // retried under the worker's retry policy across server unavailability (a retried Sync is
 // recognised by the server and answered with the stored post-sync state, so it is applied
@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +41,7 @@
 #include "worker/injected_faults.h"
 #include "worker/pipeline.h"
 #include "worker/pipeline_port.h"
+#include "worker/progress_line.h"
 #include "worker/slot_compute.h"
 #include "worker/step_logger.h"
 
@@ -105,6 +107,8 @@ class EasgdTrainer {
   const int64_t max_steps_;
   const int tau_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  ProgressLine progress_;
+  std::optional<double> last_weight_;  // of the last sync; none before it
   std::vector<int32_t> label_map_;
   int64_t resets_ = 0;
   // Destroyed after the pipeline (declared first).

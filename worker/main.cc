@@ -45,7 +45,7 @@
 #include "worker/training.h"
 #include "worker/worker_metrics.h"
 
-DEFINE_string(config, "", "worker config file (.pbtxt); required");
+DEFINE_string(config, "", "worker config file (.pbtxt); default: every field's default");
 DEFINE_string(server, "",
               "server host:port, or a replicated group's members as host:port,host:port,...; "
               "overrides server_address");
@@ -102,11 +102,11 @@ std::string DefaultName() {
 }
 
 int Run() {
-  if (FLAGS_config.empty()) {
-    LOG(ERROR) << "--config is required";
-    return 2;
-  }
-  auto loaded = LoadWorkerConfig(FLAGS_config);
+  // Without --config every field has its default (docs/config.md), e.g. on each host of a cluster
+  //   rebound_worker --server 10.0.0.1:7070
+  auto loaded = !FLAGS_config.empty()
+                    ? LoadWorkerConfig(FLAGS_config)
+                    : ParseWorkerConfig("", "(no --config: the defaults)", ".");
   if (!loaded.ok()) {
     LOG(ERROR) << "invalid config:\n" << loaded.status().message();
     return 2;
@@ -125,7 +125,7 @@ int Run() {
   if (config.has_compute() && config.compute().has_threads()) {
     LOG(WARNING) << "compute.threads = " << config.compute().threads()
                  << " overrides the job's thread count on this worker: a replay is bit-identical "
-                    "only between workers computing with the same count (DESIGN §5.6)";
+                    "only between workers computing with the same count (docs/design.md §5.6)";
   }
   if (!FLAGS_peer_listen.empty()) {
     absl::Status valid = ValidateHostPort(FLAGS_peer_listen, "--peer_listen");
@@ -363,13 +363,15 @@ int Run() {
 }  // namespace rebound::worker
 
 constexpr char kUsageHeader[] =
-    "usage: rebound_worker --config FILE [--server HOST:PORT[,HOST:PORT...]] [--name NAME]\n"
+    "usage: rebound_worker [--config FILE] [--server HOST:PORT[,HOST:PORT...]] [--name NAME]\n"
     "                      [--role auto|trainer|spare|evaluator] [--peer_listen HOST:PORT]\n"
     "                      [--advertise_host HOST]\n"
     "\n"
     "A Rebound worker: it registers with the server, which gives it a role. A trainer trains its\n"
     "slot to max_steps and leaves, an evaluator reports test accuracy until the job ends, a spare\n"
-    "waits to replay a lost slot. The config is a WorkerConfig (docs/config.md).\n";
+    "waits to replay a lost slot. The config is a WorkerConfig (docs/config.md); without\n"
+    "--config every field has its default. A trainer logs a progress line every\n"
+    "progress_interval_s (10 s).\n";
 
 constexpr char kUsageFooter[] =
     "Exit codes (docs/operations.md#worker-exit-codes): 0 done, or stopped by SIGTERM/SIGINT;\n"
@@ -389,7 +391,7 @@ int main(int argc, char** argv) {
   }
   rebound::ShortenGrpcBackupPolling();
   rebound::InstallTerminationHandlers();
-  gflags::SetUsageMessage("rebound_worker --config FILE (--help: the flags)");
+  gflags::SetUsageMessage("rebound_worker [--config FILE] (--help: the flags)");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   rebound::InitLogging(argv[0]);
   return rebound::worker::Run();

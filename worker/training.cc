@@ -15,13 +15,14 @@
 #include "compute/tensor_bundle.h"
 #include "worker/center_rpc.h"
 #include "worker/easgd_trainer.h"
+#include "worker/progress_line.h"
 #include "worker/retry.h"
 #include "worker/worker_metrics.h"
 
 namespace rebound::worker {
 namespace {
 
-// The trainer of mode ASYNC_ADAHESSIAN (DESIGN §4.6; the contract is RunTrainer's, in
+// The trainer of mode ASYNC_ADAHESSIAN (docs/design.md §4.6; the contract is RunTrainer's, in
 // training.h). The center is the replica: the trainer keeps no optimizer state the server lacks,
 // so it writes no step log (a lost trainer is replaced by any spare that pulls the center) and
 // sends no snapshot.
@@ -57,6 +58,8 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
   // starts at 0, having no snapshot or log to replay), the first push is answered
   // applied: false with the applied sequence and the trainer skips ahead to it.
   const int64_t start = registration.start_step;
+  ProgressLine progress(SlotName(slot), max_steps, job.data().batch_size(),
+                        absl::Seconds(config.progress_interval_s()), clock);
   RETURN_IF_ERROR(pull());
   RETURN_IF_ERROR(compute->SeekAfter(start));
   LOG(INFO) << "training slot " << SlotName(slot) << " on "
@@ -90,7 +93,7 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
     // A retry after a lost reply is harmless: the server recognises the sequence and answers
     // applied: false.
     if (registration.ranges != nullptr) {
-      // A sharded job (DESIGN.md §10.2): every range, then the commit at group 0.
+      // A sharded job (docs/design.md §10.2): every range, then the commit at group 0.
       ScopedLatency timed(Metrics().sync_seconds);
       absl::StatusOr<PushResponse> pushed =
           registration.ranges->Push(stop, stub, incarnation, slot, t, static_cast<uint64_t>(t),
@@ -122,6 +125,7 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
       pull_now = true;
     }
     agent->set_progress(t, loss);
+    progress.Step(t, loss, response.weight());
     VLOG(1) << "pushed step " << t << " loss " << loss << (response.applied() ? "" : " (again)")
             << " weight " << response.weight() << " center version "
             << response.center_version();

@@ -1,8 +1,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 
@@ -50,6 +52,67 @@ TEST_CASE("the shipped configs are valid") {
   auto worker = LoadWorkerConfig("configs/worker.pbtxt");
   REQUIRE(worker.ok());
   CHECK(worker->server_address() == "127.0.0.1:7070");
+}
+
+// Every file of configs/ loads with the loader its name calls for (server*: ServerConfig,
+// worker*: WorkerConfig, the others: JobConfig), from a copy of the folder beside the files the
+// TLS examples name (PEM-shaped stand-ins and tokens: the loader checks their form, not keys).
+TEST_CASE("every example in configs/ is valid") {
+  namespace fs = std::filesystem;
+  const fs::path copy = fs::path(TempDir()) / "configs-copy";
+  fs::remove_all(copy);
+  fs::create_directories(copy / "tls");
+  int server = 0, worker = 0, job = 0;
+  std::vector<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator("configs")) {
+    if (entry.path().extension() != ".pbtxt") continue;
+    fs::copy_file(entry.path(), copy / entry.path().filename());
+    names.push_back(entry.path().filename().string());
+  }
+  const std::string pem_body = "TUlJQg==\n";  // base64
+  for (const char* name : {"ca.crt", "server.crt", "worker.crt"}) {
+    WriteFile((copy / "tls" / name).string(),
+              "-----BEGIN CERTIFICATE-----\n" + pem_body + "-----END CERTIFICATE-----\n");
+  }
+  for (const char* name : {"server.key", "worker.key"}) {
+    WriteFile((copy / "tls" / name).string(),
+              "-----BEGIN PRIVATE KEY-----\n" + pem_body + "-----END PRIVATE KEY-----\n");
+  }
+  WriteFile((copy / "tls" / "token").string(), "worker-token\n");
+  WriteFile((copy / "tls" / "operator_token").string(), "operator-token\n");
+  for (const std::string& name : names) {
+    INFO(name);
+    const std::string path = (copy / name).string();
+    if (name.rfind("server", 0) == 0) {
+      const auto loaded = LoadServerConfig(path);
+      INFO(loaded.status());
+      CHECK(loaded.ok());
+      if (loaded.ok()) CHECK(loaded->has_job());
+      ++server;
+    } else if (name.rfind("worker", 0) == 0) {
+      const auto loaded = LoadWorkerConfig(path);
+      INFO(loaded.status());
+      CHECK(loaded.ok());
+      ++worker;
+    } else {
+      const auto loaded = LoadJobConfig(path);
+      INFO(loaded.status());
+      CHECK(loaded.ok());
+      ++job;
+    }
+  }
+  // The examples of docs/operations.md: a group member, two shard groups, TLS; a multi-host
+  // and a TLS worker; the jobs (local, pipeline, torch, sharded, rebound_train's).
+  CHECK(server >= 5);
+  CHECK(worker >= 3);
+  CHECK(job >= 5);
+  const auto g1 = LoadServerConfig((copy / "server_shard_g1.pbtxt").string());
+  REQUIRE(g1.ok());
+  CHECK(g1->shard().group() == 1);
+  CHECK(g1->job().sharding().groups() == 2);
+  const auto tls = LoadServerConfig((copy / "server_tls.pbtxt").string());
+  REQUIRE(tls.ok());
+  CHECK(tls->security().tls().cert_file() == (copy / "tls/server.crt").string());
 }
 
 TEST_CASE("defaults come from the schema") {

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -300,6 +301,73 @@ TEST_CASE("a worker re-registers when a restarted server no longer knows it") {
       cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "delta"); });
   CHECK(FindWorker(after, "delta")->incarnation() != first);
   CHECK_FALSE(delta->WaitFor(absl::ZeroDuration()).has_value());
+}
+
+// ---- one line per host (R19): no server config, no worker config ---------------------------
+
+TEST_CASE("a server started with --job alone and workers with --server alone train a job to the "
+          "end; a trainer logs progress lines") {
+  const std::string dir = MakeTempDir("one-line");
+  WriteFileOrDie(dir + "/job.pbtxt",
+                 "job_id: \"one-line\"\n"
+                 "model { layers { width: 64 } layers { width: 10 activation: IDENTITY } }\n"
+                 "topology { replicas: 2 }\n"
+                 "data { batch_size: 32 train_limit: 1000 test_limit: 100 }\n"
+                 "adahessian { lr: 0.01 }\n"
+                 "training { max_steps: 1500 }\n");
+  // The second trainer's config sets the progress line's interval only (the default is 10 s).
+  WriteFileOrDie(dir + "/progress.pbtxt", "progress_interval_s: 1\n");
+  const std::string port_file = dir + "/port";
+  auto server = Subprocess::Start(
+      {Runfile("server/rebound_server"), "--job", dir + "/job.pbtxt", "--listen", "127.0.0.1:0",
+       "--data_dir", dir + "/data", "--port_file", port_file},
+      dir + "/server.log");
+  REQUIRE(server.ok());
+  auto port = WaitForPortFile(port_file, **server, absl::Seconds(30));
+  INFO(ReadFileOrEmpty(dir + "/server.log"));
+  REQUIRE(port.ok());
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  auto plain = Subprocess::Start({Runfile("worker/rebound_worker"), "--server", address},
+                                 dir + "/plain.log");
+  REQUIRE(plain.ok());
+  auto logged = Subprocess::Start({Runfile("worker/rebound_worker"), "--server", address,
+                                   "--config", dir + "/progress.pbtxt", "--name", "logged"},
+                                  dir + "/logged.log");
+  REQUIRE(logged.ok());
+  const std::optional<int> plain_exit = (*plain)->WaitFor(absl::Seconds(120));
+  const std::optional<int> logged_exit = (*logged)->WaitFor(absl::Seconds(120));
+  const std::string plain_log = ReadFileOrEmpty(dir + "/plain.log");
+  const std::string logged_log = ReadFileOrEmpty(dir + "/logged.log");
+  INFO(plain_log << "\n" << logged_log);
+  CHECK(plain_exit == 0);
+  CHECK(logged_exit == 0);
+  // Without --name: <hostname>-<pid>; both trained a slot to the end.
+  CHECK_THAT(plain_log, Catch::Matchers::Contains("registered as TRAINER"));
+  CHECK_THAT(plain_log, Catch::Matchers::Contains("finished 1500 steps"));
+  CHECK_THAT(plain_log, !Catch::Matchers::Contains("progress: slot"));  // 10 s: never due here
+  CHECK_THAT(logged_log, Catch::Matchers::Contains("finished 1500 steps"));
+  CHECK_THAT(logged_log, Catch::Matchers::Contains("progress: slot ("));
+  CHECK_THAT(logged_log, Catch::Matchers::Contains("/1500, loss "));
+  CHECK_THAT(logged_log, Catch::Matchers::Contains(" samples/s"));
+  (*server)->Signal(SIGTERM);
+  CHECK((*server)->WaitFor(absl::Seconds(30)) == 0);
+  // The server kept its state in --data_dir.
+  CHECK(!ReadFileOrEmpty(dir + "/data/FORMAT").empty());
+}
+
+TEST_CASE("rebound_server refuses --job with --config, and a --job file that does not parse") {
+  const std::string dir = MakeTempDir("one-line-bad");
+  WriteFileOrDie(dir + "/job.pbtxt", "topology { replicas: 0 }\n");
+  WriteFileOrDie(dir + "/server.pbtxt", "job_file: \"job.pbtxt\"\n");
+  std::string output;
+  CHECK(RunCommand({Runfile("server/rebound_server"), "--job", dir + "/job.pbtxt", "--config",
+                    dir + "/server.pbtxt"},
+                   &output, absl::Seconds(30)) == 2);
+  CHECK_THAT(output, Catch::Matchers::Contains("--config FILE"));
+  CHECK_THAT(output, Catch::Matchers::Contains("not both"));
+  CHECK(RunCommand({Runfile("server/rebound_server"), "--job", dir + "/job.pbtxt"}, &output,
+                   absl::Seconds(30)) == 2);
+  CHECK_THAT(output, Catch::Matchers::Contains("job.pbtxt:1: topology.replicas"));
 }
 
 }  // namespace

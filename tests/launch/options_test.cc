@@ -118,8 +118,8 @@ TEST_CASE("a flag error names the flag and what was wrong") {
   CHECK(ParseError({"--job", "j", "--jobs", "2"}) == "unknown flag --jobs");
   CHECK(ParseError({"--job", "j", "extra"}) == "unexpected argument 'extra'");
   CHECK(ParseError({"--job", "j", "-port", "1"}) == "unexpected argument '-port'");
-  CHECK(ParseError({"--job"}) == "--job: missing value");
-  CHECK(ParseError({"--job", "j", "--timeout_s"}) == "--timeout_s: missing value");
+  CHECK(ParseError({"--job"}) == "flag --job needs a value");
+  CHECK(ParseError({"--job", "j", "--timeout_s"}) == "flag --timeout_s needs a value");
   CHECK(ParseError({"--job="}) == "--job: must not be empty");
   CHECK(ParseError({"--job", "j", "--port", "65536"}) == "--port: must be in [0, 65535], got 65536");
   CHECK(ParseError({"--job", "j", "--port", "http"}) == "--port: expected an integer, got 'http'");

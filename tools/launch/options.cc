@@ -261,7 +261,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }
     if (!value.has_value()) {
-      if (i + 1 >= args.size()) return FlagError(name, "missing value");
+      if (i + 1 >= args.size()) {
+        // The words of every other binary's usage errors (common/usage.h).
+        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      }
       value = args[++i];
     }
     if (absl::Status s = setter->second(name, *value); !s.ok()) return s;

@@ -1,5 +1,5 @@
 """The center a Python worker syncs with, pushes to, pulls and reads snapshots from
-(docs/python.md, DESIGN.md §10.2):
+(docs/python.md, docs/design.md §10.2):
 
 * ``GroupCenter``: the job's one server group, through ParameterServer (Sync, Push, Pull).
 * ``ShardedCenter``: a center sharded across K server groups (docs/sharding.md), as the C++
@@ -54,6 +54,7 @@ class GroupCenter:
     def __init__(self, conn, stop):
         self._conn = conn
         self._stop = stop
+        self.last_weight = None  # of the last sync's answer (the trainer's progress line)
 
     def sync(self, incarnation, slot, t, params, optimizer, loss, cursor):
         """The sync of step t (docs/protocol.md): ``optimizer`` (an OptimizerState) goes into
@@ -65,6 +66,7 @@ class GroupCenter:
         if math.isfinite(loss):
             request.loss = loss
         response = self._conn.call("Sync", request, stop=self._stop)
+        self.last_weight = response.weight
         if response.HasField("worker_params_after"):
             return wire.tensors_of(response.worker_params_after, params, "worker_params_after")
         c_before = wire.tensors_of(response.center_before, params, "center_before")
@@ -99,6 +101,7 @@ class ShardedCenter:
         self._conn = conn
         self._ranges = ranges
         self._stop = stop
+        self.last_weight = None  # of the last commit's answer (the trainer's progress line)
 
     @property
     def groups(self):
@@ -155,7 +158,8 @@ class ShardedCenter:
             data_offset=cursor[1], ranges=[result for _, result in answers])
         if math.isfinite(loss):
             commit.loss = loss
-        self._conn.call("CommitSync", commit, stop=self._stop)
+        committed = self._conn.call("CommitSync", commit, stop=self._stop)
+        self.last_weight = committed.weight
         return wire.unpacked(np.concatenate([after for after, _ in answers]), params)
 
     def push(self, incarnation, slot, sequence, t, g, d, loss):

@@ -1,4 +1,4 @@
-"""rebound.torch.run: a Python worker of a Rebound job (DESIGN.md §11, docs/python.md).
+"""rebound.torch.run: a Python worker of a Rebound job (docs/design.md §11, docs/python.md).
 
 One process, three roles, decided by the server at registration: a TRAINER trains its slot and
 syncs with the center every tau steps (EASGD, §4.4, with the same float32 arithmetic as the C++
@@ -63,6 +63,40 @@ warnings.filterwarnings("ignore", message="Using backward\\(\\) with create_grap
 
 
 _log = rclient.log
+
+
+class ProgressLine:
+    """The line a trainer logs every ``interval_s`` seconds (WorkerConfig.progress_interval_s;
+    0: never), as the C++ worker's (worker/progress_line.h):
+    ``progress: slot (0, 1) step 1200/4000, loss 0.4123, weight 0.98, 2310 samples/s``.
+    ``clock`` is time.monotonic unless a test gives another."""
+
+    def __init__(self, slot, max_steps, batch_size, interval_s, clock=time.monotonic):
+        self.slot = "(%d, %d)" % (slot.replica, slot.stage)
+        self.max_steps = max_steps
+        self.batch_size = batch_size
+        self.interval_s = interval_s
+        self.clock = clock
+        self.last = None  # (time, step) of the line before, or of the first step
+
+    def step(self, t, loss, weight):
+        """Step t finished; the line when one is due (also logged), else None."""
+        if self.interval_s <= 0:
+            return None
+        now = self.clock()
+        if self.last is None:
+            self.last = (now, t)
+            return None
+        elapsed = now - self.last[0]
+        if elapsed < self.interval_s:
+            return None
+        rate = (t - self.last[1]) * self.batch_size / elapsed
+        line = "progress: slot %s step %d/%d, loss %s, weight %s, %.0f samples/s" % (
+            self.slot, t, self.max_steps, "%.4f" % loss if math.isfinite(loss) else "-",
+            "-" if weight is None else "%.2f" % weight, rate)
+        self.last = (now, t)
+        _log(line)
+        return line
 _Exit = rclient.WorkerExit
 
 
@@ -394,6 +428,7 @@ class _Worker:
         self.tensors = None  # the declared ones (parameters, float buffers), the center's
         self.names = None
         self._unreplayable = None  # why the optimizer's state cannot be snapshotted, once logged
+        self.progress_interval_s = 10  # WorkerConfig.progress_interval_s (run() sets it)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -566,6 +601,7 @@ class _Worker:
         _log("training slot (%d, %d) on %d samples for steps %d..%d, sync every %d" % (
             slot.replica, slot.stage, len(shard), start + 1, max_steps, tau))
         loss = float("nan")
+        progress = ProgressLine(slot, max_steps, batch_size, self.progress_interval_s)
         try:
             if replayed and start > 0 and (start % tau == 0 or start == max_steps):
                 # The lost trainer had done step `start`, but its sync was not applied.
@@ -582,6 +618,7 @@ class _Worker:
                     raise _Exit(rebound.EXIT_FAILED, "the loss of step %d is not finite" % t)
                 self.samples += batch_size
                 self.session.set_progress(t, loss)
+                progress.step(t, loss, getattr(self.center, "last_weight", None))
                 if log is not None:
                     per = batch_size // micro
                     records = [rebound_pb2.LogRecord(
@@ -611,7 +648,7 @@ class _Worker:
                 log.close()
 
     def train_pushing(self, reg):
-        """Mode ASYNC_ADAHESSIAN (DESIGN §4.6), as the C++ trainer: every step pushes the
+        """Mode ASYNC_ADAHESSIAN (docs/design.md §4.6), as the C++ trainer: every step pushes the
         gradient and the Hessian diagonal (rebound.torch.AdaHessian.estimate with the job's
         adahessian config and the C++ engine's z keys) with sequence = step; the server applies
         AdaHessian to the center; the trainer pulls the center every tau steps and at the end.
@@ -639,6 +676,7 @@ class _Worker:
              "step, pulling the center every %d" % (slot.replica, slot.stage, len(shard),
                                                     reg.start_step + 1, max_steps, tau))
         t = reg.start_step
+        progress = ProgressLine(slot, max_steps, batch_size, self.progress_interval_s)
         try:
             while t < max_steps:
                 ended = self._begin_iteration(reg)
@@ -671,6 +709,7 @@ class _Worker:
                     seek(t)
                     pull_now = True
                 self.session.set_progress(t, loss)
+                progress.step(t, loss, response.weight)
                 if pull_now:
                     self.pull(reg, buffers=False)
                     with self.session.lock:
@@ -1059,6 +1098,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         center = center_for(conn, reg, session.stop)
         session.start()
         worker = _Worker(spec, session, conn, center, options, max_seconds)
+        worker.progress_interval_s = worker_config.progress_interval_s
         adopted = None
         replayed = False
         def stopped_early():
