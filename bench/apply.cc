@@ -1,4 +1,4 @@
-// Server-apply benchmark (DESIGN.md §9: "server elastic / AdaHessian apply >= 0.5x a
+// Server-apply benchmark (docs/design.md §9: "server elastic / AdaHessian apply >= 0.5x a
 // memory-bandwidth copy of the same bytes").
 //
 // Measures, in one run, on one thread, over the center of one stage of MLP 784-2048-1256-10

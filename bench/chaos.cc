@@ -26,10 +26,10 @@
 //                 kill_trainer, a kill_server (with --standbys a kill_leader), a partition, a
 //                 byzantine trainer (unsharded) and a die_between_ranges (sharded) when allowed
 //   --standbys=K (0)  group mode: a replicated server group of 1 + K members and etcd of 3
-//                 members (DESIGN.md §10.1; tests/chaos/chaos.h): kill_server and stop_server
+//                 members (docs/design.md §10.1; tests/chaos/chaos.h): kill_server and stop_server
 //                 are replaced by the group's kinds, and each run is checked besides for every
 //                 member's store, the syncs answered to trainers and the fenced leaders
-//   --shard_groups=K (1)  sharded mode: the center split across K server groups (DESIGN.md
+//   --shard_groups=K (1)  sharded mode: the center split across K server groups (docs/design.md
 //                 §10.2; tests/chaos/chaos.h), each a single server or, with --standbys, a
 //                 replicated group; kill_server and stop_server act on a drawn group's server,
 //                 the group kinds on a drawn group's leader or standby; die_between_ranges is

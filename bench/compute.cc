@@ -1,4 +1,4 @@
-// Worker-step benchmark (DESIGN.md §9: "worker step (fwd + bwd + HVP), CPU >= 0.5x of OpenBLAS
+// Worker-step benchmark (docs/design.md §9: "worker step (fwd + bwd + HVP), CPU >= 0.5x of OpenBLAS
 // sgemm's FLOP rate on the same shapes").
 //
 // Measures, in one run and on the CPU backend:

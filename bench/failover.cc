@@ -1,4 +1,4 @@
-// Failover benchmark (R13, DESIGN.md §10.1): the time from SIGKILL of a replicated group's leader
+// Failover benchmark (R13, docs/design.md §10.1): the time from SIGKILL of a replicated group's leader
 // to the first sync acknowledged by the new leader, over --kills kills.
 //
 // A real local cluster on loopback: 2 rebound_server members (leader + 1 standby, synchronous),

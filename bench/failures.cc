@@ -1,4 +1,4 @@
-// Time to target accuracy with failures (DESIGN.md §9: "time to target accuracy with failures |
+// Time to target accuracy with failures (docs/design.md §9: "time to target accuracy with failures |
 // GLOBAL_CHECKPOINT policy | >= 1.2x faster (SWIFT reports up to 1.16x)").
 //
 // Runs the shipped job (configs/job.pbtxt: 4 trainers, an evaluator, one spare) on a real local
@@ -58,7 +58,7 @@
 //   ratio=<y/x>
 // (one line) with x, y and f the median times to target of REPLAY, GLOBAL_CHECKPOINT and the
 // failure-free run (a run that does not reach the target counts as infinitely long). Two
-// verdicts are printed: ratio >= 1.2 (DESIGN.md §9) and replay_vs_free <= 1.10 (issue R11: a
+// verdicts are printed: ratio >= 1.2 (docs/design.md §9) and replay_vs_free <= 1.10 (issue R11: a
 // verified replay must cost little more than the detection of the failure). Exit code 0 when every run completed (whatever the verdict, target reached
 // or not), 1 when a run failed, 2 on bad flags.
 //
@@ -113,7 +113,7 @@ constexpr absl::Duration kCalibrationWarmup = absl::Seconds(2);
 constexpr absl::Duration kStartWait = absl::Seconds(60);
 constexpr int64_t kMaxSteps = 1000000000;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-// The target of DESIGN.md §9.
+// The target of docs/design.md §9.
 constexpr double kTargetRatio = 1.2;
 // Issue R11: REPLAY's time to target with failures at most this multiple of the failure-free time.
 constexpr double kMaxReplayVsFree = 1.10;
@@ -788,7 +788,7 @@ int Main(int argc, char** argv) {
   const double failure_free = Median(times["FAILURE-FREE"]);
   const double ratio = checkpoint / replay;
   const double replay_vs_free = replay / failure_free;
-  std::printf("\nverdict against DESIGN.md §9 (time to target with failures, REPLAY >= %.1fx "
+  std::printf("\nverdict against docs/design.md §9 (time to target with failures, REPLAY >= %.1fx "
               "faster than GLOBAL_CHECKPOINT): ratio %.3f %s\n",
               kTargetRatio, ratio,
               std::isnan(ratio) ? "(not measured)" : ratio >= kTargetRatio ? "MET" : "MISSED");

@@ -1,4 +1,4 @@
-// Step-log overhead benchmark (DESIGN.md §9: "failure-free throughput, logging on | logging off |
+// Step-log overhead benchmark (docs/design.md §9: "failure-free throughput, logging on | logging off |
 // >= 0.95x").
 //
 // Runs the shipped job (configs/job.pbtxt) on a real local cluster on loopback: one
@@ -82,7 +82,7 @@ constexpr char kJobId[] = "bench-logging-overhead";
 // Per-run cost besides --warmup_seconds and --seconds (start, data loading, first syncs, stop),
 // measured on 2 shared cores; only used for the time estimate printed at the start.
 constexpr double kOverheadSecondsEstimate = 8.0;
-// The target of DESIGN.md §9.
+// The target of docs/design.md §9.
 constexpr double kTargetRatio = 0.95;
 
 // ---------------------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ int Main(int argc, char** argv) {
               Median(collect(true, &RunResult::steal_cores)),
               Median(collect(false, &RunResult::steal_cores)));
 
-  std::printf("\nverdict against DESIGN.md §9 (failure-free throughput with logging >= %.2fx "
+  std::printf("\nverdict against docs/design.md §9 (failure-free throughput with logging >= %.2fx "
               "without): ratio %.4f %s\n",
               kTargetRatio, ratio, ratio >= kTargetRatio ? "MET" : "MISSED");
   dirs->Finish();

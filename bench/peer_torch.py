@@ -22,7 +22,7 @@ What each side does (honestly; also printed before the RESULT line):
   * PyTorch: torch.nn.Sequential of the same Linear/ReLU layers (default init), the same batch
     size without micro-batches (one forward per step), cross-entropy, and AdaHessian written below
     in plain torch: g by loss.backward(create_graph=True), Hz = autograd.grad(g, params, z) with z
-    Rademacher from torch's generator, D = z * Hz, then the DESIGN.md §4.3 update (beta1 0.9, beta2
+    Rademacher from torch's generator, D = z * Hz, then the docs/design.md §4.3 update (beta1 0.9, beta2
     0.999, eps 1e-4, Hessian power 1, bias correction) with the config's lr and linear warm-up;
     every hessian_every steps like the engine (the gradient alone in between).
     torch.set_num_threads(1). Timed: batch gather (index_select from one in-memory tensor),
@@ -137,7 +137,7 @@ def run_rebound(binary, config_path, seconds, epochs):
 
 
 def adahessian_step(params, state, loss, t, cfg, lr):
-    """One AdaHessian step in plain torch (DESIGN.md §4.3), D by Hutchinson + double backward."""
+    """One AdaHessian step in plain torch (docs/design.md §4.3), D by Hutchinson + double backward."""
     due = cfg["hessian_every"] <= 1 or (t - 1) % cfg["hessian_every"] == 0
     grads = torch.autograd.grad(loss, params, create_graph=due)
     if due:

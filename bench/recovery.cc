@@ -1,4 +1,4 @@
-// Parallel replay benchmark (DESIGN.md §9: "recovery of one slot, k = 2 spares | k = 1 |
+// Parallel replay benchmark (docs/design.md §9: "recovery of one slot, k = 2 spares | k = 1 |
 // >= 1.6x faster").
 //
 // Runs a real local cluster on loopback: one rebound_server (inline job, in-memory state), k
@@ -101,7 +101,7 @@ constexpr char kTrainer[] = "trainer-0";
 constexpr absl::Duration kPoll = absl::Milliseconds(20);
 constexpr absl::Duration kLogFillWait = absl::Seconds(180);
 constexpr absl::Duration kRecoveryWait = absl::Seconds(120);
-// The target of DESIGN.md §9.
+// The target of docs/design.md §9.
 constexpr double kTargetRatio = 1.6;
 // Other processes' CPU and steal time during a run above which its line says it was disturbed:
 // a k = 2 replay needs both cores.
@@ -626,7 +626,7 @@ int Main(int argc, char** argv) {
               median(1, &RunResult::total_ms), flags.k, median(flags.k, &RunResult::total_ms),
               median(1, &RunResult::total_ms) / median(flags.k, &RunResult::total_ms),
               flags.failure_timeout_ms);
-  std::printf("\nverdict against DESIGN.md §9 (recovery of one slot with k = 2 spares >= %.1fx "
+  std::printf("\nverdict against docs/design.md §9 (recovery of one slot with k = 2 spares >= %.1fx "
               "faster than k = 1; rebuild = transfer + replay + takeover): ratio %.3f %s\n",
               kTargetRatio, ratio,
               flags.k != 2 ? "(k != 2: no target)" : ratio >= kTargetRatio ? "MET" : "MISSED");

@@ -1,4 +1,4 @@
-// Replication overhead benchmark (R13, DESIGN.md §10.1): failure-free training throughput of the
+// Replication overhead benchmark (R13, docs/design.md §10.1): failure-free training throughput of the
 // shipped job with a replicated server group (a leader and 1 standby, synchronous: every sync is
 // answered only once the standby has it durably) vs a single server, both durable.
 //

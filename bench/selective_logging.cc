@@ -1,4 +1,4 @@
-// Selective logging benchmark (DESIGN.md §5.2, docs/selective_logging.md): log storage against
+// Selective logging benchmark (docs/design.md §5.2, docs/selective_logging.md): log storage against
 // recovery time for every choice of logged stage boundaries, and the choice that
 // `reboundctl plan-logging` makes from measured per-stage step times.
 //

@@ -1,4 +1,4 @@
-// Sharding benchmark (R14, DESIGN.md §10.2, docs/sharding.md): what splitting the center across
+// Sharding benchmark (R14, docs/design.md §10.2, docs/sharding.md): what splitting the center across
 // K server groups buys when each group's network link is the bottleneck, and what it costs a
 // small job that no link limits.
 //

@@ -13,7 +13,7 @@
 // all, and syncs the same precomputed parameters and optimizer state over and over, steps tau,
 // 2 tau, ..., through the product's protocol as rebound_worker speaks it:
 //   * a job of one group: ParameterServer.Sync (params + optimizer state out, c_before back);
-//   * a sharded job of K groups (DESIGN.md §10.2): CenterRange.SyncRange of every range at once
+//   * a sharded job of K groups (docs/design.md §10.2): CenterRange.SyncRange of every range at once
 //     (range k to group k), then ParameterServer.CommitSync at group 0 once every range
 //     answered, as worker/range_client.cc does.
 // A call that fails with UNAVAILABLE or DEADLINE_EXCEEDED is retried after a backoff, as

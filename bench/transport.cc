@@ -1,4 +1,4 @@
-// Sync-transport benchmark (DESIGN.md §9: "sync round trip of a 16 MiB shard >= 0.8x the
+// Sync-transport benchmark (docs/design.md §9: "sync round trip of a 16 MiB shard >= 0.8x the
 // throughput of a bare gRPC echo of the same bytes").
 //
 // Measures, in one run, on loopback:

@@ -1,4 +1,4 @@
-// Reliability-weighting benchmark (DESIGN.md §9: "test accuracy with one faulty trainer (stale,
+// Reliability-weighting benchmark (docs/design.md §9: "test accuracy with one faulty trainer (stale,
 // corrupted data, restarted from scratch) against UNIFORM weights: never worse; >= 0.5 pt better
 // for corrupted and restarted").
 //
@@ -503,7 +503,7 @@ int Main(int argc, char** argv) {
   std::printf("(slot 3 is the faulty trainer's, healthy in the fault-free runs; its weight inputs "
               "as GetStatus showed them once a second: w applied (1 under UNIFORM), s staleness, "
               "l lateness, d divergence, f fault score)\n");
-  std::printf("\nverdict against DESIGN.md §9 (DYNAMIC never worse than UNIFORM within the seeds' "
+  std::printf("\nverdict against docs/design.md §9 (DYNAMIC never worse than UNIFORM within the seeds' "
               "spread; >= 0.5 pt better for b and c):\n");
   for (const std::string& verdict : verdicts) std::printf("  %s\n", verdict.c_str());
   dirs->Finish();

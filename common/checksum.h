@@ -1,6 +1,6 @@
 #pragma once
 
-// xxHash64 checksums of parameters (DESIGN.md §5.2): per step the trainer logs the checksum of
+// xxHash64 checksums of parameters (docs/design.md §5.2): per step the trainer logs the checksum of
 // its parameters, and replay verifies its rebuilt state against it.
 
 #include <cstddef>

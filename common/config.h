@@ -1,6 +1,6 @@
 #pragma once
 
-// Loading and validation of the protobuf text configs (DESIGN.md §7).
+// Loading and validation of the protobuf text configs (docs/design.md §7).
 //
 // Every error names the file, the line (when the field appears in the file) and the field path,
 // and says what was expected and what was found, e.g.
@@ -58,20 +58,20 @@ AdaHessianConfig EffectiveAdaHessianConfig(const JobConfig& job);
 
 // The recovery policy the server applies: fault_tolerance.policy, except that REPLAY means
 // RESTART_FROM_CENTER in mode ASYNC_ADAHESSIAN, where the center is the replica and a trainer
-// keeps no state to replay (no snapshot, no step log; DESIGN.md §4.6).
+// keeps no state to replay (no snapshot, no step log; docs/design.md §4.6).
 RecoveryPolicy EffectiveRecoveryPolicy(const JobConfig& job);
 
 // First layer index of each stage s in [0, S], with entry S = number of layers: explicit
 // topology.stage_boundaries, or an even split by layer count. REQUIRES: a validated job.
 std::vector<int> StageLayerStarts(const JobConfig& job);
 
-// Which stage boundaries the step log persists (DESIGN §5.2): entry b in [1, S-1] is true if
+// Which stage boundaries the step log persists (docs/design.md §5.2): entry b in [1, S-1] is true if
 // boundary b (between stages b-1 and b) is logged; entries 0 and S are false. Every boundary
 // unless step_log.logged_boundaries lists some or log_no_boundaries is set; none when the log is
 // disabled. REQUIRES: a validated job.
 std::vector<bool> LoggedBoundaries(const JobConfig& job);
 
-// The recovery group of stage `stage` (DESIGN §5.2): the stages [first, end) between the nearest
+// The recovery group of stage `stage` (docs/design.md §5.2): the stages [first, end) between the nearest
 // logged boundaries around it (the model's ends count as logged). A lost stage is replayed with
 // its whole group, from the group's snapshots and the pairs logged at the group's edges.
 // REQUIRES: a validated job, 0 <= stage < S.

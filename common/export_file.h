@@ -1,6 +1,6 @@
 #pragma once
 
-// The file an export of the trained center becomes (DESIGN.md §12, docs/operations.md#export):
+// The file an export of the trained center becomes (docs/design.md §12, docs/operations.md#export):
 // every stage's tensors of an ExportCenterResponse in one safetensors file (common/safetensors.h),
 // in stage order. The tensor names are global (layer<l>.weight / layer<l>.bias for the built-in
 // MLP, whatever stage holds them; a declared model's own names), so the stages' tensors join into

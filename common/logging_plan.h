@@ -1,6 +1,6 @@
 #pragma once
 
-// Selective logging (DESIGN.md §5.2): which stage boundaries of a pipelined job to log, by
+// Selective logging (docs/design.md §5.2): which stage boundaries of a pipelined job to log, by
 // SWIFT's greedy rule. Logging boundary b (between stages b-1 and b) stores, per step and
 // micro-batch, the forward pair (h, R{h}) and the backward pair (delta, R{delta}) of that
 // boundary: 4 x batch x width(b) floats per step, kept for up to tau steps. Stages between two
@@ -64,7 +64,7 @@ struct LoggingPlan {
   // For up to kMaxExhaustiveBoundaries boundaries, every choice is also priced: the one within
   // the budget with the least expected recovery (fewest stored bytes on a tie). The greedy rule
   // can miss it (its first drops may be near ties that a later drop overshoots); the plan stays
-  // the greedy one (DESIGN §5.2) and FormatLoggingPlan names the better choice when it differs.
+  // the greedy one (docs/design.md §5.2) and FormatLoggingPlan names the better choice when it differs.
   bool exhaustive = false;
   std::vector<int> best_logged;
   double expected_recovery_best = 0.0;  // model-steps

@@ -1,6 +1,6 @@
 #pragma once
 
-// The one retry policy of Rebound (DESIGN.md §5.1): UNAVAILABLE and DEADLINE_EXCEEDED mean "try
+// The one retry policy of Rebound (docs/design.md §5.1): UNAVAILABLE and DEADLINE_EXCEEDED mean "try
 // the same call again" after a capped, jittered exponential backoff, until a give-up time passes
 // or the caller is told to stop; every other status ends the loop at once.
 //

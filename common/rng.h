@@ -1,6 +1,6 @@
 #pragma once
 
-// The counter-based RNG of DESIGN.md §4.2. Every draw is addressed by
+// The counter-based RNG of docs/design.md §4.2. Every draw is addressed by
 // (job seed, replica, step, global tensor id, element index) and by nothing else: in particular
 // never by the stage, so that any split of the model into stages draws the same numbers, and a
 // spare replaying step t of replica r regenerates exactly what the lost trainer drew.

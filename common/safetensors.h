@@ -2,7 +2,7 @@
 
 // Safetensors, the weight format the PyTorch ecosystem loads models from
 // (https://github.com/huggingface/safetensors; `safetensors.torch.load_file`), for exports of
-// the trained center (DESIGN.md §12, docs/operations.md#export).
+// the trained center (docs/design.md §12, docs/operations.md#export).
 //
 // A file is: an unsigned 64-bit little-endian N; N bytes of a UTF-8 JSON header, an object that
 // maps each tensor's name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the

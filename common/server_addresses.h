@@ -1,6 +1,6 @@
 #pragma once
 
-// The address of a ParameterServer as the clients give it (DESIGN.md §10.1): one host:port, or
+// The address of a ParameterServer as the clients give it (docs/design.md §10.1): one host:port, or
 // the members of a replicated group separated by commas ("10.0.0.1:7070,10.0.0.2:7070"). Only
 // the group's leader listens on the workers' port (the standbys refuse connections), so a
 // client follows the leader with one gRPC channel over every member's address and the
@@ -58,7 +58,7 @@ absl::StatusOr<std::string> ChannelTarget(const std::string& list);
 //    1 s: the connection to a leader that hangs is found dead in about 2 s and the list is tried
 //    again.
 // The group's servers must permit pings this frequent without calls (the server side of
-// DESIGN.md §10.1, not set here: GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS 1 and
+// docs/design.md §10.1, not set here: GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS 1 and
 // GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS below 1000, e.g. 500); a server that
 // does not answers them with GOAWAY "too_many_pings", which drops the connection.
 // REQUIRES: `args` is not null.

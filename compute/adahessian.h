@@ -1,6 +1,6 @@
 #pragma once
 
-// The optimizer arithmetic of DESIGN.md §4.3, §4.4 and §4.6 as plain functions over host float
+// The optimizer arithmetic of docs/design.md §4.3, §4.4 and §4.6 as plain functions over host float
 // spans, shared by the server (center updates) and the worker (whose CPU backend runs exactly
 // these loops; the CUDA backend runs the same per-element expressions of
 // compute/elementwise_math.h).

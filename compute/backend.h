@@ -1,6 +1,6 @@
 #pragma once
 
-// The compute backend (DESIGN.md §2, §5.6): device memory and the handful of kernels the MLP of
+// The compute backend (docs/design.md §2, §5.6): device memory and the handful of kernels the MLP of
 // compute/mlp.h, the AdaHessian step and the elastic update need. Two implementations exist:
 // compute/cpu (OpenBLAS, always built) and compute/cuda (cuBLAS plus own kernels, built only with
 // --config=cuda). Create one with CreateBackend() from compute/backend_factory.h.
@@ -15,7 +15,7 @@
 // once the work is queued, except CopyToHost and Synchronize, which wait for it. Buffers must not
 // be freed while queued work still uses them.
 //
-// Determinism (DESIGN.md §5.6). On one backend, hardware and thread count, every kernel is a pure
+// Determinism (docs/design.md §5.6). On one backend, hardware and thread count, every kernel is a pure
 // function of its inputs: reductions run in a fixed order and never use atomics, cuBLAS runs in
 // its default (non-TF32) math mode with atomics disallowed and a fixed workspace configuration,
 // and OpenBLAS uses the fixed thread count of ComputeConfig.threads.

@@ -1,6 +1,6 @@
 #pragma once
 
-// Chooses and creates the compute backend of a job (DESIGN.md §5.6).
+// Chooses and creates the compute backend of a job (docs/design.md §5.6).
 
 #include <memory>
 

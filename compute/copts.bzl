@@ -1,7 +1,7 @@
 """Compiler options of the compute libraries."""
 
 # Never fuse a*b+c into an FMA: the optimizer and elastic kernels must evaluate exactly the
-# expressions of compute/elementwise_math.h on every build (bit-exact replay, DESIGN.md §5.6).
+# expressions of compute/elementwise_math.h on every build (bit-exact replay, docs/design.md §5.6).
 COMPUTE_COPTS = ["-ffp-contract=off"]
 
 # Hot element loops (CPU backend, optimizer loops): vectorise in every compilation mode.

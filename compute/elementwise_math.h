@@ -2,7 +2,7 @@
 
 // Per-element math shared by the CPU loops and the CUDA kernels, so that both backends evaluate
 // the same expressions in the same order: activations with their first and second derivatives
-// (DESIGN.md §4.1, needed by the R-operator), the AdaHessian element update (§4.3, §4.6) and the
+// (docs/design.md §4.1, needed by the R-operator), the AdaHessian element update (§4.3, §4.6) and the
 // elastic move (§4.4).
 //
 // Header-only, no dependencies, usable from CUDA device code. Every expression is written out
@@ -156,7 +156,7 @@ REBOUND_COMPUTE_HD inline void AdaHessianElement(const AdaHessianScalars& s, flo
   *theta = th - s.lr * (m_hat / den + s.weight_decay * th);
 }
 
-// The elastic move of DESIGN.md §4.4: y' = y + rate * (toward - y).
+// The elastic move of docs/design.md §4.4: y' = y + rate * (toward - y).
 // Server: ElasticMoveElement(rate = alpha * w, toward = x) on the center c.
 // Worker: ElasticMoveElement(rate = alpha, toward = c_before) on its parameters x, which is
 // bit-identical to x - alpha * (x - c_before) since negation is exact.

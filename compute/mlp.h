@@ -1,6 +1,6 @@
 #pragma once
 
-// One stage of the MLP of DESIGN.md §4.1 on a Backend: forward, backward (softmax cross-entropy)
+// One stage of the MLP of docs/design.md §4.1 on a Backend: forward, backward (softmax cross-entropy)
 // and the exact Hessian-vector product Hz by the R-operator (Pearlmutter 1994, forward-over-
 // reverse), all in one pass per direction (§4.2).
 //
@@ -105,7 +105,7 @@ class MlpStage {
   absl::Status SetParams(absl::Span<const float> packed);
   absl::Status GetParams(absl::Span<float> packed) const;
   // xxHash64 of the parameters' packed bytes: ChecksumFloats of what GetParams returns (the
-  // step log's per-step checksum, DESIGN §5.2). On a host-addressable backend it hashes the
+  // step log's per-step checksum, docs/design.md §5.2). On a host-addressable backend it hashes the
   // tensors where they are, with no copy (it runs after every logged step).
   absl::StatusOr<uint64_t> ParamsChecksum() const;
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// The shape of the MLP of DESIGN.md §4.1 and of one stage of it: which layers and tensors a stage
+// The shape of the MLP of docs/design.md §4.1 and of one stage of it: which layers and tensors a stage
 // owns, where each tensor lives in the stage's flat device buffers, and the deterministic
 // initialisation.
 //
@@ -78,7 +78,7 @@ class StageLayout {
   static absl::StatusOr<StageLayout> Create(const ModelSpec& spec, int first_layer,
                                             int end_layer);
 
-  // The layout of a model its workers declare (model.declared_by_worker, DESIGN.md §11): one
+  // The layout of a model its workers declare (model.declared_by_worker, docs/design.md §11): one
   // stage holding `model`'s tensors in order, with their names and shapes (their data, if any,
   // is ignored) and no layers. INVALID_ARGUMENT naming the tensor unless there are 1 to
   // kMaxDeclaredTensors tensors, with ids 0, 1, ... in order, distinct non-empty names of at most

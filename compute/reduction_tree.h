@@ -1,6 +1,6 @@
 #pragma once
 
-// The fixed micro-batch reduction tree of DESIGN.md §5.3 and §5.6. A step's batch is split into
+// The fixed micro-batch reduction tree of docs/design.md §5.3 and §5.6. A step's batch is split into
 // M micro-batches; their gradients, Hz and losses are summed along one fixed binary tree, so that
 // any machine that sums any tree-aligned part of them and then combines the parts along the top
 // of the same tree produces the same bits as the trainer.

@@ -1,6 +1,6 @@
 #pragma once
 
-// The ranges of a sharded center (DESIGN.md §10.2, docs/sharding.md): a stage's flattened
+// The ranges of a sharded center (docs/design.md §10.2, docs/sharding.md): a stage's flattened
 // (packed) parameter vector of n float32 elements split into K contiguous ranges,
 //   range k = elements [RangeBegin(n, K, k), RangeBegin(n, K, k + 1)),  RangeBegin = floor(k n / K),
 // so every range has floor(n / K) or ceil(n / K) elements (byte-balanced: all are float32). A pure

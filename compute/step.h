@@ -1,6 +1,6 @@
 #pragma once
 
-// One local AdaHessian step of a slot (DESIGN.md §4.2, §4.3, §5.3) and evaluation.
+// One local AdaHessian step of a slot (docs/design.md §4.2, §4.3, §5.3) and evaluation.
 //
 // StageOptimizer is the AdaHessian state (m, v, last D) of one stage on the device and applies a
 // step to the stage's parameters from the step's reduced sums; a worker owning one stage uses it
@@ -185,7 +185,7 @@ class LocalTrainer {
   bool starts_at_input() const { return stages_.front()->layout().is_first(); }
   bool ends_at_loss() const { return stages_.back()->layout().is_last(); }
 
-  // Step t without its update, for mode ASYNC_ADAHESSIAN (DESIGN §4.6), where the server applies
+  // Step t without its update, for mode ASYNC_ADAHESSIAN (docs/design.md §4.6), where the server applies
   // AdaHessian to the center: runs points 1-3 of a step on the batch as Step does, updates each
   // stage's last D as point 4 does, and instead of AdaHessianUpdate copies to the host
   //   g: the step's gradient (the batch mean, reduced along the tree over the M micro-batches);

@@ -1,6 +1,6 @@
 #pragma once
 
-// EtcdClient: the project's own small client of etcd's v3 gRPC API (DESIGN.md §10.1), over the
+// EtcdClient: the project's own small client of etcd's v3 gRPC API (docs/design.md §10.1), over the
 // proto subset of proto/etcd (etcd's wire format): KV (Get, Put, Delete, and two Txns:
 // PutIfAbsent for leader election and CompareAndPut), leases (GrantLease, RevokeLease, and a
 // LeaseKeeper thread that renews one lease) and watches (a Watcher thread per key or prefix).
@@ -27,7 +27,7 @@
 // Revisions are etcd's store revisions (int64, increasing by one per write, shared by all
 // keys); a Txn's writes all take its one revision.
 //
-// Status codes, by the retry rule of DESIGN.md §5.1:
+// Status codes, by the retry rule of docs/design.md §5.1:
 //   UNAVAILABLE          no endpoint answered within the retry policy (every member down, no
 //                        quorum, DEADLINE_EXCEEDED on every attempt): try again later. The
 //                        message names the operation, the last endpoint tried and its error,
@@ -107,7 +107,7 @@ struct PutIfAbsentResult {
   // True iff this call created the key.
   bool succeeded = false;
   // The Txn's revision (the store revision after it). When succeeded, the key's
-  // create_revision: the winner's epoch in DESIGN.md §10.1's election.
+  // create_revision: the winner's epoch in docs/design.md §10.1's election.
   int64_t revision = 0;
   // When !succeeded: the key's value and create_revision (the current holder's), if the key
   // still existed when the Txn ran.
@@ -145,7 +145,7 @@ class EtcdClientShared;  // the channels and the current endpoint, shared with t
 // to the next endpoint and is retried with the client's backoff, until Stop(). When etcd answers
 // that the lease no longer exists, the keeper ends with FAILED_PRECONDITION.
 //
-// Self-fencing (DESIGN.md §10.1): a holder of the lease must treat it as lost once
+// Self-fencing (docs/design.md §10.1): a holder of the lease must treat it as lost once
 // `last_renewed() + ttl() / 2` has passed and stop acting on it; etcd may expire it at
 // last_renewed + ttl at the earliest.
 class LeaseKeeper {

@@ -1,7 +1,7 @@
 #pragma once
 
 // LeaderElection: one server of a replicated group campaigns for the group's leadership in etcd
-// and keeps it, with self-fencing (DESIGN.md §10.1).
+// and keeps it, with self-fencing (docs/design.md §10.1).
 //
 // The election. The leader key (e.g. /rebound/<job>/<group>/leader) is created in a Txn if
 // absent (EtcdClient::PutIfAbsent), bound to a lease of TTL `lease_ttl` that a LeaseKeeper
@@ -74,7 +74,7 @@ class LeaderElection {
   // One attempt, without waiting: OK with nullopt when this candidate now leads (epoch()), or
   // with the current holder when another does (the key held at the attempt; its value and
   // epoch). Errors as Campaign's, without CANCELLED. A caller that must check a condition of
-  // its own right before each attempt (a standby in the in-sync set, DESIGN.md §10.1) loops on
+  // its own right before each attempt (a standby in the in-sync set, docs/design.md §10.1) loops on
   // this instead of calling Campaign.
   absl::StatusOr<std::optional<LeaderInfo>> TryCampaign();
 

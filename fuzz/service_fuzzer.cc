@@ -96,7 +96,7 @@ constexpr const char* kJobs[] = {
        topology { replicas: 2 stages: 1 spares: 1 }
        easgd { sync_period: 2 }
        fault_tolerance { heartbeat_interval_ms: 100 failure_timeout_ms: 1000 })",
-    // 6: the center sharded across 2 groups (DESIGN.md §10.2); the server is group 0, with its
+    // 6: the center sharded across 2 groups (docs/design.md §10.2); the server is group 0, with its
     // CenterRange service for range 0 (range 1's group is not there: nothing calls it).
     R"(topology { replicas: 2 stages: 2 spares: 1 }
        easgd { sync_period: 2 }

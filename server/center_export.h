@@ -1,6 +1,6 @@
 #pragma once
 
-// The whole center as an export (DESIGN.md §12): each stage's tensors named and shaped
+// The whole center as an export (docs/design.md §12): each stage's tensors named and shaped
 // (CenterTable::Bundle: a declared model's own names, the built-in MLP's layer<l>.weight and
 // layer<l>.bias) at a committed version. Stages have versions of their own (each syncs on its
 // own), so a multi-stage export names each stage's version. What the ExportCenter call answers

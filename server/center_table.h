@@ -1,6 +1,6 @@
 #pragma once
 
-// CenterTable: the EASGD center variables of every stage (DESIGN.md §4.4, §4.6), with their
+// CenterTable: the EASGD center variables of every stage (docs/design.md §4.4, §4.6), with their
 // versions and, in mode ASYNC_ADAHESSIAN, the center's AdaHessian state.
 //
 // Each stage has its own lock; an update (elastic move or AdaHessian apply) and the durable
@@ -48,10 +48,10 @@ class CenterTable {
  public:
   // The centers start from the model's deterministic initialisation (the same values every
   // trainer starts from). A job whose model is declared by its workers
-  // (model.declared_by_worker, DESIGN.md §11) has no stage until Declare. INVALID_ARGUMENT for
+  // (model.declared_by_worker, docs/design.md §11) has no stage until Declare. INVALID_ARGUMENT for
   // an invalid job.
   //
-  // A sharded job (sharding.groups = K > 1, DESIGN.md §10.2): the table holds range `range` of
+  // A sharded job (sharding.groups = K > 1, docs/design.md §10.2): the table holds range `range` of
   // every stage (compute/shard_ranges.h), each a one-tensor stage of its own, starting from the
   // same slice of the initialisation; INVALID_ARGUMENT if `range` is not in [0, K) or a range
   // would be empty. `range` is ignored for K = 1.

@@ -1,7 +1,7 @@
 #pragma once
 
 // A store's checkpoint sent over gRPC as a stream of CheckpointChunks, and received into a
-// directory: what a standby catches up from (ServerPeer.FetchCheckpoint, DESIGN.md §10.1) and
+// directory: what a standby catches up from (ServerPeer.FetchCheckpoint, docs/design.md §10.1) and
 // what an online backup is made of (ParameterServer.Backup, docs/operations.md#backup-and-restore).
 //
 // The stream: every file of the checkpoint as a run of chunks of one `path` (relative to the

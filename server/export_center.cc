@@ -1,4 +1,4 @@
-// ParameterServerService::ExportCenter: the trained model for an operator (DESIGN.md §12,
+// ParameterServerService::ExportCenter: the trained model for an operator (docs/design.md §12,
 // docs/operations.md#export): the center as server/center_export.h reads it, which the periodic
 // exports write too. A sharded job's group 0 gathers it from every range
 // (docs/sharding.md#exporting-the-center).

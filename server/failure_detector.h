@@ -1,9 +1,9 @@
 #pragma once
 
-// The server's failure detector (DESIGN.md §4.3): a loop that, several times per heartbeat
+// The server's failure detector (docs/design.md §4.3): a loop that, several times per heartbeat
 // interval, declares failed every worker silent for longer than failure_timeout
 // (Membership::DetectFailures), charges each failure to the worker's registered name
-// (ReliabilityTracker::OnFault; the score follows the worker, not the slot, DESIGN.md §4.5),
+// (ReliabilityTracker::OnFault; the score follows the worker, not the slot, docs/design.md §4.5),
 // takes a lost slot out of the weights' medians (SetLive false), watches
 // the server's health, and then runs the caller's per-pass work (the recovery coordinator's
 // rollback under GLOBAL_CHECKPOINT, memory housekeeping).

@@ -1,6 +1,6 @@
 #pragma once
 
-// Policy GLOBAL_CHECKPOINT (DESIGN.md §5.4), the baseline that REPLAY is measured against: every
+// Policy GLOBAL_CHECKPOINT (docs/design.md §5.4), the baseline that REPLAY is measured against: every
 // K = fault_tolerance.checkpoint_every_steps steps all slots and the center are checkpointed, and
 // a failure rolls every slot back to the last checkpoint.
 //

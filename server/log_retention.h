@@ -1,7 +1,7 @@
 #pragma once
 
 // LogRetention: how far back the server keeps each slot's step log and snapshots, so that a
-// replay finds what it reads (DESIGN.md §5.2, §5.3). A sync of a slot GCs its log through the
+// replay finds what it reads (docs/design.md §5.2, §5.3). A sync of a slot GCs its log through the
 // step of its new snapshot; a member of a multi-stage recovery group (an unlogged boundary next
 // to it) keeps its log back to the group's oldest last-sync step (a group rebuild replays from
 // there), keeps in memory the snapshot its last sync replaced, and while another member of its

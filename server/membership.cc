@@ -262,7 +262,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
         absl::StrAppend(&slot.detail, "; waiting for a spare to replay it");
         std::vector<Worker*> neighbours = NeighbourOwnersLocked(worker.slot_index);
         if (!neighbours.empty()) {
-          // Sender-side logging (DESIGN §5.2): what the lost stage received may still sit in its
+          // Sender-side logging (docs/design.md §5.2): what the lost stage received may still sit in its
           // neighbours' log buffers. They flush on their next heartbeat; the replay waits for
           // that, at most one failure_timeout (a neighbour that does not answer is failing too).
           const int64_t sequence = ++last_flush_sequence_;
@@ -911,7 +911,7 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     if (!slot.detail.empty()) out->set_detail(slot.detail);
     if (auto it = workers_.find(slot.owner); slot.state == ACTIVE && it != workers_.end() &&
                                              !it->second.blocked_reason.empty()) {
-      // A pipeline trainer waiting past neighbour_timeout_ms on a neighbour (DESIGN §5.3).
+      // A pipeline trainer waiting past neighbour_timeout_ms on a neighbour (docs/design.md §5.3).
       out->set_state(BLOCKED);
       out->set_detail(it->second.blocked_reason);
     }

@@ -182,7 +182,7 @@ class Membership {
   std::vector<RecoveryStatus> Recoveries() const ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMaxRecoveries = 256;
 
-  // Replay tasks' slots (DESIGN §5.3), for the RecoveryCoordinator only.
+  // Replay tasks' slots (docs/design.md §5.3), for the RecoveryCoordinator only.
   //
   // The observer told of what the tasks depend on (see RecoveryObserver); nullptr for none.
   void SetRecoveryObserver(RecoveryObserver* observer) ABSL_LOCKS_EXCLUDED(mu_);

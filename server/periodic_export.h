@@ -1,7 +1,7 @@
 #pragma once
 
 // PeriodicExporter: the trained center written to files a user can load while the job trains
-// (job config `export { ... }`, DESIGN.md §12, docs/operations.md#exports-while-training).
+// (job config `export { ... }`, docs/design.md §12, docs/operations.md#exports-while-training).
 //
 // Each export is the whole center, every stage at a committed version (ExportSource::read), in
 // one safetensors file named after the center's total version (the sum of its stages' versions):

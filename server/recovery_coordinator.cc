@@ -35,7 +35,7 @@ Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecovery
     end.why = absl::StrCat("DATA_LOSS: ", report.detail(),
                            "; a pipeline stage has no fallback: the next spare replays it again "
                            "(same backend, hardware and compute.threads as the lost trainer "
-                           "needed, DESIGN §5.6)");
+                           "needed, docs/design.md §5.6)");
   } else if (report.outcome() == CHECKSUM_MISMATCH) {
     end.outcome = CHECKSUM_MISMATCH;
     end.why = absl::StrCat("DATA_LOSS: ", report.detail(), "; falling back to RESTART_FROM_CENTER");
@@ -59,7 +59,7 @@ Membership::ReplayEnd EndOfFailedTask(const JobConfig& job, const ReportRecovery
   return end;
 }
 
-// Policy REPLAY (DESIGN §5.3); also a GLOBAL_CHECKPOINT job's until EnableGlobalCheckpoint.
+// Policy REPLAY (docs/design.md §5.3); also a GLOBAL_CHECKPOINT job's until EnableGlobalCheckpoint.
 class ReplayPolicy : public RecoveryPolicy {
  public:
   ReplayPolicy(const RecoveryUnits& units, RecoveryCoordinator* coordinator)
@@ -181,7 +181,7 @@ class ReplayPolicy : public RecoveryPolicy {
 
   void OnRecovered(const ReportRecoveryRequest& report,
                    const RegisterResponse& takeover) override {
-    // A replay charges nobody (DESIGN §4.5): it rebuilt the state the slot would have had; the
+    // A replay charges nobody (docs/design.md §4.5): it rebuilt the state the slot would have had; the
     // lost trainer was charged when it was declared failed. The new owner brings its own score.
     u_.tracker->SetOwner(takeover.slot(), u_.membership->NameOf(takeover.incarnation()));
     LOG(WARNING) << "slot " << SlotName(takeover.slot()) << " rebuilt by replay of "
@@ -213,7 +213,7 @@ class ReplayPolicy : public RecoveryPolicy {
   }
 };
 
-// Policy RESTART_FROM_CENTER (DESIGN §5.1): Membership hands a LOST slot to a spare's heartbeat;
+// Policy RESTART_FROM_CENTER (docs/design.md §5.1): Membership hands a LOST slot to a spare's heartbeat;
 // there are no tasks to assemble or finish (RecoveryCoordinator::ClaimReplay never claims one).
 class RestartFromCenterPolicy : public ReplayPolicy {
  public:
@@ -221,7 +221,7 @@ class RestartFromCenterPolicy : public ReplayPolicy {
   rebound::RecoveryPolicy kind() const override { return RESTART_FROM_CENTER; }
 };
 
-// Policy GLOBAL_CHECKPOINT (DESIGN §5.4): the barrier of every cut, the rollback, and restore
+// Policy GLOBAL_CHECKPOINT (docs/design.md §5.4): the barrier of every cut, the rollback, and restore
 // tasks.
 class GlobalCheckpointPolicy : public RecoveryPolicy {
  public:
@@ -270,7 +270,7 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
   }
 
   void OnRecovered(const ReportRecoveryRequest&, const RegisterResponse& takeover) override {
-    // A restore charges nobody (DESIGN §4.5, docs/weighting.md): the trainer that was lost was
+    // A restore charges nobody (docs/design.md §4.5, docs/weighting.md): the trainer that was lost was
     // charged when it was declared failed, and the rollback restores every slot to a state that
     // every live trainer's center agrees with. The restoring spare brings its own score.
     u_.tracker->SetOwner(takeover.slot(), u_.membership->NameOf(takeover.incarnation()));

@@ -1,7 +1,7 @@
 #pragma once
 
 // RecoveryCoordinator: what the server does to bring a slot whose trainer was lost back
-// (DESIGN.md §2, §5.3, §5.4), behind one RecoveryPolicy per job:
+// (docs/design.md §2, §5.3, §5.4), behind one RecoveryPolicy per job:
 //
 //   * ReplayPolicy (policy REPLAY, the default): a spare that asks for work (WaitForTask) claims
 //     a LOST slot, or a share of a task whose leader picked it; the coordinator assembles its
@@ -142,7 +142,7 @@ class RecoveryPolicy {
   // replay (a pipeline stage: restarted from the center it would not match its neighbours).
   virtual Membership::ReplayEnd EndOf(const ReportRecoveryRequest& report) const = 0;
 
-  // The slot of `takeover` was taken over after `report`: charges it (DESIGN §4.5) and logs it.
+  // The slot of `takeover` was taken over after `report`: charges it (docs/design.md §4.5) and logs it.
   virtual void OnRecovered(const ReportRecoveryRequest& report,
                            const RegisterResponse& takeover) = 0;
 
@@ -191,7 +191,7 @@ class RecoveryCoordinator : private RecoveryObserver {
   absl::StatusOr<SlotId> TaskSlot(uint64_t task_id, uint64_t incarnation) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The replay tasks (policy REPLAY, DESIGN §5.3, and GLOBAL_CHECKPOINT's restores), which
+  // The replay tasks (policy REPLAY, docs/design.md §5.3, and GLOBAL_CHECKPOINT's restores), which
   // NextTask and Finish drive; public for tests.
   //
   // Waits up to `timeout` for work for the alive SPARE `incarnation` and claims it:

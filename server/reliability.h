@@ -1,6 +1,6 @@
 #pragma once
 
-// ReliabilityTracker: the per-trainer weights of DESIGN.md §4.5 (Rebound's own rule, inspired by
+// ReliabilityTracker: the per-trainer weights of docs/design.md §4.5 (Rebound's own rule, inspired by
 // Xu & Carr, 2024, whose exact formula is not public).
 //
 // At each sync of a trainer the tracker measures

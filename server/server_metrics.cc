@@ -137,7 +137,7 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
        "Syncs or pushes of the slot refused as its sender's fault (malformed, non-finite, or "
        "breaking the center's integrity) since the server started.",
        [](const SlotStatus& x) { return static_cast<double>(x.refused_updates()); }},
-      {"rebound_slot_weight", "The slot's reliability weight (DESIGN §4.5).",
+      {"rebound_slot_weight", "The slot's reliability weight (docs/design.md §4.5).",
        [](const SlotStatus& x) { return x.weight().weight(); }},
       {"rebound_slot_staleness", "Weight input: normalized staleness at the last update.",
        [](const SlotStatus& x) { return x.weight().staleness(); }},
@@ -180,7 +180,7 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
     score = std::max(score, worker.fault_score());
   }
   w->Family("rebound_worker_fault_score",
-            "The decaying fault score of each worker name (DESIGN §4.5: it follows the worker "
+            "The decaying fault score of each worker name (docs/design.md §4.5: it follows the worker "
             "across incarnations and slots), for alive workers and names with a nonzero score.",
             "gauge");
   for (const auto& [name, score] : fault_scores) {

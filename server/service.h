@@ -13,7 +13,7 @@
 //                                               an operator (server/export_center.cc)
 //   Backup                                   -> the DurableStore's checkpoint, streamed
 //                                               (server/backup.cc, checkpoint_transfer.h)
-//   AuthorizeRange, CommitSync               -> a sharded job's group 0 (DESIGN.md §10.2): the
+//   AuthorizeRange, CommitSync               -> a sharded job's group 0 (docs/design.md §10.2): the
 //                                               range groups' authorizations and the syncs'
 //                                               commits (SlotBooks, ReliabilityTracker,
 //                                               LogRetention), docs/sharding.md
@@ -108,7 +108,7 @@ class ParameterServerService final : public ParameterServer::Service {
   // MarkReady; unset for a single server.
   void SetGroupStatus(std::function<void(GroupStatus*)> fill) { group_status_ = std::move(fill); }
 
-  // A sharded job's server (DESIGN.md §10.2): fills GetStatusResponse.sharding. Set before
+  // A sharded job's server (docs/design.md §10.2): fills GetStatusResponse.sharding. Set before
   // MarkReady.
   void SetShardingStatus(std::function<void(ShardingStatus*)> fill) {
     sharding_status_ = std::move(fill);
@@ -144,7 +144,7 @@ class ParameterServerService final : public ParameterServer::Service {
   // and RollbackRange (group 0's calls to the range groups).
   absl::Status CheckOperator(const grpc::ServerContext* context) const;
 
-  // A sharded job's group 0 (DESIGN.md §10.2, docs/sharding.md): whether a worker's call to a
+  // A sharded job's group 0 (docs/design.md §10.2, docs/sharding.md): whether a worker's call to a
   // range group may proceed (the call in `context` carries the worker's credential), and for
   // RANGE_SYNC the sync's weight, decided when the slot's previous sync was committed. The
   // credential (UNAUTHENTICATED), a live incarnation (ABORTED / FAILED_PRECONDITION), for a sync
@@ -233,7 +233,7 @@ class ParameterServerService final : public ParameterServer::Service {
   // ... (r of the bound)", for the log line of a finished slot.
   std::string IntegritySummary(int stage) const;
   WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
-  // Registration's model check (DESIGN.md §11): a declared-model job's first declaration is
+  // Registration's model check (docs/design.md §11): a declared-model job's first declaration is
   // made durable (the center at version 0) and fixes the layout; every other declaration must
   // match the job's layout (CenterTable::CheckModel). FAILED_PRECONDITION for a registration
   // without a model in a declared-model job and for a differing one; INVALID_ARGUMENT for a

@@ -38,7 +38,7 @@ struct SlotBook {
   int64_t log_floor = 0;
   int64_t update_count = 0;
   uint64_t applied_sequence = 0;
-  // A sharded job (DESIGN.md §10.2): the weight of the slot's next sync, decided when group 0
+  // A sharded job (docs/design.md §10.2): the weight of the slot's next sync, decided when group 0
   // committed its previous one (1 before the first).
   double next_weight = 1.0;
 };
@@ -76,7 +76,7 @@ class SlotBooks {
   // The newest last applied step over every slot (0 when none has a book).
   int64_t NewestUpdateStep() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Pipelines (DESIGN §5.2): the oldest last-sync step over the recovery group of `slot`, with
+  // Pipelines (docs/design.md §5.2): the oldest last-sync step over the recovery group of `slot`, with
   // the slot's own taken as `own_step` (< 0: its book's). A group rebuild replays from there, so
   // the group's logs are kept back to it. The slot's own step when it is alone in its group.
   int64_t GroupFloor(const SlotId& slot, int64_t own_step) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -182,7 +182,7 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
 SlotId StepLogService::WriterOf(const LogRecord& record) {
   SlotId writer = Normalized(record.slot());
   if (record.boundaries_size() > 0) {
-    // Sender-side logging (DESIGN §5.2): a boundary record is written by the stage that sent it.
+    // Sender-side logging (docs/design.md §5.2): a boundary record is written by the stage that sent it.
     writer.set_stage(record.boundaries(0).direction() == FORWARD ? writer.stage() - 1
                                                                  : writer.stage() + 1);
   }

@@ -1,6 +1,6 @@
 #pragma once
 
-// StepLogService: the server's side of the step log (DESIGN.md §5.2, §5.3): it stores the log
+// StepLogService: the server's side of the step log (docs/design.md §5.2, §5.3): it stores the log
 // records that senders stream over AppendLog, serves them back to spares over ReadLog, and tells
 // the recovery coordinator up to which step a slot's log is complete (t_f).
 //
@@ -115,7 +115,7 @@ class StepLogService {
   grpc::Status HandleReadLog(grpc::ServerContext* context, const ReadLogRequest& request,
                              const SlotId& slot, grpc::ServerWriterInterface<LogRecord>* writer);
 
-  // t_f of DESIGN.md §5.3: the highest step t > after_step such that every step in
+  // t_f of docs/design.md §5.3: the highest step t > after_step such that every step in
   // (after_step, t] has what a replay of the slot's recovery group [first, end) (common/config.h
   // RecoveryGroup; the slot alone when the boundaries around it are logged) reads: the slot's
   // per-step record (micro_batch = -1, with params_checksum) and, per micro-batch, stage 0's own

@@ -76,7 +76,7 @@ void AddSyncToBatch(const compute::StageLayout& layout, const SlotId& slot,
   snapshot.set_data_offset(request.data_offset());
   batch->PutSnapshot(snapshot, std::move(data));
   batch->PutWeight(weight);
-  // The new snapshot makes the slot's older step-log records useless (DESIGN §5.2 GC).
+  // The new snapshot makes the slot's older step-log records useless (docs/design.md §5.2 GC).
   batch->DeleteLogRange(slot, log_gc_from,
                         (log_gc_step < 0 ? request.step() : log_gc_step) + 1);
 }

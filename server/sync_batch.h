@@ -1,6 +1,6 @@
 #pragma once
 
-// The durable record of one EASGD sync (DESIGN.md §4.4, §5.2, §6), as one write batch: the
+// The durable record of one EASGD sync (docs/design.md §4.4, §5.2, §6), as one write batch: the
 // stage's new center, the slot's snapshot (its post-sync parameters and the optimizer state the
 // worker sent), the slot's weight record, and the GC of the step log the snapshot covers.
 //
@@ -35,7 +35,7 @@ void AddCenterAndOptToBatch(const compute::StageLayout& layout, int stage, int64
 // valid and unchanged until the batch's last Commit returns. `slot` is the normalized slot of
 // the request; `center` the stage's center after the move, at `version`. The GC deletes the
 // slot's step log through `log_gc_step` (-1: the request's step; a pipeline slot in a recovery
-// group of several stages keeps its log back to the group's oldest snapshot, DESIGN §5.2),
+// group of several stages keeps its log back to the group's oldest snapshot, docs/design.md §5.2),
 // from `log_gc_from` on: the slot's previous floor, below which an earlier sync deleted the log
 // already (a range from step 0 at every sync would pile up overlapping range deletions, which
 // RocksDB replays ever more slowly when it opens the store).

@@ -1,6 +1,6 @@
 #pragma once
 
-// DurableStore: the parameter server's durable state in RocksDB (DESIGN.md §5.2, §5.5, §6).
+// DurableStore: the parameter server's durable state in RocksDB (docs/design.md §5.2, §5.5, §6).
 //
 // What it holds, one column family each (key layout: storage/keys.h):
 //
@@ -41,7 +41,7 @@
 // RocksDB lacks the codec, Open logs a warning and uses the other of ZSTD/LZ4, else none.
 // The other families use RocksDB's default compression (Snappy when available).
 //
-// Error codes (absl::StatusCode), by the retry rule of DESIGN.md §5.1:
+// Error codes (absl::StatusCode), by the retry rule of docs/design.md §5.1:
 //   INVALID_ARGUMENT     a record lacks a key field or has a negative one (rejected at the
 //                        WriteBatch, so nothing of that batch is written); a negative slot in
 //                        ReadLog / ReadSnapshot.
@@ -71,9 +71,9 @@
 // Durability: Commit returns OK only after RocksDB has applied the batch and written it to its
 // write-ahead log; with `fsync` the WAL and the batch's tensor files are also synced (fdatasync)
 // before Commit returns, so the batch survives power loss; without it, it survives a process
-// crash (DESIGN.md §5.5).
+// crash (docs/design.md §5.5).
 //
-// Replicated commits (DESIGN.md §10.1, docs/storage.md "Replicated commits"). With
+// Replicated commits (docs/design.md §10.1, docs/storage.md "Replicated commits"). With
 // DurableStoreOptions::replication_sink set (a leader), Commit numbers every non-empty batch:
 // under one mutex it takes the next sequence (1, 2, ... gap-free, continuing after a restart),
 // writes the batch plus the `meta` "replication" record (epoch, sequence) in the same RocksDB
@@ -156,7 +156,7 @@ struct DurableStoreOptions {
 // (replica, stage).
 using ReplicaStage = std::pair<int32_t, int32_t>;
 
-// Everything LoadAll returns: the server's state after a restart (DESIGN.md §5.5).
+// Everything LoadAll returns: the server's state after a restart (docs/design.md §5.5).
 struct LoadedState {
   std::map<int32_t, CenterRecord> centers;         // by stage
   std::map<int32_t, CenterOptRecord> center_opts;  // by stage
@@ -323,7 +323,7 @@ class DurableStore {
   // persists it.
   absl::Status SetEpoch(uint64_t epoch);
 
-  // Turns a standby's store into a leader's (a won election, DESIGN.md §10.1): from now on
+  // Turns a standby's store into a leader's (a won election, docs/design.md §10.1): from now on
   // every non-empty Commit is numbered in `epoch` and handed to `sink` as with
   // DurableStoreOptions::replication_sink; then, outside the store's locks, Commit calls
   // `barrier` with the commit's position and returns its status instead of OK (a leader waits

@@ -1,6 +1,6 @@
 #pragma once
 
-// The checksummed envelope around every value the DurableStore writes (DESIGN.md §6).
+// The checksummed envelope around every value the DurableStore writes (docs/design.md §6).
 //
 // | offset | bytes | field                                                     |
 // |--------|-------|-----------------------------------------------------------|

@@ -1,6 +1,6 @@
 #pragma once
 
-// Key layout of the DurableStore's RocksDB column families (DESIGN.md §6).
+// Key layout of the DurableStore's RocksDB column families (docs/design.md §6).
 //
 // Every integer in a key is fixed-width big-endian, so RocksDB's bytewise order is numeric
 // order and a slot's step-log records sort by (replica, stage, step, micro-batch).
@@ -26,7 +26,7 @@
 // slot's log keys share the 8-byte (replica, stage) prefix, so the records of steps [a, b) are
 // exactly the keys in [LogKey(r, s, a, -1), LogKey(r, s, b, -1)).
 //
-// A range group of a sharded job (DESIGN.md §10.2) keeps a slot's last two range snapshots,
+// A range group of a sharded job (docs/design.md §10.2) keeps a slot's last two range snapshots,
 // copy (sync number mod 2) 0 and 1, under the 9-byte snapshot keys; a server of an unsharded job
 // never writes them.
 //
@@ -78,7 +78,7 @@ struct LogKeyFields {
   int32_t stage = 0;
   int64_t step = 0;
   int32_t micro_batch = 0;  // -1 = the per-step record
-  // Who wrote the record (pipelines, DESIGN §5.2): 0 the slot itself (sample ids, checksum);
+  // Who wrote the record (pipelines, docs/design.md §5.2): 0 the slot itself (sample ids, checksum);
   // 1 (FORWARD) stage s-1 and 2 (BACKWARD) stage s+1, boundary tensors the slot received.
   int32_t part = 0;
 

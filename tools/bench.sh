@@ -8,7 +8,7 @@
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
 # failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
 # failover sharding server_capacity backup_overhead (about 80 minutes on 2 cores, weighting 18 of them,
-# convergence 13). soak (DESIGN.md §9's "server memory over a long run") runs only when --only
+# convergence 13). soak (docs/design.md §9's "server memory over a long run") runs only when --only
 # names it. sharding needs root (network namespaces and tbf); without it its row says failed.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
@@ -20,7 +20,7 @@
 # start, duration, exit code) to DIR/NAME.run. Each benchmark ends with
 # `RESULT NAME: key=value ...`; from it (and from weighting's verdict lines) bench.sh writes one
 # table row per benchmark: what it measures, the baseline and the result measured beside it, the
-# ratio, the target of DESIGN.md §9 and whether it was met, the exact command, the date and the
+# ratio, the target of docs/design.md §9 and whether it was met, the exact command, the date and the
 # machine. A benchmark that fails, times out or prints no RESULT line gets a row saying so, with
 # its exit code and log, and no figure (chaos exits 1 and soak 3 when they ran and missed their
 # target: those rows keep their figures).
@@ -57,7 +57,7 @@ readonly kKnown=("${kSuite[@]}" soak)
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
 readonly kTableHeader="| benchmark | what it measures | baseline | result | ratio | \
-target (DESIGN.md §9) | verdict | command | run |"
+target (docs/design.md §9) | verdict | command | run |"
 readonly kTableRule='|---|---|---|---|---|---|---|---|---|'
 readonly kLock=/tmp/rebound-bench.lock
 
@@ -82,7 +82,7 @@ declare -rA kWhat=(
   [server_capacity]="syncs/s one server group answers: synthetic trainers R = 1 to 64, centers of 1, 16 and 64 MiB, K = 1 and 2"
   [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup --backup_max_mb_s 4 runs back to back, against none; an export's time and size"
 )
-# The targets of DESIGN.md §9 (selective_logging and chaos have none there).
+# The targets of docs/design.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
   [compute]=">= 0.5x sgemm's FLOP rate"
   [transport]=">= 0.8x the echo's throughput"
@@ -91,7 +91,7 @@ declare -rA kTarget=(
   [recovery]=">= 1.6x faster than k = 1"
   [logging_overhead]=">= 0.95x logging off"
   [failures]=">= 1.2x faster than GLOBAL_CHECKPOINT, <= 1.10x the failure-free time"
-  [selective_logging]="none: a trade-off (DESIGN.md §5.2)"
+  [selective_logging]="none: a trade-off (docs/design.md §5.2)"
   [convergence]="DYNAMIC >= UNIFORM with a trainer killed; never > 0.5 pt worse otherwise (docs/convergence.md)"
   [chaos]="0 violations (docs/chaos.md; not in §9)"
   [soak]="flat: no growth with steps"
@@ -255,8 +255,8 @@ BEGIN {
   prefix = "RESULT " name ":"
 }
 index($0, prefix) == 1 { result = substr($0, length(prefix) + 1); have_result = 1 }
-# weighting: "verdict against DESIGN.md §9 (...):" then one indented line per scenario.
-/^verdict against DESIGN\.md/ { in_verdicts = 1; n_verdicts = 0; next }
+# weighting: "verdict against docs/design.md §9 (...):" then one indented line per scenario.
+/^verdict against docs\/design\.md/ { in_verdicts = 1; n_verdicts = 0; next }
 in_verdicts && /^  [^ ]/ { verdict_line[++n_verdicts] = $0; next }
 { in_verdicts = 0 }
 END {

@@ -2,14 +2,14 @@
 //
 //   reboundctl --server HOST:PORT[,HOST:PORT...] [--output table|json] [--timeout_ms N] COMMAND
 //
-// --server lists one server, or the members of a replicated group (DESIGN.md §10.1): the calls go
+// --server lists one server, or the members of a replicated group (docs/design.md §10.1): the calls go
 // to whichever member is the leader (common/server_addresses.h).
 //
 // Commands:
 //   health   prints the grpc.health.v1 status (SERVING, NOT_SERVING, ...)
 //   status   centers, last evaluation, slots (state, owner, step, weight and its inputs) and
 //            workers (role, state, incarnation, step, last heartbeat); for a sharded job
-//            (DESIGN.md §10.2) also K, this server's group and each stage's ranges, [begin, end)
+//            (docs/design.md §10.2) also K, this server's group and each stage's ranges, [begin, end)
 //            per group (this group's marked *)
 //   recoveries  every recovery: slot, policy, outcome, failed step, steps replayed, spares,
 //               phases (detection, snapshot transfer, replay, takeover), verified bit-identical
@@ -18,7 +18,7 @@
 //   watch    status, redrawn every --interval_ms until interrupted (or --count times)
 //   drain R,S  asks the trainer of slot (R, S) to leave after its next sync; a spare takes the
 //            slot over from that sync's snapshot, with nothing to replay
-//   group    a replicated server group (DESIGN.md §10.1): this member's role, the leader and
+//   group    a replicated server group (docs/design.md §10.1): this member's role, the leader and
 //            its epoch, the in-sync set recorded in etcd, each standby's acknowledged commit,
 //            lag and state; from the leader through --server (a list of the members' addresses
 //            reaches it), or with --peer HOST:PORT from any member's peer port (a standby says
@@ -182,7 +182,7 @@ std::string Ago(int64_t ms) {
 }
 
 void PrintWorkersTable(const GetStatusResponse& s, bool addresses) {
-  // FAULT: the decaying fault score of the worker's name (it follows the worker, DESIGN §4.5).
+  // FAULT: the decaying fault score of the worker's name (it follows the worker, docs/design.md §4.5).
   std::printf("%-22s %-24s %-10s %-11s %-8s %8s %6s %10s  %s\n", "INCARNATION", "NAME", "ROLE",
               "STATE", "SLOT", "STEP", "FAULT", "HEARTBEAT",
               addresses ? "PEER / METRICS / REASON" : "REASON");
@@ -333,7 +333,7 @@ void PrintJson(const google::protobuf::Message& message) {
   std::cout << json << "\n";
 }
 
-// The replicated group (DESIGN.md §10.1): from the leader's GetStatus, or with --peer from any
+// The replicated group (docs/design.md §10.1): from the leader's GetStatus, or with --peer from any
 // member's ServerPeer.GetGroup (a standby names the leader it follows).
 int Group(const std::shared_ptr<grpc::Channel>& channel, const SecurityConfig& security) {
   GroupStatus group;
@@ -433,7 +433,7 @@ absl::StatusOr<GetStatusResponse> FetchStatus(const std::shared_ptr<grpc::Channe
   return response;
 }
 
-// A sharded job's groups (DESIGN.md §10.2): the addresses from --server's reply, then one
+// A sharded job's groups (docs/design.md §10.2): the addresses from --server's reply, then one
 // GetStatus of each group, all at once (a group that does not answer costs --timeout_ms, not
 // --timeout_ms per group).
 int Shards(const std::shared_ptr<grpc::Channel>& channel, const SecurityConfig& security) {

@@ -1,6 +1,6 @@
 #pragma once
 
-// What the operator's tools print about a sharded center (DESIGN.md §10.2): the ranges of each
+// What the operator's tools print about a sharded center (docs/design.md §10.2): the ranges of each
 // stage and which group holds which (reboundctl status, rebound_launch --shard_groups), and one
 // row per shard group with its state (reboundctl shards).
 //

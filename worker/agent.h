@@ -52,7 +52,7 @@ struct Registration {
   SlotId slot;
   JobConfig job;
   int64_t start_step = 0;  // steps the slot has done (> 0 when taking over a lost slot)
-  // A sharded job (DESIGN.md §10.2): the K server groups' ranges (null for a job of one group).
+  // A sharded job (docs/design.md §10.2): the K server groups' ranges (null for a job of one group).
   std::shared_ptr<const RangeClient> ranges;
 };
 
@@ -108,7 +108,7 @@ class WorkerAgent {
   // becomes the slot's trainer under a new incarnation). Thread-safe.
   void Adopt(const RegisterResponse& granted);
 
-  // Pipelines (DESIGN §2). The neighbour of this trainer at `slot` as the server last described
+  // Pipelines (docs/design.md §2). The neighbour of this trainer at `slot` as the server last described
   // it (registration, takeover or heartbeat): its incarnation (0 while the slot has no owner)
   // and WorkerPeer address; nullopt if `slot` is not a neighbour. Thread-safe.
   std::optional<Neighbour> neighbour(const SlotId& slot) const;

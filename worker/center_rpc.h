@@ -1,6 +1,6 @@
 #pragma once
 
-// The trainer's and the evaluator's calls about the center (DESIGN.md §4.4, §4.6): PullCenter
+// The trainer's and the evaluator's calls about the center (docs/design.md §4.4, §4.6): PullCenter
 // reads a stage's center from the server under the worker's retry policy (worker/retry.h) and
 // checks its shape; RefusedUpdate turns the server's refusal of an update into the trainer's
 // end.

@@ -1,6 +1,6 @@
 #pragma once
 
-// The evaluator's loop (DESIGN.md §4.4): every eval_every_ms it pulls the center of every stage,
+// The evaluator's loop (docs/design.md §4.4): every eval_every_ms it pulls the center of every stage,
 // and when any stage's center version changed, measures the whole model's test loss and accuracy
 // on the data set's test split and reports them (ReportEval; status shows them).
 //

@@ -30,7 +30,7 @@ struct InjectedFaults {
   // g and D element); the server must refuse it, and the trainer then exits.
   int64_t poison_from_step = 0;
   float poison_value = 3.4e38f;
-  // Non-zero, a sharded job (DESIGN.md §10.2): the sync of this step goes to ranges
+  // Non-zero, a sharded job (docs/design.md §10.2): the sync of this step goes to ranges
   // [0, die_in_sync_ranges) only, then the trainer kills itself (SIGKILL) before it commits:
   // a trainer that died between its ranges.
   int64_t die_in_sync_at_step = 0;

@@ -1,6 +1,6 @@
 #pragma once
 
-// PartialSumExchange: the per-step all-gather of a parallel replay (DESIGN.md §5.3), from one
+// PartialSumExchange: the per-step all-gather of a parallel replay (docs/design.md §5.3), from one
 // spare's side. Each of a task's k spares computes the sums of its tree-aligned block of a
 // step's micro-batches; Publish writes them where the other spares will read them (this spare's
 // shared-memory region, worker/shared_sums.h, and/or the message inline), SendToOthers sends the

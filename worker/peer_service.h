@@ -1,6 +1,6 @@
 #pragma once
 
-// WorkerPeerService: the WorkerPeer gRPC service of a worker (DESIGN.md §5.3, docs/protocol.md).
+// WorkerPeerService: the WorkerPeer gRPC service of a worker (docs/design.md §5.3, docs/protocol.md).
 // Parallel replay's partial sums go to the ReplayMailbox (worker/replay_mailbox.h), pipeline
 // boundary tensors to the PipelinePort (worker/pipeline_port.h), FlushLog to the port's flush
 // (the trainer's step log).

@@ -1,6 +1,6 @@
 #pragma once
 
-// One stage of a pipelined replica (topology.stages S > 1; DESIGN.md §2, §4.2, §5.2, §5.3;
+// One stage of a pipelined replica (topology.stages S > 1; docs/design.md §2, §4.2, §5.2, §5.3;
 // docs/protocol.md "Pipeline stages").
 //
 // Schedule (GPipe). Step t of stage s on the batch that every stage of the replica draws alike:

@@ -1,6 +1,6 @@
 #pragma once
 
-// The receiving end of a pipeline trainer's boundary exchange (DESIGN.md §2, §4.2): the
+// The receiving end of a pipeline trainer's boundary exchange (docs/design.md §2, §4.2): the
 // WorkerPeer service puts each SendBoundary message here, the trainer takes them by (direction,
 // step, micro-batch). docs/protocol.md "Pipeline stages" describes the exchange.
 //

@@ -1,6 +1,6 @@
 #pragma once
 
-// RangeClient: a worker's calls to the K server groups of a sharded job (DESIGN.md §10.2,
+// RangeClient: a worker's calls to the K server groups of a sharded job (docs/design.md §10.2,
 // docs/sharding.md). Range k of a stage (compute/shard_ranges.h) lives in group k; the client
 // holds one channel per group (a replicated group's entry lists its members: the channel follows
 // its leader) and talks to all K at once, one thread per group, each call under the worker's

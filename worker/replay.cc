@@ -21,7 +21,7 @@ namespace rebound::worker {
 namespace {
 
 // A sharded job's recovery task names its snapshots' steps; their tensors are the range groups'
-// (DESIGN.md §10.2). Fills every snapshot of the task at a step > 0 (step 0 is the model's
+// (docs/design.md §10.2). Fills every snapshot of the task at a step > 0 (step 0 is the model's
 // initialisation, which the replay builds itself).
 absl::Status FillRangeSnapshots(const Registration& registration, const absl::Notification& stop,
                                 RecoveryTask* task) {

@@ -1,6 +1,6 @@
 #pragma once
 
-// What a spare does (DESIGN.md §5.3, policy REPLAY): RunSpare long-polls the server for a replay
+// What a spare does (docs/design.md §5.3, policy REPLAY): RunSpare long-polls the server for a replay
 // task (WaitForTask), has the ReplayEngine (worker/replay_engine.h) rebuild the lost slot from its
 // snapshot and logged steps, and, as the task's leader (rank 0), reports the outcome
 // (ReportRecovery) and takes the slot over; the other spares of the task return to the pool. A

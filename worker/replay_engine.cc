@@ -178,7 +178,7 @@ struct ReplayEngine::TaskReplay {
   std::vector<compute::TreeNode> blocks;  // by rank
   compute::TreeNode root;
   compute::TreeNode mine;
-  // The replayed stages [first, end): the slot alone, or its recovery group (DESIGN §5.2).
+  // The replayed stages [first, end): the slot alone, or its recovery group (docs/design.md §5.2).
   bool grouped = false;
   int first = 0;
   int end = 0;
@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<ReplayEngine::TaskReplay>> ReplayEngine::Prepare(
   }
   r->root = compute::TreeNode{0, r->micro_batches};
   r->mine = r->blocks[r->rank];
-  // A stage in a recovery group of several is replayed with the whole group (DESIGN §5.2).
+  // A stage in a recovery group of several is replayed with the whole group (docs/design.md §5.2).
   r->grouped = task.group_snapshots_size() > 0;
   r->first = r->grouped ? task.group_first_stage() : slot.stage();
   r->end = r->grouped ? r->first + task.group_snapshots_size() : slot.stage() + 1;

@@ -1,6 +1,6 @@
 #pragma once
 
-// ReplayEngine: rebuilds a lost slot for one replay task (DESIGN.md §5.3, policy REPLAY; also a
+// ReplayEngine: rebuilds a lost slot for one replay task (docs/design.md §5.3, policy REPLAY; also a
 // GLOBAL_CHECKPOINT restore, which replays nothing): it loads the task's snapshot (or its
 // recovery group's), reads the logged steps (t0, tf] from the server (ReadLog), and replays them,
 // comparing every step's parameter checksum with the log.

@@ -1,6 +1,6 @@
 #pragma once
 
-// The worker-to-worker half of a parallel replay (DESIGN.md §5.3). k spares replay a lost slot
+// The worker-to-worker half of a parallel replay (docs/design.md §5.3). k spares replay a lost slot
 // together: each computes a tree-aligned block of every step's micro-batches and sends its
 // block's reduced sums to every other spare (PartialSum); each combines the k blocks along the
 // top of the reduction tree, in the same order, and applies the same AdaHessian step.

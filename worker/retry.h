@@ -1,6 +1,6 @@
 #pragma once
 
-// A worker's unary RPCs to the server under the one retry policy (common/retry.h, DESIGN.md
+// A worker's unary RPCs to the server under the one retry policy (common/retry.h, docs/design.md
 // §5.1): UNAVAILABLE and DEADLINE_EXCEEDED mean "try the same call again" after a capped,
 // jittered exponential backoff of backoff_initial_ms .. backoff_max_ms, until
 // give_up_after_ms pass without success or `stop` is notified. Each attempt gets a fresh

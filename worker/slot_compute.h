@@ -2,7 +2,7 @@
 
 // SlotCompute: the compute state of one slot's trainer (its data set, backend, model, optimizer
 // and data cursor), and DataSetCache, which hands a loaded data set from one role of the process
-// to the next (DESIGN.md §4.4, §5.3).
+// to the next (docs/design.md §4.4, §5.3).
 //
 // Thread-safety: a SlotCompute belongs to one thread at a time (the trainer's, or the replay's
 // that built it and hands it over). DataSetCache is thread-safe.

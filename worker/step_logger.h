@@ -1,6 +1,6 @@
 #pragma once
 
-// StepLogger: ships a sender's step-log records (DESIGN.md §5.2) to the server, asynchronously and
+// StepLogger: ships a sender's step-log records (docs/design.md §5.2) to the server, asynchronously and
 // off the training path, from a bounded buffer.
 //
 // Append() gives the record the next record_id (1, 2, ...) and this logger's incarnation as

@@ -1,6 +1,6 @@
 #pragma once
 
-// The work of a registered trainer (DESIGN.md §4.4, §4.6, §5.1): RunTrainer builds (or takes
+// The work of a registered trainer (docs/design.md §4.4, §4.6, §5.1): RunTrainer builds (or takes
 // over) the slot's compute state and trains it to max_steps in the job's mode:
 //
 // * EASGD (§4.4): worker/easgd_trainer.h.

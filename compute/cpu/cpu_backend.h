@@ -5,7 +5,7 @@
 // may wrap any host memory in a DSpan and pass it in.
 //
 // Threads. OpenBLAS's thread count is a process-wide setting: CreateCpuBackend fixes it to
-// `threads` with openblas_set_num_threads, and bit-exact replay (DESIGN.md §5.6) requires every
+// `threads` with openblas_set_num_threads, and bit-exact replay (docs/design.md §5.6) requires every
 // backend of the job to use the same value. Creating CPU backends with different thread counts in
 // one process changes it for all of them. The backend's own loops run on the calling thread.
 

@@ -497,7 +497,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "compute.cuda_device is %d but this machine has %d CUDA device(s)", device, count));
   }
-  // Deterministic cuBLAS workspaces (DESIGN.md §5.6); must be set before cuBLAS initialises.
+  // Deterministic cuBLAS workspaces (docs/design.md §5.6); must be set before cuBLAS initialises.
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   cudaDeviceProp prop;
   const cudaError_t perr = cudaGetDeviceProperties(&prop, device);

@@ -5,7 +5,7 @@
 // is incompatible otherwise); use CreateBackend() from compute/backend_factory.h rather than
 // this header.
 //
-// Determinism (DESIGN.md §5.6): CUBLAS_WORKSPACE_CONFIG is set to ":4096:8" unless the
+// Determinism (docs/design.md §5.6): CUBLAS_WORKSPACE_CONFIG is set to ":4096:8" unless the
 // environment already sets it, cuBLAS runs in CUBLAS_DEFAULT_MATH (full FP32, no TF32) with
 // atomics disallowed, and no kernel uses atomics: every reduction (column sums, the loss) runs in
 // a fixed order. The element kernels are compiled without FMA contraction, so the optimizer and

@@ -1,4 +1,4 @@
-"""xxHash64 checksums of parameters (DESIGN.md §5.2), equal to common/checksum.cc.
+"""xxHash64 checksums of parameters (docs/design.md §5.2), equal to common/checksum.cc.
 
 Contract:
   checksum_floats(data) == ChecksumFloats: XXH64 (seed 0) of the float32 values' little-endian

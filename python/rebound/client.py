@@ -30,7 +30,7 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 MAX_MESSAGE_BYTES = 268435456
 
 
-# What a channel to a replicated server group needs (common/server_addresses.h, DESIGN.md §10.1):
+# What a channel to a replicated server group needs (common/server_addresses.h, docs/design.md §10.1):
 # the first member that accepts, in the list's order (only the leader listens); reconnects within
 # a second; a connect timeout of 1 s (a member that accepts TCP but hangs costs ~1 s); keepalive
 # pings every second, also without calls, so a hung leader's connection is dropped in ~2 s.

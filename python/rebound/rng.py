@@ -1,4 +1,4 @@
-"""Philox4x32-10 and the counter-based RNG of DESIGN.md §4.2, bit-identical to common/philox.h
+"""Philox4x32-10 and the counter-based RNG of docs/design.md §4.2, bit-identical to common/philox.h
 and common/rng.h.
 
 Contract: every draw is a pure function of (seed, replica, step, tensor_id, purpose, index), the

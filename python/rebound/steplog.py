@@ -1,4 +1,4 @@
-"""Sender-side step logging of a Python trainer (DESIGN.md §5.2): records are appended without
+"""Sender-side step logging of a Python trainer (docs/design.md §5.2): records are appended without
 waiting for the network; a background thread ships what gathered every ``linger_ms`` as one
 AppendLog batch and drops what the server acknowledged (``acked_through``); unacknowledged
 records are sent again after an error. The buffer is bounded by ``buffer_bytes``: ``append``
@@ -25,7 +25,7 @@ _Exit = rclient.WorkerExit
 
 
 class StepLog:
-    """Sender-side step logging (DESIGN §5.2): append() never blocks on the network; a thread
+    """Sender-side step logging (docs/design.md §5.2): append() never blocks on the network; a thread
     ships what gathered every linger_ms as one AppendLog batch and drops what the server
     acknowledged. The buffer is bounded (step_log.buffer_bytes): append() waits for room, up to
     give_up_after_s."""

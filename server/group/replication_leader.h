@@ -1,6 +1,6 @@
 #pragma once
 
-// ReplicationLeader: the leader's half of a replicated server group (DESIGN.md §10.1,
+// ReplicationLeader: the leader's half of a replicated server group (docs/design.md §10.1,
 // docs/coordination.md "Replication").
 //
 // The leader's DurableStore hands every commit to Append (its replication sink) in commit order;

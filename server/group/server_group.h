@@ -1,6 +1,6 @@
 #pragma once
 
-// ServerGroup: a server's membership in its replicated group, through etcd (DESIGN.md §10.1,
+// ServerGroup: a server's membership in its replicated group, through etcd (docs/design.md §10.1,
 // docs/coordination.md "The group's keys and roles").
 //
 // Keys, under /rebound/<job_id>/<group>/:

@@ -1,6 +1,6 @@
 #pragma once
 
-// Standby: a replicated group's follower (DESIGN.md §10.1, docs/coordination.md). It owns the
+// Standby: a replicated group's follower (docs/design.md §10.1, docs/coordination.md). It owns the
 // server's DurableStore while the server does not lead, and keeps it a copy of the leader's:
 // Follow opens the leader's ServerPeer.Replicate stream from the store's last applied commit,
 // applies every commit in order (DurableStore::ApplyReplicated: durable before it is

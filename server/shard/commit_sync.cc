@@ -1,4 +1,4 @@
-// ParameterServerService's calls of a sharded job's group 0 (DESIGN.md §10.2, docs/sharding.md):
+// ParameterServerService's calls of a sharded job's group 0 (docs/design.md §10.2, docs/sharding.md):
 // the range groups' authorizations and the trainers' sync commits.
 
 #include <glog/logging.h>

@@ -1,7 +1,7 @@
 #pragma once
 
 // RangeCheck: how a sharded job's group 0 makes sure, before it commits a slot's sync of step t
-// (ParameterServer.CommitSync), that every range holds that sync (DESIGN.md §10.2,
+// (ParameterServer.CommitSync), that every range holds that sync (docs/design.md §10.2,
 // docs/sharding.md). A trainer commits only after every range answered it; a commit without
 // them (a buggy or hostile client) would leave group 0's committed step ahead of a range, and a
 // later recovery without that range's snapshot. Range 0 is checked in process; the others are

@@ -1,7 +1,7 @@
 #pragma once
 
 // RangeExport: how a sharded job's group 0 reads every range of a stage for ExportCenter
-// (DESIGN.md §10.2, docs/sharding.md#exporting-the-center; server/center_export.h joins them).
+// (docs/design.md §10.2, docs/sharding.md#exporting-the-center; server/center_export.h joins them).
 // Range 0 is read in process, the others at once by CenterRange.ExportRange, one channel per
 // group (a replicated group's entry lists its members: the channel follows its leader).
 //

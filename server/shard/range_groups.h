@@ -1,6 +1,6 @@
 #pragma once
 
-// Group 0's calls to the range groups 1..K-1 of a sharded job (DESIGN.md §10.2): one channel
+// Group 0's calls to the range groups 1..K-1 of a sharded job (docs/design.md §10.2): one channel
 // each (a replicated group's entry lists its members: the channel follows its leader), and one
 // way to call them all at once.
 //

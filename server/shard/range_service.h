@@ -1,6 +1,6 @@
 #pragma once
 
-// RangeService: the CenterRange service of one server group of a sharded job (DESIGN.md §10.2,
+// RangeService: the CenterRange service of one server group of a sharded job (docs/design.md §10.2,
 // docs/sharding.md): the group's range k of every stage's center, and each slot's snapshots of
 // that range.
 //

@@ -1,7 +1,7 @@
 #pragma once
 
 // RemoteAuthorizer: how a sharded job's range group (group > 0) asks group 0 whether a worker's
-// call may proceed (ParameterServer.AuthorizeRange, DESIGN.md §10.2, docs/sharding.md). The
+// call may proceed (ParameterServer.AuthorizeRange, docs/design.md §10.2, docs/sharding.md). The
 // worker's credential travels from the worker's call to group 0 unchanged; the range group never
 // learns more than group 0's answer.
 //

@@ -5,11 +5,11 @@
 // real AdaHessian steps (§4.3, Hutchinson D every step) on its own worker::ShardSampler shard of
 // Fashion-MNIST; the EASGD center is a server::CenterTable updated by its ElasticSync (the server's
 // code: c <- c + alpha w (x - c), the worker's x <- x - alpha (x - c_before)), alpha =
-// EffectiveMovingRate = 0.9 / R; the weights come from a server::ReliabilityTracker (DESIGN §4.5)
+// EffectiveMovingRate = 0.9 / R; the weights come from a server::ReliabilityTracker (docs/design.md §4.5)
 // fed exactly as the server feeds it (OnSync inside the weight function; trainer r is the worker
 // named WorkerName(r), its slot's owner (SetOwner); OnFault(name) + SetLive(false) on a failure;
 // SetOwner + SetLive(true) and no charge when it comes back, re-registered under the same name,
-// which carries its score, DESIGN §4.5), with the simulated clock; test accuracy is
+// which carries its score, docs/design.md §4.5), with the simulated clock; test accuracy is
 // LocalTrainer::Evaluate of the center on the Fashion-MNIST test set.
 // What is simulated: time. A step costs --step_ms (nominal) times a per-step jitter in
 // [0.9, 1.1] drawn from (seed, trainer, step), times --straggler_factor for the straggler; a sync

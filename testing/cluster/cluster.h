@@ -87,7 +87,7 @@ struct ClusterOptions {
   // across its restarts, so that its traffic can be cut (firewall->CutFromPorts, Isolate).
   // Borrowed: must outlive the Cluster.
   ProcessFirewall* firewall = nullptr;
-  // A replicated server group (DESIGN.md §10.1) instead of one server: 1 + `standbys` members
+  // A replicated server group (docs/design.md §10.1) instead of one server: 1 + `standbys` members
   // server-0, server-1, ..., each with a fixed port, its own config (server-<i>.pbtxt: the
   // given server config plus the replication block and durability.data_dir <dir>/server-<i>),
   // log (server-<i>.log) and port files, coordinated by an etcd cluster of `etcd_members`
@@ -99,7 +99,7 @@ struct ClusterOptions {
   int etcd_members = 3;
   int leader_lease_ms = 2000;
   bool replication_sync = true;
-  // The center sharded across `shard_groups` server groups (DESIGN.md §10.2, docs/sharding.md):
+  // The center sharded across `shard_groups` server groups (docs/design.md §10.2, docs/sharding.md):
   // K > 1 starts K groups, each a single server or (standbys > 0) a replicated group of
   // 1 + standbys members sharing one etcd cluster; the job's sharding.groups is set to K and
   // every member's config gets its shard block (its group, every group's addresses). Members

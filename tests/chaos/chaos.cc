@@ -668,7 +668,7 @@ void ChaosRun::OnNewLeader(int member, const GetStatusResponse& status) {
     }
     Violation(absl::StrCat("the leader", of_group, " changed (epoch ", previous, " -> ",
                            group.epoch, ", now ", name, ") while ", *etcd_member_fault_,
-                           ": a group survives the loss of one etcd member of three (DESIGN.md "
+                           ": a group survives the loss of one etcd member of three (docs/design.md "
                            "§10.1); the deposed leader ",
                            old_leader >= 0 ? members_[old_leader].name : std::string("?"),
                            "'s log about its lease:\n", evidence));

@@ -2,7 +2,7 @@
 
 // Seeded chaos runs (issue R7): a real Rebound job on this machine (rebound_server and
 // rebound_worker processes; the server durable, in a data directory of the run) under a seeded
-// random schedule of faults, then checked against what Rebound promises (DESIGN.md §5).
+// random schedule of faults, then checked against what Rebound promises (docs/design.md §5).
 //
 // What a run injects (FaultKind), each at a point of the job's progress drawn from the seed:
 //   * SIGKILL of a trainer, a spare or the evaluator; SIGSTOP of one, SIGCONT after a drawn
@@ -15,7 +15,7 @@
 //     spare runs in a namespace of its own and a trainer's link can be cut (partition) or
 //     slowed (tbf throttle; netem delay and loss where the kernel has netem). Where not, the
 //     run says so and leaves those kinds out of the schedule.
-//   * in group mode (ChaosOptions::standbys > 0: a replicated server group of DESIGN.md §10.1,
+//   * in group mode (ChaosOptions::standbys > 0: a replicated server group of docs/design.md §10.1,
 //     started by testing/cluster's Cluster: members server-0, server-1, ... with fixed ports and
 //     data directories of their own, etcd of ChaosOptions::etcd_members real members), the
 //     server kinds are the group's instead (kill_server and stop_server are left out):
@@ -35,7 +35,7 @@
 //     degraded is the loss window the product states, not a bug). Workers get every member's
 //     address and follow the leader.
 //   * in sharded mode (ChaosOptions::shard_groups = K > 1: the center split across K server
-//     groups, DESIGN.md §10.2, docs/sharding.md; testing/cluster's Cluster starts them, member
+//     groups, docs/design.md §10.2, docs/sharding.md; testing/cluster's Cluster starts them, member
 //     g * (1 + standbys) + i named g<g>-server-<i>), composable with group mode: kill_server and
 //     stop_server act on a drawn group's server (standbys = 0), the group kinds on a drawn
 //     group's leader or standby (standbys > 0; etcd, shared by the groups, is lost for all of
@@ -83,7 +83,7 @@
 //     each leader change (as across a server restart);
 //   * against a fault-free run of the same job (RunReport* reference): the final center's test
 //     accuracy (computed as the evaluator does) within 1 point; with DETERMINISTIC scheduling
-//     and UNIFORM weights (the default) the final center bit-identical (DESIGN.md §5.6).
+//     and UNIFORM weights (the default) the final center bit-identical (docs/design.md §5.6).
 //   * in sharded mode, besides (each per group, read as "the leader of the moment" of group g
 //     with standbys): exactly once per range: every group's center version (its GetStatus, its
 //     PullRange, and its store read back after it stopped) is slots x syncs, and each store holds

@@ -10,7 +10,7 @@
 //
 // The cases tagged [group] (//tests/chaos:chaos_group_test runs them, //tests/chaos:chaos_test
 // the others) run the same job on a replicated server group (a leader, a standby, etcd of 3
-// members; DESIGN.md §10.1): a fault-free group run, then two fixed seeds (one per case, the
+// members; docs/design.md §10.1): a fault-free group run, then two fixed seeds (one per case, the
 // second tagged [full]: chaos_group_test_full, tools/test.sh --full) whose schedules hold,
 // between them, every group fault kind (the leader SIGKILLed, its disk lost, the leader
 // SIGSTOPped past its lease, one etcd member lost, every etcd member lost, a standby's disk
@@ -19,7 +19,7 @@
 // center bit for bit.
 //
 // The case tagged [sharded] (//tests/chaos:chaos_sharded_test runs it) runs the job with its
-// center sharded across 2 server groups of one server each (DESIGN.md §10.2, docs/sharding.md)
+// center sharded across 2 server groups of one server each (docs/design.md §10.2, docs/sharding.md)
 // under a fixed seed whose schedule holds a trainer that dies between its ranges (after range
 // 0, before range 1 and the commit), a range group's server SIGKILLed and restarted, and a
 // trainer kill; it must apply every sync once in every range (status, PullRange and each group's

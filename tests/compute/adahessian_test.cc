@@ -1,4 +1,4 @@
-// AdaHessian (DESIGN.md §4.3), the server's weighted apply (§4.6) and the elastic kernels
+// AdaHessian (docs/design.md §4.3), the server's weighted apply (§4.6) and the elastic kernels
 // (§4.4) against values computed here, in double, from the formulas.
 
 #include "compute/adahessian.h"
@@ -45,7 +45,7 @@ void CheckClose(const std::vector<float>& got, const std::vector<double>& want, 
   }
 }
 
-TEST_CASE("AdaHessian steps match the formula of DESIGN 4.3 computed in double",
+TEST_CASE("AdaHessian steps match the formula of docs/design.md §4.3 computed in double",
           "[adahessian]") {
   struct Case {
     const char* name;
@@ -101,7 +101,7 @@ TEST_CASE("the first AdaHessian step with defaults moves each weight by about lr
   CHECK(v[1] == Approx(0.001 * 1.0).epsilon(1e-6));
 }
 
-TEST_CASE("the server's weighted apply matches DESIGN 4.6 and equals the local step at w = 1",
+TEST_CASE("the server's weighted apply matches docs/design.md §4.6 and equals the local step at w = 1",
           "[adahessian]") {
   AdaHessianConfig config;
   config.set_lr(0.1);

@@ -1,7 +1,7 @@
 #pragma once
 
 // An independent double-precision MLP for the compute tests: plain loops written from the
-// formulas of DESIGN.md §4.1, sharing no code with compute/mlp.cc. Parameters are in the packed
+// formulas of docs/design.md §4.1, sharing no code with compute/mlp.cc. Parameters are in the packed
 // layout of compute/model_layout.h (per layer: weight out x in row-major, then bias).
 
 #include <vector>

@@ -1,4 +1,4 @@
-// Mode ASYNC_ADAHESSIAN (DESIGN.md §4.6) end to end, against the real rebound_server and
+// Mode ASYNC_ADAHESSIAN (docs/design.md §4.6) end to end, against the real rebound_server and
 // rebound_worker binaries on loopback: trainers push the gradient and Hessian diagonal of every
 // step and pull the center every sync_period steps; the server applies each push exactly once,
 // also when a trainer is SIGKILLed mid-run and a spare takes its slot over; and the center learns

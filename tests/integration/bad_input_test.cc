@@ -220,7 +220,7 @@ TEST_CASE("a Sync with a wrong tensor count, id, dtype, shape or byte length is 
       c.damage(&request);
       CheckStatus(cluster.Sync(request), Code::INVALID_ARGUMENT, c.message);
       cluster.CheckUnchanged(before);
-      // The sender's fault score rose (DESIGN §4.5); the other slot's did not.
+      // The sender's fault score rose (docs/design.md §4.5); the other slot's did not.
       CHECK(cluster.FaultScore(0) > 0.4);
       CHECK(cluster.FaultScore(1) == 0.0);
       // A valid sync of either slot still goes through.

@@ -1,4 +1,4 @@
-// Policy GLOBAL_CHECKPOINT (docs/recovery.md, DESIGN.md §5.4) against the real rebound_server and
+// Policy GLOBAL_CHECKPOINT (docs/recovery.md, docs/design.md §5.4) against the real rebound_server and
 // rebound_worker binaries on loopback. Every K steps the trainers meet at a barrier and the
 // server checkpoints the center and every slot; a SIGKILLed trainer rolls every slot back: the
 // live trainer is fenced as ROLLED_BACK, registers again as a spare, and spares restore every

@@ -1,4 +1,4 @@
-// Fault scores follow workers, not slots (DESIGN.md §4.5, issue R11), on a real cluster: a
+// Fault scores follow workers, not slots (docs/design.md §4.5, issue R11), on a real cluster: a
 // trainer is SIGKILLed under policy REPLAY with DYNAMIC weights; the spare that rebuilds its slot
 // trains it at full weight (a verified replay charges nobody; the slot weighs its new owner's
 // score), while the killed worker's name carries the failure's score when it registers again.

@@ -1,4 +1,4 @@
-// A replicated server group (DESIGN.md §10.1) with real rebound_server members, real etcd
+// A replicated server group (docs/design.md §10.1) with real rebound_server members, real etcd
 // members and real rebound_worker trainers on loopback (testing/cluster with standbys): the
 // election and the standbys' view; a SIGKILLed leader, a lost disk, a SIGSTOPped leader and etcd
 // losing members, each during training, with the job then checked exactly: every slot applied

@@ -72,7 +72,7 @@ TEST_CASE("the server and the workers serve /metrics that agree with the server'
   CHECK(Sample(server, "rebound_center_version{stage=\"0\"}") >= status.centers(0).version());
   CHECK(Sample(server, "rebound_workers{role=\"TRAINER\",state=\"ALIVE\"}") == 2);
   CHECK(Sample(server, "rebound_workers{role=\"EVALUATOR\",state=\"ALIVE\"}") == 1);
-  // Fault scores by worker name (DESIGN §4.5): a sample per alive worker; nobody has failed.
+  // Fault scores by worker name (docs/design.md §4.5): a sample per alive worker; nobody has failed.
   CHECK(server.types.at("rebound_worker_fault_score") == "gauge");
   for (const char* name : {"a", "b", "e"}) {
     CHECK(Sample(server, absl::StrCat("rebound_worker_fault_score{worker=\"", name, "\"}")) ==

@@ -1,4 +1,4 @@
-// Pipelined replicas (topology.stages > 1; DESIGN.md §2, §5.2, §5.3; docs/protocol.md
+// Pipelined replicas (topology.stages > 1; docs/design.md §2, §5.2, §5.3; docs/protocol.md
 // "Pipeline stages") against the real rebound_server and rebound_worker binaries on loopback:
 // stages exchange boundary pairs over WorkerPeer, sync with their stage's center, and a stage
 // that is SIGKILLed is rebuilt by a spare from its snapshot and the boundary tensors its

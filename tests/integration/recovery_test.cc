@@ -1,4 +1,4 @@
-// Recovery under policy REPLAY (docs/recovery.md, DESIGN.md §5.2-§5.3) against the real
+// Recovery under policy REPLAY (docs/recovery.md, docs/design.md §5.2-§5.3) against the real
 // rebound_server and rebound_worker binaries on loopback: trainers are SIGKILLed, spares come
 // late, die during their replay or rebuild two slots at once, and every outcome is read from the
 // server's GetStatus; replays run with one spare and with two in parallel (one of them killed

@@ -1,4 +1,4 @@
-// The center sharded across K server groups (DESIGN.md §10.2, docs/sharding.md), with real
+// The center sharded across K server groups (docs/design.md §10.2, docs/sharding.md), with real
 // rebound_server groups and real rebound_worker trainers and spares on loopback
 // (testing/cluster with shard_groups): every range applies every sync exactly once, a trainer
 // killed between its ranges leaves nothing applied twice or lost, DETERMINISTIC runs end

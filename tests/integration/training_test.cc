@@ -308,7 +308,7 @@ TEST_CASE("an acknowledged sync survives a SIGKILL of the server, and so does th
   CHECK(server.Register("t1", TRAINER).incarnation() > trainer.incarnation());
 }
 
-// Fault scores follow workers (DESIGN §4.5, issue R11) and are persisted with the weights.
+// Fault scores follow workers (docs/design.md §4.5, issue R11) and are persisted with the weights.
 // A long half-life keeps the scores where they were across the restart, whatever the machine.
 const char kSlowDecay[] = "DYNAMIC fault_half_life_s: 36000";
 

@@ -1,4 +1,4 @@
-// Reliability weights as a user sees them in the launcher's --progress_csv (issue R11, DESIGN.md
+// Reliability weights as a user sees them in the launcher's --progress_csv (issue R11, docs/design.md
 // §4.5): a short launch of four trainers on the real rebound_launch, server and workers, one
 // trainer SIGKILLed and its slot rebuilt by a verified replay. The rebuilt slot is not charged
 // for its old owner's failure, so it trains at a weight of at least 0.9 within 5 s of its

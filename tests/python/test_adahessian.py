@@ -1,4 +1,4 @@
-"""rebound.torch.AdaHessian against a hand-computed AdaHessian step (DESIGN.md §4.3).
+"""rebound.torch.AdaHessian against a hand-computed AdaHessian step (docs/design.md §4.3).
 
 The reference is written out independently here in float64: the exact Hessian H of a tiny model's
 loss (torch.autograd.functional.hessian of a float64 function of the flat parameters), the

@@ -1,5 +1,5 @@
 """The Python client's server address: one host:port, or the members of a replicated group
-separated by commas (DESIGN.md §10.1, common/server_addresses.h). Parsing and the gRPC target
+separated by commas (docs/design.md §10.1, common/server_addresses.h). Parsing and the gRPC target
 as the C++ side makes them, and rebound.client.Connection over a list against real gRPC servers
 on loopback: it reaches the member that listens (only the leader does), and follows the leader
 to another member. Every wait bounded; every server started here is stopped."""

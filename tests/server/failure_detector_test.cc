@@ -70,7 +70,7 @@ TEST_CASE("a silent trainer is declared failed after failure_timeout, not before
   CHECK(passes == 40);
 
   // The next pass past the timeout declares a (and only a) failed: its slot is LOST and out of
-  // the weights' medians, and the fault is charged to the worker's name "a" (DESIGN §4.5).
+  // the weights' medians, and the fault is charged to the worker's name "a" (docs/design.md §4.5).
   f.clock.Advance(absl::Milliseconds(25));
   const std::vector<FailedWorker> failed = detector.CheckOnce();
   REQUIRE(failed.size() == 1);

@@ -151,7 +151,7 @@ TEST_CASE("REPLAY: a spare gets a replay task for a lost slot and must prove its
   CHECK(StateOf(*u.membership, 0) == RECOVERING);
 
   // The proven report makes the spare the slot's trainer under a new incarnation. A verified
-  // replay charges nobody (DESIGN §4.5, issue R11): the slot now weighs its new owner's score,
+  // replay charges nobody (docs/design.md §4.5, issue R11): the slot now weighs its new owner's score,
   // and the lost trainer's own score (charged when it failed) is not raised again.
   u.tracker.SetOwner(t.slot(), "a");
   u.tracker.OnFault("a", u.clock.Now());
@@ -629,7 +629,7 @@ TEST_CASE("under GLOBAL_CHECKPOINT no spare restores a slot until the rollback i
   CHECK((**waited)->slot.replica() == 0);
   CHECK((**waited)->reached_step == 16);
 
-  // Slot 0 is restored, then slot 1 (a restore charges nobody since issue R11, DESIGN §4.5).
+  // Slot 0 is restored, then slot 1 (a restore charges nobody since issue R11, docs/design.md §4.5).
   ReportRecoveryRequest report;
   report.set_incarnation(spare->incarnation());
   report.set_task_id((**waited)->task_id);

@@ -223,7 +223,7 @@ TEST_CASE("the peer divergence median leaves the sender and dead trainers out") 
 }
 
 
-// Fault scores follow workers (DESIGN §4.5, issue R11).
+// Fault scores follow workers (docs/design.md §4.5, issue R11).
 
 TEST_CASE("a fault score follows the worker's name across slots, and a slot uses its owner's") {
   ReliabilityTracker tracker(Dynamic(), 2);

@@ -1,4 +1,4 @@
-// Recovery groups of a pipelined job (DESIGN §5.2-§5.3, docs/protocol.md "Pipeline stages"),
+// Recovery groups of a pipelined job (docs/design.md §5.2-§5.3, docs/protocol.md "Pipeline stages"),
 // against a real in-process ParameterServerService: an in-memory DurableStore, a Membership on a
 // fake clock, a CenterTable and a ReliabilityTracker, wired as server/main.cc wires them, with
 // the handlers called directly (as fuzz/service_fuzzer.cc does; no network).

@@ -670,7 +670,7 @@ TEST_CASE("ReadLog passes DATA_LOSS through, naming the damaged key") {
 
 // ---------------------------------------------------------------------------------------------
 // Pipelines: a 1 x 3 job. Stage s receives FORWARD pairs over boundary s from stage s-1 and
-// BACKWARD pairs over boundary s+1 from stage s+1; the sender of each logs it (DESIGN §5.2).
+// BACKWARD pairs over boundary s+1 from stage s+1; the sender of each logs it (docs/design.md §5.2).
 
 constexpr int kPipeMicroBatches = 2;
 constexpr int kPipeBatchSize = 8;

@@ -541,7 +541,7 @@ TEST_CASE("DeleteLogRange removes exactly the slot's records of the older steps"
   REQUIRE_OK(store->Commit(batch));
   REQUIRE_OK(store->Flush());  // half of the records in SST files, half in the memtable
 
-  // The GC of DESIGN.md §5.2: a new snapshot at step 16 and the older records, in one batch.
+  // The GC of docs/design.md §5.2: a new snapshot at step 16 and the older records, in one batch.
   batch.Clear();
   batch.PutSnapshot(MakeSnapshot(0, 1, 16));
   batch.DeleteLogRange(Slot(0, 1), 0, 17);

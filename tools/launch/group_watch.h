@@ -1,6 +1,6 @@
 #pragma once
 
-// What rebound_launch --standbys prints about its replicated server group (DESIGN.md §10.1),
+// What rebound_launch --standbys prints about its replicated server group (docs/design.md §10.1),
 // derived from successive GetStatus replies of whichever member leads (the launcher's channel
 // lists every member; only the leader serves it): who leads at which epoch, each standby's state
 // in the leader's view (catching up, in sync, dropped), and, once the launcher killed the

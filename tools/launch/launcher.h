@@ -1,6 +1,6 @@
 #pragma once
 
-// The local launcher (DESIGN.md §8): one rebound_server (or a replicated server group, or the
+// The local launcher (docs/design.md §8): one rebound_server (or a replicated server group, or the
 // shard groups of a sharded center) and the job's workers on this machine, started from one job file, watched with a progress line per
 // second, and stopped together.
 //
@@ -20,7 +20,7 @@
 // deregister), SIGKILL after 10 s; then the same for the server. A second SIGINT/SIGTERM while
 // stopping escalates to SIGKILL at once.
 //
-// With --standbys N (a replicated server group, DESIGN.md §10.1) Run() first starts
+// With --standbys N (a replicated server group, docs/design.md §10.1) Run() first starts
 // --etcd_members etcd members (testing/etcd's EtcdCluster: /usr/bin/etcd on free loopback ports,
 // at most 20 s), then members server-0..server-N, each on a fixed port (--port + i, or a free one)
 // with its data in <--data_dir>/server-<i> (kept: a later run resumes from it) or else in
@@ -35,7 +35,7 @@
 // acknowledged sync) and when the restarted member is back in sync (GroupWatch), and both again
 // at the end. Stopping: the workers, then every member, then etcd (its directory removed).
 //
-// With --shard_groups K > 1 (the center sharded across K server groups, DESIGN.md §10.2) Run()
+// With --shard_groups K > 1 (the center sharded across K server groups, docs/design.md §10.2) Run()
 // starts K groups instead: group g is one server, g<g>-server, or with --standbys N the
 // replicated group g<g>-server-0..N (etcd first, one cluster for every group, each group its own
 // replication.group "<g>"); every server has a fixed port (--port + its index, group by group,

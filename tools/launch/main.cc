@@ -1,4 +1,4 @@
-// rebound_launch: a whole Rebound job on this machine from one job file (DESIGN.md §8).
+// rebound_launch: a whole Rebound job on this machine from one job file (docs/design.md §8).
 //
 //   rebound_launch --job FILE [--data_dir DIR] [--port N] [--workdir DIR]
 //                  [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]

@@ -46,7 +46,7 @@ struct LaunchOptions {
   // --worker_command: run this command (split at spaces, no quoting) instead of rebound_worker,
   // with --server, --name and --role appended; e.g. a Python worker (docs/python.md).
   std::string worker_command;
-  // --standbys N: a replicated server group of 1 + N members instead of one server (DESIGN.md
+  // --standbys N: a replicated server group of 1 + N members instead of one server (docs/design.md
   // §10.1); 0 = one server, as without the flag.
   int standbys = 0;
   // --etcd_members M: the etcd members the launcher starts for a group (--standbys > 0).
@@ -54,7 +54,7 @@ struct LaunchOptions {
   // --kill_leader_at_step: SIGKILL the group's leader once the mean trainer step reaches this,
   // and start it again a few seconds later as a standby (--standbys > 0).
   std::optional<int64_t> kill_leader_at_step;
-  // --shard_groups K: the center sharded across K server groups (DESIGN.md §10.2), each one
+  // --shard_groups K: the center sharded across K server groups (docs/design.md §10.2), each one
   // server or, with --standbys, a replicated group; unset = the job's sharding.groups (1 unless
   // the job shards). See ShardGroups().
   std::optional<int> shard_groups;

@@ -3,7 +3,7 @@
 // A labelled image data set held in memory, and the assembly of a batch from sample ids.
 //
 // Sample ids are the indices 0..count-1 of the data set's samples. They are what the step log
-// stores (DESIGN.md §5.2), so a batch is always rebuilt from its ids: replaying a step calls
+// stores (docs/design.md §5.2), so a batch is always rebuilt from its ids: replaying a step calls
 // AssembleBatch with the logged ids and gets bit-identical inputs.
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-"""rebound.torch: train your own PyTorch model with Rebound (docs/python.md, DESIGN.md §11).
+"""rebound.torch: train your own PyTorch model with Rebound (docs/python.md, docs/design.md §11).
 
     import rebound.torch as rt
     spec = rt.Spec(model=make_model, optimizer=lambda params: rt.AdaHessian(params, lr=0.01),

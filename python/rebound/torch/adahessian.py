@@ -1,4 +1,4 @@
-"""rebound.torch.AdaHessian: the AdaHessian optimizer of DESIGN.md §4.3 as a torch.optim.Optimizer,
+"""rebound.torch.AdaHessian: the AdaHessian optimizer of docs/design.md §4.3 as a torch.optim.Optimizer,
 computing what the C++ engine computes for the same gradients and Hessian-vector products.
 
 How to drive it (one step = one call of step(), the global step t counts them, 1-based):

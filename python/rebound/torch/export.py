@@ -1,4 +1,4 @@
-"""The trained model in the user's hands (DESIGN.md §12, docs/python.md#the-trained-model).
+"""The trained model in the user's hands (docs/design.md §12, docs/python.md#the-trained-model).
 
     import rebound.torch as rt
     versions = rt.load_center("127.0.0.1:7070", model)      # the server's center, into model
