@@ -243,14 +243,23 @@ if [ "$tier" = full ]; then
     2>/dev/null)
   tsan_groups+=("${tsan_full[@]}")
 fi
-tsan_bazel=(bazel "--output_base=$(bazel info output_base 2>/dev/null)-tsan")
-tsan_flags=(--config=tsan --symlink_prefix=bazel-tsan-)
+tsan_base="$(bazel info output_base 2>/dev/null)-tsan"
+tsan_bazel=(bazel "--output_base=$tsan_base")
+# No convenience symlinks from that server (--symlink_prefix=/): Bazel would repoint bazel-out at
+# its output base and add bazel-tsan-<workspace>, a copy of the workspace that `//...` would walk
+# into. tools/test.sh links its logs as bazel-tsan-out after phase 3 (for tools/test_times.sh;
+# .bazelignore names it).
+tsan_flags=(--config=tsan --symlink_prefix=/)
 bg_log=$(mktemp)
 bg_status=$(mktemp)
 bg_pid=""
 if [ "${REBOUND_SANITIZERS:-1}" != "0" ]; then
   (
-    idle=(chrt --idle 0 nice -n 19 ionice -c 3)
+    # Each wrapper only where this machine accepts it (a container may refuse a policy): the
+    # build must not fail for want of a lower priority.
+    idle=(nice -n 19)
+    if chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0 "${idle[@]}"); fi
+    if ionice -c 3 true 2>/dev/null; then idle+=(ionice -c 3); fi
     # The server daemonizes into a session of its own, and with the kernel's autogroups (Debian's
     # default, /proc/sys/kernel/sched_autogroup_enabled) CPU time is shared between sessions
     # first: its compiles would take half the CPU whatever their own policy. Nice 19 on its
@@ -318,6 +327,7 @@ tsan_rc=0
 "${tsan_bazel[@]}" test "${tsan_flags[@]}" --test_summary=short "$@" -- "${tsan_groups[@]}" 2>&1 |
   tee "$tsan_log" || tsan_rc=$?
 read -r tsan_passed tsan_failed tsan_skipped < <(count "$tsan_log" "${tsan_groups[@]}")
+ln -sfn "$tsan_base/execroot/rebound/bazel-out" bazel-tsan-out
 if [ "$tsan_rc" -ne 0 ] || [ "$tsan_failed" -ne 0 ] || [ "$tsan_passed" -eq 0 ]; then ok=0; fi
 tsan_targets=$((tsan_passed + tsan_failed))
 
