@@ -31,6 +31,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -453,16 +454,22 @@ TEST_CASE("two trainers killed at once are rebuilt by two spares, one slot each"
   cluster.StartWorker("c", TRAINER);
   cluster.StartWorker("s1", SPARE);
   cluster.StartWorker("s2", SPARE);
-  cluster.WaitFor(
-      "b and c synced once",
-      [](const GetStatusResponse& s) {
-        return s.slots(1).snapshot_step() > 0 && s.slots(2).snapshot_step() > 0;
-      },
-      absl::Seconds(60), absl::Milliseconds(1));
+  // Each of b and c is frozen at its first sync until the other has synced too: neither can be
+  // rounds ahead when the kills begin (a trainer that started seconds before the other, on a busy
+  // machine, had finished its slot before its kill: exit 0, not 137).
+  for (const auto& [name, replica] : {std::pair<const char*, int>{"b", 1}, {"c", 2}}) {
+    cluster.WaitFor(
+        absl::StrCat(name, " synced once"),
+        [replica = replica](const GetStatusResponse& s) {
+          return s.slots(replica).snapshot_step() > 0;
+        },
+        absl::Seconds(60), absl::Milliseconds(1));
+    cluster.Signal(name, SIGSTOP);
+  }
   // b syncs and logs 30 steps while a and c are frozen, then c while a and b are; then both die
   // by one kill each, back to back.
   cluster.Signal("a", SIGSTOP);
-  cluster.Signal("c", SIGSTOP);
+  cluster.Signal("b", SIGCONT);
   // Each one's snapshot at its kill: frozen or dead mid-round, neither can sync again.
   int64_t t0[3] = {0, 0, 0};
   WaitForNextSync(cluster, 1);
