@@ -303,6 +303,48 @@ TEST_CASE("a worker re-registers when a restarted server no longer knows it") {
   CHECK_FALSE(delta->WaitFor(absl::ZeroDuration()).has_value());
 }
 
+// ---- exit codes 4 and 5 (docs/operations.md#worker-exit-codes) -------------------------------
+
+TEST_CASE("a worker exits 4 when no server answers for give_up_after_ms, and 5 when its "
+          "registration is refused") {
+  const std::string dir = MakeTempDir("exit-codes");
+  // A port nobody listens on: bound, then closed.
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(probe >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t length = sizeof(addr);
+  REQUIRE(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  const int dead_port = ntohs(addr.sin_port);
+  close(probe);
+  WriteFileOrDie(dir + "/give_up.pbtxt",
+                 "give_up_after_ms: 1000\nbackoff_initial_ms: 50\nbackoff_max_ms: 200\n"
+                 "rpc_deadline_ms: 500\n");
+  std::string output;
+  const int unreachable =
+      RunCommand({Runfile("worker/rebound_worker"), "--config", dir + "/give_up.pbtxt",
+                  "--server", absl::StrCat("127.0.0.1:", dead_port)},
+                 &output, absl::Seconds(60));
+  {
+    INFO(output);
+    CHECK(unreachable == 4);
+  }
+
+  // Registration refused: the worker asks for another job than the server runs.
+  Cluster cluster;
+  cluster.StartServer();
+  WriteFileOrDie(dir + "/other_job.pbtxt", "job_id: \"another-job\"\nrpc_deadline_ms: 2000\n");
+  const int refused =
+      RunCommand({Runfile("worker/rebound_worker"), "--config", dir + "/other_job.pbtxt",
+                  "--server", cluster.address()},
+                 &output, absl::Seconds(60));
+  INFO(output);
+  CHECK(refused == 5);
+  CHECK_THAT(output, Catch::Matchers::Contains("another-job"));
+}
+
 // ---- one line per host (R19): no server config, no worker config ---------------------------
 
 TEST_CASE("a server started with --job alone and workers with --server alone train a job to the "
