@@ -358,7 +358,8 @@ class KubernetesTest(unittest.TestCase):
         server_peer_port = int(server_peer_port)
         [container] = pod_spec(self.server_sts)["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        self.assertEqual(ports, {"grpc": port, "peer": server_peer_port})
+        self.assertEqual({k: v for k, v in ports.items() if k != "metrics"},
+                         {"grpc": port, "peer": server_peer_port})
         [service_port] = self.server_svc["spec"]["ports"]
         self.assertEqual(service_port["port"], port)
         self.assertEqual(service_port["targetPort"], "grpc")
@@ -383,7 +384,8 @@ class KubernetesTest(unittest.TestCase):
         self.assertEqual(peer_host, "0.0.0.0")
         for workload in (self.trainers, self.spares):
             [worker] = pod_spec(workload)["containers"]
-            self.assertEqual({p["name"]: p["containerPort"] for p in worker["ports"]},
+            self.assertEqual({p["name"]: p["containerPort"] for p in worker["ports"]
+                              if p["name"] != "metrics"},
                              {"peer": int(peer_port)})
 
     def test_selectors_match_the_pods(self):
@@ -499,6 +501,57 @@ class KubernetesTest(unittest.TestCase):
     def test_the_workers_retry_fast_enough_for_a_failover_and_long_enough_for_an_outage(self):
         self.assertLessEqual(int(one(self.worker_config, "backoff_max_ms")), 500)
         self.assertGreaterEqual(int(one(self.worker_config, "give_up_after_ms")), 600000)
+
+    def test_every_rebound_pod_serves_metrics_where_its_annotations_and_the_podmonitor_look(self):
+        configs = {"server": self.server_config, "worker": self.worker_config}
+        ports = {}
+        for name, config in configs.items():
+            self.assertEqual(one(config, "metrics.enabled", "true"), "true", name)
+            self.assertEqual(one(config, "metrics.bind_address"), "0.0.0.0", name)
+            ports[name] = int(one(config, "metrics.port"))
+        self.assertNotEqual(ports["server"], ports["worker"])
+        pods = {"server": [self.server_sts],
+                "worker": [self.trainers, self.spares, self.evaluator]}
+        components = {}
+        for name, workloads_of in pods.items():
+            for workload in workloads_of:
+                template = workload["spec"]["template"]
+                annotations = template["metadata"]["annotations"]
+                where = workload["metadata"]["name"]
+                self.assertEqual(annotations["prometheus.io/scrape"], "true", where)
+                self.assertEqual(annotations["prometheus.io/port"], str(ports[name]), where)
+                self.assertEqual(annotations["prometheus.io/path"], "/metrics", where)
+                [container] = [c for c in template["spec"]["containers"]
+                               if c["command"] != [ETCD_BIN]]
+                declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+                self.assertEqual(declared["metrics"], ports[name], where)
+                components.setdefault(name, set()).add(
+                    template["metadata"]["labels"]["app.kubernetes.io/component"])
+        # The Prometheus Operator's PodMonitors: the same pods, port "metrics", the job names the
+        # alert rules use.
+        with open(os.path.join(ROOT, "deploy", "prometheus", "podmonitor.yaml")) as f:
+            monitors = {d["metadata"]["name"]: d for d in yaml.safe_load_all(f) if d}
+        self.assertEqual(set(monitors), {"rebound-server", "rebound-worker"})
+        for name, monitor in monitors.items():
+            role = name.split("-", 1)[1]
+            self.assertEqual(monitor["kind"], "PodMonitor")
+            selected = {e["key"]: set(e["values"])
+                        for e in monitor["spec"]["selector"]["matchExpressions"]
+                        if e["operator"] == "In"}
+            self.assertEqual(selected["app.kubernetes.io/name"], {"rebound"}, name)
+            self.assertLessEqual(components[role], selected["app.kubernetes.io/component"], name)
+            [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+            self.assertEqual(endpoint["port"], "metrics", name)
+            self.assertEqual(endpoint["path"], "/metrics", name)
+            self.assertIn({"targetLabel": "job", "replacement": name}, endpoint["relabelings"],
+                          name)
+        # The servers' job name is the one the alert rules and the dashboard query; the workers'
+        # that of deploy/prometheus/prometheus.yml.
+        with open(os.path.join(ROOT, "deploy", "prometheus", "alerts.yml")) as f:
+            self.assertIn('job="rebound-server"', f.read())
+        with open(os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")) as f:
+            scrape = yaml.safe_load(f)
+        self.assertEqual({j["job_name"] for j in scrape["scrape_configs"]}, set(monitors))
 
     def test_the_jobs_replace_a_worker_only_on_the_exit_codes_a_restart_can_fix(self):
         # docs/operations.md's table: "restart it" on 3, "check the server" on 4; every other
@@ -734,7 +787,8 @@ class ShardedKubernetesTest(unittest.TestCase):
 
 def apply_json_patches(objects, root):
     """The kustomization's `patches` at `root` applied to `objects`: JSON patches (RFC 6902) of
-    op "replace" at a path, the only kind deploy/ uses (anything else fails here)."""
+    op "replace" or "remove" at a path, the kinds deploy/ uses (anything else fails here); as
+    RFC 6902 says, the path must exist."""
     objects = json.loads(json.dumps({f"{k[0]}/{k[1]}": v for k, v in objects.items()}))
     for patch in load_kustomization(root).get("patches", []):
         target = patch["target"]
@@ -742,13 +796,16 @@ def apply_json_patches(objects, root):
         with open(os.path.join(root, patch["path"])) as f:
             operations = yaml.safe_load(f)
         for operation in operations:
-            assert operation["op"] == "replace", operation["op"]
+            assert operation["op"] in ("replace", "remove"), operation["op"]
             *parents, last = operation["path"].lstrip("/").split("/")
             node = obj
             for key in parents:
                 node = node[key]
-            assert last in node, f"replace of {operation['path']}: nothing there"
-            node[last] = operation["value"]
+            assert last in node, f"{operation['op']} of {operation['path']}: nothing there"
+            if operation["op"] == "remove":
+                del node[last]
+            else:
+                node[last] = operation["value"]
     return {tuple(k.split("/", 1)): v for k, v in objects.items()}
 
 
@@ -794,8 +851,11 @@ class PythonKubernetesTest(unittest.TestCase):
             if obj in self.workers.values():
                 self.assertEqual({k: v for k, v in obj["spec"].items() if k != "template"},
                                  {k: v for k, v in base["spec"].items() if k != "template"}, key)
+                # The labels stay; the base's prometheus.io annotations go (no /metrics in Python).
                 self.assertEqual(obj["spec"]["template"]["metadata"],
-                                 base["spec"]["template"]["metadata"], key)
+                                 {k: v for k, v in base["spec"]["template"]["metadata"].items()
+                                  if k != "annotations"}, key)
+                self.assertIn("annotations", base["spec"]["template"]["metadata"], key)
                 self.assertNotEqual(pod_spec(obj), pod_spec(base), key)
             else:
                 self.assertEqual(obj, base, key)
@@ -894,10 +954,14 @@ class PythonKubernetesTest(unittest.TestCase):
         self.assertNotEqual(one(self.job, "job_id"),
                             one(parse_pbtxt(read(self.base_files["job.pbtxt"])), "job_id"))
 
-    def test_the_worker_config_is_the_bases_but_for_the_job_id(self):
+    def test_the_worker_config_is_the_bases_but_for_the_job_id_and_metrics(self):
+        # A Python worker serves no /metrics: its config has no metrics block.
         base = parse_pbtxt(read(self.base_files["worker.pbtxt"]))
+        self.assertIn("metrics.port", base)
+        self.assertFalse([k for k in self.worker_config if k.startswith("metrics.")])
         self.assertEqual({k: v for k, v in self.worker_config.items() if k != "job_id"},
-                         {k: v for k, v in base.items() if k != "job_id"})
+                         {k: v for k, v in base.items()
+                          if k != "job_id" and not k.startswith("metrics.")})
         self.assertEqual(one(self.worker_config, "job_id"), one(self.job, "job_id"))
         self.assertEqual(set(self.files), {"job.pbtxt", "server.pbtxt", "worker.pbtxt"})
         self.assertEqual(self.files["server.pbtxt"], self.base_files["server.pbtxt"])
