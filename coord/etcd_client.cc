@@ -374,12 +374,11 @@ class KeepAliveStream {
   KeepAliveStream(etcdserverpb::Lease::Stub* stub, const absl::Notification* stop)
       : stop_(stop), stream_(stub->PrepareAsyncLeaseKeepAlive(&context_, &queue_)) {}
 
+  // Cancels the call and drains the queue: every operation still in flight (a read or a finish
+  // an Await gave up on) completes into this object's own buffers before they go.
   ~KeepAliveStream() {
     context_.TryCancel();
-    if (!finished_) {
-      grpc::Status ignored;
-      stream_->Finish(&ignored, Tag(kFinish));
-    }
+    if (!finished_) stream_->Finish(&finish_status_, Tag(kFinish));
     queue_.Shutdown();
     void* tag;
     bool ok;
@@ -398,8 +397,15 @@ class KeepAliveStream {
     request.set_id(lease_id);
     stream_->Write(request, Tag(kWrite));
     if (absl::Status s = Await(kWrite, timeout); !s.ok()) return s;
-    stream_->Read(response, Tag(kRead));
-    return Await(kRead, timeout);
+    // Into a member, not `response`: a read this Await gives up on (no answer within the
+    // timeout) is still in flight until the destructor drains the queue, and gRPC deserializes
+    // its answer then. Into the caller's message, gone by then, that was a call through a
+    // destroyed protobuf's vtable ("pure virtual method called" under TSan's slowness).
+    response_.Clear();
+    stream_->Read(&response_, Tag(kRead));
+    if (absl::Status s = Await(kRead, timeout); !s.ok()) return s;
+    *response = response_;
+    return absl::OkStatus();
   }
 
  private:
@@ -407,7 +413,7 @@ class KeepAliveStream {
   static void* Tag(Op op) { return reinterpret_cast<void*>(static_cast<intptr_t>(op)); }
 
   // Waits for `op` (the one operation in flight). A failed operation means the stream ended:
-  // its status, from Finish.
+  // its status, from Finish (into finish_status_, which outlives a Finish given up on).
   absl::Status Await(Op op, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
@@ -420,12 +426,11 @@ class KeepAliveStream {
         if (tag != Tag(op)) return absl::InternalError("unexpected completion");
         if (ok) return absl::OkStatus();
         if (op == kFinish) return absl::UnavailableError("stream ended");
-        grpc::Status status;
-        stream_->Finish(&status, Tag(kFinish));
+        stream_->Finish(&finish_status_, Tag(kFinish));
         finished_ = true;
         if (absl::Status s = Await(kFinish, timeout); !s.ok()) return s;
-        if (status.ok()) return absl::UnavailableError("the stream was closed");
-        return FromGrpcStatus(status);
+        if (finish_status_.ok()) return absl::UnavailableError("the stream was closed");
+        return FromGrpcStatus(finish_status_);
       }
       if (result == grpc::CompletionQueue::SHUTDOWN) return absl::InternalError("queue shut down");
       if (absl::Now() >= deadline) {
@@ -441,6 +446,10 @@ class KeepAliveStream {
   std::unique_ptr<grpc::ClientAsyncReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                                 etcdserverpb::LeaseKeepAliveResponse>>
       stream_;
+  // The buffers of the operations in flight: members, so that they outlive every operation
+  // until the destructor has drained the queue.
+  etcdserverpb::LeaseKeepAliveResponse response_;
+  grpc::Status finish_status_;
   bool finished_ = false;
 };
 
