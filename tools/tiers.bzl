@@ -30,3 +30,20 @@ def tiered_cc_test(name, args = [], tags = [], **kwargs):
         tags = tags + ["manual", "full"],
         **kwargs
     )
+
+def tiered_pytest_test(name, args, tags = [], **kwargs):
+    """The same two tiers for a pytest file run by tests/python/run_pytest.sh (an sh_test whose
+    `args` start with the test file): `name` runs the cases not marked `@pytest.mark.full`,
+    `name + "_full"` (tagged "manual" and "full") passes `--full` first and runs only those."""
+    native.sh_test(
+        name = name,
+        args = args,
+        tags = tags,
+        **kwargs
+    )
+    native.sh_test(
+        name = name + "_full",
+        args = ["--full"] + args,
+        tags = tags + ["manual", "full"],
+        **kwargs
+    )
