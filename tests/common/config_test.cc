@@ -395,6 +395,14 @@ TEST_CASE("worker configs: backoff cap and deadline") {
         "worker.pbtxt:2: backoff_max_ms must be >= backoff_initial_ms = 500, got 100");
   auto deadline = ParseWorkerConfig("rpc_deadline_ms: 0\n", "worker.pbtxt", ".");
   CHECK(deadline.status().message() == "worker.pbtxt:1: rpc_deadline_ms must be >= 10, got 0");
+  // The progress line's interval: 0 (off) up to a day; the default 10 s.
+  auto negative = ParseWorkerConfig("\nprogress_interval_s: -1\n", "worker.pbtxt", ".");
+  CHECK_THAT(std::string(negative.status().message()),
+             Catch::Matchers::StartsWith("worker.pbtxt:2: progress_interval_s must be in [0, 86400]"));
+  CHECK(ParseWorkerConfig("progress_interval_s: 0\n", "worker.pbtxt", ".").ok());
+  auto defaults = ParseWorkerConfig("", "worker.pbtxt", ".");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->progress_interval_s() == 10);
 }
 
 TEST_CASE("a received job is validated without locations") {
