@@ -85,21 +85,22 @@ absl::Status Cluster::StartServer(const std::string& server_config,
   absl::StatusOr<std::pair<std::string, int>> place = GroupHostAddress(0);
   if (!place.ok()) return place.status();
   const auto& [host, netns_fd] = *place;
-  ChildProcessOptions child;
-  child.netns_fd = netns_fd;
-  std::vector<std::string> argv = {options_.server_binary, "--config", dir + "/server.pbtxt",
-                                   "--listen", host + ":0", "--port_file", port_file};
-  absl::StatusOr<std::unique_ptr<ChildProcess>> server =
-      ChildProcess::Start(argv, dir + "/server.log", child);
-  if (!server.ok()) return server.status();
-  members_.push_back(Member{"server", dir + "/server.pbtxt", "", port_file, dir + "/server.log",
-                            std::move(argv), *std::move(server), false, netns_fd});
-  server_ = members_.back().process.get();
-  absl::StatusOr<int> port = WaitForPortFile(port_file, *server_, Scaled(options_.start_wait));
-  if (!port.ok()) {
-    return absl::Status(port.status().code(),
-                        absl::StrCat("rebound_server did not start: ", port.status().message()));
+  ServerStart start;
+  start.binary = options_.server_binary;
+  start.config = dir + "/server.pbtxt";
+  start.listen = host + ":0";
+  start.port_file = port_file;
+  start.log = dir + "/server.log";
+  start.child.netns_fd = netns_fd;
+  start.wait = Scaled(options_.start_wait);
+  std::unique_ptr<ChildProcess> process;
+  absl::StatusOr<int> port = StartServerProcess(start, &process);
+  if (process != nullptr) {
+    members_.push_back(Member{"server", start.config, "", port_file, start.log,
+                              ServerArgv(start), std::move(process), false, netns_fd});
+    server_ = members_.back().process.get();
   }
+  if (!port.ok()) return port.status();
   address_ = absl::StrCat(host, ":", *port);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       MakeChannel(address_, options_.client_security, grpc::ChannelArguments());

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -77,6 +78,31 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, Subprocess& process
   }
   return absl::DeadlineExceededError(
       absl::StrCat("no port in ", path, " within ", absl::FormatDuration(timeout)));
+}
+
+std::vector<std::string> ServerArgv(const ServerStart& start) {
+  std::vector<std::string> argv = {start.binary, "--config", start.config, "--listen",
+                                   start.listen, "--port_file", start.port_file};
+  argv.insert(argv.end(), start.extra_args.begin(), start.extra_args.end());
+  return argv;
+}
+
+absl::StatusOr<int> StartServerProcess(const ServerStart& start,
+                                       std::unique_ptr<Subprocess>* process) {
+  std::remove(start.port_file.c_str());
+  absl::StatusOr<std::unique_ptr<Subprocess>> started =
+      Subprocess::Start(ServerArgv(start), start.log, start.child);
+  if (!started.ok()) {
+    return absl::InternalError(
+        absl::StrCat("rebound_server did not start: ", started.status().message()));
+  }
+  *process = *std::move(started);
+  absl::StatusOr<int> port = WaitForPortFile(start.port_file, **process, start.wait);
+  if (!port.ok()) {
+    return absl::Status(port.status().code(),
+                        absl::StrCat("rebound_server did not start: ", port.status().message()));
+  }
+  return *port;
 }
 
 int RunCommand(const std::vector<std::string>& argv, std::string* output, absl::Duration timeout) {

@@ -52,6 +52,31 @@ void WriteFileOrDie(const std::string& path, const std::string& content);
 absl::StatusOr<int> WaitForPortFile(const std::string& path, Subprocess& process,
                                     absl::Duration timeout);
 
+// How to start one rebound_server (or any daemon that takes --config, --listen and
+// --port_file): the one way every harness of this library, the integration tests and the chaos
+// runs start a server that is not a replicated group's member.
+struct ServerStart {
+  std::string binary;  // absolute path of rebound_server
+  std::string config;  // its --config file, written by the caller
+  std::string listen;  // its --listen, "host:port"; port 0 for any (the port file says which)
+  std::string port_file;  // removed first, so a restart's old port is never read
+  std::string log;        // appended to (a restarted server's log keeps its earlier lives)
+  std::vector<std::string> extra_args;  // after the flags above
+  ChildProcessOptions child;            // a network namespace, a cgroup
+  absl::Duration wait = absl::Seconds(30);  // for the port file; callers scale it (time_scale.h)
+};
+
+// The command line StartServerProcess runs (kept by a harness that restarts the server).
+std::vector<std::string> ServerArgv(const ServerStart& start);
+
+// Starts the server as `start` says and returns the port it serves on once its port file names
+// it. `*process` holds the child from its start on, also when it fails: a caller that expects
+// the server to refuse to start reads its exit code (process->WaitFor). INTERNAL "rebound_server
+// did not start: ..." with its log's last lines if it exits first (or cannot be started),
+// DEADLINE_EXCEEDED after `start.wait`.
+absl::StatusOr<int> StartServerProcess(const ServerStart& start,
+                                       std::unique_ptr<Subprocess>* process);
+
 // Runs a command to completion (bounded by `timeout`, then SIGKILL) and returns its exit code
 // (-1 if it could not be started); its stdout and stderr are stored in `*output`.
 int RunCommand(const std::vector<std::string>& argv, std::string* output, absl::Duration timeout);

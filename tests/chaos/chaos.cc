@@ -60,6 +60,8 @@ using ::rebound::testing::ClusterOptions;
 using ::rebound::testing::LastLines;
 using ::rebound::testing::NetworkLab;
 using ::rebound::testing::ProcessFirewall;
+using ::rebound::testing::ServerStart;
+using ::rebound::testing::StartServerProcess;
 using ::rebound::testing::WaitForPortFile;
 
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
@@ -949,22 +951,18 @@ absl::Status ChaosRun::WriteConfigs() {
 }
 
 absl::Status ChaosRun::StartServer() {
-  const std::string port_file = dir_ + "/port";
-  unlink(port_file.c_str());
   ++server_life_;
   std::ofstream(dir_ + "/server.log", std::ios::app)
       << "----- chaos: server life " << server_life_ << " -----\n";
-  ASSIGN_OR_RETURN(
-      server_,
-      ChildProcess::Start({options_.server_binary, "--config", dir_ + "/server.pbtxt", "--listen",
-                           absl::StrCat(server_host_, ":", port_), "--port_file", port_file},
-                          dir_ + "/server.log"));
-  absl::StatusOr<int> listening = WaitForPortFile(port_file, *server_, kPortWait);
-  if (!listening.ok()) {
-    return absl::Status(
-        listening.status().code(),
-        absl::StrCat("rebound_server did not start: ", listening.status().message()));
-  }
+  ServerStart start;
+  start.binary = options_.server_binary;
+  start.config = dir_ + "/server.pbtxt";
+  start.listen = absl::StrCat(server_host_, ":", port_);
+  start.port_file = dir_ + "/port";
+  start.log = dir_ + "/server.log";
+  start.wait = kPortWait;
+  absl::StatusOr<int> listening = StartServerProcess(start, &server_);
+  if (!listening.ok()) return listening.status();
   const int port = *listening;
   if (port_ != 0 && port != port_) {
     return absl::InternalError(

@@ -979,16 +979,16 @@ int StartServerOn(const std::string& data_dir, const JobSpec& spec, const std::s
                  ScaledServerConfig(absl::StrCat("job {\n", JobText(spec),
                                                  "}\ndurability { data_dir: \"", data_dir,
                                                  "\" }\n", config_extra)));
-  const std::string port_file = dir + "/port";
-  fs::remove(port_file);
-  std::vector<std::string> argv = {Runfile("server/rebound_server"), "--config",
-                                   dir + "/server.pbtxt", "--listen", "127.0.0.1:0",
-                                   "--port_file", port_file};
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  auto started = Subprocess::Start(argv, dir + "/server.log");
-  REQUIRE(started.ok());
-  *server = *std::move(started);
-  auto port = WaitForPortFile(port_file, **server, Scaled(absl::Seconds(30)));
+  ServerStart start;
+  start.binary = Runfile("server/rebound_server");
+  start.config = dir + "/server.pbtxt";
+  start.listen = "127.0.0.1:0";
+  start.port_file = dir + "/port";
+  start.log = dir + "/server.log";
+  start.extra_args = extra_args;
+  start.wait = Scaled(absl::Seconds(30));
+  const absl::StatusOr<int> port = StartServerProcess(start, server);
+  REQUIRE(*server != nullptr);
   if (port.ok()) {
     *address = absl::StrCat("127.0.0.1:", *port);
     return -1;

@@ -57,15 +57,14 @@ class Cluster {
   }
 
   void StartServer(const std::string& listen = "127.0.0.1:0") {
-    const std::string port_file = dir_ + "/port";
-    unlink(port_file.c_str());
-    auto server = Subprocess::Start({Runfile("server/rebound_server"), "--config",
-                                     dir_ + "/server.pbtxt", "--listen", listen, "--port_file",
-                                     port_file},
-                                    dir_ + "/server.log");
-    REQUIRE(server.ok());
-    server_ = *std::move(server);
-    auto port = WaitForPortFile(port_file, *server_, absl::Seconds(30));
+    ServerStart start;
+    start.binary = Runfile("server/rebound_server");
+    start.config = dir_ + "/server.pbtxt";
+    start.listen = listen;
+    start.port_file = dir_ + "/port";
+    start.log = dir_ + "/server.log";
+    const absl::StatusOr<int> port = StartServerProcess(start, &server_);
+    INFO(port.status());
     REQUIRE(port.ok());
     port_ = *port;
     channel_ = grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());

@@ -60,16 +60,15 @@ class Server {
   }
 
   void Start() {
-    const std::string port_file = dir_ + "/port";
-    unlink(port_file.c_str());
-    const std::string listen = port_ == 0 ? "127.0.0.1:0" : absl::StrCat("127.0.0.1:", port_);
-    auto process = Subprocess::Start({Runfile("server/rebound_server"), "--config",
-                                      dir_ + "/server.pbtxt", "--listen", listen, "--port_file",
-                                      port_file},
-                                     dir_ + "/server.log");
-    REQUIRE(process.ok());
-    process_ = *std::move(process);
-    auto port = WaitForPortFile(port_file, *process_, Scaled(absl::Seconds(30)));
+    ServerStart start;
+    start.binary = Runfile("server/rebound_server");
+    start.config = dir_ + "/server.pbtxt";
+    start.listen = absl::StrCat("127.0.0.1:", port_);  // a restart keeps the port
+    start.port_file = dir_ + "/port";
+    start.log = dir_ + "/server.log";
+    start.wait = Scaled(absl::Seconds(30));
+    const absl::StatusOr<int> port = StartServerProcess(start, &process_);
+    INFO(port.status());
     REQUIRE(port.ok());
     port_ = *port;
     stub_ = ParameterServer::NewStub(
