@@ -265,6 +265,12 @@ void CheckJob(const JobConfig& job, Checker& c) {
     }
   }
   c.InRange("topology.spares", topology.spares(), 0, 4096);
+  if (topology.replicas() >= 1 && topology.replicas() <= 4096 && topology.stages() >= 1 &&
+      topology.stages() <= 4096) {
+    c.InRange("topology.min_trainers", topology.min_trainers(), 0,
+              topology.replicas() * topology.stages());
+  }
+  c.AtLeast("topology.start_barrier_ms", topology.start_barrier_ms(), 0);
 
   const DataConfig& data = job.data();
   if (data.dataset_dir().empty()) c.Fail("data.dataset_dir", "must not be empty");

@@ -119,8 +119,38 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   }
   if (slot_index >= 0) {
     for (Neighbour& n : NeighboursLocked(slot_index)) *response.add_neighbours() = n;
+    if (!first_trainer_at_.has_value()) first_trainer_at_ = now;
+    if (StartHeldLocked(now)) response.set_hold_start(true);
   }
   return response;
+}
+
+bool Membership::StartHeldLocked(absl::Time now) {
+  if (start_released_) return false;
+  const TopologyConfig& topology = job_.topology();
+  int owned = 0;
+  bool progressed = false;
+  for (const Slot& slot : slots_) {
+    if (slot.owner != 0) ++owned;
+    progressed = progressed || slot.step > 0 || slot.synced_step > 0;
+  }
+  const absl::Duration waited =
+      first_trainer_at_.has_value() ? now - *first_trainer_at_ : absl::ZeroDuration();
+  if (topology.min_trainers() <= 0 || progressed) {
+    start_released_ = true;
+  } else if (owned >= topology.min_trainers()) {
+    start_released_ = true;
+    LOG(INFO) << "start barrier: " << owned << " of " << slots_.size()
+              << " slots have a trainer (min_trainers " << topology.min_trainers()
+              << "); training starts after " << absl::FormatDuration(waited);
+  } else if (first_trainer_at_.has_value() &&
+             waited >= absl::Milliseconds(topology.start_barrier_ms())) {
+    start_released_ = true;
+    LOG(WARNING) << "start barrier: only " << owned << " of min_trainers "
+                 << topology.min_trainers() << " trainers registered within start_barrier_ms "
+                 << topology.start_barrier_ms() << "; training starts with them";
+  }
+  return !start_released_;
 }
 
 absl::Status Membership::CheckAliveLocked(uint64_t incarnation) const {
@@ -232,6 +262,7 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   if (worker.slot_index >= 0) {
     slots_[worker.slot_index].step = std::max(slots_[worker.slot_index].step, request.step());
     for (Neighbour& n : NeighboursLocked(worker.slot_index)) *response.add_neighbours() = n;
+    if (worker.role == TRAINER && StartHeldLocked(now)) response.set_hold_start(true);
   }
   // A neighbour's flush or the time passed may have made a lost slot claimable.
   NotifyClaimableLocked();

@@ -304,6 +304,11 @@ class Membership {
     absl::Time flush_deadline = absl::InfinitePast();
   };
 
+  // The start barrier (TopologyConfig.min_trainers): true while a fresh job waits for its
+  // trainers. Released for good, and logged, when min_trainers slots have an owner, when any slot
+  // has made progress (a restored or running job), or start_barrier_ms after the first trainer
+  // registered.
+  bool StartHeldLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int SlotIndex(const SlotId& slot) const;
@@ -334,6 +339,8 @@ class Membership {
   uint64_t first_counter_of_life_ ABSL_GUARDED_BY(mu_) = 1;  // the first issued since Restore
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // index = replica * S + stage
+  bool start_released_ ABSL_GUARDED_BY(mu_) = false;  // the start barrier (StartHeldLocked)
+  std::optional<absl::Time> first_trainer_at_ ABSL_GUARDED_BY(mu_);
   std::vector<RecoveryStatus> recoveries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
   // The last FLUSH_LOG sequence number given out. It starts at this server life's start time in

@@ -94,6 +94,7 @@ void WorkerAgent::Adopt(const RegisterResponse& granted) {
   registration_.start_step = granted.start_step();
   neighbours_.assign(granted.neighbours().begin(), granted.neighbours().end());
   step_ = granted.start_step();
+  start_held_ = false;  // a slot taken over belongs to a job that has started
   beat_now_ = true;
 }
 
@@ -166,6 +167,29 @@ void WorkerAgent::Flush(int64_t sequence) {
   absl::MutexLock lock(&mu_);
   flushes_done_ = std::max(flushes_done_, sequence);
   beat_now_ = true;
+}
+
+bool WorkerAgent::WaitForStart(const absl::Notification& stop, absl::Duration limit) {
+  const absl::Time deadline = clock_->Now() + limit;
+  bool logged = false;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!start_held_ || stopping_) return !stopping_;
+    }
+    if (stop.HasBeenNotified()) return false;
+    if (clock_->Now() >= deadline) {
+      LOG(WARNING) << "the start barrier still holds after " << absl::FormatDuration(limit)
+                   << "; training anyway";
+      return true;
+    }
+    if (!logged) {
+      LOG(INFO) << "waiting for the job's other trainers (the start barrier, "
+                   "topology.min_trainers)";
+      logged = true;
+    }
+    clock_->WaitFor(absl::Milliseconds(10), &stop);
+  }
 }
 
 bool WorkerAgent::SleepUntilBeatDue(absl::Duration d) {
@@ -242,6 +266,7 @@ bool WorkerAgent::RegisterWithRetry() {
       registration_.job = response.job();
       registration_.start_step = response.start_step();
       neighbours_.assign(response.neighbours().begin(), response.neighbours().end());
+      start_held_ = response.hold_start();
       LOG(INFO) << "registered as " << WorkerRole_Name(response.role()) << " incarnation "
                 << response.incarnation()
                 << (response.has_slot() ? absl::StrCat(" slot ", SlotName(response.slot()))
@@ -323,6 +348,7 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, std::function<void()>
         absl::MutexLock lock(&mu_);
         if (registration_.incarnation == current.incarnation) {
           neighbours_.assign(response.neighbours().begin(), response.neighbours().end());
+          start_held_ = response.hold_start();
         }
       }
       for (int command : response.commands()) {
@@ -382,7 +408,17 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, std::function<void()>
                                   " ms: ", Describe(status));
       return exit_;
     }
-    if (job_done || !SleepUntilBeatDue(interval)) break;
+    // While the start barrier holds, beat often: the trainers start within one such beat of
+    // its release.
+    bool held;
+    {
+      absl::MutexLock lock(&mu_);
+      held = start_held_;
+    }
+    if (job_done ||
+        !SleepUntilBeatDue(held ? std::min(interval, kStartBarrierBeat) : interval)) {
+      break;
+    }
   }
   if (job_done && job_done_out != nullptr) {
     job_done_out();

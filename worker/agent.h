@@ -108,6 +108,12 @@ class WorkerAgent {
   // becomes the slot's trainer under a new incarnation). Thread-safe.
   void Adopt(const RegisterResponse& granted);
 
+  // The job's start barrier (TopologyConfig.min_trainers): waits until the server no longer
+  // holds this trainer's start (its registration and then its heartbeats say so), `stop` is
+  // notified or the agent stops (false then), or `limit` passes (a WARNING; true). Returns at
+  // once when nothing holds it. Thread-safe.
+  bool WaitForStart(const absl::Notification& stop, absl::Duration limit);
+
   // Pipelines (docs/design.md §2). The neighbour of this trainer at `slot` as the server last described
   // it (registration, takeover or heartbeat): its incarnation (0 while the slot has no owner)
   // and WorkerPeer address; nullopt if `slot` is not a neighbour. Thread-safe.
@@ -150,6 +156,9 @@ class WorkerAgent {
   double loss_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool beat_now_ ABSL_GUARDED_BY(mu_) = false;
   bool drain_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool start_held_ ABSL_GUARDED_BY(mu_) = false;  // the start barrier holds (WaitForStart)
+  // How often a held trainer heartbeats, to learn the barrier's release soon.
+  static constexpr absl::Duration kStartBarrierBeat = absl::Milliseconds(50);
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Neighbour> neighbours_ ABSL_GUARDED_BY(mu_);

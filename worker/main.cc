@@ -272,6 +272,15 @@ int Run() {
     const Registration registration = agent->registration();
     if (registration.incarnation == 0) break;
     if (registration.role == TRAINER) {
+      // The job's start barrier: the server says when its trainers are there (bounded by its
+      // start_barrier_ms; this bound covers a server that stops answering meanwhile).
+      const JobConfig& job = registration.job;
+      if (!agent->WaitForStart(
+              stop, absl::Milliseconds(job.topology().start_barrier_ms() +
+                                       2 * job.fault_tolerance().heartbeat_interval_ms() +
+                                       config.rpc_deadline_ms()))) {
+        break;
+      }
       InjectedFaults faults;
       faults.label_permutation_seed = FLAGS_fault_label_permutation_seed;
       faults.reset_every_steps = FLAGS_fault_reset_every_steps;

@@ -27,6 +27,10 @@ _Exit = rclient.WorkerExit
 
 
 
+# How often a trainer held by the start barrier heartbeats (seconds).
+START_BARRIER_BEAT_S = 0.05
+
+
 class Session:
 
     def __init__(self, conn, options, spec_model, name, role, job_id, exit_at_once=True):
@@ -41,6 +45,9 @@ class Session:
         self.stop = threading.Event()       # the work must end (STOP, a signal, max_seconds)
         self.job_done = False
         self.drain = False
+        # The job's start barrier (TopologyConfig.min_trainers) holds this trainer: from the
+        # registration's and then the heartbeats' hold_start (wait_for_start).
+        self.start_held = False
         self.registration = None            # RegisterResponse (incarnation, role, slot, job)
         self.step = 0
         self.loss = float("nan")
@@ -66,6 +73,7 @@ class Session:
         with self.lock:
             self.registration = response
             self.step = response.start_step
+            self.start_held = response.hold_start
             self.changed.notify_all()
         slot = response.slot
         _log("registered '%s' as %s incarnation %d%s" % (
@@ -82,6 +90,7 @@ class Session:
         with self.lock:
             self.registration = registration
             self.step = registration.start_step
+            self.start_held = False  # a slot taken over belongs to a job that has started
             self.changed.notify_all()
 
     def set_progress(self, step, loss):
@@ -167,6 +176,12 @@ class Session:
                      % (takeover.slot.replica, takeover.slot.stage, takeover.incarnation,
                         takeover.start_step))
                 self.adopt(takeover)
+            if current.role == config_pb2.TRAINER and not response.HasField("takeover"):
+                with self.lock:
+                    if self.registration.incarnation == current.incarnation:
+                        self.start_held = response.hold_start
+                    if not self.start_held:
+                        self.changed.notify_all()
             for command in response.commands:
                 if command == rebound_pb2.DRAIN:
                     with self.lock:
@@ -175,7 +190,29 @@ class Session:
                     with self.lock:
                         self.job_done = True
                     self.stop.set()
-            self.stop.wait(interval)
+            with self.lock:
+                held = self.start_held
+            # While the start barrier holds, beat often: trainers start within one such beat.
+            self.stop.wait(min(interval, START_BARRIER_BEAT_S) if held else interval)
+
+    def wait_for_start(self, limit_s):
+        """The job's start barrier: waits until the server no longer holds this trainer's start,
+        ``stop`` is set (False then) or ``limit_s`` pass (logged; True). At once when nothing
+        holds it."""
+        deadline = time.monotonic() + limit_s
+        logged = False
+        with self.lock:
+            while self.start_held and not self.stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _log("the start barrier still holds after %.0f s; training anyway" % limit_s)
+                    return True
+                if not logged:
+                    _log("waiting for the job's other trainers (the start barrier, "
+                         "topology.min_trainers)")
+                    logged = True
+                self.changed.wait(min(left, 0.05))
+        return not self.stop.is_set()
 
     def wait_change(self, current, timeout):
         deadline = time.monotonic() + timeout

@@ -162,6 +162,23 @@ TEST_CASE("the center-integrity bounds default on, may be off (0), and are valid
         "job.pbtxt:5: weighting.max_abs_value must be 0 (finite only) or in (0, 3.4e38], got inf");
 }
 
+TEST_CASE("the start barrier is off by default, waits up to 60 s, and min_trainers is at most "
+          "every slot") {
+  auto job = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(job.ok());
+  CHECK(job->topology().min_trainers() == 0);
+  CHECK(job->topology().start_barrier_ms() == 60000);
+  CHECK(ParseJobConfig(std::string(kBase) + "topology { replicas: 3 min_trainers: 3 }\n",
+                       "job.pbtxt")
+            .ok());
+  CHECK(JobError(std::string(kBase) + "topology {\n  replicas: 3\n  min_trainers: 4\n}\n") ==
+        "job.pbtxt:7: topology.min_trainers must be in [0, 3], got 4");
+  CHECK(JobError(std::string(kBase) + "topology { min_trainers: -1 }\n") ==
+        "job.pbtxt:5: topology.min_trainers must be in [0, 1], got -1");
+  CHECK(JobError(std::string(kBase) + "topology { start_barrier_ms: -5 }\n") ==
+        "job.pbtxt:5: topology.start_barrier_ms must be >= 0, got -5");
+}
+
 TEST_CASE("the weight inputs' smoothing half-life defaults to 3 syncs, may be 0 (off), and is "
           "validated with file and line") {
   auto job = ParseJobConfig(kBase, "job.pbtxt");

@@ -69,8 +69,9 @@ TEST_CASE("a job sharded across two groups trains to the end through a killed tr
   const std::string output = launch.Output();
   INFO(output);
 
-  // The job's copy with sharding.groups = 2, read by both servers, each with its shard block.
-  const std::string copy = workdir + "/job.sharded.pbtxt";
+  // The job's copy with sharding.groups = 2 (and the start barrier over its slots), read by
+  // both servers, each with its shard block.
+  const std::string copy = workdir + "/job.launch.pbtxt";
   CHECK(absl::StrContains(output, absl::StrCat("the servers read ", copy,
                                                ": the job with sharding.groups = 2")));
   CHECK(absl::StrContains(ReadFileOrEmpty(copy), "sharding {\n  groups: 2\n}"));
@@ -136,9 +137,13 @@ TEST_CASE("a shard group that dies ends the launch with exit 1; nothing is left"
   // No --shard_groups: the job's own sharding.groups, read from its own file.
   launch.Start({"--workdir", workdir, "--timeout_s", "120"});
   std::string output = launch.WaitForOutput("cluster up");
-  CHECK_FALSE(absl::StrContains(output, "job.sharded.pbtxt"));
+  // Its copy changes the start barrier only (the job sets no min_trainers).
+  const std::string copy = workdir + "/job.launch.pbtxt";
+  CHECK(absl::StrContains(output, absl::StrCat("the servers read ", copy,
+                                               ": the job with topology.min_trainers = ")));
+  CHECK_FALSE(absl::StrContains(output, "sharding.groups = "));
   CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/g1-server.pbtxt"),
-                          absl::StrCat("job_file: \"", launch.job_file(), "\"")));
+                          absl::StrCat("job_file: \"", copy, "\"")));
   const int g1 = NumberAfter(output, "started g1-server (rebound_server, pid ");
   REQUIRE(g1 > 0);
   launch.WaitForOutput("recoveries=0");

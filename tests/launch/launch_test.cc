@@ -36,11 +36,12 @@ const char kJob[] =
     "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n"
     "training { max_steps: 100000000 }\n";
 
-// The same job, short enough to finish, with an evaluator.
+// The same job, short enough to finish, with an evaluator and a spare.
 const char kFinishingJob[] =
     "job_id: \"launch-finish\"\n"
     "model { layers { width: 32 } layers { width: 10 activation: IDENTITY } }\n"
-    "topology { replicas: 2 stages: 1 evaluator: true }\n"
+    "topology { replicas: 2 stages: 1 spares: 1 evaluator: true }\n"
+    "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n"
     "data { batch_size: 32 train_limit: 4000 test_limit: 1000 }\n"
     "adahessian { lr: 0.01 }\n"
     "training { max_steps: 400 eval_every_ms: 200 }\n";
@@ -108,7 +109,14 @@ TEST_CASE("SIGTERM to the launcher stops the server and every worker and exits 1
   CHECK(MaxStepOf(launch.Output(), "1,0") > 0);
 
   // The work dir holds the generated configs and one log per process.
-  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.pbtxt"), launch.job_file()));
+  // The job sets no start barrier: the server reads its copy with one over both slots.
+  const std::string copy = workdir + "/job.launch.pbtxt";
+  CHECK(absl::StrContains(launch.Output(),
+                          absl::StrCat("the servers read ", copy,
+                                       ": the job with topology.min_trainers = 2 (every slot)")));
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.pbtxt"), copy));
+  CHECK(absl::StrContains(ReadFileOrEmpty(copy), launch.job_file()));
+  CHECK(absl::StrContains(ReadFileOrEmpty(copy), "min_trainers: 2"));
   CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.log"), "serving job 'launch-it'"));
   CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/trainer-r1s0.log"),
                           "registered as TRAINER"));
@@ -198,25 +206,44 @@ TEST_CASE("when the server dies the launcher stops the workers and exits 1 with 
   CheckNoChildLeft(output, workdir);
 }
 
-TEST_CASE("a job that trains to max_steps ends with exit 0, the evaluator's accuracy and, with "
-          "--export, the trained model in a safetensors file") {
+TEST_CASE("a job that trains to max_steps ends with exit 0, its trainers started together, the "
+          "kill at the step asked, the final center's accuracy and, with --export, the trained "
+          "model in a safetensors file") {
   Launch launch("launch-finish", kJob);
   WriteFileOrDie(launch.job_file(), kFinishingJob);
   const std::string workdir = launch.dir() + "/work";
   const std::string model = launch.dir() + "/model.safetensors";
-  launch.Start({"--workdir", workdir, "--timeout_s", "240", "--export", model});
+  launch.Start({"--workdir", workdir, "--timeout_s", "240", "--export", model,
+                "--kill_trainer_at_step", "150", "--kill_slot", "1,0"});
   REQUIRE(launch.WaitForExit() == 0);
   const std::string output = launch.Output();
   INFO(output);
+  // The start barrier (min_trainers = both slots, set by the launcher): the first trainer
+  // waited for the second, and the server released them once both were there.
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/trainer-r0s0.log"),
+                          "waiting for the job's other trainers"));
+  CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.log"),
+                          "start barrier: 2 of 2 slots have a trainer"));
+  // The kill came within one sync period (sync_period 8) of step 150 as the server saw it, not a
+  // second of training later; a spare rebuilt the slot.
+  const int killed_at = NumberAfter(LineAfter(output, "killed trainer-r1s0 (pid "), ") at step ");
+  INFO("killed at step " << killed_at);
+  CHECK(killed_at >= 150);
+  CHECK(killed_at <= 150 + 8 + 8);
+  CHECK(absl::StrContains(output, "worker spare-0 registered: TRAINER of slot (1,0)"));
   CHECK(absl::StrContains(output, "slot (0,0): ACTIVE -> FINISHED"));
   CHECK(absl::StrContains(output, "slot (1,0): ACTIVE -> FINISHED"));
   CHECK(absl::StrContains(output, "every slot FINISHED"));
   CHECK(MaxStepOf(output, "0,0") == 400);
   CHECK(MaxStepOf(output, "1,0") == 400);
-  // 10 classes: chance is 0.1; the EASGD center of two trainers learns far better.
+  // 10 classes: chance is 0.1; the EASGD center of two trainers learns far better. The figure
+  // is the final center's: the version the evaluator evaluated is the exported model's.
   double accuracy = 0;
   REQUIRE(absl::SimpleAtod(LineAfter(output, "final test accuracy ").substr(0, 6), &accuracy));
   CHECK(accuracy > 0.6);
+  const int evaluated = NumberAfter(output, "of the final center (version ");
+  CHECK(evaluated > 0);
+  CHECK(evaluated == NumberAfter(output, "the trained model (center version "));
   CHECK(ProcessesMentioning(workdir).empty());
   // The model: every tensor of the job's MLP, at the final center version (2 trainers x 400
   // steps / tau syncs), as the launcher's last lines say.

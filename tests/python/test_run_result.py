@@ -10,6 +10,7 @@ Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tin
 
 import os
 import sys
+import time
 
 import torch
 
@@ -109,3 +110,29 @@ def test_a_script_stopped_before_the_job_ends_gets_no_model_and_says_why(tmp_pat
         assert not saved["job_finished"]
         assert "max_seconds passed before the job finished" in saved["reason"]
         assert server.status().slots[0].state != rebound_pb2.FINISHED
+
+
+def test_the_start_barrier_holds_the_first_trainer_until_the_second_registers(tmp_path):
+    """topology.min_trainers = 2: a Python trainer registered alone waits (heartbeating) without
+    a step; once the second registers both train, and the job ends with every sync applied."""
+    job = (JOB % dict(replicas=2, steps=20)).replace("spares: 1", "spares: 1 min_trainers: 2")
+    with LocalServer(SERVER, job) as server:
+        t0, _ = start_script(server, tmp_path, "t0", "trainer")
+        server.wait_for(lambda s: any(w.name == "t0" for w in s.workers), 60,
+                        what="t0 registered")
+        # Held: for a while its slot makes no step and the center does not move (t0 alone
+        # would have finished its 20 steps well within this window).
+        for _ in range(15):
+            status = server.status()
+            assert all(s.step == 0 for s in status.slots), status
+            assert status.centers[0].version == 0
+            time.sleep(0.1)
+        assert t0.poll() is None
+        t1, _ = start_script(server, tmp_path, "t1", "trainer")
+        for name, process in (("t0", t0), ("t1", t1)):
+            assert wait_exit(process, 60) == 0, "%s:\n%s" % (name, read_log(process)[-3000:])
+        assert "waiting for the job's other trainers" in read_log(t0)
+        status = server.status()
+        assert all(s.state == rebound_pb2.FINISHED for s in status.slots)
+        assert status.centers[0].version == 2 * 20 // 4
+        assert "start barrier: 2 of 2 slots have a trainer" in server.server_log()

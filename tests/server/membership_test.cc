@@ -57,6 +57,50 @@ TEST_CASE("trainers fill the slots in order, then workers become spares") {
   CHECK(b->incarnation() < c->incarnation());
 }
 
+TEST_CASE("the start barrier holds trainers until min_trainers slots have one, then never "
+          "again") {
+  FakeClock clock;
+  JobConfig job = TwoByOneJob();
+  job.mutable_topology()->set_min_trainers(2);
+  Membership membership(job, &clock);
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  CHECK(a->hold_start());
+  CHECK(BeatOk(membership, Beat(a->incarnation())).hold_start());
+  auto b = membership.Register(Request("b"));
+  REQUIRE(b.ok());
+  CHECK_FALSE(b->hold_start());  // the second of two: released
+  CHECK_FALSE(BeatOk(membership, Beat(a->incarnation())).hold_start());
+  // A trainer lost and replaced later finds the job started: nothing holds it.
+  REQUIRE(membership.Deregister(b->incarnation()).ok());
+  CHECK_FALSE(BeatOk(membership, Beat(a->incarnation(), 3)).hold_start());
+}
+
+TEST_CASE("the start barrier lets the trainers there start after start_barrier_ms; none without "
+          "min_trainers") {
+  FakeClock clock;
+  JobConfig job = TwoByOneJob();
+  job.mutable_topology()->set_min_trainers(2);
+  job.mutable_topology()->set_start_barrier_ms(5000);
+  Membership membership(job, &clock);
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  CHECK(a->hold_start());
+  for (int i = 0; i < 9; ++i) {  // 4.5 s of heartbeats: still held
+    clock.Advance(absl::Milliseconds(500));
+    CHECK(BeatOk(membership, Beat(a->incarnation())).hold_start());
+  }
+  clock.Advance(absl::Milliseconds(500));
+  CHECK_FALSE(BeatOk(membership, Beat(a->incarnation())).hold_start());
+
+  FakeClock other_clock;
+  Membership no_barrier(TwoByOneJob(), &other_clock);
+  auto alone = no_barrier.Register(Request("a"));
+  REQUIRE(alone.ok());
+  CHECK_FALSE(alone->hold_start());
+  CHECK_FALSE(BeatOk(no_barrier, Beat(alone->incarnation())).hold_start());
+}
+
 TEST_CASE("a worker that insists on training is refused when every slot is owned") {
   FakeClock clock;
   Membership membership(TwoByOneJob(), &clock);

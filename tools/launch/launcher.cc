@@ -52,6 +52,8 @@ constexpr absl::Duration kInSyncWait = absl::Seconds(60);
 constexpr absl::Duration kRestartDelay = absl::Seconds(5);
 constexpr absl::Duration kNewLeaderWait = absl::Seconds(30);
 constexpr absl::Duration kFailoverPoll = absl::Milliseconds(50);
+// After every slot finished: how long the evaluator gets to evaluate the final center.
+constexpr absl::Duration kFinalEvalWait = absl::Seconds(60);
 constexpr absl::Duration kFailoverWatchLimit = absl::Seconds(120);
 
 constexpr int kExitFinished = 0;
@@ -229,19 +231,62 @@ int Launcher::Run() {
   if (!code.has_value()) code = StartServer();
   if (!code.has_value()) code = StartWorkers();
   if (!code.has_value()) code = Supervise();
+  if (code == kExitFinished) AwaitFinalEvaluation();
   if (code == kExitFinished && !options_.export_path.empty()) code = ExportModel();
   if (sharded() && !shard_stubs_.empty()) PrintShardSummary();
   StopAll();
   if (const std::string summary = group_watch_.Summary(); !summary.empty()) Print(summary);
-  if (tracker_.test_accuracy().has_value()) {
-    Print(absl::StrFormat("final test accuracy %.4f%s", *tracker_.test_accuracy(),
-                          tracker_.test_loss().has_value()
-                              ? absl::StrFormat(" (test loss %.4f)", *tracker_.test_loss())
-                              : std::string()));
-  }
+  PrintFinalEvaluation();
   if (!workdir_.empty()) Print(absl::StrCat("work dir (kept, one log per process): ", workdir_));
   Print(absl::StrCat("exit ", *code));
   return *code;
+}
+
+void Launcher::AwaitFinalEvaluation() {
+  const Worker* evaluator = nullptr;
+  for (const Worker& w : workers_) {
+    if (w.plan.role == LaunchRole::kEvaluator) evaluator = &w;
+  }
+  if (evaluator == nullptr) return;
+  // Every slot finished: the evaluator evaluates the final center once more, reports it and
+  // leaves (worker/evaluator.h, rebound.torch's evaluator). Wait for that report, bounded.
+  const absl::Time limit = clock_->Now() + kFinalEvalWait;
+  while (clock_->Now() < limit) {
+    const bool left = evaluator->process->Poll().has_value();
+    if (PollStatus().has_value() && tracker_.evaluated_version().has_value() &&
+        tracker_.evaluated_version() == tracker_.center_version()) {
+      return;
+    }
+    if (left) return;  // its last report is in the status just read
+    clock_->WaitFor(absl::Milliseconds(100), nullptr);
+  }
+  Print(absl::StrCat("the evaluator did not report the final center within ",
+                     absl::FormatDuration(kFinalEvalWait)));
+}
+
+void Launcher::PrintFinalEvaluation() {
+  if (!tracker_.test_accuracy().has_value() && !tracker_.test_loss().has_value()) return;
+  std::string figures =
+      tracker_.test_accuracy().has_value()
+          ? absl::StrFormat("test accuracy %.4f", *tracker_.test_accuracy())
+          : std::string();
+  if (tracker_.test_loss().has_value()) {
+    absl::StrAppend(&figures, figures.empty() ? "" : ", ",
+                    absl::StrFormat("test loss %.4f", *tracker_.test_loss()));
+  }
+  const std::optional<int64_t> evaluated = tracker_.evaluated_version();
+  const std::optional<int64_t> center = tracker_.center_version();
+  if (tracker_.AllFinished() && evaluated.has_value() && evaluated == center) {
+    Print(absl::StrCat("final ", figures, " of the final center (version ", *center,
+                       ", evaluated after every slot finished)"));
+  } else {
+    Print(absl::StrCat("last ", figures,
+                       evaluated.has_value() ? absl::StrCat(" of center version ", *evaluated)
+                                             : std::string(),
+                       center.has_value() ? absl::StrCat(" (the center is at version ",
+                                                         *center, ")")
+                                          : std::string()));
+  }
 }
 
 std::optional<int> Launcher::PrepareWorkDir() {
@@ -269,13 +314,15 @@ std::optional<int> Launcher::PrepareWorkDir() {
   const std::string worker_config = workdir_ + "/worker.pbtxt";
   job_file_ = AbsolutePath(options_.job_file);
   std::vector<std::pair<std::string, std::string>> files;
-  if (job_.sharding().groups() != shard_groups_) {
-    // The job file does not shard (CheckOptionsAgainstJob): its copy with sharding.groups = K.
-    const std::string copy = workdir_ + "/job.sharded.pbtxt";
-    files.emplace_back(copy, ShardedJobText(job_, shard_groups_, job_file_));
+  // A job file that does not shard (CheckOptionsAgainstJob) or sets no start barrier: the servers
+  // read its copy with sharding.groups = K and min_trainers = every slot.
+  std::string changes;
+  const JobConfig launched = LaunchedJob(job_, shard_groups_, &changes);
+  if (!changes.empty()) {
+    const std::string copy = workdir_ + "/job.launch.pbtxt";
+    files.emplace_back(copy, LaunchedJobText(launched, job_file_, changes));
     job_file_ = copy;
-    Print(absl::StrCat("the servers read ", copy, ": the job with sharding.groups = ",
-                       shard_groups_));
+    Print(absl::StrCat("the servers read ", copy, ": the job with ", changes));
   }
   // The members get their configs once etcd runs and their ports are known (StartMembers).
   if (!uses_members()) {
@@ -661,7 +708,12 @@ std::optional<int> Launcher::Supervise() {
     // While a failover is watched, poll often enough to time it; print once a second anyway.
     const bool watching_failover =
         group_watch_.watching() && now - killed_at_ < kFailoverWatchLimit;
-    next = std::max(next + (watching_failover ? kFailoverPoll : kProgressPeriod), now);
+    // Also while a trainer kill waits for its step: the slot's step is then read every 50 ms,
+    // so the kill lands within one sync period of the step asked (the step status shows moves
+    // at each sync), not up to a second of training later.
+    const bool kill_pending = options_.kill_trainer_at_step.has_value() && !kill_done_;
+    next = std::max(
+        next + (watching_failover || kill_pending ? kFailoverPoll : kProgressPeriod), now);
     MaybeRestartKilledMember();
     if (!PollStatus().has_value()) continue;
     if (now >= next_line) {

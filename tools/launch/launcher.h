@@ -43,7 +43,7 @@
 // group's addresses), its log, and its data in <--data_dir>/<name> (kept) or else, for a
 // replicated group, in <work dir>/<name> (emptied first), or else in memory. The servers read
 // the job file itself when its sharding.groups is K, else a copy with sharding.groups = K in the
-// work dir (job.sharded.pbtxt). Run() waits (at most 60 s) until every group answers GetStatus
+// work dir (job.launch.pbtxt). Run() waits (at most 60 s) until every group answers GetStatus
 // with its sharding status (a replicated group: from its leader), prints each group and the
 // ranges, and gives the workers group 0's address. Progress, kills and the failover watch are
 // group 0's (--kill_leader_at_step kills group 0's leader); a group none of whose servers runs
@@ -157,6 +157,12 @@ class Launcher {
   // GetStatus with a 5 s deadline (1 s while a group elects a leader: a stuck connection attempt
   // is left for a fresh channel); a reply is passed to the trackers and their events printed.
   std::optional<GetStatusResponse> PollStatus();
+  // After every slot finished: waits (at most 60 s) until the evaluator, if the job has one,
+  // reported the final center or left.
+  void AwaitFinalEvaluation();
+  // "final test accuracy A, test loss L of the final center (version V, evaluated after every
+  // slot finished)", or "last ..." naming the version evaluated when that is not the final one.
+  void PrintFinalEvaluation();
   // SIGKILLs the trainer of --kill_slot once its step reaches --kill_trainer_at_step.
   void MaybeKillTrainer();
   // SIGKILLs the group's leader once the mean trainer step reaches --kill_leader_at_step; true

@@ -351,6 +351,29 @@ std::string ShardedJobText(const JobConfig& job, int groups, const std::string& 
                       " with sharding.groups = ", groups, ".\n", text);
 }
 
+JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes) {
+  JobConfig launched = job;
+  std::vector<std::string> changed;
+  if (job.sharding().groups() != groups) {
+    launched.mutable_sharding()->set_groups(groups);
+    changed.push_back(absl::StrCat("sharding.groups = ", groups));
+  }
+  if (job.topology().min_trainers() == 0) {
+    const int slots = job.topology().replicas() * job.topology().stages();
+    launched.mutable_topology()->set_min_trainers(slots);
+    changed.push_back(absl::StrCat("topology.min_trainers = ", slots, " (every slot)"));
+  }
+  if (changes != nullptr) *changes = absl::StrJoin(changed, ", ");
+  return launched;
+}
+
+std::string LaunchedJobText(const JobConfig& launched, const std::string& source,
+                            const std::string& changes) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(launched, &text);
+  return absl::StrCat("# Written by rebound_launch: ", source, " with ", changes, ".\n", text);
+}
+
 const char* RoleFlag(LaunchRole role) {
   switch (role) {
     case LaunchRole::kTrainer:

@@ -88,6 +88,17 @@ int ShardGroups(const LaunchOptions& options, const JobConfig& job);
 // naming `source` (the original file).
 std::string ShardedJobText(const JobConfig& job, int groups, const std::string& source);
 
+// The job the launcher's servers run: `job` with sharding.groups = `groups` and, where the job
+// leaves topology.min_trainers 0, the start barrier over every trainer slot (replicas x stages):
+// the launcher starts every trainer, one registration after the other, and they train together
+// once all are there (docs/operations.md#the-start-barrier). `changes` (if not null) gets what
+// differs from `job`, for the launcher's line and the copy's comment; empty when nothing does.
+JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes);
+
+// `launched` printed as protobuf text under a comment naming `source` and `changes`.
+std::string LaunchedJobText(const JobConfig& launched, const std::string& source,
+                            const std::string& changes);
+
 enum class LaunchRole { kTrainer, kSpare, kEvaluator };
 
 // The value of rebound_worker's --role flag for `role`.

@@ -145,6 +145,12 @@ std::vector<ProgressEvent> ProgressTracker::Update(const GetStatusResponse& stat
   if (status.has_last_eval()) {
     if (status.last_eval().has_test_accuracy()) test_accuracy_ = status.last_eval().test_accuracy();
     if (status.last_eval().has_test_loss()) test_loss_ = status.last_eval().test_loss();
+    if (status.last_eval().has_center_version()) {
+      evaluated_version_ = status.last_eval().center_version();
+    }
+  }
+  for (const CenterStatus& center : status.centers()) {
+    if (center.stage() == 0) center_version_ = center.version();
   }
   latest_ = status;
   return events;

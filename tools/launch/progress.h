@@ -66,6 +66,9 @@ class ProgressTracker {
 
   std::optional<double> test_accuracy() const { return test_accuracy_; }
   std::optional<double> test_loss() const { return test_loss_; }
+  // The center version the last evaluation was of, and stage 0's center version now.
+  std::optional<int64_t> evaluated_version() const { return evaluated_version_; }
+  std::optional<int64_t> center_version() const { return center_version_; }
   int recoveries() const { return recoveries_; }
 
   // True once the latest reply has at least one slot and every slot is FINISHED.
@@ -96,6 +99,8 @@ class ProgressTracker {
   std::map<std::pair<int, int>, double> last_loss_;  // by slot, survives a lost owner
   std::optional<double> test_accuracy_;
   std::optional<double> test_loss_;
+  std::optional<int64_t> evaluated_version_;
+  std::optional<int64_t> center_version_;
   int recoveries_ = 0;
 };
 

@@ -1108,6 +1108,16 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         while True:
             reg = session.current()
             if reg.role == config_pb2.TRAINER:
+                # The job's start barrier (bounded by the server's start_barrier_ms; this bound
+                # covers a server that stops answering meanwhile).
+                limit_s = (reg.job.topology.start_barrier_ms +
+                           2 * reg.job.fault_tolerance.heartbeat_interval_ms) / 1000.0 + \
+                    options.rpc_deadline_s
+                if not session.wait_for_start(limit_s):
+                    if not exit:
+                        final = worker.final_model(first_reg, stopped_early())
+                    session.deregister()
+                    break
                 outcome = worker.train(reg, replayed)
                 if outcome == "replaced":
                     continue
