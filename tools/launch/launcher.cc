@@ -920,6 +920,7 @@ void Launcher::MaybeKillTrainer() {
     // kKillAlignLimit of waiting), so that the demonstration shows steps replayed, not only a
     // snapshot restored: a trainer killed right after its sync leaves nothing to replay.
     int64_t logged_ahead = -1;
+    int64_t step_at_kill = slot->step;  // as the server saw it at the last read
     const absl::Time limit = clock_->Now() + kKillAlignLimit;
     while (clock_->Now() < limit) {
       GetStatusResponse status;
@@ -933,6 +934,7 @@ void Launcher::MaybeKillTrainer() {
         if (s.slot().replica() == options_.kill_slot.replica &&
             s.slot().stage() == options_.kill_slot.stage) {
           logged_ahead = s.logged_step() - s.snapshot_step();
+          step_at_kill = std::max(step_at_kill, s.step());
         }
       }
       if (logged_ahead >= kKillLoggedSteps) break;
@@ -943,7 +945,7 @@ void Launcher::MaybeKillTrainer() {
     kill_done_ = true;
     PrintEvent({options_.kill_slot,
                 absl::StrCat("killed ", w.plan.name, " (pid ", w.process->pid(), ") at step ",
-                             slot->step,
+                             step_at_kill,
                              logged_ahead > 0
                                  ? absl::StrCat("; the server held ", logged_ahead,
                                                 " logged step(s) past its snapshot")
