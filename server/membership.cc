@@ -65,7 +65,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   if (!credential.ok()) return credential.status();
 
   const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   int slot_index = -1;
   WorkerRole role = requested;
   if (requested == TRAINER || requested == ROLE_UNSPECIFIED) {
@@ -107,22 +107,32 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
     response.set_start_step(slot.step);
   }
   workers_.emplace(worker.incarnation, worker);
-  absl::Status persisted = PersistLocked();
-  if (!persisted.ok()) {
-    workers_.erase(worker.incarnation);
-    if (slot_index >= 0) {
-      slots_[slot_index].state = UNASSIGNED;
-      slots_[slot_index].owner = 0;
-    }
-    return absl::UnavailableError(
-        absl::StrCat("cannot persist the registration: ", persisted.message()));
-  }
+  const uint64_t seq = MarkDirtyLocked();
   if (slot_index >= 0) {
     for (Neighbour& n : NeighboursLocked(slot_index)) *response.add_neighbours() = n;
     if (!first_trainer_at_.has_value()) first_trainer_at_ = now;
     if (StartHeldLocked(now)) response.set_hold_start(true);
   }
-  return response;
+  lock.Release();
+  // Written without mu_ (see the class comment); the worker learns its incarnation only after.
+  absl::Status persisted = Persist(seq);
+  if (persisted.ok()) return response;
+  // Undone, unless a failure detection fenced it meanwhile; the undoing is written in turn (a
+  // later write that held the registration would otherwise leave a restarted server waiting for
+  // an owner that never heard of its slot, until its failure_timeout).
+  uint64_t undo = 0;
+  {
+    absl::MutexLock relock(&mu_);
+    if (workers_.erase(worker.incarnation) > 0) undo = MarkDirtyLocked();
+    if (slot_index >= 0 && slots_[slot_index].owner == worker.incarnation) {
+      slots_[slot_index].state = UNASSIGNED;
+      slots_[slot_index].owner = 0;
+      undo = MarkDirtyLocked();
+    }
+  }
+  PersistOrLog(undo, "the undoing of a registration that could not be persisted");
+  return absl::UnavailableError(
+      absl::StrCat("cannot persist the registration: ", persisted.message()));
 }
 
 bool Membership::StartHeldLocked(absl::Time now) {
@@ -228,7 +238,7 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
                                                    request.step()));
   }
   const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
+  WriteLock lock(this, "a takeover");
   absl::Status alive = CheckAliveLocked(request.incarnation());
   if (!alive.ok()) return alive;
   Worker& worker = workers_.at(request.incarnation());
@@ -315,11 +325,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
     }
   }
   PruneLocked();
-  absl::Status persisted = PersistLocked();
-  if (!persisted.ok()) {
-    LOG(ERROR) << "cannot persist the fencing of incarnation " << worker.incarnation << ": "
-               << persisted;
-  }
+  MarkDirtyLocked();  // written by the public method's WriteLock
   NotifyClaimableLocked();
 }
 
@@ -387,8 +393,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   replaced.state = REPLACED;
   replaced.state_reason =
       absl::StrCat("took over slot ", SlotName(slot.id), " as incarnation ", trainer.incarnation);
-  absl::Status persisted = PersistLocked();
-  if (!persisted.ok()) LOG(ERROR) << "cannot persist a takeover: " << persisted;
+  MarkDirtyLocked();  // written by the public method's WriteLock
 
   RegisterResponse takeover;
   takeover.set_incarnation(trainer.incarnation);
@@ -546,7 +551,7 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishRecovery(
     uint64_t incarnation, const ReportRecoveryRequest& report, const ReplayEnd& end,
     std::optional<int64_t> replayed_from_step) {
   const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
+  WriteLock lock(this, "a takeover");
   RETURN_IF_ERROR(CheckAliveLocked(incarnation));
   Slot* recovering = RecoveringSlotLocked(report.task_id());
   if (recovering == nullptr) {
@@ -612,7 +617,7 @@ bool Membership::TakeRollbackRequest(std::string* why) {
 }
 
 void Membership::RollBackAll(int64_t step, const std::string& why) {
-  absl::MutexLock lock(&mu_);
+  WriteLock lock(this, "a rollback");
   const std::string reason =
       absl::StrCat("rolled back to the global checkpoint of step ", step, ": ", why);
   // rollback_requested_ stays set until FinishRollback: StartRecovery hands out no restore while
@@ -642,8 +647,7 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
     slot.failed_replays = 0;
     slot.detail = absl::StrCat(reason, "; waiting for a spare to restore it");
   }
-  absl::Status persisted = PersistLocked();
-  if (!persisted.ok()) LOG(ERROR) << "cannot persist a rollback: " << persisted;
+  MarkDirtyLocked();  // written by this method's WriteLock
   NotifyClaimableLocked();
 }
 
@@ -659,27 +663,59 @@ std::vector<RecoveryStatus> Membership::Recoveries() const {
   return recoveries_;
 }
 
-absl::Status Membership::PersistLocked() {
-  if (!persist_) return absl::OkStatus();
+absl::Status Membership::Persist(uint64_t seq) {
+  if (!persist_ || seq == 0) return absl::OkStatus();
+  absl::MutexLock persisting(&persist_mu_);
+  // A write that began after this change (another caller's) holds it already.
+  if (persisted_seq_ >= seq) return absl::OkStatus();
   ServerRecord server;
-  server.set_job_id(job_.job_id());
-  server.set_incarnation_epoch(epoch_);
-  server.set_next_incarnation_counter(next_counter_);
   std::vector<SlotRecord> slots;
-  for (const Slot& slot : slots_) {
-    SlotRecord record;
-    *record.mutable_slot() = slot.id;
-    record.set_state(slot.state);
-    record.set_owner_incarnation(slot.owner);
-    record.set_step(slot.synced_step);
-    if (slot.owner != 0) {
-      const Worker& owner = workers_.at(slot.owner);
-      record.set_owner_name(owner.name);
-      record.set_owner_credential(owner.credential);
+  uint64_t snapshot_seq;
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_seq = dirty_seq_;
+    server.set_job_id(job_.job_id());
+    server.set_incarnation_epoch(epoch_);
+    server.set_next_incarnation_counter(next_counter_);
+    for (const Slot& slot : slots_) {
+      SlotRecord record;
+      *record.mutable_slot() = slot.id;
+      record.set_state(slot.state);
+      record.set_owner_incarnation(slot.owner);
+      record.set_step(slot.synced_step);
+      if (slot.owner != 0) {
+        const Worker& owner = workers_.at(slot.owner);
+        record.set_owner_name(owner.name);
+        record.set_owner_credential(owner.credential);
+      }
+      slots.push_back(std::move(record));
     }
-    slots.push_back(record);
   }
-  return persist_(server, slots);
+  // Without mu_: a replicated group's commit waits here for its in-sync standbys.
+  absl::Status written = persist_(server, slots);
+  if (written.ok()) persisted_seq_ = snapshot_seq;
+  return written;
+}
+
+void Membership::PersistOrLog(uint64_t seq, const char* what) {
+  absl::Status persisted = Persist(seq);
+  if (!persisted.ok()) LOG(ERROR) << "cannot persist " << what << ": " << persisted;
+}
+
+Membership::WriteLock::WriteLock(Membership* membership, const char* what)
+    : membership_(membership), what_(what) {
+  membership_->mu_.Lock();
+  start_seq_ = DirtySeq(*membership_);
+}
+
+Membership::WriteLock::~WriteLock() {
+  const uint64_t now = DirtySeq(*membership_);
+  membership_->mu_.Unlock();
+  membership_->PersistOrLog(now != start_seq_ ? now : 0, what_);
+}
+
+uint64_t Membership::WriteLock::DirtySeq(const Membership& membership) {
+  return membership.dirty_seq_;
 }
 
 absl::Status Membership::Restore(const ServerRecord& server, const std::vector<SlotRecord>& slots,
@@ -763,7 +799,7 @@ std::string Membership::NameOf(uint64_t incarnation) const {
 }
 
 bool Membership::RecordProgress(const SlotId& slot, int64_t step, int64_t max_steps) {
-  absl::MutexLock lock(&mu_);
+  WriteLock lock(this, "a finished slot");
   const int index = SlotIndex(slot);
   if (index < 0) return false;
   Slot& s = slots_[index];
@@ -772,8 +808,7 @@ bool Membership::RecordProgress(const SlotId& slot, int64_t step, int64_t max_st
   if (step >= max_steps && s.state == ACTIVE) {
     s.state = FINISHED;
     s.detail = absl::StrCat("finished at step ", step);
-    absl::Status persisted = PersistLocked();
-    if (!persisted.ok()) LOG(ERROR) << "cannot persist a finished slot: " << persisted;
+    MarkDirtyLocked();  // written by this method's WriteLock
     return true;
   }
   return false;
@@ -802,7 +837,7 @@ void Membership::PruneLocked() {
 }
 
 absl::Status Membership::Deregister(uint64_t incarnation, bool drained) {
-  absl::MutexLock lock(&mu_);
+  WriteLock lock(this, "a deregistration");
   absl::Status alive = CheckAliveLocked(incarnation);
   if (!alive.ok()) return alive;
   Worker& worker = workers_.at(incarnation);
@@ -837,7 +872,7 @@ absl::StatusOr<uint64_t> Membership::Drain(const SlotId& slot) {
 std::vector<FailedWorker> Membership::DetectFailures() {
   const absl::Time now = clock_->Now();
   std::vector<FailedWorker> failed;
-  absl::MutexLock lock(&mu_);
+  WriteLock lock(this, "the fencing of a failed worker");
   for (auto& [incarnation, worker] : workers_) {
     if (worker.state != ALIVE) continue;
     const absl::Duration silent = now - worker.last_heartbeat;

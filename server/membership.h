@@ -18,11 +18,19 @@
 // tells the coordinator, through the RecoveryObserver it is given, what the tasks depend on:
 // a spare fenced (its task ends), a slot claimable (a waiting claim wakes), a server pause.
 //
-// Thread-safety: thread-safe; one mutex (mu_), which is taken after the stage and step-log locks
-// and before the RecoveryObserver's, SlotBooks' and the persist function's
-// (server/recovery_coordinator.h has the server's lock order). The persist function and the
-// observer are called under mu_ and must take no lock that is held while calling Membership;
-// they must not call Membership. No function blocks.
+// Thread-safety: thread-safe; the state is under one mutex (mu_), which is taken after the stage
+// and step-log locks and before the RecoveryObserver's and SlotBooks' (server/recovery_coordinator.h
+// has the server's lock order). The observer is called under mu_: it keeps its tasks in memory
+// (no I/O, no network), must take no lock that is held while calling Membership and must not call
+// Membership. The persist function is NOT called under mu_ (R20): a change is made in memory
+// under mu_, and the method that made it writes the whole state afterwards, under persist_mu_
+// alone (taken before mu_), so that a write, which in a replicated group waits for the in-sync
+// standbys, holds up no other Membership call: every Sync's owner check and every heartbeat go on
+// meanwhile. Writes are ordered by a sequence number, each writes the state as of its start, and
+// one write covers every change made before it began (the others' callers then return at once):
+// the store never goes back to an older state. A method returns after its change is written (or
+// its failure logged; Register fails and undoes its registration): nothing the change grants
+// reaches a worker before the store holds it. Only the persist function blocks.
 // Ownership: `clock` is borrowed and must outlive the membership; the persist function is copied;
 // the observer is borrowed from SetRecoveryObserver until it is replaced or reset.
 // Status codes: each function says which it returns; in general INVALID_ARGUMENT for a malformed
@@ -99,9 +107,10 @@ class RecoveryObserver {
 
 class Membership {
  public:
-  // Writes the membership's durable state; called under the membership's lock after every
-  // change of a slot's owner or state and every new incarnation. A failing persist makes the
-  // change fail (Register) or is logged (failure detection, which must go on).
+  // Writes the membership's durable state (the whole of it); called after every change of a
+  // slot's owner or state and every new incarnation, one call at a time and without the
+  // membership's state lock (see Thread-safety above). A failing persist makes the change fail
+  // (Register) or is logged (failure detection, which must go on).
   using PersistFn =
       std::function<absl::Status(const ServerRecord& server, const std::vector<SlotRecord>& slots)>;
 
@@ -310,7 +319,32 @@ class Membership {
   // registered.
   bool StartHeldLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckAliveLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds mu_ like absl::MutexLock for a public method that may change persisted state; when it
+  // goes out of scope (after the method's return value is built) it releases mu_ and then writes
+  // the change the method made, if any (Persist), logging a failure as "cannot persist <what>".
+  class ABSL_SCOPED_LOCKABLE WriteLock {
+   public:
+    WriteLock(Membership* membership, const char* what)
+        ABSL_EXCLUSIVE_LOCK_FUNCTION(membership->mu_);
+    ~WriteLock() ABSL_UNLOCK_FUNCTION();
+    WriteLock(const WriteLock&) = delete;
+    WriteLock& operator=(const WriteLock&) = delete;
+
+   private:
+    // dirty_seq_, read with mu_ held (the constructor took it; the destructor has not released
+    // it yet), which the analysis cannot follow into a scoped lock's own members.
+    static uint64_t DirtySeq(const Membership& membership) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+    Membership* const membership_;
+    const char* const what_;
+    uint64_t start_seq_ = 0;
+  };
+  // A change to be persisted was made: returns its sequence number (see Persist).
+  uint64_t MarkDirtyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ++dirty_seq_; }
+  // Writes the state unless a write that began after change `seq` succeeded already: a snapshot
+  // taken under mu_, written under persist_mu_ alone. OK for seq 0 (nothing changed).
+  absl::Status Persist(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
+  // Persist, logging a failure as "cannot persist <what>: ...".
+  void PersistOrLog(uint64_t seq, const char* what) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
   int SlotIndex(const SlotId& slot) const;
   std::vector<Neighbour> NeighboursLocked(int slot_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The alive owners of the stages whose step logs a replay of slot `slot_index` reads: its
@@ -333,7 +367,11 @@ class Membership {
   const PersistFn persist_;
   const absl::Duration failure_timeout_;
 
+  // Serializes the persist function's calls; taken before mu_, held across a write.
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint64_t persisted_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;  // the newest change written
   mutable absl::Mutex mu_;
+  uint64_t dirty_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the newest change made (MarkDirtyLocked)
   uint64_t epoch_ ABSL_GUARDED_BY(mu_);  // high 32 bits of this server life's incarnations
   uint64_t next_counter_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t first_counter_of_life_ ABSL_GUARDED_BY(mu_) = 1;  // the first issued since Restore

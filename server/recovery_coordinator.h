@@ -37,7 +37,8 @@
 // Lock order of the server (a lock may be held while taking one to its right, never the
 // reverse): ParameterServerService::model_mu_ -> CenterTable::declare_mu_ ->
 // GlobalCheckpoint::mu_ -> CenterTable stage lock -> StepLogService locks ->
-// Membership::mu_ -> RecoveryCoordinator::mu_ -> {SlotBooks::mu_, LogRetention::mu_,
+// Membership::persist_mu_ (held across the membership's DurableStore commits, never with
+// Membership::mu_) -> Membership::mu_ -> RecoveryCoordinator::mu_ -> {SlotBooks::mu_, LogRetention::mu_,
 // ReliabilityTracker::mu_}. The coordinator's mu_ guards its tasks; Membership takes it when it
 // calls the coordinator as its RecoveryObserver; the coordinator holds it while calling no other
 // unit, and calls every unit (Membership included) without holding it.

@@ -583,5 +583,112 @@ TEST_CASE(
   }
 }
 
+// ---- persistence outside the state lock (R20) ------------------------------------------------
+
+TEST_CASE("a write in progress (a replicated group's wait for its standbys) holds up no "
+          "heartbeat, owner check or status") {
+  FakeClock clock;
+  std::atomic<bool> block{false};
+  absl::Notification writing;
+  absl::Notification release;
+  Membership membership(TwoByOneJob(), &clock,
+                        [&](const ServerRecord&, const std::vector<SlotRecord>&) {
+                          if (block.load()) {
+                            writing.Notify();
+                            release.WaitForNotification();
+                          }
+                          return absl::OkStatus();
+                        });
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  block.store(true);
+  absl::StatusOr<RegisterResponse> b;
+  std::thread registering([&] { b = membership.Register(Request("b")); });
+  writing.WaitForNotification();  // b's registration is being written, and waits
+  // The calls every Sync and heartbeat make, from another thread, bounded: before R20 the write
+  // held the membership's lock and these waited for it.
+  absl::Notification answered;
+  bool alive = false;
+  bool beat = false;
+  int listed = 0;
+  std::thread calling([&] {
+    alive = membership.CheckAlive(a->incarnation()).ok();
+    beat = membership.Heartbeat(Beat(a->incarnation())).ok();
+    GetStatusResponse status;
+    membership.FillStatus(&status);
+    listed = status.workers_size();
+    answered.Notify();
+  });
+  const bool in_time = answered.WaitForNotificationWithTimeout(absl::Seconds(10));
+  release.Notify();
+  calling.join();
+  registering.join();
+  CHECK(in_time);
+  CHECK(alive);
+  CHECK(beat);
+  CHECK(listed == 2);  // b is in memory while its write runs; it learns its incarnation after
+  REQUIRE(b.ok());
+  CHECK(b->slot().replica() == 1);
+}
+
+TEST_CASE("concurrent changes are written in their order, never an older state after a newer "
+          "one, and one write may cover several") {
+  FakeClock clock;
+  absl::Mutex mu;
+  std::vector<uint64_t> written;  // next_incarnation_counter of each write, in write order
+  Membership membership(TwoByOneJob(), &clock,
+                        [&](const ServerRecord& server, const std::vector<SlotRecord>&) {
+                          absl::SleepFor(absl::Milliseconds(1));  // a write takes time
+                          absl::MutexLock lock(&mu);
+                          written.push_back(server.next_incarnation_counter());
+                          return absl::OkStatus();
+                        });
+  constexpr int kThreads = 4;
+  constexpr int kEach = 25;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        if (membership.Register(Request(absl::StrCat("w", t, "-", i))).ok()) ++ok;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(ok.load() == kThreads * kEach);
+  absl::MutexLock lock(&mu);
+  REQUIRE_FALSE(written.empty());
+  CHECK(std::is_sorted(written.begin(), written.end()));
+  // The last write holds every registration (the counter after the 100th).
+  CHECK(written.back() == 1 + kThreads * kEach);
+  CHECK(written.size() <= static_cast<size_t>(kThreads * kEach));
+}
+
+TEST_CASE("a registration that cannot be written is refused UNAVAILABLE and undone, and the "
+          "undoing is written") {
+  FakeClock clock;
+  int calls = 0;
+  std::vector<SlotRecord> last;
+  Membership membership(TwoByOneJob(), &clock,
+                        [&](const ServerRecord&, const std::vector<SlotRecord>& slots) {
+                          ++calls;
+                          if (calls == 2) return absl::UnavailableError("disk full");
+                          last = slots;
+                          return absl::OkStatus();
+                        });
+  REQUIRE(membership.Register(Request("a")).ok());
+  auto b = membership.Register(Request("b"));
+  CHECK(b.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(b.status().message() == "cannot persist the registration: disk full");
+  CHECK(calls == 3);  // a, b (failed), b undone
+  REQUIRE(last.size() == 2);
+  CHECK(last[1].state() == UNASSIGNED);
+  CHECK(last[1].owner_incarnation() == 0);
+  // The slot is free again: the next trainer gets it.
+  auto c = membership.Register(Request("c"));
+  REQUIRE(c.ok());
+  CHECK(c->slot().replica() == 1);
+}
+
 }  // namespace
 }  // namespace rebound::server
