@@ -233,7 +233,19 @@ for entry in "${TSAN_CASES[@]}"; do
   case_targets+=("$case_target")
 done
 tsa_targets+=("${case_targets[@]}")
-[ "$tier" = default ] || tsa_targets=(//...)
+if [ "$tier" != default ]; then
+  # Everything `bazel build //...` builds, listed by this (the main) server: the TSan server
+  # would walk `//...` into this workspace's convenience symlink bazel-<directory> (it points
+  # into the main server's output base, not its own), which only .bazelignore's names keep out
+  # (bazel-main, bazel-rebound): a clone in another directory failed to load
+  # bazel-<directory>/external/bazel_tools.
+  mapfile -t tsa_targets < <(bazel query \
+    'kind(rule, //...) except attr(tags, "\bmanual\b", //...)' 2>/dev/null)
+  if [ "${#tsa_targets[@]}" -eq 0 ]; then
+    echo "tools/test.sh: bazel query found no targets for the thread-safety analysis" >&2
+    exit 1
+  fi
+fi
 tsan_groups=("${TSAN_UNIT_TESTS[@]}")
 if [ "$tier" = full ]; then
   tsan_groups+=("${TSAN_INTEGRATION_TESTS[@]}")
