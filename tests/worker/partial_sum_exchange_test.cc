@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
+#include "testing/cluster/time_scale.h"
 #include "worker/job_thread.h"
 #include "worker/partial_sum_exchange.h"
 #include "worker/peer_service.h"
@@ -62,7 +63,10 @@ void RunExchange(bool shared_memory) {
     peer.mailbox->Open(task_id);
   }
   WorkerConfig config;
-  config.set_rpc_deadline_ms(5000);
+  // Every send and gather is bounded by it: under TSan (5-15x slower, beside other tests) 5 s
+  // was once too short for a gather (a failed run of the default tier); scaled like the
+  // integration tests' waits (testing/cluster/time_scale.h).
+  config.set_rpc_deadline_ms(static_cast<int32_t>(testing::ScaledMs(5000)));
   config.set_replay_shared_memory(shared_memory);
   absl::Notification stop;
 
@@ -133,7 +137,7 @@ void RunExchange(bool shared_memory) {
   }
   for (std::thread& spare : spares) spare.join();
   for (int rank = 0; rank < kSpares; ++rank) {
-    INFO("spare " << rank);
+    INFO("spare " << rank << ": " << results[rank]);
     REQUIRE(results[rank].ok());
     CHECK(sent_on[rank].size() == 1);  // one sender thread for every step
     for (int64_t t = 1; t <= kSteps; ++t) {
