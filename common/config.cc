@@ -270,7 +270,7 @@ void CheckJob(const JobConfig& job, Checker& c) {
     c.InRange("topology.min_trainers", topology.min_trainers(), 0,
               topology.replicas() * topology.stages());
   }
-  c.AtLeast("topology.start_barrier_ms", topology.start_barrier_ms(), 0);
+  c.InRange("topology.start_barrier_ms", topology.start_barrier_ms(), 0, 3600000);  // an hour
 
   const DataConfig& data = job.data();
   if (data.dataset_dir().empty()) c.Fail("data.dataset_dir", "must not be empty");

@@ -276,9 +276,9 @@ int Run() {
       // start_barrier_ms; this bound covers a server that stops answering meanwhile).
       const JobConfig& job = registration.job;
       if (!agent->WaitForStart(
-              stop, absl::Milliseconds(job.topology().start_barrier_ms() +
-                                       2 * job.fault_tolerance().heartbeat_interval_ms() +
-                                       config.rpc_deadline_ms()))) {
+              stop, absl::Milliseconds(job.topology().start_barrier_ms()) +
+                        2 * absl::Milliseconds(job.fault_tolerance().heartbeat_interval_ms()) +
+                        absl::Milliseconds(config.rpc_deadline_ms()))) {
         break;
       }
       InjectedFaults faults;

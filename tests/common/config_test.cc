@@ -176,7 +176,9 @@ TEST_CASE("the start barrier is off by default, waits up to 60 s, and min_traine
   CHECK(JobError(std::string(kBase) + "topology { min_trainers: -1 }\n") ==
         "job.pbtxt:5: topology.min_trainers must be in [0, 1], got -1");
   CHECK(JobError(std::string(kBase) + "topology { start_barrier_ms: -5 }\n") ==
-        "job.pbtxt:5: topology.start_barrier_ms must be >= 0, got -5");
+        "job.pbtxt:5: topology.start_barrier_ms must be in [0, 3600000], got -5");
+  CHECK(JobError(std::string(kBase) + "topology { start_barrier_ms: 2147483647 }\n") ==
+        "job.pbtxt:5: topology.start_barrier_ms must be in [0, 3600000], got 2147483647");
 }
 
 TEST_CASE("the weight inputs' smoothing half-life defaults to 3 syncs, may be 0 (off), and is "
