@@ -117,9 +117,10 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   // Written without mu_ (see the class comment); the worker learns its incarnation only after.
   absl::Status persisted = Persist(seq);
   if (persisted.ok()) return response;
-  // Undone, unless a failure detection fenced it meanwhile; the undoing is written in turn (a
-  // later write that held the registration would otherwise leave a restarted server waiting for
-  // an owner that never heard of its slot, until its failure_timeout).
+  // Undone: its record goes, and its slot if it still owns it (a failure detection may have
+  // fenced it meanwhile, making the slot LOST). The undoing is written in turn: a later write
+  // that held the registration would otherwise leave a restarted server waiting, until its
+  // failure_timeout, for an owner that never heard of its slot.
   uint64_t undo = 0;
   {
     absl::MutexLock relock(&mu_);

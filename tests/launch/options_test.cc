@@ -274,18 +274,32 @@ TEST_CASE("--shard_groups on a job that cannot be sharded says why, in the job's
   CHECK(CheckOptionsAgainstJob(options, job).ok());
 }
 
-TEST_CASE("the sharded copy of a job is the job with sharding.groups = K and nothing else") {
+TEST_CASE("the launched copy of a job is the job with sharding.groups = K and the start barrier "
+          "over every slot, and nothing else") {
   JobConfig job = ShardableJob();
   job.set_job_id("copy-me");
-  const std::string text = ShardedJobText(job, 4, "/jobs/j.pbtxt");
-  CHECK(absl::StartsWith(text, "# Written by rebound_launch --shard_groups 4: /jobs/j.pbtxt with "
-                               "sharding.groups = 4.\n"));
+  job.mutable_topology()->set_replicas(3);
+  std::string changes;
+  const JobConfig launched = LaunchedJob(job, 4, &changes);
+  CHECK(changes == "sharding.groups = 4, topology.min_trainers = 3 (every slot)");
+  const std::string text = LaunchedJobText(launched, "/jobs/j.pbtxt", changes);
+  CHECK(absl::StartsWith(text, "# Written by rebound_launch: /jobs/j.pbtxt with sharding.groups "
+                               "= 4, topology.min_trainers = 3 (every slot).\n"));
   absl::StatusOr<JobConfig> parsed = ParseJobConfig(text, "copy.pbtxt");
   INFO(text << "\n" << parsed.status().message());
   REQUIRE(parsed.ok());
   CHECK(parsed->sharding().groups() == 4);
+  CHECK(parsed->topology().min_trainers() == 3);
   parsed->clear_sharding();
+  parsed->mutable_topology()->clear_min_trainers();
   CHECK(parsed->SerializeAsString() == job.SerializeAsString());
+
+  // A job that sets its own barrier and sharding is run as it is.
+  job.mutable_topology()->set_min_trainers(2);
+  job.mutable_sharding()->set_groups(4);
+  const JobConfig same = LaunchedJob(job, 4, &changes);
+  CHECK(changes.empty());
+  CHECK(same.SerializeAsString() == job.SerializeAsString());
 }
 
 TEST_CASE("shard groups are planned group by group on consecutive ports, named by group") {
@@ -328,7 +342,8 @@ TEST_CASE("a shard group's server config loads with its shard block, replicated 
   const std::string dir = absl::StrCat(TempDir(), "/shard config");
   REQUIRE(system(absl::StrCat("mkdir -p '", dir, "'").c_str()) == 0);
   const std::string job_file = dir + "/job.pbtxt";
-  WriteFile(job_file, ShardedJobText(ShardableJob(), 2, "test"));
+  std::string changes;
+  WriteFile(job_file, LaunchedJobText(LaunchedJob(ShardableJob(), 2, &changes), "test", changes));
 
   // A group of one server, in memory.
   std::vector<GroupMemberPlan> servers = PlanShardGroups(2, 0, {7401, 7402}, "");

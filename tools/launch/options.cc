@@ -342,15 +342,6 @@ int ShardGroups(const LaunchOptions& options, const JobConfig& job) {
   return options.shard_groups.value_or(job.sharding().groups());
 }
 
-std::string ShardedJobText(const JobConfig& job, int groups, const std::string& source) {
-  JobConfig sharded = job;
-  sharded.mutable_sharding()->set_groups(groups);
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(sharded, &text);
-  return absl::StrCat("# Written by rebound_launch --shard_groups ", groups, ": ", source,
-                      " with sharding.groups = ", groups, ".\n", text);
-}
-
 JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes) {
   JobConfig launched = job;
   std::vector<std::string> changed;

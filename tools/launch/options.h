@@ -83,11 +83,6 @@ absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfi
 // sharding.groups. REQUIRES: CheckOptionsAgainstJob(options, job) is OK.
 int ShardGroups(const LaunchOptions& options, const JobConfig& job);
 
-// The job text the servers read when --shard_groups K shards a job whose file does not (its
-// sharding.groups is 1): `job` printed as protobuf text with sharding.groups = K, under a comment
-// naming `source` (the original file).
-std::string ShardedJobText(const JobConfig& job, int groups, const std::string& source);
-
 // The job the launcher's servers run: `job` with sharding.groups = `groups` and, where the job
 // leaves topology.min_trainers 0, the start barrier over every trainer slot (replicas x stages):
 // the launcher starts every trainer, one registration after the other, and they train together
