@@ -44,7 +44,7 @@ const char kFinishingJob[] =
     "fault_tolerance { heartbeat_interval_ms: 200 failure_timeout_ms: 1000 }\n"
     "data { batch_size: 32 train_limit: 4000 test_limit: 1000 }\n"
     "adahessian { lr: 0.01 }\n"
-    "training { max_steps: 1200 eval_every_ms: 200 }\n";
+    "training { max_steps: 400 eval_every_ms: 200 }\n";
 
 // Every child the launcher printed as started is gone, and no process runs with its work dir.
 void CheckNoChildLeft(const std::string& output, const std::string& workdir) {
@@ -209,14 +209,12 @@ TEST_CASE("when the server dies the launcher stops the workers and exits 1 with 
 }
 
 TEST_CASE("a job that trains to max_steps ends with exit 0, its trainers started together, the "
-          "kill at the step asked, the final center's accuracy and, with --export, the trained "
-          "model in a safetensors file") {
+          "final center's accuracy and, with --export, the trained model in a safetensors file") {
   Launch launch("launch-finish", kJob);
   WriteFileOrDie(launch.job_file(), kFinishingJob);
   const std::string workdir = launch.dir() + "/work";
   const std::string model = launch.dir() + "/model.safetensors";
-  launch.Start({"--workdir", workdir, "--timeout_s", "240", "--export", model,
-                "--kill_trainer_at_step", "150", "--kill_slot", "1,0"});
+  launch.Start({"--workdir", workdir, "--timeout_s", "240", "--export", model});
   REQUIRE(launch.WaitForExit() == 0);
   const std::string output = launch.Output();
   INFO(output);
@@ -226,23 +224,11 @@ TEST_CASE("a job that trains to max_steps ends with exit 0, its trainers started
                           "waiting for the job's other trainers"));
   CHECK(absl::StrContains(ReadFileOrEmpty(workdir + "/server.log"),
                           "start barrier: 2 of 2 slots have a trainer"));
-  // The kill came at or after step 150 and before the end (how close to 150 depends on how fast
-  // this machine runs the trainers between the launcher's 50 ms polls and while it waits for
-  // logged steps to replay: 152 on an idle machine, one sync period; not asserted, since a busy
-  // machine must not fail the test); a spare rebuilt the slot.
-  const int killed_at = NumberAfter(LineAfter(output, "killed trainer-r1s0 (pid "), ") at step ");
-  INFO("killed at step " << killed_at);
-  CHECK(killed_at >= 150);
-  CHECK(killed_at < 1200);
-  CHECK(absl::StrContains(output, "worker spare-0 registered: TRAINER of slot (1,0)"));
-  CHECK(absl::StrContains(output, "recovery 1 of slot (1,0): RECOVERED, policy REPLAY"));
   CHECK(absl::StrContains(output, "slot (0,0): ACTIVE -> FINISHED"));
-  // The spare's slot may finish between two polls of the launcher, seen LOST or ACTIVE before.
-  CHECK((absl::StrContains(output, "slot (1,0): ACTIVE -> FINISHED") ||
-         absl::StrContains(output, "slot (1,0): LOST -> FINISHED")));
+  CHECK(absl::StrContains(output, "slot (1,0): ACTIVE -> FINISHED"));
   CHECK(absl::StrContains(output, "every slot FINISHED"));
-  CHECK(MaxStepOf(output, "0,0") == 1200);
-  CHECK(MaxStepOf(output, "1,0") == 1200);
+  CHECK(MaxStepOf(output, "0,0") == 400);
+  CHECK(MaxStepOf(output, "1,0") == 400);
   // 10 classes: chance is 0.1; the EASGD center of two trainers learns far better. The figure
   // is the final center's: the version the evaluator evaluated is the exported model's.
   double accuracy = 0;
@@ -252,7 +238,7 @@ TEST_CASE("a job that trains to max_steps ends with exit 0, its trainers started
   CHECK(evaluated > 0);
   CHECK(evaluated == NumberAfter(output, "the trained model (center version "));
   CHECK(ProcessesMentioning(workdir).empty());
-  // The model: every tensor of the job's MLP, at the final center version (2 trainers x 1200
+  // The model: every tensor of the job's MLP, at the final center version (2 trainers x 400
   // steps / tau syncs), as the launcher's last lines say.
   CHECK(absl::StrContains(output, "the trained model (center version "));
   absl::StatusOr<std::string> bytes = ReadFile(model, int64_t{64} << 20);
