@@ -111,14 +111,10 @@ def test_words_uniform_and_purposes_match_cpp():
         assert np.array_equal(python, cpp), command
 
 
-def test_rademacher_tensor_shape_and_speed():
-    import time
-
-    begin = time.perf_counter()
+def test_rademacher_tensor_shape_matches_the_flat_draws():
+    # No time bound here: a busy machine must not fail a test (speed belongs to bench/).
     z = rng.rademacher_tensor(1, 2, 3, 4, (1000, 1000))
-    elapsed = time.perf_counter() - begin
     assert z.dtype == torch.float32 and z.shape == (1000, 1000)
-    assert elapsed < 1.0, f"1e6 draws took {elapsed:.2f} s"
     flat = rng.rademacher(1, 2, 3, 4, 10**6)
     assert np.array_equal(z.reshape(-1).numpy(), flat)
     assert set(np.unique(flat).tolist()) == {-1.0, 1.0}
