@@ -161,8 +161,9 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
     std::vector<float> padded(stage->layout.padded_size());
     RETURN_IF_ERROR(compute::InitParams(job.model(), stage->layout, absl::MakeSpan(padded)));
     absl::MutexLock lock(&stage->mu);
-    stage->center.resize(stage->layout.packed_size());
-    RETURN_IF_ERROR(stage->layout.Pack(padded, absl::MakeSpan(stage->center)));
+    stage->center->resize(stage->layout.packed_size());
+    RETURN_IF_ERROR(stage->layout.Pack(padded, absl::MakeSpan(*stage->center)));
+    stage->PublishLocked();
     table->stage_parameters_.push_back(stage->layout.packed_size());
     table->stages_.push_back(std::move(stage));
   }
@@ -178,8 +179,9 @@ absl::StatusOr<std::unique_ptr<CenterTable>> CenterTable::Create(const JobConfig
     auto ranged = std::make_unique<Stage>(std::move(layout));
     absl::MutexLock full_lock(&stage->mu);
     absl::MutexLock lock(&ranged->mu);
-    ranged->center.assign(stage->center.begin() + compute::RangeBegin(n, groups, range),
-                          stage->center.begin() + compute::RangeBegin(n, groups, range + 1));
+    ranged->center->assign(stage->center->begin() + compute::RangeBegin(n, groups, range),
+                           stage->center->begin() + compute::RangeBegin(n, groups, range + 1));
+    ranged->PublishLocked();
     stage.swap(ranged);
   }
   return table;
@@ -212,8 +214,9 @@ absl::Status CenterTable::Declare(const TensorBundle& model) {
   }
   {
     absl::MutexLock lock(&stage->mu);
-    stage->center = std::move(values);
+    *stage->center = std::move(values);
     stage->version = 0;
+    stage->PublishLocked();
   }
   stages_[0] = std::move(stage);
   num_stages_.store(1, std::memory_order_release);
@@ -310,13 +313,84 @@ absl::Status CenterTable::Restore(const CenterRecord& center, const CenterOptRec
     v = Unbundle(stage, opt->state().v());
   }
   absl::MutexLock lock(&s.mu);
-  s.center = std::move(values);
+  // A staged sync still writing would overwrite the restored record with its own.
+  s.mu.Await(absl::Condition(&s, &Stage::NoWritesInFlight));
+  s.center = std::make_shared<std::vector<float>>(std::move(values));
   s.version = center.version();
   s.lost = absl::OkStatus();
   if (!m.empty()) {
     s.m = std::move(m);
     s.v = std::move(v);
     s.opt_step = opt->state().step();
+  }
+  s.PublishLocked();
+  return absl::OkStatus();
+}
+
+void CenterTable::Stage::PublishLocked() {
+  written = version;
+  durable_version = version;
+  durable_center = center;
+}
+
+bool CenterTable::Stage::NoWritesInFlight() const { return written == version; }
+
+std::shared_ptr<std::vector<float>> CenterTable::Stage::AcquireBuffer(size_t n) {
+  std::unique_ptr<std::vector<float>> buffer;
+  {
+    absl::MutexLock lock(&pool->mu);
+    if (!pool->free.empty()) {
+      buffer = std::move(pool->free.back());
+      pool->free.pop_back();
+    }
+  }
+  if (buffer == nullptr) buffer = std::make_unique<std::vector<float>>();
+  buffer->resize(n);
+  std::shared_ptr<BufferPool> home = pool;
+  return std::shared_ptr<std::vector<float>>(buffer.release(), [home](std::vector<float>* b) {
+    std::unique_ptr<std::vector<float>> owned(b);
+    absl::MutexLock lock(&home->mu);
+    if (home->free.size() < kPooledBuffers) home->free.push_back(std::move(owned));
+  });
+}
+
+std::vector<float>& CenterTable::Stage::WritableSpareLocked(size_t n) {
+  // A spare still referenced (a staged sync writing it, a reader copying it) is left to them.
+  if (spare == nullptr || spare.use_count() > 1) spare = AcquireBuffer(n);
+  spare->resize(n);
+  return *spare;
+}
+
+absl::Status CenterTable::MoveIntoSpare(Stage& s, int stage, absl::Span<const float> x,
+                                        double alpha, double w, absl::Span<float> worker_after,
+                                        float* max_abs) {
+  const size_t n = s.center->size();
+  const std::vector<float>& center = *s.center;
+  std::vector<float>& spare = s.WritableSpareLocked(n);
+  // One pass in cache-sized blocks: the worker's pull toward c_before and the center's move.
+  // The kernels are element-wise, so blocks give the same bits as whole-vector calls.
+  // Each block's results are checked while in cache; a refused one returns before the commit,
+  // with the center as it was (the spare buffer is scratch).
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t len = std::min(kBlock, n - begin);
+    const absl::Span<const float> before = absl::MakeConstSpan(center).subspan(begin, len);
+    const absl::Span<float> after = worker_after.subspan(begin, len);
+    const absl::Span<float> moved = absl::MakeSpan(spare).subspan(begin, len);
+    std::memcpy(after.data(), x.data() + begin, len * sizeof(float));
+    RETURN_IF_ERROR(compute::ElasticPullWorker(alpha, before, after));
+    std::memcpy(moved.data(), before.data(), len * sizeof(float));
+    RETURN_IF_ERROR(compute::ElasticMoveCenter(alpha, w, x.subspan(begin, len), moved));
+    for (const auto& [values, what] : {std::pair<const float*, const char*>{moved.data(),
+                                                                            "the center"},
+                                       {after.data(), "the worker's post-sync snapshot"}}) {
+      const int64_t bad = FirstOutOfBounds(values, len, max_abs_value_, max_abs);
+      if (bad >= 0) {
+        const size_t i = begin + static_cast<size_t>(bad);
+        return RefusedResult(s.layout, stage, what, static_cast<int64_t>(i), values[bad],
+                             max_abs_value_,
+                             absl::StrCat("x = ", x[i], ", c = ", center[i], ", weight ", w));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -327,47 +401,130 @@ absl::StatusOr<int64_t> CenterTable::ElasticSync(int stage, absl::Span<const flo
                                                  absl::Span<float> worker_after) {
   Stage& s = *stages_[stage];
   absl::MutexLock lock(&s.mu);
+  // Its commit is written here, after every staged sync's before it.
+  s.mu.Await(absl::Condition(&s, &Stage::NoWritesInFlight));
   RETURN_IF_ERROR(s.lost);
-  const size_t n = s.center.size();
+  const size_t n = s.center->size();
   if (x.size() != n || worker_after.size() != n) {
     return absl::InvalidArgumentError(absl::StrCat("params and worker_after must hold ", n,
                                                    " floats (stage ", stage, "), got ", x.size(),
                                                    " and ", worker_after.size()));
   }
-  ASSIGN_OR_RETURN(const double w, weight(s.version, Distance(x, s.center)));
+  ASSIGN_OR_RETURN(const double w, weight(s.version, Distance(x, *s.center)));
   // The moved center goes to the spare buffer, so the current one stays as it is: it is
   // c_before (no copy for the reply) and what remains if the commit fails (no rollback).
-  s.spare.resize(n);
-  // One pass in cache-sized blocks: the worker's pull toward c_before and the center's move.
-  // The kernels are element-wise, so blocks give the same bits as whole-vector calls.
-  // Each block's results are checked while in cache; a refused one returns before the commit,
-  // with the center as it was (the spare buffer is scratch).
   float max_abs = s.max_abs_seen;
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t len = std::min(kBlock, n - begin);
-    const absl::Span<const float> before = absl::MakeConstSpan(s.center).subspan(begin, len);
-    const absl::Span<float> after = worker_after.subspan(begin, len);
-    const absl::Span<float> moved = absl::MakeSpan(s.spare).subspan(begin, len);
-    std::memcpy(after.data(), x.data() + begin, len * sizeof(float));
-    RETURN_IF_ERROR(compute::ElasticPullWorker(alpha, before, after));
-    std::memcpy(moved.data(), before.data(), len * sizeof(float));
-    RETURN_IF_ERROR(compute::ElasticMoveCenter(alpha, w, x.subspan(begin, len), moved));
-    for (const auto& [values, what] : {std::pair<const float*, const char*>{moved.data(),
-                                                                            "the center"},
-                                       {after.data(), "the worker's post-sync snapshot"}}) {
-      const int64_t bad = FirstOutOfBounds(values, len, max_abs_value_, &max_abs);
-      if (bad >= 0) {
-        const size_t i = begin + static_cast<size_t>(bad);
-        return RefusedResult(s.layout, stage, what, static_cast<int64_t>(i), values[bad],
-                             max_abs_value_,
-                             absl::StrCat("x = ", x[i], ", c = ", s.center[i], ", weight ", w));
-      }
-    }
-  }
-  RETURN_IF_ERROR(commit(s.version + 1, s.spare, worker_after, s.center));
+  RETURN_IF_ERROR(MoveIntoSpare(s, stage, x, alpha, w, worker_after, &max_abs));
+  RETURN_IF_ERROR(commit(s.version + 1, *s.spare, worker_after, *s.center));
   s.center.swap(s.spare);
   s.max_abs_seen = max_abs;
-  return ++s.version;
+  ++s.version;
+  s.PublishLocked();
+  return s.version;
+}
+
+absl::StatusOr<int64_t> CenterTable::ElasticSyncStaged(int stage, absl::Span<const float> x,
+                                                       double alpha, const WeightFn& weight,
+                                                       const DecideFn& decide,
+                                                       absl::Span<float> worker_after) {
+  Stage& s = *stages_[stage];
+  // Kept alive until the writes are done: the records and the reply refer to them.
+  std::shared_ptr<const std::vector<float>> before, after;
+  StagedWrite staged;
+  int64_t mine = 0;
+  {
+    absl::MutexLock lock(&s.mu);
+    auto room = [&s]() ABSL_SHARED_LOCKS_REQUIRED(s.mu) {
+      return s.staged_in_flight < kMaxStagedInFlight;
+    };
+    s.mu.Await(absl::Condition(&room));
+    RETURN_IF_ERROR(s.lost);
+    const size_t n = s.center->size();
+    if (x.size() != n || worker_after.size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat("params and worker_after must hold ", n,
+                                                     " floats (stage ", stage, "), got ",
+                                                     x.size(), " and ", worker_after.size()));
+    }
+    ASSIGN_OR_RETURN(const double w, weight(s.version, Distance(x, *s.center)));
+    float max_abs = s.max_abs_seen;
+    RETURN_IF_ERROR(MoveIntoSpare(s, stage, x, alpha, w, worker_after, &max_abs));
+    mine = s.version + 1;
+    ASSIGN_OR_RETURN(staged, decide(mine, *s.spare, worker_after, *s.center));
+    // Decided: the next sync moves from this center, while this one's bytes are written.
+    before = s.center;
+    after = s.spare;
+    s.center.swap(s.spare);
+    s.max_abs_seen = max_abs;
+    s.version = mine;
+    ++s.staged_in_flight;
+  }
+  // Every return below ends this sync's place among the staged ones.
+  struct Leave {
+    Stage& s;
+    ~Leave() {
+      absl::MutexLock lock(&s.mu);
+      --s.staged_in_flight;
+    }
+  } leave{s};
+  // Outside the lock, beside other syncs of the stage: the tensor files (and the reply).
+  const absl::Status prepared = staged.prepare ? staged.prepare() : absl::OkStatus();
+  {
+    // The records are written in version order: the store's record of the stage always
+    // matches the order of its updates.
+    absl::MutexLock lock(&s.mu);
+    auto my_turn = [&s, mine]() ABSL_SHARED_LOCKS_REQUIRED(s.mu) {
+      return s.written == mine - 1 || !s.lost.ok();
+    };
+    s.mu.Await(absl::Condition(&my_turn));
+    if (!s.lost.ok()) {
+      // An earlier sync's write failed: this one is not written (but counted, so that
+      // NoWritesInFlight holds again once every decided sync has had its turn).
+      if (s.written < mine) s.written = mine;
+      return s.lost;
+    }
+    if (!prepared.ok()) return LoseLocked(s, stage, mine, prepared);
+  }
+  // Still this sync's turn (written is mine - 1 until it says otherwise): no lock held.
+  const absl::Status written = staged.write ? staged.write() : absl::OkStatus();
+  {
+    absl::MutexLock lock(&s.mu);
+    if (!written.ok()) return LoseLocked(s, stage, mine, written);
+    s.written = mine;
+  }
+  // The standbys' acknowledgements, beside the next syncs' writes.
+  const absl::Status replicated = staged.await ? staged.await() : absl::OkStatus();
+  absl::MutexLock lock(&s.mu);
+  if (!replicated.ok()) return LoseLocked(s, stage, mine, replicated);
+  if (mine > s.durable_version) {
+    s.durable_version = mine;
+    s.durable_center = std::move(after);
+  }
+  return mine;
+}
+
+absl::Status CenterTable::LoseLocked(Stage& s, int stage, int64_t version,
+                                     const absl::Status& error) {
+  // The decided center holds this update, which is not durable: the stage refuses work (and
+  // every sync decided after this one fails at its turn) until the server restarts and
+  // reloads its durable state. Readers never saw it: they read the durable center.
+  if (s.lost.ok()) {
+    s.lost = absl::UnavailableError(absl::StrCat(
+        "stage ", stage, " could not commit version ", version, " (", error.message(),
+        "); it refuses work until the server restarts and reloads its durable state"));
+  }
+  if (s.written < version) s.written = version;
+  return error;
+}
+
+void CenterTable::AwaitWrites(int stage) const {
+  const Stage& s = *stages_[stage];
+  absl::MutexLock lock(&s.mu);
+  // The versions decided so far, not the ones decided while waiting (no starvation).
+  const int64_t decided = s.version;
+  auto done = [&s, decided]() ABSL_SHARED_LOCKS_REQUIRED(s.mu) {
+    return s.durable_version >= decided || !s.lost.ok();
+  };
+  s.mu.Await(absl::Condition(&done));
 }
 
 absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const float> g,
@@ -377,8 +534,9 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
                                                      const OptCommitFn& commit) {
   Stage& s = *stages_[stage];
   absl::MutexLock lock(&s.mu);
+  s.mu.Await(absl::Condition(&s, &Stage::NoWritesInFlight));
   RETURN_IF_ERROR(s.lost);
-  const size_t n = s.center.size();
+  const size_t n = s.center->size();
   if (g.size() != n || d.size() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("gradient and hessian_diag must hold ", n, " floats"));
@@ -388,6 +546,7 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
     s.v.assign(n, 0.0f);
   }
   ASSIGN_OR_RETURN(const double w, weight(s.version, Norm(g)));
+  const std::vector<float>& center = *s.center;
   if (!(w >= 0.0 && w <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("weight must be in [0, 1], got ", w));
   }
@@ -396,7 +555,7 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
   const compute::AdaHessianScalars scalars = compute::MakeAdaHessianScalars(config, t, w);
   // Out of place into the spare buffers, in cache-sized blocks, each block's results checked
   // while in cache: a refused push returns with c, m and v as they were.
-  s.spare.resize(n);
+  std::vector<float>& spare = s.WritableSpareLocked(n);
   s.spare_m.resize(n);
   s.spare_v.resize(n);
   float max_abs = s.max_abs_seen;
@@ -405,14 +564,14 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
     RETURN_IF_ERROR(compute::AdaHessianUpdateInto(
         scalars, g.subspan(begin, len), d.subspan(begin, len),
         absl::MakeConstSpan(s.m).subspan(begin, len), absl::MakeConstSpan(s.v).subspan(begin, len),
-        absl::MakeConstSpan(s.center).subspan(begin, len),
+        absl::MakeConstSpan(center).subspan(begin, len),
         absl::MakeSpan(s.spare_m).subspan(begin, len),
         absl::MakeSpan(s.spare_v).subspan(begin, len),
-        absl::MakeSpan(s.spare).subspan(begin, len)));
+        absl::MakeSpan(spare).subspan(begin, len)));
     float unbounded = 0.0f;  // m and v need only be finite
     for (const auto& [values, what, limit, seen] :
          {std::tuple<const float*, const char*, float, float*>{
-              s.spare.data() + begin, "the center", max_abs_value_, &max_abs},
+              spare.data() + begin, "the center", max_abs_value_, &max_abs},
           {s.spare_m.data() + begin, "the center's AdaHessian m", kFiniteOnly, &unbounded},
           {s.spare_v.data() + begin, "the center's AdaHessian v", kFiniteOnly, &unbounded}}) {
       const int64_t bad = FirstOutOfBounds(values, len, limit, seen);
@@ -420,12 +579,12 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
         const size_t i = begin + static_cast<size_t>(bad);
         return RefusedResult(
             s.layout, stage, what, static_cast<int64_t>(i), values[bad], limit,
-            absl::StrCat("g = ", g[i], ", D = ", d[i], ", c = ", s.center[i], ", m = ", s.m[i],
+            absl::StrCat("g = ", g[i], ", D = ", d[i], ", c = ", center[i], ", m = ", s.m[i],
                          ", v = ", s.v[i], ", weight ", w));
       }
     }
   }
-  absl::Status committed = commit(s.version + 1, s.spare, t, s.spare_m, s.spare_v);
+  absl::Status committed = commit(s.version + 1, spare, t, s.spare_m, s.spare_v);
   if (!committed.ok()) {
     // The store is failing (its batch is atomic, so memory still matches it), which needs the
     // operator: the stage refuses work until the server restarts and reloads its durable state.
@@ -439,14 +598,23 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
   s.v.swap(s.spare_v);
   s.max_abs_seen = max_abs;
   s.opt_step = t;
-  return ++s.version;
+  ++s.version;
+  s.PublishLocked();
+  return s.version;
 }
 
 absl::StatusOr<std::pair<std::vector<float>, int64_t>> CenterTable::Read(int stage) const {
   const Stage& s = *stages_[stage];
-  absl::MutexLock lock(&s.mu);
-  RETURN_IF_ERROR(s.lost);
-  return std::make_pair(s.center, s.version);
+  std::shared_ptr<const std::vector<float>> center;
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&s.mu);
+    RETURN_IF_ERROR(s.lost);
+    center = s.durable_center;
+    version = s.durable_version;
+  }
+  // Copied outside the lock: a published center is never written again.
+  return std::make_pair(*center, version);
 }
 
 float CenterTable::max_abs_seen(int stage) const {
@@ -458,7 +626,7 @@ float CenterTable::max_abs_seen(int stage) const {
 int64_t CenterTable::version(int stage) const {
   const Stage& s = *stages_[stage];
   absl::MutexLock lock(&s.mu);
-  return s.version;
+  return s.durable_version;
 }
 
 absl::Status CenterTable::Health() const {
@@ -474,10 +642,10 @@ int64_t CenterTable::WaitForVersion(int stage, int64_t min_version, absl::Durati
   const Stage& s = *stages_[stage];
   absl::MutexLock lock(&s.mu);
   auto reached = [&s, min_version]() ABSL_SHARED_LOCKS_REQUIRED(s.mu) {
-    return s.version >= min_version;
+    return s.durable_version >= min_version;
   };
   s.mu.AwaitWithTimeout(absl::Condition(&reached), timeout);
-  return s.version;
+  return s.durable_version;
 }
 
 }  // namespace rebound::server

@@ -3,11 +3,13 @@
 // CenterTable: the EASGD center variables of every stage (docs/design.md §4.4, §4.6), with their
 // versions and, in mode ASYNC_ADAHESSIAN, the center's AdaHessian state.
 //
-// Each stage has its own lock; an update (elastic move or AdaHessian apply) and the durable
-// commit of its result happen under that lock, in that order, so the durable record of a stage
-// always matches the order of its in-memory updates. If the commit fails the caller gets the
-// commit's error, so an update is acknowledged only once durable: an elastic move is rolled
-// back; an AdaHessian apply (in place) leaves the stage refusing work until Restore.
+// Each stage has its own lock. ElasticSync and ApplyAdaHessian make an update and the durable
+// commit of its result under that lock, in that order; ElasticSyncStaged decides the update
+// under the lock and writes it after, in the stage's version order. Either way the durable
+// record of a stage always matches the order of its in-memory updates, and an update is
+// acknowledged only once durable. If a commit fails the caller gets its error: ElasticSync's
+// move is rolled back; an AdaHessian apply or a staged sync leaves the stage refusing work
+// until Restore. Readers (Read, version, WaitForVersion) see only durable versions.
 //
 // Integrity (issue R9). Every value an update would produce is checked before anything is
 // committed or swapped in: the new center and the worker's post-sync snapshot (ElasticSync), and
@@ -132,6 +134,37 @@ class CenterTable {
   // returns the commit's error and the stage refuses every later call (UNAVAILABLE, "...
   // refuses work until the server restarts ...") until Restore: a failing commit means a
   // failing store, which needs the operator. REQUIRES: validated inputs.
+  // The staged form of ElasticSync (the unsharded Sync's: docs/storage.md "Staged syncs"):
+  // only the move and the decisions that need the update's order happen under the stage's
+  // lock; the bytes are written after it is released, beside the stage's next syncs.
+  //   1. Under the lock: `weight`, the move and the integrity checks as in ElasticSync, then
+  //      `decide` with the new version, the new center, the worker's post-sync parameters and
+  //      c_before (the caller's in-memory bookkeeping, and the write it will need). An error
+  //      from either leaves everything as it was. Then the new center is the stage's: the next
+  //      sync moves from it.
+  //   2. Outside the lock: StagedWrite::prepare (the tensor files, the reply), then, in the
+  //      stage's version order, StagedWrite::write (the records), then StagedWrite::await (the
+  //      standbys). The spans given to `decide` stay valid until the call returns.
+  // The call returns the new version once all three succeeded: the update is durable (and
+  // replicated). If one fails, the call returns its error and the stage refuses every later
+  // call (UNAVAILABLE, as after a failed ApplyAdaHessian commit) until Restore: the decided
+  // center holds an update that is not durable, so every sync decided after it fails at its
+  // turn without writing. Read, version and WaitForVersion see only durable versions.
+  struct StagedWrite {
+    std::function<absl::Status()> prepare;
+    std::function<absl::Status()> write;
+    std::function<absl::Status()> await;
+  };
+  using DecideFn = std::function<absl::StatusOr<StagedWrite>(
+      int64_t version, absl::Span<const float> center, absl::Span<const float> worker_after,
+      absl::Span<const float> center_before)>;
+  absl::StatusOr<int64_t> ElasticSyncStaged(int stage, absl::Span<const float> x, double alpha,
+                                            const WeightFn& weight, const DecideFn& decide,
+                                            absl::Span<float> worker_after);
+
+  // Blocks until every staged sync of `stage` decided so far is durable (or the stage lost).
+  void AwaitWrites(int stage) const;
+
   using OptCommitFn = std::function<absl::Status(
       int64_t version, absl::Span<const float> center, int64_t opt_step,
       absl::Span<const float> m, absl::Span<const float> v)>;
@@ -139,7 +172,8 @@ class CenterTable {
                                           absl::Span<const float> d, const AdaHessianConfig& config,
                                           const WeightFn& weight, const OptCommitFn& commit);
 
-  // The center of `stage` and its version; the stage's UNAVAILABLE if it was lost.
+  // The center of `stage` and its version, the last durable one; the stage's UNAVAILABLE if it
+  // was lost.
   absl::StatusOr<std::pair<std::vector<float>, int64_t>> Read(int stage) const;
   int64_t version(int stage) const;
 
@@ -154,20 +188,48 @@ class CenterTable {
   // then reports NOT_SERVING so that its supervisor restarts it).
   absl::Status Health() const;
 
-  // Blocks until the stage's version reaches `min_version` or `timeout` passes; returns the
-  // version then.
+  // Blocks until the stage's durable version reaches `min_version` or `timeout` passes;
+  // returns the durable version then.
   int64_t WaitForVersion(int stage, int64_t min_version, absl::Duration timeout) const;
 
  private:
   struct Stage {
     explicit Stage(compute::StageLayout l) : layout(std::move(l)) {}
+    // The decided center is durable: nothing staged in flight (Create, Declare, Restore and
+    // the updates that commit under the lock).
+    void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+    bool NoWritesInFlight() const ABSL_SHARED_LOCKS_REQUIRED(mu);
+    // The spare buffer, of n floats, owned by the stage alone (a new one if a staged sync or
+    // a reader still holds the old).
+    std::vector<float>& WritableSpareLocked(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+    // Freed center buffers, for the next spares (no page faults per sync): a buffer returns
+    // here when its last holder lets go. Shared with the buffers' deleters.
+    struct BufferPool {
+      absl::Mutex mu;
+      std::vector<std::unique_ptr<std::vector<float>>> free ABSL_GUARDED_BY(mu);
+    };
+    std::shared_ptr<std::vector<float>> AcquireBuffer(size_t n);
+
     const compute::StageLayout layout;
+    const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
     mutable absl::Mutex mu;
-    std::vector<float> center ABSL_GUARDED_BY(mu);  // packed layout
-    // Where ElasticSync writes the moved center before swapping it in (no copy of c_before,
-    // no rollback); allocated at the first sync.
-    std::vector<float> spare ABSL_GUARDED_BY(mu);
+    // Staged syncs between their decision and their end (see kMaxStagedInFlight).
+    int staged_in_flight ABSL_GUARDED_BY(mu) = 0;
+    // The decided center (packed layout) and its version: every update moves from it.
+    // Buffers are shared and never written once published (a staged sync's write, a reader's
+    // copy may still hold one).
+    std::shared_ptr<std::vector<float>> center ABSL_GUARDED_BY(mu) =
+        std::make_shared<std::vector<float>>();
+    // Where an update writes the moved center before swapping it in (no copy of c_before, no
+    // rollback).
+    std::shared_ptr<std::vector<float>> spare ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;
+    // The last version whose records are written (staged syncs write in version order), and
+    // the last durable (written and replicated) version with its center: what readers see.
+    int64_t written ABSL_GUARDED_BY(mu) = 0;
+    int64_t durable_version ABSL_GUARDED_BY(mu) = 0;
+    std::shared_ptr<const std::vector<float>> durable_center ABSL_GUARDED_BY(mu);
     // Center AdaHessian state (mode ASYNC_ADAHESSIAN), packed layout; empty until first push.
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
@@ -177,12 +239,28 @@ class CenterTable {
     std::vector<float> spare_v ABSL_GUARDED_BY(mu);
     float max_abs_seen ABSL_GUARDED_BY(mu) = 0.0f;
     int64_t opt_step ABSL_GUARDED_BY(mu) = 0;
-    // Not OK once an in-place update could not be committed (ApplyAdaHessian): the stage
-    // refuses all work with this status until Restore.
+    // Not OK once an update could not be committed (ApplyAdaHessian, a staged sync): the
+    // stage refuses all work with this status until Restore.
     absl::Status lost ABSL_GUARDED_BY(mu);
   };
 
   CenterTable() = default;
+
+  // At most this many staged syncs of a stage are decided and not yet done; the next waits
+  // before its move. It bounds the center buffers and the files written at once (64 syncs
+  // writing at once on 2 cores spent their time in page faults and the page cache:
+  // docs/benchmarks.md#server_capacity-how-many-workers-one-group-serves).
+  static constexpr int kMaxStagedInFlight = 2;
+  // Freed buffers a stage keeps for reuse.
+  static constexpr size_t kPooledBuffers = kMaxStagedInFlight + 2;
+
+  // The move of ElasticSync into the stage's spare buffer, with the integrity checks.
+  absl::Status MoveIntoSpare(Stage& s, int stage, absl::Span<const float> x, double alpha,
+                             double w, absl::Span<float> worker_after, float* max_abs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // A staged sync's write failed: the stage is lost (see ElasticSyncStaged); returns `error`.
+  static absl::Status LoseLocked(Stage& s, int stage, int64_t version, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 
   float max_abs_value_ = 0.0f;
   bool declared_model_ = false;  // model.declared_by_worker

@@ -322,6 +322,8 @@ class GlobalCheckpointPolicy : public RecoveryPolicy {
     // each restores its own below.
     for (CenterRecord center : restored.centers()) {
       if (ranges_.roll_back) break;
+      // A staged sync decided before the fence may still be writing: its version is taken.
+      u_.centers->AwaitWrites(center.stage());
       center.set_version(u_.centers->version(center.stage()) + 1);
       if (absl::Status ok = u_.centers->Restore(center, nullptr); !ok.ok()) {
         LOG(ERROR) << "GLOBAL_CHECKPOINT: cannot restore the center of stage " << center.stage()

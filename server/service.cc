@@ -414,35 +414,54 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     return inputs.weight();
   };
   // The tensors go to the store without copies: the center and the worker's post-sync
-  // parameters from the packed vectors, the optimizer state from the request's own bytes.
+  // parameters from the table's buffers, the optimizer state from the request's own bytes.
+  // Decided under the stage lock (the books, so that a retry of this step is a duplicate from
+  // now on; the log's floor; the weight's measurement); written after it (CenterTable's
+  // ElasticSyncStaged).
   const compute::StageLayout& layout = centers_->layout(stage);
-  auto commit = [&](int64_t version, absl::Span<const float> center,
-                    absl::Span<const float> worker_after, absl::Span<const float> center_before) {
+  storage::WriteBatch batch;
+  std::optional<storage::DurableStore::Prepared> prepared;
+  storage::DurableStore::Position position;
+  auto decide = [&](int64_t version, absl::Span<const float> center,
+                    absl::Span<const float> worker_after, absl::Span<const float> center_before)
+      -> absl::StatusOr<CenterTable::StagedWrite> {
     // The log is GC'd through the new snapshot's step, or less for a recovery group's member.
     LogRetention::SyncFloor floor = retention_.ForSync(slot, request->step());
     const int64_t gc_step = floor.gc_step;
     const int64_t previous_floor = updated.log_floor;  // the log below it is deleted already
     updated.log_floor = gc_step;
-    tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
-    storage::WriteBatch batch;
     AddSyncToBatch(layout, slot, *request, version, center, worker_after,
                    WeightRecordFor(slot, updated), &batch, gc_step,
                    /*log_gc_from=*/previous_floor);
+    RETURN_IF_ERROR(batch.status());
+    tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
-      RETURN_IF_ERROR(store_->Commit(batch));
       books_.Set(slot, updated, ratio);
       return absl::OkStatus();
     }));
     retention_.Committed(slot, std::move(floor));
-    *response->mutable_center_before() = centers_->Bundle(stage, center_before);
-    return absl::OkStatus();
+    CenterTable::StagedWrite staged;
+    staged.prepare = [&, center_before]() -> absl::Status {
+      *response->mutable_center_before() = centers_->Bundle(stage, center_before);
+      ASSIGN_OR_RETURN(storage::DurableStore::Prepared files, store_->Prepare(batch));
+      prepared.emplace(std::move(files));
+      return absl::OkStatus();
+    };
+    staged.write = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(position, store_->Write(*prepared));
+      return absl::OkStatus();
+    };
+    staged.await = [&]() { return store_->AwaitReplicated(position); };
+    return staged;
   };
   const size_t n = x.size();
   std::unique_ptr<float[]> worker_after(new float[n]);  // uninitialised: written in full
-  auto result = centers_->ElasticSync(stage, x, alpha, weight, commit,
-                                      absl::MakeSpan(worker_after.get(), n));
+  auto result = centers_->ElasticSyncStaged(stage, x, alpha, weight, decide,
+                                            absl::MakeSpan(worker_after.get(), n));
   if (outcome == UpdateOutcome::kDuplicate) {
-    // The same sync again (its reply was lost): answer with the stored post-sync state.
+    // The same sync again (its reply was lost): answer with the stored post-sync state, once
+    // the first is written (it may still be: its books are set when it is decided).
+    centers_->AwaitWrites(stage);
     const int64_t last = books_.Get(slot).last_update_step;
     if (request->step() < last) {
       return ToGrpcStatus(absl::FailedPreconditionError(

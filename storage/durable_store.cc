@@ -881,31 +881,77 @@ absl::Status DurableStore::OpenTensorFiles() {
 absl::Status DurableStore::Commit(const WriteBatch& batch, Position* numbered) {
   RETURN_IF_ERROR(batch.status());
   if (batch.operations_.empty()) return absl::OkStatus();
-  if (!capturing_.load(std::memory_order_acquire)) {
-    return WriteOperations(batch.operations_, nullptr);
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(batch));
+  ASSIGN_OR_RETURN(const Position position, Write(prepared));
+  if (numbered != nullptr && position.sequence != 0) *numbered = position;
+  return AwaitReplicated(position);
+}
+
+DurableStore::Prepared::Prepared(const DurableStore* store, const WriteBatch* batch)
+    : store_(store), batch_(batch) {}
+
+DurableStore::Prepared::Prepared(Prepared&& other) noexcept
+    : store_(other.store_),
+      batch_(other.batch_),
+      payloads_(std::move(other.payloads_)),
+      headers_(std::move(other.headers_)),
+      files_(std::move(other.files_)),
+      any_tensors_(other.any_tensors_) {
+  other.files_.clear();
+}
+
+DurableStore::Prepared::~Prepared() {
+  if (store_ != nullptr) store_->RemovePreparedFiles(this);
+}
+
+void DurableStore::RemovePreparedFiles(Prepared* prepared) const {
+  for (const std::string& file : prepared->files_) {
+    if (!file.empty()) tensor_files_->Remove(file);
   }
-  // Copied before taking the lock: the lock covers only numbering, writing and the hand-off.
+  prepared->files_.clear();
+}
+
+absl::StatusOr<DurableStore::Prepared> DurableStore::Prepare(const WriteBatch& batch) {
+  RETURN_IF_ERROR(batch.status());
+  // A fenced store writes nothing, not even files no record would name.
+  RETURN_IF_ERROR(Fenced());
+  Prepared prepared(this, &batch);
+  RETURN_IF_ERROR(WriteTensorFiles(&prepared));
+  return prepared;
+}
+
+absl::StatusOr<DurableStore::Position> DurableStore::Write(Prepared& prepared) {
+  const WriteBatch& batch = *prepared.batch_;
+  if (batch.operations_.empty()) return Position{};
+  if (!capturing_.load(std::memory_order_acquire)) {
+    RETURN_IF_ERROR(WriteRecords(&prepared, nullptr));
+    return Position{};
+  }
+  // Copied before taking the lock: the lock covers only numbering, the records' write and the
+  // hand-off (the tensor files were written by Prepare, outside it).
   ReplicatedCommit commit;
   AppendReplicated(batch.operations_, &commit);
-  Position committed;
-  {
-    absl::MutexLock lock(&replication_mu_);
-    // Checked under the lock that numbers commits: nothing is numbered after a fence.
-    if (fenced_.load(std::memory_order_acquire)) return Fenced();
-    ReplicationRecord position;
-    position.set_epoch(epoch_);
-    position.set_sequence(last_.sequence + 1);
-    RETURN_IF_ERROR(WriteOperations(batch.operations_, &position));
-    commit.set_epoch(position.epoch());
-    commit.set_sequence(position.sequence());
-    commit.set_previous_epoch(last_.epoch);
-    last_ = Position{position.epoch(), position.sequence()};
-    committed = last_;
-    if (numbered != nullptr) *numbered = last_;
-    sink_(std::move(commit));
+  absl::MutexLock lock(&replication_mu_);
+  // Checked under the lock that numbers commits: nothing is numbered after a fence.
+  if (fenced_.load(std::memory_order_acquire)) {
+    RemovePreparedFiles(&prepared);
+    return Fenced();
   }
+  ReplicationRecord position;
+  position.set_epoch(epoch_);
+  position.set_sequence(last_.sequence + 1);
+  RETURN_IF_ERROR(WriteRecords(&prepared, &position));
+  commit.set_epoch(position.epoch());
+  commit.set_sequence(position.sequence());
+  commit.set_previous_epoch(last_.epoch);
+  last_ = Position{position.epoch(), position.sequence()};
+  sink_(std::move(commit));
+  return last_;
+}
+
+absl::Status DurableStore::AwaitReplicated(const Position& committed) {
   // Concurrent commits wait here together: the barrier of one does not hold up the next's write.
-  if (!barrier_) return absl::OkStatus();
+  if (committed.sequence == 0 || !barrier_) return absl::OkStatus();
   absl::Status replicated = barrier_(committed);
   if (!replicated.ok()) {
     // Fenced before the caller hears of the failure, so no commit it computes from its
@@ -1029,7 +1075,7 @@ absl::Status DurableStore::ApplyReplicated(const ReplicatedCommit& commit) {
   ReplicationRecord position;
   position.set_epoch(commit.epoch());
   position.set_sequence(commit.sequence());
-  RETURN_IF_ERROR(WriteOperations(batch.operations_, &position));
+  RETURN_IF_ERROR(WriteOperations(batch, &position));
   last_ = Position{commit.epoch(), commit.sequence()};
   epoch_ = std::max(epoch_, commit.epoch());
   return absl::OkStatus();
@@ -1109,21 +1155,24 @@ void DurableStore::AppendReplicated(const std::vector<WriteBatch::Operation>& op
   }
 }
 
-absl::Status DurableStore::WriteOperations(const std::vector<WriteBatch::Operation>& operations,
+absl::Status DurableStore::WriteOperations(const WriteBatch& batch,
                                            const ReplicationRecord* replication) {
+  Prepared prepared(this, &batch);
+  RETURN_IF_ERROR(WriteTensorFiles(&prepared));
+  return WriteRecords(&prepared, replication);
+}
+
+absl::Status DurableStore::WriteTensorFiles(Prepared* prepared) {
   // Tensor files first: a record is committed only once its file is complete.
+  const std::vector<WriteBatch::Operation>& operations = prepared->batch_->operations_;
   const size_t n = operations.size();
-  std::vector<std::string> payloads(n), headers(n), files(n);
-  bool any_tensors = false;
-  auto remove_new_files = [&]() {
-    for (const std::string& file : files) {
-      if (!file.empty()) tensor_files_->Remove(file);
-    }
-  };
+  prepared->payloads_.assign(n, std::string());
+  prepared->headers_.assign(n, std::string());
+  prepared->files_.assign(n, std::string());
   for (size_t i = 0; i < n; ++i) {
     const WriteBatch::Operation& operation = operations[i];
     if (!operation.has_tensors) continue;
-    any_tensors = true;
+    prepared->any_tensors_ = true;
     std::string reuse;
     {
       absl::MutexLock lock(&files_mu_);
@@ -1136,15 +1185,24 @@ absl::Status DurableStore::WriteOperations(const std::vector<WriteBatch::Operati
     absl::StatusOr<TensorBlob> blob =
         tensor_files_->Write(operation.file_prefix, operation.data, reuse);
     if (!blob.ok()) {
-      remove_new_files();
+      RemovePreparedFiles(prepared);
       return absl::Status(blob.status().code(),
                           absl::StrCat(DescribeKey(operation.family, operation.key), ": ",
                                        blob.status().message()));
     }
-    files[i] = blob->file();
-    payloads[i] = operation.payload + StoredTensorsField(*blob);
-    headers[i] = EnvelopeHeader(payloads[i]);
+    prepared->files_[i] = blob->file();
+    prepared->payloads_[i] = operation.payload + StoredTensorsField(*blob);
+    prepared->headers_[i] = EnvelopeHeader(prepared->payloads_[i]);
   }
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::WriteRecords(Prepared* prepared, const ReplicationRecord* replication) {
+  const std::vector<WriteBatch::Operation>& operations = prepared->batch_->operations_;
+  const std::vector<std::string>& payloads = prepared->payloads_;
+  const std::vector<std::string>& headers = prepared->headers_;
+  const size_t n = operations.size();
+  auto remove_new_files = [&]() { RemovePreparedFiles(prepared); };
   // Only what goes into RocksDB: the tensor bytes went to their files.
   size_t rocks_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -1179,7 +1237,7 @@ absl::Status DurableStore::WriteOperations(const std::vector<WriteBatch::Operati
   }
   rocksdb::WriteOptions write_options;
   write_options.sync = options_.fsync;
-  if (!any_tensors) {
+  if (!prepared->any_tensors_) {
     return FromRocksDb(db_->Write(write_options, &rocks_batch), "committing a write batch");
   }
   absl::MutexLock lock(&files_mu_);
@@ -1200,8 +1258,10 @@ absl::Status DurableStore::WriteOperations(const std::vector<WriteBatch::Operati
       if (!spare.empty()) tensor_files_->Remove(spare);
       spare = std::move(current);
     }
-    current = files[i];
+    current = prepared->files_[i];
   }
+  // Committed: the files are the records' now, not the Prepared batch's to remove.
+  prepared->files_.clear();
   return absl::OkStatus();
 }
 

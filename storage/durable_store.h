@@ -311,6 +311,41 @@ class DurableStore {
   // does not capture.
   absl::Status Commit(const WriteBatch& batch, Position* numbered = nullptr);
 
+  // Commit in three parts, for a caller that orders its commits itself and must not hold its
+  // own lock while the bytes are written (server/center_table.h's staged sync):
+  //   Prepare writes the batch's tensor files: any number at once, in any order, outside every
+  //     lock of the store; nothing is visible yet (a crash leaves files that no record names,
+  //     which Open removes).
+  //   Write commits the records in one RocksDB batch (numbered and handed to the sink on a
+  //     capturing store) in the order the caller calls it; the batch is then as durable as
+  //     after a Commit of a store without replication. Returns the position to await: (0, 0)
+  //     when there is nothing to await (a store that does not capture).
+  //   AwaitReplicated waits for the barrier of that position (the standbys' acknowledgements)
+  //     and, when it fails, fences the store as Commit does. OK at once for (0, 0) or a store
+  //     without a barrier.
+  // Commit(batch) is the three in a row. Errors as Commit's. A Prepared batch refers to its
+  // WriteBatch (and through it to the WriteBatch's data), which must outlive it; one that is
+  // destroyed without a successful Write removes its files.
+  class Prepared {
+   public:
+    Prepared(Prepared&& other) noexcept;
+    Prepared& operator=(Prepared&&) = delete;
+    Prepared(const Prepared&) = delete;
+    ~Prepared();
+
+   private:
+    friend class DurableStore;
+    Prepared(const DurableStore* store, const WriteBatch* batch);
+
+    const DurableStore* store_;
+    const WriteBatch* batch_;
+    std::vector<std::string> payloads_, headers_, files_;
+    bool any_tensors_ = false;
+  };
+  absl::StatusOr<Prepared> Prepare(const WriteBatch& batch);
+  absl::StatusOr<Position> Write(Prepared& prepared);
+  absl::Status AwaitReplicated(const Position& position);
+
   // Replication (see the header comment). The (epoch, sequence) of the last commit this store
   // numbered (capturing) or applied (standby), as persisted in `meta`; (0, 0) for a store that
   // never had one.
@@ -431,8 +466,13 @@ class DurableStore {
   absl::Status OpenReplication();
   // Commit's work: tensor files, then one RocksDB batch of `operations` plus, if set, the
   // `meta` "replication" record `replication`.
-  absl::Status WriteOperations(const std::vector<WriteBatch::Operation>& operations,
-                               const ReplicationRecord* replication);
+  absl::Status WriteOperations(const WriteBatch& batch, const ReplicationRecord* replication);
+  // The two halves of WriteOperations: the tensor files into `prepared`, then the records. On
+  // an error WriteRecords removes the prepared files.
+  absl::Status WriteTensorFiles(Prepared* prepared);
+  absl::Status WriteRecords(Prepared* prepared, const ReplicationRecord* replication);
+  // Removes the files a Prepared batch wrote and forgets them.
+  void RemovePreparedFiles(Prepared* prepared) const;
   // `operations` as shipped to a standby (storage.proto ReplicatedOperation), appended.
   static void AppendReplicated(const std::vector<WriteBatch::Operation>& operations,
                                ReplicatedCommit* commit);

@@ -2,9 +2,17 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 #include "common/config.h"
 #include "compute/adahessian.h"
@@ -119,6 +127,186 @@ TEST_CASE("a failed elastic commit leaves the center and its version as they wer
   REQUIRE(version.ok());
   CHECK(*version == 1);
   CHECK_FALSE(SameBits(c0, Center(*table)));
+}
+
+// A staged sync whose three steps record their order in `events` ("prepare 1", "write 1", ...)
+// and may be held at prepare or made to fail at write.
+struct StagedProbe {
+  absl::Mutex mu;
+  std::vector<std::string> events ABSL_GUARDED_BY(mu);
+  void Add(std::string event) {
+    absl::MutexLock lock(&mu);
+    events.push_back(std::move(event));
+  }
+  std::vector<std::string> Events() {
+    absl::MutexLock lock(&mu);
+    return events;
+  }
+  CenterTable::DecideFn Decide(absl::Notification* hold = nullptr, bool fail_write = false,
+                               std::vector<float>* committed_center = nullptr) {
+    return [=](int64_t version, absl::Span<const float> center, absl::Span<const float>,
+               absl::Span<const float>) -> absl::StatusOr<CenterTable::StagedWrite> {
+      Add(absl::StrCat("decide ", version));
+      CenterTable::StagedWrite staged;
+      staged.prepare = [=]() {
+        if (hold != nullptr) hold->WaitForNotification();
+        // The center given to decide is still intact here, outside the lock.
+        if (committed_center != nullptr) committed_center->assign(center.begin(), center.end());
+        Add(absl::StrCat("prepare ", version));
+        return absl::OkStatus();
+      };
+      staged.write = [=]() {
+        Add(absl::StrCat("write ", version));
+        return fail_write ? absl::UnavailableError("disk on fire") : absl::OkStatus();
+      };
+      staged.await = [=]() {
+        Add(absl::StrCat("await ", version));
+        return absl::OkStatus();
+      };
+      return staged;
+    };
+  }
+};
+
+TEST_CASE("a staged sync gives ElasticSync's bits; prepare, write and await run in that order") {
+  std::unique_ptr<CenterTable> plain = MakeTable(kBigJob), staged = MakeTable(kBigJob);
+  const std::vector<float> c0 = Center(*plain);
+  const size_t n = c0.size();
+  auto ok = [](int64_t, absl::Span<const float>, absl::Span<const float>,
+               absl::Span<const float>) { return absl::OkStatus(); };
+  StagedProbe probe;
+  std::vector<float> committed;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> x(n);
+    for (size_t j = 0; j < n; ++j) x[j] = c0[j] + 0.25f * (i + 1) + 0.001f * (j % 31);
+    std::vector<float> after_plain(n), after_staged(n);
+    REQUIRE(plain->ElasticSync(0, x, 0.45, Weight(0.5), ok, absl::MakeSpan(after_plain)).ok());
+    auto version = staged->ElasticSyncStaged(0, x, 0.45, Weight(0.5),
+                                             probe.Decide(nullptr, false, &committed),
+                                             absl::MakeSpan(after_staged));
+    REQUIRE(version.ok());
+    CHECK(*version == i + 1);
+    CHECK(SameBits(after_plain, after_staged));
+    CHECK(SameBits(Center(*plain), Center(*staged)));
+    CHECK(SameBits(committed, Center(*staged)));
+    CHECK(staged->version(0) == i + 1);
+  }
+  CHECK(probe.Events() == std::vector<std::string>{"decide 1", "prepare 1", "write 1", "await 1",
+                                                   "decide 2", "prepare 2", "write 2", "await 2",
+                                                   "decide 3", "prepare 3", "write 3",
+                                                   "await 3"});
+}
+
+TEST_CASE("a staged sync is decided while another's bytes are written; writes keep version order") {
+  std::unique_ptr<CenterTable> table = MakeTable(kBigJob);
+  const std::vector<float> c0 = Center(*table);
+  const size_t n = c0.size();
+  std::vector<float> x1(n, 1.0f), x2(n, -1.0f), after1(n), after2(n);
+  StagedProbe probe;
+  absl::Notification release_first, second_prepared;
+  std::vector<float> center1, center2;
+  absl::StatusOr<int64_t> first = absl::UnknownError("not run"), second = first;
+  std::thread one([&] {
+    first = table->ElasticSyncStaged(0, x1, 0.5, Weight(1.0),
+                                     probe.Decide(&release_first, false, &center1),
+                                     absl::MakeSpan(after1));
+  });
+  // The second is decided (the first holds no lock in its prepare) and prepared, but its
+  // write waits for the first's.
+  auto decided = [&] {
+    for (const std::string& e : probe.Events()) {
+      if (e == "decide 1") return true;
+    }
+    return false;
+  };
+  while (!decided()) std::this_thread::yield();
+  std::thread two([&] {
+    second = table->ElasticSyncStaged(0, x2, 0.5, Weight(1.0),
+                                      probe.Decide(nullptr, false, &center2),
+                                      absl::MakeSpan(after2));
+  });
+  auto prepared_second = [&] {
+    for (const std::string& e : probe.Events()) {
+      if (e == "prepare 2") return true;
+    }
+    return false;
+  };
+  while (!prepared_second()) std::this_thread::yield();
+  // Nothing is durable yet: readers see version 0 and c0.
+  CHECK(table->version(0) == 0);
+  CHECK(SameBits(c0, Center(*table)));
+  CHECK(probe.Events() == std::vector<std::string>{"decide 1", "decide 2", "prepare 2"});
+  release_first.Notify();
+  one.join();
+  two.join();
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(*first == 1);
+  CHECK(*second == 2);
+  const std::vector<std::string> events = probe.Events();
+  const auto at = [&](const std::string& e) {
+    return std::find(events.begin(), events.end(), e) - events.begin();
+  };
+  CHECK(at("write 1") < at("write 2"));
+  CHECK(at("prepare 1") < at("write 1"));
+  // The second moved from the first's center, and each wrote the center it decided.
+  std::vector<float> expect1 = c0, expect2;
+  REQUIRE(compute::ElasticMoveCenter(0.5, 1.0, x1, absl::MakeSpan(expect1)).ok());
+  expect2 = expect1;
+  REQUIRE(compute::ElasticMoveCenter(0.5, 1.0, x2, absl::MakeSpan(expect2)).ok());
+  CHECK(SameBits(expect1, center1));
+  CHECK(SameBits(expect2, center2));
+  CHECK(SameBits(expect2, Center(*table)));
+  CHECK(table->version(0) == 2);
+}
+
+TEST_CASE("a failed staged write loses the stage; a sync decided after it is never written") {
+  std::unique_ptr<CenterTable> table = MakeTable(kBigJob);
+  const std::vector<float> c0 = Center(*table);
+  const size_t n = c0.size();
+  std::vector<float> x(n, 1.0f), after1(n), after2(n);
+  StagedProbe probe;
+  absl::Notification release_first;
+  absl::StatusOr<int64_t> first = absl::UnknownError("not run"), second = first;
+  std::thread one([&] {
+    first = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(&release_first, true),
+                                     absl::MakeSpan(after1));
+  });
+  while (probe.Events().empty()) std::this_thread::yield();
+  std::thread two([&] {
+    second = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(),
+                                      absl::MakeSpan(after2));
+  });
+  while (probe.Events().size() < 3) std::this_thread::yield();  // decide 1, decide 2, prepare 2
+  release_first.Notify();
+  one.join();
+  two.join();
+  CHECK(first.status().message() == "disk on fire");
+  CHECK(second.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(second.status().message(), "could not commit version 1"));
+  const std::vector<std::string> events = probe.Events();
+  CHECK(std::count(events.begin(), events.end(), "write 2") == 0);
+  CHECK(std::count(events.begin(), events.end(), "await 1") == 0);
+  // Readers see neither update; the stage refuses work until Restore, which does not wait for
+  // the two failed syncs.
+  CHECK(table->version(0) == 0);
+  CHECK(table->Read(0).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(table->Health().code() == absl::StatusCode::kUnavailable);
+  CHECK(table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(), absl::MakeSpan(after1))
+            .status()
+            .code() == absl::StatusCode::kUnavailable);
+  table->AwaitWrites(0);  // returns: the stage is lost
+  CenterRecord record;
+  record.set_stage(0);
+  record.set_version(0);
+  *record.mutable_params() = table->Bundle(0, c0);
+  REQUIRE(table->Restore(record, nullptr).ok());
+  CHECK(table->Health().ok());
+  CHECK(SameBits(c0, Center(*table)));
+  auto again = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(),
+                                        absl::MakeSpan(after1));
+  REQUIRE(again.ok());
+  CHECK(*again == 1);
 }
 
 TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences the stage") {

@@ -1816,6 +1816,71 @@ TEST_CASE("StartCapturing turns an open standby into a leader; Commit returns it
   CHECK(store->ApplyReplicated(shipped[0]).code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("Commit in three parts: files prepared in any order, records written in the caller's") {
+  const std::string dir = TempDir("three-part-commit");
+  std::unique_ptr<DurableStore> store = OpenOrFail(dir);
+  const Snapshot one = MakeSnapshot(0, 1, 8), two = MakeSnapshot(1, 1, 16);
+  WriteBatch first, second, dropped;
+  first.PutSnapshot(one);
+  second.PutSnapshot(two);
+  dropped.PutCenter(Center(0, 4));
+  DurableStore::Prepared prepared_second = ValueOrFail(store->Prepare(second));
+  DurableStore::Prepared prepared_first = ValueOrFail(store->Prepare(first));
+  {
+    DurableStore::Prepared prepared_dropped = ValueOrFail(store->Prepare(dropped));
+    // The files are written, the records are not.
+    CHECK(TensorFileNames(dir).size() == 3);
+    CHECK(store->ReadSnapshot(Slot(0, 1)).status().code() == absl::StatusCode::kNotFound);
+  }
+  // Destroyed without a Write: its file is gone and its record never existed.
+  CHECK(TensorFileNames(dir).size() == 2);
+  CHECK(ValueOrFail(store->LoadAll()).centers.empty());
+  // A store without replication: nothing to await.
+  CHECK(ValueOrFail(store->Write(prepared_first)) == DurableStore::Position{});
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 1))), one));
+  CHECK(store->ReadSnapshot(Slot(1, 1)).status().code() == absl::StatusCode::kNotFound);
+  CHECK(ValueOrFail(store->Write(prepared_second)) == DurableStore::Position{});
+  REQUIRE_OK(store->AwaitReplicated(DurableStore::Position{}));
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(1, 1))), two));
+  // Written batches keep their files, reopened or not.
+  CHECK(TensorFileNames(dir).size() == 2);
+  store.reset();
+  store = OpenOrFail(dir);
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(0, 1))), one));
+  CHECK(SameProto(ValueOrFail(store->ReadSnapshot(Slot(1, 1))), two));
+}
+
+TEST_CASE("a capturing store numbers at Write and waits at AwaitReplicated; a failed wait fences") {
+  CommitLog log;
+  std::unique_ptr<DurableStore> store = OpenOrFail("");
+  std::vector<DurableStore::Position> barriers;
+  absl::Status answer = absl::OkStatus();
+  REQUIRE_OK(store->StartCapturing(
+      log.Sink(),
+      [&](const DurableStore::Position& position) {
+        barriers.push_back(position);
+        return answer;
+      },
+      5));
+  WriteBatch batch;
+  batch.PutSnapshot(MakeSnapshot(0, 0, 8));
+  DurableStore::Prepared prepared = ValueOrFail(store->Prepare(batch));
+  CHECK(log.Take().empty());  // nothing numbered or shipped by Prepare
+  const DurableStore::Position position = ValueOrFail(store->Write(prepared));
+  CHECK(position == DurableStore::Position{5, 1});
+  CHECK(log.Take().size() == 1);
+  CHECK(barriers.empty());  // the wait is the caller's next step
+  REQUIRE_OK(store->AwaitReplicated(position));
+  REQUIRE(barriers.size() == 1);
+  CHECK(barriers[0] == position);
+  answer = absl::DeadlineExceededError("the standby is silent");
+  CHECK(store->AwaitReplicated(position).code() == absl::StatusCode::kDeadlineExceeded);
+  // Fenced: nothing is prepared, written or numbered any more.
+  CHECK(store->Prepare(batch).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(store->Commit(batch).code() == absl::StatusCode::kUnavailable);
+  CHECK(log.Take().empty());
+}
+
 TEST_CASE("the numbering continues after reopening a capturing store") {
   const std::string dir = TempDir("repl-reopen");
   CommitLog log;
