@@ -21,13 +21,17 @@
 // and not counted): syncs/s = syncs completed in the window / its length. Printed per point:
 // syncs/s (each of the K groups answers one range of every sync: its range syncs/s are the
 // same), request + reply MiB/s per group, the echo limit and the ratio, the CPU the servers and
-// this process used in the window, and the servers' peak RSS. Points whose servers would hold
+// this process used in the window, the servers' peak RSS, and the bytes the servers wrote per
+// byte of the center synced. Points whose servers would hold
 // more than --max_server_gib (R x center x 12: kept snapshots, requests in flight and their
 // parsed copies, a rough bound; the peak RSS measured has stayed below it) are skipped and say
 // so, with their echo.
 //
 // Last line (K = 1, R = 64, 16 MiB, against the echo at R = 64, 16 MiB):
 //   RESULT server_capacity: r64_16mib_syncs_s=<x> echo_limit_syncs_s=<y> ratio=<x/y>
+//     bytes_written_per_synced_byte=<w>
+// (w: what the servers passed to write(2) in the window, per byte of the center its syncs moved;
+// R20's target w <= 2).
 // Target (R14): ratio >= 0.7. Exit code 0 when every point ran or was skipped (whatever the
 // verdict), 1 when one failed, 2 on bad flags. The servers' data directories (up to GBs for a
 // point) are removed after each point, with --keep_logs too; the logs and configs stay.
@@ -52,6 +56,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -222,6 +227,10 @@ struct PointResult {
   double client_cores = 0.0;  // this process's
   double machine_cores = 0.0;
   double server_peak_gib = 0.0;  // the servers' peak RSS, summed
+  // Bytes the servers passed to write(2) in the window (tensor files, RocksDB's WAL and
+  // tables: /proc/PID/io wchar; gRPC's sends are sendmsg, not counted) per byte of the center
+  // the window's syncs moved (their replies, c_before): R20's bytes_written_per_synced_byte.
+  double written_per_synced_byte = 0.0;
   double load = 0.0;
   int64_t retries = 0;
 };
@@ -266,7 +275,19 @@ int64_t PeakRss(pid_t pid) {
   return 0;
 }
 
-// CPU of some processes and of the machine over a measured window.
+// The bytes `pid` passed to write(2) and pwrite(2) so far (/proc/PID/io wchar); 0 when it cannot
+// be read.
+int64_t WrittenBytes(pid_t pid) {
+  const std::string io = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/io"));
+  for (absl::string_view line : absl::StrSplit(io, '\n')) {
+    if (!absl::ConsumePrefix(&line, "wchar:")) continue;
+    int64_t bytes = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &bytes)) return bytes;
+  }
+  return 0;
+}
+
+// CPU (and bytes written) of some processes and of the machine over a measured window.
 class WindowCpu {
  public:
   explicit WindowCpu(std::function<std::vector<pid_t>()> servers) : servers_(std::move(servers)) {}
@@ -278,16 +299,22 @@ class WindowCpu {
     result->client_cores = Cores(close_.self - open_.self, time);
     result->machine_cores = Cores(close_.machine - open_.machine, time);
   }
+  // The servers' bytes written in the window.
+  int64_t ServerWritten() const { return close_.written - open_.written; }
 
  private:
   struct Probe {
     absl::Time at;
-    int64_t servers = 0, self = 0, machine = 0;
+    int64_t servers = 0, self = 0, machine = 0, written = 0;
   };
   void Read(Probe* probe) {
     probe->at = absl::Now();
     probe->servers = 0;
-    for (pid_t pid : servers_()) probe->servers += ProcessCpuTicks(pid);
+    probe->written = 0;
+    for (pid_t pid : servers_()) {
+      probe->servers += ProcessCpuTicks(pid);
+      probe->written += WrittenBytes(pid);
+    }
     probe->self = ProcessCpuTicks(getpid());
     probe->machine = ReadMachineCpu().busy;
   }
@@ -364,6 +391,11 @@ absl::Status RunSyncs(const Flags& flags, const JobConfig& base, const std::stri
   result->group_mib_s = result->syncs_s *
                         static_cast<double>(result->request_bytes + result->reply_bytes) /
                         point.groups / (1 << 20);
+  if (result->window_syncs > 0 && result->reply_bytes > 0) {
+    result->written_per_synced_byte =
+        static_cast<double>(cpu.ServerWritten()) /
+        (static_cast<double>(result->window_syncs) * static_cast<double>(result->reply_bytes));
+  }
   for (pid_t pid : servers()) {
     result->server_peak_gib += static_cast<double>(PeakRss(pid)) / (int64_t{1} << 30);
   }
@@ -563,9 +595,11 @@ int Main(int argc, char** argv) {
   std::printf(
       "\nper point: syncs/s (echo: calls/s), request + reply MiB/s per group, the echo "
       "limit at the same center and R and the ratio, the CPU (cores) the servers and this "
-      "process (the clients) used in the window, the servers' peak RSS, the load:\n");
-  std::printf("%-8s %4s %-4s %10s %10s %10s %7s %8s %8s %8s %6s\n", "center", "R", "K", "syncs/s",
-              "MiB/s/grp", "echo/s", "ratio", "srv cpu", "cli cpu", "srv GiB", "load");
+      "process (the clients) used in the window, the servers' peak RSS, the load, the bytes the "
+      "servers wrote per byte of the center synced:\n");
+  std::printf("%-8s %4s %-4s %10s %10s %10s %7s %8s %8s %8s %6s %7s\n", "center", "R", "K",
+              "syncs/s", "MiB/s/grp", "echo/s", "ratio", "srv cpu", "cli cpu", "srv GiB", "load",
+              "wr/byte");
   for (const Point& point : points) {
     const PointResult& result = result_of(point.center_mib, point.trainers, point.groups);
     if (!result.ok) {
@@ -574,11 +608,13 @@ int Main(int argc, char** argv) {
     }
     const PointResult& echo = result_of(point.center_mib, point.trainers, 0);
     std::printf(
-        "%s %10.2f %10.1f %10s %7s %8.2f %8.2f %8.2f %6.2f\n", what(point).c_str(), result.syncs_s,
+        "%s %10.2f %10.1f %10s %7s %8.2f %8.2f %8.2f %6.2f %7s\n", what(point).c_str(),
+        result.syncs_s,
         result.group_mib_s, echo.ok ? absl::StrFormat("%.2f", echo.syncs_s).c_str() : "-",
         point.groups > 0 && echo.ok ? absl::StrFormat("%.3f", result.syncs_s / echo.syncs_s).c_str()
                                     : "-",
-        result.server_cores, result.client_cores, result.server_peak_gib, result.load);
+        result.server_cores, result.client_cores, result.server_peak_gib, result.load,
+        point.groups > 0 ? absl::StrFormat("%.2f", result.written_per_synced_byte).c_str() : "-");
   }
 
   // The curve: syncs/s against R, per center, for each K and the echo.
@@ -612,6 +648,7 @@ int Main(int argc, char** argv) {
   const double syncs_s = k1.ok ? k1.syncs_s : nan;
   const double echo_s = echo.ok ? echo.syncs_s : nan;
   const double ratio = syncs_s / echo_s;
+  const double written = k1.ok ? k1.written_per_synced_byte : nan;
   std::printf(
       "\nverdict against R14 (R = %d trainers, %d MiB center, K = 1: >= %.1fx the echo "
       "limit): %.2f syncs/s, echo %.2f calls/s, ratio %.3f %s\n",
@@ -620,8 +657,8 @@ int Main(int argc, char** argv) {
   dirs->Finish();
   std::printf(
       "RESULT server_capacity: r64_16mib_syncs_s=%.2f echo_limit_syncs_s=%.2f "
-      "ratio=%.3f\n",
-      syncs_s, echo_s, ratio);
+      "ratio=%.3f bytes_written_per_synced_byte=%.2f\n",
+      syncs_s, echo_s, ratio, written);
   return dirs->all_ok() ? 0 : 1;
 }
 
