@@ -278,7 +278,7 @@ bool Breakdown(const ServerConfig& config, const std::string& request_wire, int 
                                         absl::MakeSpan(worker_after.get(), n));
     if (!result.ok()) return false;
     const auto t4 = Clock::now();
-    response.set_center_version(*result);
+    response.set_center_version(result->version);
     response.set_weight(1.0);
     response.set_moving_rate(alpha);
     std::string wire;

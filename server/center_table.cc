@@ -395,7 +395,7 @@ absl::Status CenterTable::MoveIntoSpare(Stage& s, int stage, absl::Span<const fl
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> CenterTable::ElasticSync(int stage, absl::Span<const float> x,
+absl::StatusOr<CenterTable::Update> CenterTable::ElasticSync(int stage, absl::Span<const float> x,
                                                  double alpha, const WeightFn& weight,
                                                  const CommitFn& commit,
                                                  absl::Span<float> worker_after) {
@@ -410,7 +410,9 @@ absl::StatusOr<int64_t> CenterTable::ElasticSync(int stage, absl::Span<const flo
                                                    " floats (stage ", stage, "), got ", x.size(),
                                                    " and ", worker_after.size()));
   }
-  ASSIGN_OR_RETURN(const double w, weight(s.version, Distance(x, *s.center)));
+  ASSIGN_OR_RETURN(const WeightDecision decision, weight(s.version, Distance(x, *s.center)));
+  if (decision.declined()) return Update{true, s.version};
+  const double w = decision.weight();
   // The moved center goes to the spare buffer, so the current one stays as it is: it is
   // c_before (no copy for the reply) and what remains if the commit fails (no rollback).
   float max_abs = s.max_abs_seen;
@@ -420,10 +422,10 @@ absl::StatusOr<int64_t> CenterTable::ElasticSync(int stage, absl::Span<const flo
   s.max_abs_seen = max_abs;
   ++s.version;
   s.PublishLocked();
-  return s.version;
+  return Update{false, s.version};
 }
 
-absl::StatusOr<int64_t> CenterTable::ElasticSyncStaged(int stage, absl::Span<const float> x,
+absl::StatusOr<CenterTable::Update> CenterTable::ElasticSyncStaged(int stage, absl::Span<const float> x,
                                                        double alpha, const WeightFn& weight,
                                                        const DecideFn& decide,
                                                        absl::Span<float> worker_after) {
@@ -445,7 +447,9 @@ absl::StatusOr<int64_t> CenterTable::ElasticSyncStaged(int stage, absl::Span<con
                                                      " floats (stage ", stage, "), got ",
                                                      x.size(), " and ", worker_after.size()));
     }
-    ASSIGN_OR_RETURN(const double w, weight(s.version, Distance(x, *s.center)));
+    ASSIGN_OR_RETURN(const WeightDecision decision, weight(s.version, Distance(x, *s.center)));
+    if (decision.declined()) return Update{true, s.version};
+    const double w = decision.weight();
     float max_abs = s.max_abs_seen;
     RETURN_IF_ERROR(MoveIntoSpare(s, stage, x, alpha, w, worker_after, &max_abs));
     mine = s.version + 1;
@@ -499,7 +503,7 @@ absl::StatusOr<int64_t> CenterTable::ElasticSyncStaged(int stage, absl::Span<con
     s.durable_version = mine;
     s.durable_center = std::move(after);
   }
-  return mine;
+  return Update{false, mine};
 }
 
 absl::Status CenterTable::LoseLocked(Stage& s, int stage, int64_t version,
@@ -527,7 +531,7 @@ void CenterTable::AwaitWrites(int stage) const {
   s.mu.Await(absl::Condition(&done));
 }
 
-absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const float> g,
+absl::StatusOr<CenterTable::Update> CenterTable::ApplyAdaHessian(int stage, absl::Span<const float> g,
                                                      absl::Span<const float> d,
                                                      const AdaHessianConfig& config,
                                                      const WeightFn& weight,
@@ -545,7 +549,9 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
     s.m.assign(n, 0.0f);
     s.v.assign(n, 0.0f);
   }
-  ASSIGN_OR_RETURN(const double w, weight(s.version, Norm(g)));
+  ASSIGN_OR_RETURN(const WeightDecision decision, weight(s.version, Norm(g)));
+  if (decision.declined()) return Update{true, s.version};
+  const double w = decision.weight();
   const std::vector<float>& center = *s.center;
   if (!(w >= 0.0 && w <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("weight must be in [0, 1], got ", w));
@@ -600,7 +606,7 @@ absl::StatusOr<int64_t> CenterTable::ApplyAdaHessian(int stage, absl::Span<const
   s.opt_step = t;
   ++s.version;
   s.PublishLocked();
-  return s.version;
+  return Update{false, s.version};
 }
 
 absl::StatusOr<std::pair<std::vector<float>, int64_t>> CenterTable::Read(int stage) const {

@@ -108,10 +108,37 @@ class CenterTable {
   // The inverse: one tensor per model tensor.
   TensorBundle Bundle(int stage, absl::Span<const float> packed) const;
 
-  // The weight of an update, decided under the stage lock from the center version before the
-  // update and ||x - c|| (EASGD) or ||g|| (ASYNC_ADAHESSIAN). An error aborts the update with
-  // nothing changed (e.g. a duplicate the caller recognised).
-  using WeightFn = std::function<absl::StatusOr<double>(int64_t version_before, double norm)>;
+  // What an update's weight step decides under the stage lock, from the center version before
+  // the update and ||x - c|| (EASGD) or ||g|| (ASYNC_ADAHESSIAN): apply the update with a
+  // weight, or decline it (the caller recognised it as already applied: a retry whose reply was
+  // lost), in which case nothing changes and the update returns a declined Update. An error
+  // refuses the update, with nothing changed, and is the update's error.
+  class WeightDecision {
+   public:
+    // Apply with this weight.
+    WeightDecision(double weight) : weight_(weight) {}  // NOLINT(runtime/explicit)
+    static WeightDecision Decline() {
+      WeightDecision decision(0.0);
+      decision.declined_ = true;
+      return decision;
+    }
+    bool declined() const { return declined_; }
+    double weight() const { return weight_; }
+
+   private:
+    double weight_;
+    bool declined_ = false;
+  };
+  using WeightFn =
+      std::function<absl::StatusOr<WeightDecision>(int64_t version_before, double norm)>;
+
+  // What an update that did not fail did.
+  struct Update {
+    // The weight step declined it: nothing changed (no commit, no new version).
+    bool declined = false;
+    // The stage's new version (applied), or its version when the update was declined.
+    int64_t version = 0;
+  };
   // Writes the stage's new center (packed) with its new version and the worker's post-sync
   // parameters (packed) durably; called under the stage lock. `center_before` is the center
   // before the move, for the reply. The spans are valid only during the call.
@@ -122,11 +149,12 @@ class CenterTable {
   // §4.4: c <- c + alpha w (x - c). Writes the worker's post-sync parameters
   // x - alpha (x - c_before) to `worker_after` (its snapshot; a caller-owned buffer of the
   // stage's packed size), checks the results (see Integrity above), commits, and returns the
-  // new version. On a weight, integrity or commit error the center is unchanged.
+  // new version (or a declined Update). On a weight, integrity or commit error the center is
+  // unchanged.
   // REQUIRES: x validated for `stage`.
-  absl::StatusOr<int64_t> ElasticSync(int stage, absl::Span<const float> x, double alpha,
-                                      const WeightFn& weight, const CommitFn& commit,
-                                      absl::Span<float> worker_after);
+  absl::StatusOr<Update> ElasticSync(int stage, absl::Span<const float> x, double alpha,
+                                     const WeightFn& weight, const CommitFn& commit,
+                                     absl::Span<float> worker_after);
 
   // §4.6: the weighted AdaHessian apply of (g, D) on the center; returns the new version. The
   // results are computed into spare buffers and checked (see Integrity above) before they are
@@ -146,7 +174,7 @@ class CenterTable {
   //      stage's version order, StagedWrite::write (the records), then StagedWrite::await (the
   //      standbys). The spans given to `decide` stay valid until the call returns.
   // The call returns the new version once all three succeeded: the update is durable (and
-  // replicated). If one fails, the call returns its error and the stage refuses every later
+  // replicated). A declined decision returns at once, with nothing decided or written. If one fails, the call returns its error and the stage refuses every later
   // call (UNAVAILABLE, as after a failed ApplyAdaHessian commit) until Restore: the decided
   // center holds an update that is not durable, so every sync decided after it fails at its
   // turn without writing. Read, version and WaitForVersion see only durable versions.
@@ -158,9 +186,9 @@ class CenterTable {
   using DecideFn = std::function<absl::StatusOr<StagedWrite>(
       int64_t version, absl::Span<const float> center, absl::Span<const float> worker_after,
       absl::Span<const float> center_before)>;
-  absl::StatusOr<int64_t> ElasticSyncStaged(int stage, absl::Span<const float> x, double alpha,
-                                            const WeightFn& weight, const DecideFn& decide,
-                                            absl::Span<float> worker_after);
+  absl::StatusOr<Update> ElasticSyncStaged(int stage, absl::Span<const float> x, double alpha,
+                                           const WeightFn& weight, const DecideFn& decide,
+                                           absl::Span<float> worker_after);
 
   // Blocks until every staged sync of `stage` decided so far is durable (or the stage lost).
   void AwaitWrites(int stage) const;
@@ -168,9 +196,9 @@ class CenterTable {
   using OptCommitFn = std::function<absl::Status(
       int64_t version, absl::Span<const float> center, int64_t opt_step,
       absl::Span<const float> m, absl::Span<const float> v)>;
-  absl::StatusOr<int64_t> ApplyAdaHessian(int stage, absl::Span<const float> g,
-                                          absl::Span<const float> d, const AdaHessianConfig& config,
-                                          const WeightFn& weight, const OptCommitFn& commit);
+  absl::StatusOr<Update> ApplyAdaHessian(int stage, absl::Span<const float> g,
+                                         absl::Span<const float> d, const AdaHessianConfig& config,
+                                         const WeightFn& weight, const OptCommitFn& commit);
 
   // The center of `stage` and its version, the last durable one; the stage's UNAVAILABLE if it
   // was lost.

@@ -37,15 +37,6 @@ int64_t ReachableVersion(const JobConfig& job, int64_t version) {
   return version + int64_t{job.topology().replicas()} * std::max<int64_t>(1, job.training().max_steps());
 }
 
-// What the weight step of a sync or push decided under the stage lock.
-enum class UpdateOutcome {
-  kApplied,    // applied (or refused: the status says so)
-  kDuplicate,  // already applied (a retry whose reply was lost): nothing changes
-};
-
-// What a weight function returns to make CenterTable decline an update it need not apply; the
-// caller reads its own UpdateOutcome, never this status.
-absl::Status DeclinedUpdate() { return absl::CancelledError("update declined: already applied"); }
 
 }  // namespace
 
@@ -391,17 +382,16 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   int64_t measured_version = 0;
   double measured_norm = 0;
   double ratio = 0;
-  // What the weight step decided under the stage lock; a duplicate declines the update (the
-  // weight function's error then only stops CenterTable, the outcome says why).
-  UpdateOutcome outcome = UpdateOutcome::kApplied;
-  auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+  // Decided under the stage lock: a duplicate (a retry whose reply was lost) is declined, a
+  // fenced sender or a divergent update refused.
+  auto weight = [&](int64_t version,
+                    double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
     // Checked again under the stage lock: the sync may have waited (its DETERMINISTIC turn, the
     // lock) while its sender was declared failed; a fenced worker never writes again.
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     const SlotBook book = books_.Get(slot);
     if (request->step() <= book.last_update_step) {
-      outcome = UpdateOutcome::kDuplicate;
-      return DeclinedUpdate();
+      return CenterTable::WeightDecision::Decline();
     }
     ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||x - c||"));
     measured_at = clock_->Now();
@@ -458,7 +448,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   std::unique_ptr<float[]> worker_after(new float[n]);  // uninitialised: written in full
   auto result = centers_->ElasticSyncStaged(stage, x, alpha, weight, decide,
                                             absl::MakeSpan(worker_after.get(), n));
-  if (outcome == UpdateOutcome::kDuplicate) {
+  if (result.ok() && result->declined) {
     // The same sync again (its reply was lost): answer with the stored post-sync state, once
     // the first is written (it may still be: its books are set when it is decided).
     centers_->AwaitWrites(stage);
@@ -498,7 +488,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
       !barrier.ok()) {
     return ToGrpcStatus(barrier);
   }
-  response->set_center_version(*result);
+  response->set_center_version(result->version);
   response->set_weight(inputs.weight());
   response->set_moving_rate(alpha);
   return grpc::Status::OK;
@@ -548,14 +538,13 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   int64_t measured_version = 0;
   double measured_norm = 0;
   double ratio = 0;
-  UpdateOutcome outcome = UpdateOutcome::kApplied;
-  auto weight = [&](int64_t version, double norm) -> absl::StatusOr<double> {
+  auto weight = [&](int64_t version,
+                    double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     const SlotBook book = books_.Get(slot);
     applied = book.applied_sequence;
     if (request->sequence() <= book.applied_sequence) {
-      outcome = UpdateOutcome::kDuplicate;
-      return DeclinedUpdate();
+      return CenterTable::WeightDecision::Decline();
     }
     if (request->sequence() != book.applied_sequence + 1) {
       return absl::FailedPreconditionError(
@@ -586,7 +575,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   };
   auto version =
       centers_->ApplyAdaHessian(stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
-  if (outcome == UpdateOutcome::kDuplicate) {
+  if (version.ok() && version->declined) {
     response->set_applied(false);
     response->set_applied_sequence(applied);
     response->set_center_version(centers_->version(stage));
@@ -604,7 +593,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   }
   response->set_applied(true);
   response->set_applied_sequence(request->sequence());
-  response->set_center_version(*version);
+  response->set_center_version(version->version);
   response->set_weight(inputs.weight());
   return grpc::Status::OK;
 }

@@ -18,14 +18,6 @@
 
 namespace rebound::server {
 
-namespace {
-
-// What the weight function returns to make CenterTable decline a sync another call applied
-// meanwhile; the caller reads its own flag, never this status.
-absl::Status AppliedMeanwhile() { return absl::CancelledError("sync applied meanwhile"); }
-
-}  // namespace
-
 RangeService::RangeService(const ServerConfig& config, CenterTable* centers,
                            storage::DurableStore* store, Authorizer authorize,
                            CallCheck check_call, int64_t inflight_bytes)
@@ -253,10 +245,10 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   const std::vector<float> x = centers_->Unbundle(stage, request->params());
   const double alpha = EffectiveMovingRate(job_);
   const compute::StageLayout& layout = centers_->layout(stage);
-  bool applied_meanwhile = false;
   bool step_refused = false;  // the weight function's own refusal, not the integrity checks'
   double partial_sq_norm = 0.0;
-  auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
+  auto weight = [&](int64_t /*version*/,
+                    double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
     // GLOBAL_CHECKPOINT: authorized before a rollback, this sync must not move the restored
     // center (its sender is fenced by now).
     if (Generation() != generation) {
@@ -266,10 +258,7 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
     }
     // Again under the stage lock: another call of the same step may have applied it.
     const int64_t last = GetKept(slot).last();
-    if (step <= last) {
-      applied_meanwhile = true;
-      return AppliedMeanwhile();
-    }
+    if (step <= last) return CenterTable::WeightDecision::Decline();
     if (absl::Status next = CheckNextStep(slot, last, step); !next.ok()) {
       step_refused = true;
       return next;
@@ -317,9 +306,9 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   };
   const size_t n = x.size();
   std::unique_ptr<float[]> worker_after(new float[n]);  // written in full by ElasticSync
-  absl::StatusOr<int64_t> version = centers_->ElasticSync(
+  absl::StatusOr<CenterTable::Update> version = centers_->ElasticSync(
       stage, x, alpha, weight, commit, absl::MakeSpan(worker_after.get(), n));
-  if (applied_meanwhile) return AnswerApplied(slot, step, response);
+  if (version.ok() && version->declined) return AnswerApplied(slot, step, response);
   if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument &&
       !step_refused) {
     // Refused by the integrity checks (a result beyond weighting.max_abs_value): nothing
@@ -334,7 +323,7 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
     }
     return ToGrpcStatus(version.status());
   }
-  response->set_center_version(*version);
+  response->set_center_version(version->version);
   response->set_weight(allowed->weight());
   response->set_moving_rate(alpha);
   response->set_partial_sq_norm(partial_sq_norm);
@@ -399,14 +388,11 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
   const std::vector<float> g = centers_->Unbundle(stage, request->gradient());
   const std::vector<float> d = centers_->Unbundle(stage, request->hessian_diag());
   const compute::StageLayout& layout = centers_->layout(stage);
-  bool applied_meanwhile = false;
   double partial_sq_norm = 0.0;
-  auto weight = [&](int64_t /*version*/, double norm) -> absl::StatusOr<double> {
+  auto weight = [&](int64_t /*version*/,
+                    double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
     const uint64_t applied = GetKept(slot).sequence;
-    if (sequence <= applied) {
-      applied_meanwhile = true;
-      return AppliedMeanwhile();
-    }
+    if (sequence <= applied) return CenterTable::WeightDecision::Decline();
     RETURN_IF_ERROR(next(applied));  // FAILED_PRECONDITION: never taken for an integrity refusal
     partial_sq_norm = norm * norm;
     return allowed->weight();
@@ -429,9 +415,9 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
     now.pushes = kept.pushes + 1;
     return absl::OkStatus();
   };
-  absl::StatusOr<int64_t> version = centers_->ApplyAdaHessian(
+  absl::StatusOr<CenterTable::Update> version = centers_->ApplyAdaHessian(
       stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
-  if (applied_meanwhile) return answer_applied();
+  if (version.ok() && version->declined) return answer_applied();
   if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
     return ChargeFault(context, request->incarnation(), slot, version.status());
   }
@@ -445,7 +431,7 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
   }
   response->set_applied(true);
   response->set_applied_sequence(sequence);
-  response->set_center_version(*version);
+  response->set_center_version(version->version);
   response->set_weight(allowed->weight());
   response->set_partial_sq_norm(partial_sq_norm);
   return grpc::Status::OK;

@@ -82,7 +82,7 @@ TEST_CASE("ElasticSync moves the center by alpha w (x - c) and pulls the worker 
   };
   auto version = table->ElasticSync(0, x, alpha, weight, commit, absl::MakeSpan(after));
   REQUIRE(version.ok());
-  CHECK(*version == 1);
+  CHECK(version->version == 1);
   CHECK(seen_version == 1);
   // ||x - c||, computed here in double the plain way.
   double sum = 0;
@@ -114,7 +114,7 @@ TEST_CASE("a failed elastic commit leaves the center and its version as they wer
   CHECK(result.status().code() == absl::StatusCode::kUnavailable);
   CHECK(SameBits(c0, Center(*table)));
   CHECK(table->version(0) == 0);
-  // A refusing weight (e.g. a duplicate) changes nothing either, and the table goes on.
+  // A refusing weight changes nothing either, and the table goes on.
   auto duplicate = [](int64_t, double) -> absl::StatusOr<double> {
     return absl::AlreadyExistsError("seen");
   };
@@ -125,7 +125,8 @@ TEST_CASE("a failed elastic commit leaves the center and its version as they wer
   CHECK(SameBits(c0, Center(*table)));
   auto version = table->ElasticSync(0, x, 0.5, Weight(1.0), ok, absl::MakeSpan(after));
   REQUIRE(version.ok());
-  CHECK(*version == 1);
+  CHECK(version->version == 1);
+  CHECK_FALSE(version->declined);
   CHECK_FALSE(SameBits(c0, Center(*table)));
 }
 
@@ -185,7 +186,7 @@ TEST_CASE("a staged sync gives ElasticSync's bits; prepare, write and await run 
                                              probe.Decide(nullptr, false, &committed),
                                              absl::MakeSpan(after_staged));
     REQUIRE(version.ok());
-    CHECK(*version == i + 1);
+    CHECK(version->version == i + 1);
     CHECK(SameBits(after_plain, after_staged));
     CHECK(SameBits(Center(*plain), Center(*staged)));
     CHECK(SameBits(committed, Center(*staged)));
@@ -205,7 +206,7 @@ TEST_CASE("a staged sync is decided while another's bytes are written; writes ke
   StagedProbe probe;
   absl::Notification release_first, second_prepared;
   std::vector<float> center1, center2;
-  absl::StatusOr<int64_t> first = absl::UnknownError("not run"), second = first;
+  absl::StatusOr<CenterTable::Update> first = absl::UnknownError("not run"), second = first;
   std::thread one([&] {
     first = table->ElasticSyncStaged(0, x1, 0.5, Weight(1.0),
                                      probe.Decide(&release_first, false, &center1),
@@ -241,8 +242,8 @@ TEST_CASE("a staged sync is decided while another's bytes are written; writes ke
   two.join();
   REQUIRE(first.ok());
   REQUIRE(second.ok());
-  CHECK(*first == 1);
-  CHECK(*second == 2);
+  CHECK(first->version == 1);
+  CHECK(second->version == 2);
   const std::vector<std::string> events = probe.Events();
   const auto at = [&](const std::string& e) {
     return std::find(events.begin(), events.end(), e) - events.begin();
@@ -267,7 +268,7 @@ TEST_CASE("a failed staged write loses the stage; a sync decided after it is nev
   std::vector<float> x(n, 1.0f), after1(n), after2(n);
   StagedProbe probe;
   absl::Notification release_first;
-  absl::StatusOr<int64_t> first = absl::UnknownError("not run"), second = first;
+  absl::StatusOr<CenterTable::Update> first = absl::UnknownError("not run"), second = first;
   std::thread one([&] {
     first = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(&release_first, true),
                                      absl::MakeSpan(after1));
@@ -306,7 +307,49 @@ TEST_CASE("a failed staged write loses the stage; a sync decided after it is nev
   auto again = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(),
                                         absl::MakeSpan(after1));
   REQUIRE(again.ok());
-  CHECK(*again == 1);
+  CHECK(again->version == 1);
+}
+
+TEST_CASE("a declined update changes nothing, commits nothing, and says so with the version") {
+  std::unique_ptr<CenterTable> table = MakeTable(kBigJob);
+  const size_t n = Center(*table).size();
+  std::vector<float> x(n, 1.0f), after(n), g(n, 0.5f), d(n, 0.25f);
+  auto ok = [](int64_t, absl::Span<const float>, absl::Span<const float>,
+               absl::Span<const float>) { return absl::OkStatus(); };
+  REQUIRE(table->ElasticSync(0, x, 0.5, Weight(1.0), ok, absl::MakeSpan(after)).ok());
+  const std::vector<float> c1 = Center(*table);
+  auto decline = [](int64_t, double) -> absl::StatusOr<CenterTable::WeightDecision> {
+    return CenterTable::WeightDecision::Decline();
+  };
+  int commits = 0;
+  auto counted = [&](int64_t, absl::Span<const float>, absl::Span<const float>,
+                     absl::Span<const float>) {
+    ++commits;
+    return absl::OkStatus();
+  };
+  auto elastic = table->ElasticSync(0, x, 0.5, decline, counted, absl::MakeSpan(after));
+  REQUIRE(elastic.ok());
+  CHECK(elastic->declined);
+  CHECK(elastic->version == 1);  // the version it was declined at
+  StagedProbe probe;
+  auto staged = table->ElasticSyncStaged(0, x, 0.5, decline, probe.Decide(),
+                                         absl::MakeSpan(after));
+  REQUIRE(staged.ok());
+  CHECK(staged->declined);
+  CHECK(staged->version == 1);
+  CHECK(probe.Events().empty());  // not decided, nothing written
+  auto opt_commit = [&](int64_t, absl::Span<const float>, int64_t, absl::Span<const float>,
+                        absl::Span<const float>) {
+    ++commits;
+    return absl::OkStatus();
+  };
+  auto pushed = table->ApplyAdaHessian(0, g, d, AdaHessianConfig(), decline, opt_commit);
+  REQUIRE(pushed.ok());
+  CHECK(pushed->declined);
+  CHECK(pushed->version == 1);
+  CHECK(commits == 0);
+  CHECK(SameBits(c1, Center(*table)));
+  CHECK(table->version(0) == 1);
 }
 
 TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences the stage") {
@@ -334,7 +377,7 @@ TEST_CASE("ApplyAdaHessian is the weighted server kernel; a failed commit fences
   for (int64_t t = 1; t <= 2; ++t) {
     auto version = table->ApplyAdaHessian(0, g, d, ada, Weight(0.75), commit);
     REQUIRE(version.ok());
-    CHECK(*version == t);
+    CHECK(version->version == t);
     CHECK(committed_step == t);
     REQUIRE(compute::ServerAdaHessianApply(ada, 0.75, t, g, d, absl::MakeSpan(m),
                                            absl::MakeSpan(v), absl::MakeSpan(theta))
@@ -428,7 +471,7 @@ TEST_CASE("alternating huge syncs that would overflow the center are refused bef
   auto first = table->ElasticSync(0, Alternating(n, 3.4e38f), 0.45, Weight(1.0), commits.Fn(),
                                   absl::MakeSpan(after));
   REQUIRE(first.ok());
-  CHECK(*first == 1);
+  CHECK(first->version == 1);
   CHECK(table->max_abs_seen(0) > 1.0e38f);
   const std::vector<float> c1 = Center(*table);
   auto second = table->ElasticSync(0, Alternating(n, -3.4e38f), 0.45, Weight(1.0), commits.Fn(),
@@ -511,7 +554,7 @@ TEST_CASE("a push whose result would overflow m, v or the center is refused and 
   // state, bit for bit.
   auto version = table->ApplyAdaHessian(0, g, d, ada, Weight(1.0), commit);
   REQUIRE(version.ok());
-  CHECK(*version == 1);
+  CHECK(version->version == 1);
   std::vector<float> theta = c0, m(n, 0.0f), v(n, 0.0f);
   REQUIRE(compute::ServerAdaHessianApply(ada, 1.0, 1, g, d, absl::MakeSpan(m), absl::MakeSpan(v),
                                          absl::MakeSpan(theta))

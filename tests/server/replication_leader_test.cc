@@ -229,7 +229,7 @@ TEST_CASE("a barrier that fails after the standby acknowledged fences the store:
   REQUIRE(Eventually([&] { return leader.StatusOf("standby").state() == "in sync"; }));
   auto first = sync(1.0f);
   REQUIRE(first.ok());
-  REQUIRE(*first == 1);
+  REQUIRE(first->version == 1);
 
   // Sync A: written and acknowledged by the standby, then the leadership check fails.
   const uint64_t a_sequence = leader.store->LastApplied().sequence + 1;
