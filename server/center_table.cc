@@ -395,14 +395,9 @@ absl::Status CenterTable::MoveIntoSpare(Stage& s, int stage, absl::Span<const fl
   return absl::OkStatus();
 }
 
-absl::StatusOr<CenterTable::Update> CenterTable::ElasticSync(int stage, absl::Span<const float> x,
-                                                 double alpha, const WeightFn& weight,
-                                                 const CommitFn& commit,
-                                                 absl::Span<float> worker_after) {
-  Stage& s = *stages_[stage];
-  absl::MutexLock lock(&s.mu);
-  // Its commit is written here, after every staged sync's before it.
-  s.mu.Await(absl::Condition(&s, &Stage::NoWritesInFlight));
+absl::StatusOr<CenterTable::WeightDecision> CenterTable::MoveLocked(
+    Stage& s, int stage, absl::Span<const float> x, double alpha, const WeightFn& weight,
+    absl::Span<float> worker_after, float* max_abs) {
   RETURN_IF_ERROR(s.lost);
   const size_t n = s.center->size();
   if (x.size() != n || worker_after.size() != n) {
@@ -411,12 +406,26 @@ absl::StatusOr<CenterTable::Update> CenterTable::ElasticSync(int stage, absl::Sp
                                                    " and ", worker_after.size()));
   }
   ASSIGN_OR_RETURN(const WeightDecision decision, weight(s.version, Distance(x, *s.center)));
-  if (decision.declined()) return Update{true, s.version};
-  const double w = decision.weight();
+  if (decision.declined()) return decision;
   // The moved center goes to the spare buffer, so the current one stays as it is: it is
   // c_before (no copy for the reply) and what remains if the commit fails (no rollback).
-  float max_abs = s.max_abs_seen;
-  RETURN_IF_ERROR(MoveIntoSpare(s, stage, x, alpha, w, worker_after, &max_abs));
+  *max_abs = s.max_abs_seen;
+  RETURN_IF_ERROR(MoveIntoSpare(s, stage, x, alpha, decision.weight(), worker_after, max_abs));
+  return decision;
+}
+
+absl::StatusOr<CenterTable::Update> CenterTable::ElasticSync(int stage, absl::Span<const float> x,
+                                                             double alpha, const WeightFn& weight,
+                                                             const CommitFn& commit,
+                                                             absl::Span<float> worker_after) {
+  Stage& s = *stages_[stage];
+  absl::MutexLock lock(&s.mu);
+  // Its commit is written here, after every staged sync's before it.
+  s.mu.Await(absl::Condition(&s, &Stage::NoWritesInFlight));
+  float max_abs = 0.0f;
+  ASSIGN_OR_RETURN(const WeightDecision decision,
+                   MoveLocked(s, stage, x, alpha, weight, worker_after, &max_abs));
+  if (decision.declined()) return Update{true, s.version};
   RETURN_IF_ERROR(commit(s.version + 1, *s.spare, worker_after, *s.center));
   s.center.swap(s.spare);
   s.max_abs_seen = max_abs;
@@ -425,10 +434,9 @@ absl::StatusOr<CenterTable::Update> CenterTable::ElasticSync(int stage, absl::Sp
   return Update{false, s.version};
 }
 
-absl::StatusOr<CenterTable::Update> CenterTable::ElasticSyncStaged(int stage, absl::Span<const float> x,
-                                                       double alpha, const WeightFn& weight,
-                                                       const DecideFn& decide,
-                                                       absl::Span<float> worker_after) {
+absl::StatusOr<CenterTable::Update> CenterTable::ElasticSyncStaged(
+    int stage, absl::Span<const float> x, double alpha, const WeightFn& weight,
+    const DecideFn& decide, absl::Span<float> worker_after) {
   Stage& s = *stages_[stage];
   // Kept alive until the writes are done: the records and the reply refer to them.
   std::shared_ptr<const std::vector<float>> before, after;
@@ -440,18 +448,10 @@ absl::StatusOr<CenterTable::Update> CenterTable::ElasticSyncStaged(int stage, ab
       return s.staged_in_flight < kMaxStagedInFlight;
     };
     s.mu.Await(absl::Condition(&room));
-    RETURN_IF_ERROR(s.lost);
-    const size_t n = s.center->size();
-    if (x.size() != n || worker_after.size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat("params and worker_after must hold ", n,
-                                                     " floats (stage ", stage, "), got ",
-                                                     x.size(), " and ", worker_after.size()));
-    }
-    ASSIGN_OR_RETURN(const WeightDecision decision, weight(s.version, Distance(x, *s.center)));
+    float max_abs = 0.0f;
+    ASSIGN_OR_RETURN(const WeightDecision decision,
+                     MoveLocked(s, stage, x, alpha, weight, worker_after, &max_abs));
     if (decision.declined()) return Update{true, s.version};
-    const double w = decision.weight();
-    float max_abs = s.max_abs_seen;
-    RETURN_IF_ERROR(MoveIntoSpare(s, stage, x, alpha, w, worker_after, &max_abs));
     mine = s.version + 1;
     ASSIGN_OR_RETURN(staged, decide(mine, *s.spare, worker_after, *s.center));
     // Decided: the next sync moves from this center, while this one's bytes are written.
@@ -531,11 +531,9 @@ void CenterTable::AwaitWrites(int stage) const {
   s.mu.Await(absl::Condition(&done));
 }
 
-absl::StatusOr<CenterTable::Update> CenterTable::ApplyAdaHessian(int stage, absl::Span<const float> g,
-                                                     absl::Span<const float> d,
-                                                     const AdaHessianConfig& config,
-                                                     const WeightFn& weight,
-                                                     const OptCommitFn& commit) {
+absl::StatusOr<CenterTable::Update> CenterTable::ApplyAdaHessian(
+    int stage, absl::Span<const float> g, absl::Span<const float> d,
+    const AdaHessianConfig& config, const WeightFn& weight, const OptCommitFn& commit) {
   Stage& s = *stages_[stage];
   absl::MutexLock lock(&s.mu);
   s.mu.Await(absl::Condition(&s, &Stage::NoWritesInFlight));

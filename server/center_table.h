@@ -156,12 +156,6 @@ class CenterTable {
                                      const WeightFn& weight, const CommitFn& commit,
                                      absl::Span<float> worker_after);
 
-  // §4.6: the weighted AdaHessian apply of (g, D) on the center; returns the new version. The
-  // results are computed into spare buffers and checked (see Integrity above) before they are
-  // committed and swapped in, so a refused push changes nothing. If `commit` fails, the call
-  // returns the commit's error and the stage refuses every later call (UNAVAILABLE, "...
-  // refuses work until the server restarts ...") until Restore: a failing commit means a
-  // failing store, which needs the operator. REQUIRES: validated inputs.
   // The staged form of ElasticSync (the unsharded Sync's: docs/storage.md "Staged syncs"):
   // only the move and the decisions that need the update's order happen under the stage's
   // lock; the bytes are written after it is released, beside the stage's next syncs.
@@ -174,10 +168,11 @@ class CenterTable {
   //      stage's version order, StagedWrite::write (the records), then StagedWrite::await (the
   //      standbys). The spans given to `decide` stay valid until the call returns.
   // The call returns the new version once all three succeeded: the update is durable (and
-  // replicated). A declined decision returns at once, with nothing decided or written. If one fails, the call returns its error and the stage refuses every later
-  // call (UNAVAILABLE, as after a failed ApplyAdaHessian commit) until Restore: the decided
-  // center holds an update that is not durable, so every sync decided after it fails at its
-  // turn without writing. Read, version and WaitForVersion see only durable versions.
+  // replicated). A declined decision returns at once, with nothing decided or written. If one
+  // of the three fails, the call returns its error and the stage refuses every later call
+  // (UNAVAILABLE, as after a failed ApplyAdaHessian commit) until Restore: the decided center
+  // holds an update that is not durable, so every sync decided after it fails at its turn
+  // without writing. Read, version and WaitForVersion see only durable versions.
   struct StagedWrite {
     std::function<absl::Status()> prepare;
     std::function<absl::Status()> write;
@@ -193,6 +188,12 @@ class CenterTable {
   // Blocks until every staged sync of `stage` decided so far is durable (or the stage lost).
   void AwaitWrites(int stage) const;
 
+  // §4.6: the weighted AdaHessian apply of (g, D) on the center; returns the new version. The
+  // results are computed into spare buffers and checked (see Integrity above) before they are
+  // committed and swapped in, so a refused push changes nothing. If `commit` fails, the call
+  // returns the commit's error and the stage refuses every later call (UNAVAILABLE, "...
+  // refuses work until the server restarts ...") until Restore: a failing commit means a
+  // failing store, which needs the operator. REQUIRES: validated inputs.
   using OptCommitFn = std::function<absl::Status(
       int64_t version, absl::Span<const float> center, int64_t opt_step,
       absl::Span<const float> m, absl::Span<const float> v)>;
@@ -277,12 +278,20 @@ class CenterTable {
   // At most this many staged syncs of a stage are decided and not yet done; the next waits
   // before its move. It bounds the center buffers and the files written at once (64 syncs
   // writing at once on 2 cores spent their time in page faults and the page cache:
-  // docs/benchmarks.md#server_capacity-how-many-workers-one-group-serves).
+  // docs/benchmarks.md, "Staged syncs").
   static constexpr int kMaxStagedInFlight = 2;
   // Freed buffers a stage keeps for reuse.
   static constexpr size_t kPooledBuffers = kMaxStagedInFlight + 2;
 
-  // The move of ElasticSync into the stage's spare buffer, with the integrity checks.
+  // What ElasticSync and ElasticSyncStaged do first, under the stage's lock: the stage's
+  // health, the sizes, the weight step and, unless it declined, the move into the stage's
+  // spare buffer with the integrity checks (`*max_abs` the largest value seen, for the caller
+  // to keep once the update is its).
+  absl::StatusOr<WeightDecision> MoveLocked(Stage& s, int stage, absl::Span<const float> x,
+                                            double alpha, const WeightFn& weight,
+                                            absl::Span<float> worker_after, float* max_abs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // The move itself (MoveLocked's last step).
   absl::Status MoveIntoSpare(Stage& s, int stage, absl::Span<const float> x, double alpha,
                              double w, absl::Span<float> worker_after, float* max_abs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);

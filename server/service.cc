@@ -37,7 +37,6 @@ int64_t ReachableVersion(const JobConfig& job, int64_t version) {
   return version + int64_t{job.topology().replicas()} * std::max<int64_t>(1, job.training().max_steps());
 }
 
-
 }  // namespace
 
 ParameterServerService::ParameterServerService(const ServerConfig& config, Membership* membership,

@@ -143,6 +143,14 @@ struct StagedProbe {
     absl::MutexLock lock(&mu);
     return events;
   }
+  // Waits (at most a minute: the test fails rather than hangs) until `event` was recorded.
+  void AwaitEvent(const std::string& event) {
+    absl::MutexLock lock(&mu);
+    auto seen = [this, &event]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+      return std::find(events.begin(), events.end(), event) != events.end();
+    };
+    REQUIRE(mu.AwaitWithTimeout(absl::Condition(&seen), absl::Minutes(1)));
+  }
   CenterTable::DecideFn Decide(absl::Notification* hold = nullptr, bool fail_write = false,
                                std::vector<float>* committed_center = nullptr) {
     return [=](int64_t version, absl::Span<const float> center, absl::Span<const float>,
@@ -214,25 +222,13 @@ TEST_CASE("a staged sync is decided while another's bytes are written; writes ke
   });
   // The second is decided (the first holds no lock in its prepare) and prepared, but its
   // write waits for the first's.
-  auto decided = [&] {
-    for (const std::string& e : probe.Events()) {
-      if (e == "decide 1") return true;
-    }
-    return false;
-  };
-  while (!decided()) std::this_thread::yield();
+  probe.AwaitEvent("decide 1");
   std::thread two([&] {
     second = table->ElasticSyncStaged(0, x2, 0.5, Weight(1.0),
                                       probe.Decide(nullptr, false, &center2),
                                       absl::MakeSpan(after2));
   });
-  auto prepared_second = [&] {
-    for (const std::string& e : probe.Events()) {
-      if (e == "prepare 2") return true;
-    }
-    return false;
-  };
-  while (!prepared_second()) std::this_thread::yield();
+  probe.AwaitEvent("prepare 2");
   // Nothing is durable yet: readers see version 0 and c0.
   CHECK(table->version(0) == 0);
   CHECK(SameBits(c0, Center(*table)));
@@ -273,12 +269,12 @@ TEST_CASE("a failed staged write loses the stage; a sync decided after it is nev
     first = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(&release_first, true),
                                      absl::MakeSpan(after1));
   });
-  while (probe.Events().empty()) std::this_thread::yield();
+  probe.AwaitEvent("decide 1");
   std::thread two([&] {
     second = table->ElasticSyncStaged(0, x, 0.5, Weight(1.0), probe.Decide(),
                                       absl::MakeSpan(after2));
   });
-  while (probe.Events().size() < 3) std::this_thread::yield();  // decide 1, decide 2, prepare 2
+  probe.AwaitEvent("prepare 2");
   release_first.Notify();
   one.join();
   two.join();
