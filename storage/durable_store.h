@@ -324,8 +324,8 @@ class DurableStore {
   //     and, when it fails, fences the store as Commit does. OK at once for (0, 0) or a store
   //     without a barrier.
   // Commit(batch) is the three in a row. Errors as Commit's. A Prepared batch refers to its
-  // WriteBatch (and through it to the WriteBatch's data), which must outlive it; one that is
-  // destroyed without a successful Write removes its files.
+  // WriteBatch (and through it to the WriteBatch's data), which must outlive it; it is written
+  // at most once, and one destroyed without a successful Write removes its files.
   class Prepared {
    public:
     Prepared(Prepared&& other) noexcept;
