@@ -50,6 +50,7 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       tracker_(tracker),
       store_(store),
       clock_(clock),
+      rules_(job_),
       token_(std::move(token)),
       operator_token_(std::move(operator_token)),
       admission_(EffectiveAdmissionBounds(config_, ModelFloats(*centers))),
@@ -123,46 +124,13 @@ absl::Status ParameterServerService::ValidateSlot(const SlotId& slot) const {
   return CheckSlotInTopology(slot, job_.topology());
 }
 
-absl::Status ParameterServerService::CheckStepInJob(int64_t step) const {
-  // A slot never steps past max_steps; a larger step would finish the slot early and make every
-  // later (valid) update of it stale.
-  if (step > job_.training().max_steps()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step must be <= training.max_steps = ", job_.training().max_steps(), ", got ", step));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64_t step) {
-  const int64_t last = books_.Get(slot).last_update_step;
-  // A step at or below the last applied one is a retry or stale: the sync path answers it.
-  if (step <= last) return absl::OkStatus();
-  // Trainers sync after every sync_period-th step and at max_steps (worker/training.cc), one
-  // sync point at a time: a jump would finish the slot without its training.
-  const int64_t tau = job_.easgd().sync_period();
-  const int64_t max_steps = job_.training().max_steps();
-  if ((step % tau != 0 && step != max_steps) || step > last + tau) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step must be the slot's next sync point: a multiple of easgd.sync_period = ", tau,
-        " (or training.max_steps = ", max_steps, ") at most ", last + tau,
-        " (slot ", SlotName(slot), " last synced step ", last, "), got ", step));
-  }
-  return absl::OkStatus();
+absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64_t step) const {
+  return rules_.DecideSync(slot, books_.Get(slot).last_update_step, step).status();
 }
 
 absl::StatusOr<double> ParameterServerService::DivergenceRatio(const SlotId& slot, double norm,
                                                                const char* what) const {
-  const std::optional<double> median = tracker_->PeerDivergenceMedian(slot);
-  if (!median.has_value()) return 0.0;  // no other live trainer measured yet: nothing to compare
-  const double ratio = norm / *median;
-  const double bound = job_.weighting().max_divergence_ratio();
-  if (bound > 0.0 && !(ratio <= bound)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "refused: slot ", SlotName(slot), " sent ", what, " = ", norm, ", ", ratio,
-        " times the median of the stage's other live trainers (", *median,
-        "); the bound is weighting.max_divergence_ratio = ", bound, "; nothing was changed"));
-  }
-  return ratio;
+  return rules_.DivergenceRatio(slot, norm, tracker_->PeerDivergenceMedian(slot), what);
 }
 
 std::string ParameterServerService::IntegritySummary(int stage) const {
@@ -336,34 +304,26 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
     return ToGrpcStatus(owner);
   }
-  if (request->step() < 1) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", request->step())));
-  }
-  if (absl::Status valid = CheckStepInJob(request->step()); !valid.ok()) {
+  if (absl::Status valid = rules_.CheckSyncStep(request->step()); !valid.ok()) {
     return ToGrpcStatus(valid);
   }
   if (absl::Status valid = CheckNextSyncStep(slot, request->step()); !valid.ok()) {
     return ToGrpcStatus(valid);
   }
   const int stage = slot.stage();
-  absl::Status valid = centers_->ValidateBundle(stage, request->params(), "params");
+  const apply::BundleCheck check = [&](const TensorBundle& bundle, const char* name) {
+    return centers_->ValidateBundle(stage, bundle, name);
+  };
+  // Non-finite or malformed parameters are the sender's fault: they count against it; so is a
+  // malformed or non-finite optimizer state (it becomes the slot's snapshot).
+  absl::Status valid = check(request->params(), "params");
+  if (valid.ok()) {
+    valid = apply::UpdateRules::CheckOptimizerState(request->optimizer(),
+                                                    apply::StateParts::kAnySubset, check);
+  }
   if (!valid.ok()) {
-    // Non-finite or malformed parameters are the sender's fault: they count against it.
     OnRefused(slot, request->incarnation(), "sync", valid);
     return ToGrpcStatus(valid);
-  }
-  const OptimizerState& optimizer = request->optimizer();
-  for (const auto& [bundle, name] :
-       {std::pair<const TensorBundle*, const char*>{&optimizer.m(), "optimizer.m"},
-        {&optimizer.v(), "optimizer.v"},
-        {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
-    if (bundle->tensors_size() == 0) continue;
-    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      // So is a malformed or non-finite optimizer state (it becomes the slot's snapshot).
-      OnRefused(slot, request->incarnation(), "sync", ok);
-      return ToGrpcStatus(ok);
-    }
   }
   if (job_.scheduling() == DETERMINISTIC) {
     absl::Status turn = books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms()));
@@ -389,17 +349,15 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     // lock) while its sender was declared failed; a fenced worker never writes again.
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     const SlotBook book = books_.Get(slot);
-    if (request->step() <= book.last_update_step) {
-      return CenterTable::WeightDecision::Decline();
-    }
+    ASSIGN_OR_RETURN(apply::Verdict verdict,
+                     rules_.DecideSync(slot, book.last_update_step, request->step()));
+    if (verdict != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
     ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||x - c||"));
     measured_at = clock_->Now();
     measured_version = version;
     measured_norm = norm;
     inputs = tracker_->Measure(slot, measured_at, version, norm);
-    updated = book;
-    updated.last_update_step = request->step();
-    updated.update_count = book.update_count + 1;
+    updated = apply::UpdateRules::AfterSync(book, request->step());
     return inputs.weight();
   };
   // The tensors go to the store without copies: the center and the worker's post-sync
@@ -453,9 +411,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     centers_->AwaitWrites(stage);
     const int64_t last = books_.Get(slot).last_update_step;
     if (request->step() < last) {
-      return ToGrpcStatus(absl::FailedPreconditionError(
-          absl::StrCat("stale sync: slot ", SlotName(slot), " already synced step ", last,
-                       ", got step ", request->step())));
+      return ToGrpcStatus(apply::UpdateRules::StaleSync(slot, last, request->step()));
     }
     if (absl::Status barrier = recovery_->AfterSync(slot, request->step(), checkpoint_epoch);
         !barrier.ok()) {
@@ -513,10 +469,8 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
     return ToGrpcStatus(owner);
   }
-  if (request->sequence() < 1 || request->step() < 1) {
-    return ToGrpcStatus(absl::InvalidArgumentError("sequence and step must be >= 1"));
-  }
-  if (absl::Status valid = CheckStepInJob(request->step()); !valid.ok()) {
+  if (absl::Status valid = rules_.CheckPushStep(request->sequence(), request->step());
+      !valid.ok()) {
     return ToGrpcStatus(valid);
   }
   const int stage = slot.stage();
@@ -542,23 +496,15 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
     const SlotBook book = books_.Get(slot);
     applied = book.applied_sequence;
-    if (request->sequence() <= book.applied_sequence) {
-      return CenterTable::WeightDecision::Decline();
-    }
-    if (request->sequence() != book.applied_sequence + 1) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("push sequence ", request->sequence(), " of slot ", SlotName(slot),
-                       " skips ahead: the next one is ", book.applied_sequence + 1));
-    }
+    ASSIGN_OR_RETURN(apply::Verdict verdict,
+                     apply::UpdateRules::DecidePush(slot, applied, request->sequence()));
+    if (verdict != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
     ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||g||"));
     measured_at = clock_->Now();
     measured_version = version;
     measured_norm = norm;
     inputs = tracker_->Measure(slot, measured_at, version, norm);
-    updated = book;
-    updated.applied_sequence = request->sequence();
-    updated.last_update_step = request->step();
-    updated.update_count = book.update_count + 1;
+    updated = apply::UpdateRules::AfterPush(book, request->sequence(), request->step());
     return inputs.weight();
   };
   const compute::StageLayout& layout = centers_->layout(stage);

@@ -57,9 +57,10 @@
 #include "common/security.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
+#include "server/apply/update_rules.h"
+#include "server/call_gate.h"
 #include "server/center_table.h"
 #include "server/membership.h"
-#include "server/call_gate.h"
 #include "server/log_retention.h"
 #include "server/recovery_coordinator.h"
 #include "server/reliability.h"
@@ -213,17 +214,14 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::StatusOr<double> SumOfRangeSquares(
       const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
-  // INVALID_ARGUMENT for a Sync or Push step beyond training.max_steps.
-  absl::Status CheckStepInJob(int64_t step) const;
-  // INVALID_ARGUMENT unless a Sync step above the slot's last applied step is its next sync
-  // point: a multiple of easgd.sync_period (or max_steps), at most last + sync_period.
-  absl::Status CheckNextSyncStep(const SlotId& slot, int64_t step);
+  // UpdateRules::DecideSync against the slot's book, for its error alone: a duplicate or stale
+  // step is answered by the sync path.
+  absl::Status CheckNextSyncStep(const SlotId& slot, int64_t step) const;
   // ReportEval's fields: stage in range, center_version in [0, current], loss finite,
   // accuracy in [0, 1].
   absl::Status ValidateEval(const ReportEvalRequest& request) const;
-  // Center integrity (issue R9): `norm` (||x - c|| of a sync, ||g|| of a push: `what`) over the
-  // median of the stage's other live trainers' latest ones (0 when there are none to compare
-  // with); INVALID_ARGUMENT when it exceeds weighting.max_divergence_ratio. Changes nothing.
+  // Center integrity (issue R9): UpdateRules::DivergenceRatio against the median of the stage's
+  // other live trainers' latest measurements (the tracker's). Changes nothing.
   absl::StatusOr<double> DivergenceRatio(const SlotId& slot, double norm, const char* what) const;
   // A sync or push refused as the sender's fault (malformed, non-finite, or one whose result
   // would break the center's integrity): a fault of its worker, counted per slot for status.
@@ -247,6 +245,7 @@ class ParameterServerService final : public ParameterServer::Service {
   ReliabilityTracker* const tracker_;
   storage::DurableStore* const store_;
   const Clock* const clock_;
+  const apply::UpdateRules rules_;
   const TokenChecker token_;
   const std::string operator_token_;  // empty: operator calls from this host only
   const AdmissionBounds admission_;

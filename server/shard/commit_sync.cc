@@ -70,17 +70,13 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
       const SlotId slot = Normalized(request.slot());
       RETURN_IF_ERROR(ValidateSlot(slot));
       RETURN_IF_ERROR(membership_->CheckOwner(request.incarnation(), slot));
-      if (request.sequence() < 1 || request.step() < 1) {
-        return absl::InvalidArgumentError("sequence and step must be >= 1");
-      }
-      RETURN_IF_ERROR(CheckStepInJob(request.step()));
-      // At most one push past the committed one, as for syncs.
+      RETURN_IF_ERROR(rules_.CheckPushStep(request.sequence(), request.step()));
+      // At most one push past the committed one, as for syncs (a retry is answered by the
+      // range, which may not have applied it yet).
       const SlotBook book = books_.Get(slot);
-      if (request.sequence() > book.applied_sequence + 1) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "push sequence ", request.sequence(), " of slot ", SlotName(slot),
-            " skips ahead: the next one is ", book.applied_sequence + 1));
-      }
+      RETURN_IF_ERROR(
+          apply::UpdateRules::DecidePush(slot, book.applied_sequence, request.sequence())
+              .status());
       response.set_weight(book.next_weight);
       return response;
     }
@@ -88,10 +84,7 @@ absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
       const SlotId slot = Normalized(request.slot());
       RETURN_IF_ERROR(ValidateSlot(slot));
       RETURN_IF_ERROR(membership_->CheckOwner(request.incarnation(), slot));
-      if (request.step() < 1) {
-        return absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", request.step()));
-      }
-      RETURN_IF_ERROR(CheckStepInJob(request.step()));
+      RETURN_IF_ERROR(rules_.CheckSyncStep(request.step()));
       // At most one sync past the committed one: a group is never two syncs ahead of group 0,
       // which is what lets each group keep only its last two range snapshots.
       RETURN_IF_ERROR(CheckNextSyncStep(slot, request.step()));
@@ -153,10 +146,7 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
     return ToGrpcStatus(ok);
   }
   const int64_t step = request->step();
-  if (step < 1) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", step)));
-  }
-  if (absl::Status ok = CheckStepInJob(step); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = rules_.CheckSyncStep(step); !ok.ok()) return ToGrpcStatus(ok);
   if (absl::Status ok = CheckNextSyncStep(slot, step); !ok.ok()) return ToGrpcStatus(ok);
   absl::StatusOr<double> summed = SumOfRangeSquares(request->ranges());
   if (!summed.ok()) return ToGrpcStatus(summed.status());
@@ -175,12 +165,12 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
       return ToGrpcStatus(ok);
     }
     const SlotBook book = books_.Get(slot);
-    if (step <= book.last_update_step) {
-      if (step < book.last_update_step) {
-        return ToGrpcStatus(absl::FailedPreconditionError(
-            absl::StrCat("stale commit: slot ", SlotName(slot), " already committed step ",
-                         book.last_update_step, ", got step ", step)));
-      }
+    absl::StatusOr<apply::Verdict> verdict = rules_.DecideSync(slot, book.last_update_step, step);
+    if (!verdict.ok()) return ToGrpcStatus(verdict.status());
+    if (*verdict == apply::Verdict::kStale) {
+      return ToGrpcStatus(apply::UpdateRules::StaleSync(slot, book.last_update_step, step));
+    }
+    if (*verdict == apply::Verdict::kDuplicate) {
       // A retried commit (its answer was lost, or the barrier's wait timed out): back to the
       // barrier of its cut below (GLOBAL_CHECKPOINT), which a complete cut passes at once.
       response->set_duplicate(true);
@@ -194,9 +184,7 @@ grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
           std::max<int64_t>(0, request->ranges(0).center_version() - 1);
       const double norm = std::sqrt(sum_of_squares);
       const WeightInputs inputs = tracker_->Measure(slot, now, version_before, norm);
-      SlotBook updated = book;
-      updated.last_update_step = step;
-      updated.update_count = book.update_count + 1;
+      SlotBook updated = apply::UpdateRules::AfterSync(book, step);
       updated.next_weight = inputs.weight();
       LogRetention::SyncFloor floor = retention_.ForSync(slot, step);
       const int64_t gc_step = floor.gc_step;
@@ -259,10 +247,9 @@ grpc::Status ParameterServerService::CommitPush(grpc::ServerContext* context,
     return ToGrpcStatus(ok);
   }
   const uint64_t sequence = request->sequence();
-  if (sequence < 1 || request->step() < 1) {
-    return ToGrpcStatus(absl::InvalidArgumentError("sequence and step must be >= 1"));
+  if (absl::Status ok = rules_.CheckPushStep(sequence, request->step()); !ok.ok()) {
+    return ToGrpcStatus(ok);
   }
-  if (absl::Status ok = CheckStepInJob(request->step()); !ok.ok()) return ToGrpcStatus(ok);
   absl::StatusOr<double> summed = SumOfRangeSquares(request->ranges());
   if (!summed.ok()) return ToGrpcStatus(summed.status());
   if (!push_check_) {
@@ -275,15 +262,13 @@ grpc::Status ParameterServerService::CommitPush(grpc::ServerContext* context,
       return ToGrpcStatus(ok);
     }
     const SlotBook book = books_.Get(slot);
-    if (sequence <= book.applied_sequence) {
+    absl::StatusOr<apply::Verdict> verdict =
+        apply::UpdateRules::DecidePush(slot, book.applied_sequence, sequence);
+    if (!verdict.ok()) return ToGrpcStatus(verdict.status());
+    if (*verdict == apply::Verdict::kDuplicate) {
       response->set_applied(false);
       response->set_applied_sequence(book.applied_sequence);
       return grpc::Status::OK;
-    }
-    if (sequence != book.applied_sequence + 1) {
-      return ToGrpcStatus(absl::FailedPreconditionError(
-          absl::StrCat("push sequence ", sequence, " of slot ", SlotName(slot),
-                       " skips ahead: the next one is ", book.applied_sequence + 1)));
     }
     // As CommitSync: this push's inputs decide the next one's weight (||g|| from the K partial
     // sums; range 0's version stands for the center's).
@@ -291,10 +276,7 @@ grpc::Status ParameterServerService::CommitPush(grpc::ServerContext* context,
     const int64_t version_before = std::max<int64_t>(0, request->ranges(0).center_version() - 1);
     const double norm = std::sqrt(*summed);
     const WeightInputs inputs = tracker_->Measure(slot, now, version_before, norm);
-    SlotBook updated = book;
-    updated.applied_sequence = sequence;
-    updated.last_update_step = request->step();
-    updated.update_count = book.update_count + 1;
+    SlotBook updated = apply::UpdateRules::AfterPush(book, sequence, request->step());
     updated.next_weight = inputs.weight();
     tracker_->Record(slot, now, version_before, norm, inputs);
     storage::WriteBatch batch;

@@ -24,6 +24,8 @@ RangeService::RangeService(const ServerConfig& config, CenterTable* centers,
     : config_(config),
       job_(config_.job()),
       group_(config_.shard().group()),
+      in_range_(absl::StrCat(" in range ", group_)),
+      rules_(job_),
       centers_(centers),
       store_(store),
       authorize_(std::move(authorize)),
@@ -150,18 +152,6 @@ RangeService::Kept RangeService::GetKept(const SlotId& slot) const {
   return it == kept_.end() ? Kept() : it->second;
 }
 
-absl::Status RangeService::CheckNextStep(const SlotId& slot, int64_t last, int64_t step) const {
-  const int64_t tau = job_.easgd().sync_period();
-  const int64_t max_steps = job_.training().max_steps();
-  if ((step % tau != 0 && step != max_steps) || step > last + tau) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step must be the slot's next sync point: a multiple of easgd.sync_period = ", tau,
-        " (or training.max_steps = ", max_steps, ") at most ", last + tau, " (slot ",
-        SlotName(slot), " last synced step ", last, " in range ", group_, "), got ", step));
-  }
-  return absl::OkStatus();
-}
-
 grpc::Status RangeService::AnswerApplied(const SlotId& slot, int64_t step,
                                          SyncRangeResponse* response) const {
   const Kept kept = GetKept(slot);
@@ -177,9 +167,7 @@ grpc::Status RangeService::AnswerApplied(const SlotId& slot, int64_t step,
     response->set_moving_rate(EffectiveMovingRate(job_));
     return grpc::Status::OK;
   }
-  return ToGrpcStatus(absl::FailedPreconditionError(
-      absl::StrCat("stale sync: slot ", SlotName(slot), " already synced step ",
-                   GetKept(slot).last(), " in range ", group_, ", got step ", step)));
+  return ToGrpcStatus(apply::UpdateRules::StaleSync(slot, GetKept(slot).last(), step, in_range_));
 }
 
 grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
@@ -195,33 +183,23 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
     return ToGrpcStatus(ok);
   }
   const int64_t step = request->step();
-  if (step < 1 || step > job_.training().max_steps()) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "step must be in [1, training.max_steps = ", job_.training().max_steps(), "], got ",
-        step)));
-  }
+  if (absl::Status ok = rules_.CheckSyncStep(step); !ok.ok()) return ToGrpcStatus(ok);
   const int stage = slot.stage();
   // The tensors first: a malformed request is refused before group 0 authorizes anything, and
-  // charged to its sender (as an unsharded Sync's).
-  if (absl::Status ok = centers_->ValidateBundle(stage, request->params(), "params"); !ok.ok()) {
-    return ChargeFault(context, request->incarnation(), slot, ok);
-  }
+  // charged to its sender (as an unsharded Sync's). The range snapshot is what a spare resumes
+  // from: the whole AdaHessian state (m, v, last D), or none at all (an optimizer whose state
+  // the client cannot export: a replay then restarts the slot from the center, docs/python.md).
   const OptimizerState& optimizer = request->optimizer();
-  // The range snapshot is what a spare resumes from: the whole AdaHessian state (m, v, last D),
-  // or none at all (an optimizer whose state the client cannot export: a replay then restarts
-  // the slot from the center, docs/python.md).
-  const bool no_state = optimizer.m().tensors_size() == 0 &&
-                        optimizer.v().tensors_size() == 0 &&
-                        optimizer.last_hdiag().tensors_size() == 0;
-  for (const auto& [bundle, name] :
-       {std::pair<const TensorBundle*, const char*>{&optimizer.m(), "optimizer.m"},
-        {&optimizer.v(), "optimizer.v"},
-        {&optimizer.last_hdiag(), "optimizer.last_hdiag"}}) {
-    if (no_state) break;
-    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      return ChargeFault(context, request->incarnation(), slot, ok);
-    }
+  const apply::BundleCheck check = [&](const TensorBundle& bundle, const char* name) {
+    return centers_->ValidateBundle(stage, bundle, name);
+  };
+  absl::Status valid = check(request->params(), "params");
+  if (valid.ok()) {
+    valid = apply::UpdateRules::CheckOptimizerState(optimizer, apply::StateParts::kAllOrNone,
+                                                    check);
   }
+  if (!valid.ok()) return ChargeFault(context, request->incarnation(), slot, valid);
+  const bool no_state = apply::UpdateRules::CarriesNoState(optimizer);
   // Read before the authorization: a rollback after it refuses this sync (see `weight`).
   const uint64_t generation = Generation();
   AuthorizeRangeRequest ask;
@@ -233,10 +211,12 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   absl::StatusOr<AuthorizeRangeResponse> allowed = authorize_(context, ask);
   if (!allowed.ok()) return ToGrpcStatus(allowed.status());
 
-  if (step <= GetKept(slot).last()) return AnswerApplied(slot, step, response);
-  if (absl::Status ok = CheckNextStep(slot, GetKept(slot).last(), step); !ok.ok()) {
-    return ToGrpcStatus(ok);
-  }
+  // A step this group applied already (the last one, or the one before it that group 0 may not
+  // have committed yet) is answered from its kept snapshot.
+  absl::StatusOr<apply::Verdict> verdict =
+      rules_.DecideSync(slot, GetKept(slot).last(), step, in_range_);
+  if (!verdict.ok()) return ToGrpcStatus(verdict.status());
+  if (*verdict != apply::Verdict::kApply) return AnswerApplied(slot, step, response);
   if (job_.scheduling() == DETERMINISTIC) {
     absl::Status turn = books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms()));
     if (!turn.ok()) return ToGrpcStatus(turn);
@@ -257,12 +237,13 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
           SlotName(slot), " step ", step, " waited; it is undone"));
     }
     // Again under the stage lock: another call of the same step may have applied it.
-    const int64_t last = GetKept(slot).last();
-    if (step <= last) return CenterTable::WeightDecision::Decline();
-    if (absl::Status next = CheckNextStep(slot, last, step); !next.ok()) {
+    absl::StatusOr<apply::Verdict> now =
+        rules_.DecideSync(slot, GetKept(slot).last(), step, in_range_);
+    if (!now.ok()) {
       step_refused = true;
-      return next;
+      return now.status();
     }
+    if (*now != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
     partial_sq_norm = norm * norm;
     return allowed->weight();
   };
@@ -297,10 +278,7 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
       absl::MutexLock lock(&mu_);
       kept_[Key(slot.replica(), slot.stage())].step[copy] = step;
     }
-    SlotBook book = books_.Get(slot);
-    book.last_update_step = step;
-    book.update_count += 1;
-    books_.Set(slot, book, 0.0);
+    books_.Set(slot, apply::UpdateRules::AfterSync(books_.Get(slot), step), 0.0);
     *response->mutable_center_before() = centers_->Bundle(stage, center_before);
     return absl::OkStatus();
   };
@@ -347,10 +325,8 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
     return ToGrpcStatus(ok);
   }
   const uint64_t sequence = request->sequence();
-  if (sequence < 1 || request->step() < 1 || request->step() > job_.training().max_steps()) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "sequence must be >= 1 and step in [1, training.max_steps = ",
-        job_.training().max_steps(), "], got sequence ", sequence, ", step ", request->step())));
+  if (absl::Status ok = rules_.CheckPushStep(sequence, request->step()); !ok.ok()) {
+    return ToGrpcStatus(ok);
   }
   const int stage = slot.stage();
   for (const auto& [bundle, name] :
@@ -376,14 +352,12 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
     response->set_center_version(centers_->version(stage));
     return grpc::Status::OK;
   };
-  auto next = [&](uint64_t applied) -> absl::Status {
-    if (sequence == applied + 1) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("push sequence ", sequence, " of slot ", SlotName(slot), " skips ahead in range ",
-                     group_, ": the next one is ", applied + 1));
+  auto decide = [&]() {
+    return apply::UpdateRules::DecidePush(slot, GetKept(slot).sequence, sequence, in_range_);
   };
-  if (sequence <= GetKept(slot).sequence) return answer_applied();
-  if (absl::Status ok = next(GetKept(slot).sequence); !ok.ok()) return ToGrpcStatus(ok);
+  absl::StatusOr<apply::Verdict> verdict = decide();
+  if (!verdict.ok()) return ToGrpcStatus(verdict.status());
+  if (*verdict == apply::Verdict::kDuplicate) return answer_applied();
 
   const std::vector<float> g = centers_->Unbundle(stage, request->gradient());
   const std::vector<float> d = centers_->Unbundle(stage, request->hessian_diag());
@@ -391,9 +365,9 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
   double partial_sq_norm = 0.0;
   auto weight = [&](int64_t /*version*/,
                     double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
-    const uint64_t applied = GetKept(slot).sequence;
-    if (sequence <= applied) return CenterTable::WeightDecision::Decline();
-    RETURN_IF_ERROR(next(applied));  // FAILED_PRECONDITION: never taken for an integrity refusal
+    // FAILED_PRECONDITION when it skips ahead: never taken for an integrity refusal.
+    ASSIGN_OR_RETURN(apply::Verdict now, decide());
+    if (now == apply::Verdict::kDuplicate) return CenterTable::WeightDecision::Decline();
     partial_sq_norm = norm * norm;
     return allowed->weight();
   };

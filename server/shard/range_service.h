@@ -72,9 +72,10 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/sharding.grpc.pb.h"
+#include "server/apply/update_rules.h"
 #include "server/call_gate.h"
-#include "server/shard/range_checkpoint_files.h"
 #include "server/center_table.h"
+#include "server/shard/range_checkpoint_files.h"
 #include "server/slot_books.h"
 #include "storage/durable_store.h"
 
@@ -196,14 +197,14 @@ class RangeService final : public CenterRange::Service {
   // A declared-model job: learns the model from group 0 if this group does not know it yet.
   absl::Status EnsureDeclared(const grpc::ServerContext* context, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(declare_mu_);
-  // The step rule of a sync above the slot's last kept step.
-  absl::Status CheckNextStep(const SlotId& slot, int64_t last, int64_t step) const;
   // The answer to a sync of a step the group applied already, or FAILED_PRECONDITION (stale).
   grpc::Status AnswerApplied(const SlotId& slot, int64_t step, SyncRangeResponse* response) const;
 
   const ServerConfig config_;
   const JobConfig& job_;
   const int group_;
+  const std::string in_range_;  // " in range k": follows the slot's name in messages
+  const apply::UpdateRules rules_;
   CenterTable* const centers_;
   storage::DurableStore* const store_;
   const Authorizer authorize_;
