@@ -50,7 +50,6 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       tracker_(tracker),
       store_(store),
       clock_(clock),
-      rules_(job_),
       token_(std::move(token)),
       operator_token_(std::move(operator_token)),
       admission_(EffectiveAdmissionBounds(config_, ModelFloats(*centers))),
@@ -74,6 +73,18 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
   units.retention = &retention_;
   units.clock = clock_;
   recovery_ = std::make_unique<RecoveryCoordinator>(units);
+  apply::ApplierUnits applier;
+  applier.config = &config_;
+  applier.membership = membership_;
+  applier.centers = centers_;
+  applier.tracker = tracker_;
+  applier.store = store_;
+  applier.step_log = step_log_.get();
+  applier.books = &books_;
+  applier.retention = &retention_;
+  applier.recovery = recovery_.get();
+  applier.clock = clock_;
+  applier_ = std::make_unique<apply::UpdateApplier>(applier);
 }
 
 void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>& records) {
@@ -122,43 +133,6 @@ absl::Status ParameterServerService::CheckReady() const {
 
 absl::Status ParameterServerService::ValidateSlot(const SlotId& slot) const {
   return CheckSlotInTopology(slot, job_.topology());
-}
-
-absl::Status ParameterServerService::CheckNextSyncStep(const SlotId& slot, int64_t step) const {
-  return rules_.DecideSync(slot, books_.Get(slot).last_update_step, step).status();
-}
-
-absl::StatusOr<double> ParameterServerService::DivergenceRatio(const SlotId& slot, double norm,
-                                                               const char* what) const {
-  return rules_.DivergenceRatio(slot, norm, tracker_->PeerDivergenceMedian(slot), what);
-}
-
-std::string ParameterServerService::IntegritySummary(int stage) const {
-  const double max_ratio = books_.MaxDivergenceRatio(stage);
-  const double ratio_bound = job_.weighting().max_divergence_ratio();
-  const double abs_bound = job_.weighting().max_abs_value();
-  return absl::StrCat(
-      "center integrity of stage ", stage, " so far: max |value| ", centers_->max_abs_seen(stage),
-      abs_bound > 0 ? absl::StrCat(" (", centers_->max_abs_seen(stage) / abs_bound,
-                                   " of weighting.max_abs_value ", abs_bound, ")")
-                    : std::string(" (weighting.max_abs_value off)"),
-      ", max divergence ratio ", max_ratio,
-      ratio_bound > 0 ? absl::StrCat(" (", max_ratio / ratio_bound,
-                                     " of weighting.max_divergence_ratio ", ratio_bound, ")")
-                      : std::string(" (weighting.max_divergence_ratio off)"));
-}
-
-void ParameterServerService::OnRefused(const SlotId& slot, uint64_t incarnation,
-                                       const char* what, const absl::Status& status) {
-  tracker_->OnFault(membership_->NameOf(incarnation), clock_->Now());
-  books_.CountRefused(slot);
-  LOG(WARNING) << "refused " << what << " of slot " << SlotName(slot)
-               << " (a fault of its worker): " << status;
-}
-
-WeightRecord ParameterServerService::WeightRecordFor(const SlotId& slot,
-                                                     const SlotBook& book) const {
-  return WithBook(tracker_->ExportSlot(slot, clock_->Now()), slot, book);
 }
 
 absl::Status ParameterServerService::EnableGlobalCheckpoint(const std::string& dir,
@@ -304,149 +278,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
   if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
     return ToGrpcStatus(owner);
   }
-  if (absl::Status valid = rules_.CheckSyncStep(request->step()); !valid.ok()) {
-    return ToGrpcStatus(valid);
-  }
-  if (absl::Status valid = CheckNextSyncStep(slot, request->step()); !valid.ok()) {
-    return ToGrpcStatus(valid);
-  }
-  const int stage = slot.stage();
-  const apply::BundleCheck check = [&](const TensorBundle& bundle, const char* name) {
-    return centers_->ValidateBundle(stage, bundle, name);
-  };
-  // Non-finite or malformed parameters are the sender's fault: they count against it; so is a
-  // malformed or non-finite optimizer state (it becomes the slot's snapshot).
-  absl::Status valid = check(request->params(), "params");
-  if (valid.ok()) {
-    valid = apply::UpdateRules::CheckOptimizerState(request->optimizer(),
-                                                    apply::StateParts::kAnySubset, check);
-  }
-  if (!valid.ok()) {
-    OnRefused(slot, request->incarnation(), "sync", valid);
-    return ToGrpcStatus(valid);
-  }
-  if (job_.scheduling() == DETERMINISTIC) {
-    absl::Status turn = books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms()));
-    if (!turn.ok()) return ToGrpcStatus(turn);
-  }
-  const uint64_t checkpoint_epoch = recovery_->SyncEpoch();
-
-  const std::vector<float> x = centers_->Unbundle(stage, request->params());
-  const double alpha = EffectiveMovingRate(job_);
-  WeightInputs inputs;
-  SlotBook updated;
-  // The measurement is recorded in the tracker only when the sync commits (a refused sync
-  // leaves no trace but its fault).
-  absl::Time measured_at;
-  int64_t measured_version = 0;
-  double measured_norm = 0;
-  double ratio = 0;
-  // Decided under the stage lock: a duplicate (a retry whose reply was lost) is declined, a
-  // fenced sender or a divergent update refused.
-  auto weight = [&](int64_t version,
-                    double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
-    // Checked again under the stage lock: the sync may have waited (its DETERMINISTIC turn, the
-    // lock) while its sender was declared failed; a fenced worker never writes again.
-    RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
-    const SlotBook book = books_.Get(slot);
-    ASSIGN_OR_RETURN(apply::Verdict verdict,
-                     rules_.DecideSync(slot, book.last_update_step, request->step()));
-    if (verdict != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
-    ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||x - c||"));
-    measured_at = clock_->Now();
-    measured_version = version;
-    measured_norm = norm;
-    inputs = tracker_->Measure(slot, measured_at, version, norm);
-    updated = apply::UpdateRules::AfterSync(book, request->step());
-    return inputs.weight();
-  };
-  // The tensors go to the store without copies: the center and the worker's post-sync
-  // parameters from the table's buffers, the optimizer state from the request's own bytes.
-  // Decided under the stage lock (the books, so that a retry of this step is a duplicate from
-  // now on; the log's floor; the weight's measurement); written after it (CenterTable's
-  // ElasticSyncStaged).
-  const compute::StageLayout& layout = centers_->layout(stage);
-  storage::WriteBatch batch;
-  std::optional<storage::DurableStore::Prepared> prepared;
-  storage::DurableStore::Position position;
-  auto decide = [&](int64_t version, absl::Span<const float> center,
-                    absl::Span<const float> worker_after, absl::Span<const float> center_before)
-      -> absl::StatusOr<CenterTable::StagedWrite> {
-    // The log is GC'd through the new snapshot's step, or less for a recovery group's member.
-    LogRetention::SyncFloor floor = retention_.ForSync(slot, request->step());
-    const int64_t gc_step = floor.gc_step;
-    const int64_t previous_floor = updated.log_floor;  // the log below it is deleted already
-    updated.log_floor = gc_step;
-    AddSyncToBatch(layout, slot, *request, version, center, worker_after,
-                   WeightRecordFor(slot, updated), &batch, gc_step,
-                   /*log_gc_from=*/previous_floor);
-    RETURN_IF_ERROR(batch.status());
-    tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
-    RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
-      books_.Set(slot, updated, ratio);
-      return absl::OkStatus();
-    }));
-    retention_.Committed(slot, std::move(floor));
-    CenterTable::StagedWrite staged;
-    staged.prepare = [&, center_before]() -> absl::Status {
-      *response->mutable_center_before() = centers_->Bundle(stage, center_before);
-      ASSIGN_OR_RETURN(storage::DurableStore::Prepared files, store_->Prepare(batch));
-      prepared.emplace(std::move(files));
-      return absl::OkStatus();
-    };
-    staged.write = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(position, store_->Write(*prepared));
-      return absl::OkStatus();
-    };
-    staged.await = [&]() { return store_->AwaitReplicated(position); };
-    return staged;
-  };
-  const size_t n = x.size();
-  std::unique_ptr<float[]> worker_after(new float[n]);  // uninitialised: written in full
-  auto result = centers_->ElasticSyncStaged(stage, x, alpha, weight, decide,
-                                            absl::MakeSpan(worker_after.get(), n));
-  if (result.ok() && result->declined) {
-    // The same sync again (its reply was lost): answer with the stored post-sync state, once
-    // the first is written (it may still be: its books are set when it is decided).
-    centers_->AwaitWrites(stage);
-    const int64_t last = books_.Get(slot).last_update_step;
-    if (request->step() < last) {
-      return ToGrpcStatus(apply::UpdateRules::StaleSync(slot, last, request->step()));
-    }
-    if (absl::Status barrier = recovery_->AfterSync(slot, request->step(), checkpoint_epoch);
-        !barrier.ok()) {
-      return ToGrpcStatus(barrier);
-    }
-    auto snapshot = store_->ReadSnapshot(slot);
-    if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
-    *response->mutable_worker_params_after() = snapshot->params();
-    response->set_center_version(centers_->version(stage));
-    response->set_moving_rate(alpha);
-    response->set_weight(tracker_->Current(slot, clock_->Now()).weight());
-    return grpc::Status::OK;
-  }
-  if (!result.ok() && result.status().code() == absl::StatusCode::kInvalidArgument) {
-    // Refused by the integrity checks (its result, or its distance from the center): nothing
-    // was changed, and the sender is charged with a fault.
-    OnRefused(slot, request->incarnation(), "sync", result.status());
-    return ToGrpcStatus(result.status());
-  }
-  if (!result.ok()) {
-    LOG(ERROR) << "sync of slot " << SlotName(slot) << " failed: " << result.status();
-    return ToGrpcStatus(result.status());
-  }
-  if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
-    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step() << "; "
-              << IntegritySummary(stage);
-  }
-  if (absl::Status barrier = recovery_->AfterSync(slot, request->step(), checkpoint_epoch);
-      !barrier.ok()) {
-    return ToGrpcStatus(barrier);
-  }
-  response->set_center_version(result->version);
-  response->set_weight(inputs.weight());
-  response->set_moving_rate(alpha);
-  return grpc::Status::OK;
+  return ToGrpcStatus(applier_->Sync(slot, *request, response));
 }
 
 grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const PushRequest* request,
@@ -469,78 +301,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
   if (absl::Status owner = membership_->CheckOwner(request->incarnation(), slot); !owner.ok()) {
     return ToGrpcStatus(owner);
   }
-  if (absl::Status valid = rules_.CheckPushStep(request->sequence(), request->step());
-      !valid.ok()) {
-    return ToGrpcStatus(valid);
-  }
-  const int stage = slot.stage();
-  for (const auto& [bundle, name] :
-       {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
-        {&request->hessian_diag(), "hessian_diag"}}) {
-    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      OnRefused(slot, request->incarnation(), "push", ok);
-      return ToGrpcStatus(ok);
-    }
-  }
-  const std::vector<float> g = centers_->Unbundle(stage, request->gradient());
-  const std::vector<float> d = centers_->Unbundle(stage, request->hessian_diag());
-  WeightInputs inputs;
-  SlotBook updated;
-  uint64_t applied = 0;
-  absl::Time measured_at;
-  int64_t measured_version = 0;
-  double measured_norm = 0;
-  double ratio = 0;
-  auto weight = [&](int64_t version,
-                    double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
-    RETURN_IF_ERROR(membership_->CheckOwner(request->incarnation(), slot));
-    const SlotBook book = books_.Get(slot);
-    applied = book.applied_sequence;
-    ASSIGN_OR_RETURN(apply::Verdict verdict,
-                     apply::UpdateRules::DecidePush(slot, applied, request->sequence()));
-    if (verdict != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
-    ASSIGN_OR_RETURN(ratio, DivergenceRatio(slot, norm, "||g||"));
-    measured_at = clock_->Now();
-    measured_version = version;
-    measured_norm = norm;
-    inputs = tracker_->Measure(slot, measured_at, version, norm);
-    updated = apply::UpdateRules::AfterPush(book, request->sequence(), request->step());
-    return inputs.weight();
-  };
-  const compute::StageLayout& layout = centers_->layout(stage);
-  auto commit = [&](int64_t version, absl::Span<const float> center, int64_t opt_step,
-                    absl::Span<const float> m, absl::Span<const float> v) {
-    storage::WriteBatch batch;
-    AddCenterAndOptToBatch(layout, stage, version, center, opt_step, m, v, &batch);
-    tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
-    batch.PutWeight(WeightRecordFor(slot, updated));
-    RETURN_IF_ERROR(store_->Commit(batch));
-    books_.Set(slot, updated, ratio);
-    return absl::OkStatus();
-  };
-  auto version =
-      centers_->ApplyAdaHessian(stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
-  if (version.ok() && version->declined) {
-    response->set_applied(false);
-    response->set_applied_sequence(applied);
-    response->set_center_version(centers_->version(stage));
-    response->set_weight(tracker_->Current(slot, clock_->Now()).weight());
-    return grpc::Status::OK;
-  }
-  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
-    OnRefused(slot, request->incarnation(), "push", version.status());
-    return ToGrpcStatus(version.status());
-  }
-  if (!version.ok()) return ToGrpcStatus(version.status());
-  if (membership_->RecordProgress(slot, request->step(), job_.training().max_steps())) {
-    LOG(INFO) << "slot " << SlotName(slot) << " finished at step " << request->step() << "; "
-              << IntegritySummary(stage);
-  }
-  response->set_applied(true);
-  response->set_applied_sequence(request->sequence());
-  response->set_center_version(version->version);
-  response->set_weight(inputs.weight());
-  return grpc::Status::OK;
+  return ToGrpcStatus(applier_->Push(slot, *request, response));
 }
 
 grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const PullRequest* request,

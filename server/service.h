@@ -57,7 +57,7 @@
 #include "common/security.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
-#include "server/apply/update_rules.h"
+#include "server/apply/update_applier.h"
 #include "server/call_gate.h"
 #include "server/center_table.h"
 #include "server/membership.h"
@@ -209,28 +209,10 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Status CheckCall(const grpc::ServerContext* context) const;
   // CheckCall, then the call's worker credential for `incarnation` (Membership::Authenticate).
   absl::Status CheckWorker(const grpc::ServerContext* context, uint64_t incarnation) const;
-  // CommitSync's and CommitPush's checks of the K range results: range k in order, a version
-  // >= 0, a finite partial sum of squares >= 0; their sum. INVALID_ARGUMENT otherwise.
-  absl::StatusOr<double> SumOfRangeSquares(
-      const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
-  // UpdateRules::DecideSync against the slot's book, for its error alone: a duplicate or stale
-  // step is answered by the sync path.
-  absl::Status CheckNextSyncStep(const SlotId& slot, int64_t step) const;
   // ReportEval's fields: stage in range, center_version in [0, current], loss finite,
   // accuracy in [0, 1].
   absl::Status ValidateEval(const ReportEvalRequest& request) const;
-  // Center integrity (issue R9): UpdateRules::DivergenceRatio against the median of the stage's
-  // other live trainers' latest measurements (the tracker's). Changes nothing.
-  absl::StatusOr<double> DivergenceRatio(const SlotId& slot, double norm, const char* what) const;
-  // A sync or push refused as the sender's fault (malformed, non-finite, or one whose result
-  // would break the center's integrity): a fault of its worker, counted per slot for status.
-  void OnRefused(const SlotId& slot, uint64_t incarnation, const char* what,
-                 const absl::Status& status);
-  // "center integrity of stage s so far: max |value| ... (r of the bound), max divergence ratio
-  // ... (r of the bound)", for the log line of a finished slot.
-  std::string IntegritySummary(int stage) const;
-  WeightRecord WeightRecordFor(const SlotId& slot, const SlotBook& book) const;
   // Registration's model check (docs/design.md §11): a declared-model job's first declaration is
   // made durable (the center at version 0) and fixes the layout; every other declaration must
   // match the job's layout (CenterTable::CheckModel). FAILED_PRECONDITION for a registration
@@ -245,7 +227,6 @@ class ParameterServerService final : public ParameterServer::Service {
   ReliabilityTracker* const tracker_;
   storage::DurableStore* const store_;
   const Clock* const clock_;
-  const apply::UpdateRules rules_;
   const TokenChecker token_;
   const std::string operator_token_;  // empty: operator calls from this host only
   const AdmissionBounds admission_;
@@ -260,6 +241,8 @@ class ParameterServerService final : public ParameterServer::Service {
   std::unique_ptr<StepLogService> step_log_;
   LogRetention retention_;
   std::unique_ptr<RecoveryCoordinator> recovery_;
+  // Every Sync, Push, CommitSync and CommitPush, and the range groups' authorizations.
+  std::unique_ptr<apply::UpdateApplier> applier_;
 
   // Serializes the first declaration of a declared model (leftmost in the server's lock order:
   // held while committing the declaration and calling CenterTable::Declare).
@@ -283,9 +266,6 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Status CheckUnsharded(const char* what) const;
   // A sharded job's range group (group > 0) registers nobody: FAILED_PRECONDITION naming group 0.
   absl::Status CheckCoordinator() const;
-  // Serializes CommitSync's check-and-record of a slot's step (in the lock order where the
-  // CenterTable stage locks are: it is held across the commit, never with a stage lock).
-  absl::Mutex commit_mu_;
   // One backup at a time (server/backup.cc): each makes a checkpoint of the store.
   absl::Mutex backup_mu_;
   int64_t backups_ ABSL_GUARDED_BY(backup_mu_) = 0;

@@ -1,5 +1,6 @@
 #include "server/apply/update_rules.h"
 
+#include <cmath>
 #include <initializer_list>
 #include <utility>
 
@@ -11,7 +12,8 @@ namespace rebound::server::apply {
 UpdateRules::UpdateRules(const JobConfig& job)
     : sync_period_(job.easgd().sync_period()),
       max_steps_(job.training().max_steps()),
-      max_divergence_ratio_(job.weighting().max_divergence_ratio()) {}
+      max_divergence_ratio_(job.weighting().max_divergence_ratio()),
+      groups_(job.sharding().groups()) {}
 
 absl::Status UpdateRules::CheckSyncStep(int64_t step) const {
   if (step < 1) return absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", step));
@@ -92,6 +94,27 @@ absl::StatusOr<double> UpdateRules::DivergenceRatio(const SlotId& slot, double n
         "; nothing was changed"));
   }
   return ratio;
+}
+
+absl::StatusOr<double> UpdateRules::SumOfRangeSquares(
+    const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const {
+  if (ranges.size() != groups_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranges must hold one result per range (", groups_, "), got ", ranges.size()));
+  }
+  double sum_of_squares = 0.0;
+  for (int k = 0; k < groups_; ++k) {
+    const RangeSyncResult& range = ranges.Get(k);
+    if (range.range() != k || range.center_version() < 0 ||
+        !(range.partial_sq_norm() >= 0.0 && std::isfinite(range.partial_sq_norm()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranges[", k, "] must be range ", k, " with a center_version >= 0 and a finite "
+          "partial_sq_norm >= 0, got range ", range.range(), ", version ", range.center_version(),
+          ", partial_sq_norm ", range.partial_sq_norm()));
+    }
+    sum_of_squares += range.partial_sq_norm();
+  }
+  return sum_of_squares;
 }
 
 SlotBook UpdateRules::AfterSync(SlotBook book, int64_t step) {

@@ -104,6 +104,12 @@ class UpdateRules {
   absl::StatusOr<double> DivergenceRatio(const SlotId& slot, double norm,
                                          std::optional<double> median, const char* what) const;
 
+  // A sharded job's commit (CommitSync, CommitPush): the K ranges' results, range k in order,
+  // each with a version >= 0 and a finite partial sum of squares >= 0; their sum (||x - c||^2 or
+  // ||g||^2 over the whole center). INVALID_ARGUMENT otherwise.
+  absl::StatusOr<double> SumOfRangeSquares(
+      const google::protobuf::RepeatedPtrField<RangeSyncResult>& ranges) const;
+
   // The slot's book once it applied a sync of `step`, or a push of `sequence` at `step`.
   static SlotBook AfterSync(SlotBook book, int64_t step);
   static SlotBook AfterPush(SlotBook book, uint64_t sequence, int64_t step);
@@ -112,6 +118,7 @@ class UpdateRules {
   const int64_t sync_period_;
   const int64_t max_steps_;
   const double max_divergence_ratio_;
+  const int groups_;
 };
 
 }  // namespace rebound::server::apply
