@@ -176,57 +176,107 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
   auto admitted = inflight_.Enter(static_cast<int64_t>(request->ByteSizeLong()));
   if (!admitted.ok()) return ToGrpcStatus(admitted.status());
-  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
-  if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
-  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+  if (absl::Status ok = CheckUpdateCall(context, request->range(), slot, request->incarnation());
+      !ok.ok()) {
     return ToGrpcStatus(ok);
   }
   const int64_t step = request->step();
   if (absl::Status ok = rules_.CheckSyncStep(step); !ok.ok()) return ToGrpcStatus(ok);
-  const int stage = slot.stage();
   // The tensors first: a malformed request is refused before group 0 authorizes anything, and
-  // charged to its sender (as an unsharded Sync's). The range snapshot is what a spare resumes
-  // from: the whole AdaHessian state (m, v, last D), or none at all (an optimizer whose state
-  // the client cannot export: a replay then restarts the slot from the center, docs/python.md).
-  const OptimizerState& optimizer = request->optimizer();
-  const apply::BundleCheck check = [&](const TensorBundle& bundle, const char* name) {
-    return centers_->ValidateBundle(stage, bundle, name);
-  };
-  absl::Status valid = check(request->params(), "params");
-  if (valid.ok()) {
-    valid = apply::UpdateRules::CheckOptimizerState(optimizer, apply::StateParts::kAllOrNone,
-                                                    check);
+  // charged to its sender (as an unsharded Sync's).
+  if (absl::Status ok = ValidateSync(slot, *request); !ok.ok()) {
+    return ChargeFault(context, request->incarnation(), slot, ok);
   }
-  if (!valid.ok()) return ChargeFault(context, request->incarnation(), slot, valid);
-  const bool no_state = apply::UpdateRules::CarriesNoState(optimizer);
-  // Read before the authorization: a rollback after it refuses this sync (see `weight`).
+  // Read before the authorization: a rollback after it refuses this sync (ApplySync).
   const uint64_t generation = Generation();
-  AuthorizeRangeRequest ask;
-  ask.set_incarnation(request->incarnation());
-  ask.set_access(RANGE_SYNC);
-  *ask.mutable_slot() = slot;
-  ask.set_step(step);
-  ask.set_range(group_);
-  absl::StatusOr<AuthorizeRangeResponse> allowed = authorize_(context, ask);
+  absl::StatusOr<AuthorizeRangeResponse> allowed =
+      Authorize(context, RANGE_SYNC, request->incarnation(), slot, step, 0);
   if (!allowed.ok()) return ToGrpcStatus(allowed.status());
-
+  bool step_refused = false;  // ApplySync's own refusal, not the integrity checks'
+  absl::StatusOr<CenterTable::Update> applied =
+      ApplySync(slot, *request, allowed->weight(), generation, &step_refused, response);
   // A step this group applied already (the last one, or the one before it that group 0 may not
   // have committed yet) is answered from its kept snapshot.
-  absl::StatusOr<apply::Verdict> verdict =
-      rules_.DecideSync(slot, GetKept(slot).last(), step, in_range_);
-  if (!verdict.ok()) return ToGrpcStatus(verdict.status());
-  if (*verdict != apply::Verdict::kApply) return AnswerApplied(slot, step, response);
-  if (job_.scheduling() == DETERMINISTIC) {
-    absl::Status turn = books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms()));
-    if (!turn.ok()) return ToGrpcStatus(turn);
+  if (applied.ok() && applied->declined) return AnswerApplied(slot, step, response);
+  if (!applied.ok() && applied.status().code() == absl::StatusCode::kInvalidArgument &&
+      !step_refused) {
+    // Refused by the integrity checks (a result beyond weighting.max_abs_value): nothing
+    // changed, and the sender is charged as for an unsharded Sync.
+    return ChargeFault(context, request->incarnation(), slot, applied.status());
   }
+  if (!applied.ok()) return ToGrpcStatus(applied.status());
+  response->set_center_version(applied->version);
+  response->set_weight(allowed->weight());
+  return grpc::Status::OK;
+}
 
-  const std::vector<float> x = centers_->Unbundle(stage, request->params());
+absl::Status RangeService::CheckUpdateCall(const grpc::ServerContext* context, int range,
+                                           const SlotId& slot, uint64_t incarnation) {
+  RETURN_IF_ERROR(CheckRange(range));
+  RETURN_IF_ERROR(CheckSlot(slot));
+  return EnsureDeclared(context, incarnation);
+}
+
+absl::Status RangeService::ValidateSync(const SlotId& slot,
+                                        const SyncRangeRequest& request) const {
+  // The range snapshot is what a spare resumes from: the whole AdaHessian state (m, v, last D),
+  // or none at all (an optimizer whose state the client cannot export: a replay then restarts
+  // the slot from the center, docs/python.md).
+  const apply::BundleCheck check = [&](const TensorBundle& bundle, const char* name) {
+    return centers_->ValidateBundle(slot.stage(), bundle, name);
+  };
+  RETURN_IF_ERROR(check(request.params(), "params"));
+  return apply::UpdateRules::CheckOptimizerState(request.optimizer(),
+                                                 apply::StateParts::kAllOrNone, check);
+}
+
+absl::Status RangeService::ValidatePush(const SlotId& slot,
+                                        const PushRangeRequest& request) const {
+  RETURN_IF_ERROR(centers_->ValidateBundle(slot.stage(), request.gradient(), "gradient"));
+  return centers_->ValidateBundle(slot.stage(), request.hessian_diag(), "hessian_diag");
+}
+
+absl::StatusOr<AuthorizeRangeResponse> RangeService::Authorize(
+    const grpc::ServerContext* context, RangeAccess access, uint64_t incarnation,
+    const SlotId& slot, int64_t step, uint64_t sequence) const {
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(incarnation);
+  ask.set_access(access);
+  *ask.mutable_slot() = slot;
+  ask.set_step(step);
+  ask.set_sequence(sequence);
+  ask.set_range(group_);
+  return authorize_(context, ask);
+}
+
+absl::StatusOr<CenterTable::Update> RangeService::ApplySync(const SlotId& slot,
+                                                            const SyncRangeRequest& request,
+                                                            double weight_of_sync,
+                                                            uint64_t generation,
+                                                            bool* step_refused,
+                                                            SyncRangeResponse* response) {
+  const int stage = slot.stage();
+  const int64_t step = request.step();
+  auto decide = [&]() -> absl::StatusOr<apply::Verdict> {
+    absl::StatusOr<apply::Verdict> verdict =
+        rules_.DecideSync(slot, GetKept(slot).last(), step, in_range_);
+    if (!verdict.ok()) *step_refused = true;
+    return verdict;
+  };
+  // Decided first without the stage lock (a retry waits for no turn), and again under it.
+  ASSIGN_OR_RETURN(const apply::Verdict verdict, decide());
+  if (verdict != apply::Verdict::kApply) {
+    return CenterTable::Update{/*declined=*/true, centers_->version(stage)};
+  }
+  if (job_.scheduling() == DETERMINISTIC) {
+    RETURN_IF_ERROR(books_.WaitForTurn(slot, absl::Milliseconds(config_.max_wait_ms())));
+  }
+  const OptimizerState& optimizer = request.optimizer();
+  const bool no_state = apply::UpdateRules::CarriesNoState(optimizer);
+  const std::vector<float> x = centers_->Unbundle(stage, request.params());
   const double alpha = EffectiveMovingRate(job_);
   const compute::StageLayout& layout = centers_->layout(stage);
-  bool step_refused = false;  // the weight function's own refusal, not the integrity checks'
-  double partial_sq_norm = 0.0;
   auto weight = [&](int64_t /*version*/,
                     double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
     // GLOBAL_CHECKPOINT: authorized before a rollback, this sync must not move the restored
@@ -237,15 +287,10 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
           SlotName(slot), " step ", step, " waited; it is undone"));
     }
     // Again under the stage lock: another call of the same step may have applied it.
-    absl::StatusOr<apply::Verdict> now =
-        rules_.DecideSync(slot, GetKept(slot).last(), step, in_range_);
-    if (!now.ok()) {
-      step_refused = true;
-      return now.status();
-    }
-    if (*now != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
-    partial_sq_norm = norm * norm;
-    return allowed->weight();
+    ASSIGN_OR_RETURN(const apply::Verdict now, decide());
+    if (now != apply::Verdict::kApply) return CenterTable::WeightDecision::Decline();
+    response->set_partial_sq_norm(norm * norm);
+    return weight_of_sync;
   };
   auto commit = [&](int64_t version, absl::Span<const float> center,
                     absl::Span<const float> worker_after,
@@ -284,28 +329,15 @@ grpc::Status RangeService::SyncRange(grpc::ServerContext* context,
   };
   const size_t n = x.size();
   std::unique_ptr<float[]> worker_after(new float[n]);  // written in full by ElasticSync
-  absl::StatusOr<CenterTable::Update> version = centers_->ElasticSync(
+  absl::StatusOr<CenterTable::Update> applied = centers_->ElasticSync(
       stage, x, alpha, weight, commit, absl::MakeSpan(worker_after.get(), n));
-  if (version.ok() && version->declined) return AnswerApplied(slot, step, response);
-  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument &&
-      !step_refused) {
-    // Refused by the integrity checks (a result beyond weighting.max_abs_value): nothing
-    // changed, and the sender is charged as for an unsharded Sync.
-    return ChargeFault(context, request->incarnation(), slot, version.status());
+  if (!applied.ok() && applied.status().code() != absl::StatusCode::kInvalidArgument &&
+      applied.status().code() != absl::StatusCode::kAborted) {
+    LOG(ERROR) << "sync of slot " << SlotName(slot) << " range " << group_
+               << " failed: " << applied.status();
   }
-  if (!version.ok()) {
-    if (version.status().code() != absl::StatusCode::kInvalidArgument &&
-        version.status().code() != absl::StatusCode::kAborted) {
-      LOG(ERROR) << "sync of slot " << SlotName(slot) << " range " << group_
-                 << " failed: " << version.status();
-    }
-    return ToGrpcStatus(version.status());
-  }
-  response->set_center_version(version->version);
-  response->set_weight(allowed->weight());
   response->set_moving_rate(alpha);
-  response->set_partial_sq_norm(partial_sq_norm);
-  return grpc::Status::OK;
+  return applied;
 }
 
 grpc::Status RangeService::PushRange(grpc::ServerContext* context,
@@ -318,58 +350,57 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers sync ranges (SyncRange), they do not push"));
   }
-  if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
-  if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
-  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+  if (absl::Status ok = CheckUpdateCall(context, request->range(), slot, request->incarnation());
+      !ok.ok()) {
     return ToGrpcStatus(ok);
   }
   const uint64_t sequence = request->sequence();
   if (absl::Status ok = rules_.CheckPushStep(sequence, request->step()); !ok.ok()) {
     return ToGrpcStatus(ok);
   }
-  const int stage = slot.stage();
-  for (const auto& [bundle, name] :
-       {std::pair<const TensorBundle*, const char*>{&request->gradient(), "gradient"},
-        {&request->hessian_diag(), "hessian_diag"}}) {
-    if (absl::Status ok = centers_->ValidateBundle(stage, *bundle, name); !ok.ok()) {
-      return ChargeFault(context, request->incarnation(), slot, ok);
-    }
+  if (absl::Status ok = ValidatePush(slot, *request); !ok.ok()) {
+    return ChargeFault(context, request->incarnation(), slot, ok);
   }
-  AuthorizeRangeRequest ask;
-  ask.set_incarnation(request->incarnation());
-  ask.set_access(RANGE_PUSH);
-  *ask.mutable_slot() = slot;
-  ask.set_step(request->step());
-  ask.set_sequence(sequence);
-  ask.set_range(group_);
-  absl::StatusOr<AuthorizeRangeResponse> allowed = authorize_(context, ask);
+  absl::StatusOr<AuthorizeRangeResponse> allowed =
+      Authorize(context, RANGE_PUSH, request->incarnation(), slot, request->step(), sequence);
   if (!allowed.ok()) return ToGrpcStatus(allowed.status());
+  // FAILED_PRECONDITION when it skips ahead: never an integrity refusal.
+  absl::StatusOr<CenterTable::Update> applied =
+      ApplyPush(slot, *request, allowed->weight(), response);
+  if (!applied.ok() && applied.status().code() == absl::StatusCode::kInvalidArgument) {
+    return ChargeFault(context, request->incarnation(), slot, applied.status());
+  }
+  if (!applied.ok()) return ToGrpcStatus(applied.status());
+  response->set_applied(!applied->declined);
+  response->set_applied_sequence(applied->declined ? GetKept(slot).sequence : sequence);
+  response->set_center_version(applied->version);
+  if (!applied->declined) response->set_weight(allowed->weight());
+  return grpc::Status::OK;
+}
 
-  auto answer_applied = [&]() {
-    response->set_applied(false);
-    response->set_applied_sequence(GetKept(slot).sequence);
-    response->set_center_version(centers_->version(stage));
-    return grpc::Status::OK;
-  };
+absl::StatusOr<CenterTable::Update> RangeService::ApplyPush(const SlotId& slot,
+                                                            const PushRangeRequest& request,
+                                                            double weight_of_push,
+                                                            PushRangeResponse* response) {
+  const int stage = slot.stage();
+  const uint64_t sequence = request.sequence();
   auto decide = [&]() {
     return apply::UpdateRules::DecidePush(slot, GetKept(slot).sequence, sequence, in_range_);
   };
-  absl::StatusOr<apply::Verdict> verdict = decide();
-  if (!verdict.ok()) return ToGrpcStatus(verdict.status());
-  if (*verdict == apply::Verdict::kDuplicate) return answer_applied();
-
-  const std::vector<float> g = centers_->Unbundle(stage, request->gradient());
-  const std::vector<float> d = centers_->Unbundle(stage, request->hessian_diag());
+  ASSIGN_OR_RETURN(const apply::Verdict verdict, decide());
+  if (verdict == apply::Verdict::kDuplicate) {
+    return CenterTable::Update{/*declined=*/true, centers_->version(stage)};
+  }
+  const std::vector<float> g = centers_->Unbundle(stage, request.gradient());
+  const std::vector<float> d = centers_->Unbundle(stage, request.hessian_diag());
   const compute::StageLayout& layout = centers_->layout(stage);
-  double partial_sq_norm = 0.0;
   auto weight = [&](int64_t /*version*/,
                     double norm) -> absl::StatusOr<CenterTable::WeightDecision> {
-    // FAILED_PRECONDITION when it skips ahead: never taken for an integrity refusal.
     ASSIGN_OR_RETURN(apply::Verdict now, decide());
     if (now == apply::Verdict::kDuplicate) return CenterTable::WeightDecision::Decline();
-    partial_sq_norm = norm * norm;
-    return allowed->weight();
+    response->set_partial_sq_norm(norm * norm);
+    return weight_of_push;
   };
   auto commit = [&](int64_t version, absl::Span<const float> center, int64_t opt_step,
                     absl::Span<const float> m, absl::Span<const float> v) -> absl::Status {
@@ -379,7 +410,7 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
     WeightRecord book;
     *book.mutable_slot() = slot;
     book.set_applied_sequence(sequence);
-    book.set_last_update_step(request->step());
+    book.set_last_update_step(request.step());
     book.set_update_count(kept.pushes + 1);
     batch.PutRangeBook(book);
     RETURN_IF_ERROR(store_->Commit(batch));
@@ -389,26 +420,14 @@ grpc::Status RangeService::PushRange(grpc::ServerContext* context,
     now.pushes = kept.pushes + 1;
     return absl::OkStatus();
   };
-  absl::StatusOr<CenterTable::Update> version = centers_->ApplyAdaHessian(
+  absl::StatusOr<CenterTable::Update> applied = centers_->ApplyAdaHessian(
       stage, g, d, EffectiveAdaHessianConfig(job_), weight, commit);
-  if (version.ok() && version->declined) return answer_applied();
-  if (!version.ok() && version.status().code() == absl::StatusCode::kInvalidArgument) {
-    return ChargeFault(context, request->incarnation(), slot, version.status());
+  if (!applied.ok() && applied.status().code() != absl::StatusCode::kInvalidArgument &&
+      applied.status().code() != absl::StatusCode::kFailedPrecondition) {
+    LOG(ERROR) << "push of slot " << SlotName(slot) << " range " << group_
+               << " failed: " << applied.status();
   }
-  if (!version.ok()) {
-    if (version.status().code() != absl::StatusCode::kInvalidArgument &&
-        version.status().code() != absl::StatusCode::kFailedPrecondition) {
-      LOG(ERROR) << "push of slot " << SlotName(slot) << " range " << group_
-                 << " failed: " << version.status();
-    }
-    return ToGrpcStatus(version.status());
-  }
-  response->set_applied(true);
-  response->set_applied_sequence(sequence);
-  response->set_center_version(version->version);
-  response->set_weight(allowed->weight());
-  response->set_partial_sq_norm(partial_sq_norm);
-  return grpc::Status::OK;
+  return applied;
 }
 
 grpc::Status RangeService::PullRange(grpc::ServerContext* context,

@@ -197,6 +197,36 @@ class RangeService final : public CenterRange::Service {
   // A declared-model job: learns the model from group 0 if this group does not know it yet.
   absl::Status EnsureDeclared(const grpc::ServerContext* context, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(declare_mu_);
+  // What every SyncRange and PushRange passes after the server's checks (token, readiness) and
+  // its admission: the range, the slot (normalized) in the topology, the declared model (EnsureDeclared).
+  absl::Status CheckUpdateCall(const grpc::ServerContext* context, int range, const SlotId& slot,
+                               uint64_t incarnation) ABSL_LOCKS_EXCLUDED(declare_mu_);
+  // A sync's tensors: its parameters and its optimizer state (all three parts or none: the
+  // range snapshot is what a spare resumes from). INVALID_ARGUMENT, the sender's fault.
+  absl::Status ValidateSync(const SlotId& slot, const SyncRangeRequest& request) const;
+  // A push's tensors (gradient, Hessian diagonal): INVALID_ARGUMENT, the sender's fault.
+  absl::Status ValidatePush(const SlotId& slot, const PushRangeRequest& request) const;
+  // Asks group 0 whether the call may proceed (`authorize_`), for this range.
+  absl::StatusOr<AuthorizeRangeResponse> Authorize(const grpc::ServerContext* context,
+                                                   RangeAccess access, uint64_t incarnation,
+                                                   const SlotId& slot, int64_t step,
+                                                   uint64_t sequence) const;
+  // Applies an authorized sync to this range of the center with `weight` and commits the
+  // center and the slot's range snapshot (one of its two kept copies); sets center_before,
+  // partial_sq_norm and moving_rate in `response`. Declined when this range applied the step
+  // already (checked first, and again under the stage lock); waits for the slot's DETERMINISTIC turn (UNAVAILABLE when it does not come);
+  // ABORTED when a rollback began after `generation`; a step refused by UpdateRules
+  // under the stage lock sets `*step_refused` (not the sender's fault); INVALID_ARGUMENT from
+  // the integrity checks otherwise.
+  absl::StatusOr<CenterTable::Update> ApplySync(const SlotId& slot,
+                                                const SyncRangeRequest& request, double weight,
+                                                uint64_t generation, bool* step_refused,
+                                                SyncRangeResponse* response);
+  // Likewise for a push (AdaHessian on this range, the range's book); declined for a retry;
+  // FAILED_PRECONDITION when it skips ahead; sets partial_sq_norm.
+  absl::StatusOr<CenterTable::Update> ApplyPush(const SlotId& slot,
+                                                const PushRangeRequest& request, double weight,
+                                                PushRangeResponse* response);
   // The answer to a sync of a step the group applied already, or FAILED_PRECONDITION (stale).
   grpc::Status AnswerApplied(const SlotId& slot, int64_t step, SyncRangeResponse* response) const;
 
