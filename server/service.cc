@@ -404,7 +404,8 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
   membership_->FillStatus(response);
   for (SlotStatus& slot : *response->mutable_slots()) {
     *slot.mutable_weight() = tracker_->Current(slot.slot(), now);
-    const SlotBook book = books_.Get(slot.slot());
+    // Durable books only, as the centers' durable versions: nothing a crash can take back.
+    const SlotBook book = books_.Durable(slot.slot());
     slot.set_snapshot_step(book.last_update_step);
     slot.set_update_count(book.update_count);
     slot.set_refused_updates(books_.Refused(slot.slot()));

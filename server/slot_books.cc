@@ -31,10 +31,31 @@ SlotBook SlotBooks::Get(const SlotId& slot) const {
 }
 
 void SlotBooks::Set(const SlotId& slot, const SlotBook& book, double divergence_ratio) {
+  SetDecided(slot, book, divergence_ratio);
+  MarkDurable(slot, book);
+}
+
+void SlotBooks::SetDecided(const SlotId& slot, const SlotBook& book, double divergence_ratio) {
   absl::MutexLock lock(&mu_);
   books_[KeyOf(slot)] = book;
   double& max_ratio = max_divergence_ratio_[slot.stage()];
   max_ratio = std::max(max_ratio, divergence_ratio);
+}
+
+void SlotBooks::MarkDurable(const SlotId& slot, const SlotBook& book) {
+  absl::MutexLock lock(&mu_);
+  SlotBook& durable = durable_[KeyOf(slot)];
+  // Writes become durable in the order they were decided; a late report never goes back.
+  if (book.update_count < durable.update_count) return;
+  durable.last_update_step = book.last_update_step;
+  durable.update_count = book.update_count;
+  durable.applied_sequence = book.applied_sequence;
+}
+
+SlotBook SlotBooks::Durable(const SlotId& slot) const {
+  absl::MutexLock lock(&mu_);
+  auto it = durable_.find(KeyOf(slot));
+  return it == durable_.end() ? SlotBook() : it->second;
 }
 
 void SlotBooks::Restore(const std::vector<WeightRecord>& records) {
@@ -45,12 +66,14 @@ void SlotBooks::Restore(const std::vector<WeightRecord>& records) {
     book.update_count = record.update_count();
     book.applied_sequence = record.applied_sequence();
     book.next_weight = record.has_next_sync_weight() ? record.next_sync_weight() : 1.0;
+    durable_[KeyOf(record.slot())] = book;
   }
 }
 
 void SlotBooks::Clear() {
   absl::MutexLock lock(&mu_);
   for (auto& [key, book] : books_) book = SlotBook();
+  durable_.clear();
 }
 
 int64_t SlotBooks::StepLogFloor(const SlotId& slot) const {
@@ -64,7 +87,7 @@ int64_t SlotBooks::StepLogFloor(const SlotId& slot) const {
 int64_t SlotBooks::NewestUpdateStep() const {
   absl::MutexLock lock(&mu_);
   int64_t newest = 0;
-  for (const auto& [key, book] : books_) newest = std::max(newest, book.last_update_step);
+  for (const auto& [key, book] : durable_) newest = std::max(newest, book.last_update_step);
   return newest;
 }
 

@@ -7,8 +7,9 @@
 // refused per slot, the largest accepted divergence ratio per stage).
 //
 // The books are memory plus the weight records: the service writes a slot's book into the slot's
-// WeightRecord with every update (in the update's write batch) and calls Set only after that
-// batch committed; Restore loads them back after a server restart.
+// WeightRecord with every update (in the update's write batch) and calls Set after that batch
+// committed (or SetDecided before it, then MarkDurable after it); Restore loads them back after
+// a server restart. Durable gives the books a crash cannot take back.
 //
 // Thread-safety: thread-safe (one internal mutex, a leaf: no other lock is taken under it, and no
 // callback runs under it). WaitForTurn blocks the calling thread (at most its timeout).
@@ -57,10 +58,21 @@ class SlotBooks {
   // The slot's book (all zero if it has none).
   SlotBook Get(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Records the book of an update that committed, and raises the stage's largest accepted
-  // divergence ratio to `divergence_ratio`.
+  // Records the book of an update that committed (its batch is durable), and raises the
+  // stage's largest accepted divergence ratio to `divergence_ratio`.
   void Set(const SlotId& slot, const SlotBook& book, double divergence_ratio)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Likewise for an update decided but not yet durable (an unsharded sync is decided under the
+  // stage lock and written after it: CenterTable::ElasticSyncStaged): every rule sees it at
+  // once (a retry of its step is a duplicate from now on), readers (Durable) only once
+  // MarkDurable says its batch is durable.
+  void SetDecided(const SlotId& slot, const SlotBook& book, double divergence_ratio)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The update of `slot` that made its book `book` (SetDecided) is durable.
+  void MarkDurable(const SlotId& slot, const SlotBook& book) ABSL_LOCKS_EXCLUDED(mu_);
+  // The slot's book as of its last durable update: what status and exports report, so that a
+  // reader never sees an update a crash could still take back.
+  SlotBook Durable(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Books of a previous server life (or of a checkpoint), from their weight records: applied
   // sequence, last update step and update count. Other slots keep theirs.
@@ -73,7 +85,7 @@ class SlotBooks {
   // otherwise its last applied step. 0 for a slot with no book.
   int64_t StepLogFloor(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The newest last applied step over every slot (0 when none has a book).
+  // The newest durable last applied step over every slot (0 when none has a book).
   int64_t NewestUpdateStep() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pipelines (docs/design.md §5.2): the oldest last-sync step over the recovery group of `slot`, with
@@ -100,6 +112,8 @@ class SlotBooks {
 
   mutable absl::Mutex mu_;
   std::map<Key, SlotBook> books_ ABSL_GUARDED_BY(mu_);
+  // The books as of each slot's last durable update (step and count only).
+  std::map<Key, SlotBook> durable_ ABSL_GUARDED_BY(mu_);
   // Center integrity (memory only, since the server started).
   std::map<Key, int64_t> refused_ ABSL_GUARDED_BY(mu_);
   std::map<int, double> max_divergence_ratio_ ABSL_GUARDED_BY(mu_);

@@ -155,7 +155,7 @@ absl::Status UpdateApplier::Sync(const SlotId& slot, const SyncRequest& request,
     RETURN_IF_ERROR(batch.status());
     tracker_->Record(slot, measured_at, measured_version, measured_norm, inputs);
     RETURN_IF_ERROR(step_log_->CommitSnapshot(slot, gc_step, [&]() -> absl::Status {
-      books_->Set(slot, updated, ratio);
+      books_->SetDecided(slot, updated, ratio);
       return absl::OkStatus();
     }));
     retention_->Committed(slot, std::move(floor));
@@ -188,6 +188,7 @@ absl::Status UpdateApplier::Sync(const SlotId& slot, const SyncRequest& request,
     }
     return Refused(slot, request.incarnation(), "sync", result.status());
   }
+  books_->MarkDurable(slot, updated);
   Progressed(slot, step);
   RETURN_IF_ERROR(recovery_->AfterSync(slot, step, checkpoint_epoch));
   response->set_center_version(result->version);

@@ -31,6 +31,30 @@ SlotBook Book(int64_t step, int64_t count, int64_t log_floor = 0) {
   return book;
 }
 
+TEST_CASE("a decided update is seen by the rules at once and by readers once it is durable") {
+  SlotBooks books(Job(false));
+  books.Set(Slot(0, 0), Book(2, 1), 0.0);
+  CHECK(books.Durable(Slot(0, 0)).update_count == 1);
+  // Decided (a staged sync's books, under the stage lock): its write is not durable yet.
+  books.SetDecided(Slot(0, 0), Book(4, 2), 2.5);
+  CHECK(books.Get(Slot(0, 0)).update_count == 2);
+  CHECK(books.Get(Slot(0, 0)).last_update_step == 4);
+  CHECK(books.Durable(Slot(0, 0)).update_count == 1);
+  CHECK(books.Durable(Slot(0, 0)).last_update_step == 2);
+  CHECK(books.NewestUpdateStep() == 2);
+  CHECK(books.MaxDivergenceRatio(0) == 2.5);
+  books.SetDecided(Slot(0, 0), Book(6, 3), 0.0);
+  books.MarkDurable(Slot(0, 0), Book(6, 3));
+  CHECK(books.Durable(Slot(0, 0)).update_count == 3);
+  CHECK(books.NewestUpdateStep() == 6);
+  // A late report of an earlier write never takes the durable book back.
+  books.MarkDurable(Slot(0, 0), Book(4, 2));
+  CHECK(books.Durable(Slot(0, 0)).update_count == 3);
+  CHECK(books.Durable(Slot(0, 0)).last_update_step == 6);
+  books.Clear();
+  CHECK(books.Durable(Slot(0, 0)).update_count == 0);
+}
+
 TEST_CASE("a slot without a book reads as zero; Set, Restore and Clear") {
   SlotBooks books(Job(false));
   CHECK(books.Get(Slot(1, 1)).last_update_step == 0);
