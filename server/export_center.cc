@@ -12,6 +12,7 @@
 #include "common/version.h"
 #include "server/center_export.h"
 #include "server/service.h"
+#include "server/shard/range_authority.h"
 
 namespace rebound::server {
 
@@ -30,7 +31,7 @@ grpc::Status ParameterServerService::ExportCenter(grpc::ServerContext* context,
   if (absl::Status allowed = CheckOperator(context); !allowed.ok()) return ToGrpcStatus(allowed);
   absl::StatusOr<ExportCenterResponse> read;
   if (job_.sharding().groups() > 1) {
-    if (absl::Status coordinator = CheckCoordinator(); !coordinator.ok()) {
+    if (absl::Status coordinator = CoordinatorOnly(config_); !coordinator.ok()) {
       return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "ExportCenter of a sharded job is group 0's (at ", config_.shard().group_addresses(0),
           "), which gathers every range; this server holds range ", config_.shard().group())));

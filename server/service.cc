@@ -20,7 +20,7 @@
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "compute/tensor_bundle.h"
-#include "server/sync_batch.h"
+#include "server/shard/range_authority.h"
 
 namespace rebound::server {
 
@@ -85,6 +85,8 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
   applier.recovery = recovery_.get();
   applier.clock = clock_;
   applier_ = std::make_unique<apply::UpdateApplier>(applier);
+  range_authority_ =
+      std::make_unique<RangeAuthority>(config_, membership_, centers_, applier_.get());
 }
 
 void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>& records) {
@@ -155,7 +157,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                  << context->peer() << ": " << compatible;
     return ToGrpcStatus(compatible);
   }
-  if (absl::Status coordinator = CheckCoordinator(); !coordinator.ok()) {
+  if (absl::Status coordinator = CoordinatorOnly(config_); !coordinator.ok()) {
     return ToGrpcStatus(coordinator);
   }
   if (absl::Status model = CheckDeclaredModel(*request); !model.ok()) {
@@ -270,7 +272,7 @@ grpc::Status ParameterServerService::Sync(grpc::ServerContext* context, const Sy
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode ASYNC_ADAHESSIAN: trainers Push and Pull, they do not Sync"));
   }
-  if (absl::Status unsharded = CheckUnsharded("Sync"); !unsharded.ok()) {
+  if (absl::Status unsharded = UnshardedOnly(job_, "Sync"); !unsharded.ok()) {
     return ToGrpcStatus(unsharded);
   }
   const SlotId slot = Normalized(request->slot());
@@ -293,7 +295,7 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context, const Pu
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this job runs mode EASGD: trainers Sync, they do not Push"));
   }
-  if (absl::Status unsharded = CheckUnsharded("Push"); !unsharded.ok()) {
+  if (absl::Status unsharded = UnshardedOnly(job_, "Push"); !unsharded.ok()) {
     return ToGrpcStatus(unsharded);
   }
   const SlotId slot = Normalized(request->slot());
@@ -313,7 +315,7 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context, const Pu
   if (absl::Status alive = membership_->CheckAlive(request->incarnation()); !alive.ok()) {
     return ToGrpcStatus(alive);
   }
-  if (absl::Status unsharded = CheckUnsharded("Pull"); !unsharded.ok()) {
+  if (absl::Status unsharded = UnshardedOnly(job_, "Pull"); !unsharded.ok()) {
     return ToGrpcStatus(unsharded);
   }
   const int stage = request->stage();
@@ -549,6 +551,68 @@ grpc::Status ParameterServerService::Drain(grpc::ServerContext* context, const D
   LOG(WARNING) << "draining slot " << SlotName(request->slot()) << ": its trainer (incarnation "
                << *drained << ") leaves after its next sync";
   return grpc::Status::OK;
+}
+
+absl::StatusOr<AuthorizeRangeResponse> ParameterServerService::Authorize(
+    const grpc::ServerContext* context, const AuthorizeRangeRequest& request) {
+  RETURN_IF_ERROR(CheckWorker(context, request.incarnation()));
+  return range_authority_->Authorize(request);
+}
+
+grpc::Status ParameterServerService::AuthorizeRange(grpc::ServerContext* context,
+                                                    const AuthorizeRangeRequest* request,
+                                                    AuthorizeRangeResponse* response) {
+  absl::StatusOr<AuthorizeRangeResponse> allowed = Authorize(context, *request);
+  if (!allowed.ok()) return ToGrpcStatus(allowed.status());
+  *response = *std::move(allowed);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::CommitSync(grpc::ServerContext* context,
+                                                const CommitSyncRequest* request,
+                                                CommitSyncResponse* response) {
+  if (absl::Status ok = CheckWorker(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (job_.sharding().groups() <= 1 || config_.shard().group() != 0 ||
+      job_.easgd().mode() != EASGD) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "CommitSync is for a sharded EASGD job's group 0; an unsharded job's trainers Sync"));
+  }
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = ValidateSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = membership_->CheckOwner(request->incarnation(), slot); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  if (!range_check_) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this server cannot check its ranges"));
+  }
+  return ToGrpcStatus(applier_->CommitSync(slot, *request, range_check_, response));
+}
+
+grpc::Status ParameterServerService::CommitPush(grpc::ServerContext* context,
+                                                const CommitPushRequest* request,
+                                                CommitPushResponse* response) {
+  if (absl::Status ok = CheckWorker(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (job_.sharding().groups() <= 1 || config_.shard().group() != 0 ||
+      job_.easgd().mode() != ASYNC_ADAHESSIAN) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "CommitPush is for a sharded ASYNC_ADAHESSIAN job's group 0; an unsharded job's "
+        "trainers Push"));
+  }
+  const SlotId slot = Normalized(request->slot());
+  if (absl::Status ok = ValidateSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
+  if (absl::Status ok = membership_->CheckOwner(request->incarnation(), slot); !ok.ok()) {
+    return ToGrpcStatus(ok);
+  }
+  if (!push_check_) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this server cannot check its ranges"));
+  }
+  return ToGrpcStatus(applier_->CommitPush(slot, *request, push_check_, response));
 }
 
 }  // namespace rebound::server

@@ -64,6 +64,7 @@
 #include "server/log_retention.h"
 #include "server/recovery_coordinator.h"
 #include "server/reliability.h"
+#include "server/shard/range_authority.h"
 #include "server/slot_books.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
@@ -243,6 +244,8 @@ class ParameterServerService final : public ParameterServer::Service {
   std::unique_ptr<RecoveryCoordinator> recovery_;
   // Every Sync, Push, CommitSync and CommitPush, and the range groups' authorizations.
   std::unique_ptr<apply::UpdateApplier> applier_;
+  // A sharded job's group 0: the range groups' authorizations.
+  std::unique_ptr<RangeAuthority> range_authority_;
 
   // Serializes the first declaration of a declared model (leftmost in the server's lock order:
   // held while committing the declaration and calling CenterTable::Declare).
@@ -261,11 +264,6 @@ class ParameterServerService final : public ParameterServer::Service {
   std::function<absl::Status(const SlotId&, int64_t)> range_check_;  // likewise
   std::function<absl::Status(const SlotId&, uint64_t)> push_check_;  // likewise
   std::function<absl::StatusOr<ExportCenterResponse>(absl::Time)> sharded_export_;  // likewise
-  // A sharded job (K > 1): FAILED_PRECONDITION naming the calls to use instead, for Sync and
-  // Pull; OK for an unsharded job.
-  absl::Status CheckUnsharded(const char* what) const;
-  // A sharded job's range group (group > 0) registers nobody: FAILED_PRECONDITION naming group 0.
-  absl::Status CheckCoordinator() const;
   // One backup at a time (server/backup.cc): each makes a checkpoint of the store.
   absl::Mutex backup_mu_;
   int64_t backups_ ABSL_GUARDED_BY(backup_mu_) = 0;
