@@ -4,9 +4,9 @@
 
 #include <cmath>
 #include <functional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/fan_out.h"
 #include "common/status_macros.h"
 #include "compute/adahessian.h"
 #include "compute/shard_ranges.h"
@@ -51,20 +51,9 @@ absl::StatusOr<std::shared_ptr<RangeClient>> RangeClient::Create(
 
 absl::Status RangeClient::ForEachRange(int ranges,
                                        const std::function<absl::Status(int)>& fn) const {
-  std::vector<absl::Status> statuses(ranges);
-  std::vector<std::thread> threads;
-  threads.reserve(ranges);
-  for (int k = 0; k < ranges; ++k) {
-    threads.emplace_back([&statuses, &fn, k] { statuses[k] = fn(k); });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (int k = 0; k < ranges; ++k) {
-    if (!statuses[k].ok()) {
-      return absl::Status(statuses[k].code(),
-                          absl::StrCat("range ", k, ": ", statuses[k].message()));
-    }
-  }
-  return absl::OkStatus();
+  return FirstFailure(FanOut(static_cast<size_t>(ranges),
+                             [&fn](size_t k) { return fn(static_cast<int>(k)); }),
+                      "range");
 }
 
 absl::StatusOr<CommitSyncResponse> RangeClient::Sync(const absl::Notification& stop,

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/fan_out.h"
 #include "common/grpc_status.h"
 #include "common/slot.h"
 #include "common/status_macros.h"
@@ -53,7 +54,7 @@ absl::Status RangeCheck::CheckPushed(const SlotId& slot, uint64_t sequence) cons
 absl::Status RangeCheck::AskRanges(const SlotId& slot,
                                    const std::function<bool(const RangeStepsResponse&)>& held,
                                    const std::string& what) const {
-  const std::vector<absl::Status> statuses = OnEachGroup(stubs_.size(), [&](size_t i) {
+  const std::vector<absl::Status> statuses = FanOut(stubs_.size(), [&](size_t i) {
     const int range = static_cast<int>(i) + 1;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/fan_out.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -21,7 +22,7 @@ absl::Status RangeCheckpoints::OnEveryRange(
     const std::function<absl::Status()>& local,
     const std::function<grpc::Status(CenterRange::Stub*, int range, grpc::ClientContext*)>& remote,
     const std::string& what) const {
-  const std::vector<absl::Status> statuses = OnEachGroup(stubs_.size() + 1, [&](size_t i) {
+  const std::vector<absl::Status> statuses = FanOut(stubs_.size() + 1, [&](size_t i) {
     const int range = static_cast<int>(i);
     absl::Status status;
     if (range == 0) {

@@ -1,6 +1,7 @@
 #include "server/shard/range_export.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/fan_out.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -19,7 +20,7 @@ absl::StatusOr<std::unique_ptr<RangeExport>> RangeExport::Create(const ServerCon
 std::vector<absl::StatusOr<ExportRangeResponse>> RangeExport::ReadStage(
     int stage, absl::Time deadline) const {
   std::vector<absl::StatusOr<ExportRangeResponse>> answers(stubs_.size() + 1);
-  OnEachGroup(answers.size(), [&](size_t k) {
+  FanOut(answers.size(), [&](size_t k) {
     const int range = static_cast<int>(k);
     absl::StatusOr<ExportRangeResponse> answer;
     if (range == 0) {

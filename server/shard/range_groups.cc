@@ -1,7 +1,5 @@
 #include "server/shard/range_groups.h"
 
-#include <thread>
-
 #include "common/security.h"
 #include "common/status_macros.h"
 
@@ -20,17 +18,6 @@ absl::StatusOr<std::vector<std::unique_ptr<CenterRange::Stub>>> RangeGroupStubs(
     stubs.push_back(CenterRange::NewStub(channel));
   }
   return stubs;
-}
-
-std::vector<absl::Status> OnEachGroup(size_t n, const std::function<absl::Status(size_t)>& fn) {
-  std::vector<absl::Status> statuses(n);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    threads.emplace_back([&statuses, &fn, i] { statuses[i] = fn(i); });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return statuses;
 }
 
 }  // namespace rebound::server

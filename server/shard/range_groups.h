@@ -1,10 +1,10 @@
 #pragma once
 
 // Group 0's calls to the range groups 1..K-1 of a sharded job (docs/design.md §10.2): one channel
-// each (a replicated group's entry lists its members: the channel follows its leader), and one
-// way to call them all at once.
+// each (a replicated group's entry lists its members: the channel follows its leader).
 //
-// Thread-safety: the stubs are thread-safe; OnEachGroup runs `fn` on n threads at once.
+// Thread-safety: the stubs are thread-safe. The calls to every group go out at once through
+// common/fan_out.h.
 // Status codes: MakeChannel's (common/security.h).
 
 #include <cstddef>
@@ -23,7 +23,5 @@ namespace rebound::server {
 absl::StatusOr<std::vector<std::unique_ptr<CenterRange::Stub>>> RangeGroupStubs(
     const ServerConfig& config);
 
-// Runs fn(i) for every i in [0, n), each on a thread of its own, and returns their statuses by i.
-std::vector<absl::Status> OnEachGroup(size_t n, const std::function<absl::Status(size_t)>& fn);
 
 }  // namespace rebound::server
