@@ -8,6 +8,7 @@
 #include "common/retry.h"
 #include "common/slot.h"
 #include "common/version.h"
+#include "worker/range_client.h"
 #include "worker/retry.h"
 
 namespace rebound::worker {
@@ -58,7 +59,10 @@ WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Chann
       peer_address_(std::move(peer_address)),
       metrics_address_(std::move(metrics_address)),
       credential_(std::move(credential)),
-      clock_(clock != nullptr ? clock : DefaultClock()) {}
+      clock_(clock != nullptr ? clock : DefaultClock()) {
+  // Never null: until a registration says otherwise, the center is the server's.
+  registration_.center = UnshardedCenter(config_, clock_);
+}
 
 Registration WorkerAgent::registration() const {
   absl::MutexLock lock(&mu_);
@@ -241,7 +245,7 @@ bool WorkerAgent::RegisterWithRetry() {
       }
       // Before the registration is published: every call that names it must carry it.
       if (credential_ != nullptr) credential_->Set(response.credential());
-      std::shared_ptr<const RangeClient> ranges;
+      std::shared_ptr<const CenterClient> center = UnshardedCenter(config_, clock_);
       if (response.range_addresses_size() > 0) {
         auto made = RangeClient::Create(
             config_, response.job(),
@@ -255,10 +259,10 @@ bool WorkerAgent::RegisterWithRetry() {
                                       made.status().message());
           return false;
         }
-        ranges = *std::move(made);
+        center = *std::move(made);
       }
       absl::MutexLock lock(&mu_);
-      registration_.ranges = std::move(ranges);
+      registration_.center = std::move(center);
       registration_.incarnation = response.incarnation();
       registration_.role = response.role();
       registration_.has_slot = response.has_slot();

@@ -31,7 +31,7 @@
 #include "common/clock.h"
 #include "common/security.h"
 #include "proto/config.pb.h"
-#include "worker/range_client.h"
+#include "worker/center_client.h"
 #include "proto/rebound.grpc.pb.h"
 
 namespace rebound::worker {
@@ -52,8 +52,9 @@ struct Registration {
   SlotId slot;
   JobConfig job;
   int64_t start_step = 0;  // steps the slot has done (> 0 when taking over a lost slot)
-  // A sharded job (docs/design.md §10.2): the K server groups' ranges (null for a job of one group).
-  std::shared_ptr<const RangeClient> ranges;
+  // The center's client for the job's topology (worker/center_client.h): the server's, or a
+  // sharded job's K groups' (RangeClient). Set by every registration.
+  std::shared_ptr<const CenterClient> center;
 };
 
 class WorkerAgent {

@@ -13,7 +13,7 @@
 #include "common/status_macros.h"
 #include "compute/adahessian.h"
 #include "compute/tensor_bundle.h"
-#include "worker/center_rpc.h"
+#include "worker/center_client.h"
 #include "worker/retry.h"
 #include "worker/worker_metrics.h"
 
@@ -91,8 +91,8 @@ absl::Status EasgdTrainer::Start() {
     compute::MlpStage& stage = compute_->trainer->stage(0);
     const compute::StageLayout& layout = stage.layout();
     ASSIGN_OR_RETURN(const PullResponse center,
-                     PullCenter(config_, clock_, stop_, stub_.get(), registration_.incarnation,
-                                slot_.stage(), layout, registration_.ranges.get()));
+                     registration_.center->Pull(stop_, stub_.get(), registration_.incarnation,
+                                                slot_.stage(), layout));
     RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
     RETURN_IF_ERROR(compute_->SeekAfter(start));
     LOG(INFO) << "restarting slot " << SlotName(slot_) << " from the center (version "
@@ -179,61 +179,7 @@ absl::Status EasgdTrainer::Sync(int64_t t, float loss) {
   RETURN_IF_ERROR(stage.GetParams(absl::MakeSpan(x_)));
   RETURN_IF_ERROR(compute_->trainer->optimizer(0).GetState(
       absl::MakeSpan(m_), absl::MakeSpan(v_), absl::MakeSpan(d_)));
-  // A sharded job (docs/design.md §10.2): every range to its group, then the commit at group 0.
-  if (registration_.ranges != nullptr) return SyncRanges(t, loss);
-  SyncRequest request;
-  // This role's incarnation, not the agent's current one: once the agent has registered again
-  // (a rollback, a server restart), this trainer's syncs must be refused as its own, not be
-  // sent under the new spare's name.
-  request.set_incarnation(registration_.incarnation);
-  *request.mutable_slot() = slot_;
-  request.set_step(t);
-  std::vector<float> poisoned;
-  if (faults_.poison_from_step > 0 && t >= faults_.poison_from_step) {
-    poisoned = x_;
-    MaybePoison(faults_, t, &poisoned);
-  }
-  *request.mutable_params() = compute::BundleFromPacked(layout, poisoned.empty() ? x_ : poisoned);
-  request.mutable_optimizer()->set_step(t);
-  *request.mutable_optimizer()->mutable_m() = compute::BundleFromPacked(layout, m_);
-  *request.mutable_optimizer()->mutable_v() = compute::BundleFromPacked(layout, v_);
-  *request.mutable_optimizer()->mutable_last_hdiag() = compute::BundleFromPacked(layout, d_);
-  if (std::isfinite(loss)) request.set_loss(loss);
-  request.set_data_epoch(compute_->sampler->cursor().epoch);
-  request.set_data_offset(compute_->sampler->cursor().offset);
-  SyncResponse response;
-  {
-    ScopedLatency timed(Metrics().sync_seconds);
-    RETURN_IF_ERROR(RefusedUpdate(
-        "sync", t, CallWithRetry(config_, clock_, stop_, "sync", [&](grpc::ClientContext* context) {
-          response.Clear();
-          return stub_->Sync(context, request, &response);
-        })));
-  }
-  Metrics().syncs->Increment();
-  Metrics().weight->Set(response.weight());
-  last_weight_ = response.weight();
-  if (response.has_worker_params_after()) {
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, response.worker_params_after(),
-                                            "worker_params_after"));
-    x_ = compute::PackedFromBundle(layout, response.worker_params_after());
-  } else {
-    RETURN_IF_ERROR(compute::ValidateBundle(layout, response.center_before(), "center_before"));
-    const std::vector<float> c_before = compute::PackedFromBundle(layout, response.center_before());
-    RETURN_IF_ERROR(
-        compute::ElasticPullWorker(response.moving_rate(), c_before, absl::MakeSpan(x_)));
-  }
-  RETURN_IF_ERROR(stage.SetParams(x_));
-  if (agent_->drain_requested()) agent_->MarkDrained();
-  VLOG(1) << "synced step " << t << " loss " << loss << " weight " << response.weight()
-          << " center version " << response.center_version();
-  return absl::OkStatus();
-}
-
-absl::Status EasgdTrainer::SyncRanges(int64_t t, float loss) {
-  compute::MlpStage& stage = compute_->trainer->stage(0);
-  const compute::StageLayout& layout = stage.layout();
-  RangeClient::SyncState state;
+  CenterClient::SyncState state;
   state.x = absl::MakeSpan(x_);
   state.m = m_;
   state.v = v_;
@@ -241,27 +187,36 @@ absl::Status EasgdTrainer::SyncRanges(int64_t t, float loss) {
   state.loss = loss;
   state.data_epoch = compute_->sampler->cursor().epoch;
   state.data_offset = compute_->sampler->cursor().offset;
+  std::vector<float> poisoned;
+  if (faults_.poison_from_step > 0 && t >= faults_.poison_from_step) {
+    poisoned = x_;
+    MaybePoison(faults_, t, &poisoned);
+    state.sent = poisoned;
+  }
   const bool die = faults_.die_in_sync_at_step > 0 && t == faults_.die_in_sync_at_step;
-  absl::StatusOr<CommitSyncResponse> committed;
+  // This role's incarnation, not the agent's current one: once the agent has registered again
+  // (a rollback, a server restart), this trainer's syncs must be refused as its own, not be
+  // sent under the new spare's name.
+  absl::StatusOr<CenterClient::Synced> synced;
   {
     ScopedLatency timed(Metrics().sync_seconds);
-    committed = registration_.ranges->Sync(
+    synced = registration_.center->Sync(
         stop_, stub_.get(), registration_.incarnation, slot_, t, layout, state,
-        die ? faults_.die_in_sync_ranges : RangeClient::kAllRanges);
+        die ? faults_.die_in_sync_ranges : CenterClient::kAllRanges);
   }
   if (die) {
     LOG(ERROR) << "fault injection: synced step " << t << " to ranges [0, "
                << faults_.die_in_sync_ranges << ") only; dying before the commit";
     raise(SIGKILL);
   }
-  RETURN_IF_ERROR(RefusedUpdate("sync", t, committed.status()));
+  RETURN_IF_ERROR(RefusedUpdate("sync", t, synced.status()));
   Metrics().syncs->Increment();
-  Metrics().weight->Set(committed->weight());
-  last_weight_ = committed->weight();
+  Metrics().weight->Set(synced->weight);
+  last_weight_ = synced->weight;
   RETURN_IF_ERROR(stage.SetParams(x_));
   if (agent_->drain_requested()) agent_->MarkDrained();
-  VLOG(1) << "synced step " << t << " across " << registration_.ranges->groups()
-          << " ranges, loss " << loss << " weight " << committed->weight();
+  VLOG(1) << "synced step " << t << " loss " << loss << " weight " << synced->weight
+          << " center version " << synced->center_version;
   return absl::OkStatus();
 }
 

@@ -87,8 +87,6 @@ class EasgdTrainer {
   // The EASGD exchange after step t (§4.4): sends x and the optimizer state, moves x toward the
   // center with the reply's c_before (or takes the stored post-sync state of a retried sync).
   absl::Status Sync(int64_t t, float loss);
-  // Sync's second half in a sharded job: x_, m_, v_, d_ hold the state to send (RangeClient).
-  absl::Status SyncRanges(int64_t t, float loss);
   // After the last step: flushes the log; a pipeline stage stays for its neighbours.
   void Finish();
 

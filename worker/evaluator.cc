@@ -10,7 +10,7 @@
 #include "compute/backend_factory.h"
 #include "compute/step.h"
 #include "compute/tensor_bundle.h"
-#include "worker/center_rpc.h"
+#include "worker/center_client.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/retry.h"
 #include "worker/slot_compute.h"
@@ -41,8 +41,8 @@ absl::Status RunEvaluator(const WorkerConfig& config, const Registration& regist
     for (int s = 0; s < model->num_stages(); ++s) {
       const compute::StageLayout& layout = model->stage(s).layout();
       ASSIGN_OR_RETURN(const PullResponse center,
-                       PullCenter(config, clock, calls_stop, stub.get(), registration.incarnation,
-                                  s, layout, registration.ranges.get()));
+                       registration.center->Pull(calls_stop, stub.get(),
+                                                 registration.incarnation, s, layout));
       RETURN_IF_ERROR(
           model->stage(s).SetParams(compute::PackedFromBundle(layout, center.center())));
       versions.push_back(center.center_version());

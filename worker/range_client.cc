@@ -56,11 +56,12 @@ absl::Status RangeClient::ForEachRange(int ranges,
                       "range");
 }
 
-absl::StatusOr<CommitSyncResponse> RangeClient::Sync(const absl::Notification& stop,
-                                                     ParameterServer::Stub* coordinator,
-                                                     uint64_t incarnation, const SlotId& slot,
-                                                     int64_t t, const compute::StageLayout& layout,
-                                                     const SyncState& state, int ranges) const {
+absl::StatusOr<CenterClient::Synced> RangeClient::Sync(const absl::Notification& stop,
+                                                       ParameterServer::Stub* coordinator,
+                                                       uint64_t incarnation, const SlotId& slot,
+                                                       int64_t t,
+                                                       const compute::StageLayout& layout,
+                                                       const SyncState& state, int ranges) const {
   const int groups = this->groups();
   const int64_t n = layout.packed_size();
   std::vector<RangeSyncResult> results(groups);
@@ -73,7 +74,8 @@ absl::StatusOr<CommitSyncResponse> RangeClient::Sync(const absl::Notification& s
     request.set_step(t);
     request.set_range(k);
     const absl::Span<float> x = RangeOf(state.x, groups, k);
-    *request.mutable_params() = compute::BundleFromPacked(range, x);
+    *request.mutable_params() = compute::BundleFromPacked(
+        range, state.sent.empty() ? absl::Span<const float>(x) : RangeOf(state.sent, groups, k));
     OptimizerState* optimizer = request.mutable_optimizer();
     optimizer->set_step(t);
     *optimizer->mutable_m() = compute::BundleFromPacked(range, RangeOf(state.m, groups, k));
@@ -123,7 +125,10 @@ absl::StatusOr<CommitSyncResponse> RangeClient::Sync(const absl::Notification& s
                                   committed.Clear();
                                   return coordinator->CommitSync(context, commit, &committed);
                                 }));
-  return committed;
+  Synced synced;
+  synced.weight = committed.weight();
+  synced.center_version = commit.ranges(0).center_version();
+  return synced;
 }
 
 absl::StatusOr<PushResponse> RangeClient::Push(const absl::Notification& stop,
@@ -181,6 +186,7 @@ absl::StatusOr<PushResponse> RangeClient::Push(const absl::Notification& stop,
 }
 
 absl::StatusOr<PullResponse> RangeClient::Pull(const absl::Notification& stop,
+                                               ParameterServer::Stub* /*coordinator*/,
                                                uint64_t incarnation, int stage,
                                                const compute::StageLayout& layout) const {
   const int groups = this->groups();

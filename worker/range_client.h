@@ -1,7 +1,7 @@
 #pragma once
 
 // RangeClient: a worker's calls to the K server groups of a sharded job (docs/design.md §10.2,
-// docs/sharding.md). Range k of a stage (compute/shard_ranges.h) lives in group k; the client
+// docs/sharding.md): the CenterClient of that topology (worker/center_client.h). Range k of a stage (compute/shard_ranges.h) lives in group k; the client
 // holds one channel per group (a replicated group's entry lists its members: the channel follows
 // its leader) and talks to all K at once, one thread per group, each call under the worker's
 // retry policy (worker/retry.h) with its deadline.
@@ -31,10 +31,11 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.grpc.pb.h"
 #include "proto/sharding.grpc.pb.h"
+#include "worker/center_client.h"
 
 namespace rebound::worker {
 
-class RangeClient {
+class RangeClient final : public CenterClient {
  public:
   // `addresses`: RegisterResponse.range_addresses (K entries). INVALID_ARGUMENT for a list that
   // does not match the job's sharding.groups; MakeChannel's errors.
@@ -42,29 +43,14 @@ class RangeClient {
       const WorkerConfig& config, const JobConfig& job, const std::vector<std::string>& addresses,
       std::shared_ptr<const WorkerCredential> credential, const Clock* clock);
 
-  int groups() const { return static_cast<int>(stubs_.size()); }
-
-  // The slot's state at the sync of step t.
-  struct SyncState {
-    absl::Span<float> x;          // in: the parameters; out: after the sync
-    absl::Span<const float> m;    // AdaHessian state (the snapshot's)
-    absl::Span<const float> v;
-    absl::Span<const float> d;
-    double loss = 0.0;            // NaN: none
-    int64_t data_epoch = 0;
-    int64_t data_offset = 0;
-  };
-  // A test hook (--fault_die_in_sync_at_step): sync only ranges [0, ranges) and return without
-  // committing, as a trainer that died between its ranges.
-  static constexpr int kAllRanges = -1;
+  int groups() const override { return static_cast<int>(stubs_.size()); }
 
   // The sync of step t of `slot` (stage layout `layout`): every range, then the commit at group
-  // 0 through `coordinator`. Returns the commit's answer.
-  absl::StatusOr<CommitSyncResponse> Sync(const absl::Notification& stop,
-                                          ParameterServer::Stub* coordinator,
-                                          uint64_t incarnation, const SlotId& slot, int64_t t,
-                                          const compute::StageLayout& layout,
-                                          const SyncState& state, int ranges = kAllRanges) const;
+  // 0 through `coordinator`. The weight is the commit's, the version range 0's.
+  absl::StatusOr<Synced> Sync(const absl::Notification& stop, ParameterServer::Stub* coordinator,
+                              uint64_t incarnation, const SlotId& slot, int64_t t,
+                              const compute::StageLayout& layout, const SyncState& state,
+                              int ranges = kAllRanges) const override;
 
   // Mode ASYNC_ADAHESSIAN: the push of (g, D) with `sequence` at step t: every range's part in
   // parallel (a range that applied the sequence already answers applied: false), then the commit
@@ -74,16 +60,18 @@ class RangeClient {
                                     ParameterServer::Stub* coordinator, uint64_t incarnation,
                                     const SlotId& slot, int64_t t, uint64_t sequence,
                                     const compute::StageLayout& layout, absl::Span<const float> g,
-                                    absl::Span<const float> d, double loss) const;
+                                    absl::Span<const float> d, double loss) const override;
 
   // The center of stage `stage`, gathered from every range (center_version: range 0's).
-  absl::StatusOr<PullResponse> Pull(const absl::Notification& stop, uint64_t incarnation,
-                                    int stage, const compute::StageLayout& layout) const;
+  absl::StatusOr<PullResponse> Pull(const absl::Notification& stop,
+                                    ParameterServer::Stub* coordinator, uint64_t incarnation,
+                                    int stage, const compute::StageLayout& layout) const override;
 
   // Fills the tensors of `snapshot` (a recovery task's: a header from group 0 at a step > 0)
   // from every range's snapshot at that step: params and optimizer state, in `layout`.
   absl::Status FillSnapshot(const absl::Notification& stop, uint64_t incarnation,
-                            const compute::StageLayout& layout, Snapshot* snapshot) const;
+                            const compute::StageLayout& layout,
+                            Snapshot* snapshot) const override;
 
  private:
   RangeClient(const WorkerConfig& config, const Clock* clock)

@@ -21,11 +21,10 @@ namespace rebound::worker {
 namespace {
 
 // A sharded job's recovery task names its snapshots' steps; their tensors are the range groups'
-// (docs/design.md §10.2). Fills every snapshot of the task at a step > 0 (step 0 is the model's
-// initialisation, which the replay builds itself).
+// (docs/design.md §10.2). Fills every snapshot of the task at a step > 0 that came without its
+// tensors (step 0 is the model's initialisation, which the replay builds itself).
 absl::Status FillRangeSnapshots(const Registration& registration, const absl::Notification& stop,
                                 RecoveryTask* task) {
-  if (registration.ranges == nullptr) return absl::OkStatus();
   const JobConfig& job = registration.job;
   const std::vector<int> starts = StageLayerStarts(job);
   auto fill = [&](Snapshot* snapshot) -> absl::Status {
@@ -36,7 +35,7 @@ absl::Status FillRangeSnapshots(const Registration& registration, const absl::No
     }
     ASSIGN_OR_RETURN(const compute::StageLayout layout,
                      compute::StageLayout::Create(job.model(), starts[stage], starts[stage + 1]));
-    return registration.ranges->FillSnapshot(stop, registration.incarnation, layout, snapshot);
+    return registration.center->FillSnapshot(stop, registration.incarnation, layout, snapshot);
   };
   RETURN_IF_ERROR(fill(task->mutable_snapshot()));
   for (Snapshot& snapshot : *task->mutable_group_snapshots()) RETURN_IF_ERROR(fill(&snapshot));

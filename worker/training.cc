@@ -13,7 +13,7 @@
 #include "common/status_macros.h"
 #include "compute/step.h"
 #include "compute/tensor_bundle.h"
-#include "worker/center_rpc.h"
+#include "worker/center_client.h"
 #include "worker/easgd_trainer.h"
 #include "worker/progress_line.h"
 #include "worker/retry.h"
@@ -44,8 +44,7 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
   // Loads the current center into the local parameters.
   auto pull = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const PullResponse center,
-                     PullCenter(config, clock, stop, stub, incarnation, slot.stage(), layout,
-                                registration.ranges.get()));
+                     registration.center->Pull(stop, stub, incarnation, slot.stage(), layout));
     RETURN_IF_ERROR(stage.SetParams(compute::PackedFromBundle(layout, center.center())));
     VLOG(1) << "pulled center version " << center.center_version();
     return absl::OkStatus();
@@ -80,34 +79,15 @@ absl::Status RunAsyncAdaHessianTrainer(const WorkerConfig& config,
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("the loss of step ", t, " is not finite"));
     }
-    PushRequest request;
-    request.set_incarnation(incarnation);
-    *request.mutable_slot() = slot;
-    request.set_sequence(static_cast<uint64_t>(t));
-    request.set_step(t);
     if (MaybePoison(faults, t, &g)) MaybePoison(faults, t, &d);
-    *request.mutable_gradient() = compute::BundleFromPacked(layout, g);
-    *request.mutable_hessian_diag() = compute::BundleFromPacked(layout, d);
-    request.set_loss(loss);
-    PushResponse response;
-    // A retry after a lost reply is harmless: the server recognises the sequence and answers
-    // applied: false.
-    if (registration.ranges != nullptr) {
-      // A sharded job (docs/design.md §10.2): every range, then the commit at group 0.
+    absl::StatusOr<PushResponse> pushed;
+    {
       ScopedLatency timed(Metrics().sync_seconds);
-      absl::StatusOr<PushResponse> pushed =
-          registration.ranges->Push(stop, stub, incarnation, slot, t, static_cast<uint64_t>(t),
-                                    layout, g, d, loss);
-      RETURN_IF_ERROR(RefusedUpdate("push", t, pushed.status()));
-      response = *std::move(pushed);
-    } else {
-      ScopedLatency timed(Metrics().sync_seconds);
-      RETURN_IF_ERROR(RefusedUpdate(
-          "push", t, CallWithRetry(config, clock, stop, "push", [&](grpc::ClientContext* context) {
-            response.Clear();
-            return stub->Push(context, request, &response);
-          })));
+      pushed = registration.center->Push(stop, stub, incarnation, slot, t,
+                                         static_cast<uint64_t>(t), layout, g, d, loss);
     }
+    RETURN_IF_ERROR(RefusedUpdate("push", t, pushed.status()));
+    const PushResponse& response = *pushed;
     Metrics().syncs->Increment();
     Metrics().weight->Set(response.weight());
     Metrics().steps->Increment();

@@ -775,17 +775,14 @@ void ChaosRun::ReadAcknowledged() {
         log.replica = static_cast<int>(*replica);
         continue;
       }
-      // Unsharded: "synced step T loss ... center version V"; sharded: "synced step T across K
-      // ranges, loss ...", logged once group 0 committed the step (every range had applied it).
+      // "synced step T loss ... center version V", logged once the sync is acknowledged: a
+      // sharded job's once group 0 committed the step (every range had applied it), with range
+      // 0's version.
       const std::optional<int64_t> step = NumberAfter(line, "] synced step ");
       if (!step.has_value()) continue;
-      if (sharded()) {
-        if (!absl::StrContains(line, " ranges, loss ")) continue;
-      } else {
-        const std::optional<int64_t> version = NumberAfter(line, " center version ");
-        if (!version.has_value()) continue;
-        acked_version_ = std::max(acked_version_, *version);
-      }
+      const std::optional<int64_t> version = NumberAfter(line, " center version ");
+      if (!version.has_value()) continue;
+      if (!sharded()) acked_version_ = std::max(acked_version_, *version);
       ++report_.acknowledged_syncs;
       if (log.replica >= 0) {
         int64_t& acked = acked_step_[log.replica];
@@ -1192,8 +1189,8 @@ absl::Status ChaosRun::Setup() {
                      " left out (the leader's kinds replace them)"));
   }
   if (byzantine_left_out && options_.faults > 0) {
-    Log("sharded job: byzantine left out (a trainer poisons only the unsharded Sync: "
-        "worker/easgd_trainer.cc; a range group's own value checks are not chaos-tested here)");
+    Log("sharded job: byzantine left out (a range group's own value checks are covered by "
+        "sharding_test, not chaos-tested here)");
   }
   report_.schedule =
       PlanFaults(options_.seed, options_.faults, allowed, options_.must_include, spec_);

@@ -43,7 +43,8 @@
 //     trainer started with --fault_die_in_sync_at_step sends its sync of a drawn step to ranges
 //     [0, j) only (j drawn in [1, K]) and SIGKILLs itself before the commit, the case the
 //     exactly-once rule of docs/sharding.md is about. Byzantine trainers are left out (their
-//     poison path is in the unsharded Sync only).
+//     poisoned range syncs are refused by each range group's checks, covered by sharding_test;
+//     the chaos schedule has not been run with them).
 // A worker that is killed, or that exits fenced (3) or unreachable (4), is replaced by a fresh
 // spare (a replacement machine), a killed evaluator by a new evaluator, so the job can finish.
 // Every schedule has a bounded number of faults, every fault a bounded duration, every wait a
@@ -89,7 +90,7 @@
 //     PullRange, and its store read back after it stopped) is slots x syncs, and each store holds
 //     the range the group served and each slot's last two range snapshots at max_steps - tau and
 //     max_steps; group 0's slots each applied max_steps / tau syncs. Nothing acknowledged lost:
-//     the trainers log each committed sync ("synced step t across K ranges"), and group 0 (each
+//     the trainers log each committed sync ("synced step t ... center version v"), and group 0 (each
 //     slot's committed step and update count) and every group (its range's version, at least
 //     the sum over slots of the syncs answered) must be at or past them, every few seconds and
 //     when a group's server comes back. The whole center, gathered from the K ranges, is what
