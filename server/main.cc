@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -42,6 +43,7 @@
 #include "server/group/peer_service.h"
 #include "server/group/peer_keepalive.h"
 #include "server/group/replication_leader.h"
+#include "server/group/role_cycle.h"
 #include "server/group/server_group.h"
 #include "server/group/standby.h"
 #include "server/failure_detector.h"
@@ -87,10 +89,8 @@ namespace {
 // Run's return value that makes main() execute this binary again with the same arguments: a
 // leader that lost its leadership comes back as a standby, with nothing of its old life.
 constexpr int kRunAgain = -1;
-// NotifyMainThread codes of a replicated group's member (above any signal number).
-constexpr int kPromoted = 200;  // this server won the election
-constexpr int kFenced = 201;    // this leader lost its leadership
-constexpr int kUnhealthy = 202;  // this leader's state or store is unhealthy
+// Wakes the signal thread of a life that ended without a signal (common/process.h: above 64).
+constexpr int kLifeOver = 200;
 
 // The replicated side of a server (docs/design.md §10.1), when the config has `replication`.
 struct GroupMember {
@@ -98,6 +98,8 @@ struct GroupMember {
   std::unique_ptr<grpc::Server> peer_server;
   std::unique_ptr<ServerGroup> group;
   std::atomic<ServerGroup*> group_for_status{nullptr};  // the peers' GetGroup reads it
+  std::unique_ptr<Standby> standby;  // until the leadership takes its store
+  MemberAddress self;
   std::unique_ptr<ReplicationLeader> leader;
 
   // In order: the peers' calls, then the leader's waits.
@@ -136,16 +138,13 @@ std::string AdvertisedHost(const ServerConfig& config) {
   return name;
 }
 
-// A replicated group's member until it leads: serves ServerPeer on its peer port, follows the
-// leader as a standby, campaigns when it may (server/group/server_group.h). Returns the store,
-// capturing for the new leadership, once this server leads; otherwise sets `*exit_code` (0 after
-// a signal) and returns null.
-std::unique_ptr<storage::DurableStore> LeadGroup(
-    const ServerConfig& config, const storage::DurableStoreOptions& store_options,
-    const std::shared_ptr<grpc::ServerCredentials>& credentials, GroupMember* member,
-    int* exit_code) {
+// A replicated group's member: serves ServerPeer on its peer port, opens its store as a standby
+// and joins the group (server/group/server_group.h); its RoleCycle then campaigns. Sets
+// member->group, member->standby and member->self; false (logged) when it cannot.
+bool JoinGroup(const ServerConfig& config, const storage::DurableStoreOptions& store_options,
+               const std::shared_ptr<grpc::ServerCredentials>& credentials,
+               GroupMember* member) {
   const ReplicationConfig& replication = config.replication();
-  *exit_code = 1;
   const std::string host = AdvertisedHost(config);
   MemberAddress self;
   self.name = !FLAGS_name.empty() ? FLAGS_name
@@ -179,7 +178,7 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   if (member->peer_server == nullptr || peer_port == 0) {
     LOG(ERROR) << "cannot listen for the group's peers on " << peer_listen << ": "
                << WhyCannotListen(peer_listen);
-    return nullptr;
+    return false;
   }
   member->peer_server->GetHealthCheckService()->SetServingStatus(false);
   self.peer_address = absl::StrCat(host, ":", peer_port);
@@ -187,7 +186,7 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
     if (absl::Status written = WriteFileAtomically(FLAGS_peer_port_file, absl::StrCat(peer_port, "\n"));
         !written.ok()) {
       LOG(ERROR) << written;
-      return nullptr;
+      return false;
     }
   }
 
@@ -200,8 +199,9 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   auto standby = Standby::Open(standby_options);
   if (!standby.ok()) {
     LOG(ERROR) << "cannot open the data directory: " << standby.status();
-    return nullptr;
+    return false;
   }
+  member->standby = *std::move(standby);
   ServerGroupOptions group_options;
   group_options.job_id = config.job().job_id();
   group_options.group = replication.group();
@@ -213,7 +213,7 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   auto created = ServerGroup::Create(group_options);
   if (!created.ok()) {
     LOG(ERROR) << "cannot join the server group: " << created.status();
-    return nullptr;
+    return false;
   }
   member->group = *std::move(created);
   group = member->group.get();
@@ -221,25 +221,20 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   LOG(INFO) << VersionLine() << " member '" << self.name << "' of group '" << replication.group()
             << "' (peers at " << self.peer_address << ", workers at " << self.serve_address
             << " while leading), etcd " << absl::StrJoin(replication.etcd_endpoints(), ",");
+  member->self = self;
+  return true;
+}
 
-  absl::Notification stop;
-  std::thread runner([&] {
-    if (group->RunUntilLeader(standby->get(), &stop).ok()) NotifyMainThread(kPromoted);
-  });
-  const int notice = WaitForTerminationSignal();
-  if (notice != kPromoted) {
-    LOG(INFO) << "signal " << notice << ": shutting down";
-    stop.Notify();
-    (*standby)->Cancel();
-    runner.join();
-    // A campaign won as the signal came: hand it on at once.
-    (void)group->Resign();
-    member->Shutdown();
-    *exit_code = 0;
-    return nullptr;
-  }
-  runner.join();
-  std::unique_ptr<storage::DurableStore> store = (*standby)->TakeStore();
+
+// The leader's side once this member won the election: the standby's store, capturing every
+// commit for the standbys (ReplicationLeader). Null (logged) when it cannot take it up.
+std::unique_ptr<storage::DurableStore> TakeLeadership(
+    const ServerConfig& config, const storage::DurableStoreOptions& store_options,
+    GroupMember* member) {
+  const ReplicationConfig& replication = config.replication();
+  ServerGroup* group = member->group.get();
+  const MemberAddress& self = member->self;
+  std::unique_ptr<storage::DurableStore> store = member->standby->TakeStore();
   const uint64_t epoch = static_cast<uint64_t>(group->epoch());
   ReplicationLeaderOptions leader_options;
   leader_options.name = self.name;
@@ -267,9 +262,6 @@ std::unique_ptr<storage::DurableStore> LeadGroup(
   if (capturing.ok()) capturing = leader->Start();
   if (!capturing.ok()) {
     LOG(ERROR) << "cannot take up the leadership of epoch " << epoch << ": " << capturing;
-    (void)group->Resign();
-    member->Shutdown();
-    *exit_code = kRunAgain;
     return nullptr;
   }
   member->peer_service->SetLeader(leader);
@@ -416,12 +408,36 @@ int Run() {
                   "(docs/operations.md#backup-and-restore)";
     return 2;
   }
+  // This life's roles (server/group/role_cycle.h): a group's member is a standby until it
+  // wins the leadership; a single server leads from the start. A signal ends any role.
+  std::unique_ptr<Election> election = SoleServer();
   if (replicated) {
     grpc::EnableDefaultHealthCheckService(true);
-    int exit_code = 1;
-    std::unique_ptr<storage::DurableStore> led =
-        LeadGroup(config, store_options, *credentials, &member, &exit_code);
-    if (led == nullptr) return exit_code;
+    if (!JoinGroup(config, store_options, *credentials, &member)) return 1;
+    election = std::make_unique<GroupElection>(member.group.get(), member.standby.get());
+  }
+  RoleCycle cycle(election.get());
+  std::thread signals([&cycle] {
+    const int code = WaitForTerminationSignal();
+    if (code != kLifeOver) LOG(INFO) << "signal " << code << ": shutting down";
+    cycle.Stop();
+  });
+  // Every return below releases the signal thread.
+  absl::Cleanup join_signals = [&signals] {
+    NotifyMainThread(kLifeOver);
+    signals.join();
+  };
+  if (!cycle.AwaitLeadership()) {
+    member.Shutdown();
+    return 0;
+  }
+  if (replicated) {
+    std::unique_ptr<storage::DurableStore> led = TakeLeadership(config, store_options, &member);
+    if (led == nullptr) {
+      cycle.HandOver();
+      member.Shutdown();
+      return kRunAgain;
+    }
     store = std::move(led);
   } else {
     if (!FLAGS_restore_from.empty()) {
@@ -692,10 +708,10 @@ int Run() {
   };
   // The in-memory state is ahead of the durable one, or the store refuses writes: stop serving
   // so the supervisor (or the operator) restarts the server, which reloads what was acknowledged.
-  hooks.on_unhealthy = [&server, replicated](const absl::Status&) {
+  hooks.on_unhealthy = [&server, &cycle](const absl::Status& why) {
     server->GetHealthCheckService()->SetServingStatus(false);
     // A group's leader hands over to an in-sync standby instead of waiting for an operator.
-    if (replicated) NotifyMainThread(kUnhealthy);
+    cycle.Unhealthy(why);
   };
   hooks.after_pass = [&] {
     // tcmalloc keeps what a burst of large requests freed until later frees; give it back.
@@ -729,38 +745,18 @@ int Run() {
     }
   }
 
-  // A group's leader watches its leadership. A lease renewal late by TTL/2 holds every
-  // acknowledgement (ReplicationLeader::WaitReplicated) until it comes; a lease lost (not
-  // renewed within TTL) makes the leader come back as a standby.
-  std::thread fence_thread;
-  if (replicated) {
-    fence_thread = std::thread([&] {
-      while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-        const absl::Status leading = member.group->CheckLeadership();
-        if (!leading.ok() && leading.code() != absl::StatusCode::kUnavailable) {
-          NotifyMainThread(kFenced);
-          return;
-        }
-      }
-    });
-  }
-
-  const int signal_number = WaitForTerminationSignal();
-  bool run_again = false;
-  if (signal_number == kFenced) {
-    LOG(WARNING) << member.group->CheckLeadership().message()
-                 << ": no longer acknowledging; starting again as a standby";
-    run_again = true;
-  } else if (signal_number == kUnhealthy) {
+  // A group's leader watches its leadership (RoleCycle::AwaitEnd, every 50 ms). A lease renewal
+  // late by TTL/2 holds every acknowledgement (ReplicationLeader::WaitReplicated) until it
+  // comes; a lease lost (not renewed within TTL) makes the leader come back as a standby.
+  const bool run_again = cycle.AwaitEnd() == RoleCycle::End::kRunAgain;
+  if (run_again) {
     if (absl::Status fenced = db->Fenced(); !fenced.ok()) {
-      // A failed barrier (often the lost lease, seen by a commit before the fence thread).
+      // A failed barrier (often the lost lease, seen by a commit before the watch).
       LOG(WARNING) << fenced.message() << ": no longer acknowledging; starting again as a standby";
     } else {
-      LOG(ERROR) << "unhealthy: handing the leadership over; starting again as a standby";
+      LOG(WARNING) << cycle.why() << ": no longer acknowledging; handing the leadership over; "
+                   << "starting again as a standby";
     }
-    run_again = true;
-  } else {
-    LOG(INFO) << "signal " << signal_number << ": shutting down";
   }
   server->GetHealthCheckService()->SetServingStatus(false);
   // No call is answered from here on: the barrier fails every waiting commit. (Not waiting for
@@ -768,7 +764,6 @@ int Run() {
   if (member.leader != nullptr) member.leader->BeginStop();
   stop.Notify();
   detector_thread.join();
-  if (fence_thread.joinable()) fence_thread.join();
   if (export_thread.joinable()) export_thread.join();
   // An orderly stop writes the final center (a fenced or unhealthy leader is no longer the one
   // whose center counts).
@@ -779,13 +774,9 @@ int Run() {
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
-  if (replicated) {
-    // A standby takes over at once instead of after the lease.
-    if (absl::Status resigned = member.group->Resign(); !resigned.ok()) {
-      LOG(WARNING) << "resigning: " << resigned;
-    }
-    member.Shutdown();
-  }
+  // A standby takes over at once instead of after the lease.
+  cycle.HandOver();
+  member.Shutdown();
   LOG(INFO) << "stopped";
   return run_again ? kRunAgain : 0;
 }

@@ -42,6 +42,7 @@
 #include "coord/etcd_client.h"
 #include "coord/leader_election.h"
 #include "proto/rebound.pb.h"
+#include "server/group/role_cycle.h"
 #include "server/group/standby.h"
 
 namespace rebound::server {
@@ -100,6 +101,24 @@ class ServerGroup {
   MemberAddress leader_ ABSL_GUARDED_BY(mu_);
   int64_t leader_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::string detail_ ABSL_GUARDED_BY(mu_);
+};
+
+// A group's election as a server's RoleCycle sees it (server/group/role_cycle.h): campaigns
+// through `group`, following the leader into `standby` meanwhile. REQUIRES: both outlive it.
+class GroupElection final : public Election {
+ public:
+  GroupElection(ServerGroup* group, Standby* standby) : group_(group), standby_(standby) {}
+  absl::Status RunUntilLeader(const absl::Notification* stop) override {
+    return group_->RunUntilLeader(standby_, stop);
+  }
+  void CancelCampaign() override { standby_->Cancel(); }
+  absl::Status CheckLeadership() const override { return group_->CheckLeadership(); }
+  absl::Status Resign() override { return group_->Resign(); }
+  bool HandsOver() const override { return true; }
+
+ private:
+  ServerGroup* const group_;
+  Standby* const standby_;
 };
 
 }  // namespace rebound::server
