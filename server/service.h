@@ -5,18 +5,18 @@
 //
 //   Register, Heartbeat, Deregister, Drain   -> Membership (Heartbeat's restart-from-center
 //                                               takeover -> RecoveryCoordinator)
-//   Sync, Push                               -> CenterTable (the apply), with SlotBooks (books,
-//                                               turns), LogRetention (GC floors) and the
-//                                               coordinator's sync barrier (GLOBAL_CHECKPOINT)
+//   Sync, Push, CommitSync, CommitPush       -> apply::UpdateApplier (server/apply): the update
+//                                               rules, the center's move, the commit with the
+//                                               books, the log's GC floors and the coordinator's
+//                                               sync barrier (GLOBAL_CHECKPOINT)
 //   Pull                                     -> CenterTable
 //   ExportCenter                             -> CenterTable: every stage, named and shaped, for
 //                                               an operator (server/export_center.cc)
 //   Backup                                   -> the DurableStore's checkpoint, streamed
 //                                               (server/backup.cc, checkpoint_transfer.h)
-//   AuthorizeRange, CommitSync               -> a sharded job's group 0 (docs/design.md §10.2): the
-//                                               range groups' authorizations and the syncs'
-//                                               commits (SlotBooks, ReliabilityTracker,
-//                                               LogRetention), docs/sharding.md
+//   AuthorizeRange                           -> RangeAuthority (server/shard): a sharded job's
+//                                               group 0 authorizing the range groups' calls
+//                                               (docs/design.md §10.2, docs/sharding.md)
 //   AppendLog, ReadLog                       -> StepLogService
 //   WaitForTask, ReportRecovery              -> RecoveryCoordinator (server/recovery_coordinator.h)
 //                                               (ReadLog asks it for the task's slot)
@@ -41,7 +41,8 @@
 // for a duplicate sequence, FAILED_PRECONDITION for one that skips ahead.
 //
 // Thread-safety: thread-safe (gRPC calls every handler from its own threads). The service owns
-// SlotBooks, LogRetention, the StepLogService and the RecoveryCoordinator; every pointer given to
+// SlotBooks, LogRetention, the StepLogService, the RecoveryCoordinator, the UpdateApplier and the
+// RangeAuthority; every pointer given to
 // the constructor is borrowed and must outlive it. Lock order: see server/recovery_coordinator.h.
 
 #include <atomic>
