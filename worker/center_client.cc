@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -45,19 +46,9 @@ class Unsharded final : public CenterClient {
                                     response.Clear();
                                     return server->Sync(context, request, &response);
                                   }));
-    if (response.has_worker_params_after()) {
-      // Applied before (a lost reply, or this step's replay): the stored post-sync parameters.
-      RETURN_IF_ERROR(compute::ValidateBundle(layout, response.worker_params_after(),
-                                              "worker_params_after"));
-      const std::vector<float> after =
-          compute::PackedFromBundle(layout, response.worker_params_after());
-      std::copy(after.begin(), after.end(), state.x.begin());
-    } else {
-      RETURN_IF_ERROR(compute::ValidateBundle(layout, response.center_before(), "center_before"));
-      const std::vector<float> c_before =
-          compute::PackedFromBundle(layout, response.center_before());
-      RETURN_IF_ERROR(compute::ElasticPullWorker(response.moving_rate(), c_before, state.x));
-    }
+    RETURN_IF_ERROR(MoveAfterSync(
+        layout, response.has_worker_params_after() ? &response.worker_params_after() : nullptr,
+        response.center_before(), response.moving_rate(), state.x));
     Synced synced;
     synced.weight = response.weight();
     synced.center_version = response.center_version();
@@ -116,6 +107,20 @@ class Unsharded final : public CenterClient {
 };
 
 }  // namespace
+
+absl::Status MoveAfterSync(const compute::StageLayout& layout, const TensorBundle* stored_after,
+                           const TensorBundle& center_before, double moving_rate,
+                           absl::Span<float> x) {
+  if (stored_after != nullptr) {
+    RETURN_IF_ERROR(compute::ValidateBundle(layout, *stored_after, "worker_params_after"));
+    const std::vector<float> after = compute::PackedFromBundle(layout, *stored_after);
+    std::copy(after.begin(), after.end(), x.begin());
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(compute::ValidateBundle(layout, center_before, "center_before"));
+  const std::vector<float> c_before = compute::PackedFromBundle(layout, center_before);
+  return compute::ElasticPullWorker(moving_rate, c_before, x);
+}
 
 std::shared_ptr<const CenterClient> UnshardedCenter(const WorkerConfig& config,
                                                     const Clock* clock) {

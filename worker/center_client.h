@@ -92,6 +92,14 @@ class CenterClient {
                                     Snapshot* snapshot) const = 0;
 };
 
+// The worker's parameters after a sync (or one range's: `layout`), from its answer: the stored
+// post-sync parameters when the server had applied the step before (`stored_after` not null: a
+// lost reply, or the step's replay), else x - alpha (x - c) from the center before the move.
+// INVALID_ARGUMENT for an answer that does not fit `layout`.
+absl::Status MoveAfterSync(const compute::StageLayout& layout, const TensorBundle* stored_after,
+                           const TensorBundle& center_before, double moving_rate,
+                           absl::Span<float> x);
+
 // The center of a job of one server group. `clock` must outlive it.
 std::shared_ptr<const CenterClient> UnshardedCenter(const WorkerConfig& config,
                                                     const Clock* clock);

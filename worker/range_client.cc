@@ -89,19 +89,9 @@ absl::StatusOr<CenterClient::Synced> RangeClient::Sync(const absl::Notification&
                                     response.Clear();
                                     return stubs_[k]->SyncRange(context, request, &response);
                                   }));
-    if (response.has_worker_params_after()) {
-      // Applied before (a lost reply, or this step's replay): the stored post-sync range.
-      RETURN_IF_ERROR(compute::ValidateBundle(range, response.worker_params_after(),
-                                              "worker_params_after"));
-      const std::vector<float> after =
-          compute::PackedFromBundle(range, response.worker_params_after());
-      std::copy(after.begin(), after.end(), x.begin());
-    } else {
-      RETURN_IF_ERROR(compute::ValidateBundle(range, response.center_before(), "center_before"));
-      const std::vector<float> c_before =
-          compute::PackedFromBundle(range, response.center_before());
-      RETURN_IF_ERROR(compute::ElasticPullWorker(response.moving_rate(), c_before, x));
-    }
+    RETURN_IF_ERROR(MoveAfterSync(
+        range, response.has_worker_params_after() ? &response.worker_params_after() : nullptr,
+        response.center_before(), response.moving_rate(), x));
     results[k].set_range(k);
     results[k].set_center_version(response.center_version());
     results[k].set_partial_sq_norm(response.partial_sq_norm());
