@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/fan_out.h"
 #include "common/status_macros.h"
-#include "compute/adahessian.h"
 #include "compute/shard_ranges.h"
 #include "compute/tensor_bundle.h"
 #include "worker/retry.h"
