@@ -73,18 +73,7 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
   units.retention = &retention_;
   units.clock = clock_;
   recovery_ = std::make_unique<RecoveryCoordinator>(units);
-  apply::ApplierUnits applier;
-  applier.config = &config_;
-  applier.membership = membership_;
-  applier.centers = centers_;
-  applier.tracker = tracker_;
-  applier.store = store_;
-  applier.step_log = step_log_.get();
-  applier.books = &books_;
-  applier.retention = &retention_;
-  applier.recovery = recovery_.get();
-  applier.clock = clock_;
-  applier_ = std::make_unique<apply::UpdateApplier>(applier);
+  applier_ = std::make_unique<apply::UpdateApplier>(apply::ApplierUnits{units, recovery_.get()});
   range_authority_ =
       std::make_unique<RangeAuthority>(config_, membership_, centers_, applier_.get());
 }

@@ -51,19 +51,10 @@
 
 namespace rebound::server::apply {
 
-// The units an applier works on (the service owns the books, step log, retention and
-// coordinator; the server's main the others).
-struct ApplierUnits {
-  const ServerConfig* config = nullptr;
-  Membership* membership = nullptr;
-  CenterTable* centers = nullptr;
-  ReliabilityTracker* tracker = nullptr;
-  storage::DurableStore* store = nullptr;
-  StepLogService* step_log = nullptr;
-  SlotBooks* books = nullptr;
-  LogRetention* retention = nullptr;
+// The units an applier works on: the coordinator's (the service owns the books, step log,
+// retention and coordinator; the server's life the others) and the coordinator itself.
+struct ApplierUnits : RecoveryUnits {
   RecoveryCoordinator* recovery = nullptr;
-  const Clock* clock = nullptr;
 };
 
 // A sharded job's group 0: whether every range holds a slot's sync of `step` (or applied its

@@ -29,6 +29,7 @@
 #include "server/slot_books.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
+#include "tests/server/in_memory_units.h"
 #include "tests/server/server_testing.h"
 
 namespace rebound::server {
@@ -55,52 +56,10 @@ JobConfig Job(const std::string& policy, int stages) {
                    policy, " heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"));
 }
 
-// The units server/main.cc and the service make, in memory.
-struct Units {
+// The units the server makes, in memory (tests/server/in_memory_units.h).
+struct Units : testing::InMemoryUnits {
   explicit Units(const std::string& policy, int stages = 1) : Units(Job(policy, stages)) {}
-  explicit Units(const JobConfig& job_config) : job(job_config) {
-    config.set_max_wait_ms(0);
-    *config.mutable_job() = job;
-    store = testing::OpenInMemoryStore(job);
-    auto created = CenterTable::Create(job);
-    REQUIRE(created.ok());
-    centers = *std::move(created);
-    membership =
-        std::make_unique<Membership>(job, &clock, testing::StorePersist(store.get()));
-    step_log = std::make_unique<StepLogService>(
-        job, membership.get(), store.get(),
-        [this](const SlotId& slot) { return books.StepLogFloor(slot); });
-    retention = std::make_unique<LogRetention>(job, membership.get(), store.get(), &books);
-    RecoveryUnits units;
-    units.config = &config;
-    units.membership = membership.get();
-    units.centers = centers.get();
-    units.tracker = &tracker;
-    units.store = store.get();
-    units.step_log = step_log.get();
-    units.books = &books;
-    units.retention = retention.get();
-    units.clock = &clock;
-    coordinator = std::make_unique<RecoveryCoordinator>(units);
-  }
-
-  RegisterResponse Register(const std::string& name, WorkerRole role) {
-    auto registered = membership->Register(Request(name, role, absl::StrCat(name, ":1")));
-    REQUIRE(registered.ok());
-    return *registered;
-  }
-
-  JobConfig job;
-  ServerConfig config;
-  FakeClock clock;
-  std::unique_ptr<storage::DurableStore> store;
-  std::unique_ptr<CenterTable> centers;
-  ReliabilityTracker tracker{job.weighting(), job.topology().replicas()};
-  std::unique_ptr<Membership> membership;
-  SlotBooks books{job};
-  std::unique_ptr<StepLogService> step_log;
-  std::unique_ptr<LogRetention> retention;
-  std::unique_ptr<RecoveryCoordinator> coordinator;
+  explicit Units(const JobConfig& job_config) : InMemoryUnits(job_config) {}
 };
 
 SlotState StateOf(const Membership& membership, int replica) {

@@ -28,12 +28,11 @@
 #include "server/slot_books.h"
 #include "server/step_log.h"
 #include "storage/durable_store.h"
+#include "tests/server/in_memory_units.h"
 #include "tests/server/server_testing.h"
 
 namespace rebound::server::apply {
 namespace {
-
-using testing::Request;
 
 // 2 replicas x 1 stage, tau = 2, max_steps = 16; `easgd` adds to its easgd section, `more` to
 // the job.
@@ -46,49 +45,14 @@ JobConfig Job(const std::string& more = "", const std::string& easgd = "") {
                                             more));
 }
 
-// The units the service gives its applier, in memory.
-struct Units {
-  explicit Units(const JobConfig& job_config) : job(job_config) {
-    *config.mutable_job() = job;
-    config.set_max_wait_ms(0);
-    store = testing::OpenInMemoryStore(job);
-    auto created = CenterTable::Create(job);
-    REQUIRE(created.ok());
-    centers = *std::move(created);
-    membership = std::make_unique<Membership>(job, &clock, testing::StorePersist(store.get()));
-    step_log = std::make_unique<StepLogService>(
-        job, membership.get(), store.get(),
-        [this](const SlotId& slot) { return books.StepLogFloor(slot); });
-    retention = std::make_unique<LogRetention>(job, membership.get(), store.get(), &books);
-    RecoveryUnits recovery_units;
-    recovery_units.config = &config;
-    recovery_units.membership = membership.get();
-    recovery_units.centers = centers.get();
-    recovery_units.tracker = &tracker;
-    recovery_units.store = store.get();
-    recovery_units.step_log = step_log.get();
-    recovery_units.books = &books;
-    recovery_units.retention = retention.get();
-    recovery_units.clock = &clock;
-    recovery = std::make_unique<RecoveryCoordinator>(recovery_units);
-    ApplierUnits units;
-    units.config = &config;
-    units.membership = membership.get();
-    units.centers = centers.get();
-    units.tracker = &tracker;
-    units.store = store.get();
-    units.step_log = step_log.get();
-    units.books = &books;
-    units.retention = retention.get();
-    units.recovery = recovery.get();
-    units.clock = &clock;
-    applier = std::make_unique<UpdateApplier>(units);
-  }
+// The units the service gives its applier, in memory (tests/server/in_memory_units.h).
+struct Units : testing::InMemoryUnits {
+  explicit Units(const JobConfig& job_config)
+      : InMemoryUnits(job_config),
+        applier(std::make_unique<UpdateApplier>(ApplierUnits{Recovery(), coordinator.get()})) {}
 
   RegisterResponse Register(const std::string& name) {
-    auto registered = membership->Register(Request(name, TRAINER, absl::StrCat(name, ":1")));
-    REQUIRE(registered.ok());
-    return *registered;
+    return InMemoryUnits::Register(name, TRAINER);
   }
 
   std::vector<float> Center() const {
@@ -111,17 +75,6 @@ struct Units {
     return request;
   }
 
-  JobConfig job;
-  ServerConfig config;
-  FakeClock clock;
-  std::unique_ptr<storage::DurableStore> store;
-  std::unique_ptr<CenterTable> centers;
-  ReliabilityTracker tracker{job.weighting(), job.topology().replicas()};
-  std::unique_ptr<Membership> membership;
-  SlotBooks books{job};
-  std::unique_ptr<StepLogService> step_log;
-  std::unique_ptr<LogRetention> retention;
-  std::unique_ptr<RecoveryCoordinator> recovery;
   std::unique_ptr<UpdateApplier> applier;
 };
 
