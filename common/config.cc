@@ -368,6 +368,7 @@ void CheckJob(const JobConfig& job, Checker& c) {
            absl::StrCat("must be greater than fault_tolerance.heartbeat_interval_ms = ",
                         ft.heartbeat_interval_ms(), ", got ", ft.failure_timeout_ms()));
   }
+  c.InRange("fault_tolerance.crash_confirm_ms", ft.crash_confirm_ms(), 0, 60000);
   c.InRange("fault_tolerance.recovery_parallelism", ft.recovery_parallelism(), 1,
             std::max(1, data.micro_batches()));
   c.AtLeast("fault_tolerance.checkpoint_every_steps", ft.checkpoint_every_steps(), 1);

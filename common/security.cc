@@ -164,7 +164,7 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-std::string MetadataValue(const grpc::ServerContext* context, absl::string_view key) {
+std::string MetadataValue(const grpc::ServerContextBase* context, absl::string_view key) {
   if (context == nullptr) return std::string();
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
@@ -172,7 +172,7 @@ std::string MetadataValue(const grpc::ServerContext* context, absl::string_view 
   return std::string(it->second.data(), it->second.size());
 }
 
-bool FromLoopback(const grpc::ServerContext* context) {
+bool FromLoopback(const grpc::ServerContextBase* context) {
   if (context == nullptr) return true;
   const std::string peer = context->peer();
   return absl::StartsWith(peer, "ipv4:127.") || absl::StartsWith(peer, "ipv6:[::1]") ||
@@ -304,7 +304,7 @@ absl::StatusOr<TokenChecker> TokenChecker::FromConfig(const SecurityConfig& secu
   return TokenChecker(*token);
 }
 
-absl::Status TokenChecker::Check(const grpc::ServerContext* context) const {
+absl::Status TokenChecker::Check(const grpc::ServerContextBase* context) const {
   if (token_.empty() || context == nullptr) return absl::OkStatus();
   const auto& metadata = context->client_metadata();
   const std::string expected = absl::StrCat("Bearer ", token_);

@@ -39,10 +39,10 @@ absl::StatusOr<std::string> NewWorkerCredential();
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 // The value of metadata `key` of the call (the first one), empty if absent or if `context` is null.
-std::string MetadataValue(const grpc::ServerContext* context, absl::string_view key);
+std::string MetadataValue(const grpc::ServerContextBase* context, absl::string_view key);
 
 // True iff the call's peer is on this host (loopback or a Unix socket).
-bool FromLoopback(const grpc::ServerContext* context);
+bool FromLoopback(const grpc::ServerContextBase* context);
 
 // The credential a worker process currently holds, shared by the channel that sends it and the
 // code that learns it (Register). Thread-safe.
@@ -100,7 +100,7 @@ class TokenChecker {
   explicit TokenChecker(std::string token) : token_(std::move(token)) {}
   static absl::StatusOr<TokenChecker> FromConfig(const SecurityConfig& security);
 
-  absl::Status Check(const grpc::ServerContext* context) const;
+  absl::Status Check(const grpc::ServerContextBase* context) const;
 
  private:
   std::string token_;

@@ -12,8 +12,10 @@
 namespace rebound::server {
 
 absl::Duration FailureDetector::CheckPeriod(const JobConfig& job) {
-  return absl::Milliseconds(
-      std::max(10, std::min(100, job.fault_tolerance().heartbeat_interval_ms() / 4)));
+  const FaultToleranceConfig& ft = job.fault_tolerance();
+  int period_ms = ft.heartbeat_interval_ms() / 4;
+  if (ft.crash_confirm_ms() > 0) period_ms = std::min(period_ms, ft.crash_confirm_ms() / 4);
+  return absl::Milliseconds(std::max(10, std::min(100, period_ms)));
 }
 
 FailureDetector::FailureDetector(const JobConfig& job, Membership* membership,
@@ -55,8 +57,12 @@ std::vector<FailedWorker> FailureDetector::CheckOnce() {
     tracker_->OnFault(worker.name, clock_->Now());
     if (worker.had_slot) tracker_->SetLive(worker.slot, false);
     LOG(WARNING) << "declared '" << worker.name << "' (incarnation " << worker.incarnation
-                 << ") failed after " << absl::ToInt64Milliseconds(worker.silent_for)
-                 << " ms of silence"
+                 << ") failed "
+                 << (worker.crashed
+                         ? absl::StrCat(absl::ToInt64Milliseconds(worker.detected_after),
+                                        " ms after its session ended (crashed)")
+                         : absl::StrCat("after ", absl::ToInt64Milliseconds(worker.silent_for),
+                                        " ms of silence"))
                  << (worker.had_slot ? absl::StrCat("; slot ", SlotName(worker.slot), " is LOST")
                                      : std::string());
   }

@@ -1,15 +1,15 @@
 #pragma once
 
-// The server's failure detector (docs/design.md §4.3): a loop that, several times per heartbeat
-// interval, declares failed every worker silent for longer than failure_timeout
-// (Membership::DetectFailures), charges each failure to the worker's registered name
+// The server's failure detector (docs/design.md §4.3, §13): a loop that, several times per
+// heartbeat interval, declares failed every worker silent for longer than failure_timeout or whose
+// session ended without a reattach within crash_confirm_ms (Membership::DetectFailures), charges each failure to the worker's registered name
 // (ReliabilityTracker::OnFault; the score follows the worker, not the slot, docs/design.md §4.5),
 // takes a lost slot out of the weights' medians (SetLive false), watches
 // the server's health, and then runs the caller's per-pass work (the recovery coordinator's
 // rollback under GLOBAL_CHECKPOINT, memory housekeeping).
 //
 // A silent worker is declared failed at most failure_timeout + one check period after its last
-// heartbeat. A pass that runs far later than asked (the whole server was stopped or starved) does
+// heartbeat; a crashed one at most crash_confirm_ms + one check period after its session ended. A pass that runs far later than asked (the whole server was stopped or starved) does
 // not count that time as the workers' silence (Membership::ExcuseServerPause).
 //
 // Time: every time read and every wait goes through the injected Clock (a FakeClock in tests
@@ -46,7 +46,8 @@ class FailureDetector {
     std::function<void()> after_pass;
   };
 
-  // The period of the checks for `job`: a quarter of the heartbeat interval, within [10, 100] ms.
+  // The period of the checks for `job`: a quarter of the heartbeat interval or of
+  // crash_confirm_ms (when set), whichever is shorter, within [10, 100] ms.
   static absl::Duration CheckPeriod(const JobConfig& job);
 
   // REQUIRES: `membership`, `tracker` and `clock` outlive the detector.

@@ -27,6 +27,7 @@ Membership::Membership(const JobConfig& job, const Clock* clock, PersistFn persi
       clock_(clock),
       persist_(std::move(persist)),
       failure_timeout_(absl::Milliseconds(job.fault_tolerance().failure_timeout_ms())),
+      crash_confirm_(absl::Milliseconds(job.fault_tolerance().crash_confirm_ms())),
       epoch_(static_cast<uint64_t>(absl::ToUnixSeconds(clock->Now())) & 0xFFFFFFFFu) {
   {
     absl::MutexLock lock(&mu_);
@@ -296,7 +297,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
       slot.state = LOST;
       slot.owner = 0;
       slot.lost_at = clock_->Now();
-      slot.detection_ms = state == FAILED ? worker.silent_ms_at_failure : 0;
+      slot.detection_ms = state == FAILED ? worker.detection_ms_at_failure : 0;
       slot.failed_replays = 0;  // a new loss
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
@@ -870,6 +871,37 @@ absl::StatusOr<uint64_t> Membership::Drain(const SlotId& slot) {
   return s.owner;
 }
 
+absl::Status Membership::AttachSession(uint64_t incarnation, absl::Duration* back_after) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  Worker& worker = workers_.at(incarnation);
+  if (worker.sessions >= kMaxSessionsPerWorker) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "incarnation ", incarnation, " already holds ", worker.sessions,
+        " sessions (at most ", kMaxSessionsPerWorker, "); a worker needs one"));
+  }
+  const absl::Time now = clock_->Now();
+  if (back_after != nullptr) {
+    *back_after = worker.session_lost_at < now ? now - worker.session_lost_at
+                                               : absl::ZeroDuration();
+  }
+  ++worker.sessions;
+  worker.session_lost_at = absl::InfiniteFuture();
+  worker.last_heartbeat = std::max(worker.last_heartbeat, now);
+  return absl::OkStatus();
+}
+
+void Membership::DetachSession(uint64_t incarnation, bool lost) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(incarnation);
+  if (it == workers_.end()) return;
+  Worker& worker = it->second;
+  worker.sessions = std::max(0, worker.sessions - 1);
+  if (lost && worker.sessions == 0 && worker.state == ALIVE) {
+    worker.session_lost_at = clock_->Now();
+  }
+}
+
 std::vector<FailedWorker> Membership::DetectFailures() {
   const absl::Time now = clock_->Now();
   std::vector<FailedWorker> failed;
@@ -877,11 +909,15 @@ std::vector<FailedWorker> Membership::DetectFailures() {
   for (auto& [incarnation, worker] : workers_) {
     if (worker.state != ALIVE) continue;
     const absl::Duration silent = now - worker.last_heartbeat;
-    if (silent <= failure_timeout_) continue;
+    const bool crashed = crash_confirm_ > absl::ZeroDuration() && worker.sessions == 0 &&
+                         now - worker.session_lost_at >= crash_confirm_;
+    if (silent <= failure_timeout_ && !crashed) continue;
     FailedWorker f;
     f.incarnation = incarnation;
     f.name = worker.name;
     f.silent_for = silent;
+    f.crashed = crashed && silent <= failure_timeout_;
+    f.detected_after = f.crashed ? now - worker.session_lost_at : silent;
     if (worker.slot_index >= 0) {
       f.had_slot = true;
       f.slot = slots_[worker.slot_index].id;
@@ -890,9 +926,15 @@ std::vector<FailedWorker> Membership::DetectFailures() {
   }
   for (const FailedWorker& f : failed) {
     workers_.at(f.incarnation).silent_ms_at_failure = Millis(f.silent_for);
+    workers_.at(f.incarnation).detection_ms_at_failure = Millis(f.detected_after);
     FenceLocked(workers_.at(f.incarnation), FAILED,
-                absl::StrFormat("no heartbeat for %d ms (failure_timeout %d ms)",
-                                Millis(f.silent_for), Millis(failure_timeout_)));
+                f.crashed
+                    ? absl::StrFormat("its session ended %d ms ago without a Deregister and it "
+                                      "did not attach again (crash_confirm %d ms): the process "
+                                      "is gone",
+                                      Millis(f.detected_after), Millis(crash_confirm_))
+                    : absl::StrFormat("no heartbeat for %d ms (failure_timeout %d ms)",
+                                      Millis(f.silent_for), Millis(failure_timeout_)));
   }
   // A lost slot's flush wait may have run out.
   NotifyClaimableLocked();
@@ -905,7 +947,12 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
   absl::MutexLock lock(&mu_);
   for (auto& [incarnation, worker] : workers_) {
     // A restored worker's heartbeat may lie ahead (reconnect grace): never moved back.
-    if (worker.state != ALIVE || worker.last_heartbeat >= now) continue;
+    if (worker.state != ALIVE) continue;
+    // A lost session's confirmation window did not run either.
+    if (worker.session_lost_at < now) {
+      worker.session_lost_at = std::min(now, worker.session_lost_at + paused);
+    }
+    if (worker.last_heartbeat >= now) continue;
     worker.last_heartbeat = std::min(now, worker.last_heartbeat + paused);
   }
   if (observer_ != nullptr) observer_->OnServerPaused(paused);

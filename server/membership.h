@@ -65,7 +65,11 @@ struct FailedWorker {
   std::string name;
   bool had_slot = false;
   SlotId slot;
-  absl::Duration silent_for;
+  absl::Duration silent_for;  // since its last heartbeat
+  // Declared on its session's end (crash detection: its process is gone) rather than on
+  // silence; `detected_after` is then the time since the session ended, else `silent_for`.
+  bool crashed = false;
+  absl::Duration detected_after;
 };
 
 // A replay task's spare as Membership knows it.
@@ -243,9 +247,25 @@ class Membership {
   // and the next loss of a trainer requests the next rollback.
   void FinishRollback() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Declares failed every alive worker silent for longer than failure_timeout, fences it and
-  // marks its slot LOST (a spare's replay task ends: SPARE_FAILED). Returns the newly failed
-  // workers. (Replay tasks past recovery_timeout are the coordinator's: AfterDetection.)
+  // Crash detection (docs/design.md §13). A worker's session stream (server/worker_sessions.h)
+  // opened: OK iff `incarnation` is alive (the errors of CheckAlive), and it holds fewer than
+  // kMaxSessionsPerWorker sessions (RESOURCE_EXHAUSTED). An earlier session's loss is forgiven: the
+  // worker is back (`*back_after`, when not null, is then set to the time since the loss; else
+  // to zero). Counts as contact, like a heartbeat.
+  absl::Status AttachSession(uint64_t incarnation, absl::Duration* back_after = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr int kMaxSessionsPerWorker = 4;
+  // A session of `incarnation` ended. `lost`: it ended without the server ending it (the peer
+  // went away or cancelled); when it was the worker's last one and the worker is still alive, its
+  // loss is recorded, and DetectFailures declares the worker failed unless it attaches again
+  // within crash_confirm_ms. Not lost: the server ended it (stopping, or the session's lifetime).
+  void DetachSession(uint64_t incarnation, bool lost) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Declares failed every alive worker silent for longer than failure_timeout, or whose session
+  // was lost more than crash_confirm_ms ago without another attached (crash_confirm_ms > 0),
+  // fences it and marks its slot LOST (a spare's replay task ends: SPARE_FAILED). Returns the
+  // newly failed workers. (Replay tasks past recovery_timeout are the coordinator's:
+  // AfterDetection.)
   std::vector<FailedWorker> DetectFailures() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The server itself did not run for `paused` (SIGSTOP, a VM frozen for migration, a machine
@@ -277,6 +297,9 @@ class Membership {
     absl::Time registered;
     absl::Time last_heartbeat;
     int64_t silent_ms_at_failure = 0;
+    // How long its failure took to detect: the silence, or for a crash the time since its
+    // session was lost (the recovery's detection phase).
+    int64_t detection_ms_at_failure = 0;
     bool draining = false;  // asked to drain (Drain)
     // A trainer that took its slot over after replay task `takeover_task` at `handed_over`: its
     // first heartbeat ends the recovery's takeover phase.
@@ -289,6 +312,10 @@ class Membership {
     std::string blocked_reason;
     // The secret of RegisterResponse.credential, kept through takeovers (the same process).
     std::string credential;
+    // Crash detection: the session streams open now, and when the last one was lost (infinite
+    // future: none lost since the last attach).
+    int sessions = 0;
+    absl::Time session_lost_at = absl::InfiniteFuture();
   };
 
   struct Slot {
@@ -366,6 +393,7 @@ class Membership {
   const Clock* const clock_;
   const PersistFn persist_;
   const absl::Duration failure_timeout_;
+  const absl::Duration crash_confirm_;  // zero: crash detection off
 
   // Serializes the persist function's calls; taken before mu_, held across a write.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -42,6 +42,7 @@
 #include "server/reliability.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
+#include "server/worker_sessions.h"
 #include "server/shard/range_check.h"
 #include "server/shard/range_checkpoints.h"
 #include "server/shard/range_export.h"
@@ -513,6 +514,14 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
   builder.SetMaxSendMessageSize(config.max_message_bytes());
   builder.RegisterService(&service);
   if (range_service != nullptr) builder.RegisterService(range_service.get());
+  // Crash detection (docs/design.md §13): the workers' sessions, checked as their calls are.
+  WorkerSessions sessions(
+      &membership,
+      [&service](const grpc::ServerContextBase* context, uint64_t incarnation) {
+        return service.CheckWorkerCall(context, incarnation);
+      },
+      &clock);
+  builder.RegisterService(&sessions);
   // Metrics (docs/operations.md#metrics): every RPC counted and timed, the status at each scrape.
   MetricsRegistry metrics;
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
@@ -656,6 +665,7 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
       ReleaseFreeHeapAbove(kKeepFreeHeapBytes);
     }
     service.MaybeRollBack();
+    sessions.EndAged();
   };
   FailureDetector detector(job, &membership, &tracker, &clock, std::move(hooks));
   absl::Notification stop;
@@ -708,6 +718,8 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
       LOG(WARNING) << "the final export failed: " << written.status();
     }
   }
+  // Nothing left for the shutdown to wait out: the sessions end now (not as losses).
+  sessions.EndAll();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   // A standby takes over at once instead of after the lease.

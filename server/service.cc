@@ -82,12 +82,12 @@ void ParameterServerService::RestoreBookkeeping(const std::vector<WeightRecord>&
   books_.Restore(records);
 }
 
-absl::Status ParameterServerService::CheckCall(const grpc::ServerContext* context) const {
+absl::Status ParameterServerService::CheckCall(const grpc::ServerContextBase* context) const {
   RETURN_IF_ERROR(token_.Check(context));
   return CheckReady();
 }
 
-absl::Status ParameterServerService::CheckWorker(const grpc::ServerContext* context,
+absl::Status ParameterServerService::CheckWorker(const grpc::ServerContextBase* context,
                                                  uint64_t incarnation) const {
   RETURN_IF_ERROR(CheckCall(context));
   if (context == nullptr) return absl::OkStatus();

@@ -141,7 +141,14 @@ class ParameterServerService final : public ParameterServer::Service {
 
   // The bearer token (if one is configured), then readiness: what every call is checked for
   // first. Shared with the CenterRange service of a sharded job's server.
-  absl::Status CheckServing(const grpc::ServerContext* context) const { return CheckCall(context); }
+  absl::Status CheckServing(const grpc::ServerContextBase* context) const {
+    return CheckCall(context);
+  }
+  // CheckServing, then the call's worker credential for `incarnation`: what every worker call is
+  // checked for first. Shared with the WorkerSession service (server/worker_sessions.h).
+  absl::Status CheckWorkerCall(const grpc::ServerContextBase* context, uint64_t incarnation) const {
+    return CheckWorker(context, incarnation);
+  }
   // CheckCall, then the operator token (or, without one configured, a peer on this host):
   // UNAUTHENTICATED / PERMISSION_DENIED. Also a sharded GLOBAL_CHECKPOINT job's CheckpointRange
   // and RollbackRange (group 0's calls to the range groups).
@@ -208,9 +215,9 @@ class ParameterServerService final : public ParameterServer::Service {
  private:
   absl::Status CheckReady() const;
   // The bearer token (if one is configured), then CheckReady.
-  absl::Status CheckCall(const grpc::ServerContext* context) const;
+  absl::Status CheckCall(const grpc::ServerContextBase* context) const;
   // CheckCall, then the call's worker credential for `incarnation` (Membership::Authenticate).
-  absl::Status CheckWorker(const grpc::ServerContext* context, uint64_t incarnation) const;
+  absl::Status CheckWorker(const grpc::ServerContextBase* context, uint64_t incarnation) const;
   absl::Status ValidateSlot(const SlotId& slot) const;
   // ReportEval's fields: stage in range, center_version in [0, current], loss finite,
   // accuracy in [0, 1].

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -53,13 +54,16 @@ WorkerAgent::WorkerAgent(const WorkerConfig& config, std::shared_ptr<grpc::Chann
                          std::string metrics_address,
                          std::shared_ptr<WorkerCredential> credential, const Clock* clock)
     : config_(config),
-      stub_(ParameterServer::NewStub(std::move(channel))),
+      stub_(ParameterServer::NewStub(channel)),
       job_id_(std::move(job_id)),
       name_(std::move(name)),
       peer_address_(std::move(peer_address)),
       metrics_address_(std::move(metrics_address)),
       credential_(std::move(credential)),
-      clock_(clock != nullptr ? clock : DefaultClock()) {
+      clock_(clock != nullptr ? clock : DefaultClock()),
+      session_(std::make_unique<SessionKeeper>(
+          channel, [this] { return registration().incarnation; },
+          absl::Milliseconds(std::min(config.backoff_max_ms(), 1000)))) {
   // Never null: until a registration says otherwise, the center is the server's.
   registration_.center = UnshardedCenter(config_, clock_);
 }
@@ -100,6 +104,7 @@ void WorkerAgent::Adopt(const RegisterResponse& granted) {
   step_ = granted.start_step();
   start_held_ = false;  // a slot taken over belongs to a job that has started
   beat_now_ = true;
+  session_->Reattach();
 }
 
 std::optional<Neighbour> WorkerAgent::neighbour(const SlotId& slot) const {
@@ -271,6 +276,7 @@ bool WorkerAgent::RegisterWithRetry() {
       registration_.start_step = response.start_step();
       neighbours_.assign(response.neighbours().begin(), response.neighbours().end());
       start_held_ = response.hold_start();
+      session_->Reattach();
       LOG(INFO) << "registered as " << WorkerRole_Name(response.role()) << " incarnation "
                 << response.incarnation()
                 << (response.has_slot() ? absl::StrCat(" slot ", SlotName(response.slot()))
@@ -310,6 +316,13 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, std::function<void()>
     return exit_;
   }
   if (registered != nullptr) registered->Notify();
+  // The session lasts until Run() returns: after the Deregister on a clean exit, so that its end
+  // is not taken for a crash.
+  session_->Start();
+  struct StopSession {
+    SessionKeeper* session;
+    ~StopSession() { session->Stop(); }
+  } stop_session{session_.get()};
   // Contact with the server: a heartbeat acknowledged starts the backoff and the give-up time
   // over; failed ones wait the backoff until give_up_after_ms pass without contact.
   RetryLoop contact(WorkerRetryPolicy(config_), clock_, &stop_, "heartbeat");
@@ -347,6 +360,7 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, std::function<void()>
         registration_.start_step = takeover.start_step();
         neighbours_.assign(takeover.neighbours().begin(), takeover.neighbours().end());
         step_ = takeover.start_step();
+        session_->Reattach();
       }
       if (current.role == TRAINER && !response.has_takeover()) {
         absl::MutexLock lock(&mu_);

@@ -9,7 +9,9 @@
 // INTERNAL and takes any other error as a refusal; heartbeats take every error but
 // FAILED_PRECONDITION, ABORTED, UNAUTHENTICATED and PERMISSION_DENIED for unavailability.
 //
-// Every RPC carries a deadline of rpc_deadline_ms.
+// Every RPC carries a deadline of rpc_deadline_ms. From its first registration until Run()
+// returns (after the Deregister) the agent also holds the worker's session (SessionKeeper,
+// docs/design.md §13): the server learns of the process's death within crash_confirm_ms.
 //
 // Thread-safety: Run() is called once, on one thread; every other method is thread-safe.
 // Ownership: the agent shares the channel and the credential; the clock is borrowed. The flush
@@ -32,6 +34,7 @@
 #include "common/security.h"
 #include "proto/config.pb.h"
 #include "worker/center_client.h"
+#include "worker/session_keeper.h"
 #include "proto/rebound.grpc.pb.h"
 
 namespace rebound::worker {
@@ -166,6 +169,9 @@ class WorkerAgent {
   std::string blocked_reason_ ABSL_GUARDED_BY(mu_);
   std::function<absl::Status(absl::Duration)> flush_hook_ ABSL_GUARDED_BY(mu_);
   int64_t flushes_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // The worker's session under its current incarnation; told of every new one (Reattach).
+  // Last: destroyed (its thread joined) before the state its thread reads.
+  const std::unique_ptr<SessionKeeper> session_;
 };
 
 const char* AgentExitName(AgentExit exit);

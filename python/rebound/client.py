@@ -216,6 +216,10 @@ class Connection:
         self._lock = threading.Lock()
         self._credential = ""
 
+    @property
+    def channel(self):
+        return self._channel
+
     def close(self):
         self._channel.close()
 

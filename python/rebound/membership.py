@@ -10,6 +10,13 @@ step-log batch refused as invalid (1, rebound.steplog), go through ``end``: with
 records it (``ended``) and stops, and the work thread returns it. ``deregister`` first marks the
 session as leaving, so that the refusals that follow a clean exit are not taken for a fencing.
 
+The session (docs/design.md §13, crash detection): from ``start`` until ``deregister`` (after its
+call) or ``join``, a third thread holds one WorkerSession.Attach call open under the current
+incarnation, and attaches again at once whenever it ends (the server ended it, a connection
+reset, a leader change) or the incarnation changes (``adopt``). A process that dies closes its
+connection, and the server declares it failed within crash_confirm_ms instead of after
+failure_timeout_ms of missed heartbeats.
+
 Thread-safety: the registration, progress and flags are read and written under ``lock``;
 ``changed`` is notified when the registration changes (a takeover).
 """
@@ -18,9 +25,11 @@ import os
 import threading
 import time
 
+import grpc
+
 import rebound
 from rebound import client as rclient
-from rebound_pb import config_pb2, rebound_pb2
+from rebound_pb import config_pb2, rebound_pb2, rebound_pb2_grpc
 
 _log = rclient.log
 _Exit = rclient.WorkerExit
@@ -29,6 +38,11 @@ _Exit = rclient.WorkerExit
 
 # How often a trainer held by the start barrier heartbeats (seconds).
 START_BARRIER_BEAT_S = 0.05
+# The session's attach retries: the first after this many seconds, doubling up to
+# SESSION_RETRY_MAX_S; every Attach call's deadline (the server ends a session after 10 minutes).
+SESSION_FIRST_RETRY_S = 0.01
+SESSION_RETRY_MAX_S = 1.0
+SESSION_DEADLINE_S = 1800.0
 
 
 class Session:
@@ -56,6 +70,12 @@ class Session:
         self.exit_at_once = exit_at_once
         self.ended = None     # (code, reason) when a background thread ended the work (``end``)
         self._thread = None
+        # The session's thread, its end, its wake-up (a new incarnation) and its open call.
+        self._session_thread = None
+        self._session_end = threading.Event()
+        self._session_wake = threading.Event()
+        self._session_call = None
+        self.attaches = 0  # sessions the server accepted
 
     def register(self):
         request = rebound_pb2.RegisterRequest(
@@ -92,6 +112,7 @@ class Session:
             self.step = registration.start_step
             self.start_held = False  # a slot taken over belongs to a job that has started
             self.changed.notify_all()
+        self._reattach()
 
     def set_progress(self, step, loss):
         with self.lock:
@@ -101,6 +122,69 @@ class Session:
     def start(self):
         self._thread = threading.Thread(target=self._beat, name="rebound-heartbeat", daemon=True)
         self._thread.start()
+        self._session_thread = threading.Thread(target=self._hold_session,
+                                                name="rebound-session", daemon=True)
+        self._session_thread.start()
+
+    def _reattach(self):
+        """The incarnation changed: the session attaches again under the new one."""
+        with self.lock:
+            call = self._session_call
+            self._session_wake.set()
+        if call is not None:
+            call.cancel()
+
+    def _end_session(self):
+        with self.lock:
+            call = self._session_call
+            self._session_end.set()
+            self._session_wake.set()
+        if call is not None:
+            call.cancel()
+
+    def _hold_session(self):
+        stub = rebound_pb2_grpc.WorkerSessionStub(self.conn.channel)
+        backoff = SESSION_FIRST_RETRY_S
+        refused = 0
+        while not self._session_end.is_set():
+            self._session_wake.clear()
+            incarnation = self.current().incarnation
+            call = stub.Attach(rebound_pb2.AttachRequest(incarnation=incarnation),
+                               timeout=SESSION_DEADLINE_S, metadata=self.conn.metadata())
+            with self.lock:
+                if self._session_end.is_set() or self._session_wake.is_set():
+                    call.cancel()  # ended, or the incarnation changed since it was read
+                self._session_call = call
+            attached = False
+            code = None
+            try:
+                for event in call:
+                    if event.attached and not attached:
+                        attached = True
+                        self.attaches += 1
+                        backoff = SESSION_FIRST_RETRY_S
+                        refused = 0
+            except grpc.RpcError as error:
+                code = error.code()
+            finally:
+                with self.lock:
+                    self._session_call = None
+            if self._session_end.is_set():
+                return
+            # Attached and ended: attach again at once, within the server's crash_confirm_ms.
+            if attached:
+                continue
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                _log("the server has no worker sessions (a server from before 0.14): its "
+                     "failure detection is the heartbeat timeout alone")
+                return
+            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) and \
+                    refused != incarnation:
+                # Fenced, unknown or refused: the heartbeat thread learns it and acts.
+                _log("session of incarnation %d refused: %s" % (incarnation, code))
+                refused = incarnation
+            self._session_wake.wait(backoff)
+            backoff = min(2 * backoff, SESSION_RETRY_MAX_S)
 
     def end(self, code, reason):
         """A background thread cannot go on (codes 1, 4, 5; never 3: ``fenced``): ends the
@@ -115,9 +199,13 @@ class Session:
         self.stop.set()
 
     def join(self, timeout):
-        """Waits up to ``timeout`` seconds for the heartbeat thread to end (after ``stop``)."""
+        """Waits up to ``timeout`` seconds for the heartbeat thread to end (after ``stop``); ends
+        the session."""
+        self._end_session()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
+        if self._session_thread is not None:
+            self._session_thread.join(timeout=timeout)
 
     def fenced(self, reason):
         if self.leaving:
@@ -236,3 +324,5 @@ class Session:
                 timeout=min(self.options.rpc_deadline_s, 2.0), metadata=self.conn.metadata())
         except Exception as error:  # grpc.RpcError
             _log("deregister failed: %s" % error)
+        # After the Deregister: the session's end is then no crash.
+        self._end_session()

@@ -54,6 +54,7 @@ void ScaleTimingFields(JobConfig* job) {
   FaultToleranceConfig* ft = job->mutable_fault_tolerance();
   ft->set_heartbeat_interval_ms(ScaledField(ft->heartbeat_interval_ms()));
   ft->set_failure_timeout_ms(ScaledField(ft->failure_timeout_ms()));
+  ft->set_crash_confirm_ms(ScaledField(ft->crash_confirm_ms()));
   ft->set_neighbour_timeout_ms(ScaledField(ft->neighbour_timeout_ms()));
   ft->set_reconnect_grace_ms(ScaledField(ft->reconnect_grace_ms()));
   ft->set_recovery_timeout_ms(ScaledField(ft->recovery_timeout_ms()));

@@ -37,9 +37,9 @@ int64_t ScaledMs(int64_t ms);
 
 // Multiplies the timing fields that are bounds by TimeScale(), their defaults included (set
 // explicitly once scaled): the job's fault_tolerance heartbeat_interval_ms (so that its ratio to
-// failure_timeout_ms stays), failure_timeout_ms, neighbour_timeout_ms, reconnect_grace_ms and
-// recovery_timeout_ms; a worker's rpc_deadline_ms and give_up_after_ms. At scale 1 the message
-// is left untouched.
+// failure_timeout_ms stays), failure_timeout_ms, crash_confirm_ms, neighbour_timeout_ms,
+// reconnect_grace_ms and recovery_timeout_ms; a worker's rpc_deadline_ms and give_up_after_ms.
+// At scale 1 the message is left untouched.
 void ScaleTimingFields(JobConfig* job);
 void ScaleTimingFields(WorkerConfig* worker);
 

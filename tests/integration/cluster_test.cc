@@ -7,13 +7,19 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <poll.h>
+
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
@@ -33,7 +39,8 @@ int CountOccurrences(const std::string& text, const std::string& what) {
 constexpr int kHeartbeatMs = 200;
 constexpr int kFailureTimeoutMs = 1000;
 
-std::string ServerConfigText() {
+// `crash_confirm_ms` < 0: the default (crash detection on, docs/design.md §13).
+std::string ServerConfigText(int crash_confirm_ms) {
   return absl::StrCat(
       "listen_address: \"127.0.0.1:0\"\n"
       "job {\n"
@@ -42,6 +49,7 @@ std::string ServerConfigText() {
       "  topology { replicas: 2 }\n"
       "  fault_tolerance { heartbeat_interval_ms: ",
       kHeartbeatMs, " failure_timeout_ms: ", kFailureTimeoutMs,
+      crash_confirm_ms >= 0 ? absl::StrCat(" crash_confirm_ms: ", crash_confirm_ms) : "",
       " }\n"
       // A slice of the data and more steps than any test waits for: the trainers keep training.
       "  data { batch_size: 32 train_limit: 1000 test_limit: 100 }\n"
@@ -59,8 +67,8 @@ const char kWorkerConfig[] =
 // One server on an ephemeral port plus helpers to start workers against it.
 class Cluster {
  public:
-  Cluster() : dir_(MakeTempDir("cluster")) {
-    WriteFileOrDie(dir_ + "/server.pbtxt", ServerConfigText());
+  explicit Cluster(int crash_confirm_ms = -1) : dir_(MakeTempDir("cluster")) {
+    WriteFileOrDie(dir_ + "/server.pbtxt", ServerConfigText(crash_confirm_ms));
     WriteFileOrDie(dir_ + "/worker.pbtxt", kWorkerConfig);
   }
 
@@ -181,12 +189,14 @@ TEST_CASE("two workers register and heartbeat; a SIGKILLed one is declared faile
     return FindWorker(s, "alpha")->state() == FAILED;
   });
   const WorkerStatus* failed = FindWorker(status, "alpha");
-  // Declared by the server's own clock: after failure_timeout of silence, and soon after. The
-  // server declares on silence strictly longer than failure_timeout but reports whole
-  // milliseconds, rounded down, so 1000.4 ms reads 1000. Its detector checks every 50 ms here;
-  // the upper bound leaves a loaded machine a second of scheduling delay on top.
-  CHECK(failed->silent_ms_at_failure() >= kFailureTimeoutMs);
-  CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs + kHeartbeatMs + 1000);
+  // Declared as a crash (docs/design.md §13): the process is gone, the kernel closed its
+  // connection, its session ended without a Deregister and it did not attach again within
+  // crash_confirm_ms, before failure_timeout of silence (the heartbeat timeout's declaration
+  // says "no heartbeat for"; the test below has crash detection off).
+  INFO(failed->DebugString());
+  CHECK(absl::StartsWith(failed->state_reason(), "its session ended "));
+  CHECK(absl::StrContains(failed->state_reason(), "(crash_confirm 200 ms)"));
+  CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs);
   for (const SlotStatus& slot : status.slots()) {
     if (slot.slot().replica() == dead_slot.replica()) {
       CHECK(slot.state() == LOST);
@@ -219,6 +229,27 @@ TEST_CASE("two workers register and heartbeat; a SIGKILLed one is declared faile
   CHECK(absl::StrContains(output, "cannot reach the server"));
 }
 
+TEST_CASE("with crash detection off, a SIGKILLed worker is declared failed after failure_timeout") {
+  Cluster cluster(/*crash_confirm_ms=*/0);
+  cluster.StartServer();
+  auto alpha = cluster.StartWorker("alpha");
+  cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "alpha"); });
+  alpha->Signal(SIGKILL);
+  REQUIRE(alpha->WaitFor(absl::Seconds(10)) == 128 + SIGKILL);
+  const GetStatusResponse status = cluster.WaitForStatus([](const GetStatusResponse& s) {
+    return FindWorker(s, "alpha")->state() == FAILED;
+  });
+  const WorkerStatus* failed = FindWorker(status, "alpha");
+  INFO(failed->DebugString());
+  CHECK(absl::StartsWith(failed->state_reason(), "no heartbeat for "));
+  // Declared by the server's own clock: after failure_timeout of silence, and soon after. The
+  // server declares on silence strictly longer than failure_timeout but reports whole
+  // milliseconds, rounded down, so 1000.4 ms reads 1000. Its detector checks every 50 ms here;
+  // the upper bound leaves a loaded machine a second of scheduling delay on top.
+  CHECK(failed->silent_ms_at_failure() >= kFailureTimeoutMs);
+  CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs + kHeartbeatMs + 1000);
+}
+
 TEST_CASE("a worker that was fenced while stopped exits with code 3 and says why") {
   Cluster cluster;
   cluster.StartServer();
@@ -226,9 +257,13 @@ TEST_CASE("a worker that was fenced while stopped exits with code 3 and says why
   cluster.WaitForStatus([](const GetStatusResponse& s) { return IsAliveTrainer(s, "gamma"); });
 
   gamma->Signal(SIGSTOP);
-  cluster.WaitForStatus([](const GetStatusResponse& s) {
+  const GetStatusResponse failed = cluster.WaitForStatus([](const GetStatusResponse& s) {
     return FindWorker(s, "gamma")->state() == FAILED;
   });
+  // A stopped process keeps its connections open: its session does not end, and the heartbeat
+  // timeout (not crash detection) declares it.
+  CHECK(absl::StartsWith(FindWorker(failed, "gamma")->state_reason(), "no heartbeat for "));
+  CHECK(FindWorker(failed, "gamma")->silent_ms_at_failure() >= kFailureTimeoutMs);
   gamma->Signal(SIGCONT);
   CHECK(gamma->WaitFor(absl::Seconds(20)) == 3);
   CHECK(absl::StrContains(ReadFileOrEmpty(gamma->log_path()), "fenced by the server"));
@@ -265,6 +300,150 @@ TEST_CASE("a server stopped for longer than the failure timeout fences nobody wh
   CHECK(absl::StrContains(ReadFileOrEmpty(cluster.dir() + "/server.log"), "did not run for"));
   CHECK_FALSE(a->WaitFor(absl::ZeroDuration()).has_value());
   CHECK_FALSE(b->WaitFor(absl::ZeroDuration()).has_value());
+}
+
+// A TCP proxy on loopback in front of the server whose ResetAll() resets every connection through
+// it (RST to both ends, as a middlebox or a peer's restarted network stack does) and goes on
+// accepting: a brief network reset, with both processes alive.
+class ResettingProxy {
+ public:
+  explicit ResettingProxy(int server_port) : server_port_(server_port) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(listen(listener_, 16) == 0);
+    socklen_t len = sizeof(addr);
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { Accept(); });
+  }
+
+  ~ResettingProxy() {
+    stopping_ = true;
+    ResetAll();
+    acceptor_.join();
+    for (std::thread& pump : pumps_) pump.join();
+    close(listener_);
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  // Every connection open now is reset (within the pumps' 10 ms poll); returns how many.
+  int ResetAll() {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+    const int open = open_;
+    return open;
+  }
+
+ private:
+  void Accept() {
+    while (!stopping_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (poll(&p, 1, 10) <= 0) continue;
+      const int client = accept(listener_, nullptr, nullptr);
+      if (client < 0) continue;
+      const int upstream = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(server_port_);
+      if (connect(upstream, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(upstream);
+        close(client);
+        continue;
+      }
+      int generation;
+      {
+        absl::MutexLock lock(&mu_);
+        generation = generation_;
+        ++open_;
+      }
+      pumps_.emplace_back([this, client, upstream, generation] {
+        Pump(client, upstream, generation);
+      });
+    }
+  }
+
+  // Copies both ways until either end closes or a reset is asked; then closes both, with RST.
+  void Pump(int a, int b, int generation) {
+    char buffer[65536];
+    bool open = true;
+    while (open) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (generation_ != generation) break;
+      }
+      pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+      if (poll(fds, 2, 10) <= 0) continue;
+      for (int i = 0; i < 2 && open; ++i) {
+        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+        if (n <= 0) {
+          open = false;
+          break;
+        }
+        const int to = i == 0 ? b : a;
+        for (ssize_t sent = 0; sent < n;) {
+          const ssize_t w = write(to, buffer + sent, static_cast<size_t>(n - sent));
+          if (w <= 0) {
+            open = false;
+            break;
+          }
+          sent += w;
+        }
+      }
+    }
+    const linger reset{1, 0};  // close() then sends RST, not FIN
+    setsockopt(a, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    setsockopt(b, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    close(a);
+    close(b);
+    absl::MutexLock lock(&mu_);
+    --open_;
+  }
+
+  const int server_port_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;  // the acceptor's alone until it is joined
+  absl::Mutex mu_;
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_CASE("connections reset under a live worker: it attaches again at once and is never declared "
+          "failed") {
+  Cluster cluster;
+  cluster.StartServer();
+  ResettingProxy proxy(cluster.port());
+  auto alpha = cluster.StartWorker("alpha", proxy.address());
+  const GetStatusResponse before = cluster.WaitForStatus([](const GetStatusResponse& s) {
+    return IsAliveTrainer(s, "alpha") && s.slots(0).step() > 0;
+  });
+  const uint64_t incarnation = FindWorker(before, "alpha")->incarnation();
+  // Five resets, each cutting the worker's session (and any call in flight) with both ends alive.
+  int reset = 0;
+  for (int i = 0; i < 5; ++i) {
+    reset += proxy.ResetAll();
+    absl::SleepFor(absl::Milliseconds(400));
+  }
+  CHECK(reset >= 5);
+  // Longer than failure_timeout after the last reset: any declaration would have come.
+  absl::SleepFor(absl::Milliseconds(kFailureTimeoutMs + 500));
+  const GetStatusResponse after = cluster.Status();
+  INFO(after.DebugString() << ReadFileOrEmpty(cluster.dir() + "/server.log"));
+  CHECK(IsAliveTrainer(after, "alpha"));
+  CHECK(FindWorker(after, "alpha")->incarnation() == incarnation);
+  CHECK(after.slots(0).step() > before.slots(0).step());
+  // Each reset ended a session the server then saw come back (not only calls that failed).
+  CHECK(CountOccurrences(ReadFileOrEmpty(cluster.dir() + "/server.log"),
+                         "attached again ") >= 1);
+  CHECK_FALSE(alpha->WaitFor(absl::ZeroDuration()).has_value());
 }
 
 int FreePort() {

@@ -338,6 +338,12 @@ TEST_CASE("the leader SIGKILLed, then its disk lost: the job finishes with every
 
   const GetStatusResponse done = WaitFor(cluster, Finished, "every slot FINISHED", absl::Seconds(120));
   CheckExactlyOnce(done);
+  // Two leader changes, each ending every worker's session (crash detection, docs/design.md
+  // §13): no live trainer was declared failed (the new leader starts with no sessions).
+  for (const WorkerStatus& w : done.workers()) {
+    INFO(w.DebugString());
+    CHECK(w.state() != FAILED);
+  }
   WaitFor(cluster, BothInSync, "the restarted member in sync");
   StopAll(cluster);
   for (int i = 0; i < cluster.members(); ++i) CheckStoredCenter(cluster, i, kJob.rounds() * kJob.replicas);

@@ -175,6 +175,9 @@ def test_a_fenced_trainer_exits_3_and_writes_no_more(server):
     status = server.wait_for(
         lambda s: any(w.name == "t0" and w.state == rebound_pb2.FAILED for w in s.workers), 30,
         what="t0 declared failed")
+    # A stopped process keeps its session open: the heartbeat timeout declared it, not a crash.
+    t0 = next(w for w in status.workers if w.name == "t0")
+    assert t0.state_reason.startswith("no heartbeat for "), t0
     updates = {(x.slot.replica): x.update_count for x in status.slots}
     os.killpg(trainer.pid, signal.SIGCONT)
     assert wait_exit(trainer, 30) == 3
@@ -200,6 +203,15 @@ def test_a_killed_trainer_is_rebuilt_by_verified_replay(optimizer):
         owner = next(w for w in victim_slot.workers if w.incarnation == slot.owner_incarnation)
         victim = trainers[int(owner.name[1:])]
         os.killpg(victim.pid, signal.SIGKILL)
+        # Its session ended with the process: declared as a crash (docs/design.md §13), not
+        # after failure_timeout_ms of silence.
+        failed = server.wait_for(
+            lambda s: any(w.name == owner.name and w.state == rebound_pb2.FAILED
+                          for w in s.workers), 30, what="the victim declared failed")
+        dead = next(w for w in failed.workers if w.name == owner.name
+                    and w.state == rebound_pb2.FAILED)
+        assert dead.state_reason.startswith("its session ended "), dead
+        assert dead.silent_ms_at_failure < 1500, dead
         status = server.wait_for(lambda s: any(r.HasField("outcome") for r in s.recoveries), 60,
                                  what="the recovery's outcome")
         recovery = status.recoveries[0]
@@ -337,5 +349,7 @@ def test_python_trainers_ride_out_a_server_restart():
             lambda s: all(x.state == rebound_pb2.FINISHED for x in s.slots), 240,
             what="every slot finished after the restart")
         assert [x.update_count for x in status.slots] == [100, 100]
+        # The restart ended every session: no live trainer was taken for crashed.
+        assert not [w for w in status.workers if w.state == rebound_pb2.FAILED], status.workers
         for t in trainers:
             assert wait_exit(t, 30) == 0, read_log(t)[-2000:]

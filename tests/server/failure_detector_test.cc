@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -39,13 +40,150 @@ struct Fixture {
   ReliabilityTracker tracker{job.weighting(), job.topology().replicas()};
 };
 
-TEST_CASE("the check period is a quarter of the heartbeat interval, within [10, 100] ms") {
+TEST_CASE("the check period is a quarter of the heartbeat interval or of crash_confirm_ms, within "
+          "[10, 100] ms") {
   JobConfig job = TwoByOneJob();
   CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(25));
   job.mutable_fault_tolerance()->set_heartbeat_interval_ms(20);
   CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(10));
   job.mutable_fault_tolerance()->set_heartbeat_interval_ms(10000);
+  CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(50));  // crash_confirm 200 / 4
+  job.mutable_fault_tolerance()->set_crash_confirm_ms(0);  // off: the heartbeat's alone
   CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(100));
+  job.mutable_fault_tolerance()->set_crash_confirm_ms(80);
+  CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(20));
+  job.mutable_fault_tolerance()->set_crash_confirm_ms(8);
+  CHECK(FailureDetector::CheckPeriod(job) == absl::Milliseconds(10));
+}
+
+// Crash detection (docs/design.md §13): the session's end, confirmed by crash_confirm_ms (200 ms
+// in TwoByOneJob: the default) without another attach.
+TEST_CASE("a lost session declares its worker failed after crash_confirm_ms, not before") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a"));
+  auto b = f.membership.Register(Request("b"));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, {});
+  REQUIRE(f.membership.AttachSession(a->incarnation()).ok());
+  REQUIRE(f.membership.AttachSession(b->incarnation()).ok());
+  f.clock.Advance(absl::Milliseconds(50));
+  f.membership.DetachSession(a->incarnation(), /*lost=*/true);
+  for (int t = 25; t < 200; t += 25) {
+    f.clock.Advance(absl::Milliseconds(25));
+    CHECK(detector.CheckOnce().empty());
+  }
+  f.clock.Advance(absl::Milliseconds(25));  // 200 ms after the loss
+  const std::vector<FailedWorker> failed = detector.CheckOnce();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == a->incarnation());
+  CHECK(failed[0].crashed);
+  CHECK(failed[0].detected_after == absl::Milliseconds(200));
+  CHECK(failed[0].silent_for == absl::Milliseconds(250));  // since its attach (contact)
+  CHECK(StateOf(f.membership, 0) == LOST);
+  CHECK(StateOf(f.membership, 1) == ACTIVE);
+  GetStatusResponse status;
+  f.membership.FillStatus(&status);
+  CHECK(status.workers(0).state_reason() ==
+        "its session ended 200 ms ago without a Deregister and it did not attach again "
+        "(crash_confirm 200 ms): the process is gone");
+  CHECK(status.workers(0).silent_ms_at_failure() == 250);
+  // Its attach again now is refused: it is fenced.
+  CHECK(f.membership.AttachSession(a->incarnation()).code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("a session lost and attached again within crash_confirm_ms, or ended by the server, or "
+          "lost beside another open one, fences nobody") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a"));
+  auto b = f.membership.Register(Request("b"));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, {});
+  REQUIRE(f.membership.AttachSession(a->incarnation()).ok());
+  REQUIRE(f.membership.AttachSession(b->incarnation()).ok());
+  // a: lost, back 150 ms later (a reset connection), and so on five times.
+  for (int i = 0; i < 5; ++i) {
+    f.membership.DetachSession(a->incarnation(), /*lost=*/true);
+    f.clock.Advance(absl::Milliseconds(150));
+    CHECK(detector.CheckOnce().empty());
+    absl::Duration back_after;
+    REQUIRE(f.membership.AttachSession(a->incarnation(), &back_after).ok());
+    CHECK(back_after == absl::Milliseconds(150));
+    REQUIRE(f.membership.Heartbeat(Beat(a->incarnation())).ok());
+    REQUIRE(f.membership.Heartbeat(Beat(b->incarnation())).ok());
+  }
+  // b: a second session opened before the first one's end was seen (a reconnect that raced it).
+  REQUIRE(f.membership.AttachSession(b->incarnation()).ok());
+  f.membership.DetachSession(b->incarnation(), /*lost=*/true);
+  // a: the server ends its session (stopping, or the session's age): not a loss.
+  f.membership.DetachSession(a->incarnation(), /*lost=*/false);
+  for (int t = 0; t < 800; t += 25) {
+    f.clock.Advance(absl::Milliseconds(25));
+    CHECK(detector.CheckOnce().empty());
+    if (t % 100 == 0) {
+      REQUIRE(f.membership.Heartbeat(Beat(a->incarnation())).ok());
+      REQUIRE(f.membership.Heartbeat(Beat(b->incarnation())).ok());
+    }
+  }
+  CHECK(StateOf(f.membership, 0) == ACTIVE);
+  CHECK(StateOf(f.membership, 1) == ACTIVE);
+}
+
+TEST_CASE("with crash_confirm_ms 0 a lost session waits for the heartbeat timeout; a server "
+          "pause moves a loss's window") {
+  Fixture f;
+  f.job.mutable_fault_tolerance()->set_crash_confirm_ms(0);
+  Membership membership(f.job, &f.clock);
+  auto a = membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  FailureDetector detector(f.job, &membership, &f.tracker, &f.clock, {});
+  REQUIRE(membership.AttachSession(a->incarnation()).ok());
+  membership.DetachSession(a->incarnation(), /*lost=*/true);
+  for (int t = 25; t <= 1000; t += 25) {  // pass by pass: a longer gap is a server pause
+    f.clock.Advance(absl::Milliseconds(25));
+    CHECK(detector.CheckOnce().empty());
+  }
+  f.clock.Advance(absl::Milliseconds(25));
+  const std::vector<FailedWorker> failed = detector.CheckOnce();
+  REQUIRE(failed.size() == 1);
+  CHECK_FALSE(failed[0].crashed);
+
+  // Crash detection on: the server stopped for 5 s right after the loss. The pause is excused
+  // and the window runs in time the server ran.
+  Fixture g;
+  auto b = g.membership.Register(Request("b"));
+  REQUIRE(b.ok());
+  FailureDetector other(g.job, &g.membership, &g.tracker, &g.clock, {});
+  REQUIRE(g.membership.AttachSession(b->incarnation()).ok());
+  g.membership.DetachSession(b->incarnation(), /*lost=*/true);
+  g.clock.Advance(absl::Milliseconds(100));
+  CHECK(other.CheckOnce().empty());
+  g.clock.Advance(absl::Seconds(5));
+  CHECK(other.CheckOnce().empty());  // the pause (about 4.95 s) moved the loss forward
+  g.clock.Advance(absl::Milliseconds(150));
+  const std::vector<FailedWorker> late = other.CheckOnce();
+  REQUIRE(late.size() == 1);
+  CHECK(late[0].crashed);
+}
+
+TEST_CASE("AttachSession: an unknown incarnation ABORTED, at most 4 sessions per worker") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a"));
+  REQUIRE(a.ok());
+  CHECK(f.membership.AttachSession(a->incarnation() + 1000).code() == absl::StatusCode::kAborted);
+  for (int i = 0; i < Membership::kMaxSessionsPerWorker; ++i) {
+    REQUIRE(f.membership.AttachSession(a->incarnation()).ok());
+  }
+  const absl::Status fifth = f.membership.AttachSession(a->incarnation());
+  CHECK(fifth.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(fifth.message() ==
+        absl::StrCat("incarnation ", a->incarnation(),
+                     " already holds 4 sessions (at most 4); a worker needs one"));
+  f.membership.DetachSession(a->incarnation(), /*lost=*/true);
+  CHECK(f.membership.AttachSession(a->incarnation()).ok());
+  f.membership.DetachSession(a->incarnation() + 1000, /*lost=*/true);  // unknown: nothing
 }
 
 TEST_CASE("a silent trainer is declared failed after failure_timeout, not before") {
