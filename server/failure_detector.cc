@@ -50,6 +50,7 @@ std::vector<FailedWorker> FailureDetector::CheckOnce() {
       if (hooks_.on_unhealthy) hooks_.on_unhealthy(health);
     }
   }
+  membership_->AccountTime();
   std::vector<FailedWorker> failed = membership_->DetectFailures();
   for (const FailedWorker& worker : failed) {
     // A failure is the worker's (by name, whatever its role): it carries the score when it

@@ -298,6 +298,7 @@ void Membership::FenceLocked(Worker& worker, WorkerState state, const std::strin
       slot.owner = 0;
       slot.lost_at = clock_->Now();
       slot.detection_ms = state == FAILED ? worker.detection_ms_at_failure : 0;
+      slot.detection_ms_total += slot.detection_ms;
       slot.failed_replays = 0;  // a new loss
       slot.detail = absl::StrCat("owner incarnation ", worker.incarnation, " ",
                                  WorkerState_Name(state), ": ", why);
@@ -361,16 +362,24 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
       " with fresh optimizer state; ", slot.step - slot.synced_step,
       " steps since the last sync are lost"));
   slot.fallback_restart = false;
-  RegisterResponse takeover = HandOverLocked(
-      index, spare, now, absl::StrCat("restarted from the center by '", spare.name, "'"));
+  RegisterResponse takeover =
+      HandOverLocked(index, spare, now,
+                     absl::StrCat("restarted from the center by '", spare.name, "'"),
+                     slot.synced_step);
   recovery.add_spares(takeover.incarnation());
   recoveries_.push_back(recovery);
   if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
   return takeover;
 }
 
+void Membership::RestartSlotAtLocked(Slot& slot, int64_t step) {
+  slot.steps_discarded += std::max<int64_t>(0, slot.step - step);
+  slot.step = step;
+  slot.step_at_account = step;
+}
+
 RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time now,
-                                            const std::string& detail) {
+                                            const std::string& detail, int64_t start_step) {
   Slot& slot = slots_[index];
   Worker trainer;
   trainer.incarnation = (epoch_ << 32) | next_counter_++;
@@ -381,12 +390,12 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   trainer.registered = now;
   trainer.last_heartbeat = now;
   trainer.slot_index = index;
-  trainer.step = slot.synced_step;
+  trainer.step = start_step;
   trainer.credential = spare.credential;
 
   slot.state = ACTIVE;
   slot.owner = trainer.incarnation;
-  slot.step = trainer.step;
+  RestartSlotAtLocked(slot, start_step);
   slot.detail = detail;
   slot.task_id = 0;
   slot.failed_replays = 0;
@@ -571,6 +580,7 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishRecovery(
     record->mutable_phases()->set_detection_ms(detection);
   }
   if (report.outcome() != RECOVERED) {
+    slot.replay_ms_total += std::max<int64_t>(0, report.phases().replay_ms());
     // Before the release, which tells waiting claims whether a slot may be claimed: this one
     // may not once it falls back.
     if (end.fallback_restart) slot.fallback_restart = true;
@@ -582,10 +592,12 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishRecovery(
   const int64_t replayed_from = replayed_from_step.value_or(slot.synced_step);
   const uint64_t task_id = slot.task_id;
   const int64_t replayed_to = replayed_from + report.steps_replayed();
+  slot.replay_ms_total += std::max<int64_t>(0, report.phases().replay_ms());
   RegisterResponse takeover = HandOverLocked(
       index, spare, now,
       absl::StrCat("rebuilt by replay of ", report.steps_replayed(), " steps by '", spare.name,
-                   "'", report.verified() ? ", verified bit-identical" : ""));
+                   "'", report.verified() ? ", verified bit-identical" : ""),
+      replayed_to);
   Worker& trainer = workers_.at(takeover.incarnation());
   trainer.step = replayed_to;
   trainer.takeover_task = report.task_id();
@@ -643,7 +655,7 @@ void Membership::RollBackAll(int64_t step, const std::string& why) {
     slot.state = LOST;
     slot.owner = 0;
     slot.lost_at = clock_->Now();
-    slot.step = step;
+    RestartSlotAtLocked(slot, step);
     slot.synced_step = step;
     slot.fallback_restart = false;
     slot.failed_replays = 0;
@@ -1013,6 +1025,41 @@ std::vector<Neighbour> Membership::NeighboursLocked(int slot_index) const {
   return neighbours;
 }
 
+namespace {
+
+// A slot's goodput from its accounts (SlotGoodput's definitions, proto/rebound.proto).
+SlotGoodput GoodputOf(absl::Duration active, absl::Duration lost, absl::Duration recovering,
+                      absl::Duration blocked, int64_t active_steps, int64_t detection_ms,
+                      int64_t replay_ms, int64_t steps_discarded) {
+  SlotGoodput g;
+  const double active_s = absl::ToDoubleSeconds(active);
+  const double detect = std::min(active_s, detection_ms / 1000.0);
+  const double step_s = active_steps > 0 ? active_s / static_cast<double>(active_steps) : 0.0;
+  const double rollback = std::min(active_s - detect, step_s * static_cast<double>(steps_discarded));
+  const double recovering_s = absl::ToDoubleSeconds(recovering);
+  const double replay = std::min(recovering_s, replay_ms / 1000.0);
+  g.set_goodput_seconds(active_s - detect - rollback);
+  g.set_detect_seconds(detect);
+  g.set_replay_seconds(replay);
+  g.set_restore_seconds(recovering_s - replay);
+  g.set_rollback_seconds(rollback);
+  g.set_idle_seconds(absl::ToDoubleSeconds(lost + blocked));
+  g.set_steps_discarded(steps_discarded);
+  return g;
+}
+
+void AddGoodput(const SlotGoodput& g, SlotGoodput* sum) {
+  sum->set_goodput_seconds(sum->goodput_seconds() + g.goodput_seconds());
+  sum->set_detect_seconds(sum->detect_seconds() + g.detect_seconds());
+  sum->set_replay_seconds(sum->replay_seconds() + g.replay_seconds());
+  sum->set_restore_seconds(sum->restore_seconds() + g.restore_seconds());
+  sum->set_rollback_seconds(sum->rollback_seconds() + g.rollback_seconds());
+  sum->set_idle_seconds(sum->idle_seconds() + g.idle_seconds());
+  sum->set_steps_discarded(sum->steps_discarded() + g.steps_discarded());
+}
+
+}  // namespace
+
 void Membership::FillStatus(GetStatusResponse* response) const {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
@@ -1029,6 +1076,19 @@ void Membership::FillStatus(GetStatusResponse* response) const {
       out->set_state(BLOCKED);
       out->set_detail(it->second.blocked_reason);
     }
+    *out->mutable_goodput() = GoodputOf(slot.active_time, slot.lost_time, slot.recovering_time,
+                                        slot.blocked_time, slot.active_steps,
+                                        slot.detection_ms_total, slot.replay_ms_total,
+                                        slot.steps_discarded);
+    AddGoodput(out->goodput(), response->mutable_goodput());
+  }
+  const SlotGoodput& job = response->goodput();
+  const double lost = job.detect_seconds() + job.replay_seconds() + job.restore_seconds() +
+                      job.rollback_seconds() + job.idle_seconds();
+  if (job.goodput_seconds() + lost > 0) {
+    response->set_ettr(job.goodput_seconds() / (job.goodput_seconds() + lost));
+  } else {
+    response->clear_goodput();
   }
   for (const auto& [incarnation, worker] : workers_) {
     WorkerStatus* out = response->add_workers();
@@ -1045,6 +1105,35 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     if (!worker.metrics_address.empty()) out->set_metrics_address(worker.metrics_address);
     if (!worker.state_reason.empty()) out->set_state_reason(worker.state_reason);
     if (worker.state == FAILED) out->set_silent_ms_at_failure(worker.silent_ms_at_failure);
+  }
+}
+
+void Membership::AccountTime() {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  const absl::Duration dt =
+      accounted_at_ == absl::Time() ? absl::ZeroDuration() : now - accounted_at_;
+  accounted_at_ = now;
+  if (dt <= absl::ZeroDuration()) return;
+  for (Slot& slot : slots_) {
+    switch (slot.state) {
+      case ACTIVE: {
+        auto it = workers_.find(slot.owner);
+        const bool blocked = it != workers_.end() && !it->second.blocked_reason.empty();
+        (blocked ? slot.blocked_time : slot.active_time) += dt;
+        slot.active_steps += std::max<int64_t>(0, slot.step - slot.step_at_account);
+        break;
+      }
+      case LOST:
+        slot.lost_time += dt;
+        break;
+      case RECOVERING:
+        slot.recovering_time += dt;
+        break;
+      default:  // UNASSIGNED (not started) and FINISHED: not the job's time any more
+        break;
+    }
+    slot.step_at_account = slot.step;
   }
 }
 

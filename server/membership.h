@@ -282,6 +282,10 @@ class Membership {
   // Number of workers in each state (for tests and metrics).
   int CountInState(WorkerState state) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Goodput (docs/metrics.md#goodput): adds the time since the last call to each slot's current
+  // state, and the steps its trainer made meanwhile. Called by every failure-detector pass.
+  void AccountTime() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Worker {
     uint64_t incarnation = 0;
@@ -338,6 +342,14 @@ class Membership {
     // LOST in a pipeline: no replay task starts before its live neighbours have flushed their
     // step logs (their buffers hold the boundary tensors it received), or before this time.
     absl::Time flush_deadline = absl::InfinitePast();
+    // Goodput (AccountTime): time in each state since the slot first had a trainer, the steps
+    // trained while ACTIVE, the failures' detection, the replays' time, the steps discarded.
+    absl::Duration active_time, lost_time, recovering_time, blocked_time;
+    int64_t active_steps = 0;
+    int64_t step_at_account = 0;
+    int64_t detection_ms_total = 0;
+    int64_t replay_ms_total = 0;
+    int64_t steps_discarded = 0;
   };
 
   // The start barrier (TopologyConfig.min_trainers): true while a fresh job waits for its
@@ -418,14 +430,19 @@ class Membership {
   bool rollback_taken_ ABSL_GUARDED_BY(mu_) = false;  // TakeRollbackRequest said so
   std::string rollback_why_ ABSL_GUARDED_BY(mu_);
   RecoveryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Time accounted_at_ ABSL_GUARDED_BY(mu_);  // the last AccountTime
 
   // Policy RESTART_FROM_CENTER: gives the first LOST slot to the spare `worker`, which continues
   // under a new incarnation. Returns the takeover to send it, or nothing.
   std::optional<RegisterResponse> MaybeTakeOverLocked(Worker& worker, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes `spare` the trainer of slot `index` under a new incarnation.
+  // Makes `spare` the trainer of slot `index` under a new incarnation, from step `start_step`
+  // (the steps the slot had reached past it are discarded: goodput's rollback).
   RegisterResponse HandOverLocked(int index, Worker& spare, absl::Time now,
-                                  const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  const std::string& detail, int64_t start_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot goes on from `step`; what it had reached past it is counted as discarded.
+  static void RestartSlotAtLocked(Slot& slot, int64_t step);
   // The slot of a RECOVERING task goes back to LOST (the spare died, timed out or failed); the
   // observer is told the task is over.
   void ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const std::string& why)

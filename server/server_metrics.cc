@@ -218,6 +218,36 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
               c.max_divergence_ratio());
   }
 
+  // Goodput (docs/metrics.md#goodput): counters of this server life, per slot; sum() over `slot`
+  // gives the job's.
+  w->Family("rebound_goodput_seconds_total",
+            "Productive training time of the slot in this server life: ACTIVE less the failures' "
+            "detection and the steps discarded.",
+            "counter");
+  w->Family("rebound_badput_seconds_total",
+            "Training time of the slot lost in this server life, by cause (detect, replay, "
+            "restore, rollback, idle).",
+            "counter");
+  for (const SlotStatus& slot : s.slots()) {
+    const SlotGoodput& g = slot.goodput();
+    const std::string label = SlotLabel(slot.slot());
+    w->Sample("rebound_goodput_seconds_total", {{"slot", label}}, g.goodput_seconds());
+    const std::pair<const char*, double> causes[] = {
+        {"detect", g.detect_seconds()},     {"replay", g.replay_seconds()},
+        {"restore", g.restore_seconds()},   {"rollback", g.rollback_seconds()},
+        {"idle", g.idle_seconds()}};
+    for (const auto& [cause, seconds] : causes) {
+      w->Sample("rebound_badput_seconds_total", {{"slot", label}, {"cause", cause}}, seconds);
+    }
+  }
+  if (s.has_ettr()) {
+    w->Family("rebound_job_ettr",
+              "The job's effective training time ratio in this server life: goodput / (goodput "
+              "+ badput), over every slot.",
+              "gauge");
+    w->Sample("rebound_job_ettr", {}, s.ettr());
+  }
+
   std::map<std::pair<std::string, std::string>, int> recoveries;
   double replayed = 0;
   std::map<std::string, double> phase_ms;

@@ -8,8 +8,8 @@
 # The suite, in the order it runs: compute transport apply weighting recovery logging_overhead
 # failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
 # failover sharding server_capacity backup_overhead (about 80 minutes on 2 cores, weighting 18 of them,
-# convergence 13). soak (docs/design.md §9's "server memory over a long run") runs only when --only
-# names it. sharding needs root (network namespaces and tbf); without it its row says failed.
+# convergence 13). soak (docs/design.md §9's "server memory over a long run"), detection and goodput
+# (R21's crash detection and ETTR) run only when --only names them. sharding needs root (network namespaces and tbf); without it its row says failed.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
 # convergence study is //study/convergence, see package_of), then
@@ -53,7 +53,9 @@ set -euo pipefail
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
   selective_logging convergence chaos python_overhead peer_torch replication_overhead failover
   sharding server_capacity backup_overhead)
-readonly kKnown=("${kSuite[@]}" soak)
+# Run only when --only names them (as soak): each takes many minutes of kills.
+readonly kOnDemand=(soak detection goodput)
+readonly kKnown=("${kSuite[@]}" "${kOnDemand[@]}")
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
 readonly kTableHeader="| benchmark | what it measures | baseline | result | ratio | \
@@ -81,6 +83,8 @@ declare -rA kWhat=(
   [sharding]="sync throughput of a 64 MiB center, 4 synthetic trainers, K = 1, 2, 4 server groups each behind a tbf-limited link; the shipped job on loopback, K = 2"
   [server_capacity]="syncs/s one server group answers: synthetic trainers R = 1 to 64, centers of 1, 16 and 64 MiB, K = 1 and 2"
   [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup --backup_max_mb_s 4 runs back to back, against none; an export's time and size"
+  [detection]="SIGKILL of a trainer to the server's FAILED (crash detection), 20 kills; SIGSTOP to FAILED"
+  [goodput]="ETTR (failure-free time to 0.87 / time with failures) at a mean time between failures of 20, 10 and 5 s: REPLAY, GLOBAL_CHECKPOINT, RESTART_FROM_CENTER, drop"
 )
 # The targets of docs/design.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -102,6 +106,8 @@ declare -rA kTarget=(
   [sharding]="K = 2 >= 1.7x and K = 4 >= 3x K = 1; the shipped job K = 2 >= 0.9x K = 1 (R14; not in §9)"
   [server_capacity]=">= 0.7x the echo limit at R = 64, 16 MiB, K = 1 (R14; not in §9)"
   [backup_overhead]=">= 0.9x without backups (R17; not in §9)"
+  [detection]="median <= 300 ms, max <= 1 s (R21; not in §9)"
+  [goodput]="REPLAY >= 0.97 at 1 kill / 20 s, >= 0.9 at 1 / 5 s, above every other policy (R21; not in §9)"
 )
 # The ratio a benchmark's RESULT line must reach, for those whose target is one.
 declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
@@ -111,12 +117,12 @@ declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
   [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
   [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240 [sharding]=450
-  [server_capacity]=600 [backup_overhead]=75)
+  [server_capacity]=600 [backup_overhead]=75 [detection]=120 [goodput]=900)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
   [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150
   [python_overhead]=40 [peer_torch]=20 [replication_overhead]=90 [failover]=60 [sharding]=150
-  [server_capacity]=45 [backup_overhead]=20)
+  [server_capacity]=45 [backup_overhead]=20 [detection]=40 [goodput]=150)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -136,6 +142,8 @@ declare -rA kQuickFlags=(
   [sharding]="--rate_mbit=1000 --seconds=2 --window_syncs=2 --small_reps=1 --small_seconds=5 --small_warmup_seconds=2"
   [server_capacity]="--trainers=64 --centers=16 --groups=1 --seconds=3 --warmup_seconds=1"
   [backup_overhead]="--reps=1 --seconds=3"
+  [detection]="--kills=3"
+  [goodput]="--mtbf_s=5 --policies=replay,drop --max_seconds=60"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
@@ -386,6 +394,18 @@ END {
     row("bare gRPC echo of the same bytes, 64 clients: " v["echo_limit_syncs_s"] " calls/s",
         "R = 64, 16 MiB, K = 1: " v["r64_16mib_syncs_s"] " syncs/s", v["ratio"],
         verdict_of(at_least(v["ratio"], min)))
+  } else if (name == "detection") {
+    if (!need("kills median_ms max_ms sigstop_ms failure_timeout_ms")) exit
+    row("the heartbeat timeout: failure_timeout " v["failure_timeout_ms"] " ms (SIGSTOP: " \
+          v["sigstop_ms"] " ms)",
+        v["kills"] " kills: median " v["median_ms"] " ms, max " v["max_ms"] " ms", "—",
+        verdict_of(num(v["max_ms"]) && v["median_ms"] + 0 <= 300 && v["max_ms"] + 0 <= 1000))
+  } else if (name == "goodput") {
+    if (!need("mtbf_s ettr_replay ettr_checkpoint ettr_restart ettr_drop")) exit
+    row("at 1 kill / " v["mtbf_s"] " s: GLOBAL_CHECKPOINT " v["ettr_checkpoint"] \
+          ", RESTART_FROM_CENTER " v["ettr_restart"] ", drop " v["ettr_drop"],
+        "REPLAY: ETTR " v["ettr_replay"], "—",
+        verdict_of(num(v["ettr_replay"]) && v["ettr_replay"] + 0 >= 0.9))
   } else if (name == "peer_torch") {
     if (!need("rebound_samples_s torch_samples_s ratio")) exit
     row("plain PyTorch: " v["torch_samples_s"] " samples/s",
@@ -414,7 +434,7 @@ compose() {  # summary text, old section file (or ""), run files...
       all+=("${rows[$name]}")
     elif [ -n "$old" ] && grep -q "^| \`$name\` |" "$old"; then
       all+=("$(grep "^| \`$name\` |" "$old" | head -n 1)")
-    elif [ -n "$old" ] && [ "$name" != soak ]; then
+    elif [ -n "$old" ] && [[ ! " ${kOnDemand[*]} " == *" $name "* ]]; then
       all+=("| \`$name\` | ${kWhat[$name]} | — | — | — | ${kTarget[$name]} |\
  not run by tools/bench.sh yet | — | — |")
     fi

@@ -89,7 +89,7 @@ void SessionKeeper::Run() {
     // the server's crash_confirm_ms. Refused or unreachable: after the backoff.
     if (attached) continue;
     if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-      LOG(WARNING) << "the server has no worker sessions (a server from before 0.14): its "
+      LOG(WARNING) << "the server has no worker sessions (an older server, before 0.13): its "
                       "failure detection is the heartbeat timeout alone";
       return;
     }

@@ -13,7 +13,7 @@
 // that restarts gives its workers a restart grace, docs/design.md §5.5). The keeper stops only on
 // Stop(): the agent stops it after its Deregister, so that a clean exit's session end is not a
 // crash. An incarnation change (a takeover, a registration again) is followed by Reattach(). A
-// server without the service (UNIMPLEMENTED: from before 0.14) ends the keeper's thread.
+// server without the service (UNIMPLEMENTED: an older server, before 0.13) ends the keeper's thread.
 //
 // Every Attach call carries a deadline of kSessionDeadline, longer than the server lets a session
 // live (WorkerSessions::kMaxSessionAge): the server ends sessions before any deadline passes.

@@ -175,7 +175,7 @@ class Session:
             if attached:
                 continue
             if code == grpc.StatusCode.UNIMPLEMENTED:
-                _log("the server has no worker sessions (a server from before 0.14): its "
+                _log("the server has no worker sessions (an older server, before 0.13): its "
                      "failure detection is the heartbeat timeout alone")
                 return
             if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) and \

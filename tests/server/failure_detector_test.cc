@@ -291,5 +291,73 @@ TEST_CASE("Run checks once per period until stopped") {
   CHECK(StateOf(f.membership, 0) == LOST);
 }
 
+// Goodput (docs/metrics.md#goodput), with every pass 25 ms after the one before and steps
+// reported by heartbeats: a trainer trains 1 s (100 steps), dies after its sync at step 60 and is
+// declared 200 ms later; its slot waits 300 ms for a spare, which restarts it from the center at
+// step 60 and trains 0.5 s (50 steps). The other slot trains throughout.
+TEST_CASE("goodput: a slot's time is split into productive time and lost time by cause") {
+  JobConfig job = testing::JobWithPolicy("RESTART_FROM_CENTER");
+  FakeClock clock;
+  Membership membership(job, &clock);
+  ReliabilityTracker tracker(job.weighting(), job.topology().replicas());
+  FailureDetector detector(job, &membership, &tracker, &clock, {});
+  auto a = membership.Register(Request("a", TRAINER));
+  auto b = membership.Register(Request("b", TRAINER));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(membership.AttachSession(a->incarnation()).ok());
+  detector.CheckOnce();  // the accounts start
+  int64_t b_step = 0;
+  auto pass = [&](int t, uint64_t trainer, int64_t* step) {
+    clock.Advance(absl::Milliseconds(25));
+    if (t % 4 == 0) {
+      b_step += 10;
+      REQUIRE(membership.Heartbeat(Beat(b->incarnation(), b_step)).ok());
+      if (trainer != 0) {
+        *step += 10;
+        REQUIRE(membership.Heartbeat(Beat(trainer, *step)).ok());
+      }
+    }
+    return detector.CheckOnce();
+  };
+  int64_t a_step = 0;
+  for (int t = 1; t <= 40; ++t) CHECK(pass(t, a->incarnation(), &a_step).empty());
+  REQUIRE(a_step == 100);
+  membership.RecordProgress(a->slot(), 60, 1000000);  // its last sync
+  membership.DetachSession(a->incarnation(), /*lost=*/true);
+  for (int t = 1; t < 8; ++t) CHECK(pass(t, 0, nullptr).empty());
+  REQUIRE(pass(8, 0, nullptr).size() == 1);  // 200 ms after the loss
+  for (int t = 1; t <= 12; ++t) pass(t, 0, nullptr);  // LOST: no spare yet
+  auto s = membership.Register(Request("s", SPARE));
+  REQUIRE(s.ok());
+  auto took = membership.Heartbeat(Beat(s->incarnation()));
+  REQUIRE(took.ok());
+  REQUIRE(took->has_takeover());
+  CHECK(took->takeover().start_step() == 60);
+  int64_t s_step = 60;
+  for (int t = 1; t <= 20; ++t) CHECK(pass(t, took->takeover().incarnation(), &s_step).empty());
+  REQUIRE(s_step == 110);
+
+  GetStatusResponse status;
+  membership.FillStatus(&status);
+  const SlotGoodput& lost = status.slots(0).goodput();
+  INFO(status.DebugString());
+  // ACTIVE 1.0 + 0.2 (dead, not yet declared) + 0.5 s, over 100 + 50 steps.
+  const double step_s = 1.7 / 150;
+  CHECK(lost.detect_seconds() == Approx(0.2));
+  CHECK(lost.steps_discarded() == 40);  // reached 100, went on from 60
+  CHECK(lost.rollback_seconds() == Approx(40 * step_s));
+  CHECK(lost.goodput_seconds() == Approx(1.7 - 0.2 - 40 * step_s));
+  CHECK(lost.idle_seconds() == Approx(0.3));
+  CHECK(lost.replay_seconds() == 0);
+  CHECK(lost.restore_seconds() == 0);
+  const SlotGoodput& kept = status.slots(1).goodput();
+  CHECK(kept.goodput_seconds() == Approx(2.0));
+  CHECK(kept.detect_seconds() + kept.idle_seconds() + kept.rollback_seconds() == 0);
+  CHECK(status.goodput().goodput_seconds() == Approx(2.0 + 1.7 - 0.2 - 40 * step_s));
+  // Both slots' 2.0 s: the job's effective training time ratio.
+  CHECK(status.ettr() == Approx((2.0 + 1.7 - 0.2 - 40 * step_s) / 4.0));
+}
+
 }  // namespace
 }  // namespace rebound::server
