@@ -283,6 +283,15 @@ void PrintStatusTable(const GetStatusResponse& s) {
                                            .c_str()
                                      : "");
   }
+  if (s.has_ettr()) {
+    // docs/metrics.md#goodput: this server life's accounts, over every slot.
+    const SlotGoodput& g = s.goodput();
+    std::printf("goodput: ETTR %.3f so far (productive %.1f s; lost: detect %.1f s, replay %.1f "
+                "s, restore %.1f s, rollback %.1f s (%lld steps), idle %.1f s)\n",
+                s.ettr(), g.goodput_seconds(), g.detect_seconds(), g.replay_seconds(),
+                g.restore_seconds(), g.rollback_seconds(),
+                static_cast<long long>(g.steps_discarded()), g.idle_seconds());
+  }
   if (s.has_group()) PrintGroupTable(s.group());
   if (s.has_storage_error()) {
     std::printf("STORAGE ERROR (writes refused, health NOT_SERVING): %s\n",
