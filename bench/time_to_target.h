@@ -6,8 +6,10 @@
 // standing), the evaluator (it reports on the initial center first) and the trainers all at once;
 // its clock starts at the first sync of any slot (t0). At t0 + each of its kill times it SIGKILLs
 // the trainer of slot k % R (k the kill's index; a slot not ACTIVE then is killed as soon as it
-// is) and starts a fresh spare. It ends at the evaluator's first report at or above the target
-// accuracy, or at max_seconds.
+// is) and starts a fresh spare (a replacement machine: on this shared machine at nice 19 until
+// it trains, so that loading its data set does not take the trainers' CPU, which a replacement
+// machine on a cluster would not). It ends at the evaluator's first report at or above the
+// target accuracy, or at max_seconds.
 //
 // Thread-safety: a run uses its cluster from the calling thread (the main thread: see
 // testing/cluster). Ownership: nothing outlives the call. Status codes: a run that failed (a

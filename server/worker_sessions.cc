@@ -33,8 +33,10 @@ class WorkerSessions::Session final : public grpc::ServerWriteReactor<SessionEve
     StartWrite(&event_);
   }
 
-  // The server ends the session (not a loss).
-  void EndByServer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+  // The server ends the session (not a loss). REQUIRES: the owner's mu_ is held (EndAll and
+  // EndAged hold it while they walk the sessions; not annotated: the analysis cannot tell that
+  // owner_ is the walker).
+  void EndByServer() {
     if (!MarkEnded()) return;
     owner_->membership_->DetachSession(incarnation_, /*lost=*/false);
     Finish(grpc::Status::OK);

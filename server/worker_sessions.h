@@ -20,7 +20,9 @@
 // Reactors are gRPC's callback API: an open session holds no thread.
 //
 // Thread-safety: thread-safe. gRPC calls Attach and the reactions on its own threads; EndAll and
-// EndAged may be called from any thread.
+// EndAged may be called from any thread. mu_ is held while calling Membership (lock order:
+// server/recovery_coordinator.h) and gRPC's Finish, never while gRPC calls OnDone (it is not
+// inlined for a write reactor: OnDone takes mu_ to forget the session).
 // Ownership: `membership` and `clock` are borrowed and must outlive the service (and the gRPC
 // server it is registered with); the check is copied.
 // Status codes: Attach answers the check's errors (UNAUTHENTICATED, ABORTED, FAILED_PRECONDITION,
