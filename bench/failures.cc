@@ -20,8 +20,10 @@
 //                     (25,50,75) the worker that owns slot i then (i = 0, 1, 2: each kill a
 //                     different slot; found through GetStatus) is SIGKILLed; a slot that is not ACTIVE at that moment (still being
 //                     rebuilt or rolled back) is killed as soon as it is, and the delay printed.
-//                     Right after each kill the benchmark starts a fresh worker with --role spare
-//                     (spare-<n>, a replacement machine), so the pool never runs dry.
+//                     The replacement machines are a warm pool: spare-0 (the job's spare) and one
+//                     more per kill start before t0, their data loaded (bench/time_to_target.h:
+//                     on 2 cores a replacement started at its kill took the trainers' CPU for
+//                     seconds while it loaded the data set; before R21 the 3 s detection hid it).
 // The first repetition also calibrates GLOBAL_CHECKPOINT's interval, after FAILURE-FREE: it
 // should get the one CheckFreq (Mohan et al., FAST'21) would choose, whose checkpoints cost
 // --overhead_percent (5) of the failure-free time. A failure-free GLOBAL_CHECKPOINT run with
@@ -450,8 +452,10 @@ int Main(int argc, char** argv) {
                     rep);
         continue;
       }
+      // A warm pool: the job's spare and one replacement per kill (bench/time_to_target.h).
       RunSpec spec{RunKind::kWithFailures, policy, rep,
-                   policy == GLOBAL_CHECKPOINT ? interval->every_steps : 0, kill_seconds};
+                   policy == GLOBAL_CHECKPOINT ? interval->every_steps : 0, kill_seconds,
+                   1 + static_cast<int>(kill_seconds.size())};
       std::optional<RunResult> r = run_one(spec);
       if (r.has_value()) times[RecoveryPolicy_Name(policy)].push_back(r->seconds);
     }

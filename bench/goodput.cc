@@ -6,16 +6,20 @@
 // trainers, an evaluator every 500 ms, on a real local cluster; t0 at the first sync). Failures:
 // for each --mtbf_s rate m, kill times after t0 drawn once from a Poisson process of mean gap m
 // (std::mt19937_64 seeded with --seed and m: the same times for every policy at that rate); kill
-// k SIGKILLs the trainer of slot k % 4 and starts a fresh worker as a spare (the replacement
-// machine). The policies:
+// k SIGKILLs the trainer of slot k % 4. Replacement machines: a warm pool of spares started
+// before t0 (bench/time_to_target.h), one per kill expected within three failure-free times (at
+// most 6), and a fresh spare at each kill past those. The policies:
 //   replay               REPLAY (a spare waits from the start; verified replay)
 //   global_checkpoint    GLOBAL_CHECKPOINT every --checkpoint_every_steps (64: the interval
 //                        bench/failures' CheckFreq calibration chose on this machine)
 //   restart_from_center  RESTART_FROM_CENTER with a spare waiting
 //   drop                 torchft's answer, in Rebound's terms: RESTART_FROM_CENTER with no
-//                        standing spare: the job goes on with R - 1 trainers (the dead slot's
-//                        samples are not trained meanwhile) and the killed trainer's replacement
-//                        rejoins from the center once it has started and loaded its data
+//                        warm pool: the job goes on with R - 1 trainers (the dead slot's samples
+//                        are not trained meanwhile) and the killed trainer's replacement, started
+//                        at the kill, rejoins from the center once it has loaded its data (its
+//                        start-up takes this 2-core machine's CPU from the trainers meanwhile,
+//                        which a cluster's replacement machine would not: drop pays a little
+//                        more here than it would there)
 // A run's figures: time to target, ETTR against the failure-free run of the same repetition, the
 // kills, the steps discarded, and the lost time by cause from the server's goodput accounts
 // (GetStatus.goodput, docs/metrics.md#goodput): detect (failure to declaration), idle (LOST:
@@ -59,12 +63,13 @@ namespace rebound::bench {
 namespace {
 
 constexpr char kJobId[] = "bench-goodput";
+constexpr int kMaxPool = 6;
 
 struct Policy {
   const char* key;
   const char* result_key;
   RecoveryPolicy policy;
-  bool standing_spare;
+  bool standing_spare;  // a warm pool of spares (false: the drop baseline, none)
 };
 constexpr Policy kPolicies[] = {
     {"replay", "replay", REPLAY, true},
@@ -217,9 +222,14 @@ int Main(int argc, char** argv) {
     for (double mtbf : flags.mtbf_s) {
       const std::vector<double> times = KillTimes(mtbf, flags.seed, rep, flags.max_seconds);
       for (const Policy* policy : flags.policies) {
+        // The warm pool: the job's spare and a replacement for each kill expected within three
+        // failure-free times (at most kMaxPool); later kills start their replacement at once.
+        const int expected = static_cast<int>(
+            std::count_if(times.begin(), times.end(),
+                          [&](double t) { return t < 3 * free.seconds; }));
         RunSpec spec{RunKind::kWithFailures, policy->policy, rep,
                      policy->policy == GLOBAL_CHECKPOINT ? flags.checkpoint_every_steps : 0,
-                     times, policy->standing_spare};
+                     times, policy->standing_spare ? 1 + std::min(expected, kMaxPool) : 0};
         const std::string dir =
             dirs->StartRun(absl::StrCat("rep", rep, "-mtbf", mtbf, "-", policy->key));
         const RunResult r = ExecuteRun(options, base, dir, spec);

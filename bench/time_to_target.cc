@@ -1,12 +1,7 @@
 #include "bench/time_to_target.h"
 
-#include <sys/resource.h>
-#include <sys/types.h>
-
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <system_error>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -14,7 +9,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -30,21 +24,6 @@ constexpr absl::Duration kPoll = absl::Milliseconds(50);
 constexpr absl::Duration kCalibrationWarmup = absl::Seconds(2);
 constexpr absl::Duration kStartWait = absl::Seconds(60);
 constexpr int64_t kMaxSteps = 1000000000;
-// The niceness of a replacement spare until it trains (see MaybeKill).
-constexpr int kReplacementNice = 19;
-
-// Sets the niceness of every thread of process `pid` (Linux's nice is per thread; threads made
-// later inherit their creator's). Best effort: a thread that ends meanwhile is skipped.
-void SetNice(pid_t pid, int nice) {
-  std::error_code error;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
-    int tid = 0;
-    if (absl::SimpleAtoi(entry.path().filename().string(), &tid)) {
-      setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice);
-    }
-  }
-}
 
 class Run {
  public:
@@ -85,13 +64,12 @@ class Run {
     if (victim.empty() || cluster_.FindWorker(victim) == nullptr) return false;
     if (absl::Status killed = cluster_.KillWorker(victim); !killed.ok()) return killed;
     last_victim_ = victim;
-    const std::string replacement = absl::StrCat("spare-", next_spare_++);
-    if (absl::Status s = cluster_.StartWorker(replacement, "spare"); !s.ok()) return s;
-    // A replacement machine has CPUs of its own; on this machine its start-up (loading the data
-    // set) would take the trainers' CPU for seconds. It runs at kReplacementNice until it trains.
-    if (const ChildProcess* p = cluster_.FindWorker(replacement)) {
-      SetNice(p->pid(), kReplacementNice);
-      niced_[replacement] = p->pid();
+    // The warm pool covers the first kills; past it, the replacement starts now.
+    if (++kills_ > spec_.standing_spares - 1) {
+      if (absl::Status s = cluster_.StartWorker(absl::StrCat("spare-", next_spare_++), "spare");
+          !s.ok()) {
+        return s;
+      }
     }
     return true;
   }
@@ -102,16 +80,18 @@ class Run {
     // The spare and the evaluator first, each with its data loaded (the evaluator has reported
     // on the initial center); then the trainers all at once, which take the slots in the order
     // they register. The clock starts at the first sync of any slot.
-    // Without a standing spare (the "drop" baseline) a killed trainer's replacement is the only
-    // spare there is: started right after the kill, it registers once its data is loaded.
-    if (spec_.standing_spare) {
-      if (absl::Status s = cluster_.StartSpares({"spare-0"}, job_.fault_tolerance().policy() !=
-                                                                 RESTART_FROM_CENTER);
+    // The warm pool (none for the "drop" baseline, whose killed trainers' replacements start at
+    // their kills and register once their data is loaded).
+    std::vector<std::string> pool;
+    for (int i = 0; i < spec_.standing_spares; ++i) pool.push_back(absl::StrCat("spare-", i));
+    if (!pool.empty()) {
+      if (absl::Status s = cluster_.StartSpares(
+              pool, job_.fault_tolerance().policy() != RESTART_FROM_CENTER);
           !s.ok()) {
         return s;
       }
     }
-    next_spare_ = 1;
+    next_spare_ = spec_.standing_spares;
     if (absl::Status s = cluster_.StartEvaluator(); !s.ok()) return s;
     auto evaluating = cluster_.WaitForStatus(
         [](const GetStatusResponse& s) { return s.has_last_eval(); }, kStartWait,
@@ -154,13 +134,6 @@ class Run {
       }
       if (status.ok()) {
         last = *status;
-        // A replacement that now trains (a takeover) trains at the trainers' priority.
-        for (const WorkerStatus& w : status->workers()) {
-          auto it = niced_.find(w.name());
-          if (it == niced_.end() || w.role() != TRAINER || w.state() != ALIVE) continue;
-          SetNice(it->second, 0);
-          niced_.erase(it);
-        }
         if (status->has_last_eval()) {
           const EvalStatus& eval = status->last_eval();
           result->last_accuracy = eval.test_accuracy();
@@ -254,7 +227,7 @@ class Run {
   const RunSpec spec_;
   LocalCluster cluster_;
   int next_spare_ = 0;
-  std::map<std::string, pid_t> niced_;  // replacements not training yet, by name
+  int kills_ = 0;
   std::string last_victim_;
 };
 

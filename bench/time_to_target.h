@@ -2,14 +2,16 @@
 
 // Time to a target accuracy on a real local cluster, with trainers killed on a schedule: one run
 // of the shipped job as bench/failures (its header says how a run goes) and bench/goodput use it.
-// A run starts rebound_server (inline job, in-memory state), a spare (unless the run has none
-// standing), the evaluator (it reports on the initial center first) and the trainers all at once;
-// its clock starts at the first sync of any slot (t0). At t0 + each of its kill times it SIGKILLs
-// the trainer of slot k % R (k the kill's index; a slot not ACTIVE then is killed as soon as it
-// is) and starts a fresh spare (a replacement machine: on this shared machine at nice 19 until
-// it trains, so that loading its data set does not take the trainers' CPU, which a replacement
-// machine on a cluster would not). It ends at the evaluator's first report at or above the
-// target accuracy, or at max_seconds.
+// A run starts rebound_server (inline job, in-memory state), its warm pool of spares (each with
+// its data loaded), the evaluator (it reports on the initial center first) and the trainers all
+// at once; its clock starts at the first sync of any slot (t0). At t0 + each of its kill times it
+// SIGKILLs the trainer of slot k % R (k the kill's index; a slot not ACTIVE then is killed as
+// soon as it is); once the pool's spares are spent (the pool's first spare stands for the job's
+// own, every further one for a kill's replacement machine), each kill also starts a fresh spare
+// (a replacement machine) at once. The pool exists because on a 2-core machine a replacement
+// started at the kill takes the trainers' CPU for seconds while it loads the data set, which a
+// replacement machine with CPUs of its own would not. It ends at the evaluator's first report at
+// or above the target accuracy, or at max_seconds.
 //
 // Thread-safety: a run uses its cluster from the calling thread (the main thread: see
 // testing/cluster). Ownership: nothing outlives the call. Status codes: a run that failed (a
@@ -46,9 +48,10 @@ struct RunSpec {
   int rep;
   int checkpoint_every_steps = 0;  // GLOBAL_CHECKPOINT
   std::vector<double> kill_seconds;  // after t0, kWithFailures; kill k takes slot k % R
-  // A spare waits from the start (false: the "drop" baseline, whose only spares are the killed
-  // trainers' replacements, started at each kill).
-  bool standing_spare = true;
+  // Spares started (data loaded) before t0: the job's one and the replacements of the first
+  // standing_spares - 1 kills. 0: the "drop" baseline, whose only spares are the killed
+  // trainers' replacements, each started at its kill.
+  int standing_spares = 1;
 };
 
 // "FAILURE-FREE", "CALIBRATION" or the policy's name.
