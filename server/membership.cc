@@ -28,6 +28,7 @@ Membership::Membership(const JobConfig& job, const Clock* clock, PersistFn persi
       persist_(std::move(persist)),
       failure_timeout_(absl::Milliseconds(job.fault_tolerance().failure_timeout_ms())),
       crash_confirm_(absl::Milliseconds(job.fault_tolerance().crash_confirm_ms())),
+      stall_after_(absl::Milliseconds(2 * job.fault_tolerance().heartbeat_interval_ms())),
       epoch_(static_cast<uint64_t>(absl::ToUnixSeconds(clock->Now())) & 0xFFFFFFFFu) {
   {
     absl::MutexLock lock(&mu_);
@@ -376,6 +377,7 @@ void Membership::RestartSlotAtLocked(Slot& slot, int64_t step) {
   slot.steps_discarded += std::max<int64_t>(0, slot.step - step);
   slot.step = step;
   slot.step_at_account = step;
+  slot.progress_at = clock_->Now();  // a new trainer: stalled only after stall_after_
 }
 
 RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time now,
@@ -1116,11 +1118,19 @@ void Membership::AccountTime() {
   accounted_at_ = now;
   if (dt <= absl::ZeroDuration()) return;
   for (Slot& slot : slots_) {
+    const bool moved = slot.step > slot.step_at_account;
+    if (moved) slot.progress_at = now;
+    if (!slot.accounting) {
+      slot.accounting = slot.state == ACTIVE && moved;
+      slot.step_at_account = slot.step;
+      continue;
+    }
     switch (slot.state) {
       case ACTIVE: {
         auto it = workers_.find(slot.owner);
         const bool blocked = it != workers_.end() && !it->second.blocked_reason.empty();
-        (blocked ? slot.blocked_time : slot.active_time) += dt;
+        const bool stalled = now - slot.progress_at > stall_after_;
+        (blocked || stalled ? slot.blocked_time : slot.active_time) += dt;
         slot.active_steps += std::max<int64_t>(0, slot.step - slot.step_at_account);
         break;
       }

@@ -283,7 +283,9 @@ class Membership {
   int CountInState(WorkerState state) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Goodput (docs/metrics.md#goodput): adds the time since the last call to each slot's current
-  // state, and the steps its trainer made meanwhile. Called by every failure-detector pass.
+  // state, and the steps its trainer made meanwhile; an ACTIVE slot whose step has not moved for
+  // two heartbeat intervals (a new trainer loading its data, a stall) counts as idle. A slot's
+  // accounts start at its first step. Called by every failure-detector pass.
   void AccountTime() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -347,6 +349,10 @@ class Membership {
     absl::Duration active_time, lost_time, recovering_time, blocked_time;
     int64_t active_steps = 0;
     int64_t step_at_account = 0;
+    // The accounts start at the slot's first step (not at its first registration: a job's
+    // start-up is nobody's loss); `progress_at` is when its step last moved.
+    bool accounting = false;
+    absl::Time progress_at;
     int64_t detection_ms_total = 0;
     int64_t replay_ms_total = 0;
     int64_t steps_discarded = 0;
@@ -406,6 +412,8 @@ class Membership {
   const PersistFn persist_;
   const absl::Duration failure_timeout_;
   const absl::Duration crash_confirm_;  // zero: crash detection off
+  // Goodput: an ACTIVE slot whose step has not moved for this long is stalled (counted idle).
+  const absl::Duration stall_after_;
 
   // Serializes the persist function's calls; taken before mu_, held across a write.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
@@ -442,7 +450,7 @@ class Membership {
                                   const std::string& detail, int64_t start_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot goes on from `step`; what it had reached past it is counted as discarded.
-  static void RestartSlotAtLocked(Slot& slot, int64_t step);
+  void RestartSlotAtLocked(Slot& slot, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot of a RECOVERING task goes back to LOST (the spare died, timed out or failed); the
   // observer is told the task is over.
   void ReleaseTaskLocked(Slot& slot, RecoveryOutcome outcome, const std::string& why)

@@ -342,21 +342,51 @@ TEST_CASE("goodput: a slot's time is split into productive time and lost time by
   membership.FillStatus(&status);
   const SlotGoodput& lost = status.slots(0).goodput();
   INFO(status.DebugString());
-  // ACTIVE 1.0 + 0.2 (dead, not yet declared) + 0.5 s, over 100 + 50 steps.
-  const double step_s = 1.7 / 150;
+  // The accounts start at each slot's first step (100 ms in): ACTIVE 0.9 + 0.2 (dead, not yet
+  // declared) + 0.5 s, over 90 + 50 steps.
+  const double step_s = 1.6 / 140;
   CHECK(lost.detect_seconds() == Approx(0.2));
   CHECK(lost.steps_discarded() == 40);  // reached 100, went on from 60
   CHECK(lost.rollback_seconds() == Approx(40 * step_s));
-  CHECK(lost.goodput_seconds() == Approx(1.7 - 0.2 - 40 * step_s));
+  CHECK(lost.goodput_seconds() == Approx(1.6 - 0.2 - 40 * step_s));
   CHECK(lost.idle_seconds() == Approx(0.3));
   CHECK(lost.replay_seconds() == 0);
   CHECK(lost.restore_seconds() == 0);
   const SlotGoodput& kept = status.slots(1).goodput();
-  CHECK(kept.goodput_seconds() == Approx(2.0));
+  CHECK(kept.goodput_seconds() == Approx(1.9));
   CHECK(kept.detect_seconds() + kept.idle_seconds() + kept.rollback_seconds() == 0);
-  CHECK(status.goodput().goodput_seconds() == Approx(2.0 + 1.7 - 0.2 - 40 * step_s));
-  // Both slots' 2.0 s: the job's effective training time ratio.
-  CHECK(status.ettr() == Approx((2.0 + 1.7 - 0.2 - 40 * step_s) / 4.0));
+  CHECK(status.goodput().goodput_seconds() == Approx(1.9 + 1.6 - 0.2 - 40 * step_s));
+  // Both slots' 1.9 s: the job's effective training time ratio.
+  CHECK(status.ettr() == Approx((1.9 + 1.6 - 0.2 - 40 * step_s) / 3.8));
+}
+
+TEST_CASE("goodput: an ACTIVE slot whose step stops moving for two heartbeat intervals is idle") {
+  Fixture f;
+  auto a = f.membership.Register(Request("a", TRAINER));
+  REQUIRE(a.ok());
+  FailureDetector detector(f.job, &f.membership, &f.tracker, &f.clock, {});
+  detector.CheckOnce();
+  int64_t step = 0;
+  auto pass = [&](int t, bool progress) {
+    f.clock.Advance(absl::Milliseconds(25));
+    if (t % 4 == 0) {
+      if (progress) step += 10;
+      REQUIRE(f.membership.Heartbeat(Beat(a->incarnation(), step)).ok());
+    }
+    CHECK(detector.CheckOnce().empty());
+  };
+  for (int t = 1; t <= 20; ++t) pass(t, true);   // 0.5 s: the accounts start 100 ms in
+  for (int t = 1; t <= 20; ++t) pass(t, false);  // 0.5 s alive, no step (heartbeat 100 ms)
+  for (int t = 1; t <= 8; ++t) pass(t, true);    // 0.2 s: steps again from 100 ms in
+  GetStatusResponse status;
+  f.membership.FillStatus(&status);
+  INFO(status.DebugString());
+  const SlotGoodput& g = status.slots(0).goodput();
+  // Productive: 0.4 s, the stall's first 0.2 s (two heartbeat intervals), the last 0.125 s.
+  CHECK(g.goodput_seconds() == Approx(0.725));
+  // Idle: the rest of the stall (0.3 s) and 75 ms until the next step arrived.
+  CHECK(g.idle_seconds() == Approx(0.375));
+  CHECK(status.ettr() == Approx(0.725 / 1.1));
 }
 
 }  // namespace
