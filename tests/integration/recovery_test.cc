@@ -558,11 +558,14 @@ TensorBundle RunDeterministicJob(JobSpec spec, const KillPoint* kill) {
     cluster.Kill("b");
     absl::SleepFor(absl::Milliseconds(kMaxWaitMs) + Scaled(absl::Milliseconds(200)));
     cluster.Signal("a", SIGCONT);
-    const GetStatusResponse lost = cluster.WaitFor("b declared failed", [](const auto& s) {
+    // Declared within crash_confirm_ms of the kill, while "a" is still frozen; the spares may
+    // have rebuilt the slot and synced it again by the time this status is read, so the slot's
+    // snapshot then is no figure to check: the recovery's record says it replayed from t0
+    // (CheckRebuilt below), i.e. no sync of the dead "b" was applied after its death.
+    cluster.WaitFor("b declared failed", [](const auto& s) {
       const WorkerStatus* b = FindWorker(s, "b", TRAINER);
       return b != nullptr && b->state() == FAILED;
     });
-    CHECK(lost.slots(1).snapshot_step() == t0);
   }
   const GetStatusResponse done = cluster.WaitFor("job finished", AllFinished);
   if (kill != nullptr) {
