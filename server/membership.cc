@@ -20,6 +20,26 @@ namespace {
 
 int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
+// Upper bounds of RecoveryDurations' buckets, in seconds: a crash found by its session and
+// rebuilt by a short replay takes a few hundred ms; a hang (the heartbeat timeout) seconds; a
+// slot that waits for a spare minutes.
+constexpr double kRecoveryDurationBounds[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
+
+void ObserveRecoveryDuration(absl::Duration d, RecoveryPolicy policy, RecoveryDurations* h) {
+  constexpr int kBounds = sizeof(kRecoveryDurationBounds) / sizeof(kRecoveryDurationBounds[0]);
+  if (h->bucket_counts_size() == 0) {
+    h->set_policy(policy);
+    for (double bound : kRecoveryDurationBounds) h->add_bucket_le_seconds(bound);
+    for (int i = 0; i <= kBounds; ++i) h->add_bucket_counts(0);
+  }
+  const double seconds = absl::ToDoubleSeconds(d);
+  int bucket = 0;
+  while (bucket < kBounds && seconds > kRecoveryDurationBounds[bucket]) ++bucket;
+  h->set_bucket_counts(bucket, h->bucket_counts(bucket) + 1);
+  h->set_sum_seconds(h->sum_seconds() + seconds);
+  h->set_count(h->count() + 1);
+}
+
 }  // namespace
 
 Membership::Membership(const JobConfig& job, const Clock* clock, PersistFn persist)
@@ -366,7 +386,7 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
   RegisterResponse takeover =
       HandOverLocked(index, spare, now,
                      absl::StrCat("restarted from the center by '", spare.name, "'"),
-                     slot.synced_step);
+                     slot.synced_step, RESTART_FROM_CENTER);
   recovery.add_spares(takeover.incarnation());
   recoveries_.push_back(recovery);
   if (recoveries_.size() > kMaxRecoveries) recoveries_.erase(recoveries_.begin());
@@ -381,8 +401,12 @@ void Membership::RestartSlotAtLocked(Slot& slot, int64_t step) {
 }
 
 RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time now,
-                                            const std::string& detail, int64_t start_step) {
+                                            const std::string& detail, int64_t start_step,
+                                            RecoveryPolicy policy) {
   Slot& slot = slots_[index];
+  ObserveRecoveryDuration(
+      absl::Milliseconds(slot.detection_ms) + std::max(absl::ZeroDuration(), now - slot.lost_at),
+      policy, &recovery_durations_[policy]);
   Worker trainer;
   trainer.incarnation = (epoch_ << 32) | next_counter_++;
   trainer.name = spare.name;
@@ -599,7 +623,7 @@ absl::StatusOr<std::optional<RegisterResponse>> Membership::FinishRecovery(
       index, spare, now,
       absl::StrCat("rebuilt by replay of ", report.steps_replayed(), " steps by '", spare.name,
                    "'", report.verified() ? ", verified bit-identical" : ""),
-      replayed_to);
+      replayed_to, record != nullptr ? record->policy() : job_.fault_tolerance().policy());
   Worker& trainer = workers_.at(takeover.incarnation());
   trainer.step = replayed_to;
   trainer.takeover_task = report.task_id();
@@ -1083,6 +1107,9 @@ void Membership::FillStatus(GetStatusResponse* response) const {
                                         slot.detection_ms_total, slot.replay_ms_total,
                                         slot.steps_discarded);
     AddGoodput(out->goodput(), response->mutable_goodput());
+  }
+  for (const auto& [policy, durations] : recovery_durations_) {
+    *response->add_recovery_durations() = durations;
   }
   const SlotGoodput& job = response->goodput();
   const double lost = job.detect_seconds() + job.replay_seconds() + job.restore_seconds() +

@@ -428,6 +428,9 @@ class Membership {
   bool start_released_ ABSL_GUARDED_BY(mu_) = false;  // the start barrier (StartHeldLocked)
   std::optional<absl::Time> first_trainer_at_ ABSL_GUARDED_BY(mu_);
   std::vector<RecoveryStatus> recoveries_ ABSL_GUARDED_BY(mu_);
+  // Per policy, this server life's recoveries that ended in a takeover: their durations from
+  // the failure to the takeover, bucketed by kRecoveryDurationBounds (GetStatus, /metrics).
+  std::map<RecoveryPolicy, RecoveryDurations> recovery_durations_ ABSL_GUARDED_BY(mu_);
   uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
   // The last FLUSH_LOG sequence number given out. It starts at this server life's start time in
   // microseconds, so that it exceeds every sequence a worker may still report from an earlier
@@ -446,9 +449,11 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `spare` the trainer of slot `index` under a new incarnation, from step `start_step`
   // (the steps the slot had reached past it are discarded: goodput's rollback).
+  // `policy` is the recovery's (a restart under REPLAY's fallback is RESTART_FROM_CENTER's); its
+  // duration, from the owner's failure to now, goes into recovery_durations_.
   RegisterResponse HandOverLocked(int index, Worker& spare, absl::Time now,
-                                  const std::string& detail, int64_t start_step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  const std::string& detail, int64_t start_step,
+                                  RecoveryPolicy policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot goes on from `step`; what it had reached past it is counted as discarded.
   void RestartSlotAtLocked(Slot& slot, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot of a RECOVERING task goes back to LOST (the spare died, timed out or failed); the

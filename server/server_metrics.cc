@@ -274,6 +274,27 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
   for (const auto& [phase, ms] : phase_ms) {
     w->Sample("rebound_recovery_phase_seconds", {{"phase", phase}}, ms / 1000.0);
   }
+  if (!s.recovery_durations().empty()) {
+    w->Family("rebound_recovery_duration_seconds",
+              "Recoveries that ended in a takeover in this server life, by policy: the time from "
+              "the failure (its detection included) to the takeover.",
+              "histogram");
+  }
+  for (const RecoveryDurations& h : s.recovery_durations()) {
+    const std::string policy = RecoveryPolicy_Name(h.policy());
+    uint64_t cumulative = 0;
+    for (int i = 0; i < h.bucket_counts_size(); ++i) {
+      cumulative += h.bucket_counts(i);
+      const std::string le = i < h.bucket_le_seconds_size()
+                                 ? absl::StrCat(h.bucket_le_seconds(i))
+                                 : std::string("+Inf");
+      w->Sample("rebound_recovery_duration_seconds_bucket", {{"policy", policy}, {"le", le}},
+                static_cast<double>(cumulative));
+    }
+    w->Sample("rebound_recovery_duration_seconds_sum", {{"policy", policy}}, h.sum_seconds());
+    w->Sample("rebound_recovery_duration_seconds_count", {{"policy", policy}},
+              static_cast<double>(h.count()));
+  }
   if (!s.recoveries().empty()) {
     const RecoveryStatus& last = s.recoveries(s.recoveries_size() - 1);
     w->Family("rebound_last_recovery_phase_seconds", "The newest recovery's phases.", "gauge");

@@ -43,6 +43,7 @@
 #include "proto/rebound.grpc.pb.h"
 #include "storage/durable_store.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/integration/scrape.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
 #include "testing/cluster/time_scale.h"
@@ -205,6 +206,7 @@ TEST_CASE("a lost slot waits for a spare, and a spare that registers later rebui
       absl::Seconds(60), absl::Milliseconds(1));
   cluster.Signal("a", SIGSTOP);
   const int64_t t0 = WaitForLoggedSteps(cluster, 1, 30);
+  const absl::Time killed_at = absl::Now();
   cluster.Kill("b");
   cluster.Signal("a", SIGCONT);
 
@@ -244,6 +246,22 @@ TEST_CASE("a lost slot waits for a spare, and a spare that registers later rebui
   CheckRebuilt(done.recoveries(0), 1, t0, 30, spec.sync_period);
   CheckTookOver(done, done.recoveries(0).spares(0), 1);
   CheckEverySyncAppliedOnce(done, spec);
+  // The recovery's duration, from b's death to the takeover, the 2 s without a spare included:
+  // in the status and as a histogram on /metrics (docs/metrics.md#recovery).
+  const double since_kill = absl::ToDoubleSeconds(absl::Now() - killed_at);
+  REQUIRE(done.recovery_durations_size() == 1);
+  const RecoveryDurations& took = done.recovery_durations(0);
+  CHECK(took.policy() == REPLAY);
+  CHECK(took.count() == 1);
+  CHECK(took.sum_seconds() >= 2.0);
+  CHECK(took.sum_seconds() <= since_kill);
+  const Exposition metrics = ScrapeMetrics(done.metrics_address());
+  CHECK(metrics.types.at("rebound_recovery_duration_seconds") == "histogram");
+  const std::string series = "rebound_recovery_duration_seconds";
+  CHECK(metrics.samples.at(series + "_count{policy=\"REPLAY\"}") == 1);
+  CHECK(metrics.samples.at(series + "_sum{policy=\"REPLAY\"}") == Approx(took.sum_seconds()));
+  CHECK(metrics.samples.at(series + "_bucket{policy=\"REPLAY\",le=\"1\"}") == 0);
+  CHECK(metrics.samples.at(series + "_bucket{policy=\"REPLAY\",le=\"+Inf\"}") == 1);
   INFO(cluster.Logs());
   CHECK(cluster.ExitCode("a") == 0);
   CHECK(cluster.ExitCode("spare") == 0);

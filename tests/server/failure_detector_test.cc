@@ -358,6 +358,20 @@ TEST_CASE("goodput: a slot's time is split into productive time and lost time by
   CHECK(status.goodput().goodput_seconds() == Approx(1.9 + 1.6 - 0.2 - 40 * step_s));
   // Both slots' 1.9 s: the job's effective training time ratio.
   CHECK(status.ettr() == Approx((1.9 + 1.6 - 0.2 - 40 * step_s) / 3.8));
+  // One recovery, a restart from the center: 0.2 s from the crash to its declaration, then 0.3 s
+  // LOST until the spare took over, in the bucket whose upper bound is 0.5 s.
+  REQUIRE(status.recovery_durations_size() == 1);
+  const RecoveryDurations& durations = status.recovery_durations(0);
+  CHECK(durations.policy() == RESTART_FROM_CENTER);
+  CHECK(durations.count() == 1);
+  CHECK(durations.sum_seconds() == Approx(0.5));
+  REQUIRE(durations.bucket_le_seconds_size() == 11);
+  REQUIRE(durations.bucket_counts_size() == 12);
+  CHECK(durations.bucket_le_seconds(2) == 0.5);
+  for (int i = 0; i < durations.bucket_counts_size(); ++i) {
+    INFO("bucket " << i);
+    CHECK(durations.bucket_counts(i) == (i == 2 ? 1u : 0u));
+  }
 }
 
 TEST_CASE("goodput: an ACTIVE slot whose step stops moving for two heartbeat intervals is idle") {
