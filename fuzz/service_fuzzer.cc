@@ -15,6 +15,8 @@
 //   * an OK Pull returns the stage's tensors;
 //   * a recovery task's spare rank and micro-batch block lie inside the task and the job;
 //   * GetStatus answers OK at the end and describes the job's topology;
+//   * an incarnation holds at most Membership::kMaxSessionsPerWorker WorkerSessions at a time
+//     (calls `session`: the Attach and stream ends server/worker_sessions.cc drives);
 //   * a sharded job (group 0): an authorized or committed weight lies in (0, 1]; an OK SyncRange
 //     reports the range's version and answers one tensor of the range's size.
 //   * a sharded GLOBAL_CHECKPOINT job: an OK CheckpointRange kept bytes; an OK RollbackRange
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -481,6 +484,29 @@ class Server {
         }
         break;
       }
+      case ServerCall::kSession: {
+        const uint64_t incarnation = call.session().incarnation();
+        if (call.session().end()) {
+          // Only an admitted session ends (WorkerSessions tracks those alone).
+          auto open = open_sessions_.find(incarnation);
+          if (open == open_sessions_.end()) {
+            detail = " (no open session)";
+            break;
+          }
+          if (--open->second == 0) open_sessions_.erase(open);
+          membership_->DetachSession(incarnation, call.session().lost());
+          break;
+        }
+        absl::Status admitted = service_->CheckWorkerCall(in_process, incarnation);
+        if (admitted.ok()) admitted = membership_->AttachSession(incarnation);
+        if (admitted.ok()) {
+          // At most kMaxSessionsPerWorker at a time; a fenced worker never gets one.
+          FUZZ_CHECK(++open_sessions_[incarnation] <= Membership::kMaxSessionsPerWorker);
+        }
+        status = grpc::Status(static_cast<grpc::StatusCode>(admitted.code()),
+                              std::string(admitted.message()));
+        break;
+      }
       case ServerCall::CALL_NOT_SET:
         break;
     }
@@ -565,6 +591,9 @@ class Server {
       case ServerCall::kReadRangeSnapshot:
         call->mutable_read_range_snapshot()->set_incarnation(incarnation);
         break;
+      case ServerCall::kSession:
+        call->mutable_session()->set_incarnation(incarnation);
+        break;
       default:
         break;
     }
@@ -615,6 +644,7 @@ class Server {
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<server::RangeService> ranges_;  // a sharded job's range 0
   std::vector<uint64_t> incarnations_;
+  std::map<uint64_t, int> open_sessions_;  // admitted WorkerSessions per incarnation
   std::vector<int64_t> versions_;
 };
 

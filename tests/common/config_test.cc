@@ -256,6 +256,20 @@ TEST_CASE("the failure timeout must exceed the heartbeat interval") {
         "fault_tolerance.heartbeat_interval_ms = 500, got 400");
 }
 
+TEST_CASE("the crash confirmation window lies in [0, 60000] ms, 0 turning crash detection off") {
+  CHECK(JobError(std::string(kBase) + "fault_tolerance {\n  crash_confirm_ms: -1\n}\n") ==
+        "job.pbtxt:6: fault_tolerance.crash_confirm_ms must be in [0, 60000], got -1");
+  CHECK(JobError(std::string(kBase) + "fault_tolerance {\n  crash_confirm_ms: 60001\n}\n") ==
+        "job.pbtxt:6: fault_tolerance.crash_confirm_ms must be in [0, 60000], got 60001");
+  absl::StatusOr<JobConfig> off =
+      ParseJobConfig(std::string(kBase) + "fault_tolerance { crash_confirm_ms: 0 }\n", "job.pbtxt");
+  REQUIRE(off.ok());
+  CHECK(off->fault_tolerance().crash_confirm_ms() == 0);
+  absl::StatusOr<JobConfig> shipped_default = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(shipped_default.ok());
+  CHECK(shipped_default->fault_tolerance().crash_confirm_ms() == 200);
+}
+
 TEST_CASE("a job needs at least one replica") {
   CHECK(JobError(std::string(kBase) + "topology { replicas: 0 }\n") ==
         "job.pbtxt:5: topology.replicas must be in [1, 4096], got 0");

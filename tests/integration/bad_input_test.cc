@@ -523,6 +523,23 @@ grpc::Status AppendLogOnce(BadInputCluster& cluster, uint64_t incarnation,
   return stream->Finish();
 }
 
+// One WorkerSession.Attach as `incarnation` (with its credential, if it has one) that the server
+// refuses: the call's final status, and whether an `attached` event came first (it must not).
+grpc::Status AttachRefused(BadInputCluster& cluster, uint64_t incarnation, bool* attached) {
+  auto stub = WorkerSession::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+  WorkerCredentials::AddTo(&context, cluster.credentials().Of(incarnation));
+  AttachRequest request;
+  request.set_incarnation(incarnation);
+  auto reader = stub->Attach(&context, request);
+  SessionEvent event;
+  *attached = false;
+  while (reader->Read(&event)) *attached = *attached || event.attached();
+  return reader->Finish();
+}
+
 TEST_CASE("AppendLog steps beyond max_steps or far past the snapshot and sample ids beyond the "
           "data set are INVALID_ARGUMENT, and nothing is logged") {
   BadInputCluster cluster{JobSpec()};
@@ -679,6 +696,10 @@ TEST_CASE("unknown, fenced, foreign and non-owning incarnations are refused with
       HeartbeatResponse reply;
       CheckStatus(cluster.Call(&ParameterServer::Stub::Heartbeat, beat, &reply), Code::ABORTED,
                   "is unknown to this server");
+      bool attached = true;
+      CheckStatus(AttachRefused(cluster, stranger, &attached), Code::ABORTED,
+                  "is unknown to this server");
+      CHECK_FALSE(attached);
     }
   }
   SECTION("a fenced incarnation: FAILED_PRECONDITION saying why") {
@@ -701,6 +722,11 @@ TEST_CASE("unknown, fenced, foreign and non-owning incarnations are refused with
                 Code::FAILED_PRECONDITION, fenced);
     CheckStatus(cluster.Call(&ParameterServer::Stub::Deregister, leave, &left),
                 Code::FAILED_PRECONDITION, fenced);
+    // A fenced worker cannot open a session either (nor, by its end, be declared crashed).
+    bool attached = true;
+    CheckStatus(AttachRefused(cluster, b.incarnation(), &attached), Code::FAILED_PRECONDITION,
+                fenced);
+    CHECK_FALSE(attached);
     CHECK(cluster.Status().slots(1).state() == LOST);
   }
   SECTION("an alive incarnation that does not own the slot: FAILED_PRECONDITION") {

@@ -19,11 +19,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/status_util.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 #include "tests/integration/worker_credentials.h"
 
 namespace rebound::testing {
@@ -95,8 +97,9 @@ std::vector<LogRecord> WholeStep(uint64_t* next_id, const SlotId& slot, int64_t 
 class Streams {
  public:
   explicit Streams(const std::string& address)
-      : stub_(ParameterServer::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+      : channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+        stub_(ParameterServer::NewStub(channel_)),
+        sessions_(WorkerSession::NewStub(channel_)) {}
 
   // One AppendLog stream of one batch, with `credential`; the stream's final status.
   grpc::Status Append(const std::string& credential, uint64_t incarnation,
@@ -126,15 +129,33 @@ class Streams {
     return reader->Finish();
   }
 
+  // One WorkerSession.Attach with `credential` that the server refuses: its final status. (An
+  // admitted session stays open until the deadline; these calls are all refused at once.)
+  grpc::Status AttachRefused(const std::string& credential, uint64_t incarnation) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    WorkerCredentials::AddTo(&context, credential);
+    AttachRequest request;
+    request.set_incarnation(incarnation);
+    auto reader = sessions_->Attach(&context, request);
+    SessionEvent event;
+    while (reader->Read(&event)) attached_ += event.attached() ? 1 : 0;
+    return reader->Finish();
+  }
+
   uint64_t acked_through() const { return acked_through_; }
+  int attached() const { return attached_; }
 
  private:
   static void Deadline(grpc::ClientContext* context) {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   }
 
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  std::unique_ptr<WorkerSession::Stub> sessions_;
   uint64_t acked_through_ = 0;
+  int attached_ = 0;
 };
 
 TEST_CASE("a client that knows a worker's incarnation but not its credential cannot act as it, "
@@ -196,6 +217,9 @@ TEST_CASE("a client that knows a worker's incarnation but not its credential can
     CheckStatus(streams.Append(credential, victim.incarnation(),
                                WholeStep(&record_id, victim.slot(), 9)),
                 Code::UNAUTHENTICATED, as_victim);
+    // A session opened as the victim: refused, so its end can never declare the victim crashed.
+    CheckStatus(streams.AttachRefused(credential, victim.incarnation()), Code::UNAUTHENTICATED,
+                as_victim);
     // The spare's and the evaluator's calls, made as them.
     WaitForTaskRequest wait;
     wait.set_incarnation(spare.incarnation());
@@ -231,6 +255,9 @@ TEST_CASE("a client that knows a worker's incarnation but not its credential can
   }
 
   // Nothing changed: the victim is alive in its slot, with its one sync; no log, no evaluation.
+  // Waited past the crash confirmation window (200 ms) of the refused sessions' ends first.
+  CHECK(streams.attached() == 0);
+  absl::SleepFor(Scaled(absl::Seconds(1)));
   const GetStatusResponse after = cluster.Status();
   CHECK(FindWorker(after, "victim", TRAINER)->state() == ALIVE);
   CHECK(FindWorker(after, "victim", TRAINER)->step() ==
