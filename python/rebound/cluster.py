@@ -9,6 +9,8 @@ its own session and killed (process group) on ``close()``.
 A job whose center is sharded across K server groups (docs/sharding.md) runs on
 ``LocalShardedServers(server_binary, job_text, K)``: K servers, each with the job plus
 ``sharding { groups: K }`` and its own ``shard`` block; workers are pointed at group 0.
+A replicated server group (docs/design.md §10.1) runs on ``LocalServerGroup(server_binary,
+job_text, members)``: one etcd member and the servers, workers given every member's address.
 
 Bounded: ``LocalServer`` waits at most ``start_timeout_s`` for the server's port file; every
 ``wait`` takes a timeout; ``close()`` sends SIGTERM, waits ``grace_s``, then SIGKILL.
@@ -230,6 +232,177 @@ class LocalShardedServers:
 
     def __exit__(self, *exc):
         self.cleanup()
+
+
+class LocalServerGroup:
+    """A replicated server group (docs/design.md §10.1) on loopback: one etcd member
+    (``etcd_binary``) and ``members`` rebound_server processes, each on a port chosen in advance
+    with its own data directory, ``replication`` with ``members - 1`` standbys. Only the leader
+    listens for workers: ``address`` lists every member (the workers' --server), ``status`` and
+    ``wait_for`` ask whoever leads. ``kill_leader`` SIGKILLs the leading member, ``start_member``
+    starts a member again on its data directory (it rejoins as a standby). ``close()`` stops
+    the workers, the members, then etcd; ``cleanup()`` also removes the directory.
+
+    Bounded: etcd must serve within ``start_timeout_s``, a member must lead within it."""
+
+    def __init__(self, binary, job_text, members=2, etcd_binary="/usr/bin/etcd",
+                 start_timeout_s=30.0, lease_ms=2000, extra_server=""):
+        if members < 2:
+            raise ValueError("a replicated group has at least 2 members, got %d" % members)
+        if not os.access(etcd_binary, os.X_OK):
+            raise RuntimeError("%s is missing: install etcd-server (tools/setup.sh)" % etcd_binary)
+        self._tmp = tempfile.TemporaryDirectory(prefix="rebound-py-group-")
+        self.dir = self._tmp.name
+        self.binary = binary
+        self.workers = []
+        self.start_timeout_s = start_timeout_s
+        ports = []
+        while len(ports) < members + 2:
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        client_url = "http://127.0.0.1:%d" % ports[0]
+        peer_url = "http://127.0.0.1:%d" % ports[1]
+        self._etcd_log = os.path.join(self.dir, "etcd.log")
+        with open(self._etcd_log, "ab") as log:
+            self.etcd = subprocess.Popen(
+                [etcd_binary, "--name", "m0", "--data-dir", os.path.join(self.dir, "etcd"),
+                 "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                 "--initial-cluster", "m0=" + peer_url, "--initial-cluster-state", "new",
+                 "--heartbeat-interval", "50", "--election-timeout", "500",
+                 "--log-level", "warn", "--logger", "zap"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.addresses = ["127.0.0.1:%d" % port for port in ports[2:]]
+        self.address = ",".join(self.addresses)
+        self.names = ["server-%d" % i for i in range(members)]
+        self.servers = [None] * members
+        self.log_paths = [os.path.join(self.dir, name + ".log") for name in self.names]
+        self._configs = []
+        for i, name in enumerate(self.names):
+            config = os.path.join(self.dir, name + ".pbtxt")
+            with open(config, "w") as f:
+                f.write('listen_address: "%s"\n' % self.addresses[i])
+                f.write('durability { data_dir: "%s" }\n' % os.path.join(self.dir, name))
+                f.write("metrics { enabled: false }\n")
+                f.write('replication {\n  etcd_endpoints: "127.0.0.1:%d"\n  standbys: %d\n'
+                        '  leader_lease_ms: %d\n  name: "%s"\n'
+                        '  peer_listen_address: "127.0.0.1:0"\n}\n'
+                        % (ports[0], members - 1, lease_ms, name))
+                f.write(extra_server + "\n")
+                f.write("job {\n%s\n}\n" % job_text)
+            self._configs.append(config)
+        try:
+            self._wait_etcd(time.monotonic() + start_timeout_s, ports[0])
+            for i in range(members):
+                self.start_member(i)
+            self.wait_for(lambda s: s.group.role == rebound_pb2.GroupStatus.LEADER,
+                          start_timeout_s, what="a member leading")
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def _wait_etcd(self, deadline, port):
+        while time.monotonic() < deadline:
+            if self.etcd.poll() is not None:
+                raise RuntimeError("etcd exited with %d; its log: %s" % (
+                    self.etcd.returncode, self._etcd_log))
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("etcd did not listen within the start timeout")
+
+    def start_member(self, i):
+        """Starts member ``i`` on its data directory (again, after a kill)."""
+        with open(self.log_paths[i], "ab") as log:
+            self.servers[i] = subprocess.Popen(
+                [self.binary, "--config", self._configs[i], "--peer_port_file",
+                 os.path.join(self.dir, "peer-port-%d" % i), "--logtostderr"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def leader(self, timeout_s=2.0):
+        """The index of the member that answers GetStatus as LEADER, or None."""
+        for i, address in enumerate(self.addresses):
+            if self.servers[i] is None or self.servers[i].poll() is not None:
+                continue
+            channel = grpc.insecure_channel(address)
+            try:
+                status = rebound_pb2_grpc.ParameterServerStub(channel).GetStatus(
+                    rebound_pb2.GetStatusRequest(), timeout=timeout_s)
+                if status.group.role == rebound_pb2.GroupStatus.LEADER:
+                    return i
+            except grpc.RpcError:
+                pass
+            finally:
+                channel.close()
+        return None
+
+    def status(self, timeout_s=5.0):
+        """GetStatus from the leading member; grpc.RpcError (UNAVAILABLE) when none leads."""
+        last = None
+        for address in self.addresses:
+            channel = grpc.insecure_channel(address)
+            try:
+                status = rebound_pb2_grpc.ParameterServerStub(channel).GetStatus(
+                    rebound_pb2.GetStatusRequest(), timeout=timeout_s)
+                if status.group.role == rebound_pb2.GroupStatus.LEADER:
+                    return status
+            except grpc.RpcError as error:
+                last = error
+            finally:
+                channel.close()
+        if last is not None:
+            raise last
+        raise _NoLeader()
+
+    def wait_for(self, predicate, timeout_s, poll_s=0.2, what="condition"):
+        return LocalServer.wait_for(self, predicate, timeout_s, poll_s, what)
+
+    def start_worker(self, argv, log_path=None, env=None):
+        return LocalServer.start_worker(self, argv, log_path, env)
+
+    def kill_leader(self):
+        """SIGKILLs the leading member: its index. RuntimeError when none leads."""
+        i = self.leader()
+        if i is None:
+            raise RuntimeError("no member leads")
+        _kill(self.servers[i], signal.SIGKILL, 0)
+        return i
+
+    def server_logs(self, tail=3000):
+        """Every member's log, its last ``tail`` characters each, for a failing test's message."""
+        out = []
+        for name, path in zip(self.names, self.log_paths):
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()[-tail:]
+            except OSError:
+                text = ""
+            out.append("--- %s (%s) ---\n%s" % (name, path, text))
+        return "\n".join(out)
+
+    def close(self, grace_s=5.0):
+        for worker in self.workers:
+            _kill(worker, signal.SIGTERM, grace_s)
+        for server in self.servers:
+            _kill(server, signal.SIGTERM, grace_s)
+        _kill(self.etcd, signal.SIGTERM, grace_s)
+
+    def cleanup(self):
+        self.close()
+        self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+
+class _NoLeader(grpc.RpcError):
+    """No member of a LocalServerGroup answered as its leader."""
 
 
 def _kill(process, sig, grace_s):
