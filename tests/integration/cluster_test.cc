@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rebound.grpc.pb.h"
 #include "testing/cluster/processes.h"
+#include "testing/cluster/time_scale.h"
 
 namespace rebound::testing {
 namespace {
@@ -36,10 +37,13 @@ int CountOccurrences(const std::string& text, const std::string& what) {
   return count;
 }
 
-constexpr int kHeartbeatMs = 200;
-constexpr int kFailureTimeoutMs = 1000;
+// The job's timing, stretched under TSan like every integration test's
+// (testing/cluster/time_scale.h): a worker slowed 5-15x needs longer than 200 ms to attach again.
+const int kHeartbeatMs = static_cast<int>(ScaledMs(200));
+const int kFailureTimeoutMs = static_cast<int>(ScaledMs(1000));
+const int kCrashConfirmMs = static_cast<int>(ScaledMs(200));  // the default's 200, stretched
 
-// `crash_confirm_ms` < 0: the default (crash detection on, docs/design.md §13).
+// `crash_confirm_ms` < 0: crash detection on with kCrashConfirmMs (docs/design.md §13).
 std::string ServerConfigText(int crash_confirm_ms) {
   return absl::StrCat(
       "listen_address: \"127.0.0.1:0\"\n"
@@ -49,7 +53,7 @@ std::string ServerConfigText(int crash_confirm_ms) {
       "  topology { replicas: 2 }\n"
       "  fault_tolerance { heartbeat_interval_ms: ",
       kHeartbeatMs, " failure_timeout_ms: ", kFailureTimeoutMs,
-      crash_confirm_ms >= 0 ? absl::StrCat(" crash_confirm_ms: ", crash_confirm_ms) : "",
+      " crash_confirm_ms: ", crash_confirm_ms >= 0 ? crash_confirm_ms : kCrashConfirmMs,
       " }\n"
       // A slice of the data and more steps than any test waits for: the trainers keep training.
       "  data { batch_size: 32 train_limit: 1000 test_limit: 100 }\n"
@@ -195,7 +199,8 @@ TEST_CASE("two workers register and heartbeat; a SIGKILLed one is declared faile
   // says "no heartbeat for"; the test below has crash detection off).
   INFO(failed->DebugString());
   CHECK(absl::StartsWith(failed->state_reason(), "its session ended "));
-  CHECK(absl::StrContains(failed->state_reason(), "(crash_confirm 200 ms)"));
+  CHECK(absl::StrContains(failed->state_reason(),
+                          absl::StrCat("(crash_confirm ", kCrashConfirmMs, " ms)")));
   CHECK(failed->silent_ms_at_failure() <= kFailureTimeoutMs);
   for (const SlotStatus& slot : status.slots()) {
     if (slot.slot().replica() == dead_slot.replica()) {
