@@ -112,6 +112,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& req
   worker.metrics_address = request.metrics_address();
   worker.registered = now;
   worker.last_heartbeat = now;
+  worker.heard = now;
   worker.slot_index = slot_index;
   worker.credential = *credential;
 
@@ -266,6 +267,7 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   if (!alive.ok()) return alive;
   Worker& worker = workers_.at(request.incarnation());
   worker.last_heartbeat = now;
+  worker.heard = now;
   if (worker.takeover_task != 0) {
     if (RecoveryStatus* r = FindRecoveryLocked(worker.takeover_task)) {
       r->mutable_phases()->set_takeover_ms(Millis(now - worker.handed_over));
@@ -415,6 +417,7 @@ RegisterResponse Membership::HandOverLocked(int index, Worker& spare, absl::Time
   trainer.metrics_address = spare.metrics_address;
   trainer.registered = now;
   trainer.last_heartbeat = now;
+  trainer.heard = now;
   trainer.slot_index = index;
   trainer.step = start_step;
   trainer.credential = spare.credential;
@@ -800,6 +803,7 @@ absl::Status Membership::Restore(const ServerRecord& server, const std::vector<S
       worker.role = TRAINER;
       worker.registered = now;
       worker.last_heartbeat = now + grace;
+      worker.heard = now;  // the restore: it has not called this server yet
       worker.slot_index = SlotIndex(record.slot());
       worker.step = record.step();
       workers_[worker.incarnation] = worker;
@@ -926,6 +930,7 @@ absl::Status Membership::AttachSession(uint64_t incarnation, absl::Duration* bac
   ++worker.sessions;
   worker.session_lost_at = absl::InfiniteFuture();
   worker.last_heartbeat = std::max(worker.last_heartbeat, now);
+  worker.heard = now;
   return absl::OkStatus();
 }
 
@@ -946,6 +951,7 @@ std::vector<FailedWorker> Membership::DetectFailures() {
   WriteLock lock(this, "the fencing of a failed worker");
   for (auto& [incarnation, worker] : workers_) {
     if (worker.state != ALIVE) continue;
+    // Against the deadline, which a restart's grace puts ahead of the last contact.
     const absl::Duration silent = now - worker.last_heartbeat;
     const bool crashed = crash_confirm_ > absl::ZeroDuration() && worker.sessions == 0 &&
                          now - worker.session_lost_at >= crash_confirm_;
@@ -953,7 +959,7 @@ std::vector<FailedWorker> Membership::DetectFailures() {
     FailedWorker f;
     f.incarnation = incarnation;
     f.name = worker.name;
-    f.silent_for = silent;
+    f.silent_for = now - worker.heard;  // never negative, also within a grace
     f.crashed = crashed && silent <= failure_timeout_;
     f.detected_after = f.crashed ? now - worker.session_lost_at : silent;
     if (worker.slot_index >= 0) {
@@ -990,6 +996,8 @@ void Membership::ExcuseServerPause(absl::Duration paused) {
     if (worker.session_lost_at < now) {
       worker.session_lost_at = std::min(now, worker.session_lost_at + paused);
     }
+    // Nor is the pause the worker's silence.
+    worker.heard = std::min(now, worker.heard + paused);
     if (worker.last_heartbeat >= now) continue;
     worker.last_heartbeat = std::min(now, worker.last_heartbeat + paused);
   }
@@ -1128,7 +1136,7 @@ void Membership::FillStatus(GetStatusResponse* response) const {
     if (worker.slot_index >= 0) *out->mutable_slot() = slots_[worker.slot_index].id;
     out->set_step(worker.step);
     out->set_loss(worker.loss);
-    out->set_last_heartbeat_ms_ago(Millis(now - worker.last_heartbeat));
+    out->set_last_heartbeat_ms_ago(Millis(now - worker.heard));
     out->set_registered_ms_ago(Millis(now - worker.registered));
     out->set_peer_address(worker.peer_address);
     if (!worker.metrics_address.empty()) out->set_metrics_address(worker.metrics_address);

@@ -301,7 +301,12 @@ class Membership {
     int64_t step = 0;
     double loss = 0.0;
     absl::Time registered;
+    // The heartbeat deadline's base: the last heartbeat, or after a restart or a leader change
+    // (a restored owner that has not called yet) the restore plus the reconnect grace, ahead of
+    // now. `heard` is the last contact itself (a registration, heartbeat, attach or the
+    // restore): the silence reported (silent_ms_at_failure, last_heartbeat_ms_ago).
     absl::Time last_heartbeat;
+    absl::Time heard;
     int64_t silent_ms_at_failure = 0;
     // How long its failure took to detect: the silence, or for a crash the time since its
     // session was lost (the recovery's detection phase).

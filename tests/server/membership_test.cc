@@ -384,6 +384,52 @@ TEST_CASE("after a restart the slots' owners go on and every other old incarnati
   CHECK(second.CheckAlive(fresh->incarnation()).code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("a restored owner that crashes within the restart grace is declared with its silence "
+          "since its last contact, never a negative one") {
+  FakeClock clock;
+  ServerRecord server;
+  std::vector<SlotRecord> slots;
+  uint64_t a = 0;
+  uint64_t b = 0;
+  {
+    Membership first(TwoByOneJob(), &clock,
+                     [&](const ServerRecord& s, const std::vector<SlotRecord>& records) {
+                       server = s;
+                       slots = records;
+                       return absl::OkStatus();
+                     });
+    a = first.Register(Request("a"))->incarnation();
+    b = first.Register(Request("b"))->incarnation();
+  }
+  // A new leader: the owners' heartbeat deadline lies 10 s ahead (the reconnect grace).
+  Membership second(TwoByOneJob(), &clock);
+  REQUIRE(second.Restore(server, slots, absl::Seconds(10)).ok());
+  clock.Advance(absl::Seconds(1));
+  REQUIRE(second.AttachSession(a).ok());  // a's last contact
+  clock.Advance(absl::Milliseconds(500));
+  second.DetachSession(a, /*lost=*/true);
+  clock.Advance(absl::Milliseconds(200));  // crash_confirm_ms
+  const std::vector<FailedWorker> failed = second.DetectFailures();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].incarnation == a);
+  CHECK(failed[0].crashed);
+  CHECK(failed[0].silent_for == absl::Milliseconds(700));
+  CHECK(failed[0].detected_after == absl::Milliseconds(200));
+  GetStatusResponse status;
+  second.FillStatus(&status);
+  for (const WorkerStatus& w : status.workers()) {
+    INFO(w.DebugString());
+    if (w.incarnation() == a) {
+      CHECK(w.state() == FAILED);
+      CHECK(w.silent_ms_at_failure() == 700);
+    } else if (w.incarnation() == b) {
+      // b has not called this server: silent since the restore, within its grace.
+      CHECK(w.state() == ALIVE);
+      CHECK(w.last_heartbeat_ms_ago() == 1700);
+    }
+  }
+}
+
 TEST_CASE("restored from a backup, no owner comes back: active slots are LOST, the old "
           "incarnations are unknown and new ones never repeat them") {
   FakeClock clock;
