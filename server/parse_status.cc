@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_handoff.h"
 #include "grpcpp/support/status.h"
 
 namespace rebound::server {
@@ -34,6 +35,7 @@ class ParseStatusFactory final : public grpc::experimental::ServerInterceptorFac
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
+    MarkTakenFromGrpc();  // on a callback API thread for WorkerSession.Attach
     return new ParseStatusInterceptor(info->method());
   }
 };

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/grpc_handoff.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
@@ -528,6 +529,7 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
   creators.push_back(NewParseStatusFactory());
   if (config.metrics().enabled()) creators.push_back(NewRpcMetricsFactory(&metrics, &clock));
   builder.experimental().SetInterceptorCreators(std::move(creators));
+  MarkHandOffToGrpc();  // what the callback API's threads read (common/grpc_handoff.h)
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     LOG(ERROR) << "cannot listen on " << config.listen_address() << ": "
@@ -618,6 +620,7 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
       leader->FillStatus(status);
     });
   }
+  MarkHandOffToGrpc();  // and what was set up since, before the first call is served
   service.MarkReady();
   server->GetHealthCheckService()->SetServingStatus(true);
   LOG(INFO) << "admission bounds: " << service.admission().parked_calls

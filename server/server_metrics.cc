@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/grpc_handoff.h"
 #include "common/grpc_status.h"
 
 namespace rebound::server {
@@ -61,6 +62,7 @@ class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFact
       : registry_(registry), clock_(clock) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
+    MarkTakenFromGrpc();  // on a callback API thread for WorkerSession.Attach
     return new RpcMetricsInterceptor(registry_, clock_, ShortMethod(info->method()));
   }
 

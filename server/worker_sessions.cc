@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_handoff.h"
 #include "common/grpc_status.h"
 
 namespace rebound::server {
@@ -23,6 +24,7 @@ class WorkerSessions::Session final : public grpc::ServerWriteReactor<SessionEve
   // The call was refused: it ends at once and was never attached.
   void Refuse(const absl::Status& why) {
     MarkEnded();
+    MarkHandOffToGrpc();
     Finish(ToGrpcStatus(why));
   }
 
@@ -30,6 +32,7 @@ class WorkerSessions::Session final : public grpc::ServerWriteReactor<SessionEve
   void Open(absl::Time now) {
     event_.set_attached(true);
     event_.set_server_time_ms(absl::ToUnixMillis(now));
+    MarkHandOffToGrpc();
     StartWrite(&event_);
   }
 
@@ -39,12 +42,14 @@ class WorkerSessions::Session final : public grpc::ServerWriteReactor<SessionEve
   void EndByServer() {
     if (!MarkEnded()) return;
     owner_->membership_->DetachSession(incarnation_, /*lost=*/false);
+    MarkHandOffToGrpc();
     Finish(grpc::Status::OK);
   }
 
-  void OnWriteDone(bool /*ok*/) override {}  // a failed write: OnCancel follows
+  void OnWriteDone(bool /*ok*/) override { MarkTakenFromGrpc(); }  // a failed one: OnCancel
 
   void OnCancel() override {
+    MarkTakenFromGrpc();
     if (!MarkEnded()) return;  // the server ended it first
     {
       absl::MutexLock lock(&owner_->mu_);
@@ -55,10 +60,12 @@ class WorkerSessions::Session final : public grpc::ServerWriteReactor<SessionEve
       }
       owner_->membership_->DetachSession(incarnation_, lost);
     }
+    MarkHandOffToGrpc();
     Finish(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
+    MarkTakenFromGrpc();
     owner_->Forget(this);
     delete this;
   }
@@ -85,6 +92,7 @@ WorkerSessions::WorkerSessions(Membership* membership, CheckFn check, const Cloc
 
 grpc::ServerWriteReactor<SessionEvent>* WorkerSessions::Attach(
     grpc::CallbackServerContext* context, const AttachRequest* request) {
+  MarkTakenFromGrpc();
   const absl::Time now = clock_->Now();
   auto* session = new Session(this, request->incarnation(), now);
   absl::Status admitted = check_(context, request->incarnation());
