@@ -28,7 +28,48 @@ import grpc
 from rebound_pb import rebound_pb2, rebound_pb2_grpc
 
 
-class LocalServer:
+class _LocalProcesses:
+    """What LocalServer and LocalServerGroup share: the workers they start (in ``self.dir``),
+    waits on their ``status()``, and cleanup (``close()``, then the directory) as a context."""
+
+    def wait_for(self, predicate, timeout_s, poll_s=0.2, what="condition"):
+        """Polls status() until predicate(status) is true; the status. TimeoutError after
+        timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.status()
+                if predicate(last):
+                    return last
+            except grpc.RpcError:
+                pass
+            time.sleep(poll_s)
+        raise TimeoutError("%s not reached within %.0f s; last status:\n%s" % (
+            what, timeout_s, last))
+
+    def start_worker(self, argv, log_path=None, env=None):
+        log_path = log_path or os.path.join(self.dir, "worker-%d.log" % len(self.workers))
+        log = open(log_path, "ab")
+        worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, env=env)
+        log.close()
+        worker.log_path = log_path
+        self.workers.append(worker)
+        return worker
+
+    def cleanup(self):
+        self.close()
+        self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+
+class LocalServer(_LocalProcesses):
     """One rebound_server. ``port``: 0 for any (the server reports it), else the port to listen
     on (a sharded job's groups must know each other's addresses before they start)."""
 
@@ -114,32 +155,6 @@ class LocalServer:
         finally:
             channel.close()
 
-    def wait_for(self, predicate, timeout_s, poll_s=0.2, what="condition"):
-        """Polls GetStatus until predicate(status) is true; the status. TimeoutError after
-        timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        last = None
-        while time.monotonic() < deadline:
-            try:
-                last = self.status()
-                if predicate(last):
-                    return last
-            except grpc.RpcError:
-                pass
-            time.sleep(poll_s)
-        raise TimeoutError("%s not reached within %.0f s; last status:\n%s" % (
-            what, timeout_s, last))
-
-    def start_worker(self, argv, log_path=None, env=None):
-        log_path = log_path or os.path.join(self.dir, "worker-%d.log" % len(self.workers))
-        log = open(log_path, "ab")
-        worker = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True, env=env)
-        log.close()
-        worker.log_path = log_path
-        self.workers.append(worker)
-        return worker
-
     def kill_server(self):
         _kill(self.server, signal.SIGKILL, 0)
 
@@ -148,16 +163,6 @@ class LocalServer:
             _kill(worker, signal.SIGTERM, grace_s)
         if self.server is not None:
             _kill(self.server, signal.SIGTERM, grace_s)
-
-    def cleanup(self):
-        self.close()
-        self._tmp.cleanup()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.cleanup()
 
 
 def free_port():
@@ -234,7 +239,7 @@ class LocalShardedServers:
         self.cleanup()
 
 
-class LocalServerGroup:
+class LocalServerGroup(_LocalProcesses):
     """A replicated server group (docs/design.md §10.1) on loopback: one etcd member
     (``etcd_binary``) and ``members`` rebound_server processes, each on a port chosen in advance
     with its own data directory, ``replication`` with ``members - 1`` standbys. Only the leader
@@ -357,12 +362,6 @@ class LocalServerGroup:
             raise last
         raise _NoLeader()
 
-    def wait_for(self, predicate, timeout_s, poll_s=0.2, what="condition"):
-        return LocalServer.wait_for(self, predicate, timeout_s, poll_s, what)
-
-    def start_worker(self, argv, log_path=None, env=None):
-        return LocalServer.start_worker(self, argv, log_path, env)
-
     def kill_leader(self):
         """SIGKILLs the leading member: its index. RuntimeError when none leads."""
         i = self.leader()
@@ -389,16 +388,6 @@ class LocalServerGroup:
         for server in self.servers:
             _kill(server, signal.SIGTERM, grace_s)
         _kill(self.etcd, signal.SIGTERM, grace_s)
-
-    def cleanup(self):
-        self.close()
-        self._tmp.cleanup()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.cleanup()
 
 
 class _NoLeader(grpc.RpcError):
