@@ -36,6 +36,19 @@ using testing::RegisterTrainers;
 using testing::Request;
 using testing::TwoByOneJob;
 
+// What a Membership wrote last (its PersistFn), for a second one to restore: a restart.
+struct Written {
+  ServerRecord server;
+  std::vector<SlotRecord> slots;
+  Membership::PersistFn Writer() {
+    return [this](const ServerRecord& record, const std::vector<SlotRecord>& records) {
+      server = record;
+      slots = records;
+      return absl::OkStatus();
+    };
+  }
+};
+
 TEST_CASE("trainers fill the slots in order, then workers become spares") {
   FakeClock clock;
   Membership membership(TwoByOneJob(), &clock);
@@ -355,23 +368,17 @@ namespace {
 TEST_CASE("after a restart the slots' owners go on and every other old incarnation registers "
           "again (ABORTED)") {
   FakeClock clock;
-  ServerRecord server;
-  std::vector<SlotRecord> slots;
+  Written written;
   uint64_t trainer = 0;
   uint64_t spare = 0;
   {
-    Membership first(TwoByOneJob(), &clock,
-                     [&](const ServerRecord& s, const std::vector<SlotRecord>& records) {
-                       server = s;
-                       slots = records;
-                       return absl::OkStatus();
-                     });
+    Membership first(TwoByOneJob(), &clock, written.Writer());
     trainer = first.Register(Request("a"))->incarnation();
     REQUIRE(first.Register(Request("b")).ok());
     spare = first.Register(Request("s", SPARE))->incarnation();
   }
   Membership second(TwoByOneJob(), &clock);
-  REQUIRE(second.Restore(server, slots, absl::Seconds(10)).ok());
+  REQUIRE(second.Restore(written.server, written.slots, absl::Seconds(10)).ok());
   CHECK(second.CheckAlive(trainer).ok());
   const absl::Status old_spare = second.CheckAlive(spare);
   CHECK(old_spare.code() == absl::StatusCode::kAborted);
@@ -387,23 +394,17 @@ TEST_CASE("after a restart the slots' owners go on and every other old incarnati
 TEST_CASE("a restored owner that crashes within the restart grace is declared with its silence "
           "since its last contact, never a negative one") {
   FakeClock clock;
-  ServerRecord server;
-  std::vector<SlotRecord> slots;
+  Written written;
   uint64_t a = 0;
   uint64_t b = 0;
   {
-    Membership first(TwoByOneJob(), &clock,
-                     [&](const ServerRecord& s, const std::vector<SlotRecord>& records) {
-                       server = s;
-                       slots = records;
-                       return absl::OkStatus();
-                     });
+    Membership first(TwoByOneJob(), &clock, written.Writer());
     a = first.Register(Request("a"))->incarnation();
     b = first.Register(Request("b"))->incarnation();
   }
   // A new leader: the owners' heartbeat deadline lies 10 s ahead (the reconnect grace).
   Membership second(TwoByOneJob(), &clock);
-  REQUIRE(second.Restore(server, slots, absl::Seconds(10)).ok());
+  REQUIRE(second.Restore(written.server, written.slots, absl::Seconds(10)).ok());
   clock.Advance(absl::Seconds(1));
   REQUIRE(second.AttachSession(a).ok());  // a's last contact
   clock.Advance(absl::Milliseconds(500));
@@ -433,16 +434,10 @@ TEST_CASE("a restored owner that crashes within the restart grace is declared wi
 TEST_CASE("restored from a backup, no owner comes back: active slots are LOST, the old "
           "incarnations are unknown and new ones never repeat them") {
   FakeClock clock;
-  ServerRecord server;
-  std::vector<SlotRecord> slots;
+  Written written;
   std::vector<uint64_t> old;
   {
-    Membership first(TwoByOneJob(), &clock,
-                     [&](const ServerRecord& s, const std::vector<SlotRecord>& records) {
-                       server = s;
-                       slots = records;
-                       return absl::OkStatus();
-                     });
+    Membership first(TwoByOneJob(), &clock, written.Writer());
     old.push_back(first.Register(Request("a"))->incarnation());
     old.push_back(first.Register(Request("b"))->incarnation());
     // Issued after the backup was taken (the records above): the restored server must not
@@ -450,7 +445,9 @@ TEST_CASE("restored from a backup, no owner comes back: active slots are LOST, t
     old.push_back(first.Register(Request("s", SPARE))->incarnation());
   }
   Membership restored(TwoByOneJob(), &clock);
-  REQUIRE(restored.Restore(server, slots, absl::Seconds(10), /*forget_owners=*/true).ok());
+  REQUIRE(restored
+              .Restore(written.server, written.slots, absl::Seconds(10), /*forget_owners=*/true)
+              .ok());
   for (uint64_t incarnation : old) {
     CHECK(restored.CheckAlive(incarnation).code() == absl::StatusCode::kAborted);
   }
@@ -543,17 +540,11 @@ TEST_CASE(
 
 TEST_CASE("after a server restart, a flush a neighbour did for the previous life does not count") {
   FakeClock clock;
-  ServerRecord server;
-  std::vector<SlotRecord> slots;
+  Written written;
   std::vector<uint64_t> t;
   int64_t old_sequence = 0;
   {
-    Membership first(PipelineJob(1), &clock,
-                     [&](const ServerRecord& record, const std::vector<SlotRecord>& records) {
-                       server = record;
-                       slots = records;
-                       return absl::OkStatus();
-                     });
+    Membership first(PipelineJob(1), &clock, written.Writer());
     t = RegisterTrainers(first, 3);
     FailOne(clock, first, t, t[2]);  // (0, 2) lost: (0, 1) flushes
     old_sequence = FlushWhenAsked(first, t[1]);
@@ -561,7 +552,7 @@ TEST_CASE("after a server restart, a flush a neighbour did for the previous life
   // The next life restores (0, 0) and (0, 1); t[1]'s agent still reports its last flush.
   clock.Advance(absl::Seconds(5));
   Membership second(PipelineJob(1), &clock);
-  REQUIRE(second.Restore(server, slots, absl::ZeroDuration()).ok());
+  REQUIRE(second.Restore(written.server, written.slots, absl::ZeroDuration()).ok());
   CHECK_FALSE(HasCommand(BeatOk(second, Flushed(t[1], old_sequence)), FLUSH_LOG));
   // (0, 0) fails in this life: t[1] must flush again, whatever it reported before.
   clock.Advance(absl::Milliseconds(900));
