@@ -14,7 +14,8 @@
 //     center now has;
 //   * an OK Pull returns the stage's tensors;
 //   * a recovery task's spare rank and micro-batch block lie inside the task and the job;
-//   * GetStatus answers OK at the end and describes the job's topology;
+//   * GetStatus answers OK at the end and describes the job's topology, and each of its
+//     recovery-duration histograms adds up (buckets = bounds + 1, their counts = its count);
 //   * an incarnation holds at most Membership::kMaxSessionsPerWorker WorkerSessions at a time
 //     (calls `session`: the Attach and stream ends server/worker_sessions.cc drives);
 //   * a sharded job (group 0): an authorized or committed weight lies in (0, 1]; an OK SyncRange
@@ -530,6 +531,18 @@ class Server {
     FUZZ_CHECK(response.stages() == job_.topology().stages());
     FUZZ_CHECK(response.centers_size() == centers_->num_stages());
     FUZZ_CHECK(response.slots_size() == job_.topology().replicas() * job_.topology().stages());
+    // Each recovery-duration histogram is whole: one count per bucket and +Inf, adding up to
+    // its count, a non-negative sum, ascending bounds.
+    for (const RecoveryDurations& h : response.recovery_durations()) {
+      FUZZ_CHECK(h.bucket_counts_size() == h.bucket_le_seconds_size() + 1);
+      uint64_t total = 0;
+      for (uint64_t n : h.bucket_counts()) total += n;
+      FUZZ_CHECK(total == h.count());
+      FUZZ_CHECK(h.count() > 0 && h.sum_seconds() >= 0);
+      for (int i = 1; i < h.bucket_le_seconds_size(); ++i) {
+        FUZZ_CHECK(h.bucket_le_seconds(i - 1) < h.bucket_le_seconds(i));
+      }
+    }
   }
 
  private:
