@@ -455,6 +455,50 @@ void CheckJob(const JobConfig& job, Checker& c) {
                                     sharding.groups(), "): no server holds the whole center"));
     }
   }
+
+  // Audits (docs/recovery.md#audits).
+  if (job.has_audit()) {
+    const AuditConfig& audit = job.audit();
+    c.InRange("audit.fraction", audit.fraction(), 0.0, 1.0);
+    c.InRange("audit.max_concurrent", audit.max_concurrent(), 1, 64);
+    c.AtLeast("audit.steps_per_hour", audit.steps_per_hour(), int64_t{0});
+    c.InRange("audit.max_wait_ms", audit.max_wait_ms(), 1000, 3600000);
+    if (audit.on_mismatch() != AUDIT_REPORT && audit.on_mismatch() != AUDIT_QUARANTINE) {
+      c.Fail("audit.on_mismatch", "must be AUDIT_REPORT or AUDIT_QUARANTINE");
+    }
+    if (audit.fraction() > 0) {
+      if (!job.step_log().enabled()) {
+        c.Fail("audit.fraction", "> 0 needs step_log.enabled: an audit replays the logged steps");
+      }
+      if (audit.on_mismatch() == AUDIT_QUARANTINE && job.topology().stages() > 1) {
+        c.Fail("audit.on_mismatch",
+               "AUDIT_QUARANTINE needs topology.stages 1 (a quarantined slot restarts from the "
+               "center, which a pipeline stage cannot do apart from its neighbours); use "
+               "AUDIT_REPORT");
+      }
+      if (EffectiveRecoveryPolicy(job) != REPLAY) {
+        c.Fail("audit.fraction",
+               "> 0 needs fault_tolerance.policy REPLAY and easgd.mode EASGD: trainers log "
+               "their steps only then, and a rollback (GLOBAL_CHECKPOINT) rewrites logged "
+               "windows");
+      }
+      if (sharding.groups() > 1) {
+        c.Fail("audit", absl::StrCat("is not supported yet for a sharded center (sharding.groups ",
+                                     sharding.groups(), "): the windows' snapshots are the range "
+                                     "groups'"));
+      }
+      for (int stage = 0; stage < job.topology().stages(); ++stage) {
+        const auto [first, end] = RecoveryGroup(job, stage);
+        if (end - first > 1) {
+          c.Fail("audit.fraction",
+                 absl::StrCat("> 0 needs every pipeline boundary logged (stage ", stage,
+                              " replays only with stages [", first, ", ", end,
+                              "): see step_log.logged_boundaries)"));
+          break;
+        }
+      }
+    }
+  }
 }
 
 // A server of a sharded job: its group and every group's address (docs/sharding.md).

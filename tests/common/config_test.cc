@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/config.h"
 
 namespace rebound {
@@ -268,6 +269,44 @@ TEST_CASE("the crash confirmation window lies in [0, 60000] ms, 0 turning crash 
   absl::StatusOr<JobConfig> shipped_default = ParseJobConfig(kBase, "job.pbtxt");
   REQUIRE(shipped_default.ok());
   CHECK(shipped_default->fault_tolerance().crash_confirm_ms() == 200);
+}
+
+TEST_CASE("audits: fraction in [0, 1], max_concurrent in [1, 64], and what they need") {
+  CHECK(JobError(std::string(kBase) + "audit {\n  fraction: 1.5\n}\n") ==
+        "job.pbtxt:6: audit.fraction must be in [0, 1], got 1.5");
+  CHECK(JobError(std::string(kBase) + "audit {\n  fraction: 0.1\n  max_concurrent: 0\n}\n") ==
+        "job.pbtxt:7: audit.max_concurrent must be in [1, 64], got 0");
+  CHECK(JobError(std::string(kBase) + "audit {\n  fraction: 0.1\n  steps_per_hour: -1\n}\n") ==
+        "job.pbtxt:7: audit.steps_per_hour must be >= 0, got -1");
+  CHECK(absl::StrContains(
+      JobError(std::string(kBase) + "step_log { enabled: false }\naudit {\n  fraction: 0.1\n}\n"),
+      "audit.fraction > 0 needs step_log.enabled"));
+  CHECK(absl::StrContains(
+      JobError(std::string(kBase) +
+               "fault_tolerance { policy: GLOBAL_CHECKPOINT }\naudit {\n  fraction: 0.1\n}\n"),
+      "audit.fraction > 0 needs fault_tolerance.policy REPLAY and easgd.mode EASGD"));
+  CHECK(absl::StrContains(
+      JobError(std::string(kBase) +
+               "fault_tolerance { policy: RESTART_FROM_CENTER }\naudit {\n  fraction: 0.1\n}\n"),
+      "audit.fraction > 0 needs fault_tolerance.policy REPLAY and easgd.mode EASGD"));
+  CHECK(absl::StrContains(
+      JobError(std::string(kBase) + "sharding { groups: 2 }\naudit {\n  fraction: 0.1\n}\n"),
+      "audit is not supported yet for a sharded center"));
+  CHECK(absl::StrContains(
+      JobError("job_id: \"t\"\n"
+               "model { layers { width: 8 } layers { width: 10 activation: IDENTITY } }\n"
+               "topology { stages: 2 }\n"
+               "audit {\n  fraction: 0.1\n  on_mismatch: AUDIT_QUARANTINE\n}\n"),
+      "AUDIT_QUARANTINE needs topology.stages 1"));
+  absl::StatusOr<JobConfig> on = ParseJobConfig(
+      std::string(kBase) + "audit { fraction: 0.05 on_mismatch: AUDIT_QUARANTINE }\n", "job.pbtxt");
+  REQUIRE(on.ok());
+  CHECK(on->audit().fraction() == 0.05);
+  CHECK(on->audit().max_concurrent() == 1);
+  absl::StatusOr<JobConfig> off = ParseJobConfig(kBase, "job.pbtxt");
+  REQUIRE(off.ok());
+  CHECK(off->audit().fraction() == 0);
+  CHECK(off->audit().on_mismatch() == AUDIT_REPORT);
 }
 
 TEST_CASE("a job needs at least one replica") {
