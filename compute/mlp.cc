@@ -60,6 +60,26 @@ absl::StatusOr<uint64_t> MlpStage::ParamsChecksum() const {
   return hash.Digest();
 }
 
+absl::StatusOr<std::vector<uint64_t>> MlpStage::TensorChecksums() const {
+  std::vector<uint64_t> checksums;
+  checksums.reserve(layout_.tensors().size());
+  if (!backend_->host_addressable()) {
+    std::vector<float> packed(layout_.packed_size());
+    RETURN_IF_ERROR(GetParams(absl::MakeSpan(packed)));
+    for (const TensorInfo& t : layout_.tensors()) {
+      checksums.push_back(
+          ChecksumFloats(absl::MakeConstSpan(packed).subspan(t.packed_offset, t.size())));
+    }
+    return checksums;
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  const ConstDSpan params = params_.span();
+  for (const TensorInfo& t : layout_.tensors()) {
+    checksums.push_back(ChecksumFloats(absl::MakeConstSpan(params.data + t.offset, t.size())));
+  }
+  return checksums;
+}
+
 absl::Status MlpStage::DrawDirection(const HutchinsonKey& key) {
   DSpan z = direction_.span();
   for (const TensorInfo& t : layout_.tensors()) {

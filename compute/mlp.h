@@ -108,6 +108,10 @@ class MlpStage {
   // step log's per-step checksum, docs/design.md §5.2). On a host-addressable backend it hashes the
   // tensors where they are, with no copy (it runs after every logged step).
   absl::StatusOr<uint64_t> ParamsChecksum() const;
+  // The same hash over each tensor's packed bytes alone, one per tensor in id order (the step
+  // log's tensor_checksums: a replay that differs names the first tensor that does). Copy-free
+  // on a host-addressable backend, like ParamsChecksum.
+  absl::StatusOr<std::vector<uint64_t>> TensorChecksums() const;
 
   // direction = z of step `key` for this stage's tensors (padding left zero).
   absl::Status DrawDirection(const HutchinsonKey& key);

@@ -132,6 +132,23 @@ void WorkerAgent::SetFlushHook(std::function<absl::Status(absl::Duration)> hook)
   flush_hook_ = std::move(hook);
 }
 
+void WorkerAgent::BeginAudit() {
+  absl::MutexLock lock(&mu_);
+  auditing_ = true;
+  audit_preempted_ = false;
+}
+
+void WorkerAgent::EndAudit() {
+  absl::MutexLock lock(&mu_);
+  auditing_ = false;
+  audit_preempted_ = false;
+}
+
+bool WorkerAgent::audit_preempted() const {
+  absl::MutexLock lock(&mu_);
+  return audit_preempted_;
+}
+
 bool WorkerAgent::drain_requested() const {
   absl::MutexLock lock(&mu_);
   return drain_requested_;
@@ -234,6 +251,8 @@ bool WorkerAgent::RegisterWithRetry() {
     request.set_backend(config_.compute().backend());
     request.set_previous_incarnation(previous);
     request.set_version(ProjectVersion());
+    // This worker's spare loop serves audit tasks (worker/replay.h).
+    request.set_audits(true);
     RegisterResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, config_.rpc_deadline_ms());
@@ -380,6 +399,13 @@ AgentExit WorkerAgent::Run(absl::Notification* registered, std::function<void()>
           break;
         }
         if (command == FLUSH_LOG) Flush(response.flush_sequence());
+        if (command == PREEMPT_AUDIT) {
+          absl::MutexLock lock(&mu_);
+          if (auditing_ && !audit_preempted_) {
+            LOG(WARNING) << "the server needs this spare for a recovery: stopping the audit";
+            audit_preempted_ = true;
+          }
+        }
       }
     } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
                registration().incarnation != current.incarnation) {

@@ -131,6 +131,15 @@ class WorkerAgent {
   // reports the request done once it returns OK. Null: nothing buffered, done at once.
   void SetFlushHook(std::function<absl::Status(absl::Duration)> hook);
 
+  // Audits (docs/recovery.md#audits). A spare calls BeginAudit when it starts replaying an audit
+  // task and EndAudit when that replay is over. Between the two, a heartbeat's PREEMPT_AUDIT (a
+  // slot lost its trainer and needs this spare) makes audit_preempted() true; outside them the
+  // command is ignored. BeginAudit clears what an earlier audit's command left, so that a stale
+  // PREEMPT_AUDIT never cancels the next audit. Thread-safe.
+  void BeginAudit();
+  void EndAudit();
+  bool audit_preempted() const;
+
  private:
   // Registers with backoff. Returns false if Run() must end (see exit_).
   bool RegisterWithRetry();
@@ -169,6 +178,8 @@ class WorkerAgent {
   std::string blocked_reason_ ABSL_GUARDED_BY(mu_);
   std::function<absl::Status(absl::Duration)> flush_hook_ ABSL_GUARDED_BY(mu_);
   int64_t flushes_done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool auditing_ ABSL_GUARDED_BY(mu_) = false;        // between BeginAudit and EndAudit
+  bool audit_preempted_ ABSL_GUARDED_BY(mu_) = false;  // PREEMPT_AUDIT while auditing_
   // The worker's session under its current incarnation; told of every new one (Reattach).
   // Last: destroyed (its thread joined) before the state its thread reads.
   const std::unique_ptr<SessionKeeper> session_;

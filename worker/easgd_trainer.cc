@@ -140,8 +140,15 @@ absl::Status EasgdTrainer::LogStep(int64_t t, absl::Span<const int64_t> ids) {
   for (int k = 0; k < micro_batches && slot_.stage() == 0; ++k) {
     records.push_back(MakeMicroBatchRecord(slot_, t, k, ids.subspan(k * per, per)));
   }
-  ASSIGN_OR_RETURN(const uint64_t checksum, compute_->trainer->stage(0).ParamsChecksum());
-  records.push_back(MakeStepRecord(slot_, t, checksum));
+  const compute::MlpStage& stage = compute_->trainer->stage(0);
+  ASSIGN_OR_RETURN(const uint64_t checksum, stage.ParamsChecksum());
+  // A job with audits also logs each tensor's checksum, so that an audit's mismatch names the
+  // tensor (docs/recovery.md#audits); without audits nobody reads them, and they cost nothing.
+  std::vector<uint64_t> tensor_checksums;
+  if (job_.audit().fraction() > 0) {
+    ASSIGN_OR_RETURN(tensor_checksums, stage.TensorChecksums());
+  }
+  records.push_back(MakeStepRecord(slot_, t, checksum, tensor_checksums));
   Metrics().log_records->Increment(static_cast<double>(records.size()));
   RETURN_IF_ERROR(AppendToLog(std::move(records)));
   Metrics().log_buffered_bytes->Set(static_cast<double>(step_logger_->stats().pending_bytes));
@@ -243,6 +250,8 @@ absl::Status EasgdTrainer::Run() {
                                           compute_->trainer.get()));
     const std::vector<int64_t> ids = compute_->sampler->NextBatch();
     ASSIGN_OR_RETURN(const float loss, TrainStep(t, ids));
+    // --fault_flip_bit_at_step: after the step's update, before its checksum is logged.
+    RETURN_IF_ERROR(MaybeFlipBit(faults_, t, &compute_->trainer->stage(0)).status());
     agent_->set_progress(t, loss);
     // The loss a pipeline's inner stage does not compute is NaN: "-" in the line.
     progress_.Step(t, loss, last_weight_);

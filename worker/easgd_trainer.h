@@ -12,7 +12,8 @@
 // The steps of Run(), in order: Open (step logger, pipeline exchange, FLUSH_LOG hooks), Start
 // (RESTART_FROM_CENTER pulls the center; a replayed slot does the sync its lost trainer owed),
 // then per step TrainStep, LogStep and, at a sync step, Sync; Finish flushes the log and, in a
-// pipeline, lingers for the neighbours until the job ends.
+// pipeline, lingers for the neighbours until the job ends. An injected bit flip
+// (InjectedFaults::flip_bit_at_step) falls between TrainStep and LogStep.
 //
 // Thread-safety: one thread calls Run(), once. Ownership: `agent`, `stop`, `clock`, `compute`
 // and `port` are borrowed and must outlive the trainer; the trainer owns its step logger and
@@ -76,7 +77,8 @@ class EasgdTrainer {
   // Step t on the batch `ids` (alone, or through the pipeline); its loss (NaN on a stage
   // without the loss).
   absl::StatusOr<float> TrainStep(int64_t t, absl::Span<const int64_t> ids);
-  // Step t's records (stage 0: its micro-batches' sample ids; every stage: the checksum).
+  // Step t's records (stage 0: its micro-batches' sample ids; every stage: the checksum and,
+  // in a job with audits, each tensor's).
   absl::Status LogStep(int64_t t, absl::Span<const int64_t> ids);
   // Appends records, waiting out back-pressure up to give_up_after_ms: a record that is
   // skipped would leave a hole that caps what replay can rebuild. Per step: one AppendAll,

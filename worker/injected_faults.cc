@@ -3,6 +3,8 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 #include "common/rng.h"
 #include "common/status_macros.h"
@@ -36,6 +38,39 @@ std::vector<int32_t> InjectedLabelMap(const InjectedFaults& faults) {
   }
   LOG(WARNING) << "FAULT INJECTION: this trainer's labels are permuted";
   return label_map;
+}
+
+bool FlipsBitAt(const InjectedFaults& faults, int64_t t) {
+  const int64_t first = faults.flip_bit_at_step;
+  if (first <= 0 || t < first) return false;
+  if (faults.flip_bit_repeat_every <= 0) return t == first;
+  return (t - first) % faults.flip_bit_repeat_every == 0;
+}
+
+int64_t FlippedParameter(int64_t t, int64_t count) {
+  return static_cast<int64_t>((static_cast<uint64_t>(t) * uint64_t{2654435761}) %
+                              static_cast<uint64_t>(count));
+}
+
+absl::StatusOr<bool> MaybeFlipBit(const InjectedFaults& faults, int64_t t,
+                                  compute::MlpStage* stage) {
+  if (!FlipsBitAt(faults, t)) return false;
+  const compute::StageLayout& layout = stage->layout();
+  std::vector<float> params(layout.packed_size());
+  RETURN_IF_ERROR(stage->GetParams(absl::MakeSpan(params)));
+  const int64_t i = FlippedParameter(t, layout.packed_size());
+  uint32_t bits;
+  std::memcpy(&bits, &params[i], sizeof(bits));
+  bits ^= kFlippedBitMask;
+  std::memcpy(&params[i], &bits, sizeof(bits));
+  RETURN_IF_ERROR(stage->SetParams(params));
+  std::string tensor = "?";
+  for (const compute::TensorInfo& info : layout.tensors()) {
+    if (i >= info.packed_offset && i < info.packed_offset + info.size()) tensor = info.name;
+  }
+  LOG(ERROR) << "fault injection: flipped bit 12 of parameter " << i << " (tensor " << tensor
+             << ") after step " << t;
+  return true;
 }
 
 // Fault injection, a naive supervisor's restart before step t (when one is due): fresh random

@@ -71,6 +71,13 @@ DEFINE_int32(fault_die_in_sync_ranges, 1, "testing only: see fault_die_in_sync_a
 DEFINE_int64(fault_die_after_logged_step, 0,
              "testing only: a trainer dies (SIGKILL) once the server acknowledged the log of "
              "this step");
+DEFINE_int64(fault_flip_bit_at_step, 0,
+             "testing only: silent data corruption; right after this step's update, before its "
+             "checksum is logged, one mantissa bit of one parameter of the trainer flips "
+             "(0 = never)");
+DEFINE_int64(fault_flip_bit_repeat_every, 0,
+             "testing only: the flip of fault_flip_bit_at_step repeats every this many steps "
+             "after it (0 = once)");
 
 namespace rebound::worker {
 namespace {
@@ -139,6 +146,10 @@ int Run() {
       !(FLAGS_advertise_host.front() == '[' && FLAGS_advertise_host.back() == ']')) {
     LOG(ERROR) << "--advertise_host must be a host name or address (an IPv6 one in brackets), "
                << "got '" << FLAGS_advertise_host << "'";
+    return 2;
+  }
+  if (FLAGS_fault_flip_bit_at_step < 0 || FLAGS_fault_flip_bit_repeat_every < 0) {
+    LOG(ERROR) << "--fault_flip_bit_at_step and --fault_flip_bit_repeat_every must be >= 0";
     return 2;
   }
   if (!FLAGS_role.empty()) {
@@ -289,6 +300,8 @@ int Run() {
       faults.die_in_sync_at_step = FLAGS_fault_die_in_sync_at_step;
       faults.die_in_sync_ranges = FLAGS_fault_die_in_sync_ranges;
       faults.die_after_logged_step = FLAGS_fault_die_after_logged_step;
+      faults.flip_bit_at_step = FLAGS_fault_flip_bit_at_step;
+      faults.flip_bit_repeat_every = FLAGS_fault_flip_bit_repeat_every;
       work = RunTrainer(config, registration, channel, agent.get(), stop, clock, &data_sets,
                         faults, nullptr, &pipeline_port);
       if (work.ok() && !agent->drained()) LOG(INFO) << "slot trained to max_steps; leaving";

@@ -42,6 +42,103 @@ absl::Status FillRangeSnapshots(const Registration& registration, const absl::No
   return absl::OkStatus();
 }
 
+// The report of an audit whose replay ended with `replayed` (`replay` is the report the engine
+// filled as for a recovery; `preempted`: the agent's PREEMPT_AUDIT stopped it).
+ReportAuditRequest AuditReport(uint64_t incarnation, const RecoveryTask& task,
+                               const absl::Status& replayed, const ReportRecoveryRequest& replay,
+                               bool preempted) {
+  ReportAuditRequest report;
+  report.set_incarnation(incarnation);
+  report.set_audit_id(task.task_id());
+  report.set_steps_replayed(replay.steps_replayed());
+  if (replayed.ok()) {
+    report.set_result(AUDIT_MATCHED);
+  } else if (replay.outcome() == CHECKSUM_MISMATCH) {
+    report.set_result(AUDIT_MISMATCHED);
+    *report.mutable_mismatch() = replay.mismatch();
+    report.set_detail(replay.detail());
+  } else if (preempted && replayed.code() == absl::StatusCode::kCancelled) {
+    report.set_result(AUDIT_PREEMPTED);
+    report.set_detail(std::string(replayed.message()));
+  } else {
+    report.set_result(AUDIT_INCOMPLETE);
+    report.set_detail(std::string(replayed.message()));
+  }
+  return report;
+}
+
+Counter* AuditCounter(AuditResult result) {
+  switch (result) {
+    case AUDIT_MATCHED:
+      return Metrics().audits_matched;
+    case AUDIT_MISMATCHED:
+      return Metrics().audits_mismatched;
+    case AUDIT_PREEMPTED:
+      return Metrics().audits_preempted;
+    default:
+      return Metrics().audits_incomplete;
+  }
+}
+
+// Audit `task` (docs/recovery.md#audits): replays the trainer's window on `*data` like a
+// recovery, reports the result with ReportAudit and takes nothing over. A report the server
+// refuses (the audit is over without this spare) or that cannot reach it is logged, not fatal:
+// the spare goes back to waiting for tasks either way. Returns whether `*data` holds the data
+// set again (moved back from the replay, which it is unless the replay failed before its first
+// step). REQUIRES: agent->BeginAudit() was called for this task; ServeAudit calls EndAudit.
+bool ServeAudit(const WorkerConfig& config, const Registration& registration,
+                ReplayEngine* engine, ParameterServer::Stub* stub, WorkerAgent* agent,
+                ReplayMailbox* mailbox, const absl::Notification& stop, const Clock* clock,
+                RecoveryTask* task, FashionMnist* data) {
+  LOG(INFO) << "audit " << task->task_id() << ": replaying steps " << task->snapshot().step() + 1
+            << ".." << task->failed_step() << " of slot " << SlotName(task->slot())
+            << " (trainer '" << task->audited_worker() << "')";
+  ReportRecoveryRequest replay;
+  bool preempted = false;
+  bool data_returned = false;
+  ReplayControl control;
+  control.preempted = [agent, &preempted, &registration] {
+    // PREEMPT_AUDIT, or a heartbeat handed this spare a slot (a restart from the center): the
+    // slot must not wait for the audit.
+    preempted = agent->audit_preempted() ||
+                agent->registration().incarnation != registration.incarnation;
+    return preempted;
+  };
+  control.data_returned = &data_returned;
+  mailbox->Open(task->task_id());
+  const absl::Status filled = FillRangeSnapshots(registration, stop, task);
+  absl::StatusOr<std::unique_ptr<SlotCompute>> rebuilt =
+      filled.ok() ? engine->Replay(registration.job, *task, registration.incarnation, data,
+                                   &replay, control)
+                  : absl::StatusOr<std::unique_ptr<SlotCompute>>(filled);
+  mailbox->Close();
+  agent->EndAudit();
+  const ReportAuditRequest report =
+      AuditReport(registration.incarnation, *task, rebuilt.status(), replay, preempted);
+  AuditCounter(report.result())->Increment();
+  // A match the engine has logged.
+  if (report.result() != AUDIT_MATCHED) {
+    LOG(WARNING) << "audit " << task->task_id() << " of trainer '" << task->audited_worker()
+                 << "': " << AuditResult_Name(report.result()) << ": " << report.detail();
+  }
+  ReportAuditResponse ack;
+  const absl::Status reported =
+      CallWithRetry(config, clock, stop, "report audit", [&](grpc::ClientContext* context) {
+        return stub->ReportAudit(context, report, &ack);
+      });
+  if (!reported.ok()) {
+    // FAILED_PRECONDITION, ABORTED, NOT_FOUND: the audit is over without us (or this spare is,
+    // which the next WaitForTask tells); UNAVAILABLE: the server stayed away past the give-up
+    // time. An audit is no reason to end the spare.
+    LOG(WARNING) << "audit " << task->task_id() << ": report not taken: " << reported;
+  }
+  if (rebuilt.ok()) {
+    *data = std::move((*rebuilt)->data);
+    return true;
+  }
+  return !filled.ok() || data_returned;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config,
@@ -92,6 +189,22 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
     }
     if (!response.has_task()) continue;
     RecoveryTask& task = *response.mutable_task();
+    // An audit: from here a PREEMPT_AUDIT stops it (and one left from an earlier audit does not).
+    if (task.audit()) agent->BeginAudit();
+    if (!data_loaded) {
+      absl::StatusOr<FashionMnist> loaded = data_sets->Load(registration.job.data());
+      if (!loaded.ok()) {
+        if (task.audit()) agent->EndAudit();
+        return loaded.status();
+      }
+      data = *std::move(loaded);
+      data_loaded = true;
+    }
+    if (task.audit()) {
+      data_loaded = ServeAudit(config, registration, &engine, stub.get(), agent, mailbox, stop,
+                               clock, &task, &data);
+      continue;
+    }
     const bool leader = task.rank() == 0;
     LOG(WARNING) << "replay task " << task.task_id() << ": rebuilding slot "
                  << SlotName(task.slot()) << " from step "
@@ -100,20 +213,21 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> RunSpare(const WorkerConfig& config
     ReportRecoveryRequest report;
     report.set_incarnation(registration.incarnation);
     report.set_task_id(task.task_id());
-    if (!data_loaded) {
-      ASSIGN_OR_RETURN(data, data_sets->Load(registration.job.data()));
-      data_loaded = true;
-    }
     data_loaded = false;  // moved into the replay's state
     Metrics().recoveries->Increment();
     mailbox->Open(task.task_id());
     // A sharded job's snapshots come from its K server groups.
     const absl::Status filled = FillRangeSnapshots(registration, stop, &task);
+    bool data_returned = false;
+    ReplayControl control;
+    control.data_returned = &data_returned;
     absl::StatusOr<std::unique_ptr<SlotCompute>> rebuilt =
         filled.ok() ? engine.Replay(registration.job, task, registration.incarnation, &data,
-                                    &report)
+                                    &report, control)
                     : absl::StatusOr<std::unique_ptr<SlotCompute>>(filled);
     mailbox->Close();
+    // A replay that failed at a step gave the data set back (and one never started kept it).
+    data_loaded = !filled.ok() || data_returned;
     if (!rebuilt.ok()) {
       if (report.outcome() != CHECKSUM_MISMATCH) {
         report.set_outcome(ABANDONED);

@@ -4,8 +4,15 @@
 // task (WaitForTask), has the ReplayEngine (worker/replay_engine.h) rebuild the lost slot from its
 // snapshot and logged steps, and, as the task's leader (rank 0), reports the outcome
 // (ReportRecovery) and takes the slot over; the other spares of the task return to the pool. A
-// task that fails is reported ABANDONED (or CHECKSUM_MISMATCH) and the server hands the slot to
-// a new task.
+// task that fails is reported ABANDONED (or CHECKSUM_MISMATCH, with where the replay first
+// differed) and the server hands the slot to a new task.
+//
+// An audit task (RecoveryTask.audit, docs/recovery.md#audits) is a live trainer's window: the
+// spare replays it the same way, reports the result (ReportAudit: AUDIT_MATCHED,
+// AUDIT_MISMATCHED with the mismatch, AUDIT_PREEMPTED when the agent's PREEMPT_AUDIT stopped it
+// at a step, AUDIT_INCOMPLETE with the reason otherwise), keeps the data set and waits for the
+// next task; it never takes a slot over, and a report that is refused or cannot be delivered is
+// logged, never the end of the spare. Recoveries are never preempted.
 //
 // Thread-safety: RunSpare runs on the calling thread (the engine adds one sender thread for the
 // role's duration). Ownership: every pointer argument is borrowed and must outlive the call.

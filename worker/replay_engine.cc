@@ -24,11 +24,13 @@ namespace rebound::worker {
 namespace {
 
 // The logged inputs of one step: its batch's sample ids (micro-batches in order), the checksum
-// of the parameters after it and, for a pipeline stage, the boundary pairs it received per
-// micro-batch (forward from stage s-1, backward from stage s+1; compute/mlp.h layout).
+// of the parameters after it (and each tensor's, when the trainer logged them: a job with
+// audits) and, for a pipeline stage, the boundary pairs it received per micro-batch (forward
+// from stage s-1, backward from stage s+1; compute/mlp.h layout).
 struct LoggedStep {
   std::vector<int64_t> ids;
   uint64_t checksum = 0;
+  std::vector<uint64_t> tensor_checksums;  // id order; empty when not logged
   std::vector<std::vector<float>> forward;
   std::vector<std::vector<float>> backward;
 };
@@ -90,6 +92,7 @@ absl::StatusOr<std::vector<LoggedStep>> ReadSteps(const WorkerConfig& config,
       const LogRecord& r = records[next];
       if (r.micro_batch() < 0) {
         step.checksum = r.params_checksum();
+        step.tensor_checksums.assign(r.tensor_checksums().begin(), r.tensor_checksums().end());
         has_checksum = true;
         continue;
       }
@@ -153,6 +156,26 @@ template <typename Task>
 absl::Span<const int64_t> BlockIds(const Task& r, const LoggedStep& step) {
   const size_t rows = RowsPerMicroBatch(r, step);
   return absl::MakeConstSpan(step.ids).subspan(r.mine.begin * rows, r.mine.size() * rows);
+}
+
+// The first tensor (index in id order, name) whose replayed checksum differs from the one
+// `logged` holds; {-1, ""} when the log holds none (a job without audits), they do not fit the
+// stage's tensors, or they cannot be computed (a mismatch is reported without the tensor then).
+std::pair<int, std::string> FirstDifferingTensor(const compute::MlpStage& stage,
+                                                 const LoggedStep& logged) {
+  const std::vector<compute::TensorInfo>& tensors = stage.layout().tensors();
+  if (logged.tensor_checksums.empty() || logged.tensor_checksums.size() != tensors.size()) {
+    return {-1, ""};
+  }
+  absl::StatusOr<std::vector<uint64_t>> replayed = stage.TensorChecksums();
+  if (!replayed.ok()) {
+    LOG(WARNING) << "the replayed tensors' checksums: " << replayed.status();
+    return {-1, ""};
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if ((*replayed)[i] != logged.tensor_checksums[i]) return {static_cast<int>(i), tensors[i].name};
+  }
+  return {-1, ""};
 }
 
 }  // namespace
@@ -378,9 +401,21 @@ absl::Status ReplayEngine::ReplayStep(TaskReplay& r, size_t i, int64_t replayed,
   if (checksum != logged.checksum) {
     report->set_outcome(CHECKSUM_MISMATCH);
     report->set_steps_replayed(replayed);
-    report->set_detail(absl::StrFormat(
+    ReplayMismatch* mismatch = report->mutable_mismatch();
+    mismatch->set_step(t);
+    mismatch->set_logged_checksum(logged.checksum);
+    mismatch->set_replayed_checksum(checksum);
+    mismatch->set_tensor_index(-1);
+    std::string detail = absl::StrFormat(
         "step %d: replayed parameters hash to %016x, the log says %016x", t, checksum,
-        logged.checksum));
+        logged.checksum);
+    const auto [index, name] = FirstDifferingTensor(trainer.stage(r.lost), logged);
+    if (index >= 0) {
+      mismatch->set_tensor_index(index);
+      mismatch->set_tensor_name(name);
+      absl::StrAppend(&detail, "; the first tensor that differs is ", index, " (", name, ")");
+    }
+    report->set_detail(detail);
     return absl::DataLossError(report->detail());
   }
   return absl::OkStatus();
@@ -406,18 +441,35 @@ absl::Status ReplayEngine::KeepLostStage(TaskReplay& r, ReportRecoveryRequest* r
   return absl::OkStatus();
 }
 
+absl::Status ReplayEngine::ReplaySteps(TaskReplay& r, const ReplayControl& control,
+                                       ReportRecoveryRequest* report, int64_t* replayed) {
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    ScopedLatency timed(Metrics().replay_step_seconds);
+    if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");
+    if (control.preempted && control.preempted()) {
+      return absl::CancelledError(absl::StrCat("preempted after ", *replayed, " of ",
+                                               r.steps.size(), " steps"));
+    }
+    RETURN_IF_ERROR(ReplayStep(r, i, *replayed, report));
+    ++*replayed;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<SlotCompute>> ReplayEngine::Replay(const JobConfig& job,
                                                                   const RecoveryTask& task,
                                                                   uint64_t incarnation,
                                                                   FashionMnist* preloaded,
-                                                                  ReportRecoveryRequest* report) {
+                                                                  ReportRecoveryRequest* report,
+                                                                  const ReplayControl& control) {
   ASSIGN_OR_RETURN(std::unique_ptr<TaskReplay> r, Prepare(job, task, incarnation, preloaded));
   int64_t replayed = 0;
-  for (size_t i = 0; i < r->steps.size(); ++i) {
-    ScopedLatency timed(Metrics().replay_step_seconds);
-    if (stop_.HasBeenNotified()) return absl::CancelledError("stopped");
-    RETURN_IF_ERROR(ReplayStep(*r, i, replayed, report));
-    ++replayed;
+  if (absl::Status steps = ReplaySteps(*r, control, report, &replayed); !steps.ok()) {
+    // The data set goes back to the caller: a preempted audit's spare is wanted for a recovery
+    // at once, and loading the set again would be on that recovery's critical path.
+    *preloaded = std::move(r->compute->data);
+    if (control.data_returned != nullptr) *control.data_returned = true;
+    return steps;
   }
   if (r->grouped) RETURN_IF_ERROR(KeepLostStage(*r, report));
   RETURN_IF_ERROR(r->compute->SeekAfter(task.failed_step()));
@@ -434,6 +486,12 @@ absl::StatusOr<std::unique_ptr<SlotCompute>> ReplayEngine::Replay(const JobConfi
   if (task.policy() != REPLAY) {
     LOG(WARNING) << "restored slot " << SlotName(slot) << " from the global checkpoint of step "
                  << r->t0;
+    return std::move(r->compute);
+  }
+  if (task.audit()) {
+    LOG(INFO) << "audit " << task.task_id() << ": replayed slot " << SlotName(slot) << " steps "
+              << r->t0 + 1 << ".." << task.failed_step() << ": " << replayed
+              << " steps, every checksum equal to the log";
     return std::move(r->compute);
   }
   LOG(WARNING) << "replayed slot " << SlotName(slot) << " steps " << r->t0 + 1 << ".."

@@ -17,14 +17,19 @@
 // `stop` and `clock` are borrowed and must outlive the engine. The caller opens the mailbox for
 // the task before Replay and closes it after.
 //
+// An audit task (RecoveryTask.audit, docs/recovery.md#audits) replays the same way: a live
+// trainer's window, by one spare, rank 0 of 1; its caller reports it and takes nothing over.
+//
 // Status codes (Replay): INVALID_ARGUMENT for a task that is not consistent (rank and block,
 // recovery group, snapshot steps) or a peer's sums of the wrong shape; DATA_LOSS when the log is
 // incomplete or inconsistent, or a replayed step's checksum differs from the log's (then
-// report->outcome() is CHECKSUM_MISMATCH); CANCELLED when `stop` is notified; the exchange's
-// codes (DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION) naming the peer; the ReadLog
-// call's code; the compute layer's errors.
+// report->outcome() is CHECKSUM_MISMATCH and report->mismatch() says where); CANCELLED
+// "stopped" when `stop` is notified, CANCELLED "preempted ..." when the call's
+// ReplayControl::preempted says so; the exchange's codes (DEADLINE_EXCEEDED, UNAVAILABLE,
+// FAILED_PRECONDITION) naming the peer; the ReadLog call's code; the compute layer's errors.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,6 +46,16 @@
 
 namespace rebound::worker {
 
+// What one ReplayEngine::Replay call may add; the defaults are a recovery's.
+struct ReplayControl {
+  // Asked on Replay's thread before each step: true ends the replay there with CANCELLED
+  // "preempted ..." (an audit whose spare a recovery needs). Null: only the engine's `stop`
+  // ends a replay early.
+  std::function<bool()> preempted;
+  // If not null, set to true when a failed replay moved the data set back into *preloaded.
+  bool* data_returned = nullptr;
+};
+
 class ReplayEngine {
  public:
   ReplayEngine(const WorkerConfig& config, ParameterServer::Stub* stub, ReplayMailbox* mailbox,
@@ -50,17 +65,27 @@ class ReplayEngine {
   ReplayEngine& operator=(const ReplayEngine&) = delete;
 
   // Rebuilds the task's slot as spare task.rank() of task.spares_size(), on the data set
-  // `*preloaded` (moved from once the slot's compute is built). On success `report` holds the
-  // outcome (RECOVERED), steps replayed, final checksum and phase times, and the result is the
-  // slot's state at task.failed_step(), its data cursor after that step.
+  // `*preloaded` (moved from once the slot's compute is built; moved back into it if a step then
+  // fails or the replay is preempted or stopped, which `control.data_returned` tells). On success
+  // `report` holds the outcome (RECOVERED), steps replayed, final checksum and phase times, and
+  // the result is the slot's state at task.failed_step(), its data cursor after that step. A
+  // replayed step whose checksum differs from the log's fills report->mismatch(): the step, both
+  // checksums and, when the log holds each tensor's checksum (LogRecord.tensor_checksums), the
+  // index (id order) and name of the first tensor that differs (else index -1, no name).
   absl::StatusOr<std::unique_ptr<SlotCompute>> Replay(const JobConfig& job,
                                                       const RecoveryTask& task,
                                                       uint64_t incarnation,
                                                       FashionMnist* preloaded,
-                                                      ReportRecoveryRequest* report);
+                                                      ReportRecoveryRequest* report,
+                                                      const ReplayControl& control = {});
 
  private:
   struct TaskReplay;  // one task's state (replay_engine.cc)
+
+  // The logged steps in order, `*replayed` counting those done; stops early on `stop_` or
+  // `control.preempted`.
+  absl::Status ReplaySteps(TaskReplay& r, const ReplayControl& control,
+                           ReportRecoveryRequest* report, int64_t* replayed);
 
   // Checks the task, builds the compute of the replayed stages, loads their snapshots, reads
   // the logged steps and, for k >= 2, sets up the exchange and the accumulators.

@@ -365,12 +365,14 @@ LogRecord MakeMicroBatchRecord(const SlotId& slot, int64_t step, int32_t micro_b
   return record;
 }
 
-LogRecord MakeStepRecord(const SlotId& slot, int64_t step, uint64_t params_checksum) {
+LogRecord MakeStepRecord(const SlotId& slot, int64_t step, uint64_t params_checksum,
+                         absl::Span<const uint64_t> tensor_checksums) {
   LogRecord record;
   *record.mutable_slot() = Normalized(slot);
   record.set_step(step);
   record.set_micro_batch(-1);
   record.set_params_checksum(params_checksum);
+  record.mutable_tensor_checksums()->Add(tensor_checksums.begin(), tensor_checksums.end());
   return record;
 }
 

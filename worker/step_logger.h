@@ -172,8 +172,10 @@ class StepLogger {
 LogRecord MakeMicroBatchRecord(const SlotId& slot, int64_t step, int32_t micro_batch,
                                absl::Span<const int64_t> sample_ids);
 
-// The per-step record of `slot`'s step `step`: micro_batch -1 and the checksum of the slot's
-// parameters after the step.
-LogRecord MakeStepRecord(const SlotId& slot, int64_t step, uint64_t params_checksum);
+// The per-step record of `slot`'s step `step`: micro_batch -1, the checksum of the slot's
+// parameters after the step and, when given (a job with audits), each parameter tensor's
+// checksum in id order (compute::MlpStage::TensorChecksums).
+LogRecord MakeStepRecord(const SlotId& slot, int64_t step, uint64_t params_checksum,
+                         absl::Span<const uint64_t> tensor_checksums = {});
 
 }  // namespace rebound::worker

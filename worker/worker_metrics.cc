@@ -31,6 +31,16 @@ const WorkerMetrics& Metrics() {
                        LatencyBuckets());
     m->recoveries = r.GetCounter("rebound_worker_replay_tasks_total",
                                  "Replay or restore tasks this worker took part in.");
+    // The label values are the server's rebound_audits_total{result} values (docs/metrics.md).
+    const char* const audits_help = "Audit tasks this worker replayed as a spare, by result.";
+    m->audits_matched =
+        r.GetCounter("rebound_worker_audits_total", audits_help, {{"result", "matched"}});
+    m->audits_mismatched =
+        r.GetCounter("rebound_worker_audits_total", audits_help, {{"result", "mismatched"}});
+    m->audits_incomplete =
+        r.GetCounter("rebound_worker_audits_total", audits_help, {{"result", "incomplete"}});
+    m->audits_preempted =
+        r.GetCounter("rebound_worker_audits_total", audits_help, {{"result", "preempted"}});
     m->test_accuracy = r.GetGauge("rebound_worker_test_accuracy",
                                   "The evaluator's last test accuracy of the center.");
     m->test_loss = r.GetGauge("rebound_worker_test_loss",

@@ -22,6 +22,12 @@ struct WorkerMetrics {
   Counter* replayed_steps;      // steps this worker replayed as a spare
   Histogram* replay_step_seconds;  // one replayed step, exchanges included
   Counter* recoveries;          // replay tasks taken part in, by outcome
+  // Audits replayed (docs/recovery.md#audits): rebound_worker_audits_total{result}, one series
+  // per AuditResult (result="matched", "mismatched", "incomplete", "preempted").
+  Counter* audits_matched;
+  Counter* audits_mismatched;
+  Counter* audits_incomplete;
+  Counter* audits_preempted;
   Gauge* test_accuracy;         // the evaluator's last test accuracy
   Gauge* test_loss;             // the evaluator's last test loss
   Counter* log_records;         // step-log records handed to the logger
