@@ -1,5 +1,8 @@
 #include "server/log_retention.h"
 
+#include <glog/logging.h>
+
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,11 +15,31 @@ LogRetention::LogRetention(const JobConfig& job, const Membership* membership,
                            const storage::DurableStore* store, const SlotBooks* books)
     : job_(job), membership_(membership), store_(store), books_(books) {}
 
-LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step) const {
+LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step,
+                                              uint64_t owner) const {
   SyncFloor floor;
   floor.gc_step = step;
   const auto [first, end] = RecoveryGroup(job_, slot.stage());
-  if (end - first <= 1) return floor;
+  if (end - first <= 1) {
+    if (auditor_ == nullptr || !auditor_->enabled()) return floor;
+    // Audits (validated: only slots that replay alone). A held window's log stays.
+    if (std::optional<int64_t> keep = auditor_->KeepLogFrom(slot)) {
+      floor.gc_step = std::min(floor.gc_step, *keep);
+    }
+    const int64_t previous = books_->Get(slot).last_update_step;
+    if (owner != 0 && auditor_->Choose(slot, owner, previous, step)) {
+      absl::StatusOr<Snapshot> start = SnapshotAt(slot, previous);
+      if (start.ok()) {
+        floor.audit_start = *std::move(start);
+        floor.owner = owner;
+        floor.gc_step = std::min(floor.gc_step, previous);
+      } else {
+        LOG(WARNING) << "audit of slot " << SlotName(slot) << " window (" << previous << ", "
+                     << step << "] dropped: " << start.status();
+      }
+    }
+    return floor;
+  }
   // While another member is LOST or RECOVERING a replay may be reading the group's logs from the
   // group's floor of that time: nothing more is GC'd until it is back.
   bool member_down = false;
@@ -31,7 +54,10 @@ LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step) 
   return floor;
 }
 
-void LogRetention::Committed(const SlotId& slot, SyncFloor floor) {
+void LogRetention::Committed(const SlotId& slot, int64_t step, SyncFloor floor) {
+  if (floor.audit_start.has_value()) {
+    auditor_->Hold(slot, floor.owner, *std::move(floor.audit_start), step);
+  }
   if (!floor.replaced.has_value()) return;
   absl::MutexLock lock(&mu_);
   previous_snapshots_[{slot.replica(), slot.stage()}] = *std::move(floor.replaced);

@@ -6,7 +6,9 @@
 // to it) keeps its log back to the group's oldest last-sync step (a group rebuild replays from
 // there), keeps in memory the snapshot its last sync replaced, and while another member of its
 // group is LOST or RECOVERING GCs nothing past its previous floor (a replay may be reading the
-// group's logs from it).
+// group's logs from it). With audits (server/audit/auditor.h) a sync whose window the auditor
+// chooses keeps the window's log and hands the auditor its starting snapshot, and no sync GCs a
+// log that a waiting or running audit still reads.
 //
 // Thread-safety: thread-safe. Lock order: ForSync calls Membership::SlotDown and SlotBooks
 // (each takes its own lock, none nested) and reads the store; it holds no lock of its own
@@ -25,6 +27,7 @@
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/storage.pb.h"
+#include "server/audit/auditor.h"
 #include "server/membership.h"
 #include "server/slot_books.h"
 #include "storage/durable_store.h"
@@ -40,17 +43,26 @@ class LogRetention {
   LogRetention(const LogRetention&) = delete;
   LogRetention& operator=(const LogRetention&) = delete;
 
+  // Audits: the auditor whose windows' logs are kept (nullptr: none). Call before the service
+  // is ready; `auditor` must outlive this object.
+  void SetAuditor(Auditor* auditor) { auditor_ = auditor; }
+
   // What a sync of `slot` at `step` keeps.
   struct SyncFloor {
     int64_t gc_step = 0;               // the log is GC'd through this step
     std::optional<Snapshot> replaced;  // group members: the snapshot the sync replaces
+    // An audited window (previous sync, step]: its starting snapshot, for the auditor.
+    std::optional<Snapshot> audit_start;
+    uint64_t owner = 0;
   };
-  // Called before the sync's batch is written (under the stage lock).
-  SyncFloor ForSync(const SlotId& slot, int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Called before the sync's batch is written (under the stage lock). `owner`: the sync's
+  // incarnation (0: unknown, no audit).
+  SyncFloor ForSync(const SlotId& slot, int64_t step, uint64_t owner = 0) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // After the sync's batch committed: keeps `floor.replaced` (if any) as the slot's previous
-  // snapshot.
-  void Committed(const SlotId& slot, SyncFloor floor) ABSL_LOCKS_EXCLUDED(mu_);
+  // snapshot and hands an audited window to the auditor.
+  void Committed(const SlotId& slot, int64_t step, SyncFloor floor) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The snapshot of `slot` at `step`: its stored one, or the one its last sync replaced, or (step
   // 0) the model's initialisation.
@@ -62,6 +74,7 @@ class LogRetention {
   const Membership* const membership_;
   const storage::DurableStore* const store_;
   const SlotBooks* const books_;
+  Auditor* auditor_ = nullptr;
 
   mutable absl::Mutex mu_;
   // Members of multi-stage recovery groups: the snapshot each one's last sync replaced (memory

@@ -380,11 +380,15 @@ std::optional<RegisterResponse> Membership::MaybeTakeOverLocked(Worker& spare, a
   recovery.set_verified(false);
   recovery.set_outcome(RECOVERED);
   recovery.set_detail(absl::StrCat(
-      slot.fallback_restart ? "FALLBACK after a failed replay: " : "", "spare '", spare.name,
+      slot.quarantined        ? "after a QUARANTINE: "
+      : slot.fallback_restart ? "FALLBACK after a failed replay: "
+                              : "",
+      "spare '", spare.name,
       "' restarts the slot from the center at step ", slot.synced_step,
       " with fresh optimizer state; ", slot.step - slot.synced_step,
       " steps since the last sync are lost"));
   slot.fallback_restart = false;
+  slot.quarantined = false;
   RegisterResponse takeover =
       HandOverLocked(index, spare, now,
                      absl::StrCat("restarted from the center by '", spare.name, "'"),
@@ -893,6 +897,36 @@ absl::Status Membership::Deregister(uint64_t incarnation, bool drained) {
     FenceLocked(worker, DEPARTED, "deregistered");
   }
   return absl::OkStatus();
+}
+
+absl::Status Membership::Quarantine(uint64_t incarnation, const SlotId& slot,
+                                    const std::string& why) {
+  WriteLock lock(this, "a quarantine");
+  RETURN_IF_ERROR(CheckAliveLocked(incarnation));
+  const int index = SlotIndex(slot);
+  if (index < 0 || slots_[index].owner != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", incarnation, " no longer owns slot ", SlotName(slot)));
+  }
+  FenceLocked(workers_.at(incarnation), QUARANTINED, why);
+  Slot& lost = slots_[index];
+  if (lost.state == LOST) {
+    lost.fallback_restart = true;
+    lost.quarantined = true;
+    lost.flush_deadline = absl::InfinitePast();
+    absl::StrAppend(&lost.detail, "; quarantined: restarts from the center (its snapshots "
+                                  "descend from the corrupted step)");
+  }
+  NotifyClaimableLocked();
+  return absl::OkStatus();
+}
+
+bool Membership::AnySlotLost() const {
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    if (slot.state == LOST) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<uint64_t> Membership::Drain(const SlotId& slot) {

@@ -157,6 +157,17 @@ class Membership {
   // FAILED_PRECONDITION unless the slot is ACTIVE with an owner.
   absl::StatusOr<uint64_t> Drain(const SlotId& slot) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Audits (docs/recovery.md#audits, AUDIT_QUARANTINE): fences the trainer `incarnation` as
+  // QUARANTINED (its calls get FAILED_PRECONDITION) and makes its slot LOST with the fallback to
+  // RESTART_FROM_CENTER, whatever the job's policy: its snapshots descend from the corrupted step,
+  // so a replay would rebuild the corruption. FAILED_PRECONDITION unless it is alive and owns
+  // `slot`.
+  absl::Status Quarantine(uint64_t incarnation, const SlotId& slot, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True while some slot is LOST (waiting for a spare): an audit then gives its spare back.
+  bool AnySlotLost() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Proves that a call naming `incarnation` comes from that worker: OK iff the incarnation is
   // alive and `credential` is its RegisterResponse.credential (compared in constant time).
   // UNAUTHENTICATED for an alive incarnation and another credential or none; the errors of
@@ -345,6 +356,7 @@ class Membership {
     // The next spare restarts it from the center (RESTART_FROM_CENTER): a replay of it failed
     // its checksum, or max_replay_attempts replays of this loss failed.
     bool fallback_restart = false;
+    bool quarantined = false;  // its fallback is a quarantine's (Quarantine), not a failed replay's
     int failed_replays = 0;  // of this loss: since the slot last became LOST from ACTIVE
     // LOST in a pipeline: no replay task starts before its live neighbours have flushed their
     // step logs (their buffers hold the boundary tensors it received), or before this time.

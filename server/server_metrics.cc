@@ -297,6 +297,48 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
     w->Sample("rebound_recovery_duration_seconds_count", {{"policy", policy}},
               static_cast<double>(h.count()));
   }
+  if (s.has_audit_counts()) {
+    // Audits (docs/recovery.md#audits): counters of this server life.
+    const AuditCounts& a = s.audit_counts();
+    w->Family("rebound_audits_total", "Audit replays that ended in this server life, by result.",
+              "counter");
+    w->Sample("rebound_audits_total", {{"result", "matched"}}, a.matched());
+    w->Sample("rebound_audits_total", {{"result", "mismatched"}}, a.mismatched());
+    w->Sample("rebound_audits_total", {{"result", "incomplete"}}, a.incomplete());
+    w->Sample("rebound_audits_total", {{"result", "preempted"}}, a.preempted());
+    w->Family("rebound_audit_verdicts_total",
+              "Decided mismatches: confirmed (the trainer's), auditor_fault (the first auditor's), "
+              "inconclusive (nobody's).",
+              "counter");
+    w->Sample("rebound_audit_verdicts_total", {{"verdict", "confirmed"}}, a.confirmed());
+    w->Sample("rebound_audit_verdicts_total", {{"verdict", "auditor_fault"}}, a.auditor_faults());
+    w->Sample("rebound_audit_verdicts_total", {{"verdict", "inconclusive"}}, a.inconclusive());
+    w->Family("rebound_audit_windows_total",
+              "Sync windows chosen for an audit and kept, chosen but skipped (max_concurrent, "
+              "steps_per_hour), and kept but expired unreplayed.",
+              "counter");
+    w->Sample("rebound_audit_windows_total", {{"state", "kept"}}, a.windows_chosen());
+    w->Sample("rebound_audit_windows_total", {{"state", "skipped"}}, a.windows_skipped());
+    w->Sample("rebound_audit_windows_total", {{"state", "expired"}}, a.expired());
+    w->Family("rebound_audit_steps_total", "Steps replayed by audits that ran to the end.",
+              "counter");
+    w->Sample("rebound_audit_steps_total", {}, a.steps_audited());
+    w->Family("rebound_audit_quarantines_total",
+              "Trainers fenced QUARANTINED after a confirmed mismatch.", "counter");
+    w->Sample("rebound_audit_quarantines_total", {}, a.quarantined());
+    w->Family("rebound_audit_mismatches_total",
+              "Confirmed mismatches (AUDIT_MISMATCH) by the audited worker's registered name.",
+              "counter");
+    for (const auto& [worker, n] : a.confirmed_by_worker()) {
+      w->Sample("rebound_audit_mismatches_total", {{"worker", worker}}, n);
+    }
+    w->Family("rebound_audit_auditor_faults_total",
+              "Mismatches a second replay overturned, by the first auditor's registered name.",
+              "counter");
+    for (const auto& [worker, n] : a.auditor_faults_by_worker()) {
+      w->Sample("rebound_audit_auditor_faults_total", {{"worker", worker}}, n);
+    }
+  }
   if (!s.recoveries().empty()) {
     const RecoveryStatus& last = s.recoveries(s.recoveries_size() - 1);
     w->Family("rebound_last_recovery_phase_seconds", "The newest recovery's phases.", "gauge");

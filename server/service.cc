@@ -60,8 +60,11 @@ ParameterServerService::ParameterServerService(const ServerConfig& config, Membe
       books_(job_),
       step_log_(std::make_unique<StepLogService>(
           job_, membership_, store_,
-          [this](const SlotId& slot) { return books_.StepLogFloor(slot); })),
-      retention_(job_, membership_, store_, &books_) {
+          [this](const SlotId& slot) { return books_.StepLogFloor(slot); },
+          [this](const SlotId& slot) { return books_.Get(slot).last_update_step; })),
+      retention_(job_, membership_, store_, &books_),
+      auditor_(job_, membership_, tracker_, step_log_.get(), clock_) {
+  retention_.SetAuditor(&auditor_);
   RecoveryUnits units;
   units.config = &config_;
   units.membership = membership_;
@@ -169,6 +172,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
     tracker_->SetOwner(response->slot(), request->worker_name());
     tracker_->SetLive(response->slot(), true);
   }
+  if (response->role() == SPARE && request->audits()) auditor_.AddAuditor(response->incarnation());
   LOG(INFO) << "registered '" << request->worker_name() << "' as "
             << WorkerRole_Name(response->role()) << " incarnation " << response->incarnation()
             << (response->has_slot() ? " slot " + SlotName(response->slot()) : std::string());
@@ -230,6 +234,9 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
   *response = *std::move(reply);
   if (response->has_takeover()) {
     recovery_->OnRestartedFromCenter(request->incarnation(), response->takeover());
+  }
+  for (Command command : auditor_.CommandsFor(request->incarnation())) {
+    response->add_commands(command);
   }
   return grpc::Status::OK;
 }
@@ -430,6 +437,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context,
     eval->set_reported_ms_ago(absl::ToInt64Milliseconds(now - last_eval_time_));
   }
   recovery_->FillStatus(response);
+  auditor_.FillStatus(response);
   if (store_ != nullptr) {
     if (absl::Status storage = store_->BackgroundError(); !storage.ok()) {
       response->set_storage_error(storage.ToString());
@@ -476,10 +484,37 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
     if (!entered.ok()) return ToGrpcStatus(entered.status());
     parked.emplace(*std::move(entered));
   }
+  // An audit first if one waits and no slot is LOST (Claim checks), else a recovery within the
+  // wait, else an audit that became ready meanwhile.
+  auto audit = auditor_.Claim(request->incarnation());
+  if (!audit.ok()) return ToGrpcStatus(audit.status());
+  if (audit->has_value()) {
+    *response->mutable_task() = **std::move(audit);
+    return grpc::Status::OK;
+  }
   auto task = recovery_->NextTask(request->incarnation(), wait);
   if (!task.ok()) return ToGrpcStatus(task.status());
-  if (task->has_value()) *response->mutable_task() = **std::move(task);
+  if (task->has_value()) {
+    *response->mutable_task() = **std::move(task);
+    return grpc::Status::OK;
+  }
+  audit = auditor_.Claim(request->incarnation());
+  if (!audit.ok()) return ToGrpcStatus(audit.status());
+  if (audit->has_value()) *response->mutable_task() = **std::move(audit);
   return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::ReportAudit(grpc::ServerContext* context,
+                                                 const ReportAuditRequest* request,
+                                                 ReportAuditResponse* response) {
+  if (absl::Status ready = CheckWorker(context, request->incarnation()); !ready.ok()) {
+    return ToGrpcStatus(ready);
+  }
+  if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
+  if (absl::Status spare = membership_->CheckSpare(request->incarnation()); !spare.ok()) {
+    return ToGrpcStatus(spare);
+  }
+  return ToGrpcStatus(auditor_.Finish(*request));
 }
 
 grpc::Status ParameterServerService::ReadLog(grpc::ServerContext* context,
@@ -495,7 +530,9 @@ grpc::Status ParameterServerService::ServeReadLog(grpc::ServerContext* context,
     return ToGrpcStatus(ready);
   }
   if (absl::Status enums = CheckEnumValues(*request); !enums.ok()) return ToGrpcStatus(enums);
-  auto slot = recovery_->TaskSlot(request->task_id(), request->incarnation());
+  auto slot = (request->task_id() & Auditor::kAuditIdBit) != 0
+                  ? auditor_.AuditSlot(request->task_id(), request->incarnation())
+                  : recovery_->TaskSlot(request->task_id(), request->incarnation());
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   SlotId read = Normalized(*slot);
   if (request->has_slot()) {

@@ -20,6 +20,8 @@
 //   AppendLog, ReadLog                       -> StepLogService
 //   WaitForTask, ReportRecovery              -> RecoveryCoordinator (server/recovery_coordinator.h)
 //                                               (ReadLog asks it for the task's slot)
+//   WaitForTask, ReportAudit                 -> Auditor (server/audit/auditor.h): audit replay;
+//                                               an audit's ReadLog and a spare's PREEMPT_AUDIT
 //   ReportEval, GetStatus                    -> the service's own last evaluation; every unit's
 //                                               status
 //
@@ -62,6 +64,7 @@
 #include "server/call_gate.h"
 #include "server/center_table.h"
 #include "server/membership.h"
+#include "server/audit/auditor.h"
 #include "server/log_retention.h"
 #include "server/recovery_coordinator.h"
 #include "server/reliability.h"
@@ -189,6 +192,8 @@ class ParameterServerService final : public ParameterServer::Service {
                        grpc::ServerWriter<LogRecord>* writer) override;
   grpc::Status ReportRecovery(grpc::ServerContext* context, const ReportRecoveryRequest* request,
                               ReportRecoveryResponse* response) override;
+  grpc::Status ReportAudit(grpc::ServerContext* context, const ReportAuditRequest* request,
+                           ReportAuditResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const DrainRequest* request,
                      DrainResponse* response) override;
   // server/export_center.cc.
@@ -249,6 +254,10 @@ class ParameterServerService final : public ParameterServer::Service {
   SlotBooks books_;
   std::unique_ptr<StepLogService> step_log_;
   LogRetention retention_;
+  // Audit replay (docs/recovery.md#audits): WaitForTask hands its audits out, ReadLog reads their
+  // windows, ReportAudit ends them, Heartbeat carries their preemption; the sync's log floor
+  // keeps their windows (LogRetention).
+  Auditor auditor_;
   std::unique_ptr<RecoveryCoordinator> recovery_;
   // Every Sync, Push, CommitSync and CommitPush, and the range groups' authorizations.
   std::unique_ptr<apply::UpdateApplier> applier_;

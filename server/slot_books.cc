@@ -79,9 +79,11 @@ void SlotBooks::Clear() {
 int64_t SlotBooks::StepLogFloor(const SlotId& slot) const {
   absl::MutexLock lock(&mu_);
   const SlotBook& book = GetLocked(KeyOf(slot));
-  // A member of a multi-stage recovery group keeps its log back to its last GC.
+  // A member of a multi-stage recovery group keeps its log back to its last GC, and so does a
+  // slot whose sync windows may be audited (docs/recovery.md#audits): a window's last records
+  // may arrive after the sync that closed it, and are kept when the window is.
   const auto [first, end] = RecoveryGroup(job_, slot.stage());
-  return end - first > 1 ? book.log_floor : book.last_update_step;
+  return end - first > 1 || job_.audit().fraction() > 0 ? book.log_floor : book.last_update_step;
 }
 
 int64_t SlotBooks::NewestUpdateStep() const {

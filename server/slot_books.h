@@ -81,8 +81,9 @@ class SlotBooks {
   void Clear() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The step through which the slot's step log may be GC'd: for a member of a multi-stage
-  // recovery group its log_floor (a group rebuild starts from the group's oldest snapshot),
-  // otherwise its last applied step. 0 for a slot with no book.
+  // recovery group, or of a job with audits, its log_floor (a group rebuild starts from the
+  // group's oldest snapshot; an audited window's log is kept), otherwise its last applied step.
+  // 0 for a slot with no book.
   int64_t StepLogFloor(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The newest durable last applied step over every slot (0 when none has a book).

@@ -50,11 +50,13 @@ class SlotReaderLocks {
 }  // namespace
 
 StepLogService::StepLogService(const JobConfig& job, Membership* membership,
-                               storage::DurableStore* store, SnapshotStepFn snapshot_step)
+                               storage::DurableStore* store, SnapshotStepFn snapshot_step,
+                               SnapshotStepFn sync_step)
     : job_(job),
       membership_(membership),
       store_(store),
       snapshot_step_(std::move(snapshot_step)),
+      sync_step_(sync_step ? std::move(sync_step) : snapshot_step_),
       replicas_(job_.topology().replicas()),
       stages_(job_.topology().stages()),
       micro_batches_(std::max(1, job_.data().micro_batches())),
@@ -94,8 +96,8 @@ absl::Status StepLogService::ValidateRecord(uint64_t incarnation, const LogRecor
   }
   // A log serves the replay from the slot's snapshot to its next sync: a record more than two
   // sync periods past the snapshot can never be replayed (docs/bad_input.md).
-  if (snapshot_step_) {
-    const int64_t limit = snapshot_step_(record.slot()) + 2 * int64_t{job_.easgd().sync_period()};
+  if (sync_step_) {
+    const int64_t limit = sync_step_(record.slot()) + 2 * int64_t{job_.easgd().sync_period()};
     if (record.step() > limit) {
       return bad(absl::StrCat("step must be <= the slot's snapshot step + 2 x easgd.sync_period = ",
                               limit, ", got ", record.step()));
@@ -408,8 +410,8 @@ grpc::Status StepLogService::HandleReadLog(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot,
-                                                         int64_t after_step) const {
+absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot, int64_t after_step,
+                                                         int64_t until_step) const {
   if (absl::Status valid = ValidateSlot(slot); !valid.ok()) return valid;
   if (after_step < 0) {
     return absl::InvalidArgumentError(
@@ -433,7 +435,7 @@ absl::StatusOr<int64_t> StepLogService::LastCompleteStep(const SlotId& slot,
     SlotId member = Normalized(slot);
     member.set_stage(stage);
     absl::StatusOr<std::vector<LogRecord>> records =
-        store_->ReadLog(member, after_step, std::numeric_limits<int64_t>::max());
+        store_->ReadLog(member, after_step, until_step);
     if (!records.ok()) return records.status();
     for (const LogRecord& record : *records) {
       StepParts& step = steps[record.step()];

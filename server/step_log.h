@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -97,8 +98,11 @@ class StepLogService {
 
   // REQUIRES: `job` is validated; `membership` and `store` outlive this object; `snapshot_step`
   // (may be empty: every floor starts at 0) is thread-safe and must not call into this object.
+  // `sync_step` (may be empty: `snapshot_step` is used) gives the slot's last applied sync, which
+  // bounds how far past it a record may be; `snapshot_step` is then the floor below which records
+  // are dropped, which a held log (a recovery group's, an audited window's) keeps lower.
   StepLogService(const JobConfig& job, Membership* membership, storage::DurableStore* store,
-                 SnapshotStepFn snapshot_step = nullptr);
+                 SnapshotStepFn snapshot_step = nullptr, SnapshotStepFn sync_step = nullptr);
 
   StepLogService(const StepLogService&) = delete;
   StepLogService& operator=(const StepLogService&) = delete;
@@ -123,7 +127,10 @@ class StepLogService {
   // pair logged for stage end-1 (end < S); after_step itself if step after_step + 1 is
   // incomplete. INVALID_ARGUMENT for a slot outside the topology or a negative after_step;
   // DATA_LOSS from storage passed through.
-  absl::StatusOr<int64_t> LastCompleteStep(const SlotId& slot, int64_t after_step) const;
+  // `until_step`: only steps up to it are read (an audit's window, (after_step, until_step]).
+  absl::StatusOr<int64_t> LastCompleteStep(
+      const SlotId& slot, int64_t after_step,
+      int64_t until_step = std::numeric_limits<int64_t>::max()) const;
 
   // Runs `commit` (the write batch of a sync that snapshots `slot` at `snapshot_step` and deletes
   // its log up to it) while no AppendLog batch touching `slot` is being checked or committed;
@@ -175,6 +182,7 @@ class StepLogService {
   Membership* const membership_;
   storage::DurableStore* const store_;
   const SnapshotStepFn snapshot_step_;
+  const SnapshotStepFn sync_step_;
   const int replicas_;
   const int stages_;
   const int micro_batches_;

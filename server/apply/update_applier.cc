@@ -145,7 +145,7 @@ absl::Status UpdateApplier::Sync(const SlotId& slot, const SyncRequest& request,
                     absl::Span<const float> worker_after, absl::Span<const float> center_before)
       -> absl::StatusOr<CenterTable::StagedWrite> {
     // The log is GC'd through the new snapshot's step, or less for a recovery group's member.
-    LogRetention::SyncFloor floor = retention_->ForSync(slot, step);
+    LogRetention::SyncFloor floor = retention_->ForSync(slot, step, request.incarnation());
     const int64_t gc_step = floor.gc_step;
     const int64_t previous_floor = updated.log_floor;  // the log below it is deleted already
     updated.log_floor = gc_step;
@@ -158,7 +158,7 @@ absl::Status UpdateApplier::Sync(const SlotId& slot, const SyncRequest& request,
       books_->SetDecided(slot, updated, ratio);
       return absl::OkStatus();
     }));
-    retention_->Committed(slot, std::move(floor));
+    retention_->Committed(slot, step, std::move(floor));
     CenterTable::StagedWrite staged;
     staged.prepare = [&, center_before]() -> absl::Status {
       *response->mutable_center_before() = centers_->Bundle(stage, center_before);
@@ -360,7 +360,7 @@ absl::Status UpdateApplier::CommitSync(const SlotId& slot, const CommitSyncReque
                    << " failed: " << committed;
         return committed;
       }
-      retention_->Committed(slot, std::move(floor));
+      retention_->Committed(slot, step, std::move(floor));
       response->set_weight(book.next_weight);
       response->set_next_weight(updated.next_weight);
     }

@@ -98,7 +98,7 @@ TEST_CASE("a group member GCs only to the group's oldest step and keeps what it 
 
   // After the sync committed, the replaced snapshot (step 4) is still found.
   f.StoreSnapshot(0, 6);
-  f.retention->Committed(Slot(0), std::move(floor));
+  f.retention->Committed(Slot(0), 6, std::move(floor));
   auto at4 = f.retention->SnapshotAt(Slot(0), 4);
   REQUIRE(at4.ok());
   CHECK(at4->step() == 4);

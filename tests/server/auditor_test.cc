@@ -1,0 +1,382 @@
+// Auditor (server/audit/auditor.h): which sync windows are audited, who replays them and when,
+// and the verdicts of a mismatch (confirmed, the first auditor's fault, inconclusive) with their
+// charges and the quarantine; against a real Membership, ReliabilityTracker and StepLogService on
+// an in-memory DurableStore and a fake clock. The spares are this test, calling as the service's
+// handlers do.
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "server/audit/auditor.h"
+#include "server/membership.h"
+#include "server/reliability.h"
+#include "server/step_log.h"
+#include "storage/durable_store.h"
+#include "tests/server/server_testing.h"
+
+namespace rebound::server {
+namespace {
+
+using testing::Slot;
+
+JobConfig Job(const std::string& audit) {
+  return testing::TinyModelJob(
+      2, 1,
+      absl::StrCat("fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 "
+                   "failure_timeout_ms: 1000 recovery_timeout_ms: 60000 }\n",
+                   audit));
+}
+
+struct Fixture {
+  explicit Fixture(const std::string& audit =
+                       "audit { fraction: 1 max_concurrent: 1 on_mismatch: AUDIT_QUARANTINE }\n")
+      : job(Job(audit)) {
+    store = testing::OpenInMemoryStore(job);
+    membership = std::make_unique<Membership>(job, &clock);
+    tracker = std::make_unique<ReliabilityTracker>(job.weighting(), 2);
+    step_log = std::make_unique<StepLogService>(job, membership.get(), store.get());
+    auditor = std::make_unique<Auditor>(job, membership.get(), tracker.get(), step_log.get(),
+                                        &clock);
+    for (int r = 0; r < 2; ++r) {
+      auto trainer = membership->Register(testing::Request(absl::StrCat("trainer-", r), TRAINER));
+      REQUIRE(trainer.ok());
+      REQUIRE(trainer->slot().replica() == r);
+      trainers.push_back(trainer->incarnation());
+    }
+  }
+
+  uint64_t Spare(const std::string& name, bool audits = true) {
+    auto registered = membership->Register(testing::Request(name, SPARE, name + ":1"));
+    REQUIRE(registered.ok());
+    if (audits) auditor->AddAuditor(registered->incarnation());
+    return registered->incarnation();
+  }
+
+  // The complete log of `replica`'s steps (from, to]: each step's records, as a trainer ships.
+  void Log(int replica, int64_t from, int64_t to) {
+    storage::WriteBatch batch;
+    for (int64_t t = from + 1; t <= to; ++t) {
+      for (int k = 0; k < job.data().micro_batches(); ++k) {
+        LogRecord record;
+        *record.mutable_slot() = Slot(replica);
+        record.set_step(t);
+        record.set_micro_batch(k);
+        record.add_sample_ids(2 * t);
+        record.add_sample_ids(2 * t + 1);
+        batch.PutLogRecord(record);
+      }
+      LogRecord step;
+      *step.mutable_slot() = Slot(replica);
+      step.set_step(t);
+      step.set_micro_batch(-1);
+      step.set_params_checksum(1000 + t);
+      batch.PutLogRecord(step);
+    }
+    REQUIRE(store->Commit(batch).ok());
+  }
+
+  // The window (from, to] of `replica`'s trainer, chosen at its sync and held.
+  void Window(int replica, int64_t from, int64_t to) {
+    REQUIRE(auditor->Choose(Slot(replica), trainers[replica], from, to));
+    Snapshot snapshot;
+    *snapshot.mutable_slot() = Slot(replica);
+    snapshot.set_step(from);
+    auditor->Hold(Slot(replica), trainers[replica], snapshot, to);
+  }
+
+  RecoveryTask Claim(uint64_t spare) {
+    auto task = auditor->Claim(spare);
+    REQUIRE(task.ok());
+    REQUIRE(task->has_value());
+    return **task;
+  }
+
+  bool NothingFor(uint64_t spare) {
+    auto task = auditor->Claim(spare);
+    REQUIRE(task.ok());
+    return !task->has_value();
+  }
+
+  absl::Status Report(uint64_t spare, const RecoveryTask& task, AuditResult result,
+                      int64_t step = 0, uint64_t replayed = 0) {
+    ReportAuditRequest report;
+    report.set_incarnation(spare);
+    report.set_audit_id(task.task_id());
+    report.set_result(result);
+    report.set_steps_replayed(task.failed_step() - task.snapshot().step());
+    if (result == AUDIT_MISMATCHED) {
+      report.mutable_mismatch()->set_step(step);
+      report.mutable_mismatch()->set_logged_checksum(1000 + step);
+      report.mutable_mismatch()->set_replayed_checksum(replayed);
+      report.mutable_mismatch()->set_tensor_index(1);
+      report.mutable_mismatch()->set_tensor_name("layer0.bias");
+    }
+    return auditor->Finish(report);
+  }
+
+  GetStatusResponse Status() const {
+    GetStatusResponse status;
+    auditor->FillStatus(&status);
+    return status;
+  }
+
+  JobConfig job;
+  FakeClock clock;
+  std::unique_ptr<storage::DurableStore> store;
+  std::unique_ptr<Membership> membership;
+  std::unique_ptr<ReliabilityTracker> tracker;
+  std::unique_ptr<StepLogService> step_log;
+  std::unique_ptr<Auditor> auditor;
+  std::vector<uint64_t> trainers;
+};
+
+TEST_CASE("a window is audited only when its trainer made both of its syncs") {
+  Fixture f;
+  // The first sync a slot makes under this server: its start is not known to be this trainer's.
+  CHECK_FALSE(f.auditor->Choose(Slot(0), f.trainers[0], 0, 10));
+  CHECK(f.auditor->Choose(Slot(0), f.trainers[0], 10, 20));
+  // Another incarnation's sync after it (a takeover): not this window, the next one.
+  CHECK_FALSE(f.auditor->Choose(Slot(0), 999, 20, 30));
+  CHECK(f.auditor->Choose(Slot(0), 999, 30, 40));
+  // Fraction 0: audits are off, nothing is chosen or held.
+  Fixture off("");
+  CHECK_FALSE(off.auditor->enabled());
+  CHECK_FALSE(off.auditor->Choose(Slot(0), off.trainers[0], 0, 10));
+  CHECK_FALSE(off.auditor->Choose(Slot(0), off.trainers[0], 10, 20));
+  CHECK_FALSE(off.Status().has_audit_counts());
+}
+
+TEST_CASE("a held window keeps its log, goes to an auditing spare once its log is complete, "
+          "and a match clears it") {
+  Fixture f;
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.Window(0, 10, 20);
+  CHECK(f.auditor->KeepLogFrom(Slot(0)) == 10);
+  CHECK_FALSE(f.auditor->KeepLogFrom(Slot(1)).has_value());
+  const uint64_t plain = f.Spare("plain", /*audits=*/false);
+  const uint64_t spare = f.Spare("spare");
+  // The log is not complete through step 20 yet: nothing to hand out.
+  f.Log(0, 10, 19);
+  CHECK(f.NothingFor(spare));
+  f.Log(0, 19, 20);
+  // A spare that did not register for audits never gets one.
+  CHECK(f.NothingFor(plain));
+  const RecoveryTask task = f.Claim(spare);
+  CHECK(task.audit());
+  CHECK((task.task_id() & Auditor::kAuditIdBit) != 0);
+  CHECK(task.slot().replica() == 0);
+  CHECK(task.snapshot().step() == 10);
+  CHECK(task.failed_step() == 20);
+  CHECK(task.rank() == 0);
+  CHECK(task.spares_size() == 1);
+  CHECK(task.micro_batch_count() == f.job.data().micro_batches());
+  CHECK(task.audited_worker() == "trainer-0");
+  // ReadLog: only the spare that runs it reads its window.
+  auto slot = f.auditor->AuditSlot(task.task_id(), spare);
+  REQUIRE(slot.ok());
+  CHECK(slot->replica() == 0);
+  CHECK(f.auditor->AuditSlot(task.task_id(), plain).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // max_concurrent 1: a second window waits while this one runs.
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(1, 10, 20);
+  f.Log(1, 10, 20);
+  const uint64_t other = f.Spare("other");
+  CHECK(f.NothingFor(other));
+
+  REQUIRE(f.Report(spare, task, AUDIT_MATCHED).ok());
+  CHECK_FALSE(f.auditor->KeepLogFrom(Slot(0)).has_value());
+  const GetStatusResponse status = f.Status();
+  CHECK(status.audit_counts().matched() == 1);
+  CHECK(status.audit_counts().steps_audited() == 10);
+  CHECK(status.audit_counts().windows_chosen() == 2);
+  bool clean = false;
+  for (const AuditStatus& a : status.audits()) {
+    if (a.audit_id() == (task.task_id() & ~Auditor::kAuditIdBit)) {
+      clean = a.verdict() == AUDIT_CLEAN && a.result() == AUDIT_MATCHED && a.worker() == "trainer-0";
+    }
+  }
+  CHECK(clean);
+  // The same report again: the audit is over.
+  CHECK(f.Report(spare, task, AUDIT_MATCHED).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(f.tracker->FaultScore("trainer-0", f.clock.Now()) == 0);
+  // Now the second window starts.
+  CHECK(f.Claim(other).slot().replica() == 1);
+}
+
+TEST_CASE("no audit starts while a slot is LOST, and a running one is preempted and waits again") {
+  Fixture f;
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.Window(0, 10, 20);
+  f.Log(0, 10, 20);
+  const uint64_t spare = f.Spare("spare");
+  const RecoveryTask task = f.Claim(spare);
+  CHECK(f.auditor->CommandsFor(spare).empty());
+  // Trainer 1 dies: its slot is LOST.
+  f.clock.Advance(absl::Milliseconds(600));
+  testing::BeatOk(*f.membership, testing::Beat(f.trainers[0]));
+  testing::BeatOk(*f.membership, testing::Beat(spare));
+  f.clock.Advance(absl::Milliseconds(600));
+  REQUIRE(f.membership->DetectFailures().size() == 1);
+  REQUIRE(f.membership->AnySlotLost());
+  const std::vector<Command> commands = f.auditor->CommandsFor(spare);
+  REQUIRE(commands.size() == 1);
+  CHECK(commands[0] == PREEMPT_AUDIT);
+  REQUIRE(f.Report(spare, task, AUDIT_PREEMPTED).ok());
+  // The window waits again, and is not handed out while the slot is LOST.
+  CHECK(f.auditor->KeepLogFrom(Slot(0)) == 10);
+  CHECK(f.NothingFor(spare));
+  const GetStatusResponse status = f.Status();
+  CHECK(status.audit_counts().preempted() == 1);
+}
+
+TEST_CASE("a mismatch charges nobody until a second spare's replay agrees: then the trainer's "
+          "machine is charged and the trainer quarantined") {
+  Fixture f;
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(1, 10, 20);
+  f.Log(1, 10, 20);
+  const uint64_t first = f.Spare("first");
+  const uint64_t second = f.Spare("second");
+  const RecoveryTask task = f.Claim(first);
+  REQUIRE(f.Report(first, task, AUDIT_MISMATCHED, 15, 0xbad).ok());
+  CHECK(f.tracker->FaultScore("trainer-1", f.clock.Now()) == 0);
+  CHECK(f.Status().audit_counts().confirmed() == 0);
+  // The second replay goes to another spare first: the first auditor waits out the grace.
+  CHECK(f.NothingFor(first));
+  const RecoveryTask again = f.Claim(second);
+  CHECK(again.snapshot().step() == 10);
+  CHECK(again.failed_step() == 20);
+  CHECK(again.task_id() != task.task_id());
+  // A mismatch outside the window is refused and decides nothing.
+  CHECK(f.Report(second, again, AUDIT_MISMATCHED, 25, 0xbad).code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  Fixture g;
+  g.auditor->Choose(Slot(1), g.trainers[1], 0, 10);
+  g.Window(1, 10, 20);
+  g.Log(1, 10, 20);
+  const uint64_t a = g.Spare("a");
+  const uint64_t b = g.Spare("b");
+  REQUIRE(g.Report(a, g.Claim(a), AUDIT_MISMATCHED, 15, 0xbad).ok());
+  REQUIRE(g.Report(b, g.Claim(b), AUDIT_MISMATCHED, 15, 0xbad).ok());
+  const GetStatusResponse status = g.Status();
+  CHECK(status.audit_counts().confirmed() == 1);
+  CHECK(status.audit_counts().confirmed_by_worker().at("trainer-1") == 1);
+  CHECK(status.audit_counts().quarantined() == 1);
+  CHECK(g.tracker->FaultScore("trainer-1", g.clock.Now()) > 0);
+  CHECK(g.tracker->FaultScore("a", g.clock.Now()) == 0);
+  CHECK(g.tracker->FaultScore("trainer-0", g.clock.Now()) == 0);
+  int confirmed = 0;
+  for (const AuditStatus& record : status.audits()) {
+    confirmed += record.verdict() == AUDIT_CONFIRMED;
+    if (record.confirms() != 0) {
+      CHECK(record.mismatch().step() == 15);
+      CHECK(record.mismatch().tensor_name() == "layer0.bias");
+      CHECK(absl::StrContains(record.detail(), "confirmed"));
+    }
+  }
+  CHECK(confirmed == 2);  // the first replay's record and the second's
+  // Quarantined: fenced, its slot LOST and restarted from the center by the next spare.
+  CHECK(g.membership->CheckAlive(g.trainers[1]).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(g.membership->AnySlotLost());
+  GetStatusResponse membership_status;
+  g.membership->FillStatus(&membership_status);
+  CHECK(membership_status.slots(1).state() == LOST);
+  CHECK(absl::StrContains(membership_status.slots(1).detail(), "quarantined"));
+  const HeartbeatResponse beat = testing::BeatOk(*g.membership, testing::Beat(a));
+  REQUIRE(beat.has_takeover());
+  CHECK(beat.takeover().slot().replica() == 1);
+}
+
+TEST_CASE("a second replay that matches the log convicts the first auditor, not the trainer; one "
+          "that differs otherwise convicts nobody") {
+  Fixture f;
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.Window(0, 10, 20);
+  f.Log(0, 10, 20);
+  const uint64_t corrupt = f.Spare("corrupt");
+  const uint64_t healthy = f.Spare("healthy");
+  REQUIRE(f.Report(corrupt, f.Claim(corrupt), AUDIT_MISMATCHED, 12, 0xbad).ok());
+  REQUIRE(f.Report(healthy, f.Claim(healthy), AUDIT_MATCHED).ok());
+  GetStatusResponse status = f.Status();
+  CHECK(status.audit_counts().auditor_faults() == 1);
+  CHECK(status.audit_counts().auditor_faults_by_worker().at("corrupt") == 1);
+  CHECK(status.audit_counts().confirmed() == 0);
+  CHECK(f.tracker->FaultScore("corrupt", f.clock.Now()) > 0);
+  CHECK(f.tracker->FaultScore("trainer-0", f.clock.Now()) == 0);
+  CHECK(f.membership->CheckAlive(f.trainers[0]).ok());  // not quarantined
+
+  // The same spare again after the grace (no other spare asks): its replays disagree with each
+  // other: inconclusive.
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(1, 10, 20);
+  f.Log(1, 10, 20);
+  REQUIRE(f.Report(corrupt, f.Claim(corrupt), AUDIT_MISMATCHED, 12, 0xbad).ok());
+  CHECK(f.NothingFor(corrupt));
+  f.clock.Advance(Auditor::kConfirmGrace + absl::Milliseconds(1));
+  testing::BeatOk(*f.membership, testing::Beat(corrupt));
+  REQUIRE(f.Report(corrupt, f.Claim(corrupt), AUDIT_MISMATCHED, 13, 0xbee).ok());
+  status = f.Status();
+  CHECK(status.audit_counts().inconclusive() == 1);
+  CHECK(f.tracker->FaultScore("trainer-1", f.clock.Now()) == 0);
+}
+
+TEST_CASE("bad reports are refused and a window nobody replays expires") {
+  Fixture f;
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.Window(0, 10, 20);
+  f.Log(0, 10, 20);
+  const uint64_t spare = f.Spare("spare");
+  const uint64_t other = f.Spare("other");
+  const RecoveryTask task = f.Claim(spare);
+  ReportAuditRequest unset;
+  unset.set_incarnation(spare);
+  unset.set_audit_id(task.task_id());
+  CHECK(f.auditor->Finish(unset).code() == absl::StatusCode::kInvalidArgument);
+  ReportAuditRequest nowhere = unset;
+  nowhere.set_result(AUDIT_MISMATCHED);
+  CHECK(f.auditor->Finish(nowhere).code() == absl::StatusCode::kInvalidArgument);
+  // Another spare's report of this audit (it does not run it).
+  CHECK(f.Report(other, task, AUDIT_MATCHED).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(f.Report(spare, task, AUDIT_INCOMPLETE).ok());
+  CHECK(f.Status().audit_counts().incomplete() == 1);
+
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(1, 10, 20);
+  f.clock.Advance(absl::Milliseconds(30001));  // audit.max_wait_ms
+  CHECK(f.NothingFor(spare));  // expires on the next call
+  const GetStatusResponse status = f.Status();
+  CHECK(status.audit_counts().expired() == 1);
+  CHECK_FALSE(f.auditor->KeepLogFrom(Slot(1)).has_value());
+  bool skipped = false;
+  for (const AuditStatus& a : status.audits()) skipped |= a.verdict() == AUDIT_SKIPPED;
+  CHECK(skipped);
+}
+
+TEST_CASE("windows beyond 2 x max_concurrent or steps_per_hour are skipped") {
+  Fixture f("audit { fraction: 1 max_concurrent: 1 steps_per_hour: 25 }\n");
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  CHECK(f.auditor->Choose(Slot(0), f.trainers[0], 10, 20));   // 10 steps
+  CHECK(f.auditor->Choose(Slot(0), f.trainers[0], 20, 30));   // 20
+  CHECK_FALSE(f.auditor->Choose(Slot(0), f.trainers[0], 30, 40));  // 30 > 25
+  f.clock.Advance(absl::Hours(1) + absl::Seconds(1));
+  CHECK(f.auditor->Choose(Slot(0), f.trainers[0], 40, 50));
+  CHECK(f.Status().audit_counts().windows_skipped() == 1);
+
+  Fixture g("audit { fraction: 1 max_concurrent: 1 }\n");
+  g.auditor->Choose(Slot(0), g.trainers[0], 0, 10);
+  g.Window(0, 10, 20);
+  g.Window(0, 20, 30);
+  CHECK_FALSE(g.auditor->Choose(Slot(0), g.trainers[0], 30, 40));
+  CHECK(g.Status().audit_counts().windows_skipped() == 1);
+  CHECK(g.auditor->KeepLogFrom(Slot(0)) == 10);
+}
+
+}  // namespace
+}  // namespace rebound::server
