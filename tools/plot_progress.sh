@@ -6,6 +6,8 @@
 #   orange dashed  a worker declared FAILED by the server ("worker ...: ALIVE -> FAILED ...")
 #   green solid    a slot RECOVERED ("recovery N of slot (r,s): RECOVERED ...")
 #   purple solid   a recovery that ended otherwise (CHECKSUM_MISMATCH, SPARE_FAILED, ABANDONED)
+#   black dotted   an audit caught a trainer computing wrong (AUDIT_MISMATCH, confirmed by a second
+#                  replay), or a worker QUARANTINED for it (docs/recovery.md#audits)
 # and, shaded, each slot's time out of service, from its first kill or failure to its recovery.
 #
 #   tools/plot_progress.sh PROGRESS_CSV OUTPUT_PNG
@@ -124,6 +126,11 @@ BEGIN { line_no = 0; record = ""; n_slots = 0; n_acc = 0; n_events = 0; n_out = 
   } else if (event ~ /^worker / && event ~ /: [A-Z_]+ -> FAILED/) {
     add_event(t, "failed", word[2] " FAILED")
     if (slot != "" && !(slot in down_since)) down_since[slot] = t
+  } else if (event ~ /^AUDIT_MISMATCH of slot /) {
+    add_event(t, "audit", who " AUDIT_MISMATCH")
+  } else if (event ~ /^worker / && event ~ /: [A-Z_]+ -> QUARANTINED/) {
+    add_event(t, "audit", word[2] " QUARANTINED")
+    if (slot != "" && !(slot in down_since)) down_since[slot] = t
   } else if (event ~ /^recovery [0-9]+ of slot .*: RECOVERED/) {
     add_event(t, "recovered", who " RECOVERED")
   } else if (event ~ /^recovery [0-9]+ of slot .*: (CHECKSUM_MISMATCH|SPARE_FAILED|ABANDONED)/) {
@@ -154,6 +161,7 @@ END {
   color["recovered"] = "#2ca02c"; dash["recovered"] = 1; what["recovered"] = "slot RECOVERED"
   color["unrecovered"] = "#9467bd"; dash["unrecovered"] = 1
   what["unrecovered"] = "recovery not completed"
+  color["audit"] = "#000000"; dash["audit"] = 3; what["audit"] = "audit: corruption caught"
   marks = dir "/marks.gp"; labels = dir "/labels.gp"
   printf "" > marks; printf "" > labels
   for (i = 1; i <= n_out; i++) {
@@ -164,8 +172,8 @@ END {
   # Recoveries first, so that a failure at the same time draws its dashes over them.
   span = (tmax > 0) ? tmax : 1
   n_drawn = 0
-  split("recovered unrecovered kill failed", order, " ")
-  for (o = 1; o <= 4; o++) {
+  split("recovered unrecovered kill failed audit", order, " ")
+  for (o = 1; o <= 5; o++) {
     for (i = 1; i <= n_events; i++) {
       kind = ev_kind[i]
       if (kind != order[o]) continue
@@ -185,8 +193,8 @@ END {
     summary = summary (i > 1 ? "; " : "") ev_label[i] " at " seconds(ev_t[i])
   }
   keys = ""
-  split("kill failed recovered unrecovered", order, " ")
-  for (o = 1; o <= 4; o++) {
+  split("kill failed recovered unrecovered audit", order, " ")
+  for (o = 1; o <= 5; o++) {
     kind = order[o]
     if (!(kind in seen_kind)) continue
     keys = keys sprintf(", keyentry with lines linecolor rgb \"%s\" linewidth 2 dashtype %d " \

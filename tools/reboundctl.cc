@@ -13,6 +13,11 @@
 //            per group (this group's marked *)
 //   recoveries  every recovery: slot, policy, outcome, failed step, steps replayed, spares,
 //               phases (detection, snapshot transfer, replay, takeover), verified bit-identical
+//   audits   audit replay (docs/recovery.md#audits): the counts (windows kept and skipped,
+//            replays by result, verdicts, quarantines) and each audit on record: id, slot,
+//            audited worker, window, auditor, result, verdict (CONFIRMED = AUDIT_MISMATCH),
+//            where a replay differed (step, tensor) and why; "audits are off" when the job has
+//            none
 //   workers  every worker the server knows: incarnation, name, role, state, slot, step,
 //            heartbeat age, peer and metrics addresses, why it is fenced
 //   watch    status, redrawn every --interval_ms until interrupted (or --count times)
@@ -400,6 +405,64 @@ void PrintRecoveries(const GetStatusResponse& s) {
   }
 }
 
+void PrintAudits(const GetStatusResponse& s) {
+  if (!s.has_audit_counts()) {
+    std::printf("audits are off (the job has no audit.fraction > 0)\n");
+    return;
+  }
+  const AuditCounts& c = s.audit_counts();
+  std::printf("windows kept %lld, skipped %lld, expired %lld; replays matched %lld, mismatched "
+              "%lld, incomplete %lld, preempted %lld; steps audited %lld\n",
+              static_cast<long long>(c.windows_chosen()), static_cast<long long>(c.windows_skipped()),
+              static_cast<long long>(c.expired()), static_cast<long long>(c.matched()),
+              static_cast<long long>(c.mismatched()), static_cast<long long>(c.incomplete()),
+              static_cast<long long>(c.preempted()), static_cast<long long>(c.steps_audited()));
+  std::printf("verdicts: %lld confirmed (AUDIT_MISMATCH), %lld auditor faults, %lld inconclusive; "
+              "%lld quarantined\n",
+              static_cast<long long>(c.confirmed()), static_cast<long long>(c.auditor_faults()),
+              static_cast<long long>(c.inconclusive()), static_cast<long long>(c.quarantined()));
+  if (s.audits_size() == 0) return;
+  std::printf("%-6s %-7s %-20s %-15s %-20s %-17s %-20s %-18s  %s\n", "AUDIT", "SLOT", "WORKER",
+              "WINDOW", "AUDITOR", "RESULT", "VERDICT", "WHERE", "DETAIL");
+  for (const AuditStatus& a : s.audits()) {
+    std::string window = absl::StrCat("(", a.from_step(), ", ", a.to_step(), "]");
+    std::string where = "-";
+    if (a.has_mismatch()) {
+      where = absl::StrCat("step ", a.mismatch().step());
+      if (!a.mismatch().tensor_name().empty()) absl::StrAppend(&where, " ", a.mismatch().tensor_name());
+    }
+    std::string result = a.has_result()     ? AuditResult_Name(a.result())
+                         : a.auditor() != 0 ? "RUNNING"
+                         : a.has_ended_ms_ago() ? "-"
+                                                : "WAITING";
+    std::string verdict = a.has_verdict() ? AuditVerdict_Name(a.verdict()) : "-";
+    if (a.confirms() != 0) absl::StrAppend(&verdict, " (2nd of ", a.confirms(), ")");
+    std::printf("%-6llu %-7s %-20s %-15s %-20s %-17s %-20s %-18s  %s\n",
+                static_cast<unsigned long long>(a.audit_id()), Slot(a.slot()).c_str(),
+                a.worker().c_str(), window.c_str(),
+                a.auditor_name().empty() ? "-" : a.auditor_name().c_str(), result.c_str(),
+                verdict.c_str(), where.c_str(), a.detail().c_str());
+  }
+}
+
+int Audits(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = ParameterServer::NewStub(channel);
+  GetStatusResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->GetStatus(&context, GetStatusRequest(), &response);
+  if (!status.ok()) return ReportError(status);
+  if (FLAGS_output == "json") {
+    GetStatusResponse audits;
+    *audits.mutable_audits() = response.audits();
+    if (response.has_audit_counts()) *audits.mutable_audit_counts() = response.audit_counts();
+    PrintJson(audits);
+  } else {
+    PrintAudits(response);
+  }
+  return kExitOk;
+}
+
 int Recoveries(const std::shared_ptr<grpc::Channel>& channel) {
   auto stub = ParameterServer::NewStub(channel);
   GetStatusResponse response;
@@ -763,7 +826,7 @@ constexpr char kUsage[] =
     "usage: reboundctl [--server HOST:PORT[,HOST:PORT...]] [--output table|json] [--timeout_ms N]\n"
     "                  [--token_file F] [--tls] [--ca_file F] [--cert_file F --key_file F]\n"
     "                  [--operator_token_file F] COMMAND\n"
-    "  health | status | workers | recoveries | watch [--interval_ms N --count N] | drain R,S\n"
+    "  health | status | workers | recoveries | audits | watch [--interval_ms N --count N] | drain R,S\n"
     "  group [--peer HOST:PORT]   (a replicated server group: leader, standbys, in-sync, lag)\n"
     "  shards                     (a sharded job: every group, reachable?, role, versions)\n"
     "  export -o FILE [--format safetensors]   (the trained model; an operator call)\n"
@@ -836,6 +899,7 @@ int Main(int argc, char** argv) {
   if (command == "status") return Status(channel);
   if (command == "workers") return Workers(channel);
   if (command == "recoveries") return Recoveries(channel);
+  if (command == "audits") return Audits(channel);
   if (command == "watch") return Watch(channel);
   if (command == "group") return Group(channel, security);
   if (command == "shards") return Shards(channel, security);

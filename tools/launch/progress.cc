@@ -142,6 +142,24 @@ std::vector<ProgressEvent> ProgressTracker::Update(const GetStatusResponse& stat
   }
   recoveries_ = status.recoveries_size();
 
+  // Audits (docs/recovery.md#audits): each decided second replay once.
+  for (const AuditStatus& a : status.audits()) {
+    if (a.confirms() == 0 || !a.has_verdict() || !audit_verdicts_.insert(a.audit_id()).second) {
+      continue;
+    }
+    std::string where = a.has_mismatch() ? absl::StrCat(" step ", a.mismatch().step()) : "";
+    if (a.has_mismatch() && !a.mismatch().tensor_name().empty()) {
+      absl::StrAppend(&where, " tensor ", a.mismatch().tensor_name());
+    }
+    const char* what = a.verdict() == AUDIT_CONFIRMED       ? "AUDIT_MISMATCH"
+                       : a.verdict() == AUDIT_AUDITOR_FAULT ? "audit disagreement"
+                                                            : "audit inconclusive";
+    events.push_back({Coord(a.slot()),
+                      absl::StrCat(what, " of slot ", FormatSlot(Coord(a.slot())), ": worker ",
+                                   a.worker(), where, ", window (", a.from_step(), ", ",
+                                   a.to_step(), "]: ", a.detail())});
+  }
+
   if (status.has_last_eval()) {
     if (status.last_eval().has_test_accuracy()) test_accuracy_ = status.last_eval().test_accuracy();
     if (status.last_eval().has_test_loss()) test_loss_ = status.last_eval().test_loss();

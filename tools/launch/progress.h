@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,7 @@ class ProgressTracker {
   std::optional<int64_t> evaluated_version_;
   std::optional<int64_t> center_version_;
   int recoveries_ = 0;
+  std::set<uint64_t> audit_verdicts_;  // audits whose verdict was reported
 };
 
 }  // namespace rebound::launch
