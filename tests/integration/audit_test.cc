@@ -1,0 +1,188 @@
+// Audit replay (docs/recovery.md#audits, docs/design.md §14) against the real rebound_server and
+// rebound_worker binaries on loopback: idle spares replay live trainers' sync windows and compare
+// every step's checksum with the log. One trainer flips one bit of one parameter after a chosen
+// step (--fault_flip_bit_at_step: no crash, no NaN, its logged checksum is of the corrupted
+// parameters); every window is audited (fraction 1). What is checked, from the server's status
+// and /metrics: the mismatch is found at that step, confirmed by a second replay on the other
+// spare, charged to that trainer's machine and nobody else, and under AUDIT_QUARANTINE the
+// trainer is fenced and its slot restarts from the center; the fault-free trainer's audits all
+// match. A second case kills a trainer while audits run: the recovery is not held up.
+
+#include <signal.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "catch2/catch.hpp"
+#include "proto/rebound.pb.h"
+#include "tests/integration/local_cluster.h"
+#include "tests/integration/scrape.h"
+#include "tests/integration/status_util.h"
+#include "testing/cluster/time_scale.h"
+
+namespace rebound::testing {
+namespace {
+
+constexpr int kSyncPeriod = 20;
+constexpr int kCorruptStep = 50;  // in the window (40, 60]
+
+std::string JobText(const char* on_mismatch, int64_t max_steps, int replicas) {
+  return absl::StrCat(
+      "  job_id: \"audit\"\n",
+      "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n",
+      "  topology { replicas: ", replicas, " }\n",
+      "  weighting { policy: UNIFORM }\n",
+      "  fault_tolerance { policy: REPLAY heartbeat_interval_ms: 200 failure_timeout_ms: 3000 }\n",
+      "  data { batch_size: 32 micro_batches: 2 train_limit: 2000 test_limit: 100 }\n",
+      "  adahessian { lr: 0.01 }\n",
+      "  easgd { sync_period: ", kSyncPeriod, " }\n",
+      "  step_log { linger_ms: 20 }\n",
+      "  training { max_steps: ", max_steps, " }\n",
+      // Room for 16 windows to wait: the first ones are kept, whatever the spares' pace.
+      "  audit { fraction: 1 max_concurrent: 8 on_mismatch: ", on_mismatch, " }\n");
+}
+
+// The second replay of a window (the one that carries the verdict) with `verdict`, if any.
+const AuditStatus* FindVerdict(const GetStatusResponse& s, AuditVerdict verdict) {
+  for (const AuditStatus& a : s.audits()) {
+    if (a.confirms() != 0 && a.has_verdict() && a.verdict() == verdict) return &a;
+  }
+  return nullptr;
+}
+
+TEST_CASE("a trainer that flips a bit is caught by an audit, confirmed by a second spare, charged "
+          "and quarantined; the fault-free trainer's audits all match") {
+  // Long enough that the audits run while it trains (a spare stops when the job is finished);
+  // the test ends once the quarantined slot is back.
+  LocalCluster cluster(JobText("AUDIT_QUARANTINE", 1000000, 2),
+                       LocalClusterOptions{"audit", 500, false, absl::Seconds(90)});
+  cluster.StartWorker("good", TRAINER);
+  cluster.StartWorker("bad", TRAINER, "",
+                      {absl::StrCat("--fault_flip_bit_at_step=", kCorruptStep)});
+  cluster.StartWorker("spare-1", SPARE);
+  cluster.StartWorker("spare-2", SPARE);
+
+  const GetStatusResponse caught = cluster.WaitFor(
+      "a confirmed mismatch", [](const GetStatusResponse& s) {
+        return FindVerdict(s, AUDIT_CONFIRMED) != nullptr;
+      });
+  INFO(caught.DebugString());
+  const AuditStatus* confirmed = FindVerdict(caught, AUDIT_CONFIRMED);
+  REQUIRE(confirmed != nullptr);
+  CHECK(confirmed->worker() == "bad");
+  CHECK(confirmed->slot().replica() == 1);
+  CHECK(confirmed->result() == AUDIT_MISMATCHED);
+  // The window that holds the flipped step, and the step itself: the replay from the window's
+  // (uncorrupted) snapshot first differs there.
+  CHECK(confirmed->from_step() == (kCorruptStep / kSyncPeriod) * kSyncPeriod);
+  CHECK(confirmed->to_step() == confirmed->from_step() + kSyncPeriod);
+  CHECK(confirmed->mismatch().step() == kCorruptStep);
+  CHECK(confirmed->mismatch().logged_checksum() != confirmed->mismatch().replayed_checksum());
+  // The C++ trainer logs per-tensor checksums when audits are on: the tensor is named.
+  CHECK(confirmed->mismatch().tensor_index() >= 0);
+  CHECK(absl::StartsWith(confirmed->mismatch().tensor_name(), "layer"));
+  // Confirmed by the other spare: the first replay's record names the first auditor.
+  const AuditStatus* first = nullptr;
+  for (const AuditStatus& a : caught.audits()) {
+    if (a.audit_id() == confirmed->confirms()) first = &a;
+  }
+  REQUIRE(first != nullptr);
+  CHECK(first->verdict() == AUDIT_CONFIRMED);
+  CHECK(first->mismatch().step() == kCorruptStep);
+  CHECK(first->mismatch().replayed_checksum() == confirmed->mismatch().replayed_checksum());
+  CHECK(first->auditor() != confirmed->auditor());
+
+  // Quarantined: fenced, its slot restarted from the center by a spare.
+  const GetStatusResponse done = cluster.WaitFor(
+      "the quarantined slot restarted", [](const GetStatusResponse& s) {
+        for (const RecoveryStatus& r : s.recoveries()) {
+          if (r.slot().replica() == 1 && r.outcome() == RECOVERED) return true;
+        }
+        return false;
+      });
+  INFO(done.DebugString());
+  const AuditCounts& counts = done.audit_counts();
+  CHECK(counts.confirmed() == 1);
+  CHECK(counts.quarantined() == 1);
+  CHECK(counts.auditor_faults() == 0);
+  CHECK(counts.inconclusive() == 0);
+  CHECK(counts.confirmed_by_worker().at("bad") == 1);
+  CHECK(counts.confirmed_by_worker().count("good") == 0);
+  bool fenced = false;
+  for (const WorkerStatus& w : done.workers()) {
+    if (w.name() == "bad" && w.role() == TRAINER && w.state() == QUARANTINED) {
+      fenced = true;
+      CHECK(absl::StrContains(w.state_reason(), absl::StrCat("step ", kCorruptStep)));
+    }
+  }
+  CHECK(fenced);
+  bool restarted = false;
+  for (const RecoveryStatus& r : done.recoveries()) {
+    if (r.slot().replica() == 1 && r.policy() == RESTART_FROM_CENTER &&
+        absl::StrContains(r.detail(), "QUARANTINE")) {
+      restarted = r.outcome() == RECOVERED;
+    }
+  }
+  CHECK(restarted);
+  // The fault-free trainer: every one of its audited windows that was replayed matched.
+  int good_matched = 0;
+  for (const AuditStatus& a : done.audits()) {
+    if (a.worker() != "good") continue;
+    CHECK(a.result() != AUDIT_MISMATCHED);
+    CHECK((!a.has_verdict() || a.verdict() == AUDIT_CLEAN));
+    good_matched += a.result() == AUDIT_MATCHED;
+  }
+  CHECK(good_matched > 0);
+  CHECK(counts.steps_audited() >= 2 * kSyncPeriod);
+
+  // The machine is charged (its fault score), and the metrics say who.
+  const WorkerStatus* bad = FindWorker(done, "bad", TRAINER);
+  REQUIRE(bad != nullptr);
+  const Exposition metrics = ScrapeMetrics(done.metrics_address());
+  CHECK(metrics.samples.at("rebound_audit_mismatches_total{worker=\"bad\"}") == 1);
+  CHECK(metrics.samples.count("rebound_audit_mismatches_total{worker=\"good\"}") == 0);
+  CHECK(metrics.samples.at("rebound_audit_verdicts_total{verdict=\"confirmed\"}") == 1);
+  CHECK(metrics.samples.at("rebound_audits_total{result=\"matched\"}") == counts.matched());
+  CHECK(metrics.samples.at("rebound_audit_quarantines_total") == 1);
+  // Fault scores follow the registered name (docs/weighting.md): charged once, decaying.
+  CHECK(bad->fault_score() > 0);
+  const WorkerStatus* good = FindWorker(done, "good", TRAINER);
+  REQUIRE(good != nullptr);
+  CHECK(good->fault_score() == 0);
+}
+
+TEST_CASE("audits give their spare back when a trainer dies: the replay is not held up") {
+  LocalCluster cluster(JobText("AUDIT_REPORT", 1000000, 2),
+                       LocalClusterOptions{"audit-preempt", 500, false, absl::Seconds(90)});
+  cluster.StartWorker("a", TRAINER);
+  cluster.StartWorker("b", TRAINER);
+  cluster.StartWorker("spare", SPARE);
+  cluster.WaitFor("an audit matched", [](const GetStatusResponse& s) {
+    return s.audit_counts().matched() >= 2;
+  });
+  cluster.Kill("b");
+  const GetStatusResponse done = cluster.WaitFor(
+      "b's slot rebuilt", [](const GetStatusResponse& s) {
+        for (const RecoveryStatus& r : s.recoveries()) {
+          if (r.slot().replica() == 1 && r.has_outcome()) return true;
+        }
+        return false;
+      });
+  INFO(done.DebugString());
+  bool recovered = false;
+  for (const RecoveryStatus& r : done.recoveries()) {
+    if (r.slot().replica() == 1 && r.outcome() == RECOVERED && r.policy() == REPLAY) {
+      recovered = r.verified();
+    }
+  }
+  CHECK(recovered);
+  CHECK(done.audit_counts().mismatched() == 0);
+  CHECK(done.audit_counts().confirmed() == 0);
+  // None of the audits that ran found anything.
+  for (const AuditStatus& a : done.audits()) CHECK(a.result() != AUDIT_MISMATCHED);
+}
+
+}  // namespace
+}  // namespace rebound::testing
