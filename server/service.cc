@@ -469,6 +469,11 @@ grpc::Status ParameterServerService::ServeAppendLog(
   return step_log_->HandleAppendLog(context, stream);
 }
 
+namespace {
+// How often a spare's long poll looks for an audit that became ready (WaitForTask).
+constexpr absl::Duration kAuditSlice = absl::Milliseconds(50);
+}  // namespace
+
 grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
                                                  const WaitForTaskRequest* request,
                                                  WaitForTaskResponse* response) {
@@ -484,24 +489,27 @@ grpc::Status ParameterServerService::WaitForTask(grpc::ServerContext* context,
     if (!entered.ok()) return ToGrpcStatus(entered.status());
     parked.emplace(*std::move(entered));
   }
-  // An audit first if one waits and no slot is LOST (Claim checks), else a recovery within the
-  // wait, else an audit that became ready meanwhile.
-  auto audit = auditor_.Claim(request->incarnation());
-  if (!audit.ok()) return ToGrpcStatus(audit.status());
-  if (audit->has_value()) {
-    *response->mutable_task() = **std::move(audit);
-    return grpc::Status::OK;
+  // With audits, the wait is cut in slices: between two, an audit that became ready (and no slot
+  // LOST: Claim checks) is handed out, so that a window waits a slice, not a whole long poll.
+  // A recovery is looked for in every slice, and first.
+  const absl::Time until = absl::Now() + wait;
+  while (true) {
+    const absl::Duration left = std::max(absl::ZeroDuration(), until - absl::Now());
+    auto task = recovery_->NextTask(request->incarnation(),
+                                    auditor_.enabled() ? std::min(left, kAuditSlice) : left);
+    if (!task.ok()) return ToGrpcStatus(task.status());
+    if (task->has_value()) {
+      *response->mutable_task() = **std::move(task);
+      return grpc::Status::OK;
+    }
+    auto audit = auditor_.Claim(request->incarnation());
+    if (!audit.ok()) return ToGrpcStatus(audit.status());
+    if (audit->has_value()) {
+      *response->mutable_task() = **std::move(audit);
+      return grpc::Status::OK;
+    }
+    if (left <= absl::ZeroDuration() || !auditor_.enabled()) return grpc::Status::OK;
   }
-  auto task = recovery_->NextTask(request->incarnation(), wait);
-  if (!task.ok()) return ToGrpcStatus(task.status());
-  if (task->has_value()) {
-    *response->mutable_task() = **std::move(task);
-    return grpc::Status::OK;
-  }
-  audit = auditor_.Claim(request->incarnation());
-  if (!audit.ok()) return ToGrpcStatus(audit.status());
-  if (audit->has_value()) *response->mutable_task() = **std::move(audit);
-  return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::ReportAudit(grpc::ServerContext* context,

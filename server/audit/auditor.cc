@@ -120,6 +120,27 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
   if (absl::Status spare = membership_->CheckSpare(incarnation); !spare.ok()) return spare;
   // A recovery comes first: no audit starts while a slot waits for a spare.
   if (membership_->AnySlotLost()) return std::optional<RecoveryTask>();
+  // Whether another spare could run a second replay: the auditors still alive as spares (the
+  // others, fenced or turned trainers, are forgotten).
+  std::vector<uint64_t> auditors;
+  {
+    absl::MutexLock lock(&mu_);
+    auditors.assign(auditors_.begin(), auditors_.end());
+  }
+  bool others = false;
+  std::vector<uint64_t> gone;
+  for (uint64_t a : auditors) {
+    if (a == incarnation) continue;
+    if (membership_->CheckSpare(a).ok()) {
+      others = true;
+    } else {
+      gone.push_back(a);
+    }
+  }
+  if (!gone.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t a : gone) auditors_.erase(a);
+  }
   // Which waiting windows' logs are complete (read without the lock: the step log's own).
   struct Candidate {
     uint64_t id;
@@ -131,8 +152,10 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
   {
     absl::MutexLock lock(&mu_);
     for (const Audit& a : waiting_) {
-      // A second replay goes to another spare first; the first auditor gets it after the grace.
-      if (a.confirms != 0 && a.first_auditor == incarnation && now - a.queued < kConfirmGrace) {
+      // A second replay goes to another spare first; the first auditor gets it after the grace,
+      // or at once when no other spare could.
+      if (a.confirms != 0 && a.first_auditor == incarnation && others &&
+          now - a.queued < kConfirmGrace) {
         continue;
       }
       candidates.push_back({a.id, a.slot, a.snapshot.step(), a.to_step});

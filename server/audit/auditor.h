@@ -18,7 +18,7 @@
 //     slot is LOST gets the oldest waiting audit whose log is complete through t1, as a
 //     RecoveryTask with `audit` set (rank 0 of 1): at most max_concurrent run at once. A second
 //     replay (below) prefers another spare: the first auditor gets it only kConfirmGrace after
-//     it waited.
+//     it waited, or at once when no other auditing spare is alive.
 //   * Preemption. While a slot is LOST, the heartbeat of a spare running an audit carries
 //     PREEMPT_AUDIT (CommandsFor): it stops at its next step, reports AUDIT_PREEMPTED and asks for
 //     work, where the recovery waits for it. A preempted audit waits again (at most kMaxAttempts

@@ -327,6 +327,22 @@ TEST_CASE("a second replay that matches the log convicts the first auditor, not 
   CHECK(f.tracker->FaultScore("trainer-1", f.clock.Now()) == 0);
 }
 
+TEST_CASE("with no other auditing spare alive, the first auditor replays the window again at once") {
+  Fixture f;
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.Window(0, 10, 20);
+  f.Log(0, 10, 20);
+  const uint64_t only = f.Spare("only");
+  const uint64_t gone = f.Spare("gone");
+  // The other auditor leaves: it could not run the second replay.
+  REQUIRE(f.membership->Deregister(gone).ok());
+  REQUIRE(f.Report(only, f.Claim(only), AUDIT_MISMATCHED, 11, 0xbad).ok());
+  const RecoveryTask again = f.Claim(only);
+  CHECK(again.snapshot().step() == 10);
+  REQUIRE(f.Report(only, again, AUDIT_MISMATCHED, 11, 0xbad).ok());
+  CHECK(f.Status().audit_counts().confirmed() == 1);
+}
+
 TEST_CASE("bad reports are refused and a window nobody replays expires") {
   Fixture f;
   f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
