@@ -7,7 +7,7 @@
 # and plots test accuracy and reliability weights over time, with the kill, the failure and the
 # recovery marked (tools/plot_progress.sh). About two minutes on 2 cores after the build.
 #
-#   tools/demo.sh [--ha] [--sharded K] [extra rebound_launch flags]
+#   tools/demo.sh [--ha] [--sharded K] [--corrupt] [extra rebound_launch flags]
 #
 # Writes to $DEMO_OUT (default /tmp/rebound-demo): work/ (every process's log), progress.csv and
 # progress.png. Exits with rebound_launch's status; the plot is drawn even when the job failed.
@@ -27,15 +27,25 @@
 # (equal: every sync reached every range once). With --ha as well, each group is a leader and a
 # standby, and group 0's leader is killed. Writes to $DEMO_OUT (default /tmp/rebound-demo-sharded,
 # or /tmp/rebound-demo-ha-sharded with --ha), the launcher's output also to launch.log there.
+#
+# --corrupt: audit replay (docs/recovery.md#audits). Besides the kill, trainer (2,0) silently
+# computes wrong: from step 600 it flips one bit of one parameter every 50 steps (no crash, no NaN);
+# the job is audited (a quarter of every trainer's sync windows replayed by idle spares, one spare
+# more). An audit catches it, a second replay confirms it, the trainer is QUARANTINED and its slot
+# restarted from the center: the AUDIT_MISMATCH and the quarantine are on the plot, and the audits
+# are printed at the end (reboundctl audits' counts). Writes to $DEMO_OUT (default
+# /tmp/rebound-demo-corrupt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ha=0
 shards=1
+corrupt=0
 args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --ha) ha=1 ;;
+    --corrupt) corrupt=1 ;;
     --sharded=*) shards=${1#--sharded=} ;;
     --sharded)
       if [ $# -lt 2 ]; then
@@ -68,6 +78,11 @@ if [ "$shards" -gt 1 ]; then
   suffix=$suffix-sharded
   shard_flags=(--shard_groups "$shards")
 fi
+corrupt_flags=()
+if [ "$corrupt" -eq 1 ]; then
+  suffix=$suffix-corrupt
+  corrupt_flags=(--corrupt_trainer_at_step 600 --corrupt_slot 2,0 --corrupt_every 50)
+fi
 out=${DEMO_OUT:-/tmp/rebound-demo$suffix}
 rm -rf "$out"
 mkdir -p "$out"
@@ -91,14 +106,20 @@ if [ "$ha" -eq 1 ]; then
   bazel-bin/tools/launch/rebound_launch --job configs/job.pbtxt --workdir "$out/work" \
     --kill_trainer_at_step 1000 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
     --standbys 1 --kill_leader_at_step "$leader_step" "${shard_flags[@]+"${shard_flags[@]}"}" \
+    "${corrupt_flags[@]+"${corrupt_flags[@]}"}" \
     "${export_flags[@]+"${export_flags[@]}"}" --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
 else
   echo "== training configs/job.pbtxt on $where; trainer (1,0) is killed at step 1000;" \
     "logs in $out/work"
+  if [ "$corrupt" -eq 1 ]; then
+    echo "== trainer (2,0) flips a bit every 50 steps from step 600; a quarter of every" \
+      "trainer's sync windows are audited by idle spares"
+  fi
   rc=0
   bazel-bin/tools/launch/rebound_launch --job configs/job.pbtxt --workdir "$out/work" \
     --kill_trainer_at_step 1000 --kill_slot 1,0 --progress_csv "$out/progress.csv" \
-    "${shard_flags[@]+"${shard_flags[@]}"}" "${export_flags[@]+"${export_flags[@]}"}" \
+    "${shard_flags[@]+"${shard_flags[@]}"}" "${corrupt_flags[@]+"${corrupt_flags[@]}"}" \
+    "${export_flags[@]+"${export_flags[@]}"}" \
     --timeout_s 900 "$@" | tee "$out/launch.log" || rc=$?
 fi
 echo "== progress table: $out/progress.csv"
@@ -120,6 +141,11 @@ if [ "$ha" -eq 1 ]; then
   echo "== the server group's failover (the launcher's lines; all of it in $out/launch.log):"
   grep -E "\\] (leader $member .*SIGKILLed|group: $member leads|failover: |started $member again|group: $member is back in sync|failover summary: )" \
     "$out/launch.log" | sed 's/^/   /' || echo "   (none: the leader was not killed; see above)"
+fi
+if [ "$corrupt" -eq 1 ]; then
+  echo "== audits (the launcher's lines; all of it in $out/launch.log):"
+  grep -E "\] (AUDIT_MISMATCH|audit disagreement|audit inconclusive) |-> QUARANTINED|after a QUARANTINE" \
+    "$out/launch.log" | sed 's/^/   /' || echo "   (none: no corruption was caught; see above)"
 fi
 if [ "$shards" -gt 1 ]; then
   echo "== the shard groups: their ranges, and each group's center version at the end (equal:" \

@@ -302,6 +302,46 @@ TEST_CASE("the launched copy of a job is the job with sharding.groups = K and th
   CHECK(same.SerializeAsString() == job.SerializeAsString());
 }
 
+TEST_CASE("--corrupt_trainer_at_step: its slot and period, and an audited launched job") {
+  absl::StatusOr<LaunchOptions> options = ParseLaunchArgs(
+      {"--job", "j", "--corrupt_trainer_at_step", "600", "--corrupt_slot", "2,0",
+       "--corrupt_every", "0"});
+  REQUIRE(options.ok());
+  CHECK(*options->corrupt_trainer_at_step == 600);
+  CHECK(options->corrupt_slot == SlotCoord{2, 0});
+  CHECK(options->corrupt_every == 0);
+  CHECK(ParseLaunchArgs({"--job", "j", "--corrupt_trainer_at_step", "5"})->corrupt_every == 50);
+  CHECK(ParseError({"--job", "j", "--corrupt_slot", "1,0"}) ==
+        "--corrupt_slot needs --corrupt_trainer_at_step");
+  CHECK(ParseError({"--job", "j", "--corrupt_trainer_at_step", "0"}) ==
+        "--corrupt_trainer_at_step: must be in [1, 9223372036854775807], got 0");
+  CHECK(absl::StrContains(ParseError({"--job", "j", "--corrupt_trainer_at_step", "5",
+                                      "--worker_command", "python3 x.py"}),
+                          "needs rebound_worker"));
+  JobConfig job = ShardableJob();
+  job.mutable_topology()->set_replicas(2);
+  job.mutable_topology()->set_min_trainers(2);
+  job.mutable_topology()->set_spares(1);
+  options->corrupt_slot = SlotCoord{2, 0};
+  CHECK(absl::StrContains(CheckOptionsAgainstJob(*options, job).message(),
+                          "--corrupt_slot 2,0 is outside the job's 2 x 1 slots"));
+  std::string changes;
+  const JobConfig launched = LaunchedJob(job, 1, &changes, /*corrupt=*/true);
+  CHECK(changes == "audit { fraction: 0.25 on_mismatch: AUDIT_QUARANTINE } and topology.spares "
+                   "= 2 (--corrupt_trainer_at_step)");
+  CHECK(launched.audit().fraction() == 0.25);
+  CHECK(launched.topology().spares() == 2);
+  absl::StatusOr<JobConfig> parsed =
+      ParseJobConfig(LaunchedJobText(launched, "/j.pbtxt", changes), "copy.pbtxt");
+  INFO(parsed.status().message());
+  CHECK(parsed.ok());
+  // A job that audits already is run with its own audits.
+  job.mutable_audit()->set_fraction(0.05);
+  const JobConfig own = LaunchedJob(job, 1, &changes, /*corrupt=*/true);
+  CHECK(changes.empty());
+  CHECK(own.SerializeAsString() == job.SerializeAsString());
+}
+
 TEST_CASE("shard groups are planned group by group on consecutive ports, named by group") {
   // One server per group: g<g>-server.
   std::vector<GroupMemberPlan> servers = PlanShardGroups(3, 0, {7000, 7001, 7002}, "/d");

@@ -317,7 +317,9 @@ std::optional<int> Launcher::PrepareWorkDir() {
   // A job file that does not shard (CheckOptionsAgainstJob) or sets no start barrier: the servers
   // read its copy with sharding.groups = K and min_trainers = every slot.
   std::string changes;
-  const JobConfig launched = LaunchedJob(job_, shard_groups_, &changes);
+  const JobConfig launched = LaunchedJob(job_, shard_groups_, &changes,
+                                         options_.corrupt_trainer_at_step.has_value());
+  launched_ = launched;
   if (!changes.empty()) {
     const std::string copy = workdir_ + "/job.launch.pbtxt";
     files.emplace_back(copy, LaunchedJobText(launched, job_file_, changes));
@@ -591,6 +593,12 @@ std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) 
                                  std::string(RoleFlag(plan.role))}) {
     argv.push_back(arg);
   }
+  const bool corrupt = options_.corrupt_trainer_at_step.has_value() &&
+                       plan.role == LaunchRole::kTrainer && plan.slot == options_.corrupt_slot;
+  if (corrupt) {
+    argv.push_back(absl::StrCat("--fault_flip_bit_at_step=", *options_.corrupt_trainer_at_step));
+    argv.push_back(absl::StrCat("--fault_flip_bit_repeat_every=", options_.corrupt_every));
+  }
   absl::StatusOr<std::unique_ptr<ChildProcess>> started =
       ChildProcess::Start(argv, log, FreshLog());
   if (!started.ok()) {
@@ -601,14 +609,22 @@ std::optional<int> Launcher::StartWorker(const WorkerPlan& plan, size_t* index) 
   worker.plan = plan;
   worker.process = *std::move(started);
   Print(absl::StrCat("started ", plan.name, " (pid ", worker.process->pid(), ", --role ",
-                     RoleFlag(plan.role), "), log ", log));
+                     RoleFlag(plan.role), "), log ", log,
+                     corrupt ? absl::StrCat("; it flips a bit after step ",
+                                            *options_.corrupt_trainer_at_step,
+                                            options_.corrupt_every > 0
+                                                ? absl::StrCat(" and every ", options_.corrupt_every,
+                                                               " steps")
+                                                : std::string())
+                             : std::string()));
   workers_.push_back(std::move(worker));
   *index = workers_.size() - 1;
   return std::nullopt;
 }
 
 std::optional<int> Launcher::StartWorkers() {
-  const std::vector<WorkerPlan> plan = PlanWorkers(job_);
+  // The launched job's: --corrupt_trainer_at_step adds a spare.
+  const std::vector<WorkerPlan> plan = PlanWorkers(launched_);
   int trainers = 0;
   std::vector<size_t> others;
   for (const WorkerPlan& p : plan) {
@@ -632,7 +648,7 @@ std::optional<int> Launcher::StartWorkers() {
     if (std::optional<int> code = WaitForRegistration(others)) return code;
   }
   cluster_up_ = true;
-  const int spares = job_.topology().spares();
+  const int spares = launched_.topology().spares();
   Print(absl::StrFormat("cluster up: %d trainer%s, %d spare%s, %s", trainers,
                         trainers == 1 ? "" : "s", spares, spares == 1 ? "" : "s",
                         job_.topology().evaluator() ? "1 evaluator" : "no evaluator"));

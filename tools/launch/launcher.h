@@ -184,6 +184,7 @@ class Launcher {
 
   const LaunchOptions options_;
   const JobConfig job_;
+  JobConfig launched_;  // the job the servers run (LaunchedJob), set before the workers start
   const int shard_groups_;  // K: ShardGroups(options_, job_)
   const Binaries binaries_;
   const Clock* const clock_;

@@ -23,6 +23,7 @@ const char kUsage[] =
     "                      [--kill_trainer_at_step N] [--kill_slot R,S] [--progress_csv PATH]\n"
     "                      [--timeout_s N] [--server_binary PATH] [--worker_binary PATH]\n"
     "                      [--worker_command CMD] [--export FILE]\n"
+    "                      [--corrupt_trainer_at_step N [--corrupt_slot R,S] [--corrupt_every K]]\n"
     "                      [--standbys N [--etcd_members M] [--kill_leader_at_step S]]\n"
     "                      [--shard_groups K]\n"
     "       rebound_launch --version   (prints \"rebound <version> (commit <commit>)\")\n"
@@ -44,6 +45,12 @@ const char kUsage[] =
     "  --worker_binary PATH     rebound_worker to run (default: found next to this binary)\n"
     "  --worker_command CMD     run CMD (split at spaces) as every worker instead, with --server,\n"
     "                           --name and --role appended: a Python worker (docs/python.md)\n"
+    "  --corrupt_trainer_at_step N  the trainer of --corrupt_slot flips one bit of one\n"
+    "                           parameter after step N and every --corrupt_every steps (default\n"
+    "                           50; 0 = once): silent corruption that audits catch; a job without\n"
+    "                           audits gets audit.fraction 0.25 (AUDIT_QUARANTINE) and a spare\n"
+    "                           more (docs/recovery.md#audits)\n"
+    "  --corrupt_slot R,S       the slot for --corrupt_trainer_at_step (default 0,0)\n"
     "  --export FILE            when the job finishes, write the trained model to FILE\n"
     "                           (safetensors, as `reboundctl export`; a sharded center is\n"
     "                           gathered from its groups by group 0)\n"
@@ -152,6 +159,7 @@ absl::StatusOr<SlotCoord> ParseSlot(const std::string& text) {
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   LaunchOptions options;
   bool kill_slot_given = false;
+  bool corrupt_slot_given = false;
   bool etcd_members_given = false;
   using Setter = std::function<absl::Status(const std::string&, const std::string&)>;
   auto text = [](std::string* field) -> Setter {
@@ -231,6 +239,25 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
          options.shard_groups = static_cast<int>(groups);
          return absl::OkStatus();
        }},
+      {"corrupt_trainer_at_step",
+       [&](const std::string& flag, const std::string& value) {
+         int64_t step = 0;
+         if (absl::Status s = ParseInt(flag, value, 1, INT64_MAX, &step); !s.ok()) return s;
+         options.corrupt_trainer_at_step = step;
+         return absl::OkStatus();
+       }},
+      {"corrupt_every",
+       [&](const std::string& flag, const std::string& value) {
+         return ParseInt(flag, value, 0, INT64_MAX, &options.corrupt_every);
+       }},
+      {"corrupt_slot",
+       [&](const std::string& flag, const std::string& value) {
+         absl::StatusOr<SlotCoord> slot = ParseSlot(value);
+         if (!slot.ok()) return FlagError(flag, std::string(slot.status().message()));
+         options.corrupt_slot = *slot;
+         corrupt_slot_given = true;
+         return absl::OkStatus();
+       }},
       {"kill_slot",
        [&](const std::string& flag, const std::string& value) {
          absl::StatusOr<SlotCoord> slot = ParseSlot(value);
@@ -274,6 +301,14 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   if (kill_slot_given && !options.kill_trainer_at_step.has_value()) {
     return absl::InvalidArgumentError("--kill_slot needs --kill_trainer_at_step");
   }
+  if (corrupt_slot_given && !options.corrupt_trainer_at_step.has_value()) {
+    return absl::InvalidArgumentError("--corrupt_slot needs --corrupt_trainer_at_step");
+  }
+  if (options.corrupt_trainer_at_step.has_value() && !options.worker_command.empty()) {
+    return absl::InvalidArgumentError(
+        "--corrupt_trainer_at_step needs rebound_worker (its --fault_flip_bit_at_step), not "
+        "--worker_command");
+  }
   if (options.standbys == 0) {
     if (etcd_members_given) {
       return absl::InvalidArgumentError(
@@ -312,6 +347,13 @@ absl::Status CheckOptionsAgainstJob(const LaunchOptions& options, const JobConfi
         absl::StrCat("--kill_slot ", options.kill_slot.replica, ",", options.kill_slot.stage,
                      " is outside the job's ", replicas, " x ", stages, " slots"));
   }
+  if (options.corrupt_trainer_at_step.has_value() &&
+      (options.corrupt_slot.replica >= replicas || options.corrupt_slot.stage >= stages)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--corrupt_slot ", options.corrupt_slot.replica, ",",
+                     options.corrupt_slot.stage, " is outside the job's ", replicas, " x ",
+                     stages, " slots"));
+  }
   if (options.kill_leader_at_step.has_value() &&
       *options.kill_leader_at_step >= job.training().max_steps()) {
     return absl::InvalidArgumentError(
@@ -342,9 +384,19 @@ int ShardGroups(const LaunchOptions& options, const JobConfig& job) {
   return options.shard_groups.value_or(job.sharding().groups());
 }
 
-JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes) {
+JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes, bool corrupt) {
   JobConfig launched = job;
   std::vector<std::string> changed;
+  if (corrupt && !(job.audit().fraction() > 0)) {
+    AuditConfig* audit = launched.mutable_audit();
+    audit->set_fraction(0.25);
+    audit->set_on_mismatch(job.topology().stages() == 1 ? AUDIT_QUARANTINE : AUDIT_REPORT);
+    launched.mutable_topology()->set_spares(job.topology().spares() + 1);
+    changed.push_back(absl::StrCat("audit { fraction: 0.25 on_mismatch: ",
+                                   AuditAction_Name(audit->on_mismatch()),
+                                   " } and topology.spares = ", job.topology().spares() + 1,
+                                   " (--corrupt_trainer_at_step)"));
+  }
   if (job.sharding().groups() != groups) {
     launched.mutable_sharding()->set_groups(groups);
     changed.push_back(absl::StrCat("sharding.groups = ", groups));

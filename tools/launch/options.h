@@ -58,6 +58,12 @@ struct LaunchOptions {
   // server or, with --standbys, a replicated group; unset = the job's sharding.groups (1 unless
   // the job shards). See ShardGroups().
   std::optional<int> shard_groups;
+  // --corrupt_trainer_at_step N: the trainer of corrupt_slot flips one bit of one parameter after
+  // step N and every corrupt_every steps after it (rebound_worker --fault_flip_bit_at_step,
+  // a machine that silently computes wrong); the job is audited (docs/recovery.md#audits).
+  std::optional<int64_t> corrupt_trainer_at_step;
+  SlotCoord corrupt_slot;     // --corrupt_slot R,S (default 0,0)
+  int64_t corrupt_every = 50;  // --corrupt_every K (0: once)
   bool help = false;          // --help
 };
 
@@ -86,9 +92,13 @@ int ShardGroups(const LaunchOptions& options, const JobConfig& job);
 // The job the launcher's servers run: `job` with sharding.groups = `groups` and, where the job
 // leaves topology.min_trainers 0, the start barrier over every trainer slot (replicas x stages):
 // the launcher starts every trainer, one registration after the other, and they train together
-// once all are there (docs/operations.md#the-start-barrier). `changes` (if not null) gets what
-// differs from `job`, for the launcher's line and the copy's comment; empty when nothing does.
-JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes);
+// once all are there (docs/operations.md#the-start-barrier). `corrupt` (--corrupt_trainer_at_step):
+// a job without audits gets audit { fraction 0.25, on_mismatch AUDIT_QUARANTINE (AUDIT_REPORT
+// for a pipeline) } and one spare more (the quarantined slot's, beside the auditor). `changes`
+// (if not null) gets what differs from `job`, for the launcher's line and the copy's comment;
+// empty when nothing does.
+JobConfig LaunchedJob(const JobConfig& job, int groups, std::string* changes,
+                      bool corrupt = false);
 
 // `launched` printed as protobuf text under a comment naming `source` and `changes`.
 std::string LaunchedJobText(const JobConfig& launched, const std::string& source,
