@@ -30,13 +30,17 @@
 // Exit code 0 when every run completed, 1 otherwise, 2 on bad flags.
 //
 // Flags: --fractions=0.01,0.05,0.2 --steps=N (4000) --horizon=N (1000) --first_flip=N (105)
-// --flip_every=N (50) --throughput_reps=N (2) --cost_fraction=F (0.05) --job=PATH
+// --flip_every=N (50) --throughput_reps=N (2) --cost_fraction=F (0.05) --spare_nice=N (0: the
+// cost runs' spare at this nice, every thread: a spare sharing a host with trainers should
+// audit only with what they leave idle) --job=PATH
 // --server_binary=PATH --worker_binary=PATH --keep_logs.
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -70,12 +74,13 @@ struct Flags {
   int flip_every = 50;
   int throughput_reps = 2;
   double cost_fraction = 0.05;
+  int spare_nice = 0;
   ClusterFlags cluster;
 };
 
 constexpr char kUsage[] =
     "usage: audit [--fractions=F,F,...] [--steps=N] [--horizon=N] [--first_flip=N] "
-    "[--flip_every=N] [--throughput_reps=N] [--cost_fraction=F] [--job=PATH] "
+    "[--flip_every=N] [--throughput_reps=N] [--cost_fraction=F] [--spare_nice=N] [--job=PATH] "
     "[--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
 struct Parsed {
@@ -93,6 +98,7 @@ Parsed ParseFlags(int argc, char** argv) {
   command_line.AddInt("first_flip", &flags.first_flip);
   command_line.AddInt("flip_every", &flags.flip_every);
   command_line.AddInt("throughput_reps", &flags.throughput_reps);
+  command_line.AddInt("spare_nice", &flags.spare_nice);
   command_line.AddCustom("cost_fraction", [&](const std::string& value) {
     if (!absl::SimpleAtod(value, &flags.cost_fraction)) {
       ExitWithUsage("--cost_fraction: not a number", kUsage);
@@ -115,6 +121,9 @@ Parsed ParseFlags(int argc, char** argv) {
     command_line.Usage("--first_flip and --flip_every must be >= 1");
   }
   if (flags.throughput_reps < 0) command_line.Usage("--throughput_reps must be >= 0");
+  if (flags.spare_nice < 0 || flags.spare_nice > 19) {
+    command_line.Usage("--spare_nice must be in [0, 19]");
+  }
   if (!(flags.cost_fraction > 0 && flags.cost_fraction <= 1)) {
     command_line.Usage("--cost_fraction must be in (0, 1]");
   }
@@ -222,6 +231,18 @@ absl::StatusOr<Detection> RunDetection(const Parsed& parsed, const JobConfig& ba
   return d;
 }
 
+// Every thread of process `pid` at nice `nice` (Linux keeps a nice value per thread).
+void Renice(pid_t pid, int nice) {
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    int tid = 0;
+    if (absl::SimpleAtoi(task.path().filename().string(), &tid)) {
+      setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice);
+    }
+  }
+}
+
 // Both trainers' steps per second over the job, from both slots' step 2 x sync_period.
 absl::StatusOr<double> RunThroughput(const Parsed& parsed, const JobConfig& base, double fraction,
                                      int rep, RunDirectories& dirs) {
@@ -232,6 +253,12 @@ absl::StatusOr<double> RunThroughput(const Parsed& parsed, const JobConfig& base
   absl::Status status = cluster.StartServer(job);
   if (status.ok()) status = cluster.StartTrainers(kTrainers);
   if (status.ok()) status = cluster.StartSpares({"spare-0"});
+  // A trainer leaves when its slot is FINISHED, the spare when every slot is.
+  for (int i = 0; i < kTrainers; ++i) cluster.ExpectExit(absl::StrCat("trainer-", i));
+  cluster.ExpectExit("spare-0");
+  if (status.ok() && flags.spare_nice > 0) {
+    if (ChildProcess* spare = cluster.FindWorker("spare-0")) Renice(spare->pid(), flags.spare_nice);
+  }
   const int64_t from = 2 * job.easgd().sync_period();
   absl::StatusOr<GetStatusResponse> start =
       status.ok() ? cluster.WaitForStatus(
@@ -310,9 +337,10 @@ int Main(int argc, char** argv) {
   }
   const double ratio = off.empty() ? 0 : Median(on) / Median(off);
   if (!off.empty()) {
-    std::printf("cost: audits off %s steps/s, on (%.2f) %s steps/s: ratio %.3f\n\n",
+    std::printf("cost: audits off %s steps/s, on (%.2f) %s steps/s: ratio %.3f (the spare at "
+                "nice %d)\n\n",
                 JoinFigures(off, 1).c_str(), flags.cost_fraction, JoinFigures(on, 1).c_str(),
-                ratio);
+                ratio, flags.spare_nice);
   }
 
   std::vector<std::string> results;
