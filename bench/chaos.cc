@@ -22,7 +22,9 @@
 //                 kill_all_etcd, restart_standby_empty, and with --shard_groups
 //                 die_between_ranges), e.g. --kinds=stop_server; besides, named only:
 //                 partition_leader_from_etcd and partition_standby (with --standbys; root and
-//                 iptables: testing/cluster/firewall.h); each schedule holds a
+//                 iptables: testing/cluster/firewall.h), and silent_corruption (unsharded: the
+//                 job then audits every sync window, the fault-free run too, which must report
+//                 nothing; docs/recovery.md#audits); each schedule holds a
 //                 kill_trainer, a kill_server (with --standbys a kill_leader), a partition, a
 //                 byzantine trainer (unsharded) and a die_between_ranges (sharded) when allowed
 //   --standbys=K (0)  group mode: a replicated server group of 1 + K members and etcd of 3
@@ -123,6 +125,7 @@ Flags ParseFlags(int argc, char** argv) {
       bool known = false;
       std::vector<chaos::FaultKind> every = chaos::AllFaultKinds();
       for (chaos::FaultKind kind : chaos::FirewallFaultKinds()) every.push_back(kind);
+      for (chaos::FaultKind kind : chaos::NamedOnlyFaultKinds()) every.push_back(kind);
       for (chaos::FaultKind kind : every) {
         if (name == chaos::FaultKindName(kind)) {
           flags.kinds.push_back(kind);
@@ -176,7 +179,8 @@ chaos::ChaosOptions Options(const Flags& flags, uint64_t seed, int faults) {
                           flags.standbys > 0 ? chaos::FaultKind::kKillLeader
                                              : chaos::FaultKind::kKillServer,
                           chaos::FaultKind::kPartition, chaos::FaultKind::kByzantine,
-                          chaos::FaultKind::kDieBetweenRanges};
+                          chaos::FaultKind::kDieBetweenRanges,
+                          chaos::FaultKind::kSilentCorruption};
   options.spares = flags.spares;
   options.standbys = flags.standbys;
   options.shard_groups = flags.shard_groups;
@@ -204,6 +208,10 @@ int Main(int argc, char** argv) {
   job.dynamic_weights = flags.dynamic;
   job.fault_half_life_s = flags.fault_half_life_s;
   job.max_steps = flags.steps;
+  // silent_corruption needs audits; the fault-free run audits too (and must report nothing).
+  for (chaos::FaultKind kind : flags.kinds) {
+    if (kind == chaos::FaultKind::kSilentCorruption) job.audit = true;
+  }
   std::printf(
       "chaos benchmark: %d seeded run(s) (seeds %d..%d), %d faults each, against a "
       "fault-free run of the same job\n",
@@ -279,6 +287,9 @@ int Main(int argc, char** argv) {
   int stores = 0;
   int fenced_by_server_stop = 0;
   int byzantine_refused = 0;
+  int corruptions = 0;
+  int corruptions_reported = 0;
+  int corruptions_excused = 0;
   int died_between_ranges = 0;
   int64_t steps_replayed = 0;
   int runs_passed = 0;
@@ -304,6 +315,9 @@ int Main(int argc, char** argv) {
     stores += r.members_compared;
     fenced_by_server_stop += r.fenced_by_server_stop;
     byzantine_refused += r.byzantine_refused;
+    corruptions += r.corruptions;
+    corruptions_reported += r.corruptions_reported;
+    corruptions_excused += r.corruptions_excused;
     died_between_ranges += r.died_between_ranges;
     steps_replayed += r.steps_replayed;
     violations += static_cast<int>(r.violations.size());
@@ -317,10 +331,14 @@ int Main(int argc, char** argv) {
   const chaos::ChaosOptions mode = Options(flags, flags.seed, flags.faults);
   std::vector<chaos::FaultKind> every = chaos::AllFaultKinds();
   for (chaos::FaultKind kind : chaos::FirewallFaultKinds()) every.push_back(kind);
+  for (chaos::FaultKind kind : chaos::NamedOnlyFaultKinds()) every.push_back(kind);
   for (chaos::FaultKind kind : every) {
     // The kinds of the mode run: a group's replace the single server's, and so on.
     if (!chaos::KindFitsMode(kind, mode)) continue;
-    if (chaos::IsFirewallFault(kind) && by_kind[chaos::FaultKindName(kind)] == 0) continue;
+    if ((chaos::IsFirewallFault(kind) || kind == chaos::FaultKind::kSilentCorruption) &&
+        by_kind[chaos::FaultKindName(kind)] == 0) {
+      continue;
+    }
     const char* name = chaos::FaultKindName(kind);
     kinds.push_back(absl::StrCat(name, "=", by_kind[name]));
   }
@@ -345,6 +363,13 @@ int Main(int argc, char** argv) {
         "stores read back %d\n",
         leader_changes, member_restarts, etcd_restarts, fenced_leaders,
         static_cast<long long>(acknowledged), stores);
+  }
+  if (job.audit) {
+    std::printf("audits: silent corruptions %d flipped, %d reported, %d excused (the trainer "
+                "never synced past its flip, or a server fault after it), %d never reported "
+                "(violations)\n",
+                corruptions, corruptions_reported, corruptions_excused,
+                corruptions - corruptions_reported - corruptions_excused);
   }
   for (const std::string& note : network_notes) std::printf("%s\n", note.c_str());
   std::printf("RESULT chaos: runs=%d faults=%d recoveries=%d violations=%d\n", flags.runs, faults,

@@ -119,6 +119,7 @@ constexpr KindInfo kKinds[] = {
     {FaultKind::kDieBetweenRanges, "die_between_ranges", 2},
     {FaultKind::kPartitionLeaderFromEtcd, "partition_leader_from_etcd", 2},
     {FaultKind::kPartitionStandby, "partition_standby", 2},
+    {FaultKind::kSilentCorruption, "silent_corruption", 1},
 };
 
 const KindInfo& Info(FaultKind kind) {
@@ -215,6 +216,8 @@ absl::StatusOr<double> TestAccuracy(const JobConfig& job, const TensorBundle& ce
 // The faults a trainer is started with (its testing-only flags, worker/main.cc).
 struct TrainerFaults {
   int64_t poison_from_step = 0;  // byzantine: it poisons its syncs from this step
+  int64_t flip_at_step = 0;      // silent_corruption: it flips a bit after this step
+  int64_t flip_every = 0;        // ... and every this many steps after it
   int64_t die_at_step = 0;       // die_between_ranges: it dies in its sync of this step
   int die_ranges = 0;            // ... after syncing ranges [0, die_ranges)
 };
@@ -300,6 +303,10 @@ class ChaosRun {
   void AwaitReconnect(const GetStatusResponse& before);
   void FinishAndCheck();
   void CheckRecoveries();
+  // silent_corruption: the audits' verdicts in `status` (false reports are violations) and,
+  // after the run, that every flip was reported or excused.
+  void ObserveAudits(const GetStatusResponse& status);
+  void CheckCorruptions();
   // Exactly once in the store of `data_dir` (opened once its server stopped), a server of group
   // g's (0 unless sharded); `whose` names it in violations. Returns its center (sharded: its
   // range), if it has one.
@@ -467,6 +474,18 @@ class ChaosRun {
 
   std::vector<std::unique_ptr<Worker>> workers_;
   std::set<int> byzantine_announced_;  // trainers whose byzantine fault has fired
+  // silent_corruption: each corrupted trainer's flip, by name: its step, its slot (trainer-<i>
+  // starts in slot i) and the server faults fired before it; whether it was reported.
+  struct Flip {
+    int64_t step = 0;
+    int replica = 0;
+    int server_faults_before = 0;
+    bool reported = false;
+    bool synced = false;  // the trainer synced past the flip: the corruption reached the job
+  };
+  std::map<std::string, Flip> flips_;
+  int server_faults_ = 0;  // kill_server, stop_server and the group kinds fired so far
+  std::set<std::pair<int, uint64_t>> audit_verdicts_;  // (server life, audit id) seen
   std::set<int> die_announced_;        // trainers whose die_between_ranges fault has fired
   int next_spare_ = 0;
   int next_evaluator_ = 0;
@@ -1077,6 +1096,10 @@ absl::Status ChaosRun::StartWorker(const std::string& name, const std::string& r
   if (faults.poison_from_step > 0) {
     argv.push_back(absl::StrCat("--fault_poison_from_step=", faults.poison_from_step));
   }
+  if (faults.flip_at_step > 0) {
+    argv.push_back(absl::StrCat("--fault_flip_bit_at_step=", faults.flip_at_step));
+    argv.push_back(absl::StrCat("--fault_flip_bit_repeat_every=", faults.flip_every));
+  }
   if (faults.die_at_step > 0) {
     argv.push_back(absl::StrCat("--fault_die_in_sync_at_step=", faults.die_at_step));
     argv.push_back(absl::StrCat("--fault_die_in_sync_ranges=", faults.die_ranges));
@@ -1169,6 +1192,10 @@ absl::Status ChaosRun::Setup() {
       if (kind == FaultKind::kByzantine) byzantine_left_out = true;
       continue;
     }
+    if (kind == FaultKind::kSilentCorruption && !spec_.audit) {
+      left_out.push_back(absl::StrCat(FaultKindName(kind), " (the job does not audit)"));
+      continue;
+    }
     if (IsFirewallFault(kind) && firewall_ == nullptr) continue;  // said above
     bool ok = !IsNetworkFault(kind) || lab_ != nullptr;
     if (ok && kind == FaultKind::kThrottle) ok = lab_->tbf();
@@ -1225,12 +1252,38 @@ absl::Status ChaosRun::Setup() {
     if (f.kind == FaultKind::kByzantine && faults.poison_from_step == 0) {
       faults.poison_from_step = step;
     }
+
     if (f.kind == FaultKind::kDieBetweenRanges && faults.die_at_step == 0) {
       faults.die_at_step = step;
       faults.die_ranges =
           1 + static_cast<int>((f.pick / replicas) % static_cast<uint32_t>(shard_groups()));
       Log(absl::StrCat("trainer-", trainer, " will die in its sync of step ", step,
                        " after ranges [0, ", faults.die_ranges, ") of ", shard_groups()));
+    }
+  }
+  // A silent_corruption fault: trainer (pick % replicas), or the next one that has no other
+  // fault (a byzantine trainer exits at its poisoned sync), flips a bit mid-window after its
+  // progress point, and 4 windows before the end at the latest: its window closes, and is
+  // audited, in time.
+  for (const PlannedFault& f : report_.schedule) {
+    if (f.kind != FaultKind::kSilentCorruption) continue;
+    const int64_t tau = spec_.sync_period;
+    const int64_t step = std::max<int64_t>(
+        tau, static_cast<int64_t>(std::ceil(f.at_progress * spec_.max_steps / tau)) * tau);
+    for (int k = 0; k < spec_.replicas; ++k) {
+      const int trainer = static_cast<int>((f.pick + k) % static_cast<uint32_t>(spec_.replicas));
+      TrainerFaults& faults = trainer_faults[trainer];
+      if (faults.poison_from_step != 0 || faults.die_at_step != 0 || faults.flip_at_step != 0) {
+        continue;
+      }
+      faults.flip_at_step = std::min<int64_t>(step, spec_.max_steps - 4 * tau) + tau / 2;
+      // Once per window from there: a faulty machine. Audits keep at most 2 x max_concurrent
+      // windows waiting and skip the rest, so a single flip's window may go unaudited when the
+      // spares fall behind (fraction 1 on 2 cores); one of its windows is audited in time.
+      faults.flip_every = tau;
+      Log(absl::StrCat("trainer-", trainer, " will flip a bit after step ", faults.flip_at_step,
+                       " and every ", tau, " steps after it"));
+      break;
     }
   }
   for (int i = 0; i < spec_.replicas; ++i) {
@@ -1390,6 +1443,54 @@ void ChaosRun::ReapServer() {
   }
 }
 
+void ChaosRun::ObserveAudits(const GetStatusResponse& status) {
+  for (auto& [name, flip] : flips_) {
+    for (const WorkerStatus& w : status.workers()) {
+      if (w.name() != name || w.role() != TRAINER || !w.has_slot()) continue;
+      for (const SlotStatus& slot : status.slots()) {
+        if (slot.owner_incarnation() == w.incarnation() && slot.snapshot_step() > flip.step) {
+          flip.synced = true;
+        }
+      }
+    }
+  }
+  for (const AuditStatus& a : status.audits()) {
+    if (!a.has_result()) continue;
+    if (!audit_verdicts_.insert({server_life_, a.audit_id()}).second) continue;
+    report_.audits_matched += a.result() == AUDIT_MATCHED;
+    if (a.confirms() == 0 || !a.has_verdict()) {
+      // A first replay's verdict comes with its second's (below); it has none of its own yet.
+      continue;
+    }
+    const std::string what =
+        absl::StrCat("audit ", a.audit_id(), " of ", a.worker(), " (slot ", a.slot().replica(),
+                     ", steps (", a.from_step(), ", ", a.to_step(), "]): ",
+                     AuditVerdict_Name(a.verdict()), ": ", a.detail());
+    if (a.verdict() == AUDIT_CONFIRMED) {
+      Worker* w = FindByName(a.worker());
+      const int64_t step = a.mismatch().step();
+      if (w == nullptr || w->faults.flip_at_step == 0 || step < w->faults.flip_at_step ||
+          (step - w->faults.flip_at_step) % std::max<int64_t>(1, w->faults.flip_every) != 0) {
+        Violation(absl::StrCat("a false report: ", what));
+        continue;
+      }
+      Flip& flip = flips_[w->name];
+      if (flip.step == 0) {  // confirmed before the schedule said it
+        flip = Flip{w->faults.flip_at_step, a.slot().replica(), server_faults_};
+        ++report_.corruptions;
+      }
+      if (!flip.reported) ++report_.corruptions_reported;
+      flip.reported = true;
+      Log(absl::StrCat("AUDIT_MISMATCH caught a flip of ", w->name, " (the first at step ",
+                       flip.step, ", this one at ", step, "): ", what));
+    } else if (a.verdict() == AUDIT_AUDITOR_FAULT) {
+      Violation(absl::StrCat("an auditor convicted with no corrupt auditor in the run: ", what));
+    } else {
+      Note(what);
+    }
+  }
+}
+
 void ChaosRun::Observe(const GetStatusResponse& status) {
   for (const RecoveryStatus& r : status.recoveries()) {
     auto key = std::make_pair(server_life_, r.task_id());
@@ -1407,6 +1508,7 @@ void ChaosRun::Observe(const GetStatusResponse& status) {
     }
     recoveries_[key] = r;
   }
+  ObserveAudits(status);
   if (status.has_last_eval()) report_.evaluator_accuracy = status.last_eval().test_accuracy();
   if (server_life_ > before_kill_life_) {
     // The restarted server restores a trainer with its last heartbeat set at the end of the
@@ -1479,7 +1581,10 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
   if (IsGroupFault(fault.kind)) {
     if (!replicated()) return absl::InternalError("a group fault without a server group");
     ASSIGN_OR_RETURN(const Fired fired, FireGroupFault(fault, status, at));
-    if (fired == Fired::kDone) ++report_.faults[kind];
+    if (fired == Fired::kDone) {
+      ++report_.faults[kind];
+      ++server_faults_;
+    }
     return fired;
   }
   if (IsSingleServerFault(fault.kind) && sharded()) {
@@ -1504,6 +1609,25 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
       die_announced_.insert(trainer);
       Log(absl::StrCat(at, kind, ": ", w->name, " died in its sync of step ",
                        w->faults.die_at_step, " after ranges [0, ", w->faults.die_ranges, ")"));
+      break;
+    }
+    case FaultKind::kSilentCorruption: {
+      // Armed when the trainer started (its --fault_flip_bit_at_step): said once the trainer's
+      // log shows the flip (it may not have reached that step yet, or have died before).
+      Worker* w = nullptr;
+      int trainer = 0;
+      for (int k = 0; k < spec_.replicas && w == nullptr; ++k) {
+        trainer = static_cast<int>((fault.pick + k) % static_cast<uint32_t>(spec_.replicas));
+        Worker* candidate = FindByName(absl::StrCat("trainer-", trainer));
+        if (candidate != nullptr && candidate->faults.flip_at_step != 0) w = candidate;
+      }
+      if (w == nullptr || flips_.count(w->name)) return Fired::kNoTarget;
+      const std::string log = ReadFileOrEmpty(w->process->log_path());
+      if (!absl::StrContains(log, "fault injection: flipped bit")) return Fired::kNoTarget;
+      flips_[w->name] = Flip{w->faults.flip_at_step, trainer, server_faults_};
+      ++report_.corruptions;
+      Log(absl::StrCat(at, kind, ": ", w->name, slot_of(*w), " flipped a bit after step ",
+                       w->faults.flip_at_step));
       break;
     }
     case FaultKind::kByzantine: {
@@ -1553,6 +1677,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
       break;
     }
     case FaultKind::kKillServer: {
+      ++server_faults_;
       std::optional<GetStatusResponse> before = Status();
       before_kill_ = before.has_value() ? *before : status;
       before_kill_life_ = server_life_;
@@ -1581,6 +1706,7 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
       break;
     }
     case FaultKind::kStopServer: {
+      ++server_faults_;
       Log(absl::StrCat(at, kind, ": SIGSTOP rebound_server for ", Seconds(fault.duration)));
       server_faulted_ = true;
       server_stopped_ = true;
@@ -2023,6 +2149,38 @@ void ChaosRun::CheckReconnected(int life, int64_t epoch) {
   awaiting_reconnect_.clear();
 }
 
+void ChaosRun::CheckCorruptions() {
+  // A flip the schedule did not get to say (its turn passed) counts too, from the trainer's log.
+  for (auto& w : workers_) {
+    if (w->faults.flip_at_step == 0 || flips_.count(w->name)) continue;
+    const std::string log = ReadFileOrEmpty(w->process->log_path());
+    if (!absl::StrContains(log, "fault injection: flipped bit")) continue;
+    int replica = 0;
+    absl::SimpleAtoi(absl::StripPrefix(w->name, "trainer-"), &replica);
+    flips_[w->name] = Flip{w->faults.flip_at_step, replica, 0};
+    ++report_.corruptions;
+  }
+  for (const auto& [trainer, flip] : flips_) {
+    if (flip.reported) continue;
+    if (!flip.synced) {
+      ++report_.corruptions_excused;
+      Note(absl::StrCat("the flip of ", trainer, " at step ", flip.step, " was not reported: the ",
+                        "trainer never synced past it (fenced or killed first, its steps after it "
+                        "lost): the corruption never reached the job: excused"));
+      continue;
+    }
+    if (server_faults_ > flip.server_faults_before) {
+      ++report_.corruptions_excused;
+      Note(absl::StrCat("the flip of ", trainer, " at step ", flip.step, " was not reported; a "
+                        "server fault after it may have taken its audit (the server keeps "
+                        "waiting windows in memory): excused"));
+      continue;
+    }
+    Violation(absl::StrCat("the flip of ", trainer, " at step ", flip.step,
+                           " was never reported (no AUDIT_MISMATCH, no replay mismatch)"));
+  }
+}
+
 void ChaosRun::CheckRecoveries() {
   for (const auto& [key, r] : recoveries_) {
     const std::string name = absl::StrCat("recovery ", r.task_id(), " (server life ", key.first,
@@ -2033,6 +2191,24 @@ void ChaosRun::CheckRecoveries() {
       } else {
         Violation(absl::StrCat(name, " never ended: ", r.ShortDebugString()));
       }
+      continue;
+    }
+    // A corrupted trainer's slot (silent_corruption), lost after its flip: a replay through the
+    // flipped step must not verify (that is the corruption reported), and its fallback restarts
+    // the slot from the center.
+    Flip* corrupted = nullptr;
+    for (auto& [trainer, flip] : flips_) {
+      if (flip.replica == r.slot().replica() && r.failed_step() >= flip.step) corrupted = &flip;
+    }
+    if (corrupted != nullptr && r.has_outcome() && r.outcome() == CHECKSUM_MISMATCH) {
+      if (!corrupted->reported) ++report_.corruptions_reported;
+      corrupted->reported = true;
+      Log(absl::StrCat(name, " ended CHECKSUM_MISMATCH: its replay caught the flip of step ",
+                       corrupted->step));
+      continue;
+    }
+    if (corrupted != nullptr && r.has_outcome() && r.outcome() == RECOVERED &&
+        r.policy() == RESTART_FROM_CENTER) {
       continue;
     }
     switch (r.outcome()) {
@@ -2278,6 +2454,7 @@ void ChaosRun::FinishAndCheck() {
                            " syncs)"));
   }
   CheckRecoveries();
+  CheckCorruptions();
   if (clustered()) {
     for (int g = 0; g < shard_groups(); ++g) {
       if (groups_[g].leader >= 0) CheckAcknowledged(groups_[g].leader, "at the job's end");
@@ -2482,7 +2659,9 @@ RunReport ChaosRun::Execute(const RunReport* reference) {
                           "1 point apart",
                           report_.accuracy, reference->accuracy));
     }
-    if (spec_.deterministic && !spec_.dynamic_weights && !report_.center_identical) {
+    // A silent corruption the center absorbed (syncs before it was caught) changes it.
+    if (spec_.deterministic && !spec_.dynamic_weights && !report_.center_identical &&
+        report_.corruptions == 0) {
       Violation(
           "DETERMINISTIC scheduling with UNIFORM weights: the final center differs from "
           "the fault-free run's");
@@ -2536,6 +2715,12 @@ JobConfig MakeChaosJob(const ChaosJob& spec) {
   job.mutable_step_log()->set_linger_ms(20);
   job.mutable_training()->set_max_steps(spec.max_steps);
   job.mutable_training()->set_eval_every_ms(spec.eval_every_ms);
+  if (spec.audit) {
+    AuditConfig* audit = job.mutable_audit();
+    audit->set_fraction(1);
+    audit->set_max_concurrent(16);
+    audit->set_on_mismatch(AUDIT_REPORT);
+  }
   return job;
 }
 
@@ -2543,11 +2728,18 @@ const std::vector<FaultKind>& AllFaultKinds() {
   static const std::vector<FaultKind>* kAll = [] {
     auto* all = new std::vector<FaultKind>;
     for (const KindInfo& info : kKinds) {
-      if (!IsFirewallFault(info.kind)) all->push_back(info.kind);
+      if (!IsFirewallFault(info.kind) && info.kind != FaultKind::kSilentCorruption) {
+        all->push_back(info.kind);
+      }
     }
     return all;
   }();
   return *kAll;
+}
+
+const std::vector<FaultKind>& NamedOnlyFaultKinds() {
+  static const std::vector<FaultKind> kNamed = {FaultKind::kSilentCorruption};
+  return kNamed;
 }
 
 const std::vector<FaultKind>& FirewallFaultKinds() {
@@ -2608,6 +2800,8 @@ bool KindFitsMode(FaultKind kind, const ChaosOptions& options) {
   if (IsShardedFault(kind)) return sharded;
   // The trainer poisons only the unsharded Sync (worker/easgd_trainer.cc).
   if (kind == FaultKind::kByzantine) return !sharded;
+  // Audits need an unsharded center (common/config.cc).
+  if (kind == FaultKind::kSilentCorruption) return !sharded;
   return true;
 }
 
@@ -2621,6 +2815,7 @@ std::string PlannedFault::ToString() const {
     case FaultKind::kKillEvaluator:
     case FaultKind::kByzantine:
     case FaultKind::kDieBetweenRanges:
+    case FaultKind::kSilentCorruption:
       break;
     case FaultKind::kKillServer:
     case FaultKind::kKillLeader:
@@ -2778,6 +2973,11 @@ std::string RunReport::Summary() const {
       replacements);
   if (byzantine_refused > 0) {
     absl::StrAppend(&out, "  byzantine trainers refused and exited: ", byzantine_refused, "\n");
+  }
+  if (corruptions > 0 || audits_matched > 0) {
+    absl::StrAppend(&out, "  silent corruptions: ", corruptions, " flipped, ", corruptions_reported,
+                    " reported, ", corruptions_excused, " excused (never synced past, or a server fault after); ",
+                    audits_matched, " audits matched\n");
   }
   if (fenced_by_server_stop > 0) {
     absl::StrAppend(&out, "  ", fenced_by_server_stop,

@@ -135,6 +135,9 @@ struct ChaosJob {
   // The leader's lease (replication.leader_lease_ms) in group mode; stop_leader draws its stops
   // longer than this.
   int leader_lease_ms = 2000;
+  // Audits (docs/recovery.md#audits): every sync window chosen (fraction 1, 16 replays at once
+  // and as many waiting, AUDIT_REPORT); what kSilentCorruption needs.
+  bool audit = false;
 };
 
 // The JobConfig of `job` (job id "chaos", policy REPLAY, step-log linger 20 ms).
@@ -178,12 +181,24 @@ enum class FaultKind {
   // [0, j) only and SIGKILLs itself before the commit; a spare replays the slot and syncs S
   // again, which each range must apply exactly once.
   kDieBetweenRanges,
+  // Audit replay (docs/recovery.md#audits), drawn only when named and the job audits
+  // (ChaosJob::audit): trainer (pick % replicas) is started with --fault_flip_bit_at_step=S (S in
+  // the middle of a sync window at or after the fault's progress point, at least 4 windows
+  // before the job's end) and --fault_flip_bit_repeat_every=tau: from step S it flips one bit of
+  // one parameter once per window (no crash, no NaN): a faulty machine. The run must report it:
+  // a confirmed AUDIT_MISMATCH of that trainer at one of its flip steps, or a recovery's replay
+  // of its slot ending CHECKSUM_MISMATCH (it died after a flip and before the window closed);
+  // only a server fault after the first flip excuses a corruption never reported.
+  // Any other confirmed mismatch or auditor fault is a false report (a violation).
+  kSilentCorruption,
 };
 
 // Every kind a schedule draws by default, in the order above: all but the firewall kinds.
 const std::vector<FaultKind>& AllFaultKinds();
 // The firewall kinds (kPartitionLeaderFromEtcd, kPartitionStandby): drawn only when named.
 const std::vector<FaultKind>& FirewallFaultKinds();
+// The kinds drawn only when named that are not firewall kinds: kSilentCorruption.
+const std::vector<FaultKind>& NamedOnlyFaultKinds();
 bool IsFirewallFault(FaultKind kind);
 // The kinds that act on the server group (kKillLeader ... kRestartStandbyEmpty; the firewall
 // kinds are group kinds too, but listed by FirewallFaultKinds): group mode only.
@@ -191,7 +206,7 @@ const std::vector<FaultKind>& GroupFaultKinds();
 // "kill_trainer", "stop_trainer", ..., "partition", "throttle", "delay", "loss", "byzantine",
 // "kill_leader", "leader_disk_loss", "stop_leader", "kill_etcd_member", "kill_all_etcd",
 // "restart_standby_empty", "die_between_ranges", "partition_leader_from_etcd",
-// "partition_standby".
+// "partition_standby", "silent_corruption".
 const char* FaultKindName(FaultKind kind);
 bool IsNetworkFault(FaultKind kind);
 bool IsGroupFault(FaultKind kind);
@@ -289,6 +304,12 @@ struct RunReport {
                                  // a leader change
   int replacements = 0;          // fresh spares and evaluators started for workers gone
   int byzantine_refused = 0;     // byzantine trainers that exited after a refused sync
+  // silent_corruption: flips fired, reported (an AUDIT_MISMATCH or a replay's
+  // CHECKSUM_MISMATCH), excused (a server fault after the flip), and audits that ran.
+  int corruptions = 0;
+  int corruptions_reported = 0;
+  int corruptions_excused = 0;
+  int audits_matched = 0;
   // Workers no fault was aimed at that the server fenced as soon as it resumed from a SIGSTOP
   // (its failure detector counts its own stop as their silence).
   int fenced_by_server_stop = 0;

@@ -38,6 +38,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 
 namespace rebound::chaos {
 namespace {
@@ -280,6 +281,31 @@ void CheckGroupRuns(const std::vector<GroupSeed>& seeds) {
     CHECK(run.accuracy == reference.accuracy);
     CHECK(run.center_identical);
   }
+}
+
+TEST_CASE("silent_corruption is drawn only when named, for an unsharded job that audits",
+          "[plan]") {
+  for (FaultKind kind : AllFaultKinds()) CHECK(kind != FaultKind::kSilentCorruption);
+  REQUIRE(NamedOnlyFaultKinds().size() == 1);
+  CHECK(NamedOnlyFaultKinds()[0] == FaultKind::kSilentCorruption);
+  CHECK(std::string(FaultKindName(FaultKind::kSilentCorruption)) == "silent_corruption");
+  ChaosOptions single;
+  CHECK(KindFitsMode(FaultKind::kSilentCorruption, single));
+  ChaosOptions sharded;
+  sharded.shard_groups = 2;
+  CHECK_FALSE(KindFitsMode(FaultKind::kSilentCorruption, sharded));
+  // The job audits every window when asked, and the server accepts it.
+  ChaosJob job;
+  CHECK_FALSE(MakeChaosJob(job).has_audit());
+  job.audit = true;
+  const JobConfig audited = MakeChaosJob(job);
+  CHECK(audited.audit().fraction() == 1);
+  CHECK(audited.audit().on_mismatch() == AUDIT_REPORT);
+  CHECK(ValidateJobConfig(audited).ok());
+  // Naming it changes no default schedule: the kinds drawn by default are as before.
+  const std::vector<FaultKind> must = {FaultKind::kKillTrainer, FaultKind::kKillServer};
+  const std::vector<PlannedFault> plan = PlanFaults(42, 8, AllFaultKinds(), must, job);
+  for (const PlannedFault& f : plan) CHECK(f.kind != FaultKind::kSilentCorruption);
 }
 
 TEST_CASE("between them, the group seeds must inject every group fault kind") {
