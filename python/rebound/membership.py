@@ -1,5 +1,6 @@
 """Membership of a Python worker: registration, heartbeats in a background thread, the
-server's commands (STOP, DRAIN) and takeovers, and fencing (docs/protocol.md#identity-and-fencing).
+server's commands (STOP, DRAIN, PREEMPT_AUDIT) and takeovers, and fencing
+(docs/protocol.md#identity-and-fencing).
 
 A fenced worker (FAILED_PRECONDITION for its current incarnation) exits at once with code 3 from
 the thread that learns it (``os._exit``: no later write can leave the process). The other ends a
@@ -16,6 +17,13 @@ incarnation, and attaches again at once whenever it ends (the server ended it, a
 reset, a leader change) or the incarnation changes (``adopt``). A process that dies closes its
 connection, and the server declares it failed within crash_confirm_ms instead of after
 failure_timeout_ms of missed heartbeats.
+
+Audits (docs/recovery.md#audits): a session made with ``audits=True`` registers as able to run
+audit tasks. The spare calls ``begin_audit`` when it starts replaying one and ``end_audit`` when
+it is over; in between, a heartbeat's PREEMPT_AUDIT (a slot lost its trainer and needs this
+spare) makes ``audit_preempted()`` true. Outside an audit the command is ignored, and
+``begin_audit`` clears what an earlier audit's command left, so that a stale PREEMPT_AUDIT never
+cancels the next audit.
 
 Thread-safety: the registration, progress and flags are read and written under ``lock``;
 ``changed`` is notified when the registration changes (a takeover).
@@ -47,7 +55,8 @@ SESSION_DEADLINE_S = 1800.0
 
 class Session:
 
-    def __init__(self, conn, options, spec_model, name, role, job_id, exit_at_once=True):
+    def __init__(self, conn, options, spec_model, name, role, job_id, exit_at_once=True,
+                 audits=False):
         self.conn = conn
         self.options = options
         self.name = name
@@ -67,6 +76,9 @@ class Session:
         self.loss = float("nan")
         self.log_pending = 0
         self.leaving = False  # deregistering: the server's refusals that follow are expected
+        self.audits = audits  # RegisterRequest.audits: this worker's spare loop runs audits
+        self._auditing = False        # between begin_audit and end_audit
+        self._audit_preempted = False  # PREEMPT_AUDIT while _auditing
         self.exit_at_once = exit_at_once
         self.ended = None     # (code, reason) when a background thread ended the work (``end``)
         self._thread = None
@@ -80,7 +92,8 @@ class Session:
     def register(self):
         request = rebound_pb2.RegisterRequest(
             job_id=self.job_id, worker_name=self.name, requested_role=self.requested_role,
-            backend=config_pb2.CPU, model=self._model_bundle, version=rebound.__version__)
+            backend=config_pb2.CPU, model=self._model_bundle, version=rebound.__version__,
+            audits=self.audits)
         try:
             response = self.conn.call("Register", request, stop=self.stop)
         except rclient.CallError as error:
@@ -113,6 +126,23 @@ class Session:
             self.start_held = False  # a slot taken over belongs to a job that has started
             self.changed.notify_all()
         self._reattach()
+
+    def begin_audit(self):
+        """The spare starts replaying an audit: from now a PREEMPT_AUDIT stops it (and one left
+        from an earlier audit does not)."""
+        with self.lock:
+            self._auditing = True
+            self._audit_preempted = False
+
+    def end_audit(self):
+        with self.lock:
+            self._auditing = False
+            self._audit_preempted = False
+
+    def audit_preempted(self):
+        """Whether the server asked (PREEMPT_AUDIT) to stop the audit in progress."""
+        with self.lock:
+            return self._audit_preempted
 
     def set_progress(self, step, loss):
         with self.lock:
@@ -278,6 +308,13 @@ class Session:
                     with self.lock:
                         self.job_done = True
                     self.stop.set()
+                elif command == rebound_pb2.PREEMPT_AUDIT:
+                    with self.lock:
+                        preempt = self._auditing and not self._audit_preempted
+                        if preempt:
+                            self._audit_preempted = True
+                    if preempt:
+                        _log("the server needs this spare for a recovery: stopping the audit")
             with self.lock:
                 held = self.start_held
             # While the start barrier holds, beat often: trainers start within one such beat.

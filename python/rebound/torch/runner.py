@@ -5,7 +5,9 @@ syncs with the center every tau steps (EASGD, §4.4, with the same float32 arith
 worker), logging each step's sample ids, torch seed and parameter checksums; a SPARE waits for a
 recovery task, rebuilds a lost slot by replaying its log from its snapshot, verifies every step's
 checksum and takes the slot over (or, under RESTART_FROM_CENTER, takes one over from the
-center); an EVALUATOR pulls the center and reports test loss and accuracy. The center is one
+center), and, while idle, audits live trainers (docs/recovery.md#audits): replays one of their
+sync windows the same way, reports with ReportAudit whether every step matched, and takes
+nothing over; an EVALUATOR pulls the center and reports test loss and accuracy. The center is one
 server group's or sharded across K groups (docs/sharding.md); rebound.torch.center hides which.
 
 Determinism (what replay needs): the batch of step t is a pure function of (job seed, replica,
@@ -48,6 +50,7 @@ from rebound import checksum
 from rebound import client as rclient
 from rebound import membership
 from rebound import steplog
+from rebound.torch import injected_faults
 from rebound.torch import kernels
 from rebound.torch import optim_state
 from rebound.torch import wire
@@ -406,6 +409,23 @@ def _of(tensors, params, values):
 # ---------------------------------------------------------------------------------------------
 # The worker.
 
+@dataclasses.dataclass
+class _Replayed:
+    """What replaying a task's window (t0, failed_step] gave (``_Worker.replay_window``)."""
+
+    steps: int = 0  # steps replayed that matched the log
+    # The checksum of the last step that matched (the snapshot's when the window is empty).
+    final: typing.Optional[int] = None
+    # Why the replay did not run through (None: it did, every step matching): the first step
+    # that differed, a state the snapshot cannot restore, a gap in the log, an interruption.
+    failure: typing.Optional[str] = None
+    mismatch: typing.Optional[rebound_pb2.ReplayMismatch] = None  # where the first step differed
+    unreplayable: bool = False  # the snapshot cannot restore the optimizer's state exactly
+    interrupted: typing.Optional[str] = None  # what the ``interrupt`` function said
+    transfer_s: float = 0.0  # from the start to the log read (snapshot and log)
+    replay_s: float = 0.0    # from the log read to the end
+
+
 class _Worker:
     """``center``: the job's center (rebound.torch.center), one server group's or sharded."""
 
@@ -429,6 +449,8 @@ class _Worker:
         self.names = None
         self._unreplayable = None  # why the optimizer's state cannot be snapshotted, once logged
         self.progress_interval_s = 10  # WorkerConfig.progress_interval_s (run() sets it)
+        # Testing only: the bit flips the environment asks for (run() reads it once).
+        self.bit_flips = injected_faults.BitFlips()
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -614,6 +636,7 @@ class _Worker:
                 ids, epoch, offset = batch_ids(shard, seed, slot.replica, t, batch_size)
                 torch_seed = step_seed(seed, slot.replica, t)
                 loss = self.step(job, slot.replica, t, ids, torch_seed)
+                self._maybe_flip_bit(t)
                 if not math.isfinite(loss):
                     raise _Exit(rebound.EXIT_FAILED, "the loss of step %d is not finite" % t)
                 self.samples += batch_size
@@ -646,6 +669,16 @@ class _Worker:
                 if not log.flush(self.options.rpc_deadline_s):
                     _log("the step log was not flushed at the end")
                 log.close()
+
+    def _maybe_flip_bit(self, t):
+        """Fault injection (tests only, rebound.torch.injected_faults): after step t's update and
+        before its checksum is logged, flips a bit of one parameter when the environment asked
+        for it at step t."""
+        flipped = self.bit_flips.maybe_flip(t, self.params)
+        if flipped is not None:
+            which, index = flipped
+            _log("fault injection: flipped bit %d of parameter %d of tensor %s after step %d" % (
+                injected_faults.FLIPPED_BIT, index, self.names[which], t))
 
     def train_pushing(self, reg):
         """Mode ASYNC_ADAHESSIAN (docs/design.md §4.6), as the C++ trainer: every step pushes the
@@ -726,7 +759,8 @@ class _Worker:
 
     def spare(self, reg):
         """Waits for recovery tasks; returns the adopted trainer registration after a verified
-        replay (REPLAY) or a takeover (RESTART_FROM_CENTER), or None when the work is over."""
+        replay (REPLAY) or a takeover (RESTART_FROM_CENTER), or None when the work is over.
+        Audit tasks are served on the way (``audit``): they take nothing over."""
         while not self.session.stop.is_set():
             current = self.session.current()
             if current.incarnation != reg.incarnation:
@@ -750,10 +784,94 @@ class _Worker:
                 return None
             if not response.HasField("task"):
                 continue
+            if response.task.audit:
+                self.audit(reg, response.task)
+                continue
             adopted = self.replay(reg, response.task)
             if adopted is not None:
                 return adopted, True
         return None
+
+    def replay_window(self, reg, task, interrupt=None):
+        """Replays the window of ``task``, a recovery's or an audit's: the slot's model and
+        optimizer from task.snapshot (step t0), then the logged steps (t0, task.failed_step]
+        read with ReadLog naming the task, each step's parameters checked against the checksum
+        the trainer logged. The first step that differs ends it, naming the first differing
+        declared tensor (id order) when the log holds per-tensor checksums. ``interrupt``: None,
+        or a function called before each step that returns why the replay must stop there (a
+        word) or None to go on. Returns a _Replayed; raises what the calls raise
+        (rclient.CallError, rclient.Unreachable)."""
+        job = reg.job
+        slot = task.slot
+        t0 = task.snapshot.step
+        tf = task.failed_step
+        began = time.monotonic()
+        result = _Replayed()
+        self.build(job, slot.replica)
+        # A sharded center's snapshot comes from its range groups.
+        self.center.fill_snapshot(reg.incarnation, task.snapshot, self.tensors)
+        for member in task.group_snapshots:
+            self.center.fill_snapshot(reg.incarnation, member, self.tensors)
+        if len(task.snapshot.params.tensors) > 0 or t0 > 0:
+            self.set_params(wire.tensors_of(task.snapshot.params, self.tensors,
+                                            "snapshot.params"))
+        # else: step 0 without tensors, the model's initialisation, which build() made.
+        try:
+            _import_optimizer(self.optimizer, self.tensors, self.names, task.snapshot.optimizer,
+                              t0)
+        except optim_state.Unreplayable as why:
+            result.failure = "step %d: cannot replay exactly: %s" % (t0, why)
+            result.unreplayable = True
+        self.seek_scheduler(t0)
+        set_batches_tracked(self.model, t0)
+        records = []
+        if tf > t0 and result.failure is None:
+            records = self.conn.stream("ReadLog", rebound_pb2.ReadLogRequest(
+                incarnation=reg.incarnation, task_id=task.task_id, from_step=t0,
+                to_step=tf), deadline_s=max(self.options.rpc_deadline_s, 60.0))
+        loaded = time.monotonic()
+        result.transfer_s = loaded - began
+        steps = collections.defaultdict(dict)
+        for record in records:
+            steps[record.step][record.micro_batch] = record
+        micro = max(1, job.data.micro_batches)
+        for t in range(t0 + 1, tf + 1 if result.failure is None else t0 + 1):
+            why = interrupt() if interrupt is not None else None
+            if why is not None:
+                result.failure = "%s after %d of %d steps" % (why, t - t0 - 1, tf - t0)
+                result.interrupted = why
+                break
+            parts = steps.get(t, {})
+            if -1 not in parts or any(k not in parts for k in range(micro)):
+                result.failure = "the log lacks records of step %d" % t
+                break
+            ids = np.concatenate([np.asarray(parts[k].sample_ids, dtype=np.int64)
+                                  for k in range(micro)])
+            per_step = parts[-1]
+            self.step(job, slot.replica, t, ids, per_step.rng_seed)
+            total, each = _params_checksums(self.tensors)
+            if total != per_step.params_checksum:
+                mismatch = rebound_pb2.ReplayMismatch(
+                    step=t, logged_checksum=per_step.params_checksum, replayed_checksum=total,
+                    tensor_index=-1)
+                which = "the parameters"
+                logged = list(per_step.tensor_checksums)
+                if len(logged) == len(each):
+                    differing = [i for i, (a, b) in enumerate(zip(each, logged)) if a != b]
+                    if differing:
+                        mismatch.tensor_index = differing[0]
+                        mismatch.tensor_name = self.names[differing[0]]
+                        which = "tensor %d '%s'" % (differing[0], self.names[differing[0]])
+                result.mismatch = mismatch
+                result.failure = ("step %d: %s differs from the trainer's (checksum %016x, "
+                                  "logged %016x)" % (t, which, total, per_step.params_checksum))
+                break
+            result.steps += 1
+            result.final = total
+        if result.failure is None and result.final is None:
+            result.final = _params_checksums(self.tensors)[0]
+        result.replay_s = time.monotonic() - loaded
+        return result
 
     def replay(self, reg, task):
         job = reg.job
@@ -766,75 +884,27 @@ class _Worker:
         report = rebound_pb2.ReportRecoveryRequest(incarnation=reg.incarnation,
                                                    task_id=task.task_id)
         verified = False
-        unreplayable = None
         try:
-            self.build(job, slot.replica)
-            # A sharded center's snapshot comes from its range groups.
-            self.center.fill_snapshot(reg.incarnation, task.snapshot, self.tensors)
-            for member in task.group_snapshots:
-                self.center.fill_snapshot(reg.incarnation, member, self.tensors)
-            if len(task.snapshot.params.tensors) > 0 or t0 > 0:
-                self.set_params(wire.tensors_of(task.snapshot.params, self.tensors,
-                                                "snapshot.params"))
-            # else: step 0 without tensors, the model's initialisation, which build() made.
-            try:
-                _import_optimizer(self.optimizer, self.tensors, self.names,
-                                  task.snapshot.optimizer, t0)
-            except optim_state.Unreplayable as why:
-                unreplayable = "step %d: cannot replay exactly: %s" % (t0, why)
-            self.seek_scheduler(t0)
-            set_batches_tracked(self.model, t0)
-            records = []
-            if tf > t0 and unreplayable is None:
-                records = self.conn.stream("ReadLog", rebound_pb2.ReadLogRequest(
-                    incarnation=reg.incarnation, task_id=task.task_id, from_step=t0,
-                    to_step=tf), deadline_s=max(self.options.rpc_deadline_s, 60.0))
-            loaded = time.monotonic()
-            steps = collections.defaultdict(dict)
-            for record in records:
-                steps[record.step][record.micro_batch] = record
-            micro = max(1, job.data.micro_batches)
-            final = None
-            # A state the snapshot cannot restore exactly is a failed replay, reported as such
-            # (the server falls back to RESTART_FROM_CENTER), not an exit.
-            mismatch = unreplayable
-            for t in range(t0 + 1, tf + 1 if mismatch is None else t0 + 1):
-                parts = steps.get(t, {})
-                if -1 not in parts or any(k not in parts for k in range(micro)):
-                    mismatch = "the log lacks records of step %d" % t
-                    break
-                ids = np.concatenate([np.asarray(parts[k].sample_ids, dtype=np.int64)
-                                      for k in range(micro)])
-                per_step = parts[-1]
-                self.step(job, slot.replica, t, ids, per_step.rng_seed)
-                total, each = _params_checksums(self.tensors)
-                if total != per_step.params_checksum:
-                    names = self.names
-                    differing = [i for i, (a, b) in enumerate(zip(each, per_step.tensor_checksums))
-                                 if a != b]
-                    which = ("tensor %d '%s'" % (differing[0], names[differing[0]])
-                             if differing else "the parameters")
-                    mismatch = ("step %d: %s differs from the trainer's (checksum %016x, logged "
-                                "%016x)" % (t, which, total, per_step.params_checksum))
-                    break
-                final = total
-            report.steps_replayed = tf - t0 if mismatch is None else 0
-            report.phases.snapshot_transfer_ms = int((loaded - began) * 1000)
-            report.phases.replay_ms = int((time.monotonic() - loaded) * 1000)
-            if mismatch is not None:
-                # A state the snapshot cannot hold is no data loss: nothing differed.
-                report.outcome = (rebound_pb2.UNREPLAYABLE if mismatch == unreplayable
+            replayed = self.replay_window(reg, task)
+            report.steps_replayed = tf - t0 if replayed.failure is None else 0
+            report.phases.snapshot_transfer_ms = int(replayed.transfer_s * 1000)
+            report.phases.replay_ms = int(replayed.replay_s * 1000)
+            if replayed.failure is not None:
+                # A state the snapshot cannot restore exactly is a failed replay, reported as
+                # such (the server falls back to RESTART_FROM_CENTER), not an exit; it is no
+                # data loss (nothing differed): UNREPLAYABLE.
+                report.outcome = (rebound_pb2.UNREPLAYABLE if replayed.unreplayable
                                   else rebound_pb2.CHECKSUM_MISMATCH)
-                report.detail = mismatch
+                report.detail = replayed.failure
+                if replayed.mismatch is not None:
+                    report.mismatch.CopyFrom(replayed.mismatch)
                 _log("replay task %d: %s; the server falls back to RESTART_FROM_CENTER" % (
-                    task.task_id, mismatch))
+                    task.task_id, replayed.failure))
             else:
                 verified = True
                 report.outcome = rebound_pb2.RECOVERED
                 report.verified = True
-                if final is None:
-                    final = _params_checksums(self.tensors)[0]
-                report.final_checksum = final
+                report.final_checksum = replayed.final
         except (rclient.CallError, rclient.Unreachable) as error:
             # Unreachable: a sharded center's range group, while its snapshot was read.
             report.outcome = rebound_pb2.ABANDONED
@@ -857,6 +927,64 @@ class _Worker:
              "verified in %.2f s" % (granted.slot.replica, granted.slot.stage,
                                      granted.incarnation, tf, tf - t0, time.monotonic() - began))
         return adopted
+
+    def audit(self, reg, task):
+        """Serves the audit ``task`` (docs/recovery.md#audits): replays a live trainer's sync
+        window exactly as a recovery (``replay_window``), reports with ReportAudit that every
+        step matched the log (AUDIT_MATCHED), where the first differed (AUDIT_MISMATCHED), that
+        the server's PREEMPT_AUDIT (or a takeover of this spare) stopped it before a step
+        (AUDIT_PREEMPTED), or why it could not run to the end (AUDIT_INCOMPLETE), and takes
+        nothing over. A report the server refuses (the audit is over without this spare) or
+        that cannot reach it is logged, not fatal: the spare goes back to waiting for tasks."""
+        t0 = task.snapshot.step
+        tf = task.failed_step
+        _log("audit %d: replaying steps %d..%d of slot (%d, %d) (trainer '%s')" % (
+            task.task_id, t0 + 1, tf, task.slot.replica, task.slot.stage, task.audited_worker))
+        report = rebound_pb2.ReportAuditRequest(incarnation=reg.incarnation,
+                                                audit_id=task.task_id)
+
+        def interrupt():
+            if self.session.stop.is_set():
+                return "stopped"
+            if (self.session.audit_preempted() or
+                    self.session.current().incarnation != reg.incarnation):
+                return "preempted"
+            return None
+
+        # From here a PREEMPT_AUDIT stops it (and one left from an earlier audit does not).
+        self.session.begin_audit()
+        try:
+            replayed = self.replay_window(reg, task, interrupt)
+        except Exception as error:
+            # Whatever else fails (a call, the log, the model) ends this audit, never the spare.
+            replayed = _Replayed(failure="%s: %s" % (type(error).__name__, error))
+        finally:
+            self.session.end_audit()
+        report.steps_replayed = replayed.steps
+        if replayed.failure is None:
+            report.result = rebound_pb2.AUDIT_MATCHED
+            _log("audit %d: steps %d..%d of trainer '%s' match the log (%.2f s)" % (
+                task.task_id, t0 + 1, tf, task.audited_worker,
+                replayed.transfer_s + replayed.replay_s))
+        else:
+            if replayed.mismatch is not None:
+                report.result = rebound_pb2.AUDIT_MISMATCHED
+                report.mismatch.CopyFrom(replayed.mismatch)
+            elif replayed.interrupted == "preempted":
+                report.result = rebound_pb2.AUDIT_PREEMPTED
+            else:
+                report.result = rebound_pb2.AUDIT_INCOMPLETE
+            report.detail = replayed.failure
+            _log("audit %d of trainer '%s': %s: %s" % (
+                task.task_id, task.audited_worker, rebound_pb2.AuditResult.Name(report.result),
+                replayed.failure))
+        try:
+            self.conn.call("ReportAudit", report, stop=self.session.stop)
+        except (rclient.CallError, rclient.Unreachable, rclient.Stopped) as error:
+            # FAILED_PRECONDITION: the audit is over without this spare (or this spare is, which
+            # the next WaitForTask tells); Unreachable: the next WaitForTask tells too. An audit
+            # is no reason to end the spare.
+            _log("audit %d: report not taken: %s" % (task.task_id, error))
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -1087,8 +1215,16 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         name = name or worker_config.name or "%s-%d" % (socket.gethostname(), os.getpid())
         conn = rclient.Connection(options)
         declaration = _model_declaration(spec, init_seed=spec.init_seed)
+        # Testing only (rebound.torch.injected_faults): read once, before registering.
+        bit_flips = injected_faults.BitFlips.from_environment(os.environ)
+        if bit_flips:
+            _log("fault injection (testing only): bit %d of one parameter flips after step %d%s"
+                 % (injected_faults.FLIPPED_BIT, bit_flips.at_step,
+                    " and every %d steps after it" % bit_flips.repeat_every
+                    if bit_flips.repeat_every else ""))
+        # audits: this runner's spare loop serves audit tasks (_Worker.audit).
         session = membership.Session(conn, options, declaration, name, roles[role], job_id,
-                                     exit_at_once=exit)
+                                     exit_at_once=exit, audits=True)
         if signalled:
             raise rclient.Stopped("stopped by %s before registering" % signalled[0])
         first_reg = reg = session.register()
@@ -1099,6 +1235,7 @@ def run(spec, server=None, name=None, role=None, config=None, token_file=None, j
         session.start()
         worker = _Worker(spec, session, conn, center, options, max_seconds)
         worker.progress_interval_s = worker_config.progress_interval_s
+        worker.bit_flips = bit_flips
         adopted = None
         replayed = False
         def stopped_early():
