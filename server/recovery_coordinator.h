@@ -39,7 +39,7 @@
 // GlobalCheckpoint::mu_ -> CenterTable stage lock -> StepLogService locks ->
 // Membership::persist_mu_ (held across the membership's DurableStore commits, never with
 // Membership::mu_) -> Membership::mu_ -> RecoveryCoordinator::mu_ -> {SlotBooks::mu_, LogRetention::mu_,
-// ReliabilityTracker::mu_}. WorkerSessions::mu_ (server/worker_sessions.h) is taken before
+// ReliabilityTracker::mu_, Auditor::mu_ (server/audit/auditor.h)}. WorkerSessions::mu_ (server/worker_sessions.h) is taken before
 // Membership::mu_ and with none of the others held. The coordinator's mu_ guards its tasks; Membership takes it when it
 // calls the coordinator as its RecoveryObserver; the coordinator holds it while calling no other
 // unit, and calls every unit (Membership included) without holding it.

@@ -65,11 +65,25 @@ bool Auditor::Choose(const SlotId& slot, uint64_t owner, int64_t previous_step, 
   if (!(draw(rng_) < job_.audit().fraction())) return false;
   const int64_t steps = step - previous_step;
   const int64_t per_hour = job_.audit().steps_per_hour();
-  const bool over_budget = per_hour > 0 && StepsInLastHourLocked(now) + steps > per_hour;
-  if (over_budget ||
-      static_cast<int>(waiting_.size() + running_.size()) >= 2 * max_concurrent_) {
+  if (per_hour > 0 && StepsInLastHourLocked(now) + steps > per_hour) {
     counts_.set_windows_skipped(counts_.windows_skipped() + 1);
     return false;
+  }
+  if (static_cast<int>(waiting_.size() + running_.size()) >= 2 * max_concurrent_) {
+    // The spares fall behind: the newest window takes the place of the oldest one waiting for a
+    // first replay, so that what is audited stays recent (a corruption is found while it is
+    // fresh) rather than the room holding ever older windows. Second replays keep their place.
+    auto oldest = waiting_.end();
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if (it->confirms == 0 && (oldest == waiting_.end() || it->queued < oldest->queued)) {
+        oldest = it;
+      }
+    }
+    counts_.set_windows_skipped(counts_.windows_skipped() + 1);
+    if (oldest == waiting_.end()) return false;
+    RecordLocked(*oldest, AUDIT_RESULT_UNSPECIFIED, AUDIT_SKIPPED,
+                 "replaced by a newer window: the spares fell behind", now);
+    waiting_.erase(oldest);
   }
   chosen_steps_.emplace_back(now, steps);
   return true;

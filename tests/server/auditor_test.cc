@@ -375,7 +375,8 @@ TEST_CASE("bad reports are refused and a window nobody replays expires") {
   CHECK(skipped);
 }
 
-TEST_CASE("windows beyond 2 x max_concurrent or steps_per_hour are skipped") {
+TEST_CASE("windows beyond steps_per_hour are skipped; beyond the waiting room, the oldest gives "
+          "its place") {
   Fixture f("audit { fraction: 1 max_concurrent: 1 steps_per_hour: 25 }\n");
   f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
   CHECK(f.auditor->Choose(Slot(0), f.trainers[0], 10, 20));   // 10 steps
@@ -385,13 +386,40 @@ TEST_CASE("windows beyond 2 x max_concurrent or steps_per_hour are skipped") {
   CHECK(f.auditor->Choose(Slot(0), f.trainers[0], 40, 50));
   CHECK(f.Status().audit_counts().windows_skipped() == 1);
 
+  // The waiting room full (2 x max_concurrent): the newest window replaces the oldest waiting.
   Fixture g("audit { fraction: 1 max_concurrent: 1 }\n");
   g.auditor->Choose(Slot(0), g.trainers[0], 0, 10);
   g.Window(0, 10, 20);
+  g.clock.Advance(absl::Milliseconds(1));
   g.Window(0, 20, 30);
-  CHECK_FALSE(g.auditor->Choose(Slot(0), g.trainers[0], 30, 40));
-  CHECK(g.Status().audit_counts().windows_skipped() == 1);
-  CHECK(g.auditor->KeepLogFrom(Slot(0)) == 10);
+  g.clock.Advance(absl::Milliseconds(1));
+  g.Window(0, 30, 40);
+  const GetStatusResponse status = g.Status();
+  CHECK(status.audit_counts().windows_skipped() == 1);
+  CHECK(status.audit_counts().windows_chosen() == 3);
+  CHECK(g.auditor->KeepLogFrom(Slot(0)) == 20);  // (10, 20] gave its place
+  bool replaced = false;
+  for (const AuditStatus& a : status.audits()) {
+    if (a.from_step() == 10 && a.verdict() == AUDIT_SKIPPED) {
+      replaced = absl::StrContains(a.detail(), "replaced by a newer window");
+    }
+  }
+  CHECK(replaced);
+  // A second replay keeps its place: the newer windows replace first replays only.
+  g.Log(0, 20, 40);
+  const uint64_t a = g.Spare("a");
+  const RecoveryTask first = g.Claim(a);  // (20, 30]
+  CHECK(first.snapshot().step() == 20);
+  REQUIRE(g.Report(a, first, AUDIT_MISMATCHED, 25, 0xbad).ok());
+  // Waiting: the second replay of (20, 30], and (30, 40]: the room is full.
+  g.clock.Advance(absl::Milliseconds(1));
+  g.Window(0, 40, 50);  // replaces (30, 40]
+  g.clock.Advance(absl::Milliseconds(1));
+  g.Window(0, 50, 60);  // replaces (40, 50]
+  CHECK(g.auditor->KeepLogFrom(Slot(0)) == 20);  // the second replay's window is still held
+  CHECK(g.Status().audit_counts().windows_skipped() == 3);
+  const RecoveryTask again = g.Claim(a);  // no other auditor: at once
+  CHECK(again.snapshot().step() == 20);
 }
 
 }  // namespace
