@@ -9,7 +9,7 @@
 # failures selective_logging convergence chaos python_overhead peer_torch replication_overhead
 # failover sharding server_capacity backup_overhead (about 80 minutes on 2 cores, weighting 18 of them,
 # convergence 13). soak (docs/design.md §9's "server memory over a long run"), detection and goodput
-# (R21's crash detection and ETTR) run only when --only names them. sharding needs root (network namespaces and tbf); without it its row says failed.
+# (R21's crash detection and ETTR) and audit (R22) run only when --only names them. sharding needs root (network namespaces and tbf); without it its row says failed.
 #
 # Builds the selected benchmarks once (`bazel build --jobs=2 -c opt //bench:NAME ...`; the
 # convergence study is //study/convergence, see package_of), then
@@ -53,8 +53,8 @@ set -euo pipefail
 readonly kSuite=(compute transport apply weighting recovery logging_overhead failures
   selective_logging convergence chaos python_overhead peer_torch replication_overhead failover
   sharding server_capacity backup_overhead)
-# Run only when --only names them (as soak): each takes many minutes of kills.
-readonly kOnDemand=(soak detection goodput)
+# Run only when --only names them (as soak): each takes many minutes of kills (audit: of runs).
+readonly kOnDemand=(soak detection goodput audit)
 readonly kKnown=("${kSuite[@]}" "${kOnDemand[@]}")
 readonly kBegin='<!-- bench.sh: begin -->'
 readonly kEnd='<!-- bench.sh: end -->'
@@ -85,6 +85,7 @@ declare -rA kWhat=(
   [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup --backup_max_mb_s 4 runs back to back, against none; an export's time and size"
   [detection]="SIGKILL of a trainer to the server's FAILED (crash detection), 20 kills; SIGSTOP to FAILED"
   [goodput]="ETTR (failure-free time to 0.87 / time with failures) at a mean time between failures of 20, 10 and 5 s: REPLAY, GLOBAL_CHECKPOINT, RESTART_FROM_CENTER, drop"
+  [audit]="audit replay: a trainer flipping a bit every 50 steps, 1 spare; flips caught at 1, 5 and 20% of windows audited (the row: 5%); throughput with audits at 5% against off"
 )
 # The targets of docs/design.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -108,6 +109,7 @@ declare -rA kTarget=(
   [backup_overhead]=">= 0.9x without backups (R17; not in §9)"
   [detection]="median <= 300 ms, max <= 1 s (R21; not in §9)"
   [goodput]="REPLAY >= 0.97 at 1 kill / 20 s, >= 0.9 at 1 / 5 s, above every other policy (R21; not in §9)"
+  [audit]="0 false reports, flips caught in about the share of windows audited; throughput >= 0.97x audits off (R22; not in §9)"
 )
 # The ratio a benchmark's RESULT line must reach, for those whose target is one.
 declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
@@ -117,12 +119,12 @@ declare -rA kMinRatio=([compute]=0.5 [transport]=0.8 [apply]=0.5 [recovery]=1.6
 declare -rA kFullSeconds=([compute]=10 [transport]=60 [apply]=10 [weighting]=1080 [recovery]=150
   [logging_overhead]=270 [failures]=300 [selective_logging]=20 [convergence]=780 [chaos]=180 [soak]=660
   [python_overhead]=240 [peer_torch]=90 [replication_overhead]=300 [failover]=240 [sharding]=450
-  [server_capacity]=600 [backup_overhead]=75 [detection]=120 [goodput]=900)
+  [server_capacity]=600 [backup_overhead]=75 [detection]=120 [goodput]=900 [audit]=600)
 # ... and with --quick's flags, which are the shortest that still exercise every part.
 declare -rA kQuickSeconds=([compute]=5 [transport]=20 [apply]=5 [weighting]=90 [recovery]=45
   [logging_overhead]=50 [failures]=150 [selective_logging]=5 [convergence]=30 [chaos]=75 [soak]=150
   [python_overhead]=40 [peer_torch]=20 [replication_overhead]=90 [failover]=60 [sharding]=150
-  [server_capacity]=45 [backup_overhead]=20 [detection]=40 [goodput]=150)
+  [server_capacity]=45 [backup_overhead]=20 [detection]=40 [goodput]=150 [audit]=150)
 declare -rA kQuickFlags=(
   [compute]="--rounds=1 --steps=1"
   [transport]="--calls=2 --rounds=1 --warmup=1"
@@ -144,6 +146,7 @@ declare -rA kQuickFlags=(
   [backup_overhead]="--reps=1 --seconds=3"
   [detection]="--kills=3"
   [goodput]="--mtbf_s=5 --policies=replay,drop --max_seconds=60"
+  [audit]="--fractions=0.05 --steps=1600 --horizon=600 --throughput_reps=1"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
@@ -406,6 +409,15 @@ END {
           ", RESTART_FROM_CENTER " v["ettr_restart"] ", drop " v["ettr_drop"],
         "REPLAY: ETTR " v["ettr_replay"], "—",
         verdict_of(num(v["ettr_replay"]) && v["ettr_replay"] + 0 >= 0.9))
+  } else if (name == "audit") {
+    if (!need("fraction injected detected median_detect_steps p_detect_1000 false_reports throughput_ratio")) exit
+    row("audits off (the cost baseline: ratio 1)",
+        "at fraction " v["fraction"] ": " v["detected"] " of " v["injected"] " flips caught, median " \
+          v["median_detect_steps"] " steps after; " v["p_detect_1000"] " of flips followed by a " \
+          "catch within 1000 steps; " v["false_reports"] " false reports",
+        v["throughput_ratio"],
+        verdict_of(num(v["false_reports"]) && v["false_reports"] + 0 == 0 && \
+                   at_least(v["throughput_ratio"], 0.97)))
   } else if (name == "peer_torch") {
     if (!need("rebound_samples_s torch_samples_s ratio")) exit
     row("plain PyTorch: " v["torch_samples_s"] " samples/s",

@@ -109,6 +109,21 @@ expect_eq "summary" "plot_progress: wrote $dir/abandoned.png (1200x900): 1 slot(
 slot r0s0 recovery ABANDONED at 6.0 s" "$out"
 expect_png "$dir/abandoned.png" 1200 900
 
+scenario "an audit's AUDIT_MISMATCH and the quarantine that follows are marked"
+cat >"$dir/audit.csv" <<EOF
+$kHeader
+1.0,r2s0,100,0.9,1,0.5,
+4.0,r2s0,700,0.7,1,,"AUDIT_MISMATCH of slot (2,0): worker trainer-r2s0 step 650 tensor layer0.weight, window (648, 656]: confirmed: two replays give 891980196c209dc2"
+4.1,r2s0,710,0.7,0.3,,worker trainer-r2s0 (incarnation 9): ALIVE -> QUARANTINED: audit: step 650 does not replay to what it logged
+5.0,r2s0,710,0.7,1,0.6,"recovery 2 of slot (2,0): RECOVERED, policy RESTART_FROM_CENTER, failed at step 710, 0 steps replayed by [spare-1], verified no: after a QUARANTINE: spare 'spare-1' restarts the slot from the center"
+EOF
+plot "$dir/audit.csv" "$dir/audit.png"
+expect_eq "exit status" 0 "$rc"
+expect_eq "summary" "plot_progress: wrote $dir/audit.png (1200x900): 1 slot(s), \
+2 accuracy point(s), 3 event(s): slot r2s0 AUDIT_MISMATCH at 4.0 s; trainer-r2s0 QUARANTINED \
+at 4.1 s; slot r2s0 RECOVERED at 5.0 s" "$out"
+expect_png "$dir/audit.png" 1200 900
+
 # Each refusal: exit status 1, the message on stderr, and no PNG.
 expect_refusal() {  # csv, message
   rm -f "$dir/refused.png"
