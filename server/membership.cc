@@ -914,8 +914,9 @@ absl::Status Membership::Quarantine(uint64_t incarnation, const SlotId& slot,
     lost.fallback_restart = true;
     lost.quarantined = true;
     lost.flush_deadline = absl::InfinitePast();
-    absl::StrAppend(&lost.detail, "; quarantined: restarts from the center (its snapshots "
-                                  "descend from the corrupted step)");
+    lost.detail = absl::StrCat("owner incarnation ", incarnation, " quarantined: ", why,
+                               "; waiting for a spare to restart it from the center (its "
+                               "snapshots descend from the corrupted step)");
   }
   NotifyClaimableLocked();
   return absl::OkStatus();
