@@ -145,7 +145,9 @@ TEST_CASE("a trainer that flips a bit is caught by an audit, confirmed by a seco
     good_matched += a.result() == AUDIT_MATCHED;
   }
   CHECK(good_matched > 0);
-  CHECK(counts.steps_audited() >= 2 * kSyncPeriod);
+  // At least the matched window's steps (a mismatched replay counts the steps before its
+  // mismatch).
+  CHECK(counts.steps_audited() >= kSyncPeriod);
 
   // The machine is charged (its fault score), and the metrics say who.
   const WorkerStatus* bad = FindWorker(done, "bad", TRAINER);
