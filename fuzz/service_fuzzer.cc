@@ -362,6 +362,13 @@ class Server {
         status = service_->ReportEval(in_process, &call.report_eval(), &response);
         break;
       }
+      case ServerCall::kReportAudit: {
+        ReportAuditResponse response;
+        status = service_->ReportAudit(in_process, &call.report_audit(), &response);
+        // No audit runs in a job without audits: every report is refused.
+        if (!(job_.audit().fraction() > 0)) FUZZ_CHECK(!status.ok());
+        break;
+      }
       case ServerCall::kDrain: {
         DrainResponse response;
         status = service_->Drain(in_process, &call.drain(), &response);
@@ -579,6 +586,9 @@ class Server {
         break;
       case ServerCall::kReportEval:
         call->mutable_report_eval()->set_incarnation(incarnation);
+        break;
+      case ServerCall::kReportAudit:
+        call->mutable_report_audit()->set_incarnation(incarnation);
         break;
       case ServerCall::kRegisterWorker:
         call->mutable_register_worker()->set_previous_incarnation(incarnation);
