@@ -103,12 +103,20 @@ TEST_CASE("a trainer that flips a bit is caught by an audit, confirmed by a seco
   CHECK(first->auditor() != confirmed->auditor());
 
   // Quarantined: fenced, its slot restarted from the center by a spare.
+  // And the healthy trainer audited too (the spares may have served the corrupt trainer's
+  // windows, second replays first, until then).
   const GetStatusResponse done = cluster.WaitFor(
-      "the quarantined slot restarted", [](const GetStatusResponse& s) {
+      "the quarantined slot restarted and a window of the healthy trainer matched",
+      [](const GetStatusResponse& s) {
+        bool restarted = false;
+        bool good_matched = false;
         for (const RecoveryStatus& r : s.recoveries()) {
-          if (r.slot().replica() == 1 && r.outcome() == RECOVERED) return true;
+          restarted |= r.slot().replica() == 1 && r.outcome() == RECOVERED;
         }
-        return false;
+        for (const AuditStatus& a : s.audits()) {
+          good_matched |= a.worker() == "good" && a.result() == AUDIT_MATCHED;
+        }
+        return restarted && good_matched;
       });
   INFO(done.DebugString());
   const AuditCounts& counts = done.audit_counts();
