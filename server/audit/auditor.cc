@@ -153,7 +153,10 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
   }
   if (!gone.empty()) {
     absl::MutexLock lock(&mu_);
-    for (uint64_t a : gone) auditors_.erase(a);
+    for (uint64_t a : gone) {
+      auditors_.erase(a);
+      last_matched_.erase(a);
+    }
   }
   // Which waiting windows' logs are complete (read without the lock: the step log's own).
   struct Candidate {
@@ -167,10 +170,12 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
     absl::MutexLock lock(&mu_);
     for (const Audit& a : waiting_) {
       // A second replay goes to another spare first; the first auditor gets it after the grace,
-      // or at once when no other spare could.
-      if (a.confirms != 0 && a.first_auditor == incarnation && others &&
-          now - a.queued < kConfirmGrace) {
-        continue;
+      // or at once when no other spare could, and only once it has matched another window since
+      // its mismatch: its fault, if persistent, would otherwise confirm its own accusation.
+      if (a.confirms != 0 && a.first_auditor == incarnation) {
+        if (others && now - a.queued < kConfirmGrace) continue;
+        auto matched = last_matched_.find(incarnation);
+        if (matched == last_matched_.end() || matched->second <= a.accused) continue;
       }
       candidates.push_back({a.id, a.slot, a.snapshot.step(), a.to_step});
     }
@@ -247,6 +252,7 @@ absl::Status Auditor::Finish(const ReportAuditRequest& report) {
     audit = std::move(it->second);
     running_.erase(it);
     preempt_.erase(audit.id);
+    ++reports_;
   }
   if (report.result() == AUDIT_MISMATCHED &&
       (report.mismatch().step() <= audit.snapshot.step() ||
@@ -269,6 +275,7 @@ absl::Status Auditor::Finish(const ReportAuditRequest& report) {
     absl::MutexLock lock(&mu_);
     switch (report.result()) {
       case AUDIT_MATCHED:
+        last_matched_[audit.auditor] = reports_;
         counts_.set_matched(counts_.matched() + 1);
         counts_.set_steps_audited(counts_.steps_audited() + report.steps_replayed());
         break;
@@ -332,6 +339,7 @@ absl::Status Auditor::Finish(const ReportAuditRequest& report) {
       confirm.first_auditor = audit.auditor;
       confirm.first_auditor_name = audit.auditor_name;
       confirm.first_mismatch = report.mismatch();
+      confirm.accused = reports_;
       confirm.queued = now;
       waiting_.push_front(std::move(confirm));
       return absl::OkStatus();

@@ -20,7 +20,10 @@
 //     slot is LOST gets the oldest waiting audit whose log is complete through t1, as a
 //     RecoveryTask with `audit` set (rank 0 of 1): at most max_concurrent run at once. A second
 //     replay (below) prefers another spare: the first auditor gets it only kConfirmGrace after
-//     it waited, or at once when no other auditing spare is alive.
+//     it waited, or at once when no other auditing spare is alive, and in either case only once
+//     it has matched another window since its mismatch (it computes this job's steps right now):
+//     a spare whose fault is persistent mismatches everything and so never confirms its own
+//     accusation, which then waits for another spare and expires INCONCLUSIVE.
 //   * Preemption. While a slot is LOST, the heartbeat of a spare running an audit carries
 //     PREEMPT_AUDIT (CommandsFor): it stops at its next step, reports AUDIT_PREEMPTED and asks for
 //     work, where the recovery waits for it. A preempted audit waits again (at most kMaxAttempts
@@ -136,6 +139,7 @@ class Auditor {
     uint64_t first_auditor = 0;
     std::string first_auditor_name;
     ReplayMismatch first_mismatch;
+    uint64_t accused = 0;  // the sequence number of the first auditor's mismatch report
     absl::Time queued;
     // Running: the spare and since when.
     uint64_t auditor = 0;
@@ -179,6 +183,10 @@ class Auditor {
   std::deque<Audit> waiting_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Audit> running_ ABSL_GUARDED_BY(mu_);  // by id
   std::set<uint64_t> preempt_ ABSL_GUARDED_BY(mu_);  // running audits told to stop
+  // Reports are numbered in the order they end; each auditor's last matching replay's number:
+  // a spare confirms its own mismatch only after a match numbered above it.
+  uint64_t reports_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, uint64_t> last_matched_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<absl::Time, int64_t>> chosen_steps_ ABSL_GUARDED_BY(mu_);  // last hour
   std::deque<AuditStatus> records_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Time> ended_at_ ABSL_GUARDED_BY(mu_);  // records' end times

@@ -312,8 +312,8 @@ TEST_CASE("a second replay that matches the log convicts the first auditor, not 
   CHECK(f.tracker->FaultScore("trainer-0", f.clock.Now()) == 0);
   CHECK(f.membership->CheckAlive(f.trainers[0]).ok());  // not quarantined
 
-  // The same spare again after the grace (no other spare asks): its replays disagree with each
-  // other: inconclusive.
+  // The same spare again after the grace (no other spare asks), once it matched another window
+  // since its mismatch: its replays disagree with each other: inconclusive.
   f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
   f.Window(1, 10, 20);
   f.Log(1, 10, 20);
@@ -321,15 +321,28 @@ TEST_CASE("a second replay that matches the log convicts the first auditor, not 
   CHECK(f.NothingFor(corrupt));
   f.clock.Advance(Auditor::kConfirmGrace + absl::Milliseconds(1));
   testing::BeatOk(*f.membership, testing::Beat(corrupt));
-  REQUIRE(f.Report(corrupt, f.Claim(corrupt), AUDIT_MISMATCHED, 13, 0xbee).ok());
+  testing::BeatOk(*f.membership, testing::Beat(healthy));
+  CHECK(f.NothingFor(corrupt));  // no match since its mismatch
+  f.Window(0, 20, 30);
+  f.Log(0, 20, 30);
+  const RecoveryTask other = f.Claim(corrupt);
+  CHECK(other.slot().replica() == 0);
+  CHECK(other.snapshot().step() == 20);
+  REQUIRE(f.Report(corrupt, other, AUDIT_MATCHED).ok());
+  const RecoveryTask again = f.Claim(corrupt);
+  CHECK(again.slot().replica() == 1);
+  CHECK(again.snapshot().step() == 10);
+  REQUIRE(f.Report(corrupt, again, AUDIT_MISMATCHED, 13, 0xbee).ok());
   status = f.Status();
   CHECK(status.audit_counts().inconclusive() == 1);
   CHECK(f.tracker->FaultScore("trainer-1", f.clock.Now()) == 0);
 }
 
-TEST_CASE("with no other auditing spare alive, the first auditor replays the window again at once") {
+TEST_CASE("a lone auditor replays its mismatched window again only after it matched another "
+          "window; one that mismatches everything convicts nobody") {
   Fixture f;
   f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
   f.Window(0, 10, 20);
   f.Log(0, 10, 20);
   const uint64_t only = f.Spare("only");
@@ -337,10 +350,43 @@ TEST_CASE("with no other auditing spare alive, the first auditor replays the win
   // The other auditor leaves: it could not run the second replay.
   REQUIRE(f.membership->Deregister(gone).ok());
   REQUIRE(f.Report(only, f.Claim(only), AUDIT_MISMATCHED, 11, 0xbad).ok());
+  // Nothing else to replay: the second replay waits for a match of this spare.
+  CHECK(f.NothingFor(only));
+  f.Window(1, 10, 20);
+  f.Log(1, 10, 20);
+  const RecoveryTask other = f.Claim(only);
+  CHECK(other.slot().replica() == 1);
+  REQUIRE(f.Report(only, other, AUDIT_MATCHED).ok());
   const RecoveryTask again = f.Claim(only);
+  CHECK(again.slot().replica() == 0);
   CHECK(again.snapshot().step() == 10);
   REQUIRE(f.Report(only, again, AUDIT_MISMATCHED, 11, 0xbad).ok());
   CHECK(f.Status().audit_counts().confirmed() == 1);
+  CHECK(f.tracker->FaultScore("trainer-0", f.clock.Now()) > 0);
+
+  // A lone spare whose every replay differs (its own fault, persistent) never confirms: its
+  // accusations wait for another spare, expire inconclusive and charge nobody.
+  Fixture g;
+  g.auditor->Choose(Slot(0), g.trainers[0], 0, 10);
+  g.auditor->Choose(Slot(1), g.trainers[1], 0, 10);
+  g.Window(0, 10, 20);
+  g.Log(0, 10, 20);
+  g.Window(1, 10, 20);
+  g.Log(1, 10, 20);
+  const uint64_t broken = g.Spare("broken");
+  REQUIRE(g.Report(broken, g.Claim(broken), AUDIT_MISMATCHED, 11, 0xbad).ok());
+  REQUIRE(g.Report(broken, g.Claim(broken), AUDIT_MISMATCHED, 14, 0xbee).ok());
+  CHECK(g.NothingFor(broken));
+  g.clock.Advance(absl::Milliseconds(g.job.audit().max_wait_ms()) + absl::Milliseconds(1));
+  testing::BeatOk(*g.membership, testing::Beat(broken));
+  CHECK(g.NothingFor(broken));
+  const GetStatusResponse status = g.Status();
+  CHECK(status.audit_counts().confirmed() == 0);
+  CHECK(status.audit_counts().inconclusive() == 2);
+  CHECK(g.tracker->FaultScore("trainer-0", g.clock.Now()) == 0);
+  CHECK(g.tracker->FaultScore("trainer-1", g.clock.Now()) == 0);
+  CHECK(g.membership->CheckAlive(g.trainers[0]).ok());
+  CHECK(g.membership->CheckAlive(g.trainers[1]).ok());
 }
 
 TEST_CASE("bad reports are refused and a window nobody replays expires") {
@@ -418,7 +464,13 @@ TEST_CASE("windows beyond steps_per_hour are skipped; beyond the waiting room, t
   g.Window(0, 50, 60);  // replaces (40, 50]
   CHECK(g.auditor->KeepLogFrom(Slot(0)) == 20);  // the second replay's window is still held
   CHECK(g.Status().audit_counts().windows_skipped() == 3);
-  const RecoveryTask again = g.Claim(a);  // no other auditor: at once
+  // No other auditor: the second replay is a's once it matched another window.
+  CHECK(g.NothingFor(a));
+  g.Log(0, 40, 60);
+  const RecoveryTask newest = g.Claim(a);
+  CHECK(newest.snapshot().step() == 50);
+  REQUIRE(g.Report(a, newest, AUDIT_MATCHED).ok());
+  const RecoveryTask again = g.Claim(a);
   CHECK(again.snapshot().step() == 20);
 }
 
