@@ -245,6 +245,16 @@ TEST_CASE("a client that knows a worker's incarnation but not its credential can
     CheckStatus(cluster.CallWithCredential(credential, &ParameterServer::Stub::ReportRecovery,
                                            report, &granted),
                 Code::UNAUTHENTICATED, absl::StrCat("acts as incarnation ", spare.incarnation()));
+    // An audit's verdict, as the spare: it could convict a trainer, so it is the spare's alone.
+    ReportAuditRequest audit;
+    audit.set_incarnation(spare.incarnation());
+    audit.set_audit_id((uint64_t{1} << 62) | 1);
+    audit.set_result(AUDIT_MISMATCHED);
+    audit.mutable_mismatch()->set_step(4);
+    ReportAuditResponse audited;
+    CheckStatus(cluster.CallWithCredential(credential, &ParameterServer::Stub::ReportAudit, audit,
+                                           &audited),
+                Code::UNAUTHENTICATED, absl::StrCat("acts as incarnation ", spare.incarnation()));
     ReportEvalRequest eval;
     eval.set_incarnation(judge.incarnation());
     eval.set_test_accuracy(1.0);
@@ -252,6 +262,21 @@ TEST_CASE("a client that knows a worker's incarnation but not its credential can
     CheckStatus(cluster.CallWithCredential(credential, &ParameterServer::Stub::ReportEval, eval,
                                            &evaluated),
                 Code::UNAUTHENTICATED, absl::StrCat("acts as incarnation ", judge.incarnation()));
+  }
+  // With their own credentials: a trainer reports no audit, and a spare none it does not run.
+  {
+    ReportAuditRequest audit;
+    audit.set_incarnation(other.incarnation());
+    audit.set_audit_id((uint64_t{1} << 62) | 1);
+    audit.set_result(AUDIT_MATCHED);
+    ReportAuditResponse audited;
+    CheckStatus(cluster.CallWithCredential(other.credential(),
+                                           &ParameterServer::Stub::ReportAudit, audit, &audited),
+                Code::FAILED_PRECONDITION, "");
+    audit.set_incarnation(spare.incarnation());
+    CheckStatus(cluster.CallWithCredential(spare.credential(),
+                                           &ParameterServer::Stub::ReportAudit, audit, &audited),
+                Code::FAILED_PRECONDITION, "runs no audit");
   }
 
   // Nothing changed: the victim is alive in its slot, with its one sync; no log, no evaluation.
