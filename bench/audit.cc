@@ -19,6 +19,19 @@
 //    both slots' step 2 x sync_period to the job's end (--steps), audits off (fraction 0: the
 //    spare idles) and on (fraction --cost_fraction), interleaved; the ratio of the medians.
 //
+//  * What the center absorbs (--drift_horizons, each H a pair of runs): the same job made
+//    reproducible bit for bit (scheduling DETERMINISTIC, weighting UNIFORM, no spare, no audit),
+//    run to step --first_flip + H three times: clean, clean again (the control: its center must
+//    be the first's, bit for bit, or the run fails), and with trainer-1 flipping one bit once
+//    after step --first_flip. The final centers (ExportCenter) differ only by what the flip caused, in
+//    the center, through H steps of the corrupted trainer's syncs: the flipped parameter's
+//    difference against the flip's own size, and every parameter's. A confirmed audit ends the
+//    corrupted trainer's syncs about median_detect_steps after a flip (AUDIT_QUARANTINE), so the
+//    horizon near that figure is what the center absorbs before a quarantine. A line per H:
+//   RESULT audit_drift: horizon=<H> flip_delta=<d> flipped_center_delta=<x> absorbed=<x/d>
+//     max_abs_center_delta=<m> rel_l2_center_delta=<r> accuracy_delta=<flipped - clean>
+//    (test accuracy of the two centers, as the evaluator computes it).
+//
 // Per fraction, a line:
 //   RESULT audit: fraction=<f> injected=<n> detected=<d> median_detect_steps=<m>
 //     p_detect_1000=<p> false_reports=<x> throughput_ratio=<r>
@@ -32,16 +45,24 @@
 // Flags: --fractions=0.01,0.05,0.2 --steps=N (4000) --horizon=N (1000) --first_flip=N (105)
 // --flip_every=N (50) --throughput_reps=N (2) --cost_fraction=F (0.05) --spare_nice=N (0: the
 // cost runs' spare at this nice, every thread: a spare sharing a host with trainers should
-// audit only with what they leave idle) --job=PATH
+// audit only with what they leave idle) --isolate_spare (the cost runs' trainers pinned to every
+// core but the last, the server and the spare to the last, the spare at nice 19: the spare
+// audits on a core of its own, as it would on its own machine, rather than with the trainers'
+// cycles; the same pinning in both arms) --cost_only (no detection runs, no RESULT line)
+// --drift_horizons=H,H,... (50,200,1000; empty: none) --job=PATH
 // --server_binary=PATH --worker_binary=PATH --keep_logs.
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -52,12 +73,21 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "bench/figures.h"
+#include "common/file.h"
+#include "common/status_macros.h"
+#include "compute/backend_factory.h"
+#include "compute/step.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rebound.grpc.pb.h"
 #include "bench/flags.h"
 #include "bench/load_average.h"
 #include "bench/local_cluster.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
+#include "worker/data/fashion_mnist.h"
+#include "worker/slot_compute.h"
 
 namespace rebound::bench {
 namespace {
@@ -75,17 +105,22 @@ struct Flags {
   int throughput_reps = 2;
   double cost_fraction = 0.05;
   int spare_nice = 0;
+  bool isolate_spare = false;
+  bool cost_only = false;
+  std::string drift_horizons = "50,200,1000";
   ClusterFlags cluster;
 };
 
 constexpr char kUsage[] =
     "usage: audit [--fractions=F,F,...] [--steps=N] [--horizon=N] [--first_flip=N] "
-    "[--flip_every=N] [--throughput_reps=N] [--cost_fraction=F] [--spare_nice=N] [--job=PATH] "
+    "[--flip_every=N] [--throughput_reps=N] [--cost_fraction=F] [--spare_nice=N] "
+    "[--isolate_spare] [--cost_only] [--drift_horizons=H,...] [--job=PATH] "
     "[--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
 struct Parsed {
   Flags flags;
   std::vector<double> fractions;
+  std::vector<int> horizons;
 };
 
 Parsed ParseFlags(int argc, char** argv) {
@@ -99,6 +134,9 @@ Parsed ParseFlags(int argc, char** argv) {
   command_line.AddInt("flip_every", &flags.flip_every);
   command_line.AddInt("throughput_reps", &flags.throughput_reps);
   command_line.AddInt("spare_nice", &flags.spare_nice);
+  command_line.AddSwitch("isolate_spare", &flags.isolate_spare);
+  command_line.AddSwitch("cost_only", &flags.cost_only);
+  command_line.AddText("drift_horizons", &flags.drift_horizons);
   command_line.AddCustom("cost_fraction", [&](const std::string& value) {
     if (!absl::SimpleAtod(value, &flags.cost_fraction)) {
       ExitWithUsage("--cost_fraction: not a number", kUsage);
@@ -113,7 +151,15 @@ Parsed ParseFlags(int argc, char** argv) {
     }
     parsed.fractions.push_back(f);
   }
-  if (parsed.fractions.empty()) command_line.Usage("--fractions: at least one");
+  for (absl::string_view part : absl::StrSplit(flags.drift_horizons, ',', absl::SkipEmpty())) {
+    int h = 0;
+    if (!absl::SimpleAtoi(part, &h) || h < 1) command_line.Usage("--drift_horizons: each >= 1");
+    parsed.horizons.push_back(h);
+  }
+  if (parsed.fractions.empty() && parsed.horizons.empty() && flags.throughput_reps == 0) {
+    command_line.Usage("nothing to run: --fractions, --drift_horizons and --throughput_reps are "
+                       "all empty");
+  }
   if (flags.horizon < 1 || flags.steps < flags.first_flip + flags.horizon) {
     command_line.Usage("--steps must be >= --first_flip + --horizon, --horizon >= 1");
   }
@@ -124,6 +170,10 @@ Parsed ParseFlags(int argc, char** argv) {
   if (flags.spare_nice < 0 || flags.spare_nice > 19) {
     command_line.Usage("--spare_nice must be in [0, 19]");
   }
+  if (flags.isolate_spare && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+    command_line.Usage("--isolate_spare needs 2 cores or more");
+  }
+  if (flags.isolate_spare && flags.spare_nice == 0) flags.spare_nice = 19;
   if (!(flags.cost_fraction > 0 && flags.cost_fraction <= 1)) {
     command_line.Usage("--cost_fraction must be in (0, 1]");
   }
@@ -231,6 +281,119 @@ absl::StatusOr<Detection> RunDetection(const Parsed& parsed, const JobConfig& ba
   return d;
 }
 
+// A drift run's outcome: the final center, packed (the tensors in id order), and the flip the
+// corrupted trainer logged (its parameter, the value before and after), when it flipped.
+struct DriftRun {
+  std::vector<float> center;
+  int64_t parameter = -1;
+  double before = 0;
+  double after = 0;
+};
+
+// The value pair of trainer-1's log line "flipped bit 12 of parameter I (...) after step T: A -> B".
+bool ParseFlip(const std::string& log_path, int64_t step, DriftRun* run) {
+  absl::StatusOr<std::string> log = ReadFile(log_path, kNoFileSizeLimit);
+  if (!log.ok()) return false;
+  const std::string mark = "flipped bit 12 of parameter ";
+  const size_t at = log->find(mark);
+  if (at == std::string::npos) return false;
+  const std::string line = log->substr(at, log->find('\n', at) - at);
+  long long parameter = -1;
+  long long when = -1;
+  double before = 0;
+  double after = 0;
+  const size_t step_at = line.find(") after step ");
+  if (step_at == std::string::npos ||
+      std::sscanf(line.c_str() + mark.size(), "%lld", &parameter) != 1 ||
+      std::sscanf(line.c_str() + step_at, ") after step %lld: %lf -> %lf", &when, &before,
+                  &after) != 3 ||
+      when != step) {
+    return false;
+  }
+  run->parameter = parameter;
+  run->before = before;
+  run->after = after;
+  return true;
+}
+
+// Test loss and accuracy of a packed center of the job's (one stage) model, as the evaluator
+// computes them.
+absl::StatusOr<compute::EvalResult> Evaluate(const JobConfig& job,
+                                             const std::vector<float>& center) {
+  ASSIGN_OR_RETURN(worker::FashionMnist data, worker::LoadFashionMnist(job.data()));
+  ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend, compute::CreateBackend(job.compute()));
+  ASSIGN_OR_RETURN(std::unique_ptr<compute::LocalTrainer> model,
+                   compute::LocalTrainer::Create(
+                       backend.get(), worker::TrainerOptionsFor(job, SlotId(), 0, 1)));
+  RETURN_IF_ERROR(model->stage(0).SetParams(center));
+  const std::vector<int32_t> labels(data.test.labels.begin(), data.test.labels.end());
+  return model->Evaluate(data.test.images, labels);
+}
+
+absl::StatusOr<DriftRun> RunDrift(const Parsed& parsed, const JobConfig& base, int horizon,
+                                  bool flip, RunDirectories& dirs) {
+  const Flags& flags = parsed.flags;
+  JobConfig job = Job(base, 0, flags.first_flip + horizon);
+  job.set_scheduling(DETERMINISTIC);
+  job.mutable_weighting()->set_policy(UNIFORM);
+  // The shipped job's learning-rate schedule, though the run stops early.
+  if (job.adahessian().decay_steps() == 0) {
+    job.mutable_adahessian()->set_decay_steps(base.training().max_steps());
+  }
+  const std::string dir =
+      dirs.StartRun(absl::StrCat("drift-", horizon, flip ? "-flipped" : "-clean"));
+  LocalCluster cluster(flags.cluster, dir);
+  absl::Status status = cluster.StartServer(job);
+  if (status.ok()) {
+    status = cluster.StartTrainers(kTrainers, [&](int trainer) {
+      if (!flip || trainer != kCorrupt) return std::vector<std::string>{};
+      return std::vector<std::string>{absl::StrCat("--fault_flip_bit_at_step=", flags.first_flip)};
+    });
+  }
+  for (int i = 0; i < kTrainers; ++i) cluster.ExpectExit(absl::StrCat("trainer-", i));
+  if (status.ok()) {
+    status = cluster
+                 .WaitForStatus(
+                     [](const GetStatusResponse& s) {
+                       for (const SlotStatus& slot : s.slots()) {
+                         if (slot.state() != FINISHED) return false;
+                       }
+                       return s.slots_size() == kTrainers;
+                     },
+                     absl::Seconds(600), "every slot FINISHED", absl::Milliseconds(20))
+                 .status();
+  }
+  DriftRun run;
+  if (status.ok()) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    ExportCenterResponse exported;
+    const grpc::Status call = cluster.stub().ExportCenter(&context, ExportCenterRequest(), &exported);
+    if (!call.ok()) {
+      status = absl::UnavailableError(absl::StrCat("ExportCenter: ", call.error_message()));
+    } else if (exported.stages_size() != 1) {
+      status = absl::InternalError("ExportCenter: not one stage");
+    } else {
+      for (const Tensor& t : exported.stages(0).center().tensors()) {
+        const size_t n = t.data().size() / sizeof(float);
+        const size_t at = run.center.size();
+        run.center.resize(at + n);
+        std::memcpy(run.center.data() + at, t.data().data(), n * sizeof(float));
+      }
+    }
+  }
+  if (status.ok() && flip) {
+    const ChildProcess* corrupt = cluster.FindWorker(absl::StrCat("trainer-", kCorrupt));
+    if (corrupt == nullptr || !ParseFlip(corrupt->log_path(), flags.first_flip, &run)) {
+      status = absl::InternalError("trainer-1 logged no flip at --first_flip");
+    }
+  }
+  cluster.StopAll(status.ok(), [](const ChildProcess&, int) {});
+  dirs.FinishRun(dir, status.ok());
+  if (!status.ok()) return status;
+  return run;
+}
+
 // Every thread of process `pid` at nice `nice` (Linux keeps a nice value per thread).
 void Renice(pid_t pid, int nice) {
   std::error_code error;
@@ -239,6 +402,21 @@ void Renice(pid_t pid, int nice) {
     int tid = 0;
     if (absl::SimpleAtoi(task.path().filename().string(), &tid)) {
       setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice);
+    }
+  }
+}
+
+// Every thread of process `pid` on the cores [first, last] (threads it starts later inherit it).
+void Pin(pid_t pid, int first, int last) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu = first; cpu <= last; ++cpu) CPU_SET(cpu, &set);
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    int tid = 0;
+    if (absl::SimpleAtoi(task.path().filename().string(), &tid)) {
+      sched_setaffinity(tid, sizeof(set), &set);
     }
   }
 }
@@ -256,6 +434,14 @@ absl::StatusOr<double> RunThroughput(const Parsed& parsed, const JobConfig& base
   // A trainer leaves when its slot is FINISHED, the spare when every slot is.
   for (int i = 0; i < kTrainers; ++i) cluster.ExpectExit(absl::StrCat("trainer-", i));
   cluster.ExpectExit("spare-0");
+  if (status.ok() && flags.isolate_spare) {
+    const int last = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) - 1;
+    for (int i = 0; i < kTrainers; ++i) {
+      if (ChildProcess* t = cluster.FindWorker(absl::StrCat("trainer-", i))) Pin(t->pid(), 0, last - 1);
+    }
+    Pin(cluster.server().pid(), last, last);
+    if (ChildProcess* spare = cluster.FindWorker("spare-0")) Pin(spare->pid(), last, last);
+  }
   if (status.ok() && flags.spare_nice > 0) {
     if (ChildProcess* spare = cluster.FindWorker("spare-0")) Renice(spare->pid(), flags.spare_nice);
   }
@@ -338,14 +524,83 @@ int Main(int argc, char** argv) {
   const double ratio = off.empty() ? 0 : Median(on) / Median(off);
   if (!off.empty()) {
     std::printf("cost: audits off %s steps/s, on (%.2f) %s steps/s: ratio %.3f (the spare at "
-                "nice %d)\n\n",
+                "nice %d%s)\n\n",
                 JoinFigures(off, 1).c_str(), flags.cost_fraction, JoinFigures(on, 1).c_str(),
-                ratio, flags.spare_nice);
+                ratio, flags.spare_nice,
+                flags.isolate_spare ? ", on the last core with the server; the trainers on the "
+                                      "others"
+                                    : "");
   }
 
   std::vector<std::string> results;
+  for (int horizon : parsed.horizons) {
+    if (!ok || flags.cost_only) break;
+    std::printf("drift: %d steps after one flip, against the same run without it:\n", horizon);
+    std::fflush(stdout);
+    absl::StatusOr<DriftRun> clean = RunDrift(parsed, *base, horizon, false, *dirs);
+    // The control: the clean run again must end with the same center, bit for bit, or the
+    // difference below is not the flip's.
+    absl::StatusOr<DriftRun> again =
+        clean.ok() ? RunDrift(parsed, *base, horizon, false, *dirs) : clean;
+    absl::StatusOr<DriftRun> flipped =
+        again.ok() ? RunDrift(parsed, *base, horizon, true, *dirs) : again;
+    if (flipped.ok() && again->center != clean->center) {
+      size_t differ = 0;
+      for (size_t i = 0; i < clean->center.size() && i < again->center.size(); ++i) {
+        differ += clean->center[i] != again->center[i];
+      }
+      std::printf("FAILED: two clean runs end with different centers (%zu values differ): the "
+                  "job is not reproducible, the drift cannot be told from its noise\n",
+                  differ);
+      ok = false;
+      break;
+    }
+    if (!flipped.ok() || clean->center.size() != flipped->center.size() ||
+        flipped->parameter >= static_cast<int64_t>(clean->center.size())) {
+      std::printf("FAILED: %s\n", flipped.ok() ? "the centers differ in size"
+                                                : std::string(flipped.status().message()).c_str());
+      ok = false;
+      break;
+    }
+    double max_abs = 0;
+    double diff2 = 0;
+    double norm2 = 0;
+    for (size_t i = 0; i < clean->center.size(); ++i) {
+      const double d = static_cast<double>(flipped->center[i]) - clean->center[i];
+      max_abs = std::max(max_abs, std::abs(d));
+      diff2 += d * d;
+      norm2 += static_cast<double>(clean->center[i]) * clean->center[i];
+    }
+    const double flip_delta = flipped->after - flipped->before;
+    const double at_flip = static_cast<double>(flipped->center[flipped->parameter]) -
+                           clean->center[flipped->parameter];
+    const double rel = norm2 > 0 ? std::sqrt(diff2 / norm2) : 0;
+    // What the difference does to the model: both centers' test accuracy.
+    absl::StatusOr<compute::EvalResult> clean_eval = Evaluate(*base, clean->center);
+    absl::StatusOr<compute::EvalResult> flipped_eval =
+        clean_eval.ok() ? Evaluate(*base, flipped->center) : clean_eval;
+    if (!flipped_eval.ok()) {
+      std::printf("FAILED: evaluating the centers: %s\n",
+                  std::string(flipped_eval.status().message()).c_str());
+      ok = false;
+      break;
+    }
+    std::printf("  test accuracy: clean %.2f%%, flipped %.2f%% (loss %.4f, %.4f)\n",
+                100 * clean_eval->accuracy, 100 * flipped_eval->accuracy, clean_eval->loss,
+                flipped_eval->loss);
+    std::printf("  parameter %lld flipped from %.9g to %.9g (by %.3g); the center's value there "
+                "differs by %.3g (%.3f of the flip), the largest difference %.3g, the whole "
+                "center by %.3g of its norm\n\n",
+                static_cast<long long>(flipped->parameter), flipped->before, flipped->after,
+                flip_delta, at_flip, flip_delta != 0 ? at_flip / flip_delta : 0, max_abs, rel);
+    results.push_back(absl::StrFormat(
+        "RESULT audit_drift: horizon=%d flip_delta=%.3g flipped_center_delta=%.3g absorbed=%.3f "
+        "max_abs_center_delta=%.3g rel_l2_center_delta=%.3g accuracy_delta=%.4f",
+        horizon, flip_delta, at_flip, flip_delta != 0 ? at_flip / flip_delta : 0, max_abs, rel,
+        flipped_eval->accuracy - clean_eval->accuracy));
+  }
   for (double fraction : parsed.fractions) {
-    if (!ok) break;
+    if (!ok || flags.cost_only) break;
     std::printf("detection at fraction %.2f:\n", fraction);
     std::fflush(stdout);
     absl::StatusOr<Detection> d = RunDetection(parsed, *base, fraction, *dirs);

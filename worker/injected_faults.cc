@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "compute/model_layout.h"
@@ -59,6 +60,7 @@ absl::StatusOr<bool> MaybeFlipBit(const InjectedFaults& faults, int64_t t,
   std::vector<float> params(layout.packed_size());
   RETURN_IF_ERROR(stage->GetParams(absl::MakeSpan(params)));
   const int64_t i = FlippedParameter(t, layout.packed_size());
+  const float before = params[i];
   uint32_t bits;
   std::memcpy(&bits, &params[i], sizeof(bits));
   bits ^= kFlippedBitMask;
@@ -69,7 +71,7 @@ absl::StatusOr<bool> MaybeFlipBit(const InjectedFaults& faults, int64_t t,
     if (i >= info.packed_offset && i < info.packed_offset + info.size()) tensor = info.name;
   }
   LOG(ERROR) << "fault injection: flipped bit 12 of parameter " << i << " (tensor " << tensor
-             << ") after step " << t;
+             << ") after step " << t << ": " << absl::StrFormat("%.9g -> %.9g", before, params[i]);
   return true;
 }
 
