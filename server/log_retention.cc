@@ -28,15 +28,9 @@ LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step,
     }
     const int64_t previous = books_->Get(slot).last_update_step;
     if (owner != 0 && auditor_->Choose(slot, owner, previous, step)) {
-      absl::StatusOr<Snapshot> start = SnapshotAt(slot, previous);
-      if (start.ok()) {
-        floor.audit_start = *std::move(start);
-        floor.owner = owner;
-        floor.gc_step = std::min(floor.gc_step, previous);
-      } else {
-        LOG(WARNING) << "audit of slot " << SlotName(slot) << " window (" << previous << ", "
-                     << step << "] dropped: " << start.status();
-      }
+      floor.audit_from = previous;
+      floor.owner = owner;
+      floor.gc_step = std::min(floor.gc_step, previous);
     }
     return floor;
   }
@@ -55,12 +49,21 @@ LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step,
 }
 
 void LogRetention::Committed(const SlotId& slot, int64_t step, SyncFloor floor) {
-  if (floor.audit_start.has_value()) {
-    auditor_->Hold(slot, floor.owner, *std::move(floor.audit_start), step);
-  }
   if (!floor.replaced.has_value()) return;
   absl::MutexLock lock(&mu_);
   previous_snapshots_[{slot.replica(), slot.stage()}] = *std::move(floor.replaced);
+}
+
+void LogRetention::HoldAudit(const SlotId& slot, int64_t step, std::optional<int64_t> audit_from,
+                             uint64_t owner) const {
+  if (!audit_from.has_value() || auditor_ == nullptr) return;
+  absl::StatusOr<Snapshot> start = SnapshotAt(slot, *audit_from);
+  if (!start.ok()) {
+    LOG(WARNING) << "audit of slot " << SlotName(slot) << " window (" << *audit_from << ", "
+                 << step << "] dropped: " << start.status();
+    return;
+  }
+  auditor_->Hold(slot, owner, *std::move(start), step);
 }
 
 absl::StatusOr<Snapshot> LogRetention::SnapshotAt(const SlotId& slot, int64_t step) const {

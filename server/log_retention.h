@@ -7,8 +7,8 @@
 // there), keeps in memory the snapshot its last sync replaced, and while another member of its
 // group is LOST or RECOVERING GCs nothing past its previous floor (a replay may be reading the
 // group's logs from it). With audits (server/audit/auditor.h) a sync whose window the auditor
-// chooses keeps the window's log and hands the auditor its starting snapshot, and no sync GCs a
-// log that a waiting or running audit still reads.
+// chooses keeps the window's log and hands the auditor its starting snapshot (HoldAudit), and no
+// sync GCs a log that a waiting or running audit still reads.
 //
 // Thread-safety: thread-safe. Lock order: ForSync calls Membership::SlotDown and SlotBooks
 // (each takes its own lock, none nested) and reads the store; it holds no lock of its own
@@ -51,8 +51,8 @@ class LogRetention {
   struct SyncFloor {
     int64_t gc_step = 0;               // the log is GC'd through this step
     std::optional<Snapshot> replaced;  // group members: the snapshot the sync replaces
-    // An audited window (previous sync, step]: its starting snapshot, for the auditor.
-    std::optional<Snapshot> audit_start;
+    // An audited window (audit_from, step] of `owner`'s: HoldAudit reads its starting snapshot.
+    std::optional<int64_t> audit_from;
     uint64_t owner = 0;
   };
   // Called before the sync's batch is written (under the stage lock). `owner`: the sync's
@@ -60,9 +60,17 @@ class LogRetention {
   SyncFloor ForSync(const SlotId& slot, int64_t step, uint64_t owner = 0) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // After the sync's batch committed: keeps `floor.replaced` (if any) as the slot's previous
-  // snapshot and hands an audited window to the auditor.
+  // Once the sync is decided: keeps `floor.replaced` (if any) as the slot's previous snapshot.
   void Committed(const SlotId& slot, int64_t step, SyncFloor floor) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A sync that chose its window (floor.audit_from set), outside the stage lock and before the
+  // sync's batch is written, while the stored snapshot is still the window's start: reads it and
+  // hands the window (audit_from, step] to the auditor. A start that is gone (a takeover wrote
+  // another) drops the window, logged. Reading the snapshot (parameters and optimizer state)
+  // here rather than in ForSync keeps the read off the stage lock: other trainers' syncs of the
+  // stage do not wait for it.
+  void HoldAudit(const SlotId& slot, int64_t step, std::optional<int64_t> audit_from,
+                 uint64_t owner) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The snapshot of `slot` at `step`: its stored one, or the one its last sync replaced, or (step
   // 0) the model's initialisation.

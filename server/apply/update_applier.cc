@@ -147,6 +147,8 @@ absl::Status UpdateApplier::Sync(const SlotId& slot, const SyncRequest& request,
     // The log is GC'd through the new snapshot's step, or less for a recovery group's member.
     LogRetention::SyncFloor floor = retention_->ForSync(slot, step, request.incarnation());
     const int64_t gc_step = floor.gc_step;
+    const std::optional<int64_t> audit_from = floor.audit_from;
+    const uint64_t audit_owner = floor.owner;
     const int64_t previous_floor = updated.log_floor;  // the log below it is deleted already
     updated.log_floor = gc_step;
     AddSyncToBatch(layout, slot, request, version, center, worker_after,
@@ -160,7 +162,9 @@ absl::Status UpdateApplier::Sync(const SlotId& slot, const SyncRequest& request,
     }));
     retention_->Committed(slot, step, std::move(floor));
     CenterTable::StagedWrite staged;
-    staged.prepare = [&, center_before]() -> absl::Status {
+    staged.prepare = [&, center_before, audit_from, audit_owner]() -> absl::Status {
+      // Before this sync's batch replaces the window's starting snapshot, off the stage lock.
+      retention_->HoldAudit(slot, step, audit_from, audit_owner);
       *response->mutable_center_before() = centers_->Bundle(stage, center_before);
       ASSIGN_OR_RETURN(storage::DurableStore::Prepared files, store_->Prepare(batch));
       prepared.emplace(std::move(files));

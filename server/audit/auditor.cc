@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -521,8 +522,17 @@ AuditStatus& Auditor::RecordLocked(const Audit& audit, AuditResult result, Audit
   records_.push_back(std::move(record));
   ended_at_[audit.id & ~kAuditIdBit] = now;
   while (static_cast<int>(records_.size()) > kMaxRecords) {
-    ended_at_.erase(records_.front().audit_id());
-    records_.pop_front();
+    // The oldest routine record goes first (a clean, skipped or preempted window): a mismatch
+    // and its verdict stay on record while windows skipped by the dozen come and go.
+    auto drop = std::find_if(records_.begin(), std::prev(records_.end()),
+                             [](const AuditStatus& r) {
+                               return !r.has_mismatch() && r.verdict() != AUDIT_CONFIRMED &&
+                                      r.verdict() != AUDIT_AUDITOR_FAULT &&
+                                      r.verdict() != AUDIT_INCONCLUSIVE;
+                             });
+    if (drop == std::prev(records_.end())) drop = records_.begin();
+    ended_at_.erase(drop->audit_id());
+    records_.erase(drop);
   }
   return records_.back();
 }

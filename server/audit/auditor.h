@@ -80,7 +80,7 @@ class Auditor {
  public:
   // Audit ids have this bit set: disjoint from the recovery tasks' ids, which ReadLog shares.
   static constexpr uint64_t kAuditIdBit = uint64_t{1} << 62;
-  static constexpr int kMaxRecords = 64;    // audits kept for status
+  static constexpr int kMaxRecords = 64;    // audits kept for status (mismatches the longest)
   static constexpr int kMaxAttempts = 3;    // replays of one window (first or second) at most
   static constexpr absl::Duration kConfirmGrace = absl::Seconds(2);
 
@@ -99,11 +99,11 @@ class Auditor {
 
   // The sync of `slot` at `step` by `owner` (its previous sync was at `previous_step`): true if
   // its window (previous_step, step] is to be audited; the caller then keeps the window's log
-  // and snapshot and, once the sync committed, calls Hold. Records the sync either way.
+  // and snapshot and, once the sync is decided, calls Hold. Records the sync either way.
   bool Choose(const SlotId& slot, uint64_t owner, int64_t previous_step, int64_t step)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The window Choose chose, with its starting snapshot (step previous_step), after its sync
-  // committed: it waits for a spare.
+  // The window Choose chose, with its starting snapshot (step previous_step), read off the stage
+  // lock before its sync's batch is written (LogRetention::HoldAudit): it waits for a spare.
   void Hold(const SlotId& slot, uint64_t owner, Snapshot snapshot, int64_t to_step)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The lowest step whose log a held window of `slot` still needs (its snapshot step), or

@@ -474,5 +474,32 @@ TEST_CASE("windows beyond steps_per_hour are skipped; beyond the waiting room, t
   CHECK(again.snapshot().step() == 20);
 }
 
+TEST_CASE("status keeps a mismatch on record while windows skipped by the dozen come and go") {
+  Fixture f("audit { fraction: 1 max_concurrent: 1 }\n");
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.Window(0, 10, 20);
+  f.Log(0, 10, 20);
+  const uint64_t a = f.Spare("a");
+  f.Spare("b");
+  const RecoveryTask task = f.Claim(a);
+  REQUIRE(f.Report(a, task, AUDIT_MISMATCHED, 13, 0xbad).ok());
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  for (int i = 1; i <= 2 * Auditor::kMaxRecords; ++i) {
+    f.clock.Advance(absl::Milliseconds(1));
+    f.Window(1, 10 * i, 10 * i + 10);  // the room is full: each replaces the oldest waiting
+  }
+  const GetStatusResponse status = f.Status();
+  const uint64_t first_id = task.task_id() & ~Auditor::kAuditIdBit;
+  int records = 0;
+  bool kept = false;
+  for (const AuditStatus& record : status.audits()) {
+    records += record.has_verdict() || record.has_result();
+    kept |= record.audit_id() == first_id && record.mismatch().step() == 13;
+  }
+  CHECK(status.audit_counts().windows_skipped() >= Auditor::kMaxRecords);
+  CHECK(records <= Auditor::kMaxRecords);
+  CHECK(kept);
+}
+
 }  // namespace
 }  // namespace rebound::server

@@ -11,8 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "server/audit/auditor.h"
 #include "server/log_retention.h"
 #include "server/membership.h"
+#include "server/reliability.h"
+#include "server/step_log.h"
 #include "server/slot_books.h"
 #include "storage/durable_store.h"
 #include "tests/server/server_testing.h"
@@ -122,6 +125,70 @@ TEST_CASE("while another member is down, a group member GCs nothing past its pre
   CHECK(f.retention->ForSync(Slot(0), 6).gc_step == 4);
   REQUIRE(f.membership->Deregister(b.incarnation()).ok());  // stage 1 is LOST
   CHECK(f.retention->ForSync(Slot(0), 6).gc_step == 1);
+}
+
+TEST_CASE("a sync whose window is audited keeps the window's log, and HoldAudit hands the "
+          "auditor the stored starting snapshot, read before the sync's batch replaces it") {
+  const JobConfig job = testing::TinyModelJob(
+      1, 1,
+      "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"
+      "audit { fraction: 1 max_concurrent: 1 }\n");
+  FakeClock clock;
+  std::unique_ptr<storage::DurableStore> store = testing::OpenInMemoryStore(job);
+  Membership membership(job, &clock);
+  ReliabilityTracker tracker(job.weighting(), 1);
+  StepLogService step_log(job, &membership, store.get());
+  SlotBooks books{job};
+  Auditor auditor(job, &membership, &tracker, &step_log, &clock);
+  LogRetention retention(job, &membership, store.get(), &books);
+  retention.SetAuditor(&auditor);
+  auto trainer = membership.Register(testing::Request("trainer", TRAINER));
+  REQUIRE(trainer.ok());
+  const uint64_t owner = trainer->incarnation();
+  auto store_snapshot = [&](int64_t step) {
+    Snapshot snapshot;
+    *snapshot.mutable_slot() = Slot(0);
+    snapshot.set_step(step);
+    snapshot.set_data_offset(step * 10);
+    storage::WriteBatch batch;
+    batch.PutSnapshot(snapshot);
+    REQUIRE(store->Commit(batch).ok());
+  };
+
+  // The first sync (8) only records the trainer: its window's start is unknown.
+  books.Set(Slot(0), Book(0, 0), 0);
+  LogRetention::SyncFloor first = retention.ForSync(Slot(0), 8, owner);
+  CHECK(first.gc_step == 8);
+  CHECK_FALSE(first.audit_from.has_value());
+  store_snapshot(8);
+  books.Set(Slot(0), Book(8, 8), 0);
+  // The second (16): the window (8, 16] is chosen; the log from 8 on is kept.
+  LogRetention::SyncFloor second = retention.ForSync(Slot(0), 16, owner);
+  REQUIRE(second.audit_from.has_value());
+  CHECK(*second.audit_from == 8);
+  CHECK(second.owner == owner);
+  CHECK(second.gc_step == 8);
+  CHECK_FALSE(auditor.KeepLogFrom(Slot(0)).has_value());  // not held before HoldAudit
+  retention.HoldAudit(Slot(0), 16, second.audit_from, second.owner);
+  CHECK(auditor.KeepLogFrom(Slot(0)) == 8);
+  GetStatusResponse status;
+  auditor.FillStatus(&status);
+  REQUIRE(status.audits_size() == 1);
+  CHECK(status.audits(0).from_step() == 8);
+  CHECK(status.audits(0).to_step() == 16);
+  CHECK(status.audits(0).worker() == "trainer");
+  // Later syncs keep the held window's log.
+  store_snapshot(16);
+  books.Set(Slot(0), Book(16, 8), 0);
+  LogRetention::SyncFloor third = retention.ForSync(Slot(0), 24, owner);
+  CHECK(third.gc_step == 8);
+
+  // A window whose starting snapshot is gone (the store holds another step) is dropped.
+  retention.HoldAudit(Slot(0), 24, third.audit_from.value_or(16) + 100, owner);
+  GetStatusResponse after;
+  auditor.FillStatus(&after);
+  CHECK(after.audits_size() == 1);
+  CHECK(after.audit_counts().windows_chosen() == 1);
 }
 
 }  // namespace
