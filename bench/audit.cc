@@ -45,10 +45,11 @@
 // Flags: --fractions=0.01,0.05,0.2 --steps=N (4000) --horizon=N (1000) --first_flip=N (105)
 // --flip_every=N (50) --throughput_reps=N (2) --cost_fraction=F (0.05) --spare_nice=N (0: the
 // cost runs' spare at this nice, every thread: a spare sharing a host with trainers should
-// audit only with what they leave idle) --isolate_spare (the cost runs' trainers pinned to every
-// core but the last, the server and the spare to the last, the spare at nice 19: the spare
-// audits on a core of its own, as it would on its own machine, rather than with the trainers'
-// cycles; the same pinning in both arms) --cost_only (no detection runs, no RESULT line)
+// audit only with what they leave idle) --shared_cores (the cost runs' processes placed by the
+// kernel on every core; by default, with 2 cores or more, the trainers are pinned to every core
+// but the last and the server and the spare to the last, the spare at nice 19: the spare audits
+// on a core of its own, as it would on its own machine, rather than with the trainers' cycles;
+// the same pinning in both arms) --cost_only (no detection runs, no RESULT line)
 // --drift_horizons=H,H,... (50,200,1000; empty: none) --job=PATH
 // --server_binary=PATH --worker_binary=PATH --keep_logs.
 
@@ -105,7 +106,8 @@ struct Flags {
   int throughput_reps = 2;
   double cost_fraction = 0.05;
   int spare_nice = 0;
-  bool isolate_spare = false;
+  bool shared_cores = false;
+  bool isolate_spare = true;  // unless --shared_cores or a single core
   bool cost_only = false;
   std::string drift_horizons = "50,200,1000";
   ClusterFlags cluster;
@@ -114,7 +116,7 @@ struct Flags {
 constexpr char kUsage[] =
     "usage: audit [--fractions=F,F,...] [--steps=N] [--horizon=N] [--first_flip=N] "
     "[--flip_every=N] [--throughput_reps=N] [--cost_fraction=F] [--spare_nice=N] "
-    "[--isolate_spare] [--cost_only] [--drift_horizons=H,...] [--job=PATH] "
+    "[--shared_cores] [--cost_only] [--drift_horizons=H,...] [--job=PATH] "
     "[--server_binary=PATH] [--worker_binary=PATH] [--keep_logs]";
 
 struct Parsed {
@@ -134,7 +136,7 @@ Parsed ParseFlags(int argc, char** argv) {
   command_line.AddInt("flip_every", &flags.flip_every);
   command_line.AddInt("throughput_reps", &flags.throughput_reps);
   command_line.AddInt("spare_nice", &flags.spare_nice);
-  command_line.AddSwitch("isolate_spare", &flags.isolate_spare);
+  command_line.AddSwitch("shared_cores", &flags.shared_cores);
   command_line.AddSwitch("cost_only", &flags.cost_only);
   command_line.AddText("drift_horizons", &flags.drift_horizons);
   command_line.AddCustom("cost_fraction", [&](const std::string& value) {
@@ -170,9 +172,7 @@ Parsed ParseFlags(int argc, char** argv) {
   if (flags.spare_nice < 0 || flags.spare_nice > 19) {
     command_line.Usage("--spare_nice must be in [0, 19]");
   }
-  if (flags.isolate_spare && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
-    command_line.Usage("--isolate_spare needs 2 cores or more");
-  }
+  flags.isolate_spare = !flags.shared_cores && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
   if (flags.isolate_spare && flags.spare_nice == 0) flags.spare_nice = 19;
   if (!(flags.cost_fraction > 0 && flags.cost_fraction <= 1)) {
     command_line.Usage("--cost_fraction must be in (0, 1]");

@@ -85,7 +85,7 @@ declare -rA kWhat=(
   [backup_overhead]="training throughput of the shipped model (2 trainers) while reboundctl backup --backup_max_mb_s 4 runs back to back, against none; an export's time and size"
   [detection]="SIGKILL of a trainer to the server's FAILED (crash detection), 20 kills; SIGSTOP to FAILED"
   [goodput]="ETTR (failure-free time to 0.87 / time with failures) at a mean time between failures of 20, 10 and 5 s: REPLAY, GLOBAL_CHECKPOINT, RESTART_FROM_CENTER, drop"
-  [audit]="audit replay: a trainer flipping a bit every 50 steps, 1 spare; flips caught at 1, 5 and 20% of windows audited (the row: 5%); throughput with audits at 5% against off"
+  [audit]="audit replay: a trainer flipping a bit every 50 steps, 1 spare; flips caught at 1, 5 and 20% of windows audited (the row: 5%); throughput with audits at 5% against off, the spare on a core of its own"
 )
 # The targets of docs/design.md §9 (selective_logging and chaos have none there).
 declare -rA kTarget=(
@@ -146,7 +146,7 @@ declare -rA kQuickFlags=(
   [backup_overhead]="--reps=1 --seconds=3"
   [detection]="--kills=3"
   [goodput]="--mtbf_s=5 --policies=replay,drop --max_seconds=60"
-  [audit]="--fractions=0.05 --steps=1600 --horizon=600 --throughput_reps=1"
+  [audit]="--fractions=0.05 --steps=1600 --horizon=600 --throughput_reps=1 --drift_horizons=50"
 )
 
 # The package a benchmark's binary is in: bench/, except the convergence study (study/).
