@@ -71,12 +71,23 @@ bool Auditor::Choose(const SlotId& slot, uint64_t owner, int64_t previous_step, 
     return false;
   }
   if (static_cast<int>(waiting_.size() + running_.size()) >= 2 * max_concurrent_) {
-    // The spares fall behind: the newest window takes the place of the oldest one waiting for a
+    // The spares fall behind: the newest window takes the place of an older one waiting for a
     // first replay, so that what is audited stays recent (a corruption is found while it is
-    // fresh) rather than the room holding ever older windows. Second replays keep their place.
+    // fresh) rather than the room holding ever older windows. The place is taken from the
+    // trainer with the most windows in the room (this one's counted), its oldest: every trainer
+    // keeps its newest window, so a machine that stops syncing (it died, or was partitioned)
+    // after corrupting its windows is not crowded out by the others' newer ones. Second replays
+    // keep their place.
+    std::map<uint64_t, int> windows;  // first replays waiting, by trainer
+    windows[owner] += 1;
+    for (const Audit& a : waiting_) {
+      if (a.confirms == 0) windows[a.trainer] += 1;
+    }
     auto oldest = waiting_.end();
     for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-      if (it->confirms == 0 && (oldest == waiting_.end() || it->queued < oldest->queued)) {
+      if (it->confirms != 0) continue;
+      if (oldest == waiting_.end() || windows[it->trainer] > windows[oldest->trainer] ||
+          (windows[it->trainer] == windows[oldest->trainer] && it->queued < oldest->queued)) {
         oldest = it;
       }
     }

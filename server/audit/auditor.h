@@ -11,9 +11,10 @@
 //     restart the first window is not audited: its start was another trainer's or is unknown).
 //     Drawn with probability audit.fraction from a generator seeded by the job id; skipped
 //     (counted) when steps_per_hour would be exceeded. When 2 x max_concurrent audits already
-//     hold windows (the spares fall behind), the new window replaces the oldest one waiting for
-//     a first replay (that one is AUDIT_SKIPPED, counted as skipped): what is audited stays
-//     recent. A chosen window keeps its snapshot t0 (in memory, here) and its log (the sync's
+//     hold windows (the spares fall behind), the new window replaces the oldest first-replay
+//     window of the trainer with the most windows waiting (that one is AUDIT_SKIPPED, counted as
+//     skipped): what is audited stays recent, and every trainer keeps its newest window (one
+//     that stopped syncing is not crowded out). A chosen window keeps its snapshot t0 (in memory, here) and its log (the sync's
 //     GC stops at t0, and later syncs' GC stops there too while the audit holds the window:
 //     KeepLogFrom).
 //   * Handing out. A spare that registered with `audits` and asks for work (WaitForTask) while no

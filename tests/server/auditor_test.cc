@@ -501,5 +501,30 @@ TEST_CASE("status keeps a mismatch on record while windows skipped by the dozen 
   CHECK(kept);
 }
 
+TEST_CASE("a full waiting room takes the place from the trainer with the most windows waiting: "
+          "one that stopped syncing keeps its newest window") {
+  Fixture f("audit { fraction: 1 max_concurrent: 1 }\n");  // room: 2 windows
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(1, 10, 20);  // trainer-1's last window: it stops syncing (dies) after it
+  for (int i = 1; i <= 5; ++i) {
+    f.clock.Advance(absl::Milliseconds(1));
+    f.Window(0, 10 * i, 10 * i + 10);  // trainer-0 goes on
+  }
+  // trainer-1's window is still there, older than every one of trainer-0's that gave its place.
+  CHECK(f.auditor->KeepLogFrom(Slot(1)) == 10);
+  CHECK(f.auditor->KeepLogFrom(Slot(0)) == 50);
+  const GetStatusResponse status = f.Status();
+  CHECK(status.audit_counts().windows_skipped() == 4);
+  for (const AuditStatus& a : status.audits()) {
+    if (a.verdict() == AUDIT_SKIPPED) CHECK(a.slot().replica() == 0);
+  }
+  // A spare gets the oldest: the silent trainer's.
+  f.Log(1, 10, 20);
+  f.Log(0, 50, 60);
+  const uint64_t spare = f.Spare("spare");
+  CHECK(f.Claim(spare).slot().replica() == 1);
+}
+
 }  // namespace
 }  // namespace rebound::server
