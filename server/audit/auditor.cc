@@ -176,6 +176,8 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
     SlotId slot;
     int64_t from;
     int64_t to;
+    bool second;            // a second replay: first
+    absl::Time trainer_last;  // when its trainer's last window was handed out: longest ago first
   };
   std::vector<Candidate> candidates;
   {
@@ -189,14 +191,25 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
         auto matched = last_matched_.find(incarnation);
         if (matched == last_matched_.end() || matched->second <= a.accused) continue;
       }
-      candidates.push_back({a.id, a.slot, a.snapshot.step(), a.to_step});
+      auto handed = last_handed_.find(a.trainer);
+      candidates.push_back({a.id, a.slot, a.snapshot.step(), a.to_step, a.confirms != 0,
+                            handed == last_handed_.end() ? absl::InfinitePast() : handed->second});
     }
   }
+  // The trainers in turn: second replays first, then the oldest window of the trainer audited
+  // longest ago. Handing out the oldest window overall would let one trainer's backlog (one that
+  // died with many windows waiting) hold every spare while the others' windows give their places
+  // to newer ones, unaudited.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.second != b.second) return a.second;
+                     return a.trainer_last < b.trainer_last;
+                   });
   std::set<uint64_t> complete;
   for (const Candidate& c : candidates) {
     absl::StatusOr<int64_t> last = step_log_->LastCompleteStep(c.slot, c.from, c.to);
     if (last.ok() && *last >= c.to) complete.insert(c.id);
-    // The oldest complete window is the one handed out: no need to read the others'.
+    // The first complete window in that order is the one handed out: no need to read the rest.
     if (!complete.empty()) break;
   }
   const std::string name = membership_->NameOf(incarnation);
@@ -209,6 +222,16 @@ absl::StatusOr<std::optional<RecoveryTask>> Auditor::Claim(uint64_t incarnation)
     audit.auditor = incarnation;
     audit.auditor_name = name;
     audit.started = now;
+    last_handed_[audit.trainer] = now;
+    if (last_handed_.size() > kMaxTrainersRemembered) {
+      // Forget the trainers with no window waiting or running (they left, or were replaced).
+      std::set<uint64_t> open = {audit.trainer};
+      for (const Audit& a : waiting_) open.insert(a.trainer);
+      for (const auto& [id, a] : running_) open.insert(a.trainer);
+      for (auto t = last_handed_.begin(); t != last_handed_.end();) {
+        t = open.count(t->first) ? std::next(t) : last_handed_.erase(t);
+      }
+    }
     RecoveryTask task;
     task.set_task_id(audit.id);
     *task.mutable_slot() = audit.slot;

@@ -18,8 +18,10 @@
 //     GC stops at t0, and later syncs' GC stops there too while the audit holds the window:
 //     KeepLogFrom).
 //   * Handing out. A spare that registered with `audits` and asks for work (WaitForTask) while no
-//     slot is LOST gets the oldest waiting audit whose log is complete through t1, as a
-//     RecoveryTask with `audit` set (rank 0 of 1): at most max_concurrent run at once. A second
+//     slot is LOST gets a waiting audit whose log is complete through t1, as a RecoveryTask with
+//     `audit` set (rank 0 of 1): at most max_concurrent run at once. Second replays go first,
+//     then the trainers take turns: the oldest window of the trainer whose last window was
+//     handed out longest ago. A second
 //     replay (below) prefers another spare: the first auditor gets it only kConfirmGrace after
 //     it waited, or at once when no other auditing spare is alive, and in either case only once
 //     it has matched another window since its mismatch (it computes this job's steps right now):
@@ -84,6 +86,7 @@ class Auditor {
   static constexpr int kMaxRecords = 64;    // audits kept for status (mismatches the longest)
   static constexpr int kMaxAttempts = 3;    // replays of one window (first or second) at most
   static constexpr absl::Duration kConfirmGrace = absl::Seconds(2);
+  static constexpr size_t kMaxTrainersRemembered = 1024;  // last_handed_'s bound
 
   // REQUIRES: `job` is validated; the pointers outlive the auditor.
   Auditor(const JobConfig& job, Membership* membership, ReliabilityTracker* tracker,
@@ -184,6 +187,8 @@ class Auditor {
   std::deque<Audit> waiting_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Audit> running_ ABSL_GUARDED_BY(mu_);  // by id
   std::set<uint64_t> preempt_ ABSL_GUARDED_BY(mu_);  // running audits told to stop
+  // When each trainer's (incarnation's) last window was handed out: the trainers take turns.
+  std::map<uint64_t, absl::Time> last_handed_ ABSL_GUARDED_BY(mu_);
   // Reports are numbered in the order they end; each auditor's last matching replay's number:
   // a spare confirms its own mismatch only after a match numbered above it.
   uint64_t reports_ ABSL_GUARDED_BY(mu_) = 0;

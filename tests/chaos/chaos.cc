@@ -2196,9 +2196,23 @@ void ChaosRun::CheckRecoveries() {
     // A corrupted trainer's slot (silent_corruption), lost after its flip: a replay through the
     // flipped step must not verify (that is the corruption reported), and its fallback restarts
     // the slot from the center.
+    // Lost after its flip: the server saw it reach the flip, or its replay differs at a flip
+    // step (the server's step of a trainer lags its log: "DATA_LOSS: step S: replayed ...").
+    int64_t mismatch_step = -1;
+    if (r.outcome() == CHECKSUM_MISMATCH) {
+      const size_t at = r.detail().find("step ");
+      if (at != std::string::npos) {
+        const std::string rest = r.detail().substr(at + 5);
+        absl::SimpleAtoi(rest.substr(0, rest.find(':')), &mismatch_step);
+      }
+    }
     Flip* corrupted = nullptr;
     for (auto& [trainer, flip] : flips_) {
-      if (flip.replica == r.slot().replica() && r.failed_step() >= flip.step) corrupted = &flip;
+      if (flip.replica != r.slot().replica()) continue;
+      const Worker* w = FindByName(trainer);
+      const int64_t every = w != nullptr ? std::max<int64_t>(1, w->faults.flip_every) : 1;
+      const bool at_flip = mismatch_step >= flip.step && (mismatch_step - flip.step) % every == 0;
+      if (r.failed_step() >= flip.step || at_flip) corrupted = &flip;
     }
     if (corrupted != nullptr && r.has_outcome() && r.outcome() == CHECKSUM_MISMATCH) {
       if (!corrupted->reported) ++report_.corruptions_reported;
@@ -2207,7 +2221,12 @@ void ChaosRun::CheckRecoveries() {
                        corrupted->step));
       continue;
     }
-    if (corrupted != nullptr && r.has_outcome() && r.outcome() == RECOVERED &&
+    // The fallback of that replay, or the restart of a quarantine: from the center.
+    bool caught_here = false;
+    for (const auto& [trainer, flip] : flips_) {
+      caught_here |= flip.replica == r.slot().replica() && flip.reported;
+    }
+    if ((corrupted != nullptr || caught_here) && r.has_outcome() && r.outcome() == RECOVERED &&
         r.policy() == RESTART_FROM_CENTER) {
       continue;
     }

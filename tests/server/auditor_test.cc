@@ -526,5 +526,31 @@ TEST_CASE("a full waiting room takes the place from the trainer with the most wi
   CHECK(f.Claim(spare).slot().replica() == 1);
 }
 
+TEST_CASE("spares take the trainers in turn: a trainer's backlog does not hold them") {
+  Fixture f("audit { fraction: 1 max_concurrent: 2 }\n");  // room: 4 windows
+  f.auditor->Choose(Slot(0), f.trainers[0], 0, 10);
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(0, 10, 20);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.Window(0, 20, 30);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.Window(0, 30, 40);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.Window(1, 10, 20);  // the newest
+  f.Log(0, 10, 40);
+  f.Log(1, 10, 20);
+  const uint64_t spare = f.Spare("spare");
+  const RecoveryTask first = f.Claim(spare);
+  CHECK(first.slot().replica() == 0);
+  CHECK(first.snapshot().step() == 10);  // the oldest, neither trainer audited yet
+  REQUIRE(f.Report(spare, first, AUDIT_MATCHED).ok());
+  const RecoveryTask second = f.Claim(spare);
+  CHECK(second.slot().replica() == 1);  // trainer-1's turn, though trainer-0's are older
+  REQUIRE(f.Report(spare, second, AUDIT_MATCHED).ok());
+  const RecoveryTask third = f.Claim(spare);
+  CHECK(third.slot().replica() == 0);
+  CHECK(third.snapshot().step() == 20);
+}
+
 }  // namespace
 }  // namespace rebound::server
