@@ -62,6 +62,7 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -394,31 +395,28 @@ absl::StatusOr<DriftRun> RunDrift(const Parsed& parsed, const JobConfig& base, i
   return run;
 }
 
-// Every thread of process `pid` at nice `nice` (Linux keeps a nice value per thread).
-void Renice(pid_t pid, int nice) {
+// Calls `apply` with the id of every thread of process `pid` (Linux keeps a nice value and a CPU
+// affinity per thread; threads started later inherit their starter's).
+void ForEachThread(pid_t pid, const std::function<void(pid_t)>& apply) {
   std::error_code error;
   for (const auto& task :
        std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
     int tid = 0;
-    if (absl::SimpleAtoi(task.path().filename().string(), &tid)) {
-      setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice);
-    }
+    if (absl::SimpleAtoi(task.path().filename().string(), &tid)) apply(tid);
   }
 }
 
-// Every thread of process `pid` on the cores [first, last] (threads it starts later inherit it).
+// Every thread of process `pid` at nice `nice`.
+void Renice(pid_t pid, int nice) {
+  ForEachThread(pid, [nice](pid_t tid) { setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice); });
+}
+
+// Every thread of process `pid` on the cores [first, last].
 void Pin(pid_t pid, int first, int last) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int cpu = first; cpu <= last; ++cpu) CPU_SET(cpu, &set);
-  std::error_code error;
-  for (const auto& task :
-       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
-    int tid = 0;
-    if (absl::SimpleAtoi(task.path().filename().string(), &tid)) {
-      sched_setaffinity(tid, sizeof(set), &set);
-    }
-  }
+  ForEachThread(pid, [&set](pid_t tid) { sched_setaffinity(tid, sizeof(set), &set); });
 }
 
 // Both trainers' steps per second over the job, from both slots' step 2 x sync_period.
