@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fan_out.h"
 #include "common/status_macros.h"
+#include "compute/range_snapshot.h"
 #include "compute/shard_ranges.h"
 #include "compute/tensor_bundle.h"
 #include "worker/retry.h"
@@ -211,46 +212,20 @@ absl::StatusOr<PullResponse> RangeClient::Pull(const absl::Notification& stop,
 absl::Status RangeClient::FillSnapshot(const absl::Notification& stop, uint64_t incarnation,
                                        const compute::StageLayout& layout,
                                        Snapshot* snapshot) const {
-  const int groups = this->groups();
-  const int64_t n = layout.packed_size();
-  const int stage = snapshot->slot().stage();
-  std::vector<float> params(n), m(n), v(n), d(n);
-  RETURN_IF_ERROR(ForEachRange(groups, [&](int k) -> absl::Status {
-    ASSIGN_OR_RETURN(const compute::StageLayout range, compute::RangeLayout(stage, n, groups, k));
+  std::vector<Snapshot> parts(groups());
+  RETURN_IF_ERROR(ForEachRange(groups(), [&](int k) -> absl::Status {
     ReadRangeSnapshotRequest request;
     request.set_incarnation(incarnation);
     *request.mutable_slot() = snapshot->slot();
     request.set_step(snapshot->step());
     request.set_range(k);
-    Snapshot part;
     const std::string what = absl::StrCat("read of range ", k, "'s snapshot");
-    RETURN_IF_ERROR(CallWithRetry(config_, clock_, stop, what.c_str(),
-                                  [&](grpc::ClientContext* context) {
-                                    part.Clear();
-                                    return stubs_[k]->ReadRangeSnapshot(context, request, &part);
-                                  }));
-    if (part.step() != snapshot->step()) {
-      return absl::InvalidArgumentError(absl::StrCat("the snapshot is of step ", part.step(),
-                                                     ", not ", snapshot->step()));
-    }
-    for (const auto& [bundle, out, name] :
-         {std::tuple<const TensorBundle*, std::vector<float>*, const char*>{
-              &part.params(), &params, "params"},
-          {&part.optimizer().m(), &m, "optimizer.m"},
-          {&part.optimizer().v(), &v, "optimizer.v"},
-          {&part.optimizer().last_hdiag(), &d, "optimizer.last_hdiag"}}) {
-      RETURN_IF_ERROR(compute::ValidateBundle(range, *bundle, name));
-      const std::vector<float> values = compute::PackedFromBundle(range, *bundle);
-      std::copy(values.begin(), values.end(), RangeOf(absl::MakeSpan(*out), groups, k).begin());
-    }
-    return absl::OkStatus();
+    return CallWithRetry(config_, clock_, stop, what.c_str(), [&](grpc::ClientContext* context) {
+      parts[k].Clear();
+      return stubs_[k]->ReadRangeSnapshot(context, request, &parts[k]);
+    });
   }));
-  *snapshot->mutable_params() = compute::BundleFromPacked(layout, params);
-  OptimizerState* optimizer = snapshot->mutable_optimizer();
-  *optimizer->mutable_m() = compute::BundleFromPacked(layout, m);
-  *optimizer->mutable_v() = compute::BundleFromPacked(layout, v);
-  *optimizer->mutable_last_hdiag() = compute::BundleFromPacked(layout, d);
-  return absl::OkStatus();
+  return compute::JoinRangeSnapshots(layout, parts, snapshot);
 }
 
 }  // namespace rebound::worker
