@@ -482,11 +482,6 @@ void CheckJob(const JobConfig& job, Checker& c) {
                "their steps only then, and a rollback (GLOBAL_CHECKPOINT) rewrites logged "
                "windows");
       }
-      if (sharding.groups() > 1) {
-        c.Fail("audit", absl::StrCat("is not supported yet for a sharded center (sharding.groups ",
-                                     sharding.groups(), "): the windows' snapshots are the range "
-                                     "groups'"));
-      }
       for (int stage = 0; stage < job.topology().stages(); ++stage) {
         const auto [first, end] = RecoveryGroup(job, stage);
         if (end - first > 1) {

@@ -30,7 +30,13 @@ absl::StatusOr<ExportCenterResponse> EmptyExport(const JobConfig& job, const Cen
   return response;
 }
 
-// The whole stage's layout: group 0's table holds only its range of it.
+// The first pause between reads of a stage whose ranges differ, and the longest: a sync in
+// flight between ranges lands within a round trip or two.
+constexpr absl::Duration kFirstPause = absl::Milliseconds(5);
+constexpr absl::Duration kLongestPause = absl::Milliseconds(200);
+
+}  // namespace
+
 absl::StatusOr<compute::StageLayout> WholeStageLayout(const JobConfig& job,
                                                       const CenterTable& centers, int stage) {
   if (job.model().declared_by_worker()) {
@@ -40,13 +46,6 @@ absl::StatusOr<compute::StageLayout> WholeStageLayout(const JobConfig& job,
   const std::vector<int> starts = StageLayerStarts(job);
   return compute::StageLayout::Create(job.model(), starts[stage], starts[stage + 1]);
 }
-
-// The first pause between reads of a stage whose ranges differ, and the longest: a sync in
-// flight between ranges lands within a round trip or two.
-constexpr absl::Duration kFirstPause = absl::Milliseconds(5);
-constexpr absl::Duration kLongestPause = absl::Milliseconds(200);
-
-}  // namespace
 
 absl::StatusOr<ExportCenterResponse> ReadCenterExport(const JobConfig& job,
                                                       const CenterTable& centers,
@@ -139,7 +138,7 @@ absl::StatusOr<ExportedStage> JoinRanges(const JobConfig& job, const CenterTable
 
 absl::StatusOr<ExportCenterResponse> ReadShardedCenterExport(const JobConfig& job,
                                                              const CenterTable& centers,
-                                                             const RangeReader& read_ranges,
+                                                             const StageRangesRead& read_ranges,
                                                              absl::Time deadline,
                                                              const Clock& clock,
                                                              const std::string& server_version) {

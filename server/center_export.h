@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "compute/model_layout.h"
 #include "proto/config.pb.h"
 #include "proto/rebound.pb.h"
 #include "proto/sharding.pb.h"
@@ -45,14 +46,14 @@ absl::StatusOr<ExportCenterResponse> ReadCenterExport(const JobConfig& job,
 
 // Reads range k of `stage` for every k in [0, K), all by `deadline`: result[k] is range k's
 // answer or its error (whose message names the range).
-using RangeReader = std::function<std::vector<absl::StatusOr<ExportRangeResponse>>(
+using StageRangesRead = std::function<std::vector<absl::StatusOr<ExportRangeResponse>>(
     int stage, absl::Time deadline)>;
 
 // `centers` is group 0's table (range 0; the declared model's declaration). `clock` times the
 // pauses between reads.
 absl::StatusOr<ExportCenterResponse> ReadShardedCenterExport(const JobConfig& job,
                                                              const CenterTable& centers,
-                                                             const RangeReader& read_ranges,
+                                                             const StageRangesRead& read_ranges,
                                                              absl::Time deadline,
                                                              const Clock& clock,
                                                              const std::string& server_version);
@@ -62,6 +63,11 @@ absl::StatusOr<ExportCenterResponse> ReadShardedCenterExport(const JobConfig& jo
 // stage, the first slot and two ranges that differ.
 absl::Status SameUpdatesInEveryRange(const JobConfig& job, int stage,
                                      const std::vector<ExportRangeResponse>& ranges);
+
+// The whole layout of stage `stage` (every range's): the job's MLP stage or its declared model
+// (FAILED_PRECONDITION before the model is declared). A sharded group's table holds its range.
+absl::StatusOr<compute::StageLayout> WholeStageLayout(const JobConfig& job,
+                                                      const CenterTable& centers, int stage);
 
 // The stage joined from its K ranges (range k = elements [floor(k n / K), floor((k+1) n / K))
 // of the packed vector), named and shaped as an unsharded job's export; center_version is range

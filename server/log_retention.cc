@@ -31,6 +31,11 @@ LogRetention::SyncFloor LogRetention::ForSync(const SlotId& slot, int64_t step,
       floor.audit_from = previous;
       floor.owner = owner;
       floor.gc_step = std::min(floor.gc_step, previous);
+      if (job_.sharding().groups() > 1) {
+        // A header of a few bytes: read under the commit's lock, before the commit replaces it.
+        absl::StatusOr<Snapshot> header = SnapshotAt(slot, previous);
+        if (header.ok()) floor.audit_start = *std::move(header);
+      }
     }
     return floor;
   }
@@ -55,9 +60,21 @@ void LogRetention::Committed(const SlotId& slot, int64_t step, SyncFloor floor) 
 }
 
 void LogRetention::HoldAudit(const SlotId& slot, int64_t step, std::optional<int64_t> audit_from,
-                             uint64_t owner) const {
+                             uint64_t owner, std::optional<Snapshot> stored_start) const {
   if (!audit_from.has_value() || auditor_ == nullptr) return;
-  absl::StatusOr<Snapshot> start = SnapshotAt(slot, *audit_from);
+  absl::StatusOr<Snapshot> start = stored_start.has_value()
+                                       ? absl::StatusOr<Snapshot>(*std::move(stored_start))
+                                       : SnapshotAt(slot, *audit_from);
+  if (start.ok() && start->step() != *audit_from) {
+    start = absl::NotFoundError(absl::StrCat("the stored snapshot is of step ", start->step()));
+  }
+  if (start.ok() && job_.sharding().groups() > 1 && start->step() > 0) {
+    // A sharded job's header: the tensors are the ranges'.
+    absl::Status filled = fill_from_ranges_
+                              ? fill_from_ranges_(&*start)
+                              : absl::FailedPreconditionError("no reader of the range groups");
+    if (!filled.ok()) start = filled;
+  }
   if (!start.ok()) {
     LOG(WARNING) << "audit of slot " << SlotName(slot) << " window (" << *audit_from << ", "
                  << step << "] dropped: " << start.status();

@@ -46,7 +46,7 @@
 #include "server/worker_sessions.h"
 #include "server/shard/range_check.h"
 #include "server/shard/range_checkpoints.h"
-#include "server/shard/range_export.h"
+#include "server/shard/range_reader.h"
 #include "server/shard/range_service.h"
 #include "server/shard/remote_authorizer.h"
 #include "storage/backup.h"
@@ -437,7 +437,7 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
   std::unique_ptr<RemoteAuthorizer> remote_authorizer;
   std::unique_ptr<RangeService> range_service;
   std::unique_ptr<RangeCheck> range_check;
-  std::unique_ptr<RangeExport> range_export;
+  std::unique_ptr<RangeReader> range_reader;
   if (sharded) {
     RangeService::Authorizer authorize;
     if (config.shard().group() == 0) {
@@ -477,18 +477,27 @@ int RunServerLife(const ServerConfig& config, const LifeOptions& options) {
         return check->CheckPushed(slot, sequence);
       });
       // ExportCenter gathers every range (docs/sharding.md#exporting-the-center).
-      auto exporter = RangeExport::Create(config, range_service.get(), operator_token);
+      auto exporter = RangeReader::Create(config, range_service.get(), operator_token);
       if (!exporter.ok()) {
         LOG(ERROR) << "shard.group_addresses: " << exporter.status();
         return 2;
       }
-      range_export = *std::move(exporter);
-      service.SetShardedExport([&job, table = centers->get(), ranges = range_export.get(),
+      range_reader = *std::move(exporter);
+      service.SetShardedExport([&job, table = centers->get(), ranges = range_reader.get(),
                                 &clock](absl::Time deadline) {
         return ReadShardedCenterExport(
             job, *table,
             [ranges](int stage, absl::Time by) { return ranges->ReadStage(stage, by); },
             deadline, clock, VersionLine());
+      });
+      // An audited window's start is the ranges' (docs/recovery.md#audits): read while its
+      // trainer waits for the commit's answer, bounded well inside the trainer's own deadline.
+      service.SetRangeSnapshotFill([&job, table = centers->get(), ranges = range_reader.get(),
+                                    &clock](Snapshot* header) -> absl::Status {
+        constexpr absl::Duration kReadLimit = absl::Seconds(5);
+        ASSIGN_OR_RETURN(const compute::StageLayout layout,
+                         WholeStageLayout(job, *table, header->slot().stage()));
+        return ranges->FillSnapshot(layout, header, clock.Now() + kReadLimit);
       });
     }
     // Group 0's ExportRange calls (and GLOBAL_CHECKPOINT's) are operator calls.

@@ -139,6 +139,12 @@ class ParameterServerService final : public ParameterServer::Service {
     sharded_export_ = std::move(read);
   }
 
+  // A sharded job's group 0 with audits: fills an audited window's start (a stored header) with
+  // its tensors from every range (LogRetention::SetRangeSnapshotFill). Set before MarkReady.
+  void SetRangeSnapshotFill(LogRetention::RangeSnapshotFill fill) {
+    retention_.SetRangeSnapshotFill(std::move(fill));
+  }
+
   // Opens the service for business (after the durable state is loaded).
   void MarkReady() { ready_.store(true, std::memory_order_release); }
 

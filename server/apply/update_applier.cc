@@ -313,6 +313,11 @@ absl::Status UpdateApplier::CommitSync(const SlotId& slot, const CommitSyncReque
   // recovery reads every range's snapshot at.
   RETURN_IF_ERROR(check(slot, step));
   const uint64_t checkpoint_epoch = recovery_->SyncEpoch();
+  // An audited window (LogRetention::HoldAudit): its start is read from the ranges after the
+  // commit, off the lock, before the trainer (which syncs again only after the answer) moves on.
+  std::optional<int64_t> audit_from;
+  uint64_t audit_owner = 0;
+  std::optional<Snapshot> audit_start;
   {
     absl::MutexLock lock(&commit_mu_);
     // Again under the lock: the sender may have been fenced meanwhile, or a retry committed.
@@ -337,7 +342,7 @@ absl::Status UpdateApplier::CommitSync(const SlotId& slot, const CommitSyncReque
       const WeightInputs inputs = tracker_->Measure(slot, now, version_before, norm);
       SlotBook updated = UpdateRules::AfterSync(book, step);
       updated.next_weight = inputs.weight();
-      LogRetention::SyncFloor floor = retention_->ForSync(slot, step);
+      LogRetention::SyncFloor floor = retention_->ForSync(slot, step, request.incarnation());
       const int64_t gc_step = floor.gc_step;
       const int64_t previous_floor = book.log_floor;
       updated.log_floor = gc_step;
@@ -364,11 +369,15 @@ absl::Status UpdateApplier::CommitSync(const SlotId& slot, const CommitSyncReque
                    << " failed: " << committed;
         return committed;
       }
+      audit_from = floor.audit_from;
+      audit_owner = floor.owner;
+      audit_start = std::move(floor.audit_start);
       retention_->Committed(slot, step, std::move(floor));
       response->set_weight(book.next_weight);
       response->set_next_weight(updated.next_weight);
     }
   }
+  retention_->HoldAudit(slot, step, audit_from, audit_owner, std::move(audit_start));
   if (!response->duplicate()) Progressed(slot, step);
   return recovery_->AfterSync(slot, step, checkpoint_epoch);
 }

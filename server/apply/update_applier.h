@@ -82,7 +82,9 @@ class UpdateApplier {
   absl::Status Push(const SlotId& slot, const PushRequest& request, PushResponse* response);
 
   // A sharded job's group 0: records a sync every range applied (`check` says they did), and
-  // decides the weight of the slot's next one; a retry is answered with duplicate = true.
+  // decides the weight of the slot's next one; a retry is answered with duplicate = true. A sync
+  // whose window is chosen for an audit reads the window's start from every range before it
+  // answers (LogRetention::HoldAudit).
   absl::Status CommitSync(const SlotId& slot, const CommitSyncRequest& request,
                           const RangeSyncCheck& check, CommitSyncResponse* response);
   // Likewise for a push every range applied.

@@ -464,29 +464,47 @@ grpc::Status RangeService::ReadRangeSnapshot(grpc::ServerContext* context,
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
-  if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
-    return ToGrpcStatus(ok);
+  if (request->incarnation() == 0) {
+    // Group 0's read of an audited window's start (an operator call, no worker's).
+    if (!check_operator_) {
+      return ToGrpcStatus(absl::FailedPreconditionError(
+          "this server takes no operator calls on its range (ReadRangeSnapshot without an "
+          "incarnation)"));
+    }
+    if (absl::Status ok = check_operator_(context); !ok.ok()) return ToGrpcStatus(ok);
+  } else {
+    if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
+      return ToGrpcStatus(ok);
+    }
+    AuthorizeRangeRequest ask;
+    ask.set_incarnation(request->incarnation());
+    ask.set_access(RANGE_READ);
+    ask.set_range(group_);
+    if (auto allowed = authorize_(context, ask); !allowed.ok()) {
+      return ToGrpcStatus(allowed.status());
+    }
   }
-  AuthorizeRangeRequest ask;
-  ask.set_incarnation(request->incarnation());
-  ask.set_access(RANGE_READ);
-  ask.set_range(group_);
-  if (auto allowed = authorize_(context, ask); !allowed.ok()) {
-    return ToGrpcStatus(allowed.status());
-  }
+  absl::StatusOr<Snapshot> part = ReadSnapshotPart(slot, request->step());
+  if (!part.ok()) return ToGrpcStatus(part.status());
+  *response = *std::move(part);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<Snapshot> RangeService::ReadSnapshotPart(const SlotId& request_slot,
+                                                        int64_t step) const {
+  const SlotId slot = Normalized(request_slot);
+  RETURN_IF_ERROR(CheckSlot(slot));
   const Kept kept = GetKept(slot);
   for (int copy = 0; copy < 2; ++copy) {
-    if (kept.step[copy] != request->step() || request->step() == 0) continue;
-    auto snapshot = store_->ReadRangeSnapshot(slot, copy);
-    if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
-    if (snapshot->step() != request->step()) break;
-    snapshot->clear_stored_tensors();
-    *response = *std::move(snapshot);
-    return grpc::Status::OK;
+    if (kept.step[copy] != step || step == 0) continue;
+    ASSIGN_OR_RETURN(Snapshot snapshot, store_->ReadRangeSnapshot(slot, copy));
+    if (snapshot.step() != step) break;  // overwritten by the next sync meanwhile
+    snapshot.clear_stored_tensors();
+    return snapshot;
   }
-  return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-      "range ", group_, " holds no snapshot of slot ", SlotName(slot), " at step ",
-      request->step(), " (it holds steps ", kept.step[0], " and ", kept.step[1], ")")));
+  return absl::NotFoundError(absl::StrCat(
+      "range ", group_, " holds no snapshot of slot ", SlotName(slot), " at step ", step,
+      " (it holds steps ", kept.step[0], " and ", kept.step[1], ")"));
 }
 
 grpc::Status RangeService::RangeSteps(grpc::ServerContext* context,

@@ -47,7 +47,9 @@
 //
 // ExportRange (group 0's ExportCenter of a sharded job, docs/sharding.md#exporting-the-center):
 // an operator call that answers the range of a stage with what it had applied (every slot's last
-// sync step and push sequence), read between two equal looks at them.
+// sync step and push sequence), read between two equal looks at them. ReadRangeSnapshot without
+// an incarnation is group 0's read of an audited window's starting snapshot (docs/recovery.md#
+// audits), also an operator call.
 //
 // Thread-safety: thread-safe; the slots' kept steps under one mutex (a leaf, never held across
 // a call to another unit), the center under CenterTable's stage locks. Lock order:
@@ -117,9 +119,10 @@ class RangeService final : public CenterRange::Service {
   absl::StatusOr<std::vector<int64_t>> RollBack(int64_t step, uint64_t rollback_id)
       ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
 
-  // Admits the operator calls on the range (ExportRange; also CheckpointRange and RollbackRange
+  // Admits the operator calls on the range (ExportRange, ReadRangeSnapshot without an
+  // incarnation; also CheckpointRange and RollbackRange
   // unless EnableGlobalCheckpoint gives its own check): the server's operator check. Until this
-  // is called ExportRange is FAILED_PRECONDITION. Call once, before the server is ready.
+  // is called those are FAILED_PRECONDITION. Call once, before the server is ready.
   void SetOperatorCheck(CallCheck check_operator) { check_operator_ = std::move(check_operator); }
 
   // What ExportRange answers, callable in process (group 0's own range): the range's center of
@@ -131,6 +134,13 @@ class RangeService final : public CenterRange::Service {
   static constexpr int kExportReads = 16;
   absl::StatusOr<ExportRangeResponse> ReadForExport(int stage) const
       ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
+
+  // What ReadRangeSnapshot answers once the call is admitted, callable in process (group 0's
+  // own range, for an audit's window): the slot's range snapshot at `step` (one of the two kept),
+  // without its storage fields. NOT_FOUND when the group holds none at that step (step 0 is the
+  // model's initialisation, never stored); INVALID_ARGUMENT for a slot outside the topology.
+  absl::StatusOr<Snapshot> ReadSnapshotPart(const SlotId& slot, int64_t step) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // This group's place and the ranges, for GetStatus.
   void FillStatus(ShardingStatus* status) const;

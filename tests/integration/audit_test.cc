@@ -8,7 +8,8 @@
 // spare, charged to that trainer's machine and nobody else, and under AUDIT_QUARANTINE the
 // trainer is fenced and its slot restarts from the center; the fault-free trainer's audits all
 // match. A pipeline stage's corruption is caught the same way, from its neighbour's logged pairs.
-// A last case kills a trainer while audits run: the recovery is not held up.
+// A sharded center's windows start from the ranges' snapshots, read and joined by group 0. A
+// last case kills a trainer while audits run: the recovery is not held up.
 
 #include <signal.h>
 
@@ -33,9 +34,11 @@ constexpr int kSyncPeriod = 20;
 // beyond the waiting room are skipped) differs at its flip.
 constexpr int kCorruptStep = 50;
 
-std::string JobText(const char* on_mismatch, int64_t max_steps, int replicas) {
+// `extra`: more job fields (a sharding block).
+std::string JobText(const char* on_mismatch, int64_t max_steps, int replicas,
+                    const std::string& extra = "") {
   return absl::StrCat(
-      "  job_id: \"audit\"\n",
+      "  job_id: \"audit\"\n", extra,
       "  model { layers { width: 16 } layers { width: 10 activation: IDENTITY } }\n",
       "  topology { replicas: ", replicas, " }\n",
       "  weighting { policy: UNIFORM }\n",
@@ -175,6 +178,60 @@ TEST_CASE("a trainer that flips a bit is caught by an audit, confirmed by a seco
   const WorkerStatus* good = FindWorker(done, "good", TRAINER);
   REQUIRE(good != nullptr);
   CHECK(good->fault_score() == 0);
+}
+
+// A center sharded across 2 server groups: a window's start is the ranges' (each keeps a slot's
+// last two syncs only), read by group 0 at the commit that chooses the window and joined. A
+// start read wrong would differ at the window's first step, for either trainer: the flip is
+// found at its own step, and the fault-free trainer's windows from a synced start (step > 0)
+// match bit for bit.
+TEST_CASE("with a sharded center the window's start is read from every range: the flip is caught "
+          "at its step, quarantined, and the fault-free trainer's windows match") {
+  LocalCluster cluster(JobText("AUDIT_QUARANTINE", 1000000, 2, "  sharding { groups: 2 }\n"),
+                       LocalClusterOptions{"audit-shard", 500, false, absl::Seconds(120)});
+  cluster.StartWorker("good", TRAINER);
+  cluster.StartWorker("bad", TRAINER, "",
+                      {absl::StrCat("--fault_flip_bit_at_step=", kCorruptStep),
+                       absl::StrCat("--fault_flip_bit_repeat_every=", kSyncPeriod)});
+  cluster.StartWorker("spare-1", SPARE);
+  cluster.StartWorker("spare-2", SPARE);
+  const GetStatusResponse done = cluster.WaitFor(
+      "a confirmed mismatch, the quarantined slot restarted and a synced window of the "
+      "fault-free trainer matched",
+      [](const GetStatusResponse& s) {
+        bool restarted = false;
+        bool good_matched = false;
+        for (const RecoveryStatus& r : s.recoveries()) {
+          restarted |= r.slot().replica() == 1 && r.outcome() == RECOVERED;
+        }
+        for (const AuditStatus& a : s.audits()) {
+          good_matched |=
+              a.worker() == "good" && a.result() == AUDIT_MATCHED && a.from_step() > 0;
+        }
+        return restarted && good_matched && FindVerdict(s, AUDIT_CONFIRMED) != nullptr;
+      });
+  INFO(done.DebugString());
+  const AuditStatus* confirmed = FindVerdict(done, AUDIT_CONFIRMED);
+  REQUIRE(confirmed != nullptr);
+  CHECK(confirmed->worker() == "bad");
+  const int64_t flipped = confirmed->mismatch().step();
+  CHECK(flipped >= kCorruptStep);
+  CHECK((flipped - kCorruptStep) % kSyncPeriod == 0);
+  CHECK(confirmed->from_step() == (flipped / kSyncPeriod) * kSyncPeriod);
+  CHECK(absl::StartsWith(confirmed->mismatch().tensor_name(), "layer"));
+  const AuditCounts& counts = done.audit_counts();
+  CHECK(counts.quarantined() == 1);
+  CHECK(counts.auditor_faults() == 0);
+  CHECK(counts.inconclusive() == 0);
+  CHECK(counts.confirmed_by_worker().count("good") == 0);
+  for (const AuditStatus& a : done.audits()) {
+    if (a.worker() == "good") CHECK(a.result() != AUDIT_MISMATCHED);
+  }
+  bool fenced = false;
+  for (const WorkerStatus& w : done.workers()) {
+    fenced |= w.name() == "bad" && w.role() == TRAINER && w.state() == QUARANTINED;
+  }
+  CHECK(fenced);
 }
 
 // A pipeline of 2 stages: a stage's audit replays its window from the boundary pairs its

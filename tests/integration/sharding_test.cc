@@ -522,6 +522,30 @@ TEST_CASE("under GLOBAL_CHECKPOINT a killed trainer rolls every range of a shard
       REQUIRE(rolled_back.center_versions_size() == 1);
       CHECK(rolled_back.center_versions(0) == before[1] + 1);
     }
+    // Group 0's read of a slot's range snapshot (an audited window's start, incarnation 0) is
+    // an operator call too: refused without the token; with it, the range's part of the slot's
+    // snapshot at a step the range holds (the cut's), NOT_FOUND at another.
+    {
+      ReadRangeSnapshotRequest read;
+      read.mutable_slot()->set_replica(0);
+      read.set_step(kMaxSteps);
+      read.set_range(1);
+      Snapshot part;
+      CHECK(OperatorCall(cluster, 1, "", &CenterRange::Stub::ReadRangeSnapshot, read, &part)
+                .error_code() == grpc::StatusCode::UNAUTHENTICATED);
+      const grpc::Status held =
+          OperatorCall(cluster, 1, token, &CenterRange::Stub::ReadRangeSnapshot, read, &part);
+      INFO(held.error_message());
+      REQUIRE(held.ok());
+      CHECK(part.step() == kMaxSteps);
+      REQUIRE(part.params().tensors_size() == 1);
+      CHECK(part.params().tensors(0).shape(0) ==
+            static_cast<int64_t>(center.size() - center.size() / 2));
+      CHECK(part.optimizer().m().tensors_size() == 1);
+      read.set_step(kMaxSteps - 3 * kSyncPeriod);
+      CHECK(OperatorCall(cluster, 1, token, &CenterRange::Stub::ReadRangeSnapshot, read, &part)
+                .error_code() == grpc::StatusCode::NOT_FOUND);
+    }
     // A step the range holds no checkpoint of: NOT_FOUND; a cut the slots are not at:
     // FAILED_PRECONDITION; another group's range: INVALID_ARGUMENT.
     rollback.set_step(kMaxSteps - 50);

@@ -58,7 +58,7 @@ struct Fixture {
     return range;
   }
 
-  absl::StatusOr<ExportCenterResponse> Export(const RangeReader& reader) {
+  absl::StatusOr<ExportCenterResponse> Export(const StageRangesRead& reader) {
     return ReadShardedCenterExport(sharded_job, *group0, reader,
                                    clock.Now() + absl::Seconds(2), clock, "test");
   }

@@ -191,5 +191,77 @@ TEST_CASE("a sync whose window is audited keeps the window's log, and HoldAudit 
   CHECK(after.audit_counts().windows_chosen() == 1);
 }
 
+TEST_CASE("a sharded job's window starts from the header read when it is chosen, its tensors "
+          "filled from the ranges after the commit; a failed read drops the window") {
+  const JobConfig job = testing::TinyModelJob(
+      1, 1,
+      "fault_tolerance { policy: REPLAY heartbeat_interval_ms: 100 failure_timeout_ms: 1000 }\n"
+      "sharding { groups: 2 }\n"
+      "audit { fraction: 1 max_concurrent: 1 }\n");
+  FakeClock clock;
+  std::unique_ptr<storage::DurableStore> store = testing::OpenInMemoryStore(job);
+  Membership membership(job, &clock);
+  ReliabilityTracker tracker(job.weighting(), 1);
+  StepLogService step_log(job, &membership, store.get());
+  SlotBooks books{job};
+  Auditor auditor(job, &membership, &tracker, &step_log, &clock);
+  LogRetention retention(job, &membership, store.get(), &books);
+  retention.SetAuditor(&auditor);
+  // The ranges' part: what the fill was asked for, and params it puts in.
+  std::vector<std::pair<int64_t, int64_t>> asked;  // (step, data_offset) of each header
+  bool ranges_answer = true;
+  retention.SetRangeSnapshotFill([&](Snapshot* header) -> absl::Status {
+    asked.emplace_back(header->step(), header->data_offset());
+    if (!ranges_answer) return absl::NotFoundError("range 1 holds no snapshot of step 16");
+    header->mutable_params()->add_tensors()->set_name("from the ranges");
+    return absl::OkStatus();
+  });
+  auto trainer = membership.Register(testing::Request("trainer", TRAINER));
+  REQUIRE(trainer.ok());
+  const uint64_t owner = trainer->incarnation();
+  auto store_header = [&](int64_t step) {  // what CommitSync stores: no tensors
+    Snapshot header;
+    *header.mutable_slot() = Slot(0);
+    header.set_step(step);
+    header.set_data_offset(step * 10);
+    storage::WriteBatch batch;
+    batch.PutSnapshot(header);
+    REQUIRE(store->Commit(batch).ok());
+  };
+
+  books.Set(Slot(0), Book(0, 0), 0);
+  CHECK_FALSE(retention.ForSync(Slot(0), 8, owner).audit_from.has_value());
+  store_header(8);
+  books.Set(Slot(0), Book(8, 8), 0);
+  // The window (8, 16] is chosen: the header of 8 is read now, before the commit replaces it.
+  LogRetention::SyncFloor second = retention.ForSync(Slot(0), 16, owner);
+  REQUIRE(second.audit_start.has_value());
+  CHECK(second.audit_start->step() == 8);
+  CHECK(second.audit_start->data_offset() == 80);
+  store_header(16);  // the commit
+  books.Set(Slot(0), Book(16, 8), 0);
+  retention.HoldAudit(Slot(0), 16, second.audit_from, second.owner, second.audit_start);
+  CHECK(asked == std::vector<std::pair<int64_t, int64_t>>{{8, 80}});
+  CHECK(auditor.KeepLogFrom(Slot(0)) == 8);
+  GetStatusResponse status;
+  auditor.FillStatus(&status);
+  REQUIRE(status.audits_size() == 1);
+  CHECK(status.audits(0).from_step() == 8);
+
+  // Without the header read at choosing time, the store's is the commit's (16): dropped, and the
+  // ranges are not asked. A read that fails drops the window too.
+  retention.HoldAudit(Slot(0), 24, int64_t{8}, owner);
+  CHECK(asked.size() == 1);
+  ranges_answer = false;
+  Snapshot header16;
+  *header16.mutable_slot() = Slot(0);
+  header16.set_step(16);
+  retention.HoldAudit(Slot(0), 24, int64_t{16}, owner, header16);
+  CHECK(asked.size() == 2);
+  GetStatusResponse after;
+  auditor.FillStatus(&after);
+  CHECK(after.audits_size() == 1);
+}
+
 }  // namespace
 }  // namespace rebound::server
