@@ -437,7 +437,8 @@ absl::StatusOr<double> RunThroughput(const Parsed& parsed, const JobConfig& base
     for (int i = 0; i < kTrainers; ++i) {
       if (ChildProcess* t = cluster.FindWorker(absl::StrCat("trainer-", i))) Pin(t->pid(), 0, last - 1);
     }
-    Pin(cluster.server().pid(), last, last);
+    // Every server process (a sharded job's K groups too) with the spare.
+    for (int m = 0; m < cluster.members(); ++m) Pin(cluster.member(m).pid(), last, last);
     if (ChildProcess* spare = cluster.FindWorker("spare-0")) Pin(spare->pid(), last, last);
   }
   if (status.ok() && flags.spare_nice > 0) {

@@ -4,7 +4,8 @@ checksum with the log. One trainer flips bit 12 of one parameter right after ste
 step's checksum is logged (REBOUND_FAULT_FLIP_BIT_AT_STEP, rebound.torch.injected_faults): no
 crash, no NaN. Every window is audited (fraction 1). What is checked, from the server's status:
 the mismatch found at that step and in that tensor, confirmed by a second replay on the other
-spare and charged to that trainer alone; the fault-free trainer's audits all match. A second case
+spare and charged to that trainer alone; the fault-free trainer's audits all match; so with the
+center sharded across two server groups (a window's start read from both ranges). A second case
 kills a trainer while the spare audits: the audit is preempted and the slot replayed.
 
 Needs REBOUND_SERVER (the rebound_server binary) and TINY_SPEC (tests/python/tiny_spec.py).
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-from rebound.cluster import LocalServer, read_log
+from rebound.cluster import LocalServer, LocalShardedServers, read_log
 from rebound.torch import injected_faults
 from rebound_pb import config_pb2, rebound_pb2
 from tiny_workers import SPEC, tiny_model_bundle
@@ -51,19 +52,20 @@ def confirmed_audit(status):
     return None
 
 
-def matched(status, worker):
-    return sum(a.worker == worker and a.result == rebound_pb2.AUDIT_MATCHED
-               for a in status.audits)
-
-
-def test_a_python_trainer_that_flips_a_bit_is_caught_by_python_spares_and_confirmed():
+# groups 2: the center sharded across two server groups, whose window starts group 0 reads from
+# both ranges (docs/recovery.md#audits); a start read wrong would differ at the window's first
+# step, for the fault-free trainer too.
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_python_trainer_that_flips_a_bit_is_caught_by_python_spares_and_confirmed(groups):
     # Which parameter the flip corrupts: the C++ worker's rule over the declared parameters.
     declared = tiny_model_bundle().tensors
     which, index = injected_faults.flip_target(
         CORRUPT_STEP, [len(t.data) // 4 for t in declared])
     flipped_tensor = declared[which].name
 
-    with LocalServer(SERVER, JOB) as server:
+    cluster = (LocalServer(SERVER, JOB) if groups == 1
+               else LocalShardedServers(SERVER, JOB, groups))
+    with cluster as server:
         def start(name, *args, env=None):
             return server.start_worker(
                 [sys.executable, SPEC, "--server", server.address, "--name", name] + list(args),
@@ -81,8 +83,11 @@ def test_a_python_trainer_that_flips_a_bit_is_caught_by_python_spares_and_confir
             os.environ, **{injected_faults.AT_STEP_VARIABLE: str(CORRUPT_STEP)}))
 
         status = server.wait_for(
-            lambda s: confirmed_audit(s) is not None and matched(s, "good") >= 1, 120,
-            what="a confirmed mismatch and a matching audit of the fault-free trainer")
+            lambda s: confirmed_audit(s) is not None and any(
+                a.worker == "good" and a.result == rebound_pb2.AUDIT_MATCHED and a.from_step > 0
+                for a in s.audits), 120,
+            what="a confirmed mismatch and a matching audit of the fault-free trainer from a "
+                 "synced start")
         assert bad.poll() is None and good.poll() is None  # AUDIT_REPORT: both train on
 
         bad_log = read_log(bad)
