@@ -22,7 +22,7 @@
 //                 kill_all_etcd, restart_standby_empty, and with --shard_groups
 //                 die_between_ranges), e.g. --kinds=stop_server; besides, named only:
 //                 partition_leader_from_etcd and partition_standby (with --standbys; root and
-//                 iptables: testing/cluster/firewall.h), and silent_corruption (unsharded: the
+//                 iptables: testing/cluster/firewall.h), and silent_corruption (the
 //                 job then audits every sync window, the fault-free run too, which must report
 //                 nothing; docs/recovery.md#audits); each schedule holds a
 //                 kill_trainer, a kill_server (with --standbys a kill_leader), a partition, a

@@ -541,6 +541,15 @@ void CheckShard(const ServerConfig& config, Checker& c) {
                         "shard.group_addresses names ",
                         remote));
   }
+  // Audits: group 0 reads each audited window's start from every range, an operator call too.
+  if (config.job().has_audit() && config.job().audit().fraction() > 0 && !remote.empty() &&
+      config.security().operator_token_file().empty()) {
+    c.Fail("security.operator_token_file",
+           absl::StrCat("must be set, the same on every group, in a sharded job with audits "
+                        "across hosts: group 0 reads each audited window's start from the range "
+                        "groups with it (docs/sharding.md#audits); shard.group_addresses names ",
+                        remote));
+  }
 }
 
 void CheckMetrics(const MetricsConfig& metrics, Checker& c) {

@@ -78,6 +78,7 @@ void LogRetention::HoldAudit(const SlotId& slot, int64_t step, std::optional<int
   if (!start.ok()) {
     LOG(WARNING) << "audit of slot " << SlotName(slot) << " window (" << *audit_from << ", "
                  << step << "] dropped: " << start.status();
+    auditor_->Unread();
     return;
   }
   auditor_->Hold(slot, owner, *std::move(start), step);

@@ -315,11 +315,13 @@ void WriteStatus(const GetStatusResponse& s, MetricsWriter* w) {
     w->Sample("rebound_audit_verdicts_total", {{"verdict", "inconclusive"}}, a.inconclusive());
     w->Family("rebound_audit_windows_total",
               "Sync windows chosen for an audit and kept, chosen but skipped (max_concurrent, "
-              "steps_per_hour), and kept but expired unreplayed.",
+              "steps_per_hour), kept but expired unreplayed, and chosen but unread (the "
+              "starting snapshot could not be read).",
               "counter");
     w->Sample("rebound_audit_windows_total", {{"state", "kept"}}, a.windows_chosen());
     w->Sample("rebound_audit_windows_total", {{"state", "skipped"}}, a.windows_skipped());
     w->Sample("rebound_audit_windows_total", {{"state", "expired"}}, a.expired());
+    w->Sample("rebound_audit_windows_total", {{"state", "unread"}}, a.windows_unread());
     w->Family("rebound_audit_steps_total", "Steps replayed by audits that ran to the end.",
               "counter");
     w->Sample("rebound_audit_steps_total", {}, a.steps_audited());

@@ -411,10 +411,11 @@ void PrintAudits(const GetStatusResponse& s) {
     return;
   }
   const AuditCounts& c = s.audit_counts();
-  std::printf("windows kept %lld, skipped %lld, expired %lld; replays matched %lld, mismatched "
-              "%lld, incomplete %lld, preempted %lld; steps audited %lld\n",
+  std::printf("windows kept %lld, skipped %lld, expired %lld, unread %lld; replays matched %lld, "
+              "mismatched %lld, incomplete %lld, preempted %lld; steps audited %lld\n",
               static_cast<long long>(c.windows_chosen()), static_cast<long long>(c.windows_skipped()),
-              static_cast<long long>(c.expired()), static_cast<long long>(c.matched()),
+              static_cast<long long>(c.expired()), static_cast<long long>(c.windows_unread()),
+              static_cast<long long>(c.matched()),
               static_cast<long long>(c.mismatched()), static_cast<long long>(c.incomplete()),
               static_cast<long long>(c.preempted()), static_cast<long long>(c.steps_audited()));
   std::printf("verdicts: %lld confirmed (AUDIT_MISMATCH), %lld auditor faults, %lld inconclusive; "

@@ -119,6 +119,11 @@ void Auditor::Hold(const SlotId& slot, uint64_t owner, Snapshot snapshot, int64_
   waiting_.push_back(std::move(audit));
 }
 
+void Auditor::Unread() {
+  absl::MutexLock lock(&mu_);
+  counts_.set_windows_unread(counts_.windows_unread() + 1);
+}
+
 std::optional<int64_t> Auditor::KeepLogFrom(const SlotId& slot) const {
   if (!enabled_) return std::nullopt;
   absl::MutexLock lock(&mu_);

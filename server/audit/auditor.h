@@ -110,6 +110,8 @@ class Auditor {
   // lock before its sync's batch is written (LogRetention::HoldAudit): it waits for a spare.
   void Hold(const SlotId& slot, uint64_t owner, Snapshot snapshot, int64_t to_step)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A window Choose chose whose starting snapshot could not be read: dropped, counted.
+  void Unread() ABSL_LOCKS_EXCLUDED(mu_);
   // The lowest step whose log a held window of `slot` still needs (its snapshot step), or
   // nothing: a sync's GC must stop there.
   std::optional<int64_t> KeepLogFrom(const SlotId& slot) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -950,6 +950,16 @@ absl::Status ChaosRun::WriteConfigs() {
   *server.mutable_job() = job_;
   server.mutable_durability()->set_data_dir(dir_ + "/data");
   server.set_max_wait_ms(500);
+  if (sharded() && job_.has_audit()) {
+    // Group 0 reads audited windows' starts from the range groups, which listen on the lab's
+    // hosts: operator calls, so every group shares an operator token (docs/sharding.md#audits).
+    const std::string token_file = dir_ + "/operator-token";
+    if (absl::Status written = WriteFile(token_file, "chaos-operator\n"); !written.ok()) {
+      return absl::InternalError(absl::StrCat("cannot write ", token_file, ": ",
+                                              written.message()));
+    }
+    server.mutable_security()->set_operator_token_file(token_file);
+  }
   google::protobuf::TextFormat::PrintToString(server, &server_config_);
   worker_config_ = absl::StrCat("job_id: \"", kJobId,
                                 "\"\n"
@@ -2819,8 +2829,6 @@ bool KindFitsMode(FaultKind kind, const ChaosOptions& options) {
   if (IsShardedFault(kind)) return sharded;
   // The trainer poisons only the unsharded Sync (worker/easgd_trainer.cc).
   if (kind == FaultKind::kByzantine) return !sharded;
-  // Audits need an unsharded center (common/config.cc).
-  if (kind == FaultKind::kSilentCorruption) return !sharded;
   return true;
 }
 

@@ -705,6 +705,18 @@ TEST_CASE("a sharded job: sharding.groups and each server's shard block, checked
                                          "group_addresses: \"localhost:2\"\n}\n",
                           "server.pbtxt", ".")
             .ok());
+  // So do audits: group 0 reads each audited window's start from every range.
+  const std::string audited =
+      "job {\n  model { layers { width: 10 activation: IDENTITY } }\n  sharding { groups: 2 }\n"
+      "  audit { fraction: 0.05 }\n}\n";
+  CHECK(error(audited + shard) ==
+        "server.pbtxt: security.operator_token_file must be set, the same on every group, in a "
+        "sharded job with audits across hosts: group 0 reads each audited window's start from "
+        "the range groups with it (docs/sharding.md#audits); shard.group_addresses names a:1");
+  CHECK(ParseServerConfig(audited + "shard {\n  group_addresses: \"127.0.0.1:1\"\n  "
+                                    "group_addresses: \"localhost:2\"\n}\n",
+                          "server.pbtxt", ".")
+            .ok());
   auto job_error = [&](const std::string& text) {
     auto config = ParseJobConfig(text, "job.pbtxt");
     REQUIRE_FALSE(config.ok());

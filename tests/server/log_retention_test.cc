@@ -189,6 +189,7 @@ TEST_CASE("a sync whose window is audited keeps the window's log, and HoldAudit 
   auditor.FillStatus(&after);
   CHECK(after.audits_size() == 1);
   CHECK(after.audit_counts().windows_chosen() == 1);
+  CHECK(after.audit_counts().windows_unread() == 1);
 }
 
 TEST_CASE("a sharded job's window starts from the header read when it is chosen, its tensors "
@@ -261,6 +262,7 @@ TEST_CASE("a sharded job's window starts from the header read when it is chosen,
   GetStatusResponse after;
   auditor.FillStatus(&after);
   CHECK(after.audits_size() == 1);
+  CHECK(after.audit_counts().windows_unread() == 2);
 }
 
 }  // namespace
