@@ -475,6 +475,21 @@ std::vector<Command> Auditor::CommandsFor(uint64_t incarnation) {
   return {PREEMPT_AUDIT};
 }
 
+bool Auditor::HoldsAtJobEnd(uint64_t incarnation) {
+  if (!enabled_) return false;
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  if (!auditors_.count(incarnation)) return false;
+  ExpireLocked(now);
+  for (const auto& [id, a] : running_) {
+    if (a.auditor == incarnation || a.confirms != 0) return true;
+  }
+  for (const Audit& a : waiting_) {
+    if (a.confirms != 0) return true;
+  }
+  return false;
+}
+
 void Auditor::FillStatus(GetStatusResponse* response) const {
   if (!enabled_) return;
   const absl::Time now = clock_->Now();

@@ -126,6 +126,11 @@ class Auditor {
   absl::Status Finish(const ReportAuditRequest& report) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeat of `incarnation`: PREEMPT_AUDIT while it runs an audit and a slot is LOST.
   std::vector<Command> CommandsFor(uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the job's end (every slot FINISHED: Membership's STOP) should wait for auditing
+  // spare `incarnation`: while a mismatch awaits its second replay (waiting or running, at most
+  // audit.max_wait_ms from its first) or the spare runs an audit. A mismatch found is decided
+  // before the spares leave; windows never replayed are not waited for.
+  bool HoldsAtJobEnd(uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The audits and their counts, for status (nothing when audits are off).
   void FillStatus(GetStatusResponse* response) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -552,5 +552,44 @@ TEST_CASE("spares take the trainers in turn: a trainer's backlog does not hold t
   CHECK(third.snapshot().step() == 20);
 }
 
+TEST_CASE("at the job's end an auditing spare stays while a mismatch awaits its second replay, "
+          "at most audit.max_wait_ms; otherwise it may leave") {
+  Fixture f("audit { fraction: 1 max_concurrent: 2 on_mismatch: AUDIT_REPORT }\n");
+  f.auditor->Choose(Slot(1), f.trainers[1], 0, 10);
+  f.Window(1, 10, 20);
+  f.Log(1, 10, 20);
+  const uint64_t first = f.Spare("first");
+  const uint64_t second = f.Spare("second");
+  const uint64_t plain = f.Spare("plain", /*audits=*/false);
+  // A window waiting for its first replay holds nobody: never-replayed windows are not waited for.
+  CHECK_FALSE(f.auditor->HoldsAtJobEnd(first));
+  const RecoveryTask task = f.Claim(first);
+  CHECK(f.auditor->HoldsAtJobEnd(first));        // it runs an audit
+  CHECK_FALSE(f.auditor->HoldsAtJobEnd(second));  // nothing to decide yet
+  REQUIRE(f.Report(first, task, AUDIT_MISMATCHED, 15, 0xbad).ok());
+  // The mismatch awaits its second replay: every auditing spare stays, others may go.
+  CHECK(f.auditor->HoldsAtJobEnd(first));
+  CHECK(f.auditor->HoldsAtJobEnd(second));
+  CHECK_FALSE(f.auditor->HoldsAtJobEnd(plain));
+  const RecoveryTask again = f.Claim(second);
+  CHECK(f.auditor->HoldsAtJobEnd(first));  // the second replay runs
+  REQUIRE(f.Report(second, again, AUDIT_MISMATCHED, 15, 0xbad).ok());
+  CHECK(f.Status().audit_counts().confirmed() == 1);
+  CHECK_FALSE(f.auditor->HoldsAtJobEnd(first));
+  CHECK_FALSE(f.auditor->HoldsAtJobEnd(second));
+
+  // A second replay nobody runs holds the spares no longer than audit.max_wait_ms.
+  Fixture g("audit { fraction: 1 max_concurrent: 2 on_mismatch: AUDIT_REPORT }\n");
+  g.auditor->Choose(Slot(0), g.trainers[0], 0, 10);
+  g.Window(0, 10, 20);
+  g.Log(0, 10, 20);
+  const uint64_t lone = g.Spare("lone");
+  REQUIRE(g.Report(lone, g.Claim(lone), AUDIT_MISMATCHED, 12, 0xbad).ok());
+  CHECK(g.auditor->HoldsAtJobEnd(lone));
+  g.clock.Advance(absl::Milliseconds(30001));
+  CHECK_FALSE(g.auditor->HoldsAtJobEnd(lone));
+  CHECK(g.Status().audit_counts().inconclusive() == 1);
+}
+
 }  // namespace
 }  // namespace rebound::server
