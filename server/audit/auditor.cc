@@ -59,9 +59,13 @@ bool Auditor::Choose(const SlotId& slot, uint64_t owner, int64_t previous_step, 
   // Only a window both of whose ends are this trainer's: after a takeover or a restart of the
   // server its start is another trainer's state, or unknown.
   const bool same_trainer = last.owner == owner && last.step == previous_step;
+  // A sharded job: the start is the owner's first sync, which a range may have answered from
+  // the snapshot its predecessor left there (docs/sharding.md#audits): not a start to trust.
+  const bool start_trusted = !(last.owners_first && job_.sharding().groups() > 1);
+  last.owners_first = !same_trainer;
   last.owner = owner;
   last.step = step;
-  if (!same_trainer || step <= previous_step) return false;
+  if (!same_trainer || !start_trusted || step <= previous_step) return false;
   std::uniform_real_distribution<double> draw(0.0, 1.0);
   if (!(draw(rng_) < job_.audit().fraction())) return false;
   const int64_t steps = step - previous_step;

@@ -8,7 +8,10 @@
 //   * Choosing. At each sync of a slot (LogRetention::ForSync, under the stage lock) the auditor
 //     decides whether to audit the slot's sync window: the steps (t0, t1] between its previous
 //     sync t0 and this one t1, both made by the same incarnation (after a takeover or a server
-//     restart the first window is not audited: its start was another trainer's or is unknown).
+//     restart the first window is not audited: its start was another trainer's or is unknown; in
+//     a sharded job neither is the second, whose start is the new owner's first sync: a range
+//     that had applied that step from the trainer before answers it from its kept snapshot, whose
+//     optimizer state the new owner never adopts, so the stored start is not the owner's state).
 //     Drawn with probability audit.fraction from a generator seeded by the job id; skipped
 //     (counted) when steps_per_hour would be exceeded. When 2 x max_concurrent audits already
 //     hold windows (the spares fall behind), the new window replaces the oldest first-replay
@@ -161,6 +164,7 @@ class Auditor {
   struct LastSync {
     uint64_t owner = 0;
     int64_t step = 0;
+    bool owners_first = false;  // the first sync of `owner` on the slot this server saw
   };
   static std::pair<int, int> Key(const SlotId& slot) { return {slot.replica(), slot.stage()}; }
 

@@ -1634,7 +1634,15 @@ absl::StatusOr<ChaosRun::Fired> ChaosRun::Fire(const PlannedFault& fault,
       if (w == nullptr || flips_.count(w->name)) return Fired::kNoTarget;
       const std::string log = ReadFileOrEmpty(w->process->log_path());
       if (!absl::StrContains(log, "fault injection: flipped bit")) return Fired::kNoTarget;
-      flips_[w->name] = Flip{w->faults.flip_at_step, trainer, server_faults_};
+      // The slot it owns now (trainer-K need not own slot K: the trainers register at once).
+      int replica = trainer;
+      for (const WorkerStatus& s : status.workers()) {
+        if (s.name() != w->name || s.state() != ALIVE || s.role() != TRAINER) continue;
+        for (const SlotStatus& slot : status.slots()) {
+          if (slot.owner_incarnation() == s.incarnation()) replica = slot.slot().replica();
+        }
+      }
+      flips_[w->name] = Flip{w->faults.flip_at_step, replica, server_faults_};
       ++report_.corruptions;
       Log(absl::StrCat(at, kind, ": ", w->name, slot_of(*w), " flipped a bit after step ",
                        w->faults.flip_at_step));

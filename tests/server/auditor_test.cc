@@ -135,7 +135,8 @@ struct Fixture {
   std::vector<uint64_t> trainers;
 };
 
-TEST_CASE("a window is audited only when its trainer made both of its syncs") {
+TEST_CASE("a window is audited only when its trainer made both of its syncs (sharded: and the one "
+          "before)") {
   Fixture f;
   // The first sync a slot makes under this server: its start is not known to be this trainer's.
   CHECK_FALSE(f.auditor->Choose(Slot(0), f.trainers[0], 0, 10));
@@ -143,6 +144,15 @@ TEST_CASE("a window is audited only when its trainer made both of its syncs") {
   // Another incarnation's sync after it (a takeover): not this window, the next one.
   CHECK_FALSE(f.auditor->Choose(Slot(0), 999, 20, 30));
   CHECK(f.auditor->Choose(Slot(0), 999, 30, 40));
+  // A sharded job: nor the window that starts at the new owner's first sync (a range may have
+  // answered it from the snapshot the trainer before it left there), but the one after.
+  Fixture sharded("sharding { groups: 2 }\naudit { fraction: 1 max_concurrent: 4 }\n");
+  CHECK_FALSE(sharded.auditor->Choose(Slot(0), sharded.trainers[0], 0, 10));
+  CHECK_FALSE(sharded.auditor->Choose(Slot(0), sharded.trainers[0], 10, 20));
+  CHECK(sharded.auditor->Choose(Slot(0), sharded.trainers[0], 20, 30));
+  CHECK_FALSE(sharded.auditor->Choose(Slot(0), 999, 30, 40));
+  CHECK_FALSE(sharded.auditor->Choose(Slot(0), 999, 40, 50));
+  CHECK(sharded.auditor->Choose(Slot(0), 999, 50, 60));
   // Fraction 0: audits are off, nothing is chosen or held.
   Fixture off("");
   CHECK_FALSE(off.auditor->enabled());
