@@ -213,7 +213,7 @@ TEST_CASE("a sharded job's window starts from the header read when it is chosen,
   bool ranges_answer = true;
   retention.SetRangeSnapshotFill([&](Snapshot* header) -> absl::Status {
     asked.emplace_back(header->step(), header->data_offset());
-    if (!ranges_answer) return absl::NotFoundError("range 1 holds no snapshot of step 16");
+    if (!ranges_answer) return absl::NotFoundError("range 1 holds no snapshot of step 24");
     header->mutable_params()->add_tensors()->set_name("from the ranges");
     return absl::OkStatus();
   });
@@ -234,30 +234,34 @@ TEST_CASE("a sharded job's window starts from the header read when it is chosen,
   CHECK_FALSE(retention.ForSync(Slot(0), 8, owner).audit_from.has_value());
   store_header(8);
   books.Set(Slot(0), Book(8, 8), 0);
-  // The window (8, 16] is chosen: the header of 8 is read now, before the commit replaces it.
-  LogRetention::SyncFloor second = retention.ForSync(Slot(0), 16, owner);
-  REQUIRE(second.audit_start.has_value());
-  CHECK(second.audit_start->step() == 8);
-  CHECK(second.audit_start->data_offset() == 80);
-  store_header(16);  // the commit
-  books.Set(Slot(0), Book(16, 8), 0);
-  retention.HoldAudit(Slot(0), 16, second.audit_from, second.owner, second.audit_start);
-  CHECK(asked == std::vector<std::pair<int64_t, int64_t>>{{8, 80}});
-  CHECK(auditor.KeepLogFrom(Slot(0)) == 8);
+  // (8, 16] starts at the trainer's first sync here: not audited in a sharded job.
+  CHECK_FALSE(retention.ForSync(Slot(0), 16, owner).audit_from.has_value());
+  store_header(16);
+  books.Set(Slot(0), Book(16, 16), 0);
+  // The window (16, 24] is chosen: the header of 16 is read now, before the commit replaces it.
+  LogRetention::SyncFloor third = retention.ForSync(Slot(0), 24, owner);
+  REQUIRE(third.audit_start.has_value());
+  CHECK(third.audit_start->step() == 16);
+  CHECK(third.audit_start->data_offset() == 160);
+  store_header(24);  // the commit
+  books.Set(Slot(0), Book(24, 16), 0);
+  retention.HoldAudit(Slot(0), 24, third.audit_from, third.owner, third.audit_start);
+  CHECK(asked == std::vector<std::pair<int64_t, int64_t>>{{16, 160}});
+  CHECK(auditor.KeepLogFrom(Slot(0)) == 16);
   GetStatusResponse status;
   auditor.FillStatus(&status);
   REQUIRE(status.audits_size() == 1);
-  CHECK(status.audits(0).from_step() == 8);
+  CHECK(status.audits(0).from_step() == 16);
 
-  // Without the header read at choosing time, the store's is the commit's (16): dropped, and the
+  // Without the header read at choosing time, the store's is the commit's (24): dropped, and the
   // ranges are not asked. A read that fails drops the window too.
-  retention.HoldAudit(Slot(0), 24, int64_t{8}, owner);
+  retention.HoldAudit(Slot(0), 32, int64_t{16}, owner);
   CHECK(asked.size() == 1);
   ranges_answer = false;
-  Snapshot header16;
-  *header16.mutable_slot() = Slot(0);
-  header16.set_step(16);
-  retention.HoldAudit(Slot(0), 24, int64_t{16}, owner, header16);
+  Snapshot header24;
+  *header24.mutable_slot() = Slot(0);
+  header24.set_step(24);
+  retention.HoldAudit(Slot(0), 32, int64_t{24}, owner, header24);
   CHECK(asked.size() == 2);
   GetStatusResponse after;
   auditor.FillStatus(&after);
