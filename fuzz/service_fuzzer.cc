@@ -233,8 +233,8 @@ class Server {
           },
           [service](const grpc::ServerContext* context) { return service->CheckServing(context); },
           service->admission().inflight_bytes);
-      // Group 0's ExportRange is an operator call, as server/main.cc admits it; the fuzzer
-      // plays group 0.
+      // Group 0's ExportRange (and ReadRangeSnapshot without an incarnation, an audit's start)
+      // are operator calls, as server/main.cc admits them; the fuzzer plays group 0.
       ranges_->SetOperatorCheck([](const grpc::ServerContext*) { return absl::OkStatus(); });
       // Range 0 is checked as the server checks it; range 1's group is not there, and is taken
       // to hold what range 0 holds.

@@ -237,6 +237,30 @@ absl::Status RangeService::ValidatePush(const SlotId& slot,
   return centers_->ValidateBundle(slot.stage(), request.hessian_diag(), "hessian_diag");
 }
 
+absl::Status RangeService::AuthorizeRead(const grpc::ServerContext* context,
+                                         uint64_t incarnation) const {
+  AuthorizeRangeRequest ask;
+  ask.set_incarnation(incarnation);
+  ask.set_access(RANGE_READ);
+  ask.set_range(group_);
+  return authorize_(context, ask).status();
+}
+
+absl::Status RangeService::AuthorizeWorkerRead(const grpc::ServerContext* context,
+                                               uint64_t incarnation) {
+  RETURN_IF_ERROR(EnsureDeclared(context, incarnation));
+  return AuthorizeRead(context, incarnation);
+}
+
+absl::Status RangeService::CheckOperatorRead(const grpc::ServerContext* context,
+                                             absl::string_view call) const {
+  if (!check_operator_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this server takes no operator calls on its range (", call, ")"));
+  }
+  return check_operator_(context);
+}
+
 absl::StatusOr<AuthorizeRangeResponse> RangeService::Authorize(
     const grpc::ServerContext* context, RangeAccess access, uint64_t incarnation,
     const SlotId& slot, int64_t step, uint64_t sequence) const {
@@ -443,12 +467,8 @@ grpc::Status RangeService::PullRange(grpc::ServerContext* context,
         absl::StrCat("stage must be in [0, ", centers_->num_stages(), "), got ",
                      request->stage())));
   }
-  AuthorizeRangeRequest ask;
-  ask.set_incarnation(request->incarnation());
-  ask.set_access(RANGE_READ);
-  ask.set_range(group_);
-  if (auto allowed = authorize_(context, ask); !allowed.ok()) {
-    return ToGrpcStatus(allowed.status());
+  if (absl::Status ok = AuthorizeRead(context, request->incarnation()); !ok.ok()) {
+    return ToGrpcStatus(ok);
   }
   auto center = centers_->Read(request->stage());
   if (!center.ok()) return ToGrpcStatus(center.status());
@@ -464,26 +484,12 @@ grpc::Status RangeService::ReadRangeSnapshot(grpc::ServerContext* context,
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   const SlotId slot = Normalized(request->slot());
   if (absl::Status ok = CheckSlot(slot); !ok.ok()) return ToGrpcStatus(ok);
-  if (request->incarnation() == 0) {
-    // Group 0's read of an audited window's start (an operator call, no worker's).
-    if (!check_operator_) {
-      return ToGrpcStatus(absl::FailedPreconditionError(
-          "this server takes no operator calls on its range (ReadRangeSnapshot without an "
-          "incarnation)"));
-    }
-    if (absl::Status ok = check_operator_(context); !ok.ok()) return ToGrpcStatus(ok);
-  } else {
-    if (absl::Status ok = EnsureDeclared(context, request->incarnation()); !ok.ok()) {
-      return ToGrpcStatus(ok);
-    }
-    AuthorizeRangeRequest ask;
-    ask.set_incarnation(request->incarnation());
-    ask.set_access(RANGE_READ);
-    ask.set_range(group_);
-    if (auto allowed = authorize_(context, ask); !allowed.ok()) {
-      return ToGrpcStatus(allowed.status());
-    }
-  }
+  // Without an incarnation: group 0's read of an audited window's start, an operator call.
+  const absl::Status admitted =
+      request->incarnation() == 0
+          ? CheckOperatorRead(context, "ReadRangeSnapshot without an incarnation")
+          : AuthorizeWorkerRead(context, request->incarnation());
+  if (!admitted.ok()) return ToGrpcStatus(admitted);
   absl::StatusOr<Snapshot> part = ReadSnapshotPart(slot, request->step());
   if (!part.ok()) return ToGrpcStatus(part.status());
   *response = *std::move(part);
@@ -571,11 +577,9 @@ grpc::Status RangeService::ExportRange(grpc::ServerContext* context,
                                        const ExportRangeRequest* request,
                                        ExportRangeResponse* response) {
   if (absl::Status ok = check_call_(context); !ok.ok()) return ToGrpcStatus(ok);
-  if (!check_operator_) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        "this server takes no operator calls on its range (ExportRange)"));
+  if (absl::Status ok = CheckOperatorRead(context, "ExportRange"); !ok.ok()) {
+    return ToGrpcStatus(ok);
   }
-  if (absl::Status ok = check_operator_(context); !ok.ok()) return ToGrpcStatus(ok);
   if (absl::Status ok = CheckRange(request->range()); !ok.ok()) return ToGrpcStatus(ok);
   absl::StatusOr<ExportRangeResponse> read = ReadForExport(request->stage());
   if (!read.ok()) return ToGrpcStatus(read.status());

@@ -69,6 +69,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "proto/config.pb.h"
@@ -198,6 +199,14 @@ class RangeService final : public CenterRange::Service {
   };
   Applied GetApplied(int stage) const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t Generation() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A worker's read (PullRange; ReadRangeSnapshot with an incarnation): group 0 authorizes it;
+  // AuthorizeWorkerRead learns a declared model first (EnsureDeclared).
+  absl::Status AuthorizeRead(const grpc::ServerContext* context, uint64_t incarnation) const;
+  absl::Status AuthorizeWorkerRead(const grpc::ServerContext* context, uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(declare_mu_);
+  // An operator read on the range (ExportRange; ReadRangeSnapshot without an incarnation):
+  // FAILED_PRECONDITION naming `call` until SetOperatorCheck, else the operator check's answer.
+  absl::Status CheckOperatorRead(const grpc::ServerContext* context, absl::string_view call) const;
   // CheckpointRange and RollbackRange: the server's checks, then its operator check.
   absl::Status CheckOperatorCall(const grpc::ServerContext* context) const;
   // Asks group 0 to charge the caller with a refused update of `slot` (RANGE_FAULT), and
