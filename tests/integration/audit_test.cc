@@ -52,6 +52,18 @@ std::string JobText(const char* on_mismatch, int64_t max_steps, int replicas,
       "  audit { fraction: 1 max_concurrent: 8 on_mismatch: ", on_mismatch, " }\n");
 }
 
+// The two trainers, `clean` then `corrupt` (slots 0 and 1, or stages 0 and 1), `corrupt` flipping
+// a bit after kCorruptStep and every sync period after it, and two auditing spares.
+void StartTrainersAndSpares(LocalCluster& cluster, const std::string& clean,
+                            const std::string& corrupt) {
+  cluster.StartWorker(clean, TRAINER);
+  cluster.StartWorker(corrupt, TRAINER, "",
+                      {absl::StrCat("--fault_flip_bit_at_step=", kCorruptStep),
+                       absl::StrCat("--fault_flip_bit_repeat_every=", kSyncPeriod)});
+  cluster.StartWorker("spare-1", SPARE);
+  cluster.StartWorker("spare-2", SPARE);
+}
+
 // The second replay of a window (the one that carries the verdict) with `verdict`, if any.
 const AuditStatus* FindVerdict(const GetStatusResponse& s, AuditVerdict verdict) {
   for (const AuditStatus& a : s.audits()) {
@@ -66,12 +78,7 @@ TEST_CASE("a trainer that flips a bit is caught by an audit, confirmed by a seco
   // the test ends once the quarantined slot is back.
   LocalCluster cluster(JobText("AUDIT_QUARANTINE", 1000000, 2),
                        LocalClusterOptions{"audit", 500, false, absl::Seconds(90)});
-  cluster.StartWorker("good", TRAINER);
-  cluster.StartWorker("bad", TRAINER, "",
-                      {absl::StrCat("--fault_flip_bit_at_step=", kCorruptStep),
-                       absl::StrCat("--fault_flip_bit_repeat_every=", kSyncPeriod)});
-  cluster.StartWorker("spare-1", SPARE);
-  cluster.StartWorker("spare-2", SPARE);
+  StartTrainersAndSpares(cluster, "good", "bad");
 
   const GetStatusResponse caught = cluster.WaitFor(
       "a confirmed mismatch", [](const GetStatusResponse& s) {
@@ -189,12 +196,7 @@ TEST_CASE("with a sharded center the window's start is read from every range: th
           "at its step, quarantined, and the fault-free trainer's windows match") {
   LocalCluster cluster(JobText("AUDIT_QUARANTINE", 1000000, 2, "  sharding { groups: 2 }\n"),
                        LocalClusterOptions{"audit-shard", 500, false, absl::Seconds(120)});
-  cluster.StartWorker("good", TRAINER);
-  cluster.StartWorker("bad", TRAINER, "",
-                      {absl::StrCat("--fault_flip_bit_at_step=", kCorruptStep),
-                       absl::StrCat("--fault_flip_bit_repeat_every=", kSyncPeriod)});
-  cluster.StartWorker("spare-1", SPARE);
-  cluster.StartWorker("spare-2", SPARE);
+  StartTrainersAndSpares(cluster, "good", "bad");
   const GetStatusResponse done = cluster.WaitFor(
       "a confirmed mismatch, the quarantined slot restarted and a synced window of the "
       "fault-free trainer matched",
@@ -256,12 +258,7 @@ TEST_CASE("a pipeline stage that flips a bit is caught from its neighbour's logg
           "other stage's audits match") {
   LocalCluster cluster(PipelineJobText(),
                        LocalClusterOptions{"audit-pipe", 500, false, absl::Seconds(90)});
-  cluster.StartWorker("stage0", TRAINER);
-  cluster.StartWorker("stage1", TRAINER, "",
-                      {absl::StrCat("--fault_flip_bit_at_step=", kCorruptStep),
-                       absl::StrCat("--fault_flip_bit_repeat_every=", kSyncPeriod)});
-  cluster.StartWorker("spare-1", SPARE);
-  cluster.StartWorker("spare-2", SPARE);
+  StartTrainersAndSpares(cluster, "stage0", "stage1");
   const GetStatusResponse caught = cluster.WaitFor(
       "a confirmed mismatch of stage 1 and a matched audit of stage 0",
       [](const GetStatusResponse& s) {
